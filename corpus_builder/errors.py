@@ -37,7 +37,7 @@ class MissingDependency(CorpusError):
         super().__init__(f"{purpose} needs the '{module}' package: pip install 'corpus-builder[{extra}]'")
 
 
-class BadRow(Exception):  # noqa: N818 - a row-level verdict, not an error for the user
+class BadRow(Exception):
     """A data row that is skipped and counted; ``reason`` is a short stable key (see REASONS)."""
 
     def __init__(self, reason: str, detail: str = "") -> None:

@@ -1,0 +1,104 @@
+"""Benchmark: `corpus build` of a replay-only corpus from a ShareGPT-style JSONL file.
+
+Reports conversations/s end to end (process start to exit) and peak RSS of the build process at 20k and
+200k conversations, alternating sizes across repetitions so machine noise hits both alike.
+
+    python benchmarks/bench_build_replay.py [--sizes 20000 200000] [--repeats 3] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+WORDS = ["the", "model", "drafts", "tokens", "and", "the", "target", "verifies", "them", "in", "one", "forward", "pass", "so", "acceptance", "depends", "on", "how", "close", "the", "draft", "distribution", "is", "to", "the", "target", "distribution", "on", "real", "traffic"]
+
+
+def _sentence(rng: random.Random, low: int, high: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+def write_sharegpt(path: Path, count: int, seed: int = 0) -> None:
+    """Realistic shapes: 1-4 exchanges, a third of the answers with a <think> block."""
+    rng = random.Random(seed)
+    with path.open("wb") as handle:
+        for index in range(count):
+            turns = []
+            for _ in range(rng.randint(1, 4)):
+                turns.append({"from": "human", "value": _sentence(rng, 8, 60)})
+                answer = _sentence(rng, 20, 120)
+                if rng.random() < 0.33:
+                    answer = f"<think>\n{_sentence(rng, 20, 80)}\n</think>\n\n{answer}"
+                turns.append({"from": "gpt", "value": answer})
+            handle.write(orjson.dumps({"id": f"conv-{index}", "conversations": turns}) + b"\n")
+
+
+def write_recipe(path: Path, data: Path, out: Path) -> None:
+    path.write_text(
+        "name: bench-replay\n"
+        "target: {model: bench/target}\n"
+        f"sources:\n  - name: workload\n    kind: replay\n    path: {data}\n    mapping: {{style: sharegpt}}\n"
+        "checks: {dedup: exact}\n"
+        "split: {validation_fraction: 0.02, seed: 0}\n"
+        f"output: {{dir: {out}, rows_per_shard: 50000}}\n",
+        encoding="utf-8",
+    )
+
+
+def run_build(recipe: Path, out: Path) -> tuple[float, float]:
+    """(seconds, peak RSS MiB) of one `corpus build` process."""
+    start = time.perf_counter()
+    # A fresh process per run: wait4's rusage gives exactly this child's peak RSS.
+    process = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"build failed: {process.stderr.read().decode()[-2000:]}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        work = Path(tmp)
+        recipes = {}
+        for size in args.sizes:
+            data = work / f"sharegpt-{size}.jsonl"
+            write_sharegpt(data, size)
+            recipes[size] = work / f"recipe-{size}.yaml"
+            write_recipe(recipes[size], data, work / f"out-{size}")
+        results: dict[int, list[tuple[float, float]]] = {size: [] for size in args.sizes}
+        for repeat in range(args.repeats):
+            for size in args.sizes:
+                seconds, rss = run_build(recipes[size], work / f"out-{size}-{repeat}")
+                results[size].append((seconds, rss))
+                print(f"run {repeat} size {size:>7}: {seconds:6.2f} s  {size / seconds:9,.0f} conv/s  "
+                      f"peak RSS {rss:7.1f} MiB", flush=True)
+        print("\nmedians")
+        medians = {}
+        for size, runs in results.items():
+            seconds = statistics.median(r[0] for r in runs)
+            rss = statistics.median(r[1] for r in runs)
+            medians[size] = rss
+            print(f"  {size:>7} conversations: {size / seconds:9,.0f} conv/s  peak RSS {rss:7.1f} MiB")
+        if len(args.sizes) >= 2:
+            small, large = min(args.sizes), max(args.sizes)
+            print(f"  peak RSS ratio {large} / {small}: {medians[large] / medians[small]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Row validators: statistics are computed first, keep/drop decisions are taken from them by policy.
+
+Keeping the two apart (as data-juicer does) lets the audit reuse the statistics and lets a policy change
+(drop vs truncate, dedup mode) be a decision, not a new measurement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+from .errors import Skipped
+from .recipe_types import Checks
+from .records import FLAG_UNCLOSED_THINK, Conversation, content_key
+from .render import TemplateRenderer
+
+FLAG_TRUNCATED_TO_BUDGET = "truncated_to_budget"
+
+
+@dataclass(slots=True)
+class RowStats:
+    tokens: int | None
+    dedup_key: int | None
+
+
+def _dedup_key(conversation: Conversation, mode: str) -> int | None:
+    if mode == "none":
+        return None
+    turns = conversation.messages if mode == "exact" else [m for m in conversation.messages
+                                                             if m.role != "assistant"]
+    digest = hashlib.blake2b(content_key(turns), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+class Checker:
+    """Applies a recipe's row checks to a stream; corpus-level checks run on the written audit."""
+
+    def __init__(self, checks: Checks, renderer: TemplateRenderer | None, *, batch_size: int = 512) -> None:
+        self.checks = checks
+        self.renderer = renderer if checks.max_seq_len is not None else None
+        self.batch_size = batch_size
+        # Hashes of what has been kept: memory is a few dozen bytes per kept row, never the rows.
+        self._seen_content: set[int] = set()
+        self._seen_ids: set[int] = set()
+
+    def measure(self, batch: list[Conversation]) -> list[RowStats]:
+        tokens: list[int | None] = (list(self.renderer.count_tokens(batch)) if self.renderer
+                                    else [None] * len(batch))
+        return [RowStats(t, _dedup_key(c, self.checks.dedup)) for c, t in zip(batch, tokens, strict=True)]
+
+    def run(self, items: Iterable[Conversation | Skipped]) -> Iterator[Conversation | Skipped]:
+        batch: list[Conversation] = []
+        for item in items:
+            if isinstance(item, Skipped):
+                yield item
+                continue
+            batch.append(item)
+            if len(batch) >= self.batch_size:
+                yield from self._decide(batch)
+                batch = []
+        if batch:
+            yield from self._decide(batch)
+
+    def _decide(self, batch: list[Conversation]) -> Iterator[Conversation | Skipped]:
+        for conversation, stats in zip(batch, self.measure(batch), strict=True):
+            yield self._decide_one(conversation, stats)
+
+    def _decide_one(self, conversation: Conversation, stats: RowStats) -> Conversation | Skipped:
+        location = _location(conversation)
+        if FLAG_UNCLOSED_THINK in conversation.flags and self.checks.on_unclosed_think == "drop":
+            return Skipped(conversation.source, "unclosed_think", location, id=conversation.id)
+        limit = self.checks.max_seq_len
+        if limit is not None and stats.tokens is not None and stats.tokens > limit:
+            shortened = self._truncate(conversation, limit) if self.checks.on_over_length == "truncate" else None
+            if shortened is None:
+                return Skipped(conversation.source, "over_length", location,
+                               f"{stats.tokens} tokens > {limit}", id=conversation.id)
+            conversation = shortened
+            stats.dedup_key = _dedup_key(conversation, self.checks.dedup)
+        if stats.dedup_key is not None:
+            if stats.dedup_key in self._seen_content:
+                return Skipped(conversation.source, "duplicate", location, id=conversation.id)
+            self._seen_content.add(stats.dedup_key)
+        return self._unique_id(conversation)
+
+    def _truncate(self, conversation: Conversation, limit: int) -> Conversation | None:
+        """Drop trailing user/assistant pairs until the conversation fits; None when even one pair is too long."""
+        assert self.renderer is not None
+        messages = list(conversation.messages)
+        while len(messages) > 2 and messages[-2].role == "user":
+            messages = messages[:-2]
+            if messages[-1].role != "assistant":
+                break
+            candidate = replace(conversation, messages=messages,
+                                flags=[*conversation.flags, FLAG_TRUNCATED_TO_BUDGET])
+            if self.renderer.count_tokens([candidate])[0] <= limit:
+                return candidate
+        return None
+
+    def _unique_id(self, conversation: Conversation) -> Conversation:
+        """Ids stay unique when identical rows are kept (dedup off): later copies get a suffix."""
+        new_id, copy = conversation.id, 0
+        while hash(new_id) in self._seen_ids:
+            copy += 1
+            new_id = f"{conversation.id}-{copy}"
+        self._seen_ids.add(hash(new_id))
+        conversation.id = new_id
+        return conversation
+
+
+def _location(conversation: Conversation) -> str:
+    provenance = conversation.provenance
+    file = provenance.get("source_file") or provenance.get("hub", {}).get("id", conversation.source)
+    if "source_line" in provenance:
+        return f"{file}:{provenance['source_line']}"
+    if "source_row" in provenance:
+        return f"{file}#{provenance['source_row']}"
+    return str(file)

@@ -1,0 +1,113 @@
+"""The `corpus` command: parse arguments, call the library, print, choose the exit code.
+
+Exit codes: 0 success; 1 the data fails a check (thinking share, publish gate); 2 a problem the user
+must fix (bad recipe, unreadable file, bad arguments). Heavy modules are imported inside commands so
+`corpus --help`, `corpus validate` and `corpus audit` start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import CorpusError
+
+EXIT_CHECKS_FAILED = 1
+EXIT_USAGE = 2
+
+
+def _print_json(value: object) -> None:
+    import orjson
+
+    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="corpus")
+def cli() -> None:
+    """Build, audit and publish training corpora for speculative-decoding draft models."""
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path(path_type=Path))
+def validate(recipe: Path) -> None:
+    """Check a recipe without doing any work: every problem, with file, line and key."""
+    from .recipe import check_recipe
+
+    loaded, problems = check_recipe(recipe)
+    if problems:
+        for problem in problems:
+            click.echo(str(problem), err=True)
+        click.echo(f"{recipe}: {len(problems)} problem(s)", err=True)
+        sys.exit(EXIT_USAGE)
+    assert loaded is not None
+    kinds = [s.kind for s in loaded.sources]
+    click.echo(f"{recipe}: ok: recipe '{loaded.name}', {len(kinds)} sources "
+               f"({kinds.count('replay')} replay, {kinds.count('prompts')} prompts)")
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), help="Output directory (overrides output.dir).")
+@click.option("--dry-run", is_flag=True, help="Check the recipe, the sources and the endpoints; generate nothing.")
+def build(recipe: Path, out: Path | None, dry_run: bool) -> None:
+    """Build the corpus a recipe describes."""
+    from .recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    if dry_run:
+        from .plan import format_plan, plan_build
+
+        click.echo(format_plan(plan_build(loaded)))
+        return
+    from .audit import format_report
+    from .build import build as run_build
+
+    result = run_build(loaded, out)
+    click.echo(format_report(result.audit), err=True)
+    click.echo(f"\nwrote {result.manifest['conversations']:,} conversations to {result.out_dir}", err=True)
+    if result.problems:
+        for problem in result.problems:
+            click.echo(f"check failed: {problem}", err=True)
+        sys.exit(EXIT_CHECKS_FAILED)
+
+
+@cli.command()
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--min-thinking-share", type=click.FloatRange(0, 1), help="Exit 1 when the share is below this.")
+@click.option("--endpoint", help="Hub endpoint for hf:// paths.")
+def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None) -> None:
+    """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME."""
+    from .audit import audit_path, format_report, iter_report_problems
+
+    report = audit_path(path, endpoint=endpoint)
+    if as_json:
+        _print_json(report)
+    else:
+        click.echo(format_report(report))
+    problems = list(iter_report_problems(report, min_thinking_share))
+    for problem in problems:
+        click.echo(f"check failed: {problem}", err=True)
+    if problems:
+        sys.exit(EXIT_CHECKS_FAILED)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(EXIT_USAGE if isinstance(error, click.UsageError) else error.exit_code)
+    except CorpusError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)

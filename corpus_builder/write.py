@@ -1,0 +1,176 @@
+"""Writing a corpus: parquet shards per split, the ledger of dropped rows, and the Arrow schema.
+
+Shards are written to a staging directory with provisional names and renamed to
+``{split}-{i:05d}-of-{n:05d}.parquet`` once the shard count is known.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+
+from .errors import Skipped
+from .records import Conversation
+
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning", pa.string())])
+ARROW_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("source", pa.string()),
+    ("origin", pa.string()),
+    ("task", pa.string()),
+    ("license", pa.string()),
+    ("messages", pa.list_(MESSAGE_TYPE)),
+    ("thinking", pa.bool_()),
+    ("flags", pa.list_(pa.string())),
+    ("split", pa.string()),
+    ("provenance", pa.string()),  # JSON-encoded object: its keys differ between replayed and generated rows
+])
+
+
+def conversations_to_batch(conversations: list[Conversation]) -> pa.RecordBatch:
+    """Column-wise conversion with flat message arrays: far cheaper than a dict per row or per turn."""
+    offsets = [0]
+    roles: list[str] = []
+    contents: list[str] = []
+    reasonings: list[str | None] = []
+    for conversation in conversations:
+        for message in conversation.messages:
+            roles.append(message.role)
+            contents.append(message.content)
+            reasonings.append(message.reasoning)
+        offsets.append(len(roles))
+    turns = pa.StructArray.from_arrays(
+        [pa.array(roles, pa.string()), pa.array(contents, pa.string()), pa.array(reasonings, pa.string())],
+        fields=list(MESSAGE_TYPE))
+    columns = [
+        pa.array([c.id for c in conversations], pa.string()),
+        pa.array([c.source for c in conversations], pa.string()),
+        pa.array([c.origin for c in conversations], pa.string()),
+        pa.array([c.task for c in conversations], pa.string()),
+        pa.array([c.license for c in conversations], pa.string()),
+        pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), turns, type=ARROW_SCHEMA.field("messages").type),
+        pa.array([c.thinking for c in conversations], pa.bool_()),
+        pa.array([c.flags for c in conversations], pa.list_(pa.string())),
+        pa.array([c.split for c in conversations], pa.string()),
+        pa.array([orjson.dumps(c.provenance).decode() for c in conversations], pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    path: str  # relative to the corpus directory, e.g. data/train-00000-of-00002.parquet
+    split: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "split": self.split, "rows": self.rows, "bytes": self.bytes,
+                "sha256": self.sha256}
+
+
+class ShardWriter:
+    """Streams conversations into size-bounded parquet shards, one open writer per split."""
+
+    def __init__(self, corpus_dir: Path, rows_per_shard: int, row_group_size: int = 8192) -> None:
+        self.data_dir = corpus_dir / "data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.rows_per_shard = rows_per_shard
+        self.row_group_size = min(row_group_size, rows_per_shard)
+        self._pending: dict[str, list[Conversation]] = {}
+        self._writers: dict[str, pq.ParquetWriter] = {}
+        self._rows_in_shard: dict[str, int] = {}
+        self._shards: dict[str, list[tuple[Path, int]]] = {}
+
+    def write(self, conversation: Conversation) -> None:
+        split = conversation.split or "train"
+        pending = self._pending.setdefault(split, [])
+        pending.append(conversation)
+        room = self.rows_per_shard - self._rows_in_shard.get(split, 0)
+        if len(pending) >= min(self.row_group_size, room):
+            self._flush(split)
+
+    def _flush(self, split: str) -> None:
+        pending = self._pending.get(split)
+        if not pending:
+            return
+        writer = self._writers.get(split)
+        if writer is None:
+            index = len(self._shards.setdefault(split, []))
+            path = self.data_dir / f".{split}-{index:05d}.parquet.partial"
+            writer = pq.ParquetWriter(path, ARROW_SCHEMA, compression="zstd")
+            self._writers[split] = writer
+            self._shards[split].append((path, 0))
+            self._rows_in_shard[split] = 0
+        writer.write_batch(conversations_to_batch(pending))
+        self._rows_in_shard[split] += len(pending)
+        path, _ = self._shards[split][-1]
+        self._shards[split][-1] = (path, self._rows_in_shard[split])
+        pending.clear()
+        if self._rows_in_shard[split] >= self.rows_per_shard:
+            writer.close()
+            del self._writers[split]
+
+    def close(self) -> list[ShardInfo]:
+        """Flush, close and rename every shard to its final name; returns them in split, index order."""
+        for split in list(self._pending):
+            self._flush(split)
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        infos: list[ShardInfo] = []
+        for split in sorted(self._shards):
+            shards = self._shards[split]
+            for index, (partial, rows) in enumerate(shards):
+                final = self.data_dir / f"{split}-{index:05d}-of-{len(shards):05d}.parquet"
+                os.replace(partial, final)
+                infos.append(ShardInfo(f"data/{final.name}", split, rows, final.stat().st_size,
+                                       file_sha256(final)))
+        return infos
+
+
+class LedgerWriter:
+    """Every dropped or skipped row, one JSON line each, zstd-compressed."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("wb")
+        self._stream = zstandard.ZstdCompressor(level=3).stream_writer(self._file)
+        self.counts: dict[str, int] = {}
+
+    def write(self, skipped: Skipped) -> None:
+        self.counts[skipped.reason] = self.counts.get(skipped.reason, 0) + 1
+        record = {"source": skipped.source, "reason": skipped.reason, "location": skipped.location,
+                  "detail": skipped.detail, "id": skipped.id}
+        self._stream.write(orjson.dumps(record) + b"\n")
+
+    def close(self) -> None:
+        self._stream.close()  # also closes the file
+
+
+def iter_ledger(path: Path) -> Iterable[dict[str, Any]]:
+    with path.open("rb") as handle, zstandard.ZstdDecompressor().stream_reader(handle) as reader:
+        buffer = b""
+        while chunk := reader.read(1 << 16):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line:
+                    yield orjson.loads(line)
