@@ -20,7 +20,38 @@ from pathlib import Path
 
 import orjson
 
-WORDS = ["the", "model", "drafts", "tokens", "and", "the", "target", "verifies", "them", "in", "one", "forward", "pass", "so", "acceptance", "depends", "on", "how", "close", "the", "draft", "distribution", "is", "to", "the", "target", "distribution", "on", "real", "traffic"]
+WORDS = [
+    "the",
+    "model",
+    "drafts",
+    "tokens",
+    "and",
+    "the",
+    "target",
+    "verifies",
+    "them",
+    "in",
+    "one",
+    "forward",
+    "pass",
+    "so",
+    "acceptance",
+    "depends",
+    "on",
+    "how",
+    "close",
+    "the",
+    "draft",
+    "distribution",
+    "is",
+    "to",
+    "the",
+    "target",
+    "distribution",
+    "on",
+    "real",
+    "traffic",
+]
 
 
 def _sentence(rng: random.Random, low: int, high: int) -> str:
@@ -58,8 +89,11 @@ def run_build(recipe: Path, out: Path) -> tuple[float, float]:
     """(seconds, peak RSS MiB) of one `corpus build` process."""
     start = time.perf_counter()
     # A fresh process per run: wait4's rusage gives exactly this child's peak RSS.
-    process = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - start
     if status != 0:
@@ -86,8 +120,11 @@ def main() -> None:
             for size in args.sizes:
                 seconds, rss = run_build(recipes[size], work / f"out-{size}-{repeat}")
                 results[size].append((seconds, rss))
-                print(f"run {repeat} size {size:>7}: {seconds:6.2f} s  {size / seconds:9,.0f} conv/s  "
-                      f"peak RSS {rss:7.1f} MiB", flush=True)
+                print(
+                    f"run {repeat} size {size:>7}: {seconds:6.2f} s  {size / seconds:9,.0f} conv/s  "
+                    f"peak RSS {rss:7.1f} MiB",
+                    flush=True,
+                )
         print("\nmedians")
         medians = {}
         for size, runs in results.items():
