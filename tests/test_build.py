@@ -163,7 +163,7 @@ def test_failed_build_leaves_no_complete_corpus_and_keeps_the_previous_one(tmp_p
     broken.write_bytes(payload[: len(payload) // 2])
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", data_dir,
                                       extra_source=f"  - {{name: broken, kind: replay, path: {broken}}}\n"))
-    with pytest.raises(CorpusError, match="broken.jsonl.zst"):
+    with pytest.raises(CorpusError, match=r"broken\.jsonl\.zst"):
         build(recipe)
     out = tmp_path / "out"
     assert (out / "manifest.json").read_bytes() == before
@@ -187,7 +187,7 @@ def test_killed_build_never_looks_complete(tmp_path: Path, data_dir: Path) -> No
         f"b.build(load_recipe(Path({str(recipe_path)!r})))\n")])
     assert process.wait() == -9
     assert not (out / "manifest.json").exists()
-    with pytest.raises(CorpusError, match="manifest.json is missing"):
+    with pytest.raises(CorpusError, match=r"manifest\.json is missing"):
         Corpus.open(out)
     build(load_recipe(recipe_path))  # a re-run cleans the staging left behind and completes
     assert [p.name for p in out.iterdir() if p.name.startswith(".staging")] == []
