@@ -1,0 +1,122 @@
+"""The `corpus` command as a user runs it: exit codes, messages, start-up cost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import zstandard
+
+HEAVY = ("torch", "transformers", "vllm", "datasets", "huggingface_hub")
+
+
+def corpus(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "corpus_builder", *args], capture_output=True, text=True,
+                          cwd=cwd)
+
+
+def imported_modules(*args: str) -> set[str]:
+    completed = subprocess.run([sys.executable, "-X", "importtime", "-m", "corpus_builder", *args],
+                               capture_output=True, text=True)
+    names = set()
+    for line in completed.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return names
+
+
+def write_recipe(path: Path, body: str) -> Path:
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+VALID = """\
+name: cli-test
+target: {model: tiny/target}
+sources:
+  - {name: log, kind: replay, path: log.jsonl}
+output: {dir: out}
+"""
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Path:
+    rows = [
+        {"messages": [{"role": "user", "content": "hi"},
+                      {"role": "assistant", "content": "<think>\ngreet back\n</think>\n\nhello"}]},
+        {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]},
+        {"messages": [{"role": "assistant", "content": "wrong order"}, {"role": "user", "content": "x"}]},
+    ]
+    path = tmp_path / "log.jsonl"
+    lines = [orjson.dumps(r) for r in rows] + [b"{not json", b"[1, 2]", b'{"messages": [{"role": "user", "content": "\xff"}]}']
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def test_help_validate_and_audit_import_no_heavy_modules(tmp_path: Path, log_file: Path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", VALID)
+    for args in (["--help"], ["validate", str(recipe)], ["audit", str(log_file)]):
+        heavy = imported_modules(*args) & set(HEAVY)
+        assert not heavy, (args, heavy)
+
+
+def test_validate_ok_and_problems(tmp_path: Path, log_file: Path) -> None:
+    ok = corpus("validate", str(write_recipe(tmp_path / "ok.yaml", VALID)))
+    assert ok.returncode == 0, ok.stderr
+    assert "ok" in ok.stdout
+    bad = write_recipe(tmp_path / "bad.yaml", VALID.replace("output:", "outptu:") + "  extra: [\n")
+    completed = corpus("validate", str(bad))
+    assert completed.returncode == 2
+    assert "bad.yaml:" in completed.stderr
+    typo = write_recipe(tmp_path / "typo.yaml", VALID.replace("output:", "outptu:"))
+    completed = corpus("validate", str(typo))
+    assert completed.returncode == 2
+    assert "typo.yaml:5:" in completed.stderr and "did you mean 'output'" in completed.stderr
+
+
+def test_build_with_a_bad_recipe_exits_2_and_writes_nothing(tmp_path: Path, log_file: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", VALID.replace("kind: replay", "kind: replya"))
+    completed = corpus("build", str(recipe))
+    assert completed.returncode == 2
+    assert "r.yaml:4:" in completed.stderr and "Traceback" not in completed.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_audit_raw_file_counts_skipped_rows(log_file: Path) -> None:
+    completed = corpus("audit", str(log_file), "--json")
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert report["conversations"] == 2
+    assert report["thinking_conversations"] == 1
+    assert report["thinking_share"] == 0.5
+    assert report["skipped"] == {"invalid_json": 1, "invalid_utf8": 1, "not_an_object": 1, "wrong_role_order": 1}
+    assert report["by_source"]["log.jsonl"] == {**report["by_source"]["log.jsonl"], "conversations": 2,
+                                                "thinking_share": 0.5}
+    human = corpus("audit", str(log_file))
+    assert "thinking" in human.stdout and "50.0%" in human.stdout and "invalid_json" in human.stdout
+    below = corpus("audit", str(log_file), "--min-thinking-share", "0.6")
+    assert below.returncode == 1 and "below the minimum 60.0%" in below.stderr
+    assert corpus("audit", str(log_file), "--min-thinking-share", "0.5").returncode == 0
+
+
+@pytest.mark.parametrize("problem", ["missing", "empty", "truncated_zstd", "not_a_corpus_dir"])
+def test_audit_unreadable_input_exits_2_naming_the_file(tmp_path: Path, problem: str) -> None:
+    if problem == "missing":
+        target = tmp_path / "nope.jsonl"
+    elif problem == "empty":
+        target = tmp_path / "empty.jsonl"
+        target.write_bytes(b"")
+    elif problem == "truncated_zstd":
+        target = tmp_path / "cut.jsonl.zst"
+        data = zstandard.ZstdCompressor().compress(b'{"messages": [{"role": "user", "content": "x"}]}\n' * 500)
+        target.write_bytes(data[:-20])
+    else:
+        target = tmp_path / "dir"
+        target.mkdir()
+    completed = corpus("audit", str(target))
+    assert completed.returncode == 2, completed.stderr
+    assert target.name in completed.stderr and "Traceback" not in completed.stderr
