@@ -52,7 +52,8 @@ def log_file(tmp_path: Path) -> Path:
         {"messages": [{"role": "assistant", "content": "wrong order"}, {"role": "user", "content": "x"}]},
     ]
     path = tmp_path / "log.jsonl"
-    lines = [orjson.dumps(r) for r in rows] + [b"{not json", b"[1, 2]", b'{"messages": [{"role": "user", "content": "\xff"}]}']
+    bad = [b"{not json", b"[1, 2]", b'{"messages": [{"role": "user", "content": "\xff"}]}']
+    lines = [orjson.dumps(r) for r in rows] + bad
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
 
