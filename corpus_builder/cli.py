@@ -96,6 +96,27 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
         sys.exit(EXIT_CHECKS_FAILED)
 
 
+@cli.command()
+@click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
+@click.option("--repo", required=True, help="Dataset repository ORG/NAME.")
+@click.option("--public", is_flag=True, help="Make the repository public (private by default).")
+@click.option("--revision", default="main", show_default=True, help="Branch to commit to.")
+@click.option("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co).")
+@click.option("--dry-run", is_flag=True, help="Print what would be uploaded and the card; send nothing.")
+def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: str | None, dry_run: bool) -> None:
+    """Gate a built corpus, then upload it in one commit (token from HF_TOKEN or the Hub's token file)."""
+    from .publish import GateFailed
+    from .publish import publish as run_publish
+
+    try:
+        report = run_publish(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint,
+                             dry_run=dry_run)
+    except GateFailed as failed:
+        click.echo(f"error: {failed}", err=True)
+        sys.exit(EXIT_CHECKS_FAILED)
+    click.echo(report.describe())
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)

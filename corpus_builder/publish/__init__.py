@@ -1,0 +1,173 @@
+"""``corpus publish``: gate a built corpus, render its card and upload it to a Hub in one commit.
+
+    publish(corpus_dir, "org/name")            private dataset repository, one commit, verified read-back
+    publish(..., dry_run=True)                 what would be uploaded and the card; no network at all
+    with download_corpus("hf://datasets/org/name", endpoint=...) as local:  a published corpus, locally
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..corpus import AUDIT, MANIFEST, RECIPE
+from ..errors import CorpusError
+from .card import render_card, scrub_local_paths, scrub_value
+from .gate import CorpusDocuments, GateFailed, GateReport, check_corpus, require_gate
+from .hub import (
+    REPO_TYPE,
+    HubSession,
+    RetryPolicy,
+    UploadFile,
+    commit_files,
+    download_corpus,
+    fetch_corpus,
+    parse_hf_uri,
+    resolve_endpoint,
+    resolve_token,
+)
+from .secrets import Finding, redact, scan_conversations, scan_corpus, scan_text
+
+__all__ = [
+    "CorpusDocuments", "Finding", "GateFailed", "GateReport", "PublishReport", "RetryPolicy", "check_corpus",
+    "download_corpus", "fetch_corpus", "parse_hf_uri", "plan_upload", "publish", "redact", "render_card",
+    "require_gate",
+    "scan_conversations", "scan_corpus",
+]
+
+log = logging.getLogger(__name__)
+CARD = "README.md"
+
+
+@dataclass
+class PublishReport:
+    repo_id: str
+    endpoint: str
+    revision: str
+    private: bool
+    dry_run: bool
+    files: list[UploadFile]
+    card: str
+    commit: str | None = None  # the head after publishing (None for a dry run)
+    committed: bool = False  # False when the remote already had exactly these files
+    uploaded: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"{self.endpoint}/datasets/{self.repo_id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"repo_id": self.repo_id, "url": self.url, "revision": self.revision, "private": self.private,
+                "dry_run": self.dry_run, "commit": self.commit, "committed": self.committed,
+                "uploaded": self.uploaded, "deleted": self.deleted, "notes": self.notes,
+                "files": [f.describe() for f in self.files]}
+
+    def describe(self) -> str:
+        """What the CLI prints: the files (path, size, sha256) and the outcome; a dry run adds the card."""
+        visibility = "private" if self.private else "public"
+        width = max(len(f.path_in_repo) for f in self.files)
+        lines = [f"{'would upload' if self.dry_run else 'files'} to {self.url} ({visibility}, "
+                 f"revision {self.revision}):"]
+        lines += [f"  {f.path_in_repo:<{width}}  {f.size:>12,} B  sha256 {f.sha256}" for f in self.files]
+        if self.dry_run:
+            lines += ["", "--- README.md ---", self.card]
+        elif self.committed:
+            lines.append(f"committed {len(self.uploaded)} file(s), deleted {len(self.deleted)}: {self.commit}")
+        else:
+            lines.append(f"unchanged: the repository already holds these files (head {self.commit})")
+        return "\n".join(lines + self.notes)
+
+
+def _metadata_file(path_in_repo: str, path: Path) -> UploadFile:
+    """recipe.yaml / manifest.json / audit.json, with local paths and URL credentials removed."""
+    raw = path.read_bytes()
+    if path.suffix == ".json":
+        document = json.loads(raw)
+        cleaned = scrub_value(document)
+        content = raw if cleaned == document else json.dumps(cleaned, indent=2, ensure_ascii=False).encode()
+    else:
+        content = scrub_local_paths(raw.decode("utf-8")).encode("utf-8")
+    return UploadFile.from_bytes(path_in_repo, content)
+
+
+def plan_upload(docs: CorpusDocuments, repo_id: str | None = None) -> tuple[list[UploadFile], str]:
+    """(files in commit order, card text): the shards as they are, the card and the scrubbed metadata."""
+    card = render_card(docs, repo_id)
+    files = [UploadFile.from_path(entry["path"], docs.root / entry["path"]) for entry in docs.manifest["files"]]
+    files.append(UploadFile.from_bytes(CARD, card.encode("utf-8")))
+    files += [_metadata_file(name, docs.root / name) for name in (RECIPE, MANIFEST, AUDIT)]
+    return files, card
+
+
+def _check_card(docs: CorpusDocuments, files: list[UploadFile]) -> None:
+    """The card and metadata are new text: scan them like the rows before they leave."""
+    findings = [finding for f in files if f.content is not None
+                for finding in scan_text(f.content.decode("utf-8", errors="replace"), f.path_in_repo)]
+    if findings:
+        raise GateFailed(docs.root, [f"secrets: {finding}" for finding in findings])
+
+
+def publish(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revision: str = "main",
+            endpoint: str | None = None, token: str | None = None, dry_run: bool = False,
+            retry: RetryPolicy | None = None) -> PublishReport:
+    """Gate, then upload a corpus as ONE commit to a dataset repository (private unless ``public``).
+
+    Raises GateFailed (every failing check) before any network use, CorpusError for Hub errors (token
+    scrubbed). Safe to re-run: files already on the remote with the same bytes are not sent again, and an
+    unchanged corpus makes no commit.
+    """
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise CorpusError(f"repository id must be ORG/NAME, got {repo_id!r}")
+    gate = require_gate(Path(corpus_dir))
+    docs = gate.documents
+    files, card = plan_upload(docs, repo_id)
+    _check_card(docs, files)
+    report = PublishReport(repo_id, resolve_endpoint(endpoint), revision, not public, dry_run, files, card)
+    if dry_run:
+        return report
+
+    session = HubSession(endpoint, resolve_token(token), retry)
+    info = session.ensure_repo(repo_id, private=not public, revision=revision)
+    if info.private is False and not public:
+        raise CorpusError(f"{repo_id} already exists and is public; pass --public to publish into it",
+                          file=session.endpoint)
+    if info.private and public:
+        report.notes.append("note: the repository already exists and stays private (change it on the Hub)")
+    report.private = bool(info.private)
+    paths = [f.path_in_repo for f in files]
+    sent = False  # a commit whose response was lost may have landed: the next attempt then finds no change
+
+    def attempt() -> tuple[str, bool]:
+        nonlocal sent
+        # Re-read the remote on every attempt: after a dropped connection the commit may have landed.
+        head = session.api.repo_info(repo_id, repo_type=REPO_TYPE, revision=revision).sha
+        remote = session.list_files(repo_id, head)
+        changed = [f for f in files if not f.matches(remote.get(f.path_in_repo))]
+        stale = sorted(p for p in remote if p.startswith("data/") and p not in paths)
+        if not changed and not stale:
+            return head, sent
+        report.uploaded, report.deleted = [f.path_in_repo for f in changed], stale
+        message = f"Publish {docs.manifest.get('name', 'corpus')} ({docs.manifest.get('conversations', 0):,} " \
+                  f"conversations)"
+        sent = True
+        return commit_files(session, repo_id, revision, head, changed, stale, message), True
+
+    report.commit, report.committed = session.call("commit", attempt)
+    _verify(session, report)
+    return report
+
+
+def _verify(session: HubSession, report: PublishReport) -> None:
+    """Read the repository back at the new head: every file with our size and hash, no stale shard."""
+    remote = session.call("read back", lambda: session.list_files(report.repo_id, report.commit or report.revision))
+    problems = [f"{f.path_in_repo}: {'missing' if f.path_in_repo not in remote else 'size or hash differs'}"
+                for f in report.files if not f.matches(remote.get(f.path_in_repo))]
+    expected = {f.path_in_repo for f in report.files}
+    problems += [f"{path}: unexpected shard" for path in remote if path.startswith("data/") and path not in expected]
+    if problems:
+        raise CorpusError("the published repository does not match the corpus", file=report.url, details=problems)
