@@ -6,13 +6,12 @@ Keeping the two apart (as data-juicer does) lets the audit reuse the statistics 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from .errors import Skipped
 from .recipe_types import Checks
-from .records import FLAG_UNCLOSED_THINK, Conversation, content_key
+from .records import FLAG_UNCLOSED_THINK, Conversation, content_digest
 from .render import TemplateRenderer
 
 FLAG_TRUNCATED_TO_BUDGET = "truncated_to_budget"
@@ -27,10 +26,11 @@ class RowStats:
 def _dedup_key(conversation: Conversation, mode: str) -> int | None:
     if mode == "none":
         return None
-    turns = conversation.messages if mode == "exact" else [m for m in conversation.messages
-                                                             if m.role != "assistant"]
-    digest = hashlib.blake2b(content_key(turns), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
+    if mode == "exact":
+        digest = conversation.digest or content_digest(conversation.messages)
+    else:
+        digest = content_digest([m for m in conversation.messages if m.role != "assistant"])
+    return int.from_bytes(digest[:8], "big")
 
 
 class Checker:
@@ -92,7 +92,7 @@ class Checker:
             messages = messages[:-2]
             if messages[-1].role != "assistant":
                 break
-            candidate = replace(conversation, messages=messages,
+            candidate = replace(conversation, messages=messages, digest=None,
                                 flags=[*conversation.flags, FLAG_TRUNCATED_TO_BUDGET])
             if self.renderer.count_tokens([candidate])[0] <= limit:
                 return candidate

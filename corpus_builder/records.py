@@ -46,6 +46,7 @@ class Conversation:
     flags: list[str] = field(default_factory=list)
     provenance: dict[str, Any] = field(default_factory=dict)
     split: str | None = None
+    digest: bytes | None = None  # content_digest(messages) when the reader already computed it; not stored
 
     @property
     def thinking(self) -> bool:
@@ -138,13 +139,16 @@ def check_role_order(messages: list[Message], *, need_assistant: bool) -> None:
 
 
 def content_key(messages: list[Message]) -> bytes:
-    """Canonical bytes of a conversation's turns (roles, content, reasoning): the basis of ids and dedup."""
+    """Canonical bytes of a conversation's turns (roles, content, reasoning)."""
     return orjson.dumps([(m.role, m.content, m.reasoning) for m in messages])
 
 
-def conversation_id(source: str, messages: list[Message], salt: str = "") -> str:
+def content_digest(messages: list[Message]) -> bytes:
+    """sha256 of the canonical turns: the basis of ids and of exact dedup (computed once per row)."""
+    return hashlib.sha256(content_key(messages)).digest()
+
+
+def conversation_id(source: str, messages: list[Message], salt: str = "", digest: bytes | None = None) -> str:
     """Stable id: it depends on the source name and the turns, never on input order or position."""
-    digest = hashlib.blake2b(content_key(messages), digest_size=10, person=b"corpus-conv")
-    digest.update(source.encode())
-    digest.update(salt.encode())
-    return digest.hexdigest()
+    digest = digest or content_digest(messages)
+    return hashlib.sha256(b"corpus-conv\0%s\0%s\0%s" % (source.encode(), salt.encode(), digest)).hexdigest()[:20]
