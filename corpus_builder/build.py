@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 
 from . import __version__
-from .audit import audit_corpus_files, iter_report_problems
+from .audit import Auditor, iter_report_problems
 from .checks import Checker
-from .corpus import AUDIT, CORPUS_FILES, DATA, FORMAT_VERSION, JOURNAL, LEDGER, MANIFEST, RECIPE, Corpus
+from .corpus import AUDIT, CORPUS_FILES, DATA, FORMAT_VERSION, JOURNAL, LEDGER, MANIFEST, RECIPE
 from .errors import CorpusError, Skipped
 from .recipe import recipe_sha256, resolved_yaml
 from .recipe_types import Recipe
@@ -87,7 +87,8 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
                                     enable_thinking=recipe.target.generation.enable_thinking)
     checker = Checker(recipe.checks, renderer)
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
-    shards = ShardWriter(staging, recipe.output.rows_per_shard)
+    auditor = Auditor()  # sees exactly the batches written; `corpus audit` recomputes them from the files
+    shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=auditor.add_batch)
     ledger = LedgerWriter(staging / LEDGER)
     try:
         for item in checker.run(items):
@@ -96,6 +97,9 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
             else:
                 item.split = splitter.assign(item)
                 shards.write(item)
+    except BaseException:
+        shards.abort()
+        raise
     finally:
         ledger.close()
     shard_infos = shards.close()
@@ -114,7 +118,8 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
         "splits": splits,
         "files": [info.to_dict() for info in shard_infos],
     }
-    audit = audit_corpus_files(Corpus(staging, manifest))
+    auditor.add_skipped(ledger.counts)
+    audit = auditor.report()
     problems = list(iter_report_problems(audit, recipe.checks.min_thinking_share))
     checks = {"min_thinking_share": recipe.checks.min_thinking_share, "passed": not problems, "problems": problems}
     audit["checks"] = checks

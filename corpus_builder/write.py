@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,17 +90,26 @@ class ShardInfo:
 
 
 class ShardWriter:
-    """Streams conversations into size-bounded parquet shards, one open writer per split."""
+    """Streams conversations into size-bounded parquet shards, one open file per split.
 
-    def __init__(self, corpus_dir: Path, rows_per_shard: int, row_group_size: int = 8192) -> None:
+    Arrow conversion happens on the caller's thread; encoding, compression and file writes run on one
+    background thread (pyarrow releases the GIL there), so they overlap with reading the next rows. At
+    most two batches wait for that thread, which keeps memory flat.
+    """
+
+    def __init__(self, corpus_dir: Path, rows_per_shard: int, row_group_size: int = 8192,
+                 observe: Callable[[pa.RecordBatch], None] | None = None) -> None:
         self.data_dir = corpus_dir / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.rows_per_shard = rows_per_shard
         self.row_group_size = min(row_group_size, rows_per_shard)
+        self.observe = observe
         self._pending: dict[str, list[Conversation]] = {}
-        self._writers: dict[str, pq.ParquetWriter] = {}
+        self._writers: dict[str, pq.ParquetWriter] = {}  # touched only on the I/O thread
         self._rows_in_shard: dict[str, int] = {}
         self._shards: dict[str, list[tuple[Path, int]]] = {}
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
+        self._in_flight: deque[Future[None]] = deque()
 
     def write(self, conversation: Conversation) -> None:
         split = conversation.split or "train"
@@ -112,30 +123,53 @@ class ShardWriter:
         pending = self._pending.get(split)
         if not pending:
             return
+        if self._rows_in_shard.get(split, 0) in (0, self.rows_per_shard):
+            index = len(self._shards.setdefault(split, []))
+            self._shards[split].append((self.data_dir / f".{split}-{index:05d}.parquet.partial", 0))
+            self._rows_in_shard[split] = 0
+        batch = conversations_to_batch(pending)
+        pending.clear()
+        if self.observe is not None:
+            self.observe(batch)
+        path, _ = self._shards[split][-1]
+        self._rows_in_shard[split] += batch.num_rows
+        self._shards[split][-1] = (path, self._rows_in_shard[split])
+        full = self._rows_in_shard[split] >= self.rows_per_shard
+        self._submit(self._write_batch, split, path, batch, full)
+
+    def _submit(self, *call: Any) -> None:
+        while len(self._in_flight) >= 2:
+            self._in_flight.popleft().result()  # re-raises a write error here, on the caller's thread
+        self._in_flight.append(self._io.submit(*call))
+
+    def _write_batch(self, split: str, path: Path, batch: pa.RecordBatch, close: bool) -> None:
         writer = self._writers.get(split)
         if writer is None:
-            index = len(self._shards.setdefault(split, []))
-            path = self.data_dir / f".{split}-{index:05d}.parquet.partial"
-            writer = pq.ParquetWriter(path, ARROW_SCHEMA, compression="zstd")
-            self._writers[split] = writer
-            self._shards[split].append((path, 0))
-            self._rows_in_shard[split] = 0
-        writer.write_batch(conversations_to_batch(pending))
-        self._rows_in_shard[split] += len(pending)
-        path, _ = self._shards[split][-1]
-        self._shards[split][-1] = (path, self._rows_in_shard[split])
-        pending.clear()
-        if self._rows_in_shard[split] >= self.rows_per_shard:
-            writer.close()
-            del self._writers[split]
+            writer = self._writers[split] = pq.ParquetWriter(path, ARROW_SCHEMA, compression="zstd")
+        writer.write_batch(batch)
+        if close:
+            self._writers.pop(split).close()
 
-    def close(self) -> list[ShardInfo]:
-        """Flush, close and rename every shard to its final name; returns them in split, index order."""
-        for split in list(self._pending):
-            self._flush(split)
+    def _close_all(self) -> None:
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
+
+    def abort(self) -> None:
+        """Stop after a failure: wait for the I/O thread and close open files (the staging is discarded)."""
+        self._io.submit(self._close_all)
+        self._io.shutdown(wait=True)
+
+    def close(self) -> list[ShardInfo]:
+        """Flush, close and rename every shard to its final name; returns them in split, index order."""
+        try:
+            for split in list(self._pending):
+                self._flush(split)
+            self._submit(self._close_all)
+            while self._in_flight:
+                self._in_flight.popleft().result()
+        finally:
+            self._io.shutdown(wait=True)
         infos: list[ShardInfo] = []
         for split in sorted(self._shards):
             shards = self._shards[split]
