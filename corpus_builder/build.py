@@ -157,9 +157,10 @@ def build(recipe: Recipe, out: Path | None = None) -> BuildResult:
         with ExitStack() as stack:
             generated = None
             if recipe.has_prompts:
-                from .generate.run import generated_stream
+                from .generation import generated_stream
 
-                generated = stack.enter_context(generated_stream(recipe, iter_prompts(recipe), out_dir / JOURNAL))
+                generated = stack.enter_context(
+                    generated_stream(recipe, lambda: iter_prompts(recipe), out_dir / JOURNAL))
             result = write_corpus(iter_sources(recipe, generated), recipe, staging)
         _commit(staging, out_dir)
     finally:

