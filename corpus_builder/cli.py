@@ -61,7 +61,11 @@ def build(recipe: Path, out: Path | None, dry_run: bool) -> None:
     if dry_run:
         from .plan import format_plan, plan_build
 
-        click.echo(format_plan(plan_build(loaded)))
+        plan = plan_build(loaded, out)
+        click.echo(f"dry run of recipe '{loaded.name}': nothing is generated or written\n")
+        click.echo(format_plan(plan))
+        if plan.problems:
+            sys.exit(EXIT_USAGE)
         return
     from .audit import format_report
     from .build import build as run_build

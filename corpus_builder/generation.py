@@ -63,10 +63,21 @@ def generated_stream(recipe: Recipe, prompts: PromptFactory, journal_dir: Path,
             rows = generate(split_skipped(prompts(), skipped), recipe, journal_dir, endpoints=(),
                             progress=progress, journal_only=True)
         else:
+            _preflight(recipe, journal_dir.parent)
             endpoints = stack.enter_context(_endpoints(recipe, journal_dir))
             rows = generate(split_skipped(prompts(), skipped), recipe, journal_dir, endpoints=endpoints,
                             progress=progress)
         yield _merge(rows, skipped)
+
+
+def _preflight(recipe: Recipe, out_dir: Path) -> None:
+    """Before any request: the endpoints answer and serve the model, prompts fit the context; the estimate."""
+    from .plan import format_plan, plan_build
+
+    plan = plan_build(recipe, out_dir, kinds=("prompts",))
+    print(format_plan(plan), file=sys.stderr)
+    if plan.problems:
+        raise CorpusError("preflight failed: no request was sent", details=plan.problems)
 
 
 @contextmanager
