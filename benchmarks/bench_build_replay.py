@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import orjson
+import psutil
 
 WORDS = [
     "the",
@@ -85,20 +86,28 @@ def write_recipe(path: Path, data: Path, out: Path) -> None:
     )
 
 
-def run_build(recipe: Path, out: Path) -> tuple[float, float]:
-    """(seconds, peak RSS MiB) of one `corpus build` process."""
+def run_build(recipe: Path, out: Path, workers: int | None) -> tuple[float, float]:
+    """(seconds, peak RSS MiB) of one `corpus build` process, RSS summed over it and its worker processes
+    (sampled every 20 ms)."""
+    env = dict(os.environ)
+    if workers is not None:
+        env["CORPUS_WORKERS"] = str(workers)
     start = time.perf_counter()
-    # A fresh process per run: wait4's rusage gives exactly this child's peak RSS.
-    process = subprocess.Popen(
-        [sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    _, status, usage = os.wait4(process.pid, 0)
+    process = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    tree = psutil.Process(process.pid)
+    peak = 0
+    while process.poll() is None:
+        try:
+            rss = tree.memory_info().rss + sum(child.memory_info().rss for child in tree.children(recursive=True))
+        except psutil.Error:
+            rss = 0
+        peak = max(peak, rss)
+        time.sleep(0.02)
     seconds = time.perf_counter() - start
-    if status != 0:
+    if process.returncode != 0:
         raise SystemExit(f"build failed: {process.stderr.read().decode()[-2000:]}")
-    return seconds, usage.ru_maxrss / 1024
+    return seconds, peak / 2**20
 
 
 def main() -> None:
@@ -106,6 +115,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--workers", type=int, help="CORPUS_WORKERS for the build (default: one per core)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
@@ -118,7 +128,7 @@ def main() -> None:
         results: dict[int, list[tuple[float, float]]] = {size: [] for size in args.sizes}
         for repeat in range(args.repeats):
             for size in args.sizes:
-                seconds, rss = run_build(recipes[size], work / f"out-{size}-{repeat}")
+                seconds, rss = run_build(recipes[size], work / f"out-{size}-{repeat}", args.workers)
                 results[size].append((seconds, rss))
                 print(
                     f"run {repeat} size {size:>7}: {seconds:6.2f} s  {size / seconds:9,.0f} conv/s  "

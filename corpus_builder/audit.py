@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -22,7 +22,11 @@ from .corpus import Corpus
 from .errors import CorpusError, Skipped
 from .records import Conversation
 
+if TYPE_CHECKING:
+    from .tokens import TokenAuditor
+
 GROUPINGS = ("source", "split", "origin")
+MISMATCHES_SHOWN = 5
 
 
 @dataclass(slots=True)
@@ -71,10 +75,13 @@ class Auditor:
     skipped: Counter[str] = field(default_factory=Counter)
     generation: Counter[bytes] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
+    tokens: TokenAuditor | None = None  # target-token statistics, when the target's tokenizer is known
 
     def add_batch(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
+        if self.tokens is not None:
+            self.tokens.add_batch(batch)
         messages = batch.column("messages")
         offsets = messages.offsets.to_numpy(zero_copy_only=False) - messages.offsets[0].as_py()
         flat = messages.flatten()
@@ -98,14 +105,16 @@ class Auditor:
                 totals = Totals(**{k: round(v[code]) for k, v in sums.items()})
                 self.groups[grouping].setdefault(key, Totals()).add(totals)
         self._add_source_info(batch)
-        for row_flags in batch.column("flags").to_pylist():
-            self.flags.update(row_flags or ())
+        flags = pc.list_flatten(batch.column("flags"))
+        if len(flags):
+            self.flags.update(flags.to_pylist())
         self._add_generation(batch)
 
     def _add_source_info(self, batch: pa.RecordBatch) -> None:
-        sources = batch.column("source").to_pylist()
-        for index, source in enumerate(sources):
+        sources = batch.column("source")
+        for source in pc.unique(sources).to_pylist():
             if source not in self.source_info:
+                index = pc.index(sources, source).as_py()
                 self.source_info[source] = {name: batch.column(name)[index].as_py()
                                             for name in ("origin", "license", "task")}
 
@@ -139,6 +148,8 @@ class Auditor:
             {**orjson.loads(settings), "conversations": count} for settings, count in self.generation.most_common()
         ] or None
         report["finish_reasons"] = dict(sorted(self.finish_reasons.items())) or None
+        if self.tokens is not None:
+            report["tokens"] = self.tokens.report()
         return report
 
 
@@ -164,8 +175,12 @@ def audit_conversations(items: Iterable[Conversation | Skipped], batch_size: int
 
 
 def audit_corpus_files(corpus: Corpus) -> dict[str, Any]:
-    """Audit a corpus from its files: the shards its manifest lists, plus the ledger."""
-    auditor = Auditor()
+    """Audit a corpus from its files: the shards its manifest lists, plus the ledger; token statistics when
+    the target's tokenizer named by its recipe is at hand."""
+    from .tokens import TokenAuditor, TokenSettings
+
+    settings = TokenSettings.from_corpus(corpus)
+    auditor = Auditor(tokens=TokenAuditor(settings) if settings is not None else None)
     for batch in corpus.iter_batches():
         auditor.add_batch(batch)
     auditor.add_skipped(corpus.ledger_counts())
@@ -217,11 +232,45 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("flags"):
         lines += ["", "flags kept on rows"]
         lines += [f"  {flag:<22} {count:>9,}" for flag, count in report["flags"].items()]
+    if report.get("tokens"):
+        lines += ["", *_format_tokens(report["tokens"])]
     return "\n".join(lines)
+
+
+def _format_tokens(tokens: dict[str, Any]) -> list[str]:
+    budget = tokens["max_seq_len"]
+    lines = [f"target tokens per conversation (as served; budget {budget if budget is not None else 'none'})"]
+    sections = {"all": tokens, **{f"{grouping} {key}": section for grouping in ("source", "split")
+                                  for key, section in tokens[f"by_{grouping}"].items()}}
+    width = max(len(name) for name in sections)
+    lines.append(f"  {'':<{width}}  {'p50':>7}  {'p90':>7}  {'p99':>7}  {'max':>7}  {'reasoning':>9}  {'over':>6}")
+    for name, section in sections.items():
+        over = section["over_budget"]
+        lines.append(f"  {name:<{width}}  {section['p50']:>7,}  {section['p90']:>7,}  {section['p99']:>7,}  "
+                     f"{section['max']:>7,}  {_share(section['reasoning_token_share']):>9}  "
+                     f"{'-' if over is None else f'{over:,}':>6}")
+    mismatches = tokens["mismatches"]
+    severity = ""
+    if mismatches["count"]:
+        severity = " (fatal)" if tokens["token_mismatch"] == "fail" else " (warning)"
+    lines.append(f"served-ids check: {mismatches['count']:,} of {mismatches['checked_turns']:,} generated turns "
+                 f"do not re-render to their served tokens{severity}")
+    for turn in mismatches["turns"][:MISMATCHES_SHOWN]:
+        lines.append(f"  {turn['id']} turn {turn['message_index']} at token {turn['position']} ({turn['part']}): "
+                     f"served {turn['served_text']!r} vs rendered {turn['rendered_text']!r}")
+    if mismatches["count"] > MISMATCHES_SHOWN:
+        lines.append(f"  ... {mismatches['count'] - MISMATCHES_SHOWN:,} more in `corpus audit --json` "
+                     "(tokens.mismatches)")
+    return lines
 
 
 def iter_report_problems(report: dict[str, Any], min_thinking_share: float | None) -> Iterator[str]:
     """Corpus-level check failures, shared by `corpus build`, `corpus audit` and the publish gate."""
+    from .tokens import mismatch_problem
+
+    problem = mismatch_problem(report.get("tokens"))
+    if problem is not None:
+        yield problem
     if min_thinking_share is not None and report["thinking_share"] < min_thinking_share:
         yield (f"thinking share {_share(report['thinking_share'])} is below the minimum "
                f"{_share(min_thinking_share)} ({report['thinking_conversations']:,} of "

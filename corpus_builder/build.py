@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
 from . import __version__
 from .audit import Auditor, iter_report_problems
-from .checks import Checker
+from .checks import Checker, make_renderer
 from .corpus import AUDIT, CORPUS_FILES, DATA, FORMAT_VERSION, JOURNAL, LEDGER, MANIFEST, RECIPE
 from .errors import CorpusError, Skipped
+from .export import EXPORTS_DIR, ExportReport, run_recipe_exports
+from .parallel import PreparedBatch, replay_stream
 from .recipe import recipe_sha256, resolved_yaml
 from .recipe_types import Recipe
 from .records import Conversation
@@ -39,6 +42,7 @@ class BuildResult:
     manifest: dict[str, Any]
     audit: dict[str, Any]
     problems: list[str] = field(default_factory=list)  # corpus-level check failures
+    exports: list[ExportReport] = field(default_factory=list)  # the recipe's output.exports, written
 
     @property
     def passed(self) -> bool:
@@ -50,8 +54,9 @@ def prepare_output(out_dir: Path) -> None:
     if out_dir.exists():
         if not out_dir.is_dir():
             raise CorpusError("output path exists and is not a directory", file=str(out_dir))
+        ours = (*CORPUS_FILES, JOURNAL, EXPORTS_DIR)
         foreign = sorted(p.name for p in out_dir.iterdir()
-                         if p.name not in (*CORPUS_FILES, JOURNAL) and not p.name.startswith(STAGING_PREFIX))
+                         if p.name not in ours and not p.name.startswith(STAGING_PREFIX))
         if foreign:
             raise CorpusError(f"output directory holds files that are not part of a corpus ({', '.join(foreign[:5])});"
                               " choose an empty or corpus directory with --out", file=str(out_dir))
@@ -78,25 +83,29 @@ def _write_json(path: Path, value: Any) -> None:
 def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, staging: Path) -> BuildResult:
     """Checks, split and writing of one stream into ``staging``; returns the staged manifest and audit."""
     from .render import TemplateRenderer
+    from .tokens import TokenAuditor, TokenSettings
 
     renderer = None
     if recipe.checks.max_seq_len is not None:
-        if recipe.target.tokenizer is None:
+        renderer = TemplateRenderer.for_recipe(recipe)
+        if renderer is None:
             raise CorpusError("checks.max_seq_len needs target.tokenizer", file=str(recipe.path))
-        renderer = TemplateRenderer(recipe.target.tokenizer,
-                                    enable_thinking=recipe.target.generation.enable_thinking)
     checker = Checker(recipe.checks, renderer)
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
-    auditor = Auditor()  # sees exactly the batches written; `corpus audit` recomputes them from the files
+    token_settings = TokenSettings.from_recipe(recipe)
+    # Sees exactly the batches written; `corpus audit` recomputes them from the files.
+    auditor = Auditor(tokens=TokenAuditor(token_settings) if token_settings is not None else None)
     shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=auditor.add_batch)
     ledger = LedgerWriter(staging / LEDGER)
     try:
         for item in checker.run(items):
             if isinstance(item, Skipped):
                 ledger.write(item)
-            else:
+            elif isinstance(item, Conversation):
                 item.split = splitter.assign(item)
                 shards.write(item)
+            else:
+                shards.write_batch(_with_splits(item, splitter))
     except BaseException:
         shards.abort()
         raise
@@ -130,14 +139,19 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
     return BuildResult(staging, manifest, audit, problems)
 
 
-def iter_sources(recipe: Recipe, generated: Iterator[Conversation | Skipped] | None = None
-                 ) -> Iterator[Conversation | Skipped]:
-    """Replay sources in recipe order, then the generated stream (the split is stratified per source,
-    so the order across sources does not change any row's split)."""
-    from .sources import iter_source
+def _with_splits(batch: pa.RecordBatch, splitter: Splitter) -> pa.RecordBatch:
+    splits = [splitter.assign_key(source, thinking) for source, thinking
+              in zip(batch.column("source").to_pylist(), batch.column("thinking").to_pylist(), strict=True)]
+    index = batch.schema.get_field_index("split")
+    return batch.set_column(index, batch.schema.field(index), pa.array(splits, pa.string()))
 
-    replay = (iter_source(spec, recipe.base_dir) for spec in recipe.sources if spec.kind == "replay")
-    return chain(chain.from_iterable(replay), generated or ())
+
+def iter_sources(recipe: Recipe, generated: Iterator[Conversation | Skipped] | None = None
+                 ) -> Iterator[Conversation | Skipped | PreparedBatch]:
+    """Replay sources in recipe order (parsed on every core), then the generated stream (the split is
+    stratified per source, so the order across sources does not change any row's split)."""
+    measure = Checker(recipe.checks, make_renderer(recipe)).measure
+    return chain(replay_stream(recipe, measure), generated or ())
 
 
 def iter_prompts(recipe: Recipe) -> Iterator[Conversation | Skipped]:
@@ -150,6 +164,7 @@ def iter_prompts(recipe: Recipe) -> Iterator[Conversation | Skipped]:
 def build(recipe: Recipe, out: Path | None = None) -> BuildResult:
     """Build the corpus a recipe describes into ``out`` (default: the recipe's output.dir)."""
     out_dir = out if out is not None else recipe.output.dir
+    created = not out_dir.exists()
     prepare_output(out_dir)
     staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}"
     staging.mkdir()
@@ -165,5 +180,9 @@ def build(recipe: Recipe, out: Path | None = None) -> BuildResult:
         _commit(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # a failed first build leaves nothing behind
     result.out_dir = out_dir
+    shutil.rmtree(out_dir / EXPORTS_DIR, ignore_errors=True)  # exports of an earlier build are stale now
+    result.exports = run_recipe_exports(recipe, out_dir)
     return result

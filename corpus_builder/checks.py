@@ -9,8 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from .errors import Skipped
-from .recipe_types import Checks
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import CorpusError, Skipped
+from .parallel import PreparedBatch
+from .recipe_types import Checks, Recipe
 from .records import FLAG_UNCLOSED_THINK, Conversation, content_digest
 from .render import TemplateRenderer
 
@@ -33,6 +37,15 @@ def _dedup_key(conversation: Conversation, mode: str) -> int | None:
     return int.from_bytes(digest[:8], "big")
 
 
+def make_renderer(recipe: Recipe) -> TemplateRenderer | None:
+    """The target's renderer when a check needs token counts (checks.max_seq_len), else None."""
+    if recipe.checks.max_seq_len is None:
+        return None
+    if recipe.target.tokenizer is None:
+        raise CorpusError("checks.max_seq_len needs target.tokenizer", file=str(recipe.path))
+    return TemplateRenderer.for_recipe(recipe)
+
+
 class Checker:
     """Applies a recipe's row checks to a stream; corpus-level checks run on the written audit."""
 
@@ -49,11 +62,18 @@ class Checker:
                                     else [None] * len(batch))
         return [RowStats(t, _dedup_key(c, self.checks.dedup)) for c, t in zip(batch, tokens, strict=True)]
 
-    def run(self, items: Iterable[Conversation | Skipped]) -> Iterator[Conversation | Skipped]:
+    def run(self, items: Iterable[Conversation | Skipped | PreparedBatch]
+            ) -> Iterator[Conversation | Skipped | pa.RecordBatch]:
+        """Kept rows come out as they came in: one by one, or as Arrow batches for prepared input."""
         batch: list[Conversation] = []
         for item in items:
             if isinstance(item, Skipped):
                 yield item
+                continue
+            if isinstance(item, PreparedBatch):
+                yield from self._decide(batch)
+                batch = []
+                yield from self._decide_prepared(item)
                 continue
             batch.append(item)
             if len(batch) >= self.batch_size:
@@ -63,8 +83,35 @@ class Checker:
             yield from self._decide(batch)
 
     def _decide(self, batch: list[Conversation]) -> Iterator[Conversation | Skipped]:
-        for conversation, stats in zip(batch, self.measure(batch), strict=True):
-            yield self._decide_one(conversation, stats)
+        if batch:
+            for conversation, stats in zip(batch, self.measure(batch), strict=True):
+                yield self._decide_one(conversation, stats)
+
+    def _decide_prepared(self, prepared: PreparedBatch) -> Iterator[Conversation | Skipped | pa.RecordBatch]:
+        """The same decisions on Arrow rows. The rare rows that need more than a yes/no (unclosed think,
+        over budget, a duplicate, a repeated id) take the one-by-one path, in their place in the order."""
+        yield from prepared.skipped
+        batch = prepared.batch
+        ids = batch.column("id").to_pylist()
+        flags = batch.column("flags")
+        flagged = flags.to_pylist() if pc.max(pc.list_value_length(flags)).as_py() else None
+        limit = self.checks.max_seq_len
+        keep: list[int] = []
+        for index, (tokens, key) in enumerate(zip(prepared.tokens, prepared.dedup_keys, strict=True)):
+            simple = not (flagged and flagged[index]) and (limit is None or tokens is None or tokens <= limit) \
+                and hash(ids[index]) not in self._seen_ids and (key is None or key not in self._seen_content)
+            if simple:
+                if key is not None:
+                    self._seen_content.add(key)
+                self._seen_ids.add(hash(ids[index]))
+                keep.append(index)
+                continue
+            if keep:
+                yield _rows(batch, keep)
+                keep = []
+            yield self._decide_one(Conversation.from_row(batch.slice(index, 1).to_pylist()[0]), RowStats(tokens, key))
+        if keep:
+            yield _rows(batch, keep)
 
     def _decide_one(self, conversation: Conversation, stats: RowStats) -> Conversation | Skipped:
         location = _location(conversation)
@@ -107,6 +154,10 @@ class Checker:
         self._seen_ids.add(hash(new_id))
         conversation.id = new_id
         return conversation
+
+
+def _rows(batch: pa.RecordBatch, indices: list[int]) -> pa.RecordBatch:
+    return batch if len(indices) == batch.num_rows else batch.take(pa.array(indices, pa.int32()))
 
 
 def _location(conversation: Conversation) -> str:

@@ -121,6 +121,58 @@ def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: 
     click.echo(report.describe())
 
 
+@cli.command()
+@click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", required=True,
+              type=click.Choice(["speculators", "speculators-tokens", "specforge", "messages", "sharegpt"]),
+              help="Trainer format.")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Output directory: one file per split, OUT/{split}.{file format}.")
+@click.option("--file-format", type=click.Choice(["jsonl", "jsonl.zst", "parquet"]), default="jsonl",
+              show_default=True)
+@click.option("--tokenizer", type=click.Path(path_type=Path),
+              help="Target tokenizer directory (default: the corpus recipe's target.tokenizer).")
+def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: Path | None) -> None:
+    """Write a built corpus in a trainer's format (rows of one conversation stay in its split's file)."""
+    from .corpus import Corpus
+    from .export import export_corpus
+    from .tokens import TokenSettings
+
+    corpus = Corpus.open(corpus_dir)
+    settings = TokenSettings.from_corpus(corpus, tokenizer) if fmt == "speculators-tokens" else None
+    report = export_corpus(corpus, fmt, out, file_format=file_format, settings=settings)
+    click.echo(report.describe())
+
+
+@cli.command()
+@click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
+@click.option("--size", type=click.IntRange(min=1), default=32000, show_default=True, help="Draft vocabulary size.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("token_freq.npy"), show_default=True,
+              help="Frequency file: .npy (dense int64 by token id), .json, or .pt (speculators' token_freq.pt).")
+@click.option("--tokenizer", type=click.Path(path_type=Path),
+              help="Target tokenizer directory (default: the corpus recipe's target.tokenizer).")
+@click.option("--json", "as_json", is_flag=True, help="Print the coverage report as one JSON object.")
+def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_json: bool) -> None:
+    """Supervised-token frequencies for choosing a draft vocabulary, and the coverage of the top SIZE."""
+    from .corpus import Corpus
+    from .tokens import TokenSettings
+    from .vocab import count_frequencies, format_vocab_report, vocab_report, write_frequencies
+
+    corpus = Corpus.open(corpus_dir)
+    settings = TokenSettings.from_corpus(corpus, tokenizer)
+    if settings is None:
+        raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
+                          file=str(corpus_dir))
+    frequencies = count_frequencies(corpus, settings)
+    write_frequencies(frequencies.total, out)
+    report = {**vocab_report(frequencies, size), "file": str(out)}
+    if as_json:
+        _print_json(report)
+    else:
+        click.echo(format_vocab_report(report))
+        click.echo(f"wrote {out}")
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)

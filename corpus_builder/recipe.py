@@ -30,6 +30,7 @@ import yaml
 from corpus_builder.errors import CorpusError
 from corpus_builder.recipe_types import (
     Checks,
+    ExportSpec,
     GenerationSettings,
     HubRef,
     LaunchSpec,
@@ -643,6 +644,11 @@ def _semantic_problems(document: dict[str, Any], base_dir: Path, parsed: _Parsed
     if "max_seq_len" in _section(document, "checks") and tokenizer is None:
         report(("checks", "max_seq_len"), "max_seq_len counts tokens in the target's tokenizer: "
                                           "set target.tokenizer")
+    exports = _section(document, "output").get("exports")
+    for index, export in enumerate(exports if isinstance(exports, list) else []):
+        if isinstance(export, dict) and export.get("format") == "speculators-tokens" and tokenizer is None:
+            report(("output", "exports", index, "format"), "speculators-tokens rows are in the target's tokens: "
+                                                             "set target.tokenizer")
 
     launch = _section(target, "launch")
     model_dir = launch.get("model_dir")
@@ -695,7 +701,8 @@ def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
         description=document.get("description"),
         target=target,
         sources=sources,
-        output=OutputSpec(dir=_local_path(base_dir, output["dir"]), rows_per_shard=output["rows_per_shard"]),
+        output=OutputSpec(dir=_local_path(base_dir, output["dir"]), rows_per_shard=output["rows_per_shard"],
+                          exports=tuple(ExportSpec(**spec) for spec in output["exports"])),
         checks=Checks(**document["checks"]),
         split=SplitSpec(**document["split"]),
         base_dir=base_dir,

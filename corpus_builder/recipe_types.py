@@ -101,6 +101,7 @@ class Checks:
     on_over_length: str = "drop"
     on_unclosed_think: str = "drop"
     dedup: str = "exact"
+    token_mismatch: str = "warn"  # warn | fail
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +111,16 @@ class SplitSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ExportSpec:
+    format: str  # speculators | speculators-tokens | specforge | messages | sharegpt
+    file_format: str = "jsonl"  # jsonl | jsonl.zst | parquet
+
+
+@dataclass(frozen=True, slots=True)
 class OutputSpec:
     dir: Path
     rows_per_shard: int = 50000
+    exports: tuple[ExportSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import CorpusError
-from .records import Conversation
+from .records import Conversation, Message
+
+if TYPE_CHECKING:
+    from .recipe_types import Recipe
+
+
+ENCODE_CHUNK = 256  # conversations rendered while the previous chunk is being tokenized
 
 
 def _raise_exception(message: str) -> None:
@@ -57,12 +64,20 @@ def _token_text(value: Any) -> str | None:
 
 
 class TemplateRenderer:
-    """Renders and counts conversations as the target sees them at serve time."""
+    """Renders and counts conversations as the target sees them at serve time.
 
-    def __init__(self, tokenizer_dir: Path, *, enable_thinking: bool = True,
+    The served view of assistant turn ``j`` is its prompt (turns before ``j`` plus the generation prompt)
+    followed by the turn itself. With ``history_reasoning="drop"`` the generator sent earlier assistant
+    turns back without their reasoning, so every view drops the reasoning of the assistant turns before
+    ``j``; this is done on the messages, not through a template flag, so it holds for any template.
+    Where a conversation has no system turn the template adds its default one, as the server did.
+    """
+
+    def __init__(self, tokenizer_dir: Path, *, enable_thinking: bool = True, history_reasoning: str = "keep",
                  template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer_dir = tokenizer_dir
         self.enable_thinking = enable_thinking
+        self.history_reasoning = history_reasoning
         self.template_kwargs = template_kwargs or {}
         template_text, config = load_chat_template(tokenizer_dir)
         from jinja2.ext import loopcontrols
@@ -77,6 +92,15 @@ class TemplateRenderer:
         self._special = {"bos_token": _token_text(config.get("bos_token")) or "",
                          "eos_token": _token_text(config.get("eos_token")) or ""}
 
+    @classmethod
+    def for_recipe(cls, recipe: Recipe) -> TemplateRenderer | None:
+        """The renderer of a recipe's target (its tokenizer and generation settings); None without one."""
+        if recipe.target.tokenizer is None:
+            return None
+        settings = recipe.target.generation
+        return cls(recipe.target.tokenizer, enable_thinking=settings.enable_thinking,
+                   history_reasoning=settings.history_reasoning)
+
     @cached_property
     def tokenizer(self) -> Any:
         from tokenizers import Tokenizer
@@ -86,21 +110,95 @@ class TemplateRenderer:
             raise CorpusError("tokenizer.json not found", file=str(self.tokenizer_dir))
         return Tokenizer.from_file(str(path))
 
-    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+    @property
+    def eos_token(self) -> str:
+        return self._special["eos_token"]
+
+    def token_id(self, token: str) -> int | None:
+        """The id of a token the tokenizer holds as one entry (e.g. ``</think>``), else None."""
+        return self.tokenizer.token_to_id(token) if token else None
+
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = False,
+               enable_thinking: bool | None = None) -> str:
+        thinking = self.enable_thinking if enable_thinking is None else enable_thinking
         return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                     enable_thinking=self.enable_thinking, **self._special,
-                                     **self.template_kwargs)
+                                     enable_thinking=thinking, **self._special, **self.template_kwargs)
+
+    def served_messages(self, messages: Sequence[Message], end: int, *, current: int | None = None
+                        ) -> list[dict[str, Any]]:
+        """``messages[:end]`` as template input; reasoning of the assistant turns before ``current`` is left
+        out when history reasoning is dropped (``current=None``: every assistant turn is history)."""
+        keep_history = self.history_reasoning == "keep"
+        out = []
+        for index, m in enumerate(messages[:end]):
+            message: dict[str, Any] = {"role": m.role, "content": m.content}
+            if (m.role == "assistant" and m.reasoning is not None
+                    and (keep_history or (current is not None and index >= current))):
+                message["reasoning_content"] = m.reasoning
+            out.append(message)
+        return out
+
+    def render_prompt(self, messages: Sequence[Message], turn: int, *, enable_thinking: bool | None = None) -> str:
+        """What the server rendered to generate assistant turn ``turn``: the turns before it + generation prompt."""
+        return self.render(self.served_messages(messages, turn), add_generation_prompt=True,
+                           enable_thinking=enable_thinking)
+
+    def render_through(self, messages: Sequence[Message], turn: int) -> str:
+        """The served view of assistant turn ``turn``: its prompt's turns followed by the turn itself."""
+        return self.render(self.served_messages(messages, turn + 1, current=turn))
+
+    def budget_views(self, messages: Sequence[Message]) -> list[str]:
+        """The renders whose longest is the conversation's length as served: the whole conversation when
+        history reasoning is kept (every turn's view is a prefix of it), else every assistant turn's view
+        (a dropped reasoning makes a later view shorter than an earlier one)."""
+        last = len(messages) - 1
+        if self.history_reasoning == "keep" or last < 0:
+            return [self.render(self.served_messages(messages, len(messages)))]
+        turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
+        views = [self.render_through(messages, i) for i in turns]
+        if not turns or turns[-1] != last:  # trailing non-assistant turns: the whole conversation too
+            views.append(self.render(self.served_messages(messages, len(messages), current=len(messages))))
+        return views
 
     def render_conversation(self, conversation: Conversation) -> str:
-        messages = []
-        for m in conversation.messages:
-            message: dict[str, Any] = {"role": m.role, "content": m.content}
-            if m.role == "assistant" and m.reasoning is not None:
-                message["reasoning_content"] = m.reasoning
-            messages.append(message)
-        return self.render(messages)
+        """The whole conversation as served for its last turn."""
+        messages = conversation.messages
+        return self.render(self.served_messages(messages, len(messages), current=len(messages) - 1))
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of rendered texts; the template emits its own BOS, so no special tokens are added."""
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    @cached_property
+    def _encoder(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
 
     def count_tokens(self, conversations: Sequence[Conversation]) -> list[int]:
-        texts = [self.render_conversation(c) for c in conversations]
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [len(e.ids) for e in encodings]
+        """Each conversation's length in the target's tokens: its longest served view.
+
+        Rendering (Python, holds the GIL) of one chunk overlaps with the tokenizing of the previous chunk on a
+        worker thread (the Rust tokenizer releases the GIL), so the cost is close to tokenizing alone.
+        """
+        counts = [0] * len(conversations)
+        pending: Future[list[Any]] | None = None
+        pending_owners: list[int] = []
+
+        def collect() -> None:
+            assert pending is not None
+            for owner, encoding in zip(pending_owners, pending.result(), strict=True):
+                counts[owner] = max(counts[owner], len(encoding.ids))
+
+        for start in range(0, len(conversations), ENCODE_CHUNK):
+            views: list[str] = []
+            owners: list[int] = []
+            for index in range(start, min(start + ENCODE_CHUNK, len(conversations))):
+                rendered = self.budget_views(conversations[index].messages)
+                views += rendered
+                owners += [index] * len(rendered)
+            if pending is not None:
+                collect()
+            pending = self._encoder.submit(self.tokenizer.encode_batch, views, add_special_tokens=False)
+            pending_owners = owners
+        if pending is not None:
+            collect()
+        return counts

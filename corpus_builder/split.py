@@ -26,9 +26,12 @@ class Splitter:
         return int.from_bytes(digest, "big") / 2**64
 
     def assign(self, conversation: Conversation) -> str:
+        return self.assign_key(conversation.source, conversation.thinking)
+
+    def assign_key(self, source: str, thinking: bool) -> str:
         if self.fraction <= 0:
             return TRAIN
-        stratum = (conversation.source, conversation.thinking)
+        stratum = (source, thinking)
         accumulator = self._accumulators.get(stratum)
         if accumulator is None:
             accumulator = self._phase(stratum)

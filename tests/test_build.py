@@ -171,6 +171,17 @@ def test_failed_build_leaves_no_complete_corpus_and_keeps_the_previous_one(tmp_p
     assert not [p for p in out.iterdir() if p.name.startswith(".staging")]
 
 
+def test_failed_first_build_leaves_nothing(tmp_path: Path, data_dir: Path) -> None:
+    broken = tmp_path / "broken.jsonl.zst"
+    payload = zstandard.ZstdCompressor().compress(b'{"messages": []}\n' * 2000)
+    broken.write_bytes(payload[: len(payload) // 2])
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", data_dir,
+                                      extra_source=f"  - {{name: broken, kind: replay, path: {broken}}}\n"))
+    with pytest.raises(CorpusError, match="truncated zstd"):
+        build(recipe)
+    assert not (tmp_path / "out").exists()
+
+
 def test_killed_build_never_looks_complete(tmp_path: Path, data_dir: Path) -> None:
     out = tmp_path / "fresh"
     recipe_path = write_recipe(tmp_path / "recipe.yaml", data_dir, out=str(out))
@@ -220,3 +231,41 @@ def test_split_is_stratified_by_source_and_thinking_and_seeded() -> None:
     assert [other.assign(r) for r in rows] != [a[2] for a in assigned]
     again = Splitter(0.05, seed=3)
     assert [again.assign(r) for r in rows] == [a[2] for a in assigned]
+
+
+def test_parallel_parsing_gives_the_same_corpus_as_a_sequential_read(tmp_path: Path, data_dir: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Byte ranges of one .jsonl across worker processes: same rows, ids, splits and shard bytes."""
+    import corpus_builder.sources.readers as readers
+
+    big = tmp_path / "big.jsonl"
+    # real ShareGPT rows, repeated with a counter so they stay distinct: several ranges of ~4 kB each
+    rows = [json.loads(line) for line in (data_dir / "sharegpt.jsonl").read_text().split("\n") if line]
+    with big.open("w") as handle:
+        for copy in range(3):
+            for row in rows:
+                turns = [dict(turn) for turn in row.get("conversations", [])]
+                if turns:
+                    turns[0]["value"] = f"{turns[0].get('value')} ({copy})"
+                handle.write(json.dumps({**row, "conversations": turns}) + "\n")
+        handle.write("{broken\n")
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(
+        "name: parallel\ntarget: {model: m}\n"
+        "sources:\n"
+        f"  - {{name: big, kind: replay, path: {big}, mapping: {{style: sharegpt}}, take: {{fraction: 0.8}}}}\n"
+        f"  - {{name: serving, kind: replay, path: {data_dir}/serving.jsonl.zst}}\n"
+        "checks: {dedup: exact}\nsplit: {validation_fraction: 0.2}\noutput: {dir: out, rows_per_shard: 70}\n")
+    monkeypatch.setattr(readers, "MIN_RANGE_BYTES", 4096)
+    manifests = {}
+    for workers in ("1", "3"):
+        monkeypatch.setenv("CORPUS_WORKERS", workers)
+        result = build(load_recipe(recipe_path), tmp_path / f"out-{workers}")
+        manifests[workers] = result.manifest
+        ledger = sorted((r["location"], r["reason"]) for r in iter_ledger(result.out_dir / "ledger.jsonl.zst"))
+        if ("big.jsonl:" + str(3 * len(rows) + 1), "invalid_json") not in ledger:  # sampled out by take
+            assert not any(location.startswith("big.jsonl") and reason == "invalid_json"
+                           for location, reason in ledger)
+        manifests[workers]["ledger"] = ledger
+    assert manifests["1"] == manifests["3"]
+    assert manifests["1"]["conversations"] > 100

@@ -207,7 +207,8 @@ def test_defaults_are_filled_from_the_schema(workspace: Path) -> None:
         "timeout_s": 600.0, "max_retries": 6,
     }
     assert document["target"]["endpoints"] == [] and document["target"]["backend"] == "server"
-    assert document["checks"] == {"on_over_length": "drop", "on_unclosed_think": "drop", "dedup": "exact"}
+    assert document["checks"] == {"on_over_length": "drop", "on_unclosed_think": "drop", "dedup": "exact",
+                                  "token_mismatch": "warn"}
     assert document["split"] == {"validation_fraction": 0.02, "seed": 0}
     assert document["output"]["rows_per_shard"] == 50000
     # Inside array items, through the schema's $ref:

@@ -5,6 +5,6 @@ come out as ``errors.Skipped`` with a reason from ``errors.REASONS``; problems w
 source raise ``errors.CorpusError``.
 """
 
-from .stream import count_rows, iter_file, iter_source, resolve_paths
+from .stream import count_rows, iter_file, iter_source, resolve_paths, source_parts
 
-__all__ = ["count_rows", "iter_file", "iter_source", "resolve_paths"]
+__all__ = ["count_rows", "iter_file", "iter_source", "resolve_paths", "source_parts"]

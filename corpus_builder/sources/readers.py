@@ -13,6 +13,7 @@ so it is parsed whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ _ZSTD_READ_SIZE = 1 << 14
 _PARQUET_BATCH_ROWS = 1024
 _READ_BUFFER = 1 << 20  # conversation lines are often several kB: fewer, larger reads
 _DETAIL_CHARS = 200
+# Smaller files are not worth splitting across processes.
+MIN_RANGE_BYTES = 8 << 20
 
 # Keeps or drops a row by its position before it is decoded (used by take.fraction).
 PositionFilter = Callable[[int], bool]
@@ -77,6 +80,44 @@ def iter_rows(path: Path, fmt: str, label: str,
     seen = yield from _counting(rows)
     if not seen:
         raise CorpusError("file has no rows", file=label)
+
+
+def line_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
+    """Split a plain .jsonl file into up to ``parts`` byte ranges that start and end on line boundaries,
+    each at least MIN_RANGE_BYTES long, so several processes can parse one large file."""
+    size = path.stat().st_size
+    parts = max(1, min(parts, size // MIN_RANGE_BYTES))
+    bounds = [0]
+    with path.open("rb") as handle:
+        for index in range(1, parts):
+            handle.seek(max(size * index // parts, bounds[-1]))
+            handle.readline()  # move to the start of the next line
+            bounds.append(min(handle.tell(), size))
+    bounds.append(size)
+    return [(start, end) for start, end in pairwise(bounds) if end > start]
+
+
+def iter_line_range(path: Path, start: int, end: int, keep: PositionFilter | None = None
+                    ) -> Iterator[tuple[int, Any]]:
+    """``iter_rows`` for one range of a plain .jsonl file, with the file's own line numbers."""
+    with path.open("rb", buffering=_READ_BUFFER) as handle:
+        first_line = 1
+        remaining = start
+        while remaining:  # line numbers: count the newlines before the range
+            chunk = handle.read(min(remaining, _READ_BUFFER))
+            first_line += chunk.count(b"\n")
+            remaining -= len(chunk)
+        lines = _lines_until(handle, end - start)
+        yield from (item for item in _decode_lines(lines, keep, first_line) if item is not _FILTERED)
+
+
+def _lines_until(handle: Any, length: int) -> Iterator[bytes]:
+    while length > 0:
+        line = handle.readline()
+        if not line:
+            return
+        length -= len(line)
+        yield line
 
 
 def count_file_rows(path: Path, fmt: str, label: str) -> int:
@@ -152,9 +193,10 @@ def _zstd_chunks(path: Path, label: str) -> Iterator[bytes]:
                           file=label)
 
 
-def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None) -> Iterator[tuple[int, Any]]:
+def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_line: int = 1
+                  ) -> Iterator[tuple[int, Any]]:
     loads = orjson.loads
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(lines, first_line):
         if keep is not None and not keep(number):
             if line and not line.isspace():
                 yield _FILTERED

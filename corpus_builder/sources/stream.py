@@ -24,7 +24,9 @@ from .readers import (
     PositionFilter,
     count_file_rows,
     detect_format,
+    iter_line_range,
     iter_rows,
+    line_ranges,
     position_key,
 )
 from .take import CountSelection, fraction_filter, priority
@@ -80,6 +82,29 @@ def iter_source(spec: SourceSpec, base_dir: Path) -> Iterator[Conversation | Ski
         units = [_file_unit(path, spec.format, _label(path, base_dir))
                  for path in resolve_paths(spec, base_dir)]
     return _select(spec, units)
+
+
+def source_parts(spec: SourceSpec, base_dir: Path, parts: int) -> list[Callable[[], Iterator[Conversation | Skipped]]]:
+    """The source as consecutive parts that can be read in separate processes: reading the parts in
+    order yields exactly what ``iter_source`` yields. Large plain .jsonl files are split into byte
+    ranges; each other file is one part; a source with ``take.count`` (which ranks the whole source) or
+    a hub source is a single part."""
+    if spec.hub is not None or (spec.take is not None and spec.take.count is not None):
+        return [lambda: iter_source(spec, base_dir)]
+    check_mapping(spec.mapping, spec.name)
+    thunks: list[Callable[[], Iterator[Conversation | Skipped]]] = []
+    for path in resolve_paths(spec, base_dir):
+        label = _label(path, base_dir)
+        unit = _file_unit(path, spec.format, label)
+        ranges = line_ranges(path, parts) if detect_format(path, spec.format) == "jsonl" else []
+        if len(ranges) <= 1:
+            thunks.append(lambda unit=unit: _select(spec, [unit]))
+            continue
+        for start, end in ranges:
+            part = _Unit(label, lambda keep, start=start, end=end, path=path: iter_line_range(path, start, end, keep),
+                         unit.separator, unit.position_key, unit.provenance)
+            thunks.append(lambda part=part: _select(spec, [part]))
+    return thunks
 
 
 def iter_file(path: Path, *, source: str | None = None, kind: str = "replay", fmt: str = "auto",

@@ -315,7 +315,8 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m tests.support.tiny_model OUT_DIR", file=sys.stderr)
         return 2
-    print(build_tiny_model(Path(argv[0])))
+    out_dir = Path(argv[0])
+    print(out_dir if is_current(out_dir) else build_tiny_model(out_dir))
     return 0
 
 
