@@ -84,16 +84,31 @@ def build(recipe: Path, out: Path | None, dry_run: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--min-thinking-share", type=click.FloatRange(0, 1), help="Exit 1 when the share is below this.")
 @click.option("--endpoint", help="Hub endpoint for hf:// paths.")
-def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None) -> None:
-    """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME."""
+@click.option("--no-secrets", is_flag=True, help="Skip the secrets scan (Hub tokens, API keys, private keys...).")
+def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None,
+          no_secrets: bool) -> None:
+    """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME.
+
+    Exit 1 when the thinking share is below --min-thinking-share or the secrets scan finds anything."""
     from .audit import audit_path, format_report, iter_report_problems
 
     report = audit_path(path, endpoint=endpoint)
+    if not no_secrets and not path.startswith("hf://"):  # a published corpus passed the scan at publish
+        from .publish.secrets import scan_path
+
+        report["secrets"] = scan_path(Path(path))
     if as_json:
         _print_json(report)
     else:
         click.echo(format_report(report))
+        secrets = report.get("secrets")
+        if secrets and secrets["findings"]:
+            click.echo(f"\nsecrets: {secrets['findings']:,} found ({secrets['by_kind']}); first ones:")
+            click.echo("\n".join(f"  {example}" for example in secrets["examples"]))
     problems = list(iter_report_problems(report, min_thinking_share))
+    if report.get("secrets", {}).get("findings"):
+        problems.append(f"{report['secrets']['findings']:,} secrets found: remove them or build with "
+                        "checks.redact_secrets: true")
     for problem in problems:
         click.echo(f"check failed: {problem}", err=True)
     if problems:

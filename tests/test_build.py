@@ -125,6 +125,7 @@ def test_build_writes_a_complete_verified_corpus(tmp_path: Path, data_dir: Path)
     completed = subprocess.run([sys.executable, "-m", "corpus_builder", "audit", str(out), "--json"],
                                capture_output=True, text=True, check=True)
     recomputed = json.loads(completed.stdout)
+    assert recomputed.pop("secrets") == {"findings": 0, "by_kind": {}, "examples": []}
     assert {k: v for k, v in audit.items() if k != "checks"} == recomputed
     assert audit["conversations"] == len(rows)
     assert audit["thinking_conversations"] == sum(row["thinking"] for row in rows)

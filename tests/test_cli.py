@@ -104,6 +104,24 @@ def test_audit_raw_file_counts_skipped_rows(log_file: Path) -> None:
     assert corpus("audit", str(log_file), "--min-thinking-share", "0.5").returncode == 0
 
 
+def test_audit_scans_for_secrets_without_echoing_them(tmp_path: Path) -> None:
+    token = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+    aws = "AKIA" + "IOSFODNN7EXAMPLE"
+    path = tmp_path / "log.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"deploy with {token}"},
+                          {"role": "assistant", "content": "done", "reasoning_content": f"key {aws} seen"}]},
+            {"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]}]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    completed = corpus("audit", str(path), "--json")
+    assert completed.returncode == 1
+    secrets = json.loads(completed.stdout)["secrets"]
+    assert secrets["findings"] == 2 and set(secrets["by_kind"]) == {"hf_token", "aws_access_key"}
+    assert any("messages[0].content" in e for e in secrets["examples"])
+    assert any("messages[1].reasoning" in e for e in secrets["examples"])
+    assert token not in completed.stdout + completed.stderr and aws not in completed.stdout + completed.stderr
+    assert corpus("audit", str(path), "--no-secrets").returncode == 0
+
+
 @pytest.mark.parametrize("problem", ["missing", "empty", "truncated_zstd", "not_a_corpus_dir"])
 def test_audit_unreadable_input_exits_2_naming_the_file(tmp_path: Path, problem: str) -> None:
     if problem == "missing":

@@ -155,3 +155,21 @@ def scan_corpus(corpus_dir: Path) -> list[Finding]:
         if path.is_file():
             findings.extend(scan_text(path.read_text(encoding="utf-8", errors="replace"), name))
     return findings
+
+
+def scan_path(path: Path, *, examples: int = 20) -> dict[str, Any]:
+    """The secrets section of `corpus audit`: a built corpus or a raw source file, scanned in full.
+
+    Reports counts by kind and the first findings by row id and field, never the secret itself."""
+    path = Path(path)
+    if path.is_dir():
+        findings = scan_corpus(path)
+    else:
+        from ..sources import iter_file
+
+        findings = scan_conversations(item for item in iter_file(path) if isinstance(item, Conversation))
+    by_kind: dict[str, int] = {}
+    for finding in findings:
+        by_kind[finding.kind] = by_kind.get(finding.kind, 0) + 1
+    return {"findings": len(findings), "by_kind": dict(sorted(by_kind.items())),
+            "examples": [str(finding) for finding in findings[:examples]]}
