@@ -64,6 +64,7 @@ REASONS: dict[str, str] = {
     "unclosed_think": "reasoning block opened but never closed",
     "truncated_generation": "the target stopped at max_tokens (finish_reason: length)",
     "generation_error": "the server refused the request permanently",
+    "not_in_journal": "a journal-only rebuild found no cached generation for this row",
 }
 
 
