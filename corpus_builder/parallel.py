@@ -39,16 +39,21 @@ class PreparedBatch:
 
 
 def worker_count() -> int:
-    """CORPUS_WORKERS, else one per core; 1 (or no fork on this platform) reads in this process."""
+    """CORPUS_WORKERS, else one worker per core but one, leaving a core to the decisions and the writer.
+
+    With two cores or fewer the workers' extra cost (pickled batches, a second copy of the interpreter)
+    eats the gain (measured in BENCHMARKS.md), so sources are read in this process; so they are where
+    fork is not available."""
     configured = os.environ.get("CORPUS_WORKERS")
     if configured:
         try:
             return max(1, int(configured))
         except ValueError:
             raise CorpusError(f"CORPUS_WORKERS must be a whole number, not {configured!r}") from None
-    if sys.platform != "linux":
+    cores = os.cpu_count() or 1
+    if sys.platform != "linux" or cores <= 2:
         return 1
-    return os.cpu_count() or 1
+    return cores - 1
 
 
 def _prepare(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], Any]
