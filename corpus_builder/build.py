@@ -157,8 +157,13 @@ def iter_sources(recipe: Recipe, generated: Iterator[Conversation | Skipped] | N
 def iter_prompts(recipe: Recipe) -> Iterator[Conversation | Skipped]:
     from .sources import iter_source
 
-    return chain.from_iterable(iter_source(spec, recipe.base_dir) for spec in recipe.sources
-                               if spec.kind == "prompts")
+    prompts = chain.from_iterable(iter_source(spec, recipe.base_dir) for spec in recipe.sources
+                                  if spec.kind == "prompts")
+    if recipe.checks.redact_secrets:  # before the target ever sees them
+        from .publish.secrets import redact_conversations
+
+        return redact_conversations(prompts)
+    return prompts
 
 
 def build(recipe: Recipe, out: Path | None = None) -> BuildResult:

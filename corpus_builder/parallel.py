@@ -140,4 +140,8 @@ def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], Any]) 
     workers = worker_count()
     parts = [part for spec in recipe.sources if spec.kind == "replay"
              for part in source_parts(spec, recipe.base_dir, workers)]
+    if recipe.checks.redact_secrets:
+        from .publish.secrets import redact_conversations
+
+        parts = [lambda part=part: redact_conversations(part()) for part in parts]
     return prepared_parts(parts, measure, workers)

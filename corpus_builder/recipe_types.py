@@ -102,6 +102,7 @@ class Checks:
     on_unclosed_think: str = "drop"
     dedup: str = "exact"
     token_mismatch: str = "warn"  # warn | fail
+    redact_secrets: bool = False
 
 
 @dataclass(frozen=True, slots=True)

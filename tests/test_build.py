@@ -270,3 +270,25 @@ def test_parallel_parsing_gives_the_same_corpus_as_a_sequential_read(tmp_path: P
         manifests[workers]["ledger"] = ledger
     assert manifests["1"] == manifests["3"]
     assert manifests["1"]["conversations"] > 100
+
+
+def test_redaction_step_removes_secrets_before_they_reach_the_corpus(tmp_path: Path) -> None:
+    from corpus_builder.publish import check_corpus
+
+    token = "hf_" + "Zq7" * 12
+    key = "sk-proj-" + "Ab9x" * 10
+    rows = [{"messages": [{"role": "user", "content": f"use {token} please"},
+                          {"role": "assistant", "content": "ok", "reasoning_content": f"the key {key} is live"}]},
+            {"messages": [{"role": "user", "content": "plain"}, {"role": "assistant", "content": "text"}]}]
+    write_rows(tmp_path / "log.jsonl", rows)
+    recipe = tmp_path / "recipe.yaml"
+    body = ("name: redact\ntarget: {model: m}\nsources:\n  - {name: log, kind: replay, path: log.jsonl}\n"
+            "split: {validation_fraction: 0}\noutput: {dir: out}\n")
+    recipe.write_text(body)
+    assert any("secrets" in failure for failure in check_corpus(build(load_recipe(recipe)).out_dir).failures)
+    recipe.write_text(body + "checks: {redact_secrets: true}\n")
+    out = build(load_recipe(recipe)).out_dir
+    texts = json.dumps(read_rows(out))
+    assert token not in texts and key not in texts
+    assert "[REDACTED:hf_token]" in texts and "[REDACTED:openai_key]" in texts
+    assert not [f for f in check_corpus(out).failures if "secrets" in f]

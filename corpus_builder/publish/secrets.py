@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ..errors import Skipped
 from ..records import Conversation
 
 # kind -> pattern. Each pattern starts with a literal that the prefilter looks for. Patterns require
@@ -173,3 +174,18 @@ def scan_path(path: Path, *, examples: int = 20) -> dict[str, Any]:
         by_kind[finding.kind] = by_kind.get(finding.kind, 0) + 1
     return {"findings": len(findings), "by_kind": dict(sorted(by_kind.items())),
             "examples": [str(finding) for finding in findings[:examples]]}
+
+
+def redact_conversations(items: Iterable[Conversation | Skipped]) -> Iterator[Conversation | Skipped]:
+    """The build's redaction step (checks.redact_secrets): secrets in turns become ``[REDACTED:kind]``.
+
+    A row keeps its id (a hash: it reveals nothing); its dedup digest is recomputed from the redacted text."""
+    for item in items:
+        if isinstance(item, Conversation):
+            for message in item.messages:
+                redacted = redact(message.content)
+                reasoning = redact(message.reasoning) if message.reasoning else message.reasoning
+                if redacted != message.content or reasoning != message.reasoning:
+                    message.content, message.reasoning = redacted, reasoning
+                    item.digest = None
+        yield item
