@@ -208,7 +208,7 @@ def test_defaults_are_filled_from_the_schema(workspace: Path) -> None:
     }
     assert document["target"]["endpoints"] == [] and document["target"]["backend"] == "server"
     assert document["checks"] == {"on_over_length": "drop", "on_unclosed_think": "drop", "dedup": "exact",
-                                  "token_mismatch": "warn"}
+                                  "token_mismatch": "warn", "redact_secrets": False}
     assert document["split"] == {"validation_fraction": 0.02, "seed": 0}
     assert document["output"]["rows_per_shard"] == 50000
     # Inside array items, through the schema's $ref:
