@@ -57,7 +57,7 @@ def prompt_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_recipe(path: Path, data: Path, endpoints: list[str], tokenizer: Path, *, concurrency: int = 8,
-                 max_tokens: int = 96, dedup: str = "exact", out: str = "out") -> Path:
+                 max_tokens: int = 96, validation_fraction: float = 0.1, out: str = "out") -> Path:
     path.write_text(f"""\
 name: gen-test
 target:
@@ -69,8 +69,8 @@ sources:
   - {{name: replay, kind: replay, path: {data}/replay.jsonl.zst, license: MIT}}
   - {{name: gsm8k, kind: prompts, path: {data}/gsm8k.parquet, system_prompt: Think step by step., task: math}}
   - {{name: chat, kind: prompts, path: {data}/chat.jsonl, task: chat}}
-checks: {{dedup: {dedup}}}
-split: {{validation_fraction: 0.1, seed: 1}}
+checks: {{dedup: exact}}
+split: {{validation_fraction: {validation_fraction}, seed: 1}}
 output: {{dir: {out}}}
 """, encoding="utf-8")
     return path
@@ -130,9 +130,10 @@ def test_build_killed_mid_generation_resumes_without_loss_or_duplicates(
         assert roles == ["user", "assistant"] * (len(roles) // 2) and roles
     assert any(len(row["messages"]) == 4 for row in generated if row["source"] == "chat")
 
-    # Changing only checks/split rebuilds from the journal: the endpoint is dead and nothing is asked.
+    # Changing only the split (or checks, or output) rebuilds from the journal: the endpoint is dead and
+    # nothing is asked.
     offline = write_recipe(tmp_path / "offline.yaml", prompt_files, ["http://127.0.0.1:9/v1"], tiny_model_dir,
-                           dedup="none", out=str(out))
+                           validation_fraction=0.3, out=str(out))
     rebuilt = corpus("build", str(offline))
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     again = {row["id"]: row["messages"] for row in rows_of(out) if row["origin"] == "generated"}
