@@ -82,15 +82,9 @@ def _write_json(path: Path, value: Any) -> None:
 
 def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, staging: Path) -> BuildResult:
     """Checks, split and writing of one stream into ``staging``; returns the staged manifest and audit."""
-    from .render import TemplateRenderer
     from .tokens import TokenAuditor, TokenSettings
 
-    renderer = None
-    if recipe.checks.max_seq_len is not None:
-        renderer = TemplateRenderer.for_recipe(recipe)
-        if renderer is None:
-            raise CorpusError("checks.max_seq_len needs target.tokenizer", file=str(recipe.path))
-    checker = Checker(recipe.checks, renderer)
+    checker = Checker(recipe.checks, make_renderer(recipe))
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
     token_settings = TokenSettings.from_recipe(recipe)
     # Sees exactly the batches written; `corpus audit` recomputes them from the files.
