@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 
 from corpus_builder.errors import CorpusError
-from corpus_builder.generate.launcher import free_port, launched_server, port_is_free, running_server
+from corpus_builder.generate.launcher import (
+    STOP_GRACE_S,
+    free_port,
+    launched_server,
+    port_is_free,
+    running_server,
+)
 from corpus_builder.recipe_types import LaunchSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,7 +151,8 @@ def test_signal_to_the_parent_stops_the_server(tmp_path: Path, signum: int) -> N
         pids = [int(p) for p in parent.stdout.readline().split()]
         assert pids, "the parent did not start the server"
         parent.send_signal(signum)
-        code = parent.wait(timeout=30)
+        # The launcher gives the server STOP_GRACE_S to exit on SIGTERM before it kills it: allow for that.
+        code = parent.wait(timeout=STOP_GRACE_S + 60)
     finally:
         if parent.poll() is None:
             parent.kill()
