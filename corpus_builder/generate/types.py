@@ -77,14 +77,6 @@ class FaultCounters:
     def error(self, fault: str) -> None:
         self.errors[fault] += 1
 
-    @property
-    def total_retries(self) -> int:
-        return sum(self.retries.values())
-
-    @property
-    def total_errors(self) -> int:
-        return sum(self.errors.values())
-
     def snapshot(self) -> dict[str, dict[str, int]]:
         """A copy safe to serialise: {"retries": {class: n}, "errors": {class: n}} (zero classes omitted)."""
         return {
