@@ -4,7 +4,8 @@ Three ways over the same 50k conversations and the same large byte-level BPE (>=
 offline on local text and cached in .cache/bench-tokenizer):
 
 * floor: the tokenizer's raw ``encode_batch`` on the already-rendered texts (no rendering at all);
-* ours: ``TemplateRenderer.count_tokens`` (jinja render + ``encode_batch``, batch by batch);
+* ours: ``TemplateRenderer.count_tokens`` (jinja render + the tiktoken twin of the tokenizer, batch by batch);
+* ours_tokenizers: the same with ``CORPUS_TOKEN_COUNTER=tokenizers`` (jinja render + ``encode_batch``);
 * naive: ``datasets.Dataset.map`` calling transformers' ``apply_chat_template(tokenize=True)`` per row.
 
 Each is run in its own process (so peak RSS is its own), repeated, alternating the order.
@@ -134,10 +135,12 @@ def run_mode(mode: str, count: int, tokenizer_dir: Path) -> dict:
     """One measurement in this process: seconds of the timed part, tokens counted, peak RSS."""
     from corpus_builder.render import TemplateRenderer
 
+    if mode == "ours_tokenizers":
+        os.environ["CORPUS_TOKEN_COUNTER"] = "tokenizers"
     renderer = TemplateRenderer(tokenizer_dir)
     tokens = 0
     elapsed = 0.0
-    if mode == "ours":
+    if mode in ("ours", "ours_tokenizers"):
         for batch in _batches(iter_conversations(count), BATCH):
             start = time.perf_counter()
             tokens += sum(renderer.count_tokens(batch))
@@ -194,7 +197,8 @@ def main() -> None:
     entries = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     print(f"tokenizer: byte-level BPE, {entries:,} entries; load average before: {os.getloadavg()}")
     plan = [("floor", args.conversations), ("floor_fast", args.conversations), ("ours", args.conversations),
-            ("ours", args.conversations // 5), ("naive", args.naive_conversations)]
+            ("ours", args.conversations // 5), ("ours_tokenizers", args.conversations),
+            ("naive", args.naive_conversations)]
     results: dict[tuple[str, int], list[dict]] = {}
     for repeat in range(args.repeats):
         for mode, count in (plan if repeat % 2 == 0 else plan[::-1]):
@@ -205,7 +209,7 @@ def main() -> None:
         seconds = statistics.median(r["seconds"] for r in runs)
         tokens = runs[0]["tokens"]
         rates[(mode, count)] = count / seconds
-        print(f"{mode:<11} {count:>7,} conv  {count / seconds:>10,.0f} conv/s  {tokens / seconds:>12,.0f} tok/s  "
+        print(f"{mode:<15} {count:>7,} conv  {count / seconds:>10,.0f} conv/s  {tokens / seconds:>12,.0f} tok/s  "
               f"median of {len(runs)}: {seconds:.2f} s  peak RSS {max(r['peak_rss_mb'] for r in runs):,.0f} MB")
     ours = rates[("ours", args.conversations)]
     print(f"ours / floor (encode_batch): {ours / rates[('floor', args.conversations)]:.2f}x; "
