@@ -12,6 +12,8 @@ Clients (all send the same body: messages, sampling, ``chat_template_kwargs``, `
   batch), provenance rows, token ids, ordered output, on uvloop when installed (it is, with vLLM);
 * ``bare``: one aiohttp session, orjson, a fixed set of workers, no journal, no routing, no retries, on
   the standard asyncio loop (the floor the issue quotes); ``bare-uvloop``: the same on uvloop;
+  ``bare-specbody``: the bare client sending speculators' body (no ``n``, ``max_tokens`` 100000 beside
+  ``max_completion_tokens``), to tell the server's share of a difference from the client's;
 * ``speculators``: its own CLI code path (``speculators regenerate-responses --dataset FILE.jsonl --endpoint
   URL --model TOKENIZER_DIR``) run by the .venv-speculators interpreter (scripts/speculators_env.sh); its
   timing starts after its tokenizer and dataset are loaded, as its own summary line does.
@@ -39,7 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 SPECULATORS_PYTHON = Path(os.environ.get("SPECULATORS_VENV", REPO / ".venv-speculators")) / "bin" / "python"
 TOKENIZER_DIR = REPO / ".cache" / "tiny-model"  # speculators loads a tokenizer from --model (a local dir)
-CLIENTS = ("corpus", "bare", "bare-uvloop", "speculators")
+CLIENTS = ("corpus", "bare", "bare-uvloop", "bare-specbody", "speculators")
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 CLIENT_CORE, SERVER_CORE = 0, 1
 
@@ -117,17 +119,10 @@ def run_corpus(work: Workload) -> Measurement:
     from corpus_builder.recipe_types import GenerationSettings, OutputSpec, Recipe, Target
     from corpus_builder.records import Conversation, Message
 
-    class BenchSettings(GenerationSettings):
-        """The recipe has no field for ``ignore_eos``: sampling() is the hook that adds it (it is then
-        sent, part of the journal key and recorded in provenance like every other sampling field)."""
-
-        def sampling(self) -> dict[str, Any]:
-            return {**GenerationSettings.sampling(self), **({"ignore_eos": True} if work.ignore_eos else {})}
-
     # on_length "keep": with ignore_eos every turn stops at max_tokens, and the two-turn rows must go on.
-    settings = BenchSettings(enable_thinking=work.enable_thinking, max_tokens=work.max_tokens,
-                             concurrency=work.concurrency, timeout_s=600.0, max_retries=2, on_length="keep",
-                             **SAMPLING)
+    settings = GenerationSettings(enable_thinking=work.enable_thinking, max_tokens=work.max_tokens,
+                                  concurrency=work.concurrency, timeout_s=600.0, max_retries=2, on_length="keep",
+                                  extra_sampling={"ignore_eos": True} if work.ignore_eos else {}, **SAMPLING)
     recipe = Recipe(name="bench", target=Target(model=work.model, generation=settings), sources=(),
                     output=OutputSpec(dir=Path("unused")))
     prompts = [Conversation(id=row["id"], source="bench", origin="prompt", task="chat", license="MIT",
@@ -148,9 +143,19 @@ def run_corpus(work: Workload) -> Measurement:
     return Measurement("corpus", requests, tokens, wall, cpu, failed)
 
 
-async def _bare(work: Workload, rows: list[dict[str, Any]]) -> tuple[int, int, int]:
-    """Workers pull conversations; each user turn is one request whose history holds the earlier answers
-    (with their reasoning, as corpus-builder's default ``history_reasoning: keep`` sends it)."""
+def speculators_body(work: Workload) -> dict[str, Any]:
+    """The fixed part of the body regenerate-responses sends for ``speculators_args``: no ``n``, its own
+    ``max_tokens`` (the conversation cap) beside the per-turn ``max_completion_tokens``."""
+    return {**SAMPLING, "max_completion_tokens": work.max_tokens,
+            "chat_template_kwargs": {"enable_thinking": work.enable_thinking},
+            **({"ignore_eos": True} if work.ignore_eos else {}),
+            "model": work.model, "max_tokens": 100000, "return_token_ids": True}
+
+
+async def _bare(work: Workload, rows: list[dict[str, Any]], fixed: dict[str, Any]) -> tuple[int, int, int]:
+    """Workers pull conversations; each user turn is one request (``fixed`` + the messages) whose history
+    holds the earlier answers (with their reasoning, as corpus-builder's default ``history_reasoning: keep``
+    sends it)."""
     import asyncio
 
     import aiohttp
@@ -158,9 +163,6 @@ async def _bare(work: Workload, rows: list[dict[str, Any]]) -> tuple[int, int, i
 
     chat_url = f"{work.url}/chat/completions"
     headers = {"Content-Type": "application/json"}
-    fixed = {"model": work.model, **work.sampling(),
-             "chat_template_kwargs": {"enable_thinking": work.enable_thinking}, "return_token_ids": True,
-             "n": 1}
     totals = [0, 0, 0]  # requests, output tokens, failed conversations
     queue = iter(rows)
 
@@ -193,18 +195,23 @@ async def _bare(work: Workload, rows: list[dict[str, Any]]) -> tuple[int, int, i
     return totals[0], totals[1], totals[2]
 
 
-def run_bare(work: Workload, *, uvloop: bool) -> Measurement:
+def run_bare(work: Workload, *, uvloop: bool, speculators_request: bool = False) -> Measurement:
+    """The bare client; with ``speculators_request`` it sends speculators' body instead of corpus's."""
     import asyncio
 
     rows = read_prompts(work.prompts)
+    fixed = speculators_body(work) if speculators_request else {
+        "model": work.model, **work.sampling(), "chat_template_kwargs": {"enable_thinking": work.enable_thinking},
+        "return_token_ids": True, "n": 1}
     runner = asyncio.run
     if uvloop:
         import uvloop as uvloop_module
         runner = uvloop_module.run
     wall, cpu = time.perf_counter(), time.process_time()
-    requests, tokens, failed = runner(_bare(work, rows))
+    requests, tokens, failed = runner(_bare(work, rows, fixed))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return Measurement("bare-uvloop" if uvloop else "bare", requests, tokens, wall, cpu, failed)
+    name = "bare-specbody" if speculators_request else "bare-uvloop" if uvloop else "bare"
+    return Measurement(name, requests, tokens, wall, cpu, failed)
 
 
 def speculators_args(work: Workload, outfile: Path) -> list[str]:
@@ -212,9 +219,8 @@ def speculators_args(work: Workload, outfile: Path) -> list[str]:
     ``max_completion_tokens`` (vLLM prefers it over ``max_tokens``) because regenerate-responses counts a
     conversation as truncated, and stops it, when prompt + completion tokens exceed ``--max-tokens``:
     with ``--max-tokens 128`` a two-turn conversation would never reach its second turn."""
-    sampling = {**SAMPLING, "max_completion_tokens": work.max_tokens,
-                "chat_template_kwargs": {"enable_thinking": work.enable_thinking},
-                **({"ignore_eos": True} if work.ignore_eos else {})}
+    sampling = {key: value for key, value in speculators_body(work).items()
+                if key not in ("model", "max_tokens", "return_token_ids")}
     return ["--endpoint", f"{work.url}/chat/completions", "--model", str(TOKENIZER_DIR), "--dataset",
             str(work.prompts), "--concurrency", str(work.concurrency), "--max-tokens", "100000",
             "--sampling-params", json.dumps(sampling), "--outfile", str(outfile), "--max-retries", "2"]
@@ -268,7 +274,7 @@ def client_main(argv: list[str]) -> None:
     elif args.name == "corpus":
         result = run_corpus(work)
     else:
-        result = run_bare(work, uvloop=args.name == "bare-uvloop")
+        result = run_bare(work, uvloop=args.name == "bare-uvloop", speculators_request=args.name == "bare-specbody")
     print("RESULT " + json.dumps(result.__dict__), flush=True)
 
 

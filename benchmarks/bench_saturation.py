@@ -9,9 +9,8 @@ not pinned: they share the machine's two cores with the server, which is what a 
 cost takes away. Reported: the median over rounds of the paired ratios corpus/bare and
 corpus/speculators, per (turns, concurrency).
 
-corpus-builder's recipe has no field for ``ignore_eos``: the benchmark adds it through
-``GenerationSettings.sampling()`` (see bench_generate.run_corpus). speculators takes it in
-``--sampling-params``.
+corpus-builder takes ``ignore_eos`` in ``target.generation.extra_sampling`` (see bench_generate.run_corpus);
+speculators takes it in ``--sampling-params``.
 
     python benchmarks/bench_saturation.py [--prompts 256] [--max-tokens 128] [--concurrency 16,64]
         [--turns 1,2] [--rounds 3] [--clients corpus,bare,speculators]

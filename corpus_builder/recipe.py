@@ -530,6 +530,9 @@ def _describe(error: Any) -> Iterator[tuple[KeyPath, str, bool]]:
         yield path, "lists the same item more than once", False
     elif kind == "pattern":
         yield path, f"{_show(instance)} does not match the pattern {expected}", False
+    elif kind == "not" and isinstance(instance, str) and "enum" in expected:  # propertyNames: reserved keys
+        yield (*path, instance), (f"'{instance}' cannot be set here: it has its own setting or is a request "
+                                  "field corpus-builder sends itself"), True
     else:
         yield path, error.message, False
 

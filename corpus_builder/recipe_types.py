@@ -23,9 +23,10 @@ class GenerationSettings:
     concurrency: int = 64
     timeout_s: float = 600.0
     max_retries: int = 6
+    extra_sampling: dict[str, Any] = field(default_factory=dict)  # the schema keeps out the fields above
 
     def sampling(self) -> dict[str, Any]:
-        """The sampling fields sent with every request (and recorded in provenance)."""
+        """The sampling fields sent with every request (and recorded in provenance and the journal key)."""
         sampling: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -34,7 +35,7 @@ class GenerationSettings:
         }
         if self.seed is not None:
             sampling["seed"] = self.seed
-        return sampling
+        return sampling | self.extra_sampling
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,7 +204,7 @@ def test_defaults_are_filled_from_the_schema(workspace: Path) -> None:
     assert document["target"]["generation"] == {
         "enable_thinking": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 2048,
         "seed": None, "n": 1, "history_reasoning": "keep", "on_length": "drop", "concurrency": 64,
-        "timeout_s": 600.0, "max_retries": 6,
+        "timeout_s": 600.0, "max_retries": 6, "extra_sampling": {},
     }
     assert document["target"]["endpoints"] == [] and document["target"]["backend"] == "server"
     assert document["checks"] == {"on_over_length": "drop", "on_unclosed_think": "drop", "dedup": "exact",
@@ -345,6 +345,10 @@ def test_unknown_keys_suggest_the_closest_or_the_right_place(workspace: Path) ->
     ("backend: server", "backend: engin", "target.backend", "did you mean 'engine'?"),
     ("port: 0", "port: 70000", "target.launch.port", "greater than the maximum of 65535"),
     ("seed: 7", "seed: .inf", "target.generation.seed", "not a finite number"),
+    ("seed: 7", "seed: 7\n    extra_sampling: {min_p: 0.05, return_token_ids: false}",
+     "target.generation.extra_sampling.return_token_ids", "field corpus-builder sends itself"),
+    ("seed: 7", "seed: 7\n    extra_sampling: {max_completion_tokens: 10}",
+     "target.generation.extra_sampling.max_completion_tokens", "has its own setting"),
     ("sources:\n", "sources: []\nunused:\n", "sources", "needs at least 1 item"),
 ])
 def test_schema_problem(workspace: Path, old: str, new: str, path: str, fragment: str) -> None:

@@ -100,6 +100,19 @@ def test_n_samples_give_distinct_ids_and_seeds(server, tmp_path):
     assert rows[2].provenance["generation"]["sampling"]["seed"] == 9
 
 
+def test_extra_sampling_is_sent_recorded_and_keys_the_journal(server, tmp_path):
+    prompts = make_prompts(2)
+    extra = {"min_p": 0.05, "repetition_penalty": 1.1, "stop": ["</answer>"]}
+    rows = run(server, prompts, tmp_path, extra_sampling=extra)
+    assert all(r.body.items() >= extra.items() for r in server.chat_requests)
+    assert rows[0].provenance["generation"]["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20,
+                                                            "max_tokens": 2048, **extra}
+    run(server, prompts, tmp_path)  # other sampling: other journal keys, so generated again
+    assert len(server.chat_requests) == 4
+    run(server, prompts, tmp_path, extra_sampling=extra)  # the same sampling again: all from the journal
+    assert len(server.chat_requests) == 4
+
+
 def test_on_length_drop_skips_the_row(server, tmp_path):
     prompts = make_prompts(3)
     server.by_prompt[prompts[1].messages[1].content] = Fault("length")

@@ -108,9 +108,10 @@ class EnginePool:
     def _generate(self, requests: list[TurnRequest]) -> list[TurnResult]:
         from vllm import SamplingParams
 
-        params = [SamplingParams(temperature=r.sampling["temperature"], top_p=r.sampling["top_p"],
-                                 top_k=r.sampling["top_k"], max_tokens=r.sampling["max_tokens"],
-                                 seed=r.sampling.get("seed")) for r in requests]
+        try:
+            params = [SamplingParams(**r.sampling) for r in requests]
+        except TypeError as error:  # a target.generation.extra_sampling field vLLM's engine does not take
+            raise CorpusError(f"target.generation.extra_sampling: vllm.SamplingParams refused it: {error}") from None
         outputs = self._llm.chat([list(r.messages) for r in requests], params, use_tqdm=False,
                                  chat_template_kwargs={"enable_thinking": requests[0].enable_thinking})
         return [self._result(request, output) for request, output in zip(requests, outputs, strict=True)]
