@@ -63,7 +63,8 @@ def run_setting(clients: list[str], work: Workload, scratch: Path, round_count: 
             rate = tokens_per_s(measured, work.max_tokens)
             rates[name].append(rate)
             failed = f", {measured.failed_rows} rows failed" if measured.failed_rows else ""
-            line.append(f"{name} {rate:,.0f} tok/s ({measured.requests} req{failed})")
+            per_request = measured.output_tokens / max(measured.requests, 1)
+            line.append(f"{name} {rate:,.0f} tok/s ({measured.requests} req, {per_request:.0f} tok/req{failed})")
         print(f"  round {index + 1} (load {os.getloadavg()[0]:.2f}): " + "   ".join(line), flush=True)
     return rates
 

@@ -53,9 +53,12 @@ class Checker:
         self.checks = checks
         self.renderer = renderer if checks.max_seq_len is not None else None
         self.batch_size = batch_size
-        # Hashes of what has been kept: memory is a few dozen bytes per kept row, never the rows.
-        self._seen_content: set[int] = set()
-        self._seen_ids: set[int] = set()
+        # Hashes of what has been kept: memory is a few dozen bytes per kept row, never the rows. They are
+        # dicts used as sets because a dict holding only ints is not tracked by the garbage collector,
+        # while a set always is: each full collection would walk every kept hash, a cost that grows
+        # with the corpus (about 1 s of 12 at 200k rows).
+        self._seen_content: dict[int, None] = {}
+        self._seen_ids: dict[int, None] = {}
 
     def measure(self, batch: list[Conversation]) -> list[RowStats]:
         tokens: list[int | None] = (list(self.renderer.count_tokens(batch)) if self.renderer
@@ -97,13 +100,15 @@ class Checker:
         flagged = flags.to_pylist() if pc.max(pc.list_value_length(flags)).as_py() else None
         limit = self.checks.max_seq_len
         keep: list[int] = []
+        seen_content, seen_ids = self._seen_content, self._seen_ids
         for index, (tokens, key) in enumerate(zip(prepared.tokens, prepared.dedup_keys, strict=True)):
+            id_hash = hash(ids[index])
             simple = not (flagged and flagged[index]) and (limit is None or tokens is None or tokens <= limit) \
-                and hash(ids[index]) not in self._seen_ids and (key is None or key not in self._seen_content)
+                and id_hash not in seen_ids and (key is None or key not in seen_content)
             if simple:
                 if key is not None:
-                    self._seen_content.add(key)
-                self._seen_ids.add(hash(ids[index]))
+                    seen_content[key] = None
+                seen_ids[id_hash] = None
                 keep.append(index)
                 continue
             if keep:
@@ -128,7 +133,7 @@ class Checker:
         if stats.dedup_key is not None:
             if stats.dedup_key in self._seen_content:
                 return Skipped(conversation.source, "duplicate", location, id=conversation.id)
-            self._seen_content.add(stats.dedup_key)
+            self._seen_content[stats.dedup_key] = None
         return self._unique_id(conversation)
 
     def _truncate(self, conversation: Conversation, limit: int) -> Conversation | None:
@@ -151,7 +156,7 @@ class Checker:
         while hash(new_id) in self._seen_ids:
             copy += 1
             new_id = f"{conversation.id}-{copy}"
-        self._seen_ids.add(hash(new_id))
+        self._seen_ids[hash(new_id)] = None
         conversation.id = new_id
         return conversation
 

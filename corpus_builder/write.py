@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,33 +41,38 @@ ARROW_SCHEMA = pa.schema([
 
 
 def conversations_to_batch(conversations: list[Conversation]) -> pa.RecordBatch:
-    """Column-wise conversion with flat message arrays: far cheaper than a dict per row or per turn."""
-    offsets = [0]
-    roles: list[str] = []
-    contents: list[str] = []
-    reasonings: list[str | None] = []
-    for conversation in conversations:
-        for message in conversation.messages:
-            roles.append(message.role)
-            contents.append(message.content)
-            reasonings.append(message.reasoning)
-        offsets.append(len(roles))
-    turns = pa.StructArray.from_arrays(
-        [pa.array(roles, pa.string()), pa.array(contents, pa.string()), pa.array(reasonings, pa.string())],
-        fields=list(MESSAGE_TYPE))
+    """Column-wise conversion with flat message arrays: far cheaper than a dict per row or per turn.
+
+    ``thinking`` is computed on the turn arrays in one vectorised pass, not by a generator per conversation.
+    """
+    messages = [message for conversation in conversations for message in conversation.messages]
+    offsets = np.zeros(len(conversations) + 1, dtype=np.int32)
+    np.cumsum([len(conversation.messages) for conversation in conversations], dtype=np.int32, out=offsets[1:])
+    roles = pa.array([m.role for m in messages], pa.string())
+    reasonings = pa.array([m.reasoning for m in messages], pa.string())
+    turns = pa.StructArray.from_arrays([roles, pa.array([m.content for m in messages], pa.string()), reasonings],
+                                       fields=list(MESSAGE_TYPE))
     columns = [
         pa.array([c.id for c in conversations], pa.string()),
         pa.array([c.source for c in conversations], pa.string()),
         pa.array([c.origin for c in conversations], pa.string()),
         pa.array([c.task for c in conversations], pa.string()),
         pa.array([c.license for c in conversations], pa.string()),
-        pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), turns, type=ARROW_SCHEMA.field("messages").type),
-        pa.array([c.thinking for c in conversations], pa.bool_()),
+        pa.ListArray.from_arrays(pa.array(offsets), turns, type=ARROW_SCHEMA.field("messages").type),
+        pa.array(_thinking(offsets, roles, reasonings), pa.bool_()),
         pa.array([c.flags for c in conversations], pa.list_(pa.string())),
         pa.array([c.split for c in conversations], pa.string()),
         pa.array([orjson.dumps(c.provenance).decode() for c in conversations], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def _thinking(offsets: np.ndarray, roles: pa.Array, reasonings: pa.Array) -> np.ndarray:
+    """Conversation.thinking for every conversation: some assistant turn has a non-empty reasoning."""
+    reasoned = pc.and_(pc.equal(roles, "assistant"), pc.greater(pc.binary_length(reasonings), 0))
+    running = np.zeros(len(roles) + 1, dtype=np.int64)
+    np.cumsum(pc.fill_null(reasoned, False).to_numpy(zero_copy_only=False), out=running[1:])
+    return running[offsets[1:]] > running[offsets[:-1]]
 
 
 def file_sha256(path: Path) -> str:

@@ -16,11 +16,12 @@ Reasoning on a turn comes from a ``reasoning``, ``reasoning_content`` or ``think
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from ..errors import BadRow, CorpusError
 from ..recipe_types import Mapping
-from ..records import REASONING_KEYS, Message, check_role_order, make_message
+from ..records import REASONING_KEYS, Message, check_role_order, make_message, split_think
 
 STYLES = ("auto", "sharegpt", "messages", "gsm8k", "field")
 TURN_FIELDS = ("conversations", "messages")
@@ -41,6 +42,7 @@ ROLE_ALIASES = {
 }
 _TURN_KEYS = {"sharegpt": ("from", "value"), "messages": ("role", "content")}
 _DETAIL_CHARS = 80
+_ROLE = attrgetter("role")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,7 @@ class RowNormaliser:
         self.system_prompt = system_prompt
         self.id_field = mapping.id_field or "id"
         self.layout: Layout | None = None
+        self._accepted_roles: set[tuple[str, ...]] = set()
 
     def __call__(self, row: Any) -> NormalisedRow:
         if not isinstance(row, dict):
@@ -125,7 +128,12 @@ class RowNormaliser:
         else:
             messages, unclosed = self._turns(row, layout)
             reference = None
-        check_role_order(messages, need_assistant=self.replay)
+        # Few distinct role sequences occur (they depend only on the length and a leading system
+        # turn), so a sequence check_role_order accepted once is not checked again.
+        roles = tuple(map(_ROLE, messages))
+        if roles not in self._accepted_roles:
+            check_role_order(messages, need_assistant=self.replay)
+            self._accepted_roles.add(roles)
         if not self.replay:
             messages = [m for m in messages if m.role != "assistant"]
             unclosed = False  # the discarded assistant turns held the open block
@@ -150,12 +158,17 @@ class RowNormaliser:
                 content = turn[content_key]
             except (KeyError, TypeError):  # not a dict, unknown or missing role, missing content
                 raise _bad_turn(index, turn, role_key) from None
-            # The common turn (plain text, no extra fields, no think tag: one scan finds both tags)
-            # is built directly; anything else goes through make_message's checks and think handling.
-            if len(turn) > 2 or type(content) is not str or (role == "assistant" and "think>" in content):
+            # The common turns (plain text with no extra fields) are built directly: without a reasoning
+            # field make_message reduces to split_think on assistant turns holding a think tag (one scan
+            # finds both tags). Anything else goes through make_message's checks.
+            if len(turn) > 2 or type(content) is not str:
                 message, turn_unclosed = make_message(role, content, _turn_reasoning(turn))
                 unclosed |= turn_unclosed
                 content = message.content
+            elif role == "assistant" and "think>" in content:
+                content, reasoning, turn_unclosed = split_think(content)
+                message = Message(role, content, reasoning)
+                unclosed |= turn_unclosed
             else:
                 message = Message(role, content)
             if (not content or content.isspace()) and (check_assistant or role != "assistant"):

@@ -12,7 +12,7 @@ so it is parsed whole.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,9 @@ MIN_RANGE_BYTES = 8 << 20
 
 # Keeps or drops a row by its position before it is decoded (used by take.fraction).
 PositionFilter = Callable[[int], bool]
+# A format reader yields the kept (position, row) pairs and returns whether the file had any row at all,
+# kept or not, so that an empty file is told apart from a file whose rows were all filtered out.
+RowReader = Generator[tuple[int, Any], None, bool]
 
 
 def detect_format(path: Path, fmt: str = "auto") -> str:
@@ -70,14 +73,16 @@ def iter_rows(path: Path, fmt: str, label: str,
     """
     if not path.is_file():
         raise CorpusError("file not found" if not path.exists() else "not a file", file=label)
-    if fmt in LINE_FORMATS:
-        lines = _zstd_lines(path, label) if fmt == "jsonl.zst" else _plain_lines(path)
-        rows = _decode_lines(lines, keep)
+    if fmt == "jsonl":
+        # The file object hands its lines straight to the decoder: the hot path has no layer between.
+        with path.open("rb", buffering=_READ_BUFFER) as handle:
+            seen = yield from _decode_lines(handle, keep)
+    elif fmt == "jsonl.zst":
+        seen = yield from _decode_lines(_zstd_lines(path, label), keep)
     elif fmt == "json":
-        rows = _json_rows(path, label, keep)
+        seen = yield from _json_rows(path, label, keep)
     else:
-        rows = _parquet_rows(path, label, keep)
-    seen = yield from _counting(rows)
+        seen = yield from _parquet_rows(path, label, keep)
     if not seen:
         raise CorpusError("file has no rows", file=label)
 
@@ -108,7 +113,7 @@ def iter_line_range(path: Path, start: int, end: int, keep: PositionFilter | Non
             first_line += chunk.count(b"\n")
             remaining -= len(chunk)
         lines = _lines_until(handle, end - start)
-        yield from (item for item in _decode_lines(lines, keep, first_line) if item is not _FILTERED)
+        yield from _decode_lines(lines, keep, first_line)
 
 
 def _lines_until(handle: Any, length: int) -> Iterator[bytes]:
@@ -130,21 +135,6 @@ def count_file_rows(path: Path, fmt: str, label: str) -> int:
         return len(_json_document_rows(path, label))
     lines = _zstd_lines(path, label) if fmt == "jsonl.zst" else _plain_lines(path)
     return sum(1 for line in lines if line and not line.isspace())
-
-
-# What a format reader yields for a row that ``keep`` dropped, so that an empty file is still told
-# apart from a file whose rows were all filtered out.
-_FILTERED: Any = object()
-
-
-def _counting(rows: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
-    """Pass the kept rows through; return whether the file had any row at all."""
-    any_row = False
-    for item in rows:
-        any_row = True
-        if item is not _FILTERED:
-            yield item
-    return any_row
 
 
 def _plain_lines(path: Path) -> Iterator[bytes]:
@@ -193,20 +183,23 @@ def _zstd_chunks(path: Path, label: str) -> Iterator[bytes]:
                           file=label)
 
 
-def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_line: int = 1
-                  ) -> Iterator[tuple[int, Any]]:
+def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_line: int = 1) -> RowReader:
     loads = orjson.loads
+    any_row = False
     for number, line in enumerate(lines, first_line):
         if keep is not None and not keep(number):
             if line and not line.isspace():
-                yield _FILTERED
+                any_row = True
             continue
         try:
-            yield number, loads(line)
+            row = loads(line)
         except orjson.JSONDecodeError as error:
             if not line.strip():
                 continue  # blank lines separate nothing and are not rows
-            yield number, _undecodable(line, error)
+            row = _undecodable(line, error)
+        any_row = True
+        yield number, row
+    return any_row
 
 
 def _undecodable(line: bytes, error: orjson.JSONDecodeError) -> BadRow:
@@ -234,9 +227,12 @@ def _json_document_rows(path: Path, label: str) -> list[Any]:
         file=label)
 
 
-def _json_rows(path: Path, label: str, keep: PositionFilter | None) -> Iterator[tuple[int, Any]]:
-    for index, row in enumerate(_json_document_rows(path, label)):
-        yield (index, row) if keep is None or keep(index) else _FILTERED
+def _json_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
+    rows = _json_document_rows(path, label)
+    for index, row in enumerate(rows):
+        if keep is None or keep(index):
+            yield index, row
+    return bool(rows)
 
 
 def _open_parquet(path: Path, label: str) -> Any:
@@ -249,7 +245,7 @@ def _open_parquet(path: Path, label: str) -> Any:
         raise CorpusError(f"cannot read parquet: {error}", file=label) from None
 
 
-def _parquet_rows(path: Path, label: str, keep: PositionFilter | None) -> Iterator[tuple[int, Any]]:
+def _parquet_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
     import pyarrow
 
     parquet = _open_parquet(path, label)
@@ -257,7 +253,9 @@ def _parquet_rows(path: Path, label: str, keep: PositionFilter | None) -> Iterat
     try:
         for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
             for row in batch.to_pylist():
-                yield (index, row) if keep is None or keep(index) else _FILTERED
+                if keep is None or keep(index):
+                    yield index, row
                 index += 1
     except (pyarrow.ArrowException, OSError) as error:
         raise CorpusError(f"cannot read parquet after row {index}: {error}", file=label) from None
+    return index > 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -134,11 +135,10 @@ def _file_unit(path: Path, fmt: str, label: str) -> _Unit:
 def _select(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
     take = spec.take
     if take is not None and take.count is not None:
-        yield from _take_count(spec, units, take.count, take.seed)
-        return
-    for unit in units:
-        for _, item in _normalise(spec, unit, fraction_filter(take, spec.name, unit.label)):
-            yield item
+        return _take_count(spec, units, take.count, take.seed)
+    # chain hands the rows on in C (no generator frame per row); the units are opened one after the other.
+    return chain.from_iterable(_normalise(spec, unit, fraction_filter(take, spec.name, unit.label))
+                               for unit in units)
 
 
 def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
@@ -156,8 +156,7 @@ def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
             else:
                 selection.offer(priority(seed, spec.name, unit.label, position), index, position)
     for index, positions in sorted(selection.chosen().items()):
-        for _, item in _normalise(spec, units[index], positions.__contains__):
-            yield item
+        yield from _normalise(spec, units[index], positions.__contains__)
 
 
 def _checked_rows(spec: SourceSpec, unit: _Unit,
@@ -175,13 +174,12 @@ def _checked_rows(spec: SourceSpec, unit: _Unit,
         yield position, checked
 
 
-def _normalise(spec: SourceSpec, unit: _Unit,
-               keep: PositionFilter | None) -> Iterator[tuple[int, Conversation | Skipped]]:
+def _normalise(spec: SourceSpec, unit: _Unit, keep: PositionFilter | None) -> Iterator[Conversation | Skipped]:
     origin = ORIGIN[spec.kind]
     name, key = spec.name, unit.position_key
     for position, row in _checked_rows(spec, unit, keep):
         if isinstance(row, Skipped):
-            yield position, row
+            yield row
             continue
         provenance = {**unit.provenance, key: position}
         if row.source_id is not None:
@@ -189,7 +187,7 @@ def _normalise(spec: SourceSpec, unit: _Unit,
         if row.reference_answer is not None:
             provenance["reference_answer"] = row.reference_answer
         digest = content_digest(row.messages)
-        yield position, Conversation(
+        yield Conversation(
             id=conversation_id(name, row.messages, digest=digest),
             source=name,
             origin=origin,
