@@ -14,6 +14,8 @@ Clients (all send the same body: messages, sampling, ``chat_template_kwargs``, `
   the standard asyncio loop (the floor the issue quotes); ``bare-uvloop``: the same on uvloop;
   ``bare-specbody``: the bare client sending speculators' body (no ``n``, ``max_tokens`` 100000 beside
   ``max_completion_tokens``), to tell the server's share of a difference from the client's;
+* ``corpus-drop``: ``corpus`` with ``history_reasoning: drop``: earlier turns go back without their
+  reasoning, as speculators sends them (shorter second-turn prompts);
 * ``speculators``: its own CLI code path (``speculators regenerate-responses --dataset FILE.jsonl --endpoint
   URL --model TOKENIZER_DIR``) run by the .venv-speculators interpreter (scripts/speculators_env.sh); its
   timing starts after its tokenizer and dataset are loaded, as its own summary line does.
@@ -41,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 SPECULATORS_PYTHON = Path(os.environ.get("SPECULATORS_VENV", REPO / ".venv-speculators")) / "bin" / "python"
 TOKENIZER_DIR = REPO / ".cache" / "tiny-model"  # speculators loads a tokenizer from --model (a local dir)
-CLIENTS = ("corpus", "bare", "bare-uvloop", "bare-specbody", "speculators")
+CLIENTS = ("corpus", "corpus-drop", "bare", "bare-uvloop", "bare-specbody", "speculators")
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 CLIENT_CORE, SERVER_CORE = 0, 1
 
@@ -111,7 +113,7 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
 
 # ---- clients (each runs in its own process: ``bench_generate.py client NAME ...``) --------------------
 
-def run_corpus(work: Workload) -> Measurement:
+def run_corpus(work: Workload, history_reasoning: str = "keep") -> Measurement:
     """corpus-builder's generate(): the path ``corpus build`` takes for a prompts source."""
     sys.path.insert(0, str(REPO))
     from corpus_builder.errors import Skipped
@@ -122,6 +124,7 @@ def run_corpus(work: Workload) -> Measurement:
     # on_length "keep": with ignore_eos every turn stops at max_tokens, and the two-turn rows must go on.
     settings = GenerationSettings(enable_thinking=work.enable_thinking, max_tokens=work.max_tokens,
                                   concurrency=work.concurrency, timeout_s=600.0, max_retries=2, on_length="keep",
+                                  history_reasoning=history_reasoning,
                                   extra_sampling={"ignore_eos": True} if work.ignore_eos else {}, **SAMPLING)
     recipe = Recipe(name="bench", target=Target(model=work.model, generation=settings), sources=(),
                     output=OutputSpec(dir=Path("unused")))
@@ -140,7 +143,8 @@ def run_corpus(work: Workload) -> Measurement:
             requests += len(turns)
             tokens += sum(turn["completion_tokens"] or 0 for turn in turns)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return Measurement("corpus", requests, tokens, wall, cpu, failed)
+    return Measurement("corpus" if history_reasoning == "keep" else "corpus-drop", requests, tokens, wall, cpu,
+                       failed)
 
 
 def speculators_body(work: Workload) -> dict[str, Any]:
@@ -271,8 +275,8 @@ def client_main(argv: list[str]) -> None:
                     args.work_max_tokens, args.work_ignore_eos)
     if args.name == "speculators":
         result = run_speculators_inside(rest)
-    elif args.name == "corpus":
-        result = run_corpus(work)
+    elif args.name in ("corpus", "corpus-drop"):
+        result = run_corpus(work, "drop" if args.name == "corpus-drop" else "keep")
     else:
         result = run_bare(work, uvloop=args.name == "bare-uvloop", speculators_request=args.name == "bare-specbody")
     print("RESULT " + json.dumps(result.__dict__), flush=True)
