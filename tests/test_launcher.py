@@ -137,10 +137,13 @@ def test_busy_fixed_port_is_refused(tmp_path: Path) -> None:
 def test_signal_to_the_parent_stops_the_server(tmp_path: Path, signum: int) -> None:
     port = free_port()
     script = tmp_path / "parent.py"
+    # A shell without job control starts background jobs with SIGINT ignored, and Python keeps an ignored
+    # SIGINT ignored: restore the interactive default so Ctrl-C is tested however pytest was started.
     script.write_text(textwrap.dedent(f"""
-        import os, sys, time
+        import os, signal, sys, time
         import psutil
         from corpus_builder.generate.launcher import running_server
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         with running_server({stand_in_server(tmp_path, port)!r}, {port}, startup_timeout_s=30):
             pids = [p.pid for p in psutil.Process().children(recursive=True)]
             print(" ".join(map(str, pids)), flush=True)
