@@ -20,7 +20,7 @@ from corpus_builder.errors import CorpusError
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
 from corpus_builder.split import Splitter
-from corpus_builder.write import iter_ledger
+from corpus_builder.write import conversations_to_batch, iter_ledger
 from tests.support.real_data import write_chitchat, write_gsm8k, write_rows, write_sharegpt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -292,3 +292,22 @@ def test_redaction_step_removes_secrets_before_they_reach_the_corpus(tmp_path: P
     assert token not in texts and key not in texts
     assert "[REDACTED:hf_token]" in texts and "[REDACTED:openai_key]" in texts
     assert not [f for f in check_corpus(out).failures if "secrets" in f]
+
+
+def test_the_batch_thinking_column_follows_the_conversation_rule() -> None:
+    """conversations_to_batch computes `thinking` on the Arrow columns: it must equal Conversation.thinking."""
+    def conversation(*messages: Message) -> Conversation:
+        return Conversation("c", "s", "replay", list(messages))
+
+    user, plain = Message("user", "q"), Message("assistant", "a")
+    conversations = [
+        conversation(),
+        conversation(user, plain),
+        conversation(user, Message("assistant", "a", "")),  # empty reasoning is no reasoning
+        conversation(Message("user", "q", "user-side notes"), plain),  # only assistant reasoning counts
+        conversation(user, Message("assistant", "a", "why")),
+        conversation(user, plain, user, Message("assistant", "b", "why")),  # the last turn alone
+        conversation(Message("system", "s"), user, Message("assistant", "a", "why"), user, plain),
+    ]
+    column = conversations_to_batch(conversations).column("thinking").to_pylist()
+    assert column == [c.thinking for c in conversations] == [False, False, False, False, True, True, True]
