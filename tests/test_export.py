@@ -16,6 +16,7 @@ from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation
 from corpus_builder.sources import iter_file
 from corpus_builder.tokens import TokenSettings
+from tests.support.chats import synthetic_chats
 
 RECIPE = """\
 name: export
@@ -32,17 +33,10 @@ output:
 
 
 def log_rows() -> list[dict]:
-    rows = []
-    for i in range(30):
-        messages = [{"role": "system", "content": "Be brief."}] if i % 4 == 0 else []
-        for turn in range(1 + i % 3):
-            messages.append({"role": "user", "content": f"question {i}.{turn}"})
-            content = f"answer {i}.{turn}"
-            if i % 2:
-                content = f"<think>\nreasoning {i}.{turn}\n</think>\n\n{content}"
-            messages.append({"role": "assistant", "content": content})
-        rows.append({"messages": messages})
-    return rows
+    return synthetic_chats(30, max_turns=3, system="Be brief.", system_every=4,
+                           question=lambda i, turn: f"question {i}.{turn}",
+                           answer=lambda i, turn: f"answer {i}.{turn}",
+                           reasoning=lambda i, turn: f"reasoning {i}.{turn}")
 
 
 @pytest.fixture(scope="module")

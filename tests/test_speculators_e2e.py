@@ -23,6 +23,7 @@ from corpus_builder.recipe import load_recipe
 from corpus_builder.render import TemplateRenderer
 from corpus_builder.tokens import TokenRows
 from tests.conftest import SERVED_MODEL, SERVER_ARGS, ServedModel
+from tests.support.chats import synthetic_chats
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
@@ -50,16 +51,11 @@ output:
 
 
 def write_sources(directory: Path) -> None:
-    replay, prompts = [], []
-    for i in range(12):
-        messages = [{"role": "system", "content": "Answer briefly."}] if i % 3 == 0 else []
-        for turn in range(1 + i % 2):
-            messages.append({"role": "user", "content": f"Question {i}.{turn}: what is {i} times {turn + 2}?"})
-            answer = f"{i} times {turn + 2} is {i * (turn + 2)}."
-            if i % 2:
-                answer = f"<think>\nMultiply {i} by {turn + 2}.\n</think>\n\n{answer}"
-            messages.append({"role": "assistant", "content": answer})
-        replay.append({"messages": messages})
+    replay = synthetic_chats(12, max_turns=2, system="Answer briefly.", system_every=3,
+                             question=lambda i, turn: f"Question {i}.{turn}: what is {i} times {turn + 2}?",
+                             answer=lambda i, turn: f"{i} times {turn + 2} is {i * (turn + 2)}.",
+                             reasoning=lambda i, turn: f"Multiply {i} by {turn + 2}.")
+    prompts = []
     for i in range(10):
         turns = [{"role": "user", "content": f"Prompt {i}: tell me about the number {i}."}]
         if i % 2:  # a multi-turn prompt: the assistant turns are regenerated, the user turns are kept
