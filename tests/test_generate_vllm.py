@@ -90,19 +90,15 @@ def test_two_endpoints_share_the_load(vllm_server, vllm_server_b, tmp_path):
     assert used == set(endpoints)
 
 
-def run_script_args(
-    base_url: str, model: str, journal_dir: Path, out_file: Path, *, count: int, turns: int
-) -> list[str]:
+def run_script_args(base_url: str, model: str, journal_dir: Path, out_file: Path, *, count: int,
+                    turns: int) -> list[str]:
     args = [base_url, model, str(journal_dir), str(out_file), str(count), str(turns), "64"]
     return [sys.executable, "-m", "tests.support.generate_run", *args]
 
 
 def run_script(server, journal_dir: Path, out_file: Path, count: int, turns: int) -> subprocess.Popen:
-    return subprocess.Popen(
-        run_script_args(server.base_url, server.model, journal_dir, out_file, count=count, turns=turns),
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    return subprocess.Popen(run_script_args(server.base_url, server.model, journal_dir, out_file, count=count,
+                                            turns=turns), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def test_resume_after_sigkill(vllm_server, tmp_path):
@@ -124,15 +120,8 @@ def test_resume_after_sigkill(vllm_server, tmp_path):
 
     progress = Progress(stream=io.StringIO())
     prompts = make_prompts(count, turns=turns)
-    rows = list(
-        generate(
-            prompts,
-            script_recipe(vllm_server.model, 64),
-            journal_dir,
-            endpoints=[vllm_server.base_url],
-            progress=progress,
-        )
-    )
+    rows = list(generate(prompts, script_recipe(vllm_server.model, 64), journal_dir,
+                         endpoints=[vllm_server.base_url], progress=progress))
 
     ids = [r.id for r in rows]
     assert ids == [p.id for p in prompts] and len(set(ids)) == count
@@ -153,13 +142,8 @@ def test_in_process_engine_backend(tiny_model_dir, tmp_path):
     journal_dir, out_file = tmp_path / "journal", tmp_path / "rows.jsonl"
     model_dir = str(tiny_model_dir)
     script = run_script_args("engine", model_dir, journal_dir, out_file, count=4, turns=2)
-    env = {
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-    }
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **os.environ,
+           "PYTHONPATH": str(REPO)}
     subprocess.run(script, cwd=REPO, env=env, check=True, timeout=600)
     lines = [orjson.loads(line) for line in out_file.read_text().splitlines()]
     rows = [line["row"] for line in lines]
@@ -169,7 +153,6 @@ def test_in_process_engine_backend(tiny_model_dir, tmp_path):
         for turn in row["provenance"]["generation"]["turns"]:
             assert turn["endpoint"] == "in-process" and len(turn["token_ids"]) == turn["completion_tokens"]
     assert any(m["reasoning"] for row in rows for m in row["messages"])
-    rebuilt = generate(
-        make_prompts(4, turns=2), script_recipe(model_dir, 64), journal_dir, endpoints=[], journal_only=True
-    )
+    rebuilt = generate(make_prompts(4, turns=2), script_recipe(model_dir, 64), journal_dir, endpoints=[],
+                       journal_only=True)
     assert [orjson.loads(orjson.dumps(r.to_row())) for r in rebuilt] == rows
