@@ -225,6 +225,30 @@ def test_in_flight_and_window_bounds(server, tmp_path):
     assert len(server.chat_requests) == 120
 
 
+def test_a_finished_request_sends_the_next_while_the_consumer_is_away(server, tmp_path):
+    prompts = make_prompts(3)
+    plan = GenerationPlan.from_recipe(make_recipe(MODEL, concurrency=1))
+
+    async def consume() -> tuple[list[Conversation | Skipped], int]:
+        async with EndpointPool([server.base_url], timeout_s=10, max_retries=0, concurrency=1) as pool:
+            with Journal(tmp_path) as journal:
+                scheduler = Scheduler(iter(prompts), plan, journal, pool.complete)
+                rows = await scheduler.next_batch()
+                # The consumer is busy with its first row and not asking for more; the slot is not idle.
+                for _ in range(500):
+                    if len(server.chat_requests) == len(prompts):
+                        break
+                    await asyncio.sleep(0.01)
+                sent_while_away = len(server.chat_requests)
+                while (batch := await scheduler.next_batch()) is not None:
+                    rows += batch
+        return rows, sent_while_away
+
+    rows, sent_while_away = asyncio.run(consume())
+    assert sent_while_away == 3
+    assert [r.id for r in rows] == [p.id for p in prompts]
+
+
 def test_journal_only_rebuild_and_coverage(server, tmp_path):
     prompts = make_prompts(4, turns=2)
     rows = run(server, prompts[:3], tmp_path)

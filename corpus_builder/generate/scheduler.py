@@ -179,10 +179,12 @@ class Scheduler:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _fill(self) -> None:
+        """Fill free slots, then admit rows until ``concurrency`` more requests wait: a request task
+        that finishes takes the next one itself (see _call), so no slot waits for this driver."""
         limit = self._plan.concurrency
         while self._waiting and self._in_flight < limit:
             self._submit(heapq.heappop(self._waiting))
-        while (not self._exhausted and self._in_flight < limit
+        while (not self._exhausted and len(self._waiting) < limit
                and self._next_seq - self._emit_seq < self._plan.window):
             prompt = next(self._input, None)
             if prompt is None:
@@ -209,20 +211,28 @@ class Scheduler:
         task.add_done_callback(self._tasks.discard)
 
     async def _call(self, job: _Job, request: TurnRequest, key: bytes) -> None:
+        """Send requests until none waits. Taking the next waiting request here, the moment an answer
+        arrives, keeps the server's slot busy; the driver may be several loop passes (or a consumer's
+        batch) away. Its result is still journaled by _absorb before any row built from it is yielded."""
         assert self._complete is not None and self._wakeup is not None
-        outcome: TurnResult | BaseException
-        try:
-            outcome = await self._complete(request)
-        except Exception as error:  # PermanentError becomes a Skipped; anything else is re-raised
-            outcome = error
-        self._completed.append((job, key, outcome))
-        self._wakeup.set()
+        while True:
+            outcome: TurnResult | BaseException
+            try:
+                outcome = await self._complete(request)
+            except Exception as error:  # PermanentError becomes a Skipped; anything else is re-raised
+                outcome = error
+            self._in_flight -= 1
+            self._completed.append((job, key, outcome))
+            self._wakeup.set()
+            if not self._waiting or (isinstance(outcome, Exception) and not isinstance(outcome, PermanentError)):
+                return
+            _, _, job, request, key = heapq.heappop(self._waiting)
+            self._in_flight += 1
 
     def _absorb(self) -> None:
         """Journal a batch of finished requests (one frame), then move their rows on."""
         batch = list(self._completed)
         self._completed.clear()
-        self._in_flight -= len(batch)
         records = []
         for job, key, outcome in batch:
             if isinstance(outcome, PermanentError):
