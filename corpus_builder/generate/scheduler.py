@@ -7,8 +7,9 @@ yielded; a turn whose key is in the journal is resolved without a request, so a 
 or a rebuild with other checks, repeats only what never finished.
 
 Bounds: at most ``concurrency`` requests in flight (turns of different conversations interleave; the
-next turns of older rows go first), at most ``window`` rows admitted but not yet yielded, input pulled
-lazily. Rows are yielded in input order, so downstream stages see the same stream on every run.
+next turns of older rows go first) and up to as many more waiting for a slot, at most ``window`` rows
+admitted but not yet yielded, input pulled lazily. Rows are yielded in input order, so downstream stages
+see the same stream on every run.
 """
 
 from __future__ import annotations
