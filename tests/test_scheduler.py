@@ -249,6 +249,14 @@ def test_a_finished_request_sends_the_next_while_the_consumer_is_away(server, tm
     assert [r.id for r in rows] == [p.id for p in prompts]
 
 
+def test_identical_turns_in_flight_together_share_one_generation(server, tmp_path):
+    prompts = [*make_prompts(2), make_prompts(1)[0]]  # the first prompt twice, both admitted at once
+    assert prompts[2].messages == prompts[0].messages
+    rows = run(server, prompts, tmp_path, concurrency=4)
+    assert len(server.chat_requests) == 2  # one key, one generation: a rebuild yields the same rows
+    assert rows[2].messages == rows[0].messages and rows[2].id == rows[0].id
+
+
 def test_journal_only_rebuild_and_coverage(server, tmp_path):
     prompts = make_prompts(4, turns=2)
     rows = run(server, prompts[:3], tmp_path)

@@ -148,6 +148,7 @@ class Scheduler:
         self._emit_seq = 0
         self._finished: dict[int, Output] = {}
         self._waiting: list[tuple[int, int, _Job, TurnRequest, bytes]] = []  # heap: oldest rows first
+        self._sharing: dict[bytes, list[_Job]] = {}  # key asked for -> other rows waiting on the same turn
         self._tie = 0
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -245,11 +246,12 @@ class Scheduler:
             else:
                 record = result_record(outcome, self._engine_versions.get(outcome.endpoint))
                 self._journal.append(key, record)
-            records.append((job, record))
+            records.append((job, key, record))
         self._journal.flush()  # before any row built from these turns can be yielded
-        for job, record in records:
-            if self._apply(job, record, cached=False):
-                self._advance(job)
+        for job, key, record in records:
+            for row in (job, *self._sharing.pop(key)):
+                if self._apply(row, record, cached=row is not job):
+                    self._advance(row)
 
     # -- rows --------------------------------------------------------------------------------------
 
@@ -278,6 +280,10 @@ class Scheduler:
                 if self._complete is None:
                     self._missing(job)
                     return
+                if key in self._sharing:  # an identical turn is already asked for: one key, one generation
+                    self._sharing[key].append(job)
+                    return
+                self._sharing[key] = []
                 request = TurnRequest(messages=messages, sampling=sampling,
                                       enable_thinking=plan.enable_thinking, model=plan.served_model)
                 self._tie += 1
