@@ -148,20 +148,22 @@ def test_keys_do_not_depend_on_input_order(server, tmp_path):
 
 
 def test_resume_asks_only_for_what_is_missing_and_never_duplicates(server, tmp_path):
-    prompts = make_prompts(10, turns=2)
+    # More rows than the scheduler may admit ahead of the consumer (a window of 64 at concurrency 8),
+    # so some are never started however fast the server answers.
+    prompts = make_prompts(80, turns=2)
     recipe = make_recipe(MODEL)
     rows = generate(prompts, recipe, tmp_path, endpoints=[server.base_url])
     first = [next(rows) for _ in range(4)]
     rows.close()  # the consumer stops early: what finished is journaled, what was in flight is not
     with Journal(tmp_path) as journal:
         cached = len(journal)
-    assert 8 <= cached < 20
+    assert 8 <= cached <= 2 * (3 + 64)
     before = len(server.chat_requests)
     again = list(generate(prompts, recipe, tmp_path, endpoints=[server.base_url]))
-    assert len(server.chat_requests) - before == 20 - cached
+    assert len(server.chat_requests) - before == 160 - cached
     ids = [r.id for r in again]
-    assert ids == [p.id for p in prompts] and len(set(ids)) == 10
+    assert ids == [p.id for p in prompts] and len(set(ids)) == 80
     assert [r.to_row() for r in again[:4]] == [r.to_row() for r in first]
     with Journal(tmp_path) as journal:
-        assert len(journal) == journal.loaded_records == 20
+        assert len(journal) == journal.loaded_records == 160
 
