@@ -184,8 +184,7 @@ class Scheduler:
         """Fill free slots, then admit rows until ``concurrency`` more requests wait: a request task
         that finishes takes the next one itself (see _call), so no slot waits for this driver."""
         limit = self._plan.concurrency
-        while self._waiting and self._in_flight < limit:
-            self._submit(heapq.heappop(self._waiting))
+        self._send_waiting(limit)
         while (not self._exhausted and len(self._waiting) < limit
                and self._next_seq - self._emit_seq < self._plan.window):
             prompt = next(self._input, None)
@@ -193,8 +192,7 @@ class Scheduler:
                 self._exhausted = True
                 break
             self._admit(prompt)
-            while self._waiting and self._in_flight < limit:
-                self._submit(heapq.heappop(self._waiting))
+            self._send_waiting(limit)
 
     def _drain(self) -> list[Output]:
         ready: list[Output] = []
@@ -204,13 +202,17 @@ class Scheduler:
             self._emit_seq += 1
         return ready
 
-    def _submit(self, item: tuple[int, int, _Job, TurnRequest, bytes]) -> None:
-        assert self._complete is not None
-        _, _, job, request, key = item
+    def _send_waiting(self, limit: int) -> None:
+        """A request task for each free slot, oldest rows first."""
+        while self._waiting and self._in_flight < limit:
+            task = asyncio.get_running_loop().create_task(self._call(*self._take_waiting()))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _take_waiting(self) -> tuple[_Job, TurnRequest, bytes]:
+        _, _, job, request, key = heapq.heappop(self._waiting)
         self._in_flight += 1
-        task = asyncio.get_running_loop().create_task(self._call(job, request, key))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        return job, request, key
 
     async def _call(self, job: _Job, request: TurnRequest, key: bytes) -> None:
         """Send requests until none waits. Taking the next waiting request here, the moment an answer
@@ -228,8 +230,7 @@ class Scheduler:
             self._wakeup.set()
             if not self._waiting or (isinstance(outcome, Exception) and not isinstance(outcome, PermanentError)):
                 return
-            _, _, job, request, key = heapq.heappop(self._waiting)
-            self._in_flight += 1
+            job, request, key = self._take_waiting()
 
     def _absorb(self) -> None:
         """Journal a batch of finished requests (one frame), then move their rows on."""
