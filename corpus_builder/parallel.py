@@ -8,28 +8,23 @@ of a sequential read: only the time changes. Queues are bounded, so memory stays
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from .collector import rare_collections
 from .errors import CorpusError, Skipped
 from .recipe_types import Recipe
 from .records import Conversation
 
 PREPARED_ROWS = 2048
 QUEUE_DEPTH = 4
-# Allocations the garbage collector lets pass before it looks for cycles while replay rows stream: more
-# than the tracked objects a batch of PREPARED_ROWS conversations keeps alive (one per turn and a few per
-# row), so that a collection rarely runs in the middle of a batch.
-STREAM_GC_THRESHOLD = 100_000
 _PART_DONE = "part-done"
 _FAILED = "failed"
 
@@ -101,27 +96,10 @@ def _work(parts: list[tuple[int, Callable[[], Iterator[Conversation | Skipped]]]
         queue.put((_FAILED, None, traceback.format_exc()))
 
 
-@contextmanager
-def _rare_collections() -> Iterator[None]:
-    """Raise the collector's first threshold while rows stream, and restore it after.
-
-    A batch keeps its conversations alive until it is converted, so with the default threshold (700) the
-    collector runs every few dozen rows, finds no garbage (the rows hold no cycles, refcounting frees them)
-    and moves them to older generations whose full collections then walk every live object of the
-    program again: about a tenth of the CPU of a replay build. Garbage cycles are still collected, only
-    after more allocations."""
-    thresholds = gc.get_threshold()
-    gc.set_threshold(max(thresholds[0], STREAM_GC_THRESHOLD), *thresholds[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-
-
 def prepared_parts(parts: list[Callable[[], Iterator[Conversation | Skipped]]],
                    measure: Callable[[list[Conversation]], Any], workers: int) -> Iterator[PreparedBatch]:
     """Run ``parts`` on ``workers`` forked processes (part i on worker i mod workers); yield in part order."""
-    with _rare_collections():
+    with rare_collections():
         yield from _prepared_parts(parts, measure, workers)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..collector import rare_collections
 from ..errors import CorpusError, Skipped
 from ..recipe_types import Recipe
 from ..records import Conversation
@@ -46,7 +47,7 @@ def generate(prompts: Iterable[Conversation], recipe: Recipe, journal_dir: Path,
     backend = backend or recipe.target.backend
     loop = _new_loop()
     try:
-        with Journal(journal_dir) as journal:
+        with rare_collections(), Journal(journal_dir) as journal:
             if journal_only:
                 plan = GenerationPlan.from_recipe(recipe, window=window)
                 if progress is not None:
