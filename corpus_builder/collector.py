@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,6 +14,7 @@ STREAM_GC_THRESHOLD = 100_000
 
 _holders = 0  # streams inside rare_collections; the first in saves the thresholds, the last out restores
 _saved: tuple[int, ...] = ()
+_lock = threading.Lock()  # an abandoned generator is closed by whichever thread collects it
 
 
 @contextmanager
@@ -26,13 +28,15 @@ def rare_collections() -> Iterator[None]:
     cycles are still collected, only after more allocations. Streams may overlap (generators run
     interleaved): the thresholds come back when the last one ends."""
     global _holders, _saved
-    if _holders == 0:
-        _saved = gc.get_threshold()
-        gc.set_threshold(max(_saved[0], STREAM_GC_THRESHOLD), *_saved[1:])
-    _holders += 1
+    with _lock:
+        if _holders == 0:
+            _saved = gc.get_threshold()
+            gc.set_threshold(max(_saved[0], STREAM_GC_THRESHOLD), *_saved[1:])
+        _holders += 1
     try:
         yield
     finally:
-        _holders -= 1
-        if _holders == 0:
-            gc.set_threshold(*_saved)
+        with _lock:
+            _holders -= 1
+            if _holders == 0:
+                gc.set_threshold(*_saved)

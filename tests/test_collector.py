@@ -14,10 +14,14 @@ def test_overlapping_streams_restore_the_thresholds_when_the_last_ends():
     original = gc.get_threshold()
     first, second = rare_collections(), rare_collections()
     first.__enter__()
-    second.__enter__()
-    first.__exit__(None, None, None)  # generators may end in any order
-    assert gc.get_threshold()[0] == STREAM_GC_THRESHOLD
-    second.__exit__(None, None, None)
+    try:
+        second.__enter__()
+    finally:
+        first.__exit__(None, None, None)  # generators may end in any order
+    try:
+        assert gc.get_threshold()[0] == STREAM_GC_THRESHOLD
+    finally:
+        second.__exit__(None, None, None)
     assert gc.get_threshold() == original
 
 

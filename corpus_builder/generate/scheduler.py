@@ -184,7 +184,7 @@ class Scheduler:
         """Fill free slots, then admit rows until ``concurrency`` more requests wait: a request task
         that finishes takes the next one itself (see _call), so no slot waits for this driver."""
         limit = self._plan.concurrency
-        self._send_waiting(limit)
+        self._send_waiting()
         while (not self._exhausted and len(self._waiting) < limit
                and self._next_seq - self._emit_seq < self._plan.window):
             prompt = next(self._input, None)
@@ -192,7 +192,7 @@ class Scheduler:
                 self._exhausted = True
                 break
             self._admit(prompt)
-            self._send_waiting(limit)
+            self._send_waiting()
 
     def _drain(self) -> list[Output]:
         ready: list[Output] = []
@@ -202,8 +202,9 @@ class Scheduler:
             self._emit_seq += 1
         return ready
 
-    def _send_waiting(self, limit: int) -> None:
+    def _send_waiting(self) -> None:
         """A request task for each free slot, oldest rows first."""
+        limit = self._plan.concurrency
         while self._waiting and self._in_flight < limit:
             task = asyncio.get_running_loop().create_task(self._call(*self._take_waiting()))
             self._tasks.add(task)
