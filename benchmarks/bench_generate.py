@@ -97,8 +97,7 @@ class Measurement:
 
 def write_prompts(path: Path, count: int, turns: int) -> None:
     """The prompt file every client reads (speculators takes ``messages`` rows from local JSONL)."""
-    sys.path.insert(0, str(REPO))
-    from tests.support.generate_run import make_prompts
+    from corpus_builder.testing.prompts import make_prompts
 
     with path.open("w", encoding="utf-8") as out:
         for prompt in make_prompts(count, turns=turns, source="bench"):
@@ -115,10 +114,9 @@ def read_prompts(path: Path) -> list[dict[str, Any]]:
 
 def run_corpus(work: Workload, history_reasoning: str = "keep") -> Measurement:
     """corpus-builder's generate(): the path ``corpus build`` takes for a prompts source."""
-    sys.path.insert(0, str(REPO))
     from corpus_builder.errors import Skipped
     from corpus_builder.generate import generate
-    from corpus_builder.recipe_types import GenerationSettings, OutputSpec, Recipe, Target
+    from corpus_builder.recipe import GenerationSettings, OutputSpec, Recipe, Target
     from corpus_builder.records import Conversation, Message
 
     # on_length "keep": with ignore_eos every turn stops at max_tokens, and the two-turn rows must go on.
@@ -327,8 +325,7 @@ def ensure_tiny_model() -> None:
     as the test suite (tests/conftest.py) so a concurrent pytest run never sees a half-replaced one."""
     import fcntl
 
-    sys.path.insert(0, str(REPO))
-    from tests.support.tiny_model import build_tiny_model, is_current
+    from corpus_builder.testing.tiny_model import build_tiny_model, is_current
 
     TOKENIZER_DIR.parent.mkdir(parents=True, exist_ok=True)
     with open(TOKENIZER_DIR.parent / "tiny-model.lock", "w") as lock:
@@ -355,8 +352,8 @@ def main() -> None:
     clients = args.clients.split(",")
     check_tools(clients)
 
-    sys.path.insert(0, str(REPO))
-    from benchmarks.instant_server import MODEL
+    from instant_server import MODEL
+
     from corpus_builder.generate.launcher import free_port, running_server
 
     port = free_port()

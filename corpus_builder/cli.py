@@ -59,7 +59,7 @@ def build(recipe: Path, out: Path | None, dry_run: bool) -> None:
 
     loaded = load_recipe(recipe)
     if dry_run:
-        from .plan import format_plan, plan_build
+        from .build import format_plan, plan_build
 
         plan = plan_build(loaded, out)
         click.echo(f"dry run of recipe '{loaded.name}': nothing is generated or written\n")
@@ -90,25 +90,15 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
     """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME.
 
     Exit 1 when the thinking share is below --min-thinking-share or the secrets scan finds anything."""
-    from .audit import audit_path, format_report, iter_report_problems
+    from .audit import audit as run_audit
+    from .audit import corpus_problems, format_report
 
-    report = audit_path(path, endpoint=endpoint)
-    if not no_secrets and not path.startswith("hf://"):  # a published corpus passed the scan at publish
-        from .publish.secrets import scan_path
-
-        report["secrets"] = scan_path(Path(path))
+    report = run_audit(path, endpoint=endpoint, secrets=not no_secrets)
     if as_json:
         _print_json(report)
     else:
         click.echo(format_report(report))
-        secrets = report.get("secrets")
-        if secrets and secrets["findings"]:
-            click.echo(f"\nsecrets: {secrets['findings']:,} found ({secrets['by_kind']}); first ones:")
-            click.echo("\n".join(f"  {example}" for example in secrets["examples"]))
-    problems = list(iter_report_problems(report, min_thinking_share))
-    if report.get("secrets", {}).get("findings"):
-        problems.append(f"{report['secrets']['findings']:,} secrets found: remove them or build with "
-                        "checks.redact_secrets: true")
+    problems = list(corpus_problems(report, min_thinking_share))
     for problem in problems:
         click.echo(f"check failed: {problem}", err=True)
     if problems:
@@ -149,13 +139,9 @@ def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: 
               help="Target tokenizer directory (default: the corpus recipe's target.tokenizer).")
 def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: Path | None) -> None:
     """Write a built corpus in a trainer's format (rows of one conversation stay in its split's file)."""
-    from .corpus import Corpus
-    from .export import export_corpus
-    from .tokens import TokenSettings
+    from .export import export as run_export
 
-    corpus = Corpus.open(corpus_dir)
-    settings = TokenSettings.from_corpus(corpus, tokenizer) if fmt == "speculators-tokens" else None
-    report = export_corpus(corpus, fmt, out, file_format=file_format, settings=settings)
+    report = run_export(corpus_dir, fmt, out, file_format=file_format, tokenizer=tokenizer)
     click.echo(report.describe())
 
 
@@ -169,16 +155,16 @@ def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: P
 @click.option("--json", "as_json", is_flag=True, help="Print the coverage report as one JSON object.")
 def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_json: bool) -> None:
     """Supervised-token frequencies for choosing a draft vocabulary, and the coverage of the top SIZE."""
-    from .corpus import Corpus
-    from .tokens import TokenSettings
-    from .vocab import count_frequencies, format_vocab_report, vocab_report, write_frequencies
+    from .export import corpus_token_rows
+    from .export.vocab import count_frequencies, format_vocab_report, vocab_report, write_frequencies
+    from .layout import Corpus
 
     corpus = Corpus.open(corpus_dir)
-    settings = TokenSettings.from_corpus(corpus, tokenizer)
-    if settings is None:
+    token_rows = corpus_token_rows(corpus, tokenizer)
+    if token_rows is None:
         raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
                           file=str(corpus_dir))
-    frequencies = count_frequencies(corpus, settings)
+    frequencies = count_frequencies(corpus, token_rows)
     write_frequencies(frequencies.total, out)
     report = {**vocab_report(frequencies, size), "file": str(out)}
     if as_json:

@@ -15,7 +15,6 @@ import orjson
 
 from .errors import BadRow
 
-ROLES = ("system", "user", "assistant")
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 REASONING_KEYS = ("reasoning", "reasoning_content", "thinking")
@@ -54,7 +53,8 @@ class Conversation:
         return any(m.reasoning for m in self.messages if m.role == "assistant")
 
     def to_row(self) -> dict[str, Any]:
-        """The on-disk shape (schemas/conversation.schema.json); provenance is kept as an object."""
+        """The JSON shape of schemas/conversation.schema.json (provenance as an object); the Arrow form is
+        ``corpus_builder.rows``."""
         return {
             "id": self.id,
             "source": self.source,
@@ -67,23 +67,6 @@ class Conversation:
             "split": self.split,
             "provenance": self.provenance,
         }
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Conversation:
-        provenance = row.get("provenance") or {}
-        if isinstance(provenance, str):
-            provenance = orjson.loads(provenance)
-        return cls(
-            id=row["id"],
-            source=row["source"],
-            origin=row["origin"],
-            messages=[Message(m["role"], m["content"], m.get("reasoning")) for m in row["messages"]],
-            task=row.get("task"),
-            license=row.get("license"),
-            flags=list(row.get("flags") or []),
-            provenance=provenance,
-            split=row.get("split"),
-        )
 
 
 def split_think(text: str) -> tuple[str, str | None, bool]:

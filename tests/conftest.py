@@ -59,8 +59,8 @@ def _cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """The tiny model, rebuilt only when tests/support/tiny_model.py changed since the cached build."""
-    from tests.support.tiny_model import build_tiny_model, is_current
+    """The tiny model, rebuilt only when corpus_builder/testing/tiny_model.py changed since the cached build."""
+    from corpus_builder.testing.tiny_model import build_tiny_model, is_current
 
     cache = _cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
@@ -79,7 +79,7 @@ def _serve(model_dir: Path, log_path: Path) -> Iterator[ServedModel]:
     if importlib.util.find_spec("vllm") is None:
         pytest.fail(VLLM_MISSING, pytrace=False)
     from corpus_builder.generate.launcher import launched_server
-    from corpus_builder.recipe_types import LaunchSpec
+    from corpus_builder.recipe import LaunchSpec
 
     spec = LaunchSpec(model_dir=model_dir, args=SERVER_ARGS, startup_timeout_s=600.0)
     with launched_server(spec, SERVED_MODEL, log_path=log_path, reasoning_parser="qwen3") as base_url:

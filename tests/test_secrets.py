@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from corpus_builder.publish.secrets import KINDS, redact, scan_conversations, scan_row, scan_text
 from corpus_builder.records import Conversation, Message
+from corpus_builder.secrets import KINDS, redact, scan_conversations, scan_row, scan_text
 
 # Built by concatenation so that no credential-shaped literal sits in the repository.
 ALNUM = "aB3dE5gH7jK9mN1pQ2rS4tU6vW8xY0zC"

@@ -19,21 +19,22 @@ from typing import Any
 
 from ..collector import rare_collections
 from ..errors import CorpusError, Skipped
-from ..recipe_types import Recipe
+from ..recipe.model import Recipe
 from ..records import Conversation
+from .backend import Backend
 from .journal import Journal, turn_key
-from .progress import Progress
-from .scheduler import GenerationPlan, Scheduler, drive
+from .progress import GenerationProgress
+from .scheduler import RunSettings, Scheduler, drive
 from .types import EndpointInfo, FaultCounters, PermanentError, TurnRequest, TurnResult
 
 __all__ = [
-    "EndpointInfo", "FaultCounters", "GenerationPlan", "Journal", "JournalCoverage", "PermanentError",
-    "Progress", "TurnRequest", "TurnResult", "generate", "journal_coverage", "turn_key",
+    "Backend", "EndpointInfo", "FaultCounters", "GenerationProgress", "Journal", "JournalCoverage",
+    "PermanentError", "RunSettings", "TurnRequest", "TurnResult", "generate", "journal_coverage", "turn_key",
 ]
 
 
 def generate(prompts: Iterable[Conversation], recipe: Recipe, journal_dir: Path, *, endpoints: Sequence[str],
-             progress: Progress | None = None, journal_only: bool = False, backend: str | None = None,
+             progress: GenerationProgress | None = None, journal_only: bool = False, backend: str | None = None,
              api_key: str | None = None, window: int | None = None,
              engine_kwargs: dict[str, Any] | None = None) -> Iterator[Conversation | Skipped]:
     """Regenerate the assistant turns of ``prompts`` with the recipe's target; rows in input order.
@@ -49,20 +50,20 @@ def generate(prompts: Iterable[Conversation], recipe: Recipe, journal_dir: Path,
     try:
         with rare_collections(), Journal(journal_dir) as journal:
             if journal_only:
-                plan = GenerationPlan.from_recipe(recipe, window=window)
+                settings = RunSettings.from_recipe(recipe, window=window)
                 if progress is not None:
-                    progress.start(samples_per_prompt=plan.n)
-                yield from drive(loop, Scheduler(prompts, plan, journal, None, progress=progress))
+                    progress.start(samples_per_prompt=settings.n)
+                yield from drive(loop, Scheduler(prompts, settings, journal, None, progress=progress))
             else:
                 pool = _open_backend(recipe, endpoints, backend, api_key, engine_kwargs)
                 loop.run_until_complete(pool.__aenter__())
                 try:
                     served_model, infos = loop.run_until_complete(_check(pool, recipe.target.model))
-                    plan = GenerationPlan.from_recipe(recipe, served_model, window=window)
+                    settings = RunSettings.from_recipe(recipe, served_model, window=window)
                     if progress is not None:
-                        progress.start(samples_per_prompt=plan.n, counters=pool.counters)
+                        progress.start(samples_per_prompt=settings.n, counters=pool.counters)
                     versions = {info.url: info.engine_version for info in infos}
-                    scheduler = Scheduler(prompts, plan, journal, pool.complete, engine_versions=versions,
+                    scheduler = Scheduler(prompts, settings, journal, pool.complete, engine_versions=versions,
                                           progress=progress)
                     yield from drive(loop, scheduler)
                 finally:
@@ -91,11 +92,11 @@ def journal_coverage(prompts: Iterable[Conversation], recipe: Recipe, journal_di
                      examples: int = 10) -> JournalCoverage:
     """Walk the prompts against the journal alone (no server): how many rows it can rebuild."""
     coverage = JournalCoverage()
-    plan = GenerationPlan.from_recipe(recipe)
+    settings = RunSettings.from_recipe(recipe)
     loop = _new_loop()
     try:
         with Journal(journal_dir) as journal:
-            for row in drive(loop, Scheduler(prompts, plan, journal, None, count_missing=True)):
+            for row in drive(loop, Scheduler(prompts, settings, journal, None, count_missing=True)):
                 coverage.rows += 1
                 if isinstance(row, Skipped) and row.reason == "not_in_journal":
                     coverage.missing_rows += 1
@@ -119,7 +120,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def _open_backend(recipe: Recipe, endpoints: Sequence[str], backend: str, api_key: str | None,
-                  engine_kwargs: dict[str, Any] | None) -> Any:
+                  engine_kwargs: dict[str, Any] | None) -> Backend:
     settings = recipe.target.generation
     if backend == "engine":
         from .engine import EnginePool
@@ -135,7 +136,7 @@ def _open_backend(recipe: Recipe, endpoints: Sequence[str], backend: str, api_ke
                         concurrency=settings.concurrency, api_key=api_key)
 
 
-async def _check(pool: Any, model: str) -> tuple[str, list[EndpointInfo]]:
+async def _check(pool: Backend, model: str) -> tuple[str, list[EndpointInfo]]:
     """Probe the endpoints; pick the served model name (the recipe's, or the one name every healthy
     endpoint serves) and take endpoints that do not serve it out of the rotation."""
     infos = await pool.check()

@@ -17,8 +17,7 @@ import asyncio
 import base64
 import contextlib
 import random
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import orjson
@@ -27,8 +26,6 @@ from yarl import URL
 from ..errors import CorpusError
 from ..records import THINK_CLOSE, THINK_OPEN, split_think
 from .types import EndpointInfo, FaultCounters, PermanentError, TurnRequest, TurnResult
-
-T = TypeVar("T")
 
 # 408 Request Timeout, 409 Conflict, 425 Too Early and 429 Too Many Requests are transient refusals;
 # every other 4xx (bad request, context overflow, unknown model) would fail the same way again.
@@ -50,7 +47,7 @@ class _Endpoint:
     """Routing state of one server. ``url`` is the display base URL (``.../v1``, no credentials)."""
 
     __slots__ = ("chat_url", "down_until", "failures", "headers", "health_url", "in_flight", "models_url",
-                 "retired", "tokenize_url", "up", "url", "version_url")
+                 "retired", "up", "url", "version_url")
 
     def __init__(self, raw_url: str, api_key: str | None) -> None:
         parsed = URL(raw_url.strip())
@@ -74,7 +71,6 @@ class _Endpoint:
         self.models_url = origin.with_path(f"{prefix}/v1/models")
         self.health_url = origin.with_path(f"{prefix}/health")
         self.version_url = origin.with_path(f"{prefix}/version")
-        self.tokenize_url = origin.with_path(f"{prefix}/tokenize")
         self.in_flight = 0
         self.failures = 0  # consecutive SERVER_FAULTS
         self.up = True
@@ -263,25 +259,9 @@ class EndpointPool:
             "return_token_ids": True,
             "n": 1,
         })
-        return await self._post("chat_url", body, _parse_completion)
+        return await self._post(body)
 
-    async def tokenize(self, request: TurnRequest) -> int | None:
-        """Prompt length in the served model's tokens, from vLLM's ``POST /tokenize``; None when the
-        server has no such route."""
-        body = orjson.dumps({
-            "model": request.model,
-            "messages": request.messages,
-            "add_generation_prompt": True,
-            "chat_template_kwargs": _THINKING_ON if request.enable_thinking else _THINKING_OFF,
-        })
-        try:
-            return await self._post("tokenize_url", body, _parse_token_count)
-        except PermanentError as exc:
-            if exc.status in (404, 405):
-                return None
-            raise
-
-    async def _post(self, route: str, body: bytes, parse: Callable[[bytes, str], T]) -> T:
+    async def _post(self, body: bytes) -> TurnResult:
         session = self._session
         assert session is not None, "use EndpointPool inside 'async with'"
         loop = asyncio.get_running_loop()
@@ -291,12 +271,12 @@ class EndpointPool:
             ep = self._single or self._choose(failed)
             ep.in_flight += 1
             try:
-                async with session.post(getattr(ep, route), data=body, headers=ep.headers) as resp:
+                async with session.post(ep.chat_url, data=body, headers=ep.headers) as resp:
                     status = resp.status
                     raw = await resp.read()
                     if status == 200:
                         try:
-                            result = parse(raw, ep.url)
+                            result = _parse_completion(raw, ep.url)
                             ep.failures = 0
                             return result
                         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError,
@@ -373,12 +353,6 @@ class EndpointPool:
         return best
 
 
-async def prompt_token_count(pool: EndpointPool, request: TurnRequest) -> int | None:
-    """The rendered prompt's length in served-model tokens (dry run, when no local tokenizer is
-    given), to compare with ``max_model_len``; None when the server cannot tokenize."""
-    return await pool.tokenize(request)
-
-
 # ---- response parsing (pure functions, unit-testable) -------------------------------------------
 
 def _parse_completion(raw: bytes, endpoint: str) -> TurnResult:
@@ -410,13 +384,6 @@ def _parse_completion(raw: bytes, endpoint: str) -> TurnResult:
     )
 
 
-def _parse_token_count(raw: bytes, endpoint: str) -> int:
-    count = orjson.loads(raw)["count"]
-    if not isinstance(count, int):
-        raise TypeError(f"'count' is {type(count).__name__}")
-    return count
-
-
 def _model_cards(raw: bytes) -> list[dict[str, Any]]:
     cards = orjson.loads(raw)["data"]
     if not isinstance(cards, list) or not all(isinstance(c, dict) and "id" in c for c in cards):
@@ -437,8 +404,8 @@ def _server_message(raw: bytes) -> str:
         text = text or doc.get("message") or doc.get("detail")
     if not isinstance(text, str) or not text:
         text = raw.decode("utf-8", errors="replace")
-    text = " ".join(text.split())
-    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+    message = " ".join(text.split())
+    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -75,7 +75,6 @@ class Journal:
         self._last_fsync = 0.0
         self.loaded_records = 0
         self.ignored_tail_bytes = 0  # bytes of a torn final frame ignored on load (0 when clean)
-        self.written_records = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -162,10 +161,10 @@ class Journal:
         location = self._index.get(key)
         if location is None:
             line = self._pending.get(key)
-            return None if line is None else orjson.loads(line)["v"]
+            return None if line is None else _record(line)
         frame = self._read_frame(location)
         start = frame.find(_KEY_PREFIX + key.hex().encode())
-        return orjson.loads(frame[start:frame.index(b"\n", start)])["v"]
+        return _record(frame[start:frame.index(b"\n", start)])
 
     def _read_frame(self, location: int) -> bytes:
         frame = self._frames.get(location)
@@ -197,25 +196,24 @@ class Journal:
         """Write the buffered records as one frame (or a few, for a very large batch)."""
         if not self._pending:
             return
-        if self._write_fd is None:
-            self._start_segment()
+        fd = self._write_fd if self._write_fd is not None else self._start_segment()
         batch: list[tuple[bytes, bytes]] = []
         size = 0
         for item in self._pending.items():
             batch.append(item)
             size += len(item[1])
             if size >= _MAX_FRAME_BYTES:
-                self._write_frame(batch)
+                self._write_frame(fd, batch)
                 batch, size = [], 0
         if batch:
-            self._write_frame(batch)
+            self._write_frame(fd, batch)
         self._pending.clear()
         now = time.monotonic()
         if now - self._last_fsync >= self.fsync_interval_s:
-            os.fsync(self._write_fd)
+            os.fsync(fd)
             self._last_fsync = now
 
-    def _start_segment(self) -> None:
+    def _start_segment(self) -> int:
         last = int(self._segments[-1].stem.split("-")[1]) if self._segments else 0
         path = self.directory / f"segment-{last + 1:06d}.zst"
         self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
@@ -223,15 +221,21 @@ class Journal:
         self._write_segment = len(self._segments) - 1
         self._write_offset = 0
         self._last_fsync = time.monotonic()
+        return self._write_fd
 
-    def _write_frame(self, batch: list[tuple[bytes, bytes]]) -> None:
+    def _write_frame(self, fd: int, batch: list[tuple[bytes, bytes]]) -> None:
         frame = self._cctx.compress(b"".join(line for _, line in batch))
         header = _LENGTH_FRAME.pack(_SKIPPABLE_MAGIC, 4, len(frame))
-        os.write(self._write_fd, header + frame)  # one write: a torn pair only ever sits at the tail
+        os.write(fd, header + frame)  # one write: a torn pair only ever sits at the tail
         data_offset = self._write_offset + len(header)
         location = ((self._write_segment << (_OFFSET_BITS + _LENGTH_BITS)) | (data_offset << _LENGTH_BITS)
                     | len(frame))
         for key, _ in batch:
             self._index[key] = location
         self._write_offset = data_offset + len(frame)
-        self.written_records += len(batch)
+
+
+def _record(line: bytes) -> dict[str, Any]:
+    """The value of one journal line ``{"k": key, "v": record}``."""
+    record: dict[str, Any] = orjson.loads(line)["v"]
+    return record

@@ -24,12 +24,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
 from ..errors import CorpusError, MissingDependency
-from ..recipe_types import LaunchSpec
+from ..recipe.model import LaunchSpec
 
 HOST = "127.0.0.1"
 HEALTH_POLL_S = 0.5
@@ -145,7 +145,7 @@ def _spawn(command: Sequence[str], env: dict[str, str] | None, log: IO[bytes]) -
                             env=env, start_new_session=True, preexec_fn=_die_with_parent())
 
 
-def _die_with_parent() -> object:
+def _die_with_parent() -> Callable[[], None] | None:
     """On Linux, have the kernel SIGTERM the server when this process dies (even by SIGKILL)."""
     if not sys.platform.startswith("linux"):
         return None

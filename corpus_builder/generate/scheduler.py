@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CorpusError, Skipped
-from ..recipe_types import GenerationSettings, Recipe
+from ..recipe.model import GenerationSettings, Recipe
 from ..records import (
     FLAG_TRUNCATED,
     FLAG_UNCLOSED_THINK,
@@ -32,7 +32,7 @@ from ..records import (
     make_message,
 )
 from .journal import Journal, turn_key
-from .progress import Progress
+from .progress import GenerationProgress
 from .types import PermanentError, TurnRequest, TurnResult
 
 Complete = Callable[[TurnRequest], Awaitable[TurnResult]]
@@ -48,7 +48,7 @@ _JOURNALED_ERROR_STATUSES = frozenset({400, 413, 422})
 
 
 @dataclass(frozen=True, slots=True)
-class GenerationPlan:
+class RunSettings:
     """Everything that is fixed for one run, resolved from the recipe and the endpoints."""
 
     model: str  # the recipe's model id: part of the journal key
@@ -65,7 +65,7 @@ class GenerationPlan:
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, served_model: str | None = None, *,
-                    window: int | None = None) -> GenerationPlan:
+                    window: int | None = None) -> RunSettings:
         settings: GenerationSettings = recipe.target.generation
         return cls(
             model=recipe.target.model,
@@ -133,11 +133,11 @@ class Scheduler:
     """Drives the jobs. ``complete`` is None in journal-only mode: a missing turn then raises
     CorpusError, or (``count_missing``) is yielded as a Skipped with reason "not_in_journal"."""
 
-    def __init__(self, prompts: Iterable[Conversation], plan: GenerationPlan, journal: Journal,
+    def __init__(self, prompts: Iterable[Conversation], settings: RunSettings, journal: Journal,
                  complete: Complete | None, *, engine_versions: dict[str, str | None] | None = None,
-                 progress: Progress | None = None, count_missing: bool = False) -> None:
+                 progress: GenerationProgress | None = None, count_missing: bool = False) -> None:
         self._input = iter(prompts)
-        self._plan = plan
+        self._settings = settings
         self._journal = journal
         self._complete = complete
         self._engine_versions = engine_versions or {}
@@ -183,10 +183,10 @@ class Scheduler:
     def _fill(self) -> None:
         """Fill free slots, then admit rows until ``concurrency`` more requests wait: a request task
         that finishes takes the next one itself (see _call), so no slot waits for this driver."""
-        limit = self._plan.concurrency
+        limit = self._settings.concurrency
         self._send_waiting()
         while (not self._exhausted and len(self._waiting) < limit
-               and self._next_seq - self._emit_seq < self._plan.window):
+               and self._next_seq - self._emit_seq < self._settings.window):
             prompt = next(self._input, None)
             if prompt is None:
                 self._exhausted = True
@@ -204,7 +204,7 @@ class Scheduler:
 
     def _send_waiting(self) -> None:
         """A request task for each free slot, oldest rows first."""
-        limit = self._plan.concurrency
+        limit = self._settings.concurrency
         while self._waiting and self._in_flight < limit:
             task = asyncio.get_running_loop().create_task(self._call(*self._take_waiting()))
             self._tasks.add(task)
@@ -258,25 +258,25 @@ class Scheduler:
     # -- rows --------------------------------------------------------------------------------------
 
     def _admit(self, prompt: Conversation) -> None:
-        plan = self._plan
-        for sample_index in range(plan.n):
-            salt = f"#{sample_index}" if plan.n > 1 else ""
+        settings = self._settings
+        for sample_index in range(settings.n):
+            salt = f"#{sample_index}" if settings.n > 1 else ""
             row_id = conversation_id(prompt.source, prompt.messages, salt=salt)
-            job = _Job(self._next_seq, prompt, row_id, sample_index, plan.sample_sampling(sample_index))
+            job = _Job(self._next_seq, prompt, row_id, sample_index, settings.sample_sampling(sample_index))
             self._next_seq += 1
             self._advance(job)
 
     def _advance(self, job: _Job) -> None:
         """Resolve the row's turns from the journal as far as possible; queue the first missing one."""
-        plan = self._plan
+        settings = self._settings
         while True:
             if not job.retrying and not self._copy_prompt_turn(job):
                 self._finish(job, self._conversation(job))
                 return
-            sampling = {**job.sampling, "max_tokens": plan.retry_max_tokens} if job.retrying else job.sampling
+            sampling = {**job.sampling, "max_tokens": settings.retry_max_tokens} if job.retrying else job.sampling
             messages = tuple(job.history)
-            key = turn_key(messages, sampling, model=plan.model, revision=plan.revision,
-                           enable_thinking=plan.enable_thinking, sample_index=job.sample_index)
+            key = turn_key(messages, sampling, model=settings.model, revision=settings.revision,
+                           enable_thinking=settings.enable_thinking, sample_index=job.sample_index)
             record = self._journal.get(key)
             if record is None:
                 if self._complete is None:
@@ -287,7 +287,7 @@ class Scheduler:
                     return
                 self._sharing[key] = []
                 request = TurnRequest(messages=messages, sampling=sampling,
-                                      enable_thinking=plan.enable_thinking, model=plan.served_model)
+                                      enable_thinking=settings.enable_thinking, model=settings.served_model)
                 self._tie += 1
                 heapq.heappush(self._waiting, (job.seq, self._tie, job, request, key))
                 return
@@ -310,7 +310,7 @@ class Scheduler:
 
     def _apply(self, job: _Job, record: dict[str, Any], *, cached: bool) -> bool:
         """Take one turn's result into the row; False when the row is finished (dropped)."""
-        plan = self._plan
+        settings = self._settings
         if "error" in record:
             self._finish(job, self._skipped(job, "generation_error", record["error"]))
             return False
@@ -319,11 +319,11 @@ class Scheduler:
             self._progress.turn(record.get("completion_tokens") or 0, record.get("reasoning_tokens") or 0,
                                 cached=cached)
         if record["finish_reason"] == "length":
-            if plan.on_length == "retry" and not job.retrying:
+            if settings.on_length == "retry" and not job.retrying:
                 job.retrying = True
                 return True
-            if plan.on_length != "keep":
-                limit = plan.retry_max_tokens if job.retrying else job.sampling["max_tokens"]
+            if settings.on_length != "keep":
+                limit = settings.retry_max_tokens if job.retrying else job.sampling["max_tokens"]
                 detail = f"assistant turn {len(job.messages)} stopped at max_tokens={limit}"
                 self._finish(job, self._skipped(job, "truncated_generation", detail))
                 return False
@@ -348,21 +348,21 @@ class Scheduler:
             job.engine_version = record.get("engine_version")
         job.messages.append(message)
         sent: dict[str, Any] = {"role": "assistant", "content": message.content}
-        if plan.history_reasoning == "keep" and message.reasoning:
+        if settings.history_reasoning == "keep" and message.reasoning:
             sent["reasoning_content"] = message.reasoning
         job.history.append(sent)
         job.retrying = False
         return True
 
     def _conversation(self, job: _Job) -> Conversation:
-        plan, prompt = self._plan, job.prompt
+        settings, prompt = self._settings, job.prompt
         generation = {
-            "model": plan.model,
+            "model": settings.model,
             "served_model": job.served_model,
-            "model_revision": plan.revision,
+            "model_revision": settings.revision,
             "engine_version": job.engine_version,
-            "enable_thinking": plan.enable_thinking,
-            "history_reasoning": plan.history_reasoning,
+            "enable_thinking": settings.enable_thinking,
+            "history_reasoning": settings.history_reasoning,
             "sampling": job.sampling,
             "sample_index": job.sample_index,
             "turns": job.turns,

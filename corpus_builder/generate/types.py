@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,8 +15,8 @@ class TurnRequest:
     sampling fields (temperature, top_p, top_k, max_tokens, optional seed), sent as they are.
     """
 
-    messages: tuple[dict, ...]
-    sampling: dict
+    messages: tuple[dict[str, Any], ...]
+    sampling: dict[str, Any]
     enable_thinking: bool
     model: str  # the served model name expected
 

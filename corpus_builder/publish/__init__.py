@@ -2,7 +2,6 @@
 
     publish(corpus_dir, "org/name")            private dataset repository, one commit, verified read-back
     publish(..., dry_run=True)                 what would be uploaded and the card; no network at all
-    with download_corpus("hf://datasets/org/name", endpoint=...) as local:  a published corpus, locally
 """
 
 from __future__ import annotations
@@ -13,29 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..corpus import AUDIT, MANIFEST, RECIPE
 from ..errors import CorpusError
+from ..hub import HubSession, RetryPolicy, resolve_endpoint, resolve_token
+from ..layout import AUDIT, MANIFEST, RECIPE
+from ..secrets import scan_text
 from .card import render_card, scrub_local_paths, scrub_value
 from .gate import CorpusDocuments, GateFailed, GateReport, check_corpus, require_gate
-from .hub import (
-    REPO_TYPE,
-    HubSession,
-    RetryPolicy,
-    UploadFile,
-    commit_files,
-    download_corpus,
-    fetch_corpus,
-    parse_hf_uri,
-    resolve_endpoint,
-    resolve_token,
-)
-from .secrets import Finding, redact, scan_conversations, scan_corpus, scan_text
+from .upload import UploadFile, commit_files
 
 __all__ = [
-    "CorpusDocuments", "Finding", "GateFailed", "GateReport", "PublishReport", "RetryPolicy", "check_corpus",
-    "download_corpus", "fetch_corpus", "parse_hf_uri", "plan_upload", "publish", "redact", "render_card",
-    "require_gate",
-    "scan_conversations", "scan_corpus",
+    "CorpusDocuments", "GateFailed", "GateReport", "PublishReport", "check_corpus", "prepare_upload", "publish",
+    "render_card", "require_gate",
 ]
 
 log = logging.getLogger(__name__)
@@ -95,7 +82,7 @@ def _metadata_file(path_in_repo: str, path: Path) -> UploadFile:
     return UploadFile.from_bytes(path_in_repo, content)
 
 
-def plan_upload(docs: CorpusDocuments, repo_id: str | None = None) -> tuple[list[UploadFile], str]:
+def prepare_upload(docs: CorpusDocuments, repo_id: str | None = None) -> tuple[list[UploadFile], str]:
     """(files in commit order, card text): the shards as they are, the card and the scrubbed metadata."""
     card = render_card(docs, repo_id)
     files = [UploadFile.from_path(entry["path"], docs.root / entry["path"]) for entry in docs.manifest["files"]]
@@ -125,7 +112,7 @@ def publish(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revis
         raise CorpusError(f"repository id must be ORG/NAME, got {repo_id!r}")
     gate = require_gate(Path(corpus_dir))
     docs = gate.documents
-    files, card = plan_upload(docs, repo_id)
+    files, card = prepare_upload(docs, repo_id)
     _check_card(docs, files)
     report = PublishReport(repo_id, resolve_endpoint(endpoint), revision, not public, dry_run, files, card)
     if dry_run:
@@ -145,7 +132,7 @@ def publish(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revis
     def attempt() -> tuple[str, bool]:
         nonlocal sent
         # Re-read the remote on every attempt: after a dropped connection the commit may have landed.
-        head = session.api.repo_info(repo_id, repo_type=REPO_TYPE, revision=revision).sha
+        head = session.head(repo_id, revision)
         remote = session.list_files(repo_id, head)
         changed = [f for f in files if not f.matches(remote.get(f.path_in_repo))]
         stale = sorted(p for p in remote if p.startswith("data/") and p not in paths)

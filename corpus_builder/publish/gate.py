@@ -19,10 +19,10 @@ from typing import Any
 import orjson
 import yaml
 
-from ..audit import iter_report_problems
-from ..corpus import AUDIT, MANIFEST, RECIPE, Corpus
+from ..build.stats import corpus_problems
 from ..errors import CorpusError
-from .secrets import Finding, scan_row, scan_text
+from ..layout import AUDIT, MANIFEST, RECIPE, Corpus
+from ..secrets import Finding, scan_row, scan_text
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "conversation.schema.json"
 SHARD_PATH_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.parquet$")
@@ -225,7 +225,7 @@ def check_corpus(corpus_dir: Path) -> GateReport:
     share_log = _CheckLog("thinking share")
     counts = {"thinking_share": report.thinking_share, "thinking_conversations": report.overall.thinking,
               "conversations": report.overall.conversations}
-    for problem in iter_report_problems(counts, documents.min_thinking_share):
+    for problem in corpus_problems(counts, documents.min_thinking_share):
         share_log.add(problem)
     logs.append(share_log)
 

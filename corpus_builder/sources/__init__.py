@@ -1,10 +1,13 @@
-"""Sources: stream rows from local files or the Hub and normalise them into ``Conversation``.
+"""The sources stage: stream rows from local files or the Hub and normalise them into ``Conversation``.
 
-``iter_source`` reads one recipe source; ``iter_file`` one raw file (``corpus audit FILE``). Bad rows
-come out as ``errors.Skipped`` with a reason from ``errors.REASONS``; problems with a whole file or
-source raise ``errors.CorpusError``.
+``iter_source`` reads one recipe source; ``iter_file`` one raw file (``corpus audit FILE``);
+``replay_stream`` every replay source of a recipe, on several processes when that pays. Bad rows come
+out as ``errors.Skipped`` with a reason from ``errors.REASONS``; problems with a whole file or source
+raise ``errors.CorpusError``.
 """
 
-from .stream import count_rows, iter_file, iter_source, resolve_paths, source_parts
+from .parallel import MeasuredRows, replay_stream, worker_count
+from .source import iter_file, iter_source, prompt_stream, resolve_paths, source_parts
 
-__all__ = ["count_rows", "iter_file", "iter_source", "resolve_paths", "source_parts"]
+__all__ = ["MeasuredRows", "iter_file", "iter_source", "prompt_stream", "replay_stream", "resolve_paths",
+           "source_parts", "worker_count"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorpusError, MissingDependency
-from ..recipe_types import HubRef
+from ..recipe.model import HubRef
 from .readers import PositionFilter
 
 MIRROR_ENV = "CORPUS_HUB_MIRROR"
@@ -65,15 +65,6 @@ def iter_hub_rows(ref: HubRef, source: str, keep: PositionFilter | None = None) 
             yield index, row
     if index < 0:
         raise CorpusError(f"source '{source}': hub dataset {hub_label(ref)} has no rows")
-
-
-def count_hub_rows(ref: HubRef, source: str) -> int:
-    """The split's size from the dataset card when it is recorded there, else by streaming it once."""
-    dataset = _load(ref, source)
-    splits = dataset.info.splits or {}
-    if ref.split in splits and splits[ref.split].num_examples:
-        return int(splits[ref.split].num_examples)
-    return sum(1 for _ in iter_hub_rows(ref, source))
 
 
 def _load(ref: HubRef, source: str) -> Any:

@@ -20,7 +20,7 @@ from operator import attrgetter
 from typing import Any
 
 from ..errors import BadRow, CorpusError
-from ..recipe_types import Mapping
+from ..recipe.model import Mapping
 from ..records import REASONING_KEYS, Message, check_role_order, make_message, split_think
 
 STYLES = ("auto", "sharegpt", "messages", "gsm8k", "field")

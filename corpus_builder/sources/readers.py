@@ -125,23 +125,6 @@ def _lines_until(handle: Any, length: int) -> Iterator[bytes]:
         yield line
 
 
-def count_file_rows(path: Path, fmt: str, label: str) -> int:
-    """A cheap count of raw rows: non-blank lines, the JSON array's length, or parquet metadata."""
-    if not path.is_file():
-        raise CorpusError("file not found" if not path.exists() else "not a file", file=label)
-    if fmt == "parquet":
-        return _open_parquet(path, label).metadata.num_rows
-    if fmt == "json":
-        return len(_json_document_rows(path, label))
-    lines = _zstd_lines(path, label) if fmt == "jsonl.zst" else _plain_lines(path)
-    return sum(1 for line in lines if line and not line.isspace())
-
-
-def _plain_lines(path: Path) -> Iterator[bytes]:
-    with path.open("rb", buffering=_READ_BUFFER) as handle:
-        yield from handle
-
-
 def _zstd_lines(path: Path, label: str) -> Iterator[bytes]:
     pending = b""
     for chunk in _zstd_chunks(path, label):
@@ -219,8 +202,9 @@ def _json_document_rows(path: Path, label: str) -> list[Any]:
         return document
     if isinstance(document, dict):
         for key in JSON_ROW_KEYS:
-            if isinstance(document.get(key), list):
-                return document[key]
+            rows = document.get(key)
+            if isinstance(rows, list):
+                return rows
     raise CorpusError(
         "a .json source must be an array of rows or an object with the rows in a list under "
         + " or ".join(f"'{key}'" for key in JSON_ROW_KEYS) + " (use .jsonl for one row per line)",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 
-from ..recipe_types import Take
+from ..recipe.model import Take
 from .readers import PositionFilter
 
 _SPAN = 1 << 64

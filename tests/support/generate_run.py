@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from corpus_builder.recipe_types import GenerationSettings, OutputSpec, Recipe, Target
-from corpus_builder.records import Conversation, Message, conversation_id
+from corpus_builder.recipe import GenerationSettings, OutputSpec, Recipe, Target
+from corpus_builder.testing.prompts import make_prompts
 
 
 def make_recipe(model: str, **generation: Any) -> Recipe:
@@ -22,19 +22,6 @@ def make_recipe(model: str, **generation: Any) -> Recipe:
     settings = {"timeout_s": 30.0, "max_retries": 2, "concurrency": 8, **generation}
     return Recipe(name="test", target=Target(model=model, generation=GenerationSettings(**settings)),
                   sources=(), output=OutputSpec(dir=Path("unused")))
-
-
-def make_prompts(count: int, *, turns: int = 1, system: bool = True, source: str = "prompts",
-                 words: str = "question") -> list[Conversation]:
-    """Prompt conversations as the readers yield them: [system] user [user ...], no assistant turns."""
-    prompts = []
-    for i in range(count):
-        messages = [Message("system", "You are a careful assistant.")] if system else []
-        messages += [Message("user", f"{words} {i} part {t}: what is {i} plus {t}?") for t in range(turns)]
-        prompts.append(Conversation(id=conversation_id(source, messages), source=source, origin="prompt",
-                                    messages=messages, task="chat", license="MIT",
-                                    provenance={"source_file": "prompts.jsonl", "source_line": i + 1}))
-    return prompts
 
 
 def script_recipe(model: str, max_tokens: int) -> Recipe:

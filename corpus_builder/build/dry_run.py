@@ -1,0 +1,233 @@
+"""`corpus build --dry-run` and the preflight that runs before any generation.
+
+A dry run reads every source through the real readers (so bad rows are counted now, not after hours of
+generation), probes the endpoints (health, served model, engine version, context length), checks that
+first-turn prompts fit the server's context together with max_tokens, and estimates the requests and
+tokens to generate, minus what the journal already holds. It generates nothing and starts no server.
+
+The build's preflight is the same report for its prompt sources, filled from the one pass the prompt
+stage makes over them (``SourceCounter``), so a build reads its prompt sources once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CorpusError, Skipped
+from ..generate import EndpointInfo, JournalCoverage, journal_coverage
+from ..layout import JOURNAL
+from ..recipe.model import Recipe
+from ..records import Conversation
+from ..sources import iter_source, prompt_stream
+from ..tokens import TemplateRenderer, TokenSettings
+
+MEASURE_BATCH = 512
+
+
+@dataclass
+class SourceCount:
+    name: str
+    kind: str
+    rows: int = 0  # rows that will enter the pipeline (after take)
+    skipped: Counter[str] = field(default_factory=Counter)
+    requests: int = 0  # assistant turns to generate (prompts sources): user turns x n
+
+
+@dataclass
+class BuildPlan:
+    """What a build would do: rows per source, the requests, the endpoints, the journal, prompt lengths."""
+
+    recipe: Recipe
+    sources: list[SourceCount]
+    endpoints: list[EndpointInfo] = field(default_factory=list)
+    launch: str | None = None  # what would be launched when the recipe has no endpoint
+    journal_cached_rows: int = 0
+    prompt_lengths: Counter[int] = field(default_factory=Counter)  # first-turn prompt tokens -> prompts
+    context_limit: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def requests(self) -> int:
+        return sum(s.requests for s in self.sources)
+
+    @property
+    def max_output_tokens(self) -> int:
+        return self.requests * self.recipe.target.generation.max_tokens
+
+    @property
+    def prompts_measured(self) -> int:
+        return sum(self.prompt_lengths.values())
+
+    @property
+    def prompts_over_context(self) -> int:
+        """First-turn prompts that leave less than max_tokens of the context: the server refuses them."""
+        if self.context_limit is None:
+            return 0
+        room = self.context_limit - self.recipe.target.generation.max_tokens
+        return sum(count for length, count in self.prompt_lengths.items() if length > room)
+
+
+class SourceCounter:
+    """Counts rows as they stream by, per source; first-turn prompts are measured in the target's tokens
+    (with the renderer when the recipe names a tokenizer)."""
+
+    def __init__(self, recipe: Recipe, renderer: TemplateRenderer | None) -> None:
+        self.samples = recipe.target.generation.n
+        self.renderer = renderer
+        self.counts: dict[str, SourceCount] = {}
+        self.kinds = {spec.name: spec.kind for spec in recipe.sources}
+        self.prompt_lengths: Counter[int] = Counter()
+        self._first_turns: list[list[dict[str, Any]]] = []
+
+    def count(self, items: Iterable[Conversation | Skipped]) -> Iterator[Conversation | Skipped]:
+        """Pass ``items`` through, counting each."""
+        for item in items:
+            count = self.counts.get(item.source)
+            if count is None:
+                count = self.counts[item.source] = SourceCount(item.source, self.kinds.get(item.source, "replay"))
+            if isinstance(item, Skipped):
+                count.skipped[item.reason] += 1
+            else:
+                count.rows += 1
+                if count.kind == "prompts":
+                    count.requests += sum(1 for m in item.messages if m.role == "user") * self.samples
+                    if self.renderer is not None:
+                        self._measure(item)
+            yield item
+        self._measure_pending()
+
+    def sources(self, recipe: Recipe, kinds: tuple[str, ...]) -> list[SourceCount]:
+        """One count per recipe source of the given kinds, in recipe order (zero for a source that gave none)."""
+        return [self.counts.get(spec.name) or SourceCount(spec.name, spec.kind)
+                for spec in recipe.sources if spec.kind in kinds]
+
+    def _measure(self, conversation: Conversation) -> None:
+        turns = []
+        for message in conversation.messages:
+            turns.append({"role": message.role, "content": message.content})
+            if message.role == "user":
+                break
+        self._first_turns.append(turns)
+        if len(self._first_turns) >= MEASURE_BATCH:
+            self._measure_pending()
+
+    def _measure_pending(self) -> None:
+        if self.renderer is None or not self._first_turns:
+            return
+        texts = [self.renderer.render(turns, add_generation_prompt=True) for turns in self._first_turns]
+        self.prompt_lengths.update(len(ids) for ids in self.renderer.encode(texts))
+        self._first_turns.clear()
+
+
+def plan_build(recipe: Recipe, out: Path | None = None, *, renderer: TemplateRenderer | None = None) -> BuildPlan:
+    """The dry run: read every source once, probe the endpoints, measure first-turn prompts against the
+    context and count what the journal already holds. Sends no generation request, starts no server."""
+    if renderer is None:
+        settings = TokenSettings.from_recipe(recipe)
+        renderer = settings.renderer() if settings is not None else None
+    counter = SourceCounter(recipe, renderer)
+    for spec in recipe.sources:
+        if spec.kind == "replay":
+            for _ in counter.count(iter_source(spec, recipe.base_dir)):
+                pass
+    coverage = None
+    if recipe.has_prompts:
+        prompts = (item for item in counter.count(prompt_stream(recipe)) if isinstance(item, Conversation))
+        journal_dir = (out if out is not None else recipe.output.dir) / JOURNAL
+        if _has_journal(journal_dir):
+            coverage = journal_coverage(prompts, recipe, journal_dir)
+        else:
+            for _ in prompts:
+                pass
+    return complete_plan(recipe, counter, ("replay", "prompts"), coverage)
+
+
+def _has_journal(journal_dir: Path) -> bool:
+    return journal_dir.is_dir() and any(journal_dir.iterdir())
+
+
+def complete_plan(recipe: Recipe, counter: SourceCounter, kinds: tuple[str, ...],
+                  coverage: JournalCoverage | None) -> BuildPlan:
+    """The plan from counted sources: the endpoints probed (or what would be launched) and the context."""
+    plan = BuildPlan(recipe, counter.sources(recipe, kinds), prompt_lengths=counter.prompt_lengths,
+                     journal_cached_rows=coverage.cached_rows if coverage is not None else 0)
+    if not recipe.has_prompts:
+        return plan
+    target = recipe.target
+    if target.endpoints and target.backend == "server":
+        plan.endpoints = asyncio.run(_probe(recipe))
+        limits = [info.max_model_len for info in plan.endpoints if info.healthy and info.max_model_len]
+        plan.context_limit = min(limits) if limits else None
+        plan.problems += [f"{info.url}: {info.error}" for info in plan.endpoints if not info.healthy]
+    elif target.launch is not None and not target.endpoints:
+        plan.launch = f"local vLLM server on {target.launch.model_dir} ({' '.join(target.launch.args)})"
+        plan.context_limit = _launch_context_limit(recipe)
+    return plan
+
+
+async def _probe(recipe: Recipe) -> list[EndpointInfo]:
+    from ..generate.client import EndpointPool
+
+    settings = recipe.target.generation
+    async with EndpointPool(list(recipe.target.endpoints), timeout_s=settings.timeout_s, max_retries=0,
+                            concurrency=1) as pool:
+        try:
+            return await pool.check(recipe.target.model)
+        except CorpusError:
+            return pool.last_check
+
+
+def _launch_context_limit(recipe: Recipe) -> int | None:
+    """--max-model-len from the launch args, else the model config's max_position_embeddings."""
+    launch = recipe.target.launch
+    assert launch is not None
+    args = list(launch.args)
+    for index, arg in enumerate(args):
+        if arg == "--max-model-len" and index + 1 < len(args):
+            return int(args[index + 1])
+        if arg.startswith("--max-model-len="):
+            return int(arg.split("=", 1)[1])
+    config = launch.model_dir / "config.json"
+    if config.exists():
+        value = json.loads(config.read_text(encoding="utf-8")).get("max_position_embeddings")
+        return value if isinstance(value, int) else None
+    return None
+
+
+def format_plan(plan: BuildPlan) -> str:
+    recipe = plan.recipe
+    lines = [f"{'source':<20} {'kind':<8} {'rows':>9} {'skipped':>8}  {'requests':>9}"]
+    for source in plan.sources:
+        requests = f"{source.requests:>9,}" if source.kind == "prompts" else f"{'-':>9}"
+        lines.append(f"{source.name:<20} {source.kind:<8} {source.rows:>9,} {sum(source.skipped.values()):>8,}  "
+                     f"{requests}")
+        for reason, count in sorted(source.skipped.items()):
+            lines.append(f"{'':<20}   skipped {reason}: {count:,}")
+    if recipe.has_prompts:
+        settings = recipe.target.generation
+        lines += ["", f"generation: {plan.requests:,} requests (n={settings.n}), at most "
+                      f"{plan.max_output_tokens:,} output tokens (max_tokens {settings.max_tokens}), "
+                      f"enable_thinking={settings.enable_thinking}, temperature {settings.temperature}, "
+                      f"top_p {settings.top_p}, top_k {settings.top_k}"]
+        if plan.journal_cached_rows:
+            lines.append(f"journal: {plan.journal_cached_rows:,} generated rows already cached "
+                         "(not requested again)")
+        for info in plan.endpoints:
+            state = "healthy" if info.healthy else f"NOT USABLE: {info.error}"
+            lines.append(f"endpoint {info.url}: {state}; serves {info.models}; engine {info.engine_version}; "
+                         f"max_model_len {info.max_model_len}")
+        if plan.launch:
+            lines.append(f"would launch: {plan.launch}")
+        if plan.prompts_measured and plan.context_limit is not None:
+            lines.append(f"prompt lengths: {plan.prompts_measured:,} first-turn prompts measured; "
+                         f"{plan.prompts_over_context:,} leave less than max_tokens of the "
+                         f"{plan.context_limit:,}-token context (the server will refuse them)")
+    if plan.problems:
+        lines += ["", "problems:"] + [f"  {problem}" for problem in plan.problems]
+    return "\n".join(lines)

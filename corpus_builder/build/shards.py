@@ -1,0 +1,157 @@
+"""Writing a corpus: parquet shards per split and the ledger of dropped rows.
+
+Shards are written to a staging directory with provisional names and renamed to
+``{split}-{i:05d}-of-{n:05d}.parquet`` once the shard count is known.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+
+from ..errors import Skipped
+from ..layout import DATA, file_sha256
+from ..records import Conversation
+from ..rows import ARROW_SCHEMA, conversations_to_batch
+
+# Sees every row group as it is handed to the writer: the conversations and their Arrow form.
+RowGroupObserver = Callable[[list[Conversation], pa.RecordBatch], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    path: str  # relative to the corpus directory, e.g. data/train-00000-of-00002.parquet
+    split: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "split": self.split, "rows": self.rows, "bytes": self.bytes,
+                "sha256": self.sha256}
+
+
+class ShardWriter:
+    """Streams conversations into size-bounded parquet shards, one open file per split.
+
+    Rows are converted to Arrow one row group at a time on the caller's thread; encoding, compression and
+    file writes run on one background thread (pyarrow releases the GIL there), so they overlap with reading
+    the next rows. At most two row groups wait for that thread, which keeps memory flat.
+    """
+
+    def __init__(self, corpus_dir: Path, rows_per_shard: int, row_group_size: int = 8192,
+                 observe: RowGroupObserver | None = None) -> None:
+        self.data_dir = corpus_dir / DATA
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.rows_per_shard = rows_per_shard
+        self.row_group_size = min(row_group_size, rows_per_shard)
+        self.observe = observe
+        self._buffered: dict[str, list[Conversation]] = {}
+        self._writers: dict[str, pq.ParquetWriter] = {}  # touched only on the I/O thread
+        self._rows_in_shard: dict[str, int] = {}
+        self._shards: dict[str, list[tuple[Path, int]]] = {}
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
+        self._in_flight: deque[Future[None]] = deque()
+
+    def write(self, conversation: Conversation) -> None:
+        split = conversation.split or "train"
+        buffered = self._buffered.setdefault(split, [])
+        buffered.append(conversation)
+        if len(buffered) >= min(self.row_group_size, self._room(split)):
+            self._flush(split)
+
+    def _room(self, split: str) -> int:
+        rows = self._rows_in_shard.get(split, 0)
+        return self.rows_per_shard if rows in (0, self.rows_per_shard) else self.rows_per_shard - rows
+
+    def _flush(self, split: str) -> None:
+        """Hand one row group, never past the shard's end, to the I/O thread."""
+        buffered = self._buffered[split]
+        if self._rows_in_shard.get(split, 0) in (0, self.rows_per_shard):
+            index = len(self._shards.setdefault(split, []))
+            self._shards[split].append((self.data_dir / f".{split}-{index:05d}.parquet.partial", 0))
+            self._rows_in_shard[split] = 0
+        group = buffered[:self._room(split)]
+        del buffered[:len(group)]
+        batch = conversations_to_batch(group)
+        if self.observe is not None:
+            self.observe(group, batch)
+        path, _ = self._shards[split][-1]
+        self._rows_in_shard[split] += batch.num_rows
+        self._shards[split][-1] = (path, self._rows_in_shard[split])
+        full = self._rows_in_shard[split] >= self.rows_per_shard
+        self._submit(self._write_batch, split, path, batch, full)
+
+    def _submit(self, *call: Any) -> None:
+        while len(self._in_flight) >= 2:
+            self._in_flight.popleft().result()  # re-raises a write error here, on the caller's thread
+        self._in_flight.append(self._io.submit(*call))
+
+    def _write_batch(self, split: str, path: Path, batch: pa.RecordBatch, close: bool) -> None:
+        writer = self._writers.get(split)
+        if writer is None:
+            writer = self._writers[split] = pq.ParquetWriter(path, ARROW_SCHEMA, compression="zstd")
+        writer.write_batch(batch)
+        if close:
+            self._writers.pop(split).close()
+
+    def _close_all(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+    def abort(self) -> None:
+        """Stop after a failure: wait for the I/O thread and close open files (the staging is discarded)."""
+        self._io.submit(self._close_all)
+        self._io.shutdown(wait=True)
+
+    def close(self) -> list[ShardInfo]:
+        """Flush, close and rename every shard to its final name; returns them in split, index order."""
+        try:
+            for split, buffered in self._buffered.items():
+                while buffered:
+                    self._flush(split)
+            self._submit(self._close_all)
+            while self._in_flight:
+                self._in_flight.popleft().result()
+        finally:
+            self._io.shutdown(wait=True)
+        infos: list[ShardInfo] = []
+        for split in sorted(self._shards):
+            shards = self._shards[split]
+            for index, (partial, rows) in enumerate(shards):
+                final = self.data_dir / f"{split}-{index:05d}-of-{len(shards):05d}.parquet"
+                os.replace(partial, final)
+                infos.append(ShardInfo(f"{DATA}/{final.name}", split, rows, final.stat().st_size,
+                                       file_sha256(final)))
+        return infos
+
+
+class LedgerWriter:
+    """Every dropped or skipped row, one JSON line each, zstd-compressed."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("wb")
+        self._stream = zstandard.ZstdCompressor(level=3).stream_writer(self._file)
+        self.counts: dict[str, int] = {}
+
+    def write(self, skipped: Skipped) -> None:
+        self.counts[skipped.reason] = self.counts.get(skipped.reason, 0) + 1
+        record = {"source": skipped.source, "reason": skipped.reason, "location": skipped.location,
+                  "detail": skipped.detail, "id": skipped.id}
+        self._stream.write(orjson.dumps(record) + b"\n")
+
+    def close(self) -> None:
+        if not self._stream.closed:
+            # also closes the file; zstandard's stub leaves close() untyped
+            self._stream.close()  # type: ignore[no-untyped-call]

@@ -1,0 +1,259 @@
+"""`corpus export`: a built corpus in the formats the trainers read, one file per split.
+
+Layout: ``OUT/{split}.{jsonl|jsonl.zst|parquet}`` (train, validation). The split was decided per
+conversation at build time and every row of a conversation goes to its conversation's file, so the
+per-turn fan-out of `speculators-tokens` never puts one conversation on both sides.
+
+Formats (reasoning always travels in its own field, except in sharegpt, which has none):
+
+* ``speculators``: ``{id, conversations: [{role, content, reasoning_content}]}``, one row per conversation;
+  speculators' ``prepare-data`` renders it through a vLLM server (``--render-endpoint``) and fans it out
+  per assistant turn. Earlier reasoning stays in the history, as a Nanbeige-style template renders it.
+* ``speculators-tokens``: ``{id, input_ids, loss_mask}``, one row per assistant turn (id
+  ``{conversation id}/{message index}``), built by corpus_builder.tokens: served ids for generated turns,
+  the rendered template for replayed ones; the mask covers the turn's tokens through its end-of-turn token.
+* ``specforge``: ``{id, conversations}`` as speculators, checked against SpecForge's rules
+  (``specforge_problems``); a conversation that breaks them is left out and counted.
+* ``messages``: OpenAI chat style ``{id, source, messages: [{role, content, reasoning_content}]}``
+  (``reasoning_content`` is the field chat templates read, so rows feed ``apply_chat_template`` as they are).
+* ``sharegpt``: ``{id, conversations: [{from: system|human|gpt, value}]}``; ShareGPT has no reasoning field,
+  so an assistant turn's reasoning is written back as a leading ``<think>\\n...\\n</think>\\n\\n`` block
+  (the form corpus-builder's readers split out again).
+
+Every turn carries ``reasoning_content`` (null on user/system turns and turns without reasoning): with a
+key missing from some turns, ``datasets``' JSON loader types the turns as opaque ``Json`` instead of
+``List({role, content, reasoning_content})``. Memory is flat: batches stream from the shards to the files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+import pyarrow as pa
+
+from ..errors import CorpusError
+from ..layout import Corpus
+from ..progress import ProgressLine
+from ..recipe.model import Recipe
+from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message
+from ..rows import batch_to_conversations
+from ..tokens import TokenRows
+
+FORMATS = ("speculators", "speculators-tokens", "specforge", "messages", "sharegpt")
+FILE_FORMATS = ("jsonl", "jsonl.zst", "parquet")
+EXPORTS_DIR = "exports"  # a build's recipe exports: OUT/exports/{format}/
+
+_TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string())])
+SCHEMAS = {
+    "speculators": pa.schema([("id", pa.string()), ("conversations", pa.list_(_TURN))]),
+    "specforge": pa.schema([("id", pa.string()), ("conversations", pa.list_(_TURN))]),
+    "messages": pa.schema([("id", pa.string()), ("source", pa.string()), ("messages", pa.list_(_TURN))]),
+    "sharegpt": pa.schema([("id", pa.string()),
+                           ("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())])))]),
+    "speculators-tokens": pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())),
+                                     ("loss_mask", pa.list_(pa.int32()))]),
+}
+SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt"}
+
+
+def _turns(conversation: Conversation) -> list[dict[str, Any]]:
+    return [{"role": m.role, "content": m.content, "reasoning_content": m.reasoning} for m in conversation.messages]
+
+
+def specforge_problems(row: dict[str, Any]) -> list[str]:
+    """SpecForge's rules for a ``{id, conversations}`` row: roles alternate user/assistant after an optional
+    leading system turn, every content is a non-empty string, no think markers are left in the content,
+    and ``reasoning_content`` (a string) appears on assistant turns only."""
+    problems = []
+    if not isinstance(row.get("id"), str) or not row["id"]:
+        problems.append("id is not a non-empty string")
+    turns = row.get("conversations")
+    if not isinstance(turns, list) or not turns:
+        return [*problems, "conversations is not a non-empty list"]
+    start = 1 if isinstance(turns[0], dict) and turns[0].get("role") == "system" else 0
+    if len(turns) == start:
+        problems.append("no user turn")
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            problems.append(f"turn {index} is not an object")
+            continue
+        expected = "system" if index < start else ("user", "assistant")[(index - start) % 2]
+        if turn.get("role") != expected:
+            problems.append(f"turn {index} has role {turn.get('role')!r}, expected {expected!r}")
+        content = turn.get("content")
+        if not isinstance(content, str) or not content.strip():
+            problems.append(f"turn {index} has empty or non-string content")
+        elif THINK_OPEN in content or THINK_CLOSE in content:
+            problems.append(f"turn {index} content holds a think marker")
+        reasoning = turn.get("reasoning_content")
+        if reasoning is not None and (turn.get("role") != "assistant" or not isinstance(reasoning, str)):
+            problems.append(f"turn {index} has reasoning_content but is not an assistant turn with a string")
+    return problems
+
+
+def _sharegpt_value(message: Message) -> str:
+    if message.role == "assistant" and message.reasoning:
+        return f"{THINK_OPEN}\n{message.reasoning}\n{THINK_CLOSE}\n\n{message.content}"
+    return message.content
+
+
+# A converter turns a batch of conversations into output rows and counts what it leaves out.
+Converter = Callable[[list[Conversation], Counter[str]], Iterator[dict[str, Any]]]
+
+
+def _speculators(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+    for c in conversations:
+        yield {"id": c.id, "conversations": _turns(c)}
+
+
+def _specforge(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+    for c in conversations:
+        row = {"id": c.id, "conversations": _turns(c)}
+        problems = specforge_problems(row)
+        if problems:
+            skipped[re.sub(r"^turn \d+ ", "", problems[0])] += 1  # counted by kind, not by turn
+            continue
+        yield row
+
+
+def _messages(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+    for c in conversations:
+        yield {"id": c.id, "source": c.source, "messages": _turns(c)}
+
+
+def _sharegpt(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+    for c in conversations:
+        yield {"id": c.id, "conversations": [{"from": SHAREGPT_ROLES[m.role], "value": _sharegpt_value(m)}
+                                             for m in c.messages]}
+
+
+class _TokenConverter:
+    def __init__(self, rows: TokenRows) -> None:
+        self.rows = rows
+
+    def __call__(self, conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+        for item in self.rows.tokenize(conversations):
+            for row in item.rows:
+                yield {"id": row.id, "input_ids": row.input_ids, "loss_mask": row.loss_mask}
+
+
+class _JsonlSink:
+    def __init__(self, path: Path, compressed: bool) -> None:
+        self._file = path.open("wb")
+        self._stream: Any = self._file
+        if compressed:
+            import zstandard
+
+            self._stream = zstandard.ZstdCompressor(level=3).stream_writer(self._file)
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        self._stream.write(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+
+    def close(self) -> None:
+        self._stream.close()  # closes the file too
+        self._file.close()
+
+
+class _ParquetSink:
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        import pyarrow.parquet as pq
+
+        self._schema = schema
+        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        self._writer.write_table(pa.Table.from_pylist(rows, schema=self._schema))
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+@dataclass
+class ExportReport:
+    format: str
+    file_format: str
+    out_dir: Path
+    # split -> {path, rows, conversations, left_out}
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        lines = [f"{self.format} ({self.file_format}) -> {self.out_dir}"]
+        for split, info in self.files.items():
+            lines.append(f"  {split:<11} {info['rows']:>9,} rows from {info['conversations']:,} conversations  "
+                         f"{info['path']}")
+        for reason, count in sorted(self.skipped.items()):
+            lines.append(f"  left out: {reason}: {count:,} conversations")
+        return "\n".join(lines)
+
+
+def _converter(fmt: str, token_rows: TokenRows | None) -> Converter:
+    if fmt == "speculators-tokens":
+        if token_rows is None:
+            raise CorpusError("speculators-tokens needs the target's tokenizer: the corpus recipe has no "
+                              "target.tokenizer that can be found here (give --tokenizer DIR)")
+        return _TokenConverter(token_rows)
+    return {"speculators": _speculators, "specforge": _specforge, "messages": _messages,
+            "sharegpt": _sharegpt}[fmt]
+
+
+def export_corpus(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = "jsonl",
+                  token_rows: TokenRows | None = None, batch_size: int = 512,
+                  progress: ProgressLine | None = None) -> ExportReport:
+    """Write ``corpus`` as ``fmt`` into ``out_dir``/{split}.{file_format}; each file appears complete or not
+    at all (written under a temporary name, renamed when done)."""
+    if fmt not in FORMATS:
+        raise CorpusError(f"unknown export format {fmt!r} (one of {', '.join(FORMATS)})")
+    if file_format not in FILE_FORMATS:
+        raise CorpusError(f"unknown file format {file_format!r} (one of {', '.join(FILE_FORMATS)})")
+    convert = _converter(fmt, token_rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = ExportReport(fmt, file_format, out_dir)
+    skipped: Counter[str] = Counter()
+    for split in sorted(corpus.manifest.get("splits") or {}):
+        path = out_dir / f"{split}.{file_format}"
+        partial = path.with_name(f".{path.name}.partial")
+        sink = (_ParquetSink(partial, SCHEMAS[fmt]) if file_format == "parquet"
+                else _JsonlSink(partial, file_format == "jsonl.zst"))
+        rows = conversations = 0
+        left_out = sum(skipped.values())
+        try:
+            for batch in corpus.iter_batches(split=split, batch_size=batch_size):
+                converted = list(convert(batch_to_conversations(batch), skipped))
+                conversations += batch.num_rows
+                rows += len(converted)
+                if converted:
+                    sink.write(converted)
+                if progress is not None:
+                    progress.advance(batch.num_rows)
+        finally:
+            sink.close()
+        os.replace(partial, path)
+        report.files[split] = {"path": str(path), "rows": rows, "conversations": conversations,
+                               "left_out": sum(skipped.values()) - left_out}
+    report.skipped = dict(skipped)
+    if progress is not None:
+        progress.finish()
+    return report
+
+
+def run_recipe_exports(recipe: Recipe, corpus_dir: Path, token_rows: TokenRows | None,
+                       stream: TextIO | None = None) -> list[ExportReport]:
+    """The exports a recipe's output asks for, into ``corpus_dir``/exports/{format}/ (``token_rows``: the
+    build's own, on its one renderer), each with a progress line on ``stream``."""
+    if not recipe.output.exports:
+        return []
+    corpus = Corpus.open(corpus_dir)
+    total = int(corpus.manifest["conversations"])
+    return [export_corpus(corpus, spec.format, corpus_dir / EXPORTS_DIR / spec.format, file_format=spec.file_format,
+                          token_rows=token_rows,
+                          progress=ProgressLine(f"export {spec.format}", total=total, unit="conversations",
+                                                stream=stream))
+            for spec in recipe.output.exports]

@@ -1,0 +1,149 @@
+"""The on-disk corpus: its file names, and reading a built corpus from its files (never from the pipeline's memory).
+
+Layout of a corpus directory::
+
+    data/{split}-{i:05d}-of-{n:05d}.parquet   the rows (schemas/conversation.schema.json)
+    manifest.json                             written LAST: a corpus without it is incomplete
+    audit.json                                statistics recomputed from the shards and the ledger
+    recipe.yaml                               the resolved recipe it was built from
+    ledger.jsonl.zst                          every dropped or skipped row with its reason
+    journal/                                  cached generations (only when prompt sources were generated)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .errors import CorpusError
+from .records import Conversation
+
+MANIFEST = "manifest.json"
+AUDIT = "audit.json"
+RECIPE = "recipe.yaml"
+LEDGER = "ledger.jsonl.zst"
+DATA = "data"
+JOURNAL = "journal"
+CORPUS_FILES = (DATA, AUDIT, RECIPE, LEDGER, MANIFEST)
+FORMAT_VERSION = 1
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_json(path: Path, value: Any) -> None:
+    """The corpus's JSON files: indented, keys sorted, so the same content gives the same bytes."""
+    path.write_bytes(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+
+
+def iter_ledger(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a ledger file, streamed."""
+    import zstandard
+
+    with path.open("rb") as handle, zstandard.ZstdDecompressor().stream_reader(handle) as reader:
+        buffer = b""
+        while chunk := reader.read(1 << 16):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line:
+                    yield orjson.loads(line)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise CorpusError("file is missing", file=str(path)) from None
+    except orjson.JSONDecodeError as error:
+        raise CorpusError(f"not valid JSON: {error}", file=str(path)) from None
+
+
+@dataclass(frozen=True)
+class Corpus:
+    root: Path
+    manifest: dict[str, Any]
+
+    @classmethod
+    def open(cls, root: Path) -> Corpus:
+        if not (root / MANIFEST).exists():
+            raise CorpusError("not a complete corpus: manifest.json is missing (interrupted or failed build?)",
+                              file=str(root))
+        manifest = _read_json(root / MANIFEST)
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise CorpusError(f"unsupported corpus format_version {manifest.get('format_version')!r}",
+                              file=str(root / MANIFEST))
+        return cls(root, manifest)
+
+    @property
+    def files(self) -> list[dict[str, Any]]:
+        return list(self.manifest["files"])
+
+    def shard_paths(self, split: str | None = None) -> list[Path]:
+        return [self.root / f["path"] for f in self.files if split is None or f["split"] == split]
+
+    def iter_batches(self, *, split: str | None = None, columns: list[str] | None = None,
+                     batch_size: int = 4096) -> Iterator[Any]:
+        import pyarrow.parquet as pq
+
+        for path in self.shard_paths(split):
+            try:
+                parquet = pq.ParquetFile(path)
+            except (OSError, ValueError) as error:
+                raise CorpusError(f"cannot read shard: {error}", file=str(path)) from None
+            yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
+
+    def iter_conversations(self, *, split: str | None = None) -> Iterator[Conversation]:
+        from .rows import batch_to_conversations
+
+        for batch in self.iter_batches(split=split):
+            yield from batch_to_conversations(batch)
+
+    def audit(self) -> dict[str, Any]:
+        audit: dict[str, Any] = _read_json(self.root / AUDIT)
+        return audit
+
+    def ledger_counts(self) -> dict[str, int]:
+        """Drops by reason, counted from the ledger; a published copy has no ledger (it lists local file
+        locations), so there the counts recorded in audit.json stand in."""
+        path = self.root / LEDGER
+        if not path.exists():
+            if (self.root / AUDIT).exists():
+                return dict(self.audit().get("skipped") or {})
+            raise CorpusError("ledger is missing", file=str(path))
+        return dict(Counter(record["reason"] for record in iter_ledger(path)))
+
+    def verify_files(self) -> list[str]:
+        """Every shard present with the manifest's size, sha256 and row count; no extra shards."""
+        import pyarrow.parquet as pq
+
+        problems = []
+        listed = {f["path"] for f in self.files}
+        data_dir = self.root / DATA
+        present = {f"{DATA}/{p.name}" for p in data_dir.glob("*.parquet")} if data_dir.is_dir() else set()
+        problems += [f"{path}: shard not listed in manifest.json" for path in sorted(present - listed)]
+        for entry in self.files:
+            path = self.root / entry["path"]
+            if not path.exists():
+                problems.append(f"{entry['path']}: shard listed in manifest.json is missing")
+                continue
+            if path.stat().st_size != entry["bytes"]:
+                problems.append(f"{entry['path']}: size {path.stat().st_size} != manifest {entry['bytes']}")
+            if file_sha256(path) != entry["sha256"]:
+                problems.append(f"{entry['path']}: sha256 does not match manifest.json")
+                continue
+            rows = pq.ParquetFile(path).metadata.num_rows
+            if rows != entry["rows"]:
+                problems.append(f"{entry['path']}: {rows} rows != manifest {entry['rows']}")
+        return problems

@@ -1,0 +1,121 @@
+"""Load a recipe: read the positioned YAML, validate it against the schema, fill defaults, run the
+cross-field checks and map the result onto the typed ``Recipe``. Every problem found is reported at once.
+
+Importing this package stays cheap (no jsonschema until a recipe is validated; nothing heavy at all):
+`corpus --help` and `corpus validate` depend on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import CorpusError
+from .crosscheck import cross_field_problems, fill_derived, local_path
+from .model import (
+    Checks,
+    ExportSpec,
+    GenerationSettings,
+    HubRef,
+    LaunchSpec,
+    Mapping,
+    OutputSpec,
+    Recipe,
+    SourceSpec,
+    SplitSpec,
+    Take,
+    Target,
+)
+from .schema import fill_defaults, recipe_schema, schema_problems
+from .yaml_reader import Problem, parse_yaml, read_recipe_text
+
+
+def check_recipe(path: Path) -> tuple[Recipe | None, list[Problem]]:
+    """Read, validate and type a recipe. Returns (recipe, []) or (None, every problem found)."""
+    path = Path(path)
+    file = str(path)
+    text, problems = read_recipe_text(path, file)
+    if text is None:
+        return None, problems
+    parsed = parse_yaml(text, file)
+    if parsed.data is None:
+        return None, parsed.problems
+    base_dir = path.resolve().parent
+    # Derived defaults need the plain ones first; the second pass puts them in the schema's key order.
+    document = fill_defaults(fill_derived(fill_defaults(parsed.data, recipe_schema())), recipe_schema())
+    found = parsed.problems + schema_problems(parsed) + cross_field_problems(document, base_dir, parsed)
+    problems = sorted(dict.fromkeys(found), key=lambda p: (p.line or 0, p.column or 0, p.path))
+    if problems:
+        return None, problems
+    return _to_recipe(document, base_dir, path.resolve()), []
+
+
+def load_recipe(path: Path) -> Recipe:
+    """The typed recipe, or CorpusError listing every problem (the CLI turns it into exit code 2)."""
+    recipe, problems = check_recipe(path)
+    if recipe is None:
+        raise CorpusError("recipe is invalid", file=str(path), details=[str(p) for p in problems])
+    return recipe
+
+
+def resolved_yaml(recipe: Recipe) -> str:
+    """The validated document with every default filled, as YAML; paths stay as written."""
+    return yaml.safe_dump(recipe.document, sort_keys=False, allow_unicode=True, width=100)
+
+
+def recipe_sha256(recipe: Recipe) -> str:
+    """Hash of the canonical resolved document: key order, layout and implicit defaults do not change it."""
+    canonical = json.dumps(recipe.document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+
+def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
+    target_doc = document["target"]
+    launch_doc = target_doc.get("launch")
+    tokenizer = target_doc.get("tokenizer")
+    target = Target(
+        model=target_doc["model"],
+        revision=target_doc.get("revision"),
+        tokenizer=local_path(base_dir, tokenizer) if tokenizer is not None else None,
+        trust_remote_code=target_doc["trust_remote_code"],
+        endpoints=tuple(target_doc["endpoints"]),
+        launch=LaunchSpec(**{
+            **launch_doc,
+            "model_dir": local_path(base_dir, launch_doc["model_dir"]),
+            "args": tuple(launch_doc["args"]),
+        }) if launch_doc is not None else None,
+        backend=target_doc["backend"],
+        generation=GenerationSettings(**target_doc["generation"]),
+    )
+    sources = tuple(_to_source(source) for source in document["sources"])
+    output = document["output"]
+    return Recipe(
+        name=document["name"],
+        description=document.get("description"),
+        target=target,
+        sources=sources,
+        output=OutputSpec(dir=local_path(base_dir, output["dir"]), rows_per_shard=output["rows_per_shard"],
+                          exports=tuple(ExportSpec(**spec) for spec in output["exports"])),
+        checks=Checks(**document["checks"]),
+        split=SplitSpec(**document["split"]),
+        base_dir=base_dir,
+        path=path,
+        document=document,
+    )
+
+
+def _to_source(source: dict[str, Any]) -> SourceSpec:
+    written = source.get("path")
+    plain = {k: v for k, v in source.items() if k not in ("path", "hub", "mapping", "take")}
+    return SourceSpec(
+        **plain,
+        paths=(written,) if isinstance(written, str) else tuple(written or ()),
+        hub=HubRef(**source["hub"]) if "hub" in source else None,
+        mapping=Mapping(**source["mapping"]),
+        take=Take(**source["take"]) if "take" in source else None,
+    )

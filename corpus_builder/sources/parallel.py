@@ -1,0 +1,148 @@
+"""Replay sources parsed on every core.
+
+Worker processes read consecutive parts of the replay sources (byte ranges of large .jsonl files, or
+whole files), normalise the rows, measure them with the caller's ``measure`` (the build's token counts
+and dedup keys) and send them in batches. The main process consumes the parts strictly in order, so the
+rows, their ids and their splits are exactly those of a sequential read: only the time changes. Queues
+are bounded, so memory stays flat. With one worker (the default on two cores) the same batches are made
+in this process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+from ..collector import rare_collections
+from ..errors import CorpusError, Skipped
+from ..recipe.model import Recipe
+from ..records import Conversation
+from ..secrets import redact_conversations
+from .source import source_parts
+
+PREPARED_ROWS = 2048
+QUEUE_DEPTH = 4
+_PART_DONE = "part-done"
+_FAILED = "failed"
+
+
+T = TypeVar("T")
+Part = Callable[[], Iterator[Conversation | Skipped]]
+
+
+@dataclass
+class MeasuredRows(Generic[T]):
+    """Consecutive rows of a source in their order, kept and skipped, with one measurement per kept row."""
+
+    items: list[Conversation | Skipped]
+    measurements: list[T]
+
+
+def worker_count() -> int:
+    """CORPUS_WORKERS, else one worker per core but one, leaving a core to the decisions and the writer.
+
+    With two cores or fewer the workers' extra cost (pickled batches, a second copy of the interpreter)
+    eats the gain (measured in BENCHMARKS.md), so sources are read in this process; so they are where
+    fork is not available."""
+    configured = os.environ.get("CORPUS_WORKERS")
+    if configured:
+        try:
+            return max(1, int(configured))
+        except ValueError:
+            raise CorpusError(f"CORPUS_WORKERS must be a whole number, not {configured!r}") from None
+    cores = os.cpu_count() or 1
+    if sys.platform != "linux" or cores <= 2:
+        return 1
+    return cores - 1
+
+
+def _measured(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], list[T]]
+              ) -> Iterator[MeasuredRows[T]]:
+    items: list[Conversation | Skipped] = []
+    conversations: list[Conversation] = []
+    for item in rows:
+        items.append(item)
+        if isinstance(item, Conversation):
+            conversations.append(item)
+            if len(conversations) >= PREPARED_ROWS:
+                yield MeasuredRows(items, measure(conversations))
+                items, conversations = [], []
+    if items:
+        yield MeasuredRows(items, measure(conversations) if conversations else [])
+
+
+def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]], list[T]], queue: Any) -> None:
+    try:
+        for index, part in parts:
+            for measured in _measured(part(), measure):
+                queue.put(measured)
+            queue.put((_PART_DONE, index))
+    except CorpusError as error:
+        queue.put((_FAILED, str(error), None))
+    except BaseException:  # a bug: bring its traceback to the main process
+        queue.put((_FAILED, None, traceback.format_exc()))
+
+
+def measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], list[T]], workers: int
+                   ) -> Iterator[MeasuredRows[T]]:
+    """Run ``parts`` on ``workers`` forked processes (part i on worker i mod workers); yield in part order."""
+    with rare_collections():
+        yield from _measured_parts(parts, measure, workers)
+
+
+def _measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], list[T]], workers: int
+                    ) -> Iterator[MeasuredRows[T]]:
+    if workers <= 1:
+        for part in parts:
+            yield from _measured(part(), measure)
+        return
+    context = multiprocessing.get_context("fork")
+    workers = min(workers, len(parts))
+    queues = [context.Queue(QUEUE_DEPTH) for _ in range(workers)]
+    processes = [context.Process(target=_work, args=([(i, p) for i, p in enumerate(parts) if i % workers == w],
+                                                     measure, queues[w]), daemon=True)
+                 for w in range(workers)]
+    for process in processes:
+        process.start()
+    try:
+        for index in range(len(parts)):
+            queue = queues[index % workers]
+            while True:
+                message = queue.get()
+                if isinstance(message, MeasuredRows):
+                    yield message
+                    continue
+                if message[0] == _FAILED:
+                    if message[1] is not None:
+                        raise CorpusError(message[1])
+                    raise RuntimeError(f"a source worker failed:\n{message[2]}")
+                break  # this part is complete; the next one comes from the next worker
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+        for queue in queues:
+            queue.close()
+            queue.cancel_join_thread()
+
+
+def _redacted(part: Part) -> Iterator[Conversation | Skipped]:
+    return redact_conversations(part())
+
+
+def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], list[T]]) -> Iterator[MeasuredRows[T]]:
+    """Every replay source of a recipe, in recipe order, read and measured on ``worker_count()`` processes;
+    secrets redacted first when the recipe asks for it."""
+    workers = worker_count()
+    parts = [part for spec in recipe.sources if spec.kind == "replay"
+             for part in source_parts(spec, recipe.base_dir, workers)]
+    if recipe.checks.redact_secrets:
+        parts = [partial(_redacted, part) for part in parts]
+    return measured_parts(parts, measure, workers)

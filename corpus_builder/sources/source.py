@@ -1,0 +1,201 @@
+"""One recipe source -> a stream of ``Conversation`` (kept rows) and ``Skipped`` (bad rows).
+
+A source is read unit by unit (each file its globs match, or one hub split). Each unit gets its own
+``RowNormaliser``, so the mapping is detected once per file. Provenance names files relative to the
+recipe (it may be published), and locations read ``file:line`` (jsonl) or ``file#row`` (json,
+parquet, hub).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+from ..errors import BadRow, CorpusError, Skipped
+from ..recipe import match_source_pattern
+from ..recipe.model import Mapping, Recipe, SourceSpec
+from ..records import FLAG_UNCLOSED_THINK, Conversation, content_digest, conversation_id
+from ..secrets import redact_conversations
+from .hub import hub_label, hub_provenance, iter_hub_rows
+from .mappings import NormalisedRow, RowNormaliser, check_mapping
+from .readers import (
+    LINE_FORMATS,
+    PositionFilter,
+    detect_format,
+    iter_line_range,
+    iter_rows,
+    line_ranges,
+    position_key,
+)
+from .take import CountSelection, fraction_filter, priority
+
+ORIGIN = {"replay": "replay", "prompts": "prompt"}
+DEFAULT_MAPPING = Mapping()
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """One file or hub split of a source: how to read it and how to name its rows."""
+
+    label: str
+    rows: Callable[[PositionFilter | None], Iterator[tuple[int, Any]]]
+    separator: str  # ":" before a line number, "#" before a row index
+    position_key: str  # provenance key of the position
+    provenance: dict[str, Any]  # what every row of the unit records
+
+
+def resolve_paths(spec: SourceSpec, base_dir: Path) -> list[Path]:
+    """The files of a source: each path or glob resolved against ``base_dir`` and sorted; duplicates
+    (a file matched by two patterns) are read once, where they first appear."""
+    resolved: list[Path] = []
+    seen: set[Path] = set()
+    for pattern in spec.paths:
+        matches = match_source_pattern(base_dir, pattern)  # the rule `corpus validate` checks with
+        if not matches:
+            raise CorpusError(f"source '{spec.name}': path '{pattern}' matches no file "
+                              f"(resolved against {base_dir})")
+        for path in matches:
+            if path not in seen:
+                seen.add(path)
+                resolved.append(path)
+    return resolved
+
+
+def iter_source(spec: SourceSpec, base_dir: Path) -> Iterator[Conversation | Skipped]:
+    """Every row of one recipe source, normalised, with the source's take applied."""
+    check_mapping(spec.mapping, spec.name)
+    if spec.hub is not None:
+        ref = spec.hub
+        units = [_Unit(hub_label(ref), lambda keep: iter_hub_rows(ref, spec.name, keep), "#", "source_row",
+                       {"hub": hub_provenance(ref)})]
+    else:
+        units = [_file_unit(path, spec.format, _label(path, base_dir))
+                 for path in resolve_paths(spec, base_dir)]
+    return _select(spec, units)
+
+
+def prompt_stream(recipe: Recipe) -> Iterator[Conversation | Skipped]:
+    """Every prompts source of a recipe, in recipe order; secrets redacted before the target sees them
+    when the recipe asks for it."""
+    prompts = chain.from_iterable(iter_source(spec, recipe.base_dir) for spec in recipe.sources
+                                  if spec.kind == "prompts")
+    return redact_conversations(prompts) if recipe.checks.redact_secrets else prompts
+
+
+def source_parts(spec: SourceSpec, base_dir: Path, parts: int) -> list[Callable[[], Iterator[Conversation | Skipped]]]:
+    """The source as consecutive parts that can be read in separate processes: reading the parts in
+    order yields exactly what ``iter_source`` yields. Large plain .jsonl files are split into byte
+    ranges; each other file is one part; a source with ``take.count`` (which ranks the whole source) or
+    a hub source is a single part."""
+    if spec.hub is not None or (spec.take is not None and spec.take.count is not None):
+        return [lambda: iter_source(spec, base_dir)]
+    check_mapping(spec.mapping, spec.name)
+    thunks: list[Callable[[], Iterator[Conversation | Skipped]]] = []
+    for path in resolve_paths(spec, base_dir):
+        label = _label(path, base_dir)
+        unit = _file_unit(path, spec.format, label)
+        ranges = line_ranges(path, parts) if detect_format(path, spec.format) == "jsonl" else []
+        if len(ranges) <= 1:
+            thunks.append(partial(_select, spec, [unit]))
+            continue
+        for start, end in ranges:
+            part = _Unit(label, partial(iter_line_range, path, start, end), unit.separator, unit.position_key,
+                         unit.provenance)
+            thunks.append(partial(_select, spec, [part]))
+    return thunks
+
+
+def iter_file(path: Path, *, source: str | None = None, kind: str = "replay", fmt: str = "auto",
+              mapping: Mapping = DEFAULT_MAPPING) -> Iterator[Conversation | Skipped]:
+    """One raw file, as ``corpus audit FILE`` reads it; rows are named by the file's name."""
+    path = Path(path)
+    spec = SourceSpec(name=source or path.name, kind=kind, paths=(str(path),), format=fmt, mapping=mapping)
+    check_mapping(mapping, spec.name)
+    return _select(spec, [_file_unit(path, fmt, path.name)])
+
+
+def _label(path: Path, base_dir: Path) -> str:
+    """The path as the recipe gives it (relative); a file outside the recipe's tree by its name only,
+    so provenance never carries an absolute local path."""
+    try:
+        return path.relative_to(base_dir).as_posix()
+    except ValueError:
+        return path.name
+
+
+def _file_unit(path: Path, fmt: str, label: str) -> _Unit:
+    fmt = detect_format(path, fmt)
+    return _Unit(label, lambda keep: iter_rows(path, fmt, label, keep), ":" if fmt in LINE_FORMATS else "#",
+                 position_key(fmt), {"source_file": label})
+
+
+def _select(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
+    take = spec.take
+    if take is not None and take.count is not None:
+        return _take_count(spec, units, take.count, take.seed)
+    # chain hands the rows on in C (no generator frame per row); the units are opened one after the other.
+    return chain.from_iterable(_normalise(spec, unit, fraction_filter(take, spec.name, unit.label))
+                               for unit in units)
+
+
+def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
+                seed: int) -> Iterator[Conversation | Skipped]:
+    """Exactly min(count, valid rows) rows, chosen by seeded priority among the valid ones.
+
+    Pass one reports bad rows and keeps the ``count`` best priorities (integers, not rows); pass two
+    decodes only the chosen positions and yields them in file order.
+    """
+    selection = CountSelection(count)
+    for index, unit in enumerate(units):
+        for position, item in _checked_rows(spec, unit, None):
+            if isinstance(item, Skipped):
+                yield item
+            else:
+                selection.offer(priority(seed, spec.name, unit.label, position), index, position)
+    for index, positions in sorted(selection.chosen().items()):
+        yield from _normalise(spec, units[index], positions.__contains__)
+
+
+def _checked_rows(spec: SourceSpec, unit: _Unit,
+                  keep: PositionFilter | None) -> Iterator[tuple[int, NormalisedRow | Skipped]]:
+    normalise = RowNormaliser(spec.mapping, spec.kind, spec.system_prompt)
+    name, label, separator = spec.name, unit.label, unit.separator
+    for position, row in unit.rows(keep):
+        checked: NormalisedRow | Skipped
+        try:
+            if isinstance(row, BadRow):
+                raise row
+            checked = normalise(row)
+        except BadRow as bad:
+            checked = Skipped(name, bad.reason, f"{label}{separator}{position}", bad.detail)
+        yield position, checked
+
+
+def _normalise(spec: SourceSpec, unit: _Unit, keep: PositionFilter | None) -> Iterator[Conversation | Skipped]:
+    origin = ORIGIN[spec.kind]
+    name, key = spec.name, unit.position_key
+    for position, row in _checked_rows(spec, unit, keep):
+        if isinstance(row, Skipped):
+            yield row
+            continue
+        provenance = {**unit.provenance, key: position}
+        if row.source_id is not None:
+            provenance["source_id"] = row.source_id
+        if row.reference_answer is not None:
+            provenance["reference_answer"] = row.reference_answer
+        digest = content_digest(row.messages)
+        yield Conversation(
+            id=conversation_id(name, row.messages, digest=digest),
+            source=name,
+            origin=origin,
+            messages=row.messages,
+            task=spec.task,
+            license=spec.license,
+            flags=[FLAG_UNCLOSED_THINK] if row.unclosed_think else [],
+            provenance=provenance,
+            digest=digest,
+        )

@@ -1,0 +1,301 @@
+"""A scriptable OpenAI-compatible (vLLM-like) server on 127.0.0.1 for client tests.
+
+It answers ``/health``, ``/version``, ``/v1/models`` and ``/v1/chat/completions`` like a
+vLLM server with a reasoning parser, runs its own event loop in a background thread, and records every
+request (arrival time, path, JSON body). A fault plan, keyed by the index of a chat request or by the
+text of its last user message, makes chosen requests fail in the ways real servers fail.
+
+Tokens are whitespace-separated words (plus 4 per message for the template), so "too long" is easy to
+build: a prompt of more than ``max_model_len`` words gets vLLM's 400 context-length error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+# What a fault makes the server do with one chat request.
+FAULT_KINDS = (
+    "429",  # Too Many Requests (with Retry-After when given)
+    "408",  # Request Timeout (retryable 4xx)
+    "500",  # Internal Server Error
+    "503",  # Service Unavailable (with Retry-After when given)
+    "reset",  # abort the TCP connection (RST) without answering
+    "stall",  # answer only after ``stall_s`` (past the client's timeout)
+    "malformed",  # 200 with a body that is not JSON
+    "length",  # thinking cut by max_tokens: reasoning only, content null, finish_reason "length"
+    "overflow",  # 400 with vLLM's maximum-context-length message
+    "raw_think",  # no reasoning parser: the reasoning stays in content, ending with </think>
+    "legacy",  # an older server: reasoning in message.reasoning_content
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: str
+    retry_after: float | None = None
+    times: int = 1  # for prompt-keyed faults: how many requests with this prompt get the fault
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; known: {FAULT_KINDS}")
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    time: float  # time.monotonic() at arrival
+    path: str
+    body: Any  # decoded JSON body, or None for GET
+    authorization: str | None = None  # the Authorization header, to check credentials are sent
+
+
+def count_tokens(messages: list[dict[str, Any]]) -> int:
+    return sum(len(str(m.get("content") or "").split()) + 4 for m in messages)
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    return next((str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
+
+
+def context_error(max_model_len: int, prompt_tokens: int) -> dict[str, Any]:
+    return {"error": {
+        "message": (f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+                    f"contains {prompt_tokens} input tokens, which exceeds this limit even without any "
+                    "output tokens. Please reduce the length of the input prompt."),
+        "type": "BadRequestError", "param": "input_tokens", "code": 400}}
+
+
+class FaultServer:
+    """Use as ``with FaultServer(...) as server`` (or start()/close()); ``server.base_url`` ends in /v1."""
+
+    def __init__(self, *, model: str = "fault-model", max_model_len: int = 4096,
+                 by_index: dict[int, Fault] | None = None, by_prompt: dict[str, Fault] | None = None,
+                 stall_s: float = 30.0, version: str = "0.32.0-fault", port: int = 0) -> None:
+        self.model = model
+        self.max_model_len = max_model_len
+        self.by_index = dict(by_index or {})
+        self.by_prompt = dict(by_prompt or {})
+        self.stall_s = stall_s
+        self.version = version
+        self.healthy = True
+        self.dead = False
+        self.requests: list[Recorded] = []
+        self._port = port
+        self._chat_count = 0
+        self._prompt_hits: dict[str, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._closing: asyncio.Event | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def root_url(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root_url}/v1"
+
+    @property
+    def chat_requests(self) -> list[Recorded]:
+        return [r for r in self.requests if r.path == "/v1/chat/completions"]
+
+    def start(self) -> FaultServer:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True, name="fault-server")
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fault server did not start")
+        return self
+
+    def close(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop = None
+
+    def __enter__(self) -> FaultServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def die(self) -> None:
+        """Stop listening and reset every request on already-open connections (a crashed server)."""
+        self.dead = True
+        self._call(self._stop_site())
+
+    def revive(self) -> None:
+        """Listen again on the same port."""
+        self.dead = False
+        self._call(self._start_site())
+
+    def _call(self, coro: Any) -> None:
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    def _serve(self, ready: threading.Event) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._setup())
+        ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _setup(self) -> None:
+        self._closing = asyncio.Event()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        await self._start_site()
+
+    async def _start_site(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self._port, reuse_address=True)
+        await self._site.start()
+        # port 0 picks one: aiohttp only tells it through its (loosely typed) private server object
+        self._port = self._site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _stop_site(self) -> None:
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+
+    async def _shutdown(self) -> None:
+        assert self._closing is not None and self._runner is not None
+        self._closing.set()
+        await self._runner.cleanup()
+
+    # ---- handlers --------------------------------------------------------------------------------
+
+    def _record(self, request: web.Request, body: Any) -> None:
+        self.requests.append(Recorded(time.monotonic(), request.path, body,
+                                      request.headers.get("Authorization")))
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        self._record(request, None)
+        if self.dead:
+            return _reset(request)
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        self._record(request, None)
+        return web.json_response({"version": self.version})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._record(request, None)
+        card = {"id": self.model, "object": "model", "owned_by": "vllm", "root": f"/models/{self.model}",
+                "max_model_len": self.max_model_len}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self._record(request, body)
+        index = self._chat_count
+        self._chat_count += 1
+        if self.dead:
+            return _reset(request)
+        prompt = last_user_text(body["messages"])
+        fault = self.by_index.get(index) or self._prompt_fault(prompt)
+        kind = fault.kind if fault else None
+        headers = None
+        if fault is not None and fault.retry_after is not None:
+            headers = {"Retry-After": f"{fault.retry_after:g}"}
+        if kind in ("429", "408", "500", "503"):
+            return _json({"error": {"message": f"injected {kind}", "type": "Injected", "code": int(kind)}},
+                         status=int(kind), headers=headers)
+        if kind == "reset":
+            return _reset(request)
+        if kind == "stall":
+            assert self._closing is not None
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.stall_s)
+        if kind == "malformed":
+            return web.Response(body=b'{"id": "chatcmpl-x", "choices": [{"message": ', status=200,
+                                content_type="application/json")
+        prompt_tokens = count_tokens(body["messages"])
+        if kind == "overflow" or prompt_tokens > self.max_model_len:
+            return _json(context_error(self.max_model_len, prompt_tokens), status=400)
+        return _json(self._completion(body, prompt, prompt_tokens, kind))
+
+    def _prompt_fault(self, prompt: str) -> Fault | None:
+        fault = self.by_prompt.get(prompt)
+        if fault is None:
+            return None
+        hits = self._prompt_hits.get(prompt, 0)
+        self._prompt_hits[prompt] = hits + 1
+        return fault if hits < fault.times else None
+
+    def _completion(self, body: dict[str, Any], prompt: str, prompt_tokens: int, kind: str | None) -> dict[str, Any]:
+        thinking = bool((body.get("chat_template_kwargs") or {}).get("enable_thinking", True))
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 64)
+        reasoning = f"Let me think about {prompt[:60]}." if thinking else None
+        content: str | None = f"Answer to {prompt[:60]}."
+        finish = "stop"
+        if kind == "length":
+            reasoning, content, finish = (reasoning or "") + " And more thinking", None, "length"
+        reasoning_tokens = len(reasoning.split()) + (0 if finish == "length" else 1) if reasoning else 0
+        content_tokens = len(content.split()) + 1 if content else 0
+        completion_tokens = min(max_tokens, reasoning_tokens + content_tokens)
+        if finish == "length":
+            completion_tokens = max_tokens
+        message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning": reasoning,
+                                   "tool_calls": []}
+        if kind == "raw_think" and reasoning is not None:
+            message["content"] = f"{reasoning}\n</think>\n\n{content}"
+            message["reasoning"] = None
+        elif kind == "legacy":
+            message["reasoning_content"] = message.pop("reasoning")
+        doc: dict[str, Any] = {
+            "id": f"chatcmpl-{self._chat_count}", "object": "chat.completion", "created": int(time.time()),
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens,
+                      "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}},
+        }
+        if body.get("return_token_ids"):
+            doc["prompt_token_ids"] = list(range(100, 100 + prompt_tokens))
+            doc["choices"][0]["token_ids"] = list(range(5000, 5000 + completion_tokens))
+        return doc
+
+
+def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(doc), status=status, headers=headers,
+                        content_type="application/json")
+
+
+def _reset(request: web.Request) -> web.StreamResponse:
+    """Abort the connection with a TCP RST (SO_LINGER 0) instead of answering."""
+    transport = request.transport
+    if transport is not None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
+    return web.Response(status=500)  # never reaches the client: the connection is gone
+
+
+@contextmanager
+def fault_server(**kwargs: Any) -> Iterator[FaultServer]:
+    with FaultServer(**kwargs) as server:
+        yield server

@@ -1,0 +1,225 @@
+"""Render conversations with the target's own chat template and count them in its tokens.
+
+The template is rendered with jinja2 the way transformers' ``apply_chat_template`` does (sandboxed,
+trim_blocks/lstrip_blocks, ``tojson``, ``raise_exception``) and tokenized with the fast ``tokenizers``
+library and ``add_special_tokens=False`` (the template already emits the BOS), so budgets are measured
+without importing transformers or torch. Counts come from an exact tiktoken twin of the tokenizer where one
+exists (``tokens.twin``; several times faster); ``CORPUS_TOKEN_COUNTER=tokenizers`` turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..errors import CorpusError
+from ..records import Conversation, Message
+
+ENCODE_CHUNK = 256  # conversations rendered while the previous chunk is being tokenized
+TWIN_THREADS = min(8, os.cpu_count() or 1)  # tiktoken releases the GIL
+
+
+def _raise_exception(message: str) -> None:
+    raise CorpusError(f"chat template raised: {message}")
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def load_chat_template(tokenizer_dir: Path) -> tuple[str, dict[str, Any]]:
+    """The template text and tokenizer_config.json (for bos/eos names)."""
+    config_path = tokenizer_dir / "tokenizer_config.json"
+    config: dict[str, Any] = {}
+    if config_path.exists():
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise CorpusError(f"not valid JSON: {error}", file=str(config_path)) from None
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: take the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    jinja_file = tokenizer_dir / "chat_template.jinja"
+    if template is None and jinja_file.exists():
+        template = jinja_file.read_text(encoding="utf-8")
+    if not template:
+        raise CorpusError("no chat template (tokenizer_config.json chat_template or chat_template.jinja)",
+                          file=str(tokenizer_dir))
+    return template, config
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # AddedToken serialised as a dict
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class TemplateRenderer:
+    """Renders and counts conversations as the target sees them at serve time.
+
+    The served view of assistant turn ``j`` is its prompt (turns before ``j`` plus the generation prompt)
+    followed by the turn itself. With ``history_reasoning="drop"`` the generator sent earlier assistant
+    turns back without their reasoning, so every view drops the reasoning of the assistant turns before
+    ``j``; this is done on the messages, not through a template flag, so it holds for any template.
+    Where a conversation has no system turn the template adds its default one, as the server did.
+    """
+
+    def __init__(self, tokenizer_dir: Path, *, enable_thinking: bool = True, history_reasoning: str = "keep",
+                 template_kwargs: dict[str, Any] | None = None) -> None:
+        self.tokenizer_dir = tokenizer_dir
+        self.enable_thinking = enable_thinking
+        self.history_reasoning = history_reasoning
+        self.template_kwargs = template_kwargs or {}
+        template_text, config = load_chat_template(tokenizer_dir)
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                    extensions=[loopcontrols])
+        environment.filters["tojson"] = _tojson
+        environment.globals["raise_exception"] = _raise_exception
+        environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._template = environment.from_string(template_text)
+        self._twin_checked = False
+        self.twin_refusal: str | None = None  # why counts do not use the tiktoken twin, once it is chosen
+        self._special = {"bos_token": _token_text(config.get("bos_token")) or "",
+                         "eos_token": _token_text(config.get("eos_token")) or ""}
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        from tokenizers import Tokenizer
+
+        path = self.tokenizer_dir / "tokenizer.json"
+        if not path.exists():
+            raise CorpusError("tokenizer.json not found", file=str(self.tokenizer_dir))
+        return Tokenizer.from_file(str(path))
+
+    @property
+    def eos_token(self) -> str:
+        return self._special["eos_token"]
+
+    def token_id(self, token: str) -> int | None:
+        """The id of a token the tokenizer holds as one entry (e.g. ``</think>``), else None."""
+        return self.tokenizer.token_to_id(token) if token else None
+
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = False,
+               enable_thinking: bool | None = None) -> str:
+        thinking = self.enable_thinking if enable_thinking is None else enable_thinking
+        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                     enable_thinking=thinking, **self._special, **self.template_kwargs)
+
+    def served_messages(self, messages: Sequence[Message], end: int, *, current: int | None = None
+                        ) -> list[dict[str, Any]]:
+        """``messages[:end]`` as template input; reasoning of the assistant turns before ``current`` is left
+        out when history reasoning is dropped (``current=None``: every assistant turn is history)."""
+        keep_history = self.history_reasoning == "keep"
+        out = []
+        for index, m in enumerate(messages[:end]):
+            message: dict[str, Any] = {"role": m.role, "content": m.content}
+            if (m.role == "assistant" and m.reasoning is not None
+                    and (keep_history or (current is not None and index >= current))):
+                message["reasoning_content"] = m.reasoning
+            out.append(message)
+        return out
+
+    def render_prompt(self, messages: Sequence[Message], turn: int, *, enable_thinking: bool | None = None) -> str:
+        """What the server rendered to generate assistant turn ``turn``: the turns before it + generation prompt."""
+        return self.render(self.served_messages(messages, turn), add_generation_prompt=True,
+                           enable_thinking=enable_thinking)
+
+    def render_through(self, messages: Sequence[Message], turn: int) -> str:
+        """The served view of assistant turn ``turn``: its prompt's turns followed by the turn itself."""
+        return self.render(self.served_messages(messages, turn + 1, current=turn))
+
+    def budget_views(self, messages: Sequence[Message]) -> list[str]:
+        """The renders whose longest is the conversation's length as served: the whole conversation when
+        history reasoning is kept (every turn's view is a prefix of it), else every assistant turn's view
+        (a dropped reasoning makes a later view shorter than an earlier one)."""
+        last = len(messages) - 1
+        if self.history_reasoning == "keep" or last < 0:
+            return [self.render(self.served_messages(messages, len(messages)))]
+        turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
+        views = [self.render_through(messages, i) for i in turns]
+        if not turns or turns[-1] != last:  # trailing non-assistant turns: the whole conversation too
+            views.append(self.render(self.served_messages(messages, len(messages), current=len(messages))))
+        return views
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of rendered texts; the template emits its own BOS, so no special tokens are added."""
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    @cached_property
+    def _encoder(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+
+    @cached_property
+    def twin(self) -> Any | None:
+        """The tiktoken twin used for counting, or None (then ``twin_refusal`` says why)."""
+        from .twin import NoTwin, twin_of
+
+        if os.environ.get("CORPUS_TOKEN_COUNTER", "auto") == "tokenizers":
+            self.twin_refusal = "CORPUS_TOKEN_COUNTER=tokenizers"
+            return None
+        try:
+            return twin_of(self.tokenizer_dir / "tokenizer.json", self.tokenizer)
+        except NoTwin as why:
+            self.twin_refusal = str(why)
+            return None
+
+    def _count_views(self, views: list[str]) -> list[int]:
+        """Token counts of rendered texts. The twin's first batch is checked against ``tokenizers`` id for
+        id, a last guard on top of ``twin_of``'s checks: on any difference the twin is dropped."""
+        twin = self.twin
+        if twin is None:
+            return [len(encoding.ids) for encoding in self.tokenizer.encode_batch(views, add_special_tokens=False)]
+        ids = twin.encode_batch(views, allowed_special="all", num_threads=TWIN_THREADS)
+        if not self._twin_checked:
+            self._twin_checked = True
+            expected = self.encode(views)
+            if ids != expected:
+                first = next(i for i, (a, b) in enumerate(zip(ids, expected, strict=True)) if a != b)
+                self.twin, self.twin_refusal = None, f"tiktoken differed from tokenizers on text {first}"
+                warnings.warn(f"token counts fall back to tokenizers: {self.twin_refusal}", RuntimeWarning,
+                              stacklevel=2)
+                return [len(row_ids) for row_ids in expected]
+        return [len(row_ids) for row_ids in ids]
+
+    def count_tokens(self, conversations: Sequence[Conversation]) -> list[int]:
+        """Each conversation's length in the target's tokens: its longest served view.
+
+        Rendering (Python, holds the GIL) of one chunk overlaps with the tokenizing of the previous chunk on a
+        worker thread (the Rust tokenizer releases the GIL), so the cost is close to tokenizing alone.
+        """
+        counts = [0] * len(conversations)
+        _ = self.twin  # chosen here, not on the encoding thread
+        pending: Future[list[Any]] | None = None
+        pending_owners: list[int] = []
+
+        def collect() -> None:
+            assert pending is not None
+            for owner, count in zip(pending_owners, pending.result(), strict=True):
+                counts[owner] = max(counts[owner], count)
+
+        for start in range(0, len(conversations), ENCODE_CHUNK):
+            views: list[str] = []
+            owners: list[int] = []
+            for index in range(start, min(start + ENCODE_CHUNK, len(conversations))):
+                rendered = self.budget_views(conversations[index].messages)
+                views += rendered
+                owners += [index] * len(rendered)
+            if pending is not None:
+                collect()
+            pending = self._encoder.submit(self._count_views, views)
+            pending_owners = owners
+        if pending is not None:
+            collect()
+        return counts

@@ -1,0 +1,172 @@
+"""`corpus export`: every format and file format, read back with `datasets` offline; splits per conversation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from corpus_builder.build import build
+from corpus_builder.export import FILE_FORMATS, FORMATS, export
+from corpus_builder.export.formats import specforge_problems
+from corpus_builder.layout import Corpus
+from corpus_builder.recipe import load_recipe
+from corpus_builder.records import Conversation
+from corpus_builder.sources import iter_file
+from tests.support.chats import synthetic_chats
+
+RECIPE = """\
+name: export
+target: {{model: tiny-target, tokenizer: {tokenizer}}}
+sources:
+  - {{name: log, kind: replay, path: log.jsonl, task: chat, license: MIT}}
+split: {{validation_fraction: 0.3, seed: 2}}
+output:
+  dir: out
+  exports:
+    - {{format: speculators-tokens, file_format: parquet}}
+    - {{format: sharegpt, file_format: jsonl.zst}}
+"""
+
+
+def log_rows() -> list[dict]:
+    return synthetic_chats(30, max_turns=3, system="Be brief.", system_every=4,
+                           question=lambda i, turn: f"question {i}.{turn}",
+                           answer=lambda i, turn: f"answer {i}.{turn}",
+                           reasoning=lambda i, turn: f"reasoning {i}.{turn}")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Corpus:
+    directory = tmp_path_factory.mktemp("export")
+    (directory / "log.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in log_rows()))
+    (directory / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir))
+    result = build(load_recipe(directory / "recipe.yaml"))
+    assert [(e.format, e.file_format) for e in result.exports] == [("speculators-tokens", "parquet"),
+                                                                   ("sharegpt", "jsonl.zst")]
+    return Corpus.open(result.out_dir)
+
+
+def load(path: Path):
+    from datasets import load_dataset
+
+    kind = "parquet" if path.suffix == ".parquet" else "json"
+    return load_dataset(kind, data_files=str(path), split="train")
+
+
+def assistant_turns(conversations: list[Conversation]) -> int:
+    return sum(m.role == "assistant" for c in conversations for m in c.messages)
+
+
+@pytest.mark.parametrize("file_format", FILE_FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_export_loads_with_datasets(corpus: Corpus, tmp_path: Path, fmt: str, file_format: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from datasets import List, Value
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    report = export(corpus, fmt, tmp_path / fmt, file_format=file_format)
+    assert set(report.files) == {"train", "validation"}
+    ids_by_split = {}
+    for split, info in report.files.items():
+        path = Path(info["path"])
+        assert path == tmp_path / fmt / f"{split}.{file_format}"
+        conversations = list(corpus.iter_conversations(split=split))
+        dataset = load(path)
+        assert len(dataset) == info["rows"]
+        features = dataset.features
+        if fmt == "speculators-tokens":
+            assert len(dataset) == assistant_turns(conversations)
+            assert isinstance(features["input_ids"], List)
+            assert features["input_ids"].feature in (Value("int32"), Value("int64"))
+            row = dataset[0]
+            assert len(row["input_ids"]) == len(row["loss_mask"]) and set(row["loss_mask"]) == {0, 1}
+            ids_by_split[split] = {row_id.split("/")[0] for row_id in dataset["id"]}
+            continue
+        column = "messages" if fmt == "messages" else "conversations"
+        turn_feature = features[column]
+        assert isinstance(turn_feature, List) and isinstance(turn_feature.feature, dict), features
+        assert len(dataset) == len(conversations) - info["left_out"]
+        ids_by_split[split] = set(dataset["id"])
+    # No conversation contributes rows to both splits.
+    assert not ids_by_split["train"] & ids_by_split["validation"]
+
+
+def test_conversation_formats_carry_reasoning_apart(corpus: Corpus, tmp_path: Path) -> None:
+    by_id = {c.id: c for c in corpus.iter_conversations()}
+    export(corpus, "speculators", tmp_path / "s")
+    for line in (tmp_path / "s/train.jsonl").read_bytes().splitlines():
+        row = orjson.loads(line)
+        source = by_id[row["id"]]
+        assert [t["role"] for t in row["conversations"]] == [m.role for m in source.messages]
+        for turn, message in zip(row["conversations"], source.messages, strict=True):
+            assert turn["content"] == message.content and "<think>" not in turn["content"]
+            assert turn["reasoning_content"] == message.reasoning
+            assert turn["reasoning_content"] is None or turn["role"] == "assistant"
+    export(corpus, "messages", tmp_path / "m")
+    first = orjson.loads((tmp_path / "m/train.jsonl").read_bytes().splitlines()[0])
+    assert set(first) == {"id", "source", "messages"} and first["source"] == "log"
+
+
+def test_sharegpt_round_trips_through_the_readers(corpus: Corpus, tmp_path: Path) -> None:
+    export(corpus, "sharegpt", tmp_path, file_format="jsonl.zst")
+    back = [c for c in iter_file(tmp_path / "train.jsonl.zst") if isinstance(c, Conversation)]
+    original = {tuple((m.role, m.content, m.reasoning) for m in c.messages)
+                for c in corpus.iter_conversations(split="train")}
+    assert {tuple((m.role, m.content, m.reasoning) for m in c.messages) for c in back} == original
+
+
+def test_specforge_export_passes_its_rules(corpus: Corpus, tmp_path: Path) -> None:
+    report = export(corpus, "specforge", tmp_path)
+    assert report.skipped == {}
+    rows = [orjson.loads(line) for split in report.files for line in (tmp_path / f"{split}.jsonl").read_bytes()
+            .splitlines()]
+    assert len(rows) == corpus.manifest["conversations"]
+    assert all(specforge_problems(row) == [] for row in rows)
+
+
+def test_specforge_rules() -> None:
+    good = {"id": "a", "conversations": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                         {"role": "assistant", "content": "a", "reasoning_content": "r"}]}
+    assert specforge_problems(good) == []
+    cases = {
+        "expected 'assistant'": [{"role": "user", "content": "u"}, {"role": "user", "content": "u"}],
+        "empty or non-string": [{"role": "user", "content": "u"}, {"role": "assistant", "content": " "}],
+        "think marker": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "x</think>y"}],
+        "not an assistant turn": [{"role": "user", "content": "u", "reasoning_content": "r"},
+                                  {"role": "assistant", "content": "a"}],
+        "expected 'user'": [{"role": "assistant", "content": "a"}],
+    }
+    for needle, turns in cases.items():
+        problems = specforge_problems({"id": "a", "conversations": turns})
+        assert any(needle in p for p in problems), (needle, problems)
+    assert specforge_problems({"id": "", "conversations": []}) == ["id is not a non-empty string",
+                                                                    "conversations is not a non-empty list"]
+
+
+def test_export_command(corpus: Corpus, tmp_path: Path) -> None:
+    completed = subprocess.run([sys.executable, "-m", "corpus_builder", "export", str(corpus.root), "--format",
+                                "speculators-tokens", "--out", str(tmp_path / "t")], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    assert "train" in completed.stdout and (tmp_path / "t/train.jsonl").exists()
+    bad = subprocess.run([sys.executable, "-m", "corpus_builder", "export", str(tmp_path), "--format", "messages",
+                          "--out", str(tmp_path / "x")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "manifest.json is missing" in bad.stderr
+
+
+def test_recipe_exports_are_validated(tmp_path: Path) -> None:
+    from corpus_builder.errors import CorpusError
+
+    (tmp_path / "log.jsonl").write_bytes(orjson.dumps(log_rows()[0]) + b"\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.replace("tokenizer: {tokenizer}", "").replace("{{", "{").replace("}}", "}")
+                      .replace("parquet}", "feather}"))
+    with pytest.raises(CorpusError) as problem:
+        load_recipe(recipe)
+    details = "\n".join(problem.value.details)
+    assert "output.exports[0].format" in details and "set target.tokenizer" in details
+    assert "output.exports[0].file_format" in details

@@ -1,0 +1,357 @@
+"""`corpus publish` against a loopback Hub: the gate, one private commit, retries, resume, read-back, card."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from corpus_builder.build import build
+from corpus_builder.errors import CorpusError
+from corpus_builder.hub import RetryPolicy, download_corpus
+from corpus_builder.publish import CorpusDocuments, GateFailed, check_corpus, publish, render_card
+from corpus_builder.publish.card import card_license, parse_front_matter
+from corpus_builder.recipe import load_recipe
+from corpus_builder.testing.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
+
+TOKEN = "hf_PublishTestTokenDoNotLeak0123456789xyz"
+FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.02)
+RECIPE = """
+name: tiny-mix
+description: A tiny mixture for publish tests.
+target: {model: Org/Model-1B, revision: abc123}
+sources:
+  - {name: math, kind: replay, path: math.jsonl, license: Apache-2.0, task: math}
+  - {name: chat, kind: replay, path: chat.jsonl, license: MIT}
+checks: {min_thinking_share: 0.3}
+split: {validation_fraction: 0.2}
+output: {dir: out, rows_per_shard: 20}
+"""
+
+
+@pytest.fixture(scope="module")
+def built_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A corpus written by `corpus build` (replay sources only): 60 conversations, a third thinking."""
+    root = tmp_path_factory.mktemp("recipe")
+    math = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
+                          {"role": "assistant", "content": str(2 * i),
+                           **({"reasoning": f"Add {i} to itself."} if i % 2 == 0 else {})}]} for i in range(40)]
+    chat = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": f"hello {i}"}]}
+            for i in range(20)]
+    (root / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in math))
+    (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
+    (root / "recipe.yaml").write_text(RECIPE)
+    result = build(load_recipe(root / "recipe.yaml"))
+    assert result.passed
+    return result.out_dir
+
+
+@pytest.fixture
+def corpus(built_corpus: Path, tmp_path: Path) -> Path:
+    """A private copy each test may tamper with."""
+    return Path(shutil.copytree(built_corpus, tmp_path / "corpus"))
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[HubServer]:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file of the machine's user
+    with HubServer(token=TOKEN) as server:
+        yield server
+
+
+def _publish(corpus: Path, hub: HubServer, **kwargs: Any) -> Any:
+    return publish(corpus, "org/tiny", endpoint=hub.url, token=TOKEN, retry=FAST, **kwargs)
+
+
+def _commits(hub: HubServer) -> list[Any]:
+    return [c for c in hub.repo("org/tiny").commits if c.message != "initial commit"]
+
+
+def test_publish_is_private_one_commit_with_exact_bytes(corpus: Path, hub: HubServer) -> None:
+    report = _publish(corpus, hub)
+    repo = hub.repo("org/tiny")
+    assert repo.private and report.private and report.committed
+    assert len(_commits(hub)) == 1 and repo.branches["main"] == report.commit
+    files = repo.files()
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    shard_paths = [entry["path"] for entry in manifest["files"]]
+    assert set(files) == {".gitattributes", "README.md", "recipe.yaml", "manifest.json", "audit.json", *shard_paths}
+    for entry in manifest["files"]:
+        assert files[entry["path"]] == (corpus / entry["path"]).read_bytes()
+        assert hashlib.sha256(files[entry["path"]]).hexdigest() == entry["sha256"]
+    assert files["manifest.json"] == (corpus / "manifest.json").read_bytes()
+    assert files["README.md"].decode() == report.card
+    # One commit request carried everything; the shards went through preupload first.
+    posts = [r.path.split("?")[0] for r in hub.requests if r.method == "POST"]
+    assert sum(p.endswith("/commit/main") for p in posts) == 1
+    assert posts.index("/api/datasets/org/tiny/preupload/main") < posts.index("/api/datasets/org/tiny/commit/main")
+
+
+def test_card_front_matter_meets_hub_rules(corpus: Path, hub: HubServer) -> None:
+    report = _publish(corpus, hub)
+    card = hub.repo("org/tiny").files()["README.md"].decode()
+    assert validate_card_metadata(card) == []
+    metadata = parse_front_matter(card)
+    assert metadata["size_categories"] == ["n<1K"] and set(metadata["size_categories"]) <= set(SIZE_CATEGORIES)
+    assert metadata["license"] == "other"  # Apache-2.0 and MIT: named in the body instead
+    assert "`Apache-2.0`: math" in card and "`MIT`: chat" in card
+    assert metadata["source_datasets"] == ["math", "chat"]
+    assert metadata["annotations_creators"] == ["machine-generated"]
+    assert metadata["task_categories"] == ["text-generation"] and "speculative-decoding" in metadata["tags"]
+    [config] = metadata["configs"]
+    assert config["config_name"] == "default" and config["default"] is True
+    listed = {path for data_file in config["data_files"] for path in data_file["path"]}
+    uploaded = {path for path in hub.repo("org/tiny").files() if path.endswith(".parquet")}
+    assert listed == uploaded and {f["split"] for f in config["data_files"]} == {"train", "validation"}
+    for section in ("## Composition", "## Thinking share", "## Target model and generation",
+                    "## Dropped and truncated rows", "## Recipe", 'load_dataset("org/tiny"'):
+        assert section in card
+    assert str(corpus) not in card and report.card == card
+
+
+def test_card_license_single_and_size_category(corpus: Path) -> None:
+    docs = CorpusDocuments.load(corpus)
+    recipe = json.loads(json.dumps(docs.recipe))
+    for source in recipe["sources"]:
+        source["license"] = "Apache-2.0"
+    single = replace(docs, recipe=recipe)
+    assert card_license(single) == ("apache-2.0", ["Apache-2.0"])
+    big = replace(docs, manifest={**docs.manifest, "conversations": 250_000})
+    assert parse_front_matter(render_card(big))["size_categories"] == ["100K<n<1M"]
+
+
+def test_local_paths_and_url_credentials_are_not_published(corpus: Path, hub: HubServer) -> None:
+    recipe = (corpus / "recipe.yaml").read_text()
+    recipe = recipe.replace("  revision: abc123\n", "  revision: abc123\n  tokenizer: /home/alice/models/tok\n"
+                            "  endpoints: ['http://alice:pw@gpu-box:8000/v1']\n")
+    (corpus / "recipe.yaml").write_text(recipe)
+    report = _publish(corpus, hub)
+    files = hub.repo("org/tiny").files()
+    for text in (files["recipe.yaml"].decode(), files["README.md"].decode(), report.card):
+        assert "/home/alice" not in text and "alice:pw" not in text
+        assert "http://gpu-box:8000/v1" in text
+
+
+def test_token_never_leaves_the_authorization_header(corpus: Path, hub: HubServer,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    report = _publish(corpus, hub)
+    # A server error that echoes the token must not bring it into the exception text.
+    hub.fail("POST", "/api/repos/create", 400, message=f"bad request for token {TOKEN}")
+    with pytest.raises(CorpusError) as failure:
+        publish(corpus, "org/other", endpoint=hub.url, token=TOKEN, retry=FAST)
+    assert TOKEN not in str(failure.value) and "***" in str(failure.value)
+    assert TOKEN not in report.describe() and TOKEN not in json.dumps(report.to_dict())
+    token = TOKEN.encode()
+    for request in hub.requests:
+        assert token not in request.body and TOKEN not in request.path
+        for name, value in request.headers.items():
+            assert name.lower() == "authorization" or TOKEN not in value
+    assert any({k.lower(): v for k, v in r.headers.items()}.get("authorization") == f"Bearer {TOKEN}"
+               for r in hub.requests)
+    assert all(token not in content for content in hub.repo("org/tiny").files().values())
+    assert TOKEN not in caplog.text
+
+
+def _rewrite_shard(corpus: Path, path: str, mutate: Callable[[list[dict[str, Any]]], None]) -> None:
+    """Change rows of a shard and update the manifest, so only the row-level check can object."""
+    shard = corpus / path
+    table = pq.read_table(shard)
+    rows = table.to_pylist()
+    mutate(rows)
+    pq.write_table(type(table).from_pylist(rows, schema=table.schema), shard)
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        if entry["path"] == path:
+            entry.update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    (corpus / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _tamper_checksum(corpus: Path) -> None:
+    with (corpus / "data/train-00000-of-00003.parquet").open("r+b") as handle:
+        handle.seek(100)
+        byte = handle.read(1)
+        handle.seek(100)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _remove_shard(corpus: Path) -> None:
+    (corpus / "data/validation-00000-of-00001.parquet").unlink()
+
+
+def _bad_role(corpus: Path) -> None:
+    def mutate(rows: list[dict[str, Any]]) -> None:
+        rows[0]["messages"][0]["role"] = "tool"
+
+    _rewrite_shard(corpus, "data/train-00001-of-00003.parquet", mutate)
+
+
+def _raise_minimum(corpus: Path) -> None:
+    recipe = (corpus / "recipe.yaml").read_text()
+    (corpus / "recipe.yaml").write_text(recipe.replace("min_thinking_share: 0.3", "min_thinking_share: 0.9"))
+
+
+def _plant_secret(corpus: Path) -> None:
+    def mutate(rows: list[dict[str, Any]]) -> None:
+        rows[1]["messages"][-1]["content"] += " my key is hf_" + "Zx9" * 12
+
+    _rewrite_shard(corpus, "data/train-00002-of-00003.parquet", mutate)
+
+
+GATE_CASES = {
+    "checksum": (_tamper_checksum, "data/train-00000-of-00003.parquet: sha256 does not match"),
+    "missing": (_remove_shard, "data/validation-00000-of-00001.parquet: shard listed in manifest.json is missing"),
+    "schema": (_bad_role, "schema: data/train-00001-of-00003.parquet#0"),
+    "thinking": (_raise_minimum, "is below the minimum 90.0%"),
+    "secret": (_plant_secret, "secrets: "),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GATE_CASES))
+def test_gate_blocks_each_failing_check_before_any_request(corpus: Path, hub: HubServer, case: str) -> None:
+    tamper, expected = GATE_CASES[case]
+    tamper(corpus)
+    with pytest.raises(GateFailed) as failure:
+        _publish(corpus, hub)
+    assert any(expected in line for line in failure.value.failures), failure.value.failures
+    assert hub.requests == []
+    if case == "secret":
+        assert "Zx9Zx9" not in str(failure.value) and "hf_token" in str(failure.value)
+
+
+def test_gate_lists_every_failure_at_once(corpus: Path) -> None:
+    for tamper, _ in GATE_CASES.values():
+        tamper(corpus)
+    failures = check_corpus(corpus).failures
+    for _, expected in GATE_CASES.values():
+        assert any(expected in line for line in failures), (expected, failures)
+
+
+def test_interrupted_publish_succeeds_when_rerun(corpus: Path, hub: HubServer) -> None:
+    hub.drop("POST", "/commit/", times=FAST.attempts)
+    with pytest.raises(CorpusError, match="commit failed"):
+        _publish(corpus, hub)
+    assert _commits(hub) == []
+    report = _publish(corpus, hub)
+    assert report.committed and len(_commits(hub)) == 1
+
+
+def test_lost_commit_response_makes_no_duplicate_commit(corpus: Path, hub: HubServer) -> None:
+    hub.drop("POST", "/commit/", after_apply=True)
+    report = _publish(corpus, hub)
+    assert report.committed and len(_commits(hub)) == 1
+    assert sum("/commit/" in r.path for r in hub.requests) == 1
+
+
+def test_unchanged_republish_makes_no_commit(corpus: Path, hub: HubServer) -> None:
+    first = _publish(corpus, hub)
+    before = len(hub.requests)
+    second = _publish(corpus, hub)
+    assert not second.committed and second.commit == first.commit and len(_commits(hub)) == 1
+    assert not any("/commit/" in r.path or "/preupload/" in r.path for r in hub.requests[before:])
+    assert "unchanged" in second.describe()
+
+
+def test_stale_shards_are_deleted_in_the_same_commit(corpus: Path, hub: HubServer) -> None:
+    _publish(corpus, hub)
+    head = hub.repo("org/tiny").commit("main")
+    head.files["data/train-00003-of-00004.parquet"] = b"left over from an earlier, larger corpus"
+    report = _publish(corpus, hub)
+    assert report.deleted == ["data/train-00003-of-00004.parquet"] and report.uploaded == []
+    assert "data/train-00003-of-00004.parquet" not in hub.repo("org/tiny").files()
+
+
+def test_dry_run_sends_nothing_and_needs_no_token(corpus: Path, hub: HubServer) -> None:
+    report = publish(corpus, "org/tiny", endpoint=hub.url, dry_run=True)
+    assert hub.requests == [] and hub.repos == {}
+    text = report.describe()
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        assert entry["path"] in text and entry["sha256"] in text and f"{entry['bytes']:,} B" in text
+    assert "--- README.md ---" in text and report.card in text and report.commit is None
+
+
+def test_transient_errors_are_retried(corpus: Path, hub: HubServer) -> None:
+    hub.fail("POST", "/api/repos/create", 500)
+    hub.fail("GET", "/revision/", 429)
+    hub.fail("POST", "/commit/", 412)
+    report = _publish(corpus, hub)
+    assert report.committed and len(_commits(hub)) == 1
+    commit_posts = [r for r in hub.requests if r.method == "POST" and "/commit/" in r.path]
+    assert len(commit_posts) == 2
+
+
+def test_permanent_errors_are_not_retried(corpus: Path, hub: HubServer) -> None:
+    hub.fail("POST", "/commit/", 403, times=5)
+    with pytest.raises(CorpusError, match="403"):
+        _publish(corpus, hub)
+    assert sum("/commit/" in r.path for r in hub.requests) == 1
+
+
+def test_public_flag_and_existing_public_repository(corpus: Path, hub: HubServer) -> None:
+    report = _publish(corpus, hub, public=True)
+    assert not report.private and not hub.repo("org/tiny").private
+    with pytest.raises(CorpusError, match="is public"):
+        _publish(corpus, hub)
+
+
+def test_publish_to_a_branch(corpus: Path, hub: HubServer) -> None:
+    report = _publish(corpus, hub, revision="v1")
+    repo = hub.repo("org/tiny")
+    assert repo.branches["v1"] == report.commit and "README.md" not in repo.files("main")
+
+
+def test_published_repository_downloads_and_passes_the_gate(corpus: Path, hub: HubServer) -> None:
+    _publish(corpus, hub)
+    with download_corpus("hf://datasets/org/tiny", endpoint=hub.url, token=TOKEN) as local:
+        assert check_corpus(local).failures == []
+        assert (local / "manifest.json").read_bytes() == (corpus / "manifest.json").read_bytes()
+    assert not local.exists()
+
+
+def test_missing_token_is_a_clear_error(corpus: Path, hub: HubServer) -> None:
+    with pytest.raises(CorpusError, match="no Hub token"):
+        publish(corpus, "org/tiny", endpoint=hub.url)
+    assert hub.requests == []
+
+
+def _corpus_cli(*args: str, token: str | None = TOKEN, home: Path) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_ENDPOINT")}
+    env["HF_HOME"] = str(home)
+    if token:
+        env["HF_TOKEN"] = token
+    return subprocess.run([sys.executable, "-m", "corpus_builder", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_publish_gate_exit_codes_and_remote_audit(corpus: Path, hub: HubServer, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    dry = _corpus_cli("publish", str(corpus), "--repo", "org/cli", "--endpoint", hub.url, "--dry-run", home=home)
+    assert dry.returncode == 0, dry.stderr
+    assert "would upload" in dry.stdout and "data/train-00000-of-00003.parquet" in dry.stdout
+    assert not hub.requests
+    done = _corpus_cli("publish", str(corpus), "--repo", "org/cli", "--endpoint", hub.url, home=home)
+    assert done.returncode == 0, done.stderr
+    assert TOKEN not in done.stdout + done.stderr
+    assert hub.repo("org/cli").private
+    audit = _corpus_cli("audit", "hf://datasets/org/cli", "--endpoint", hub.url, "--json", home=home)
+    assert audit.returncode == 0, audit.stderr
+    assert json.loads(audit.stdout) == {k: v for k, v in json.loads((corpus / "audit.json").read_text()).items()
+                                        if k != "checks"}
+    _raise_minimum(corpus)
+    refused = _corpus_cli("publish", str(corpus), "--repo", "org/cli", "--endpoint", hub.url, home=home)
+    assert refused.returncode == 1 and "below the minimum 90.0%" in refused.stderr
+    no_token = _corpus_cli("publish", str(corpus), "--repo", "org/x", "--endpoint", hub.url, token=None, home=home)
+    assert no_token.returncode in (1, 2) and "Traceback" not in no_token.stderr

@@ -1,0 +1,132 @@
+"""Data flows one way: no module imports from a stage later in the flow, and there is no import cycle.
+
+The layer order is written once, here; every import of every module of corpus_builder (module level and
+inside functions, absolute and relative) is checked against it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "corpus_builder"
+
+# Lowest first. A module may import from its own layer and from the layers before it. The leaves are shared
+# by every stage; the CLI and the package's lazy front door sit on top. The flow is recipe -> sources ->
+# generate -> build -> audit / export -> publish; export (trainer formats and vocab, which read a written
+# corpus) sits below build because a build writes its recipe's exports as its last step.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors",),
+    ("records",),
+    ("collector", "progress"),
+    ("rows",),
+    ("secrets",),
+    ("layout",),
+    ("hub",),
+    ("recipe",),
+    ("sources",),
+    ("tokens",),
+    ("generate",),
+    ("export",),
+    ("build",),
+    ("audit",),
+    ("publish",),
+    ("testing",),
+    ("cli", "__main__", "__init__"),
+]
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def unit(module: str) -> str:
+    """The layer of a module inside the package ("build.checks" -> "build"; the package itself "__init__")."""
+    return module.split(".", 1)[0] if module else "__init__"
+
+
+def module_name(path: Path) -> str:
+    """corpus_builder/build/checks.py -> "build.checks"; corpus_builder/build/__init__.py -> "build"."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def targets(name: str, is_package: bool, nodes: Iterable[ast.AST]) -> list[tuple[int, str]]:
+    """(line, module inside corpus_builder, without the package prefix) of every import among ``nodes``."""
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    package = [part for part in package if part]
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            if node.module:
+                found.append((node.lineno, ".".join([*base, node.module])))
+            else:  # from . import name: each name may be a module
+                found += [(node.lineno, ".".join([*base, alias.name])) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "corpus_builder":
+            found.append((node.lineno, node.module.removeprefix("corpus_builder").lstrip(".")))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.removeprefix("corpus_builder").lstrip("."))
+                      for alias in node.names if alias.name.split(".")[0] == "corpus_builder"]
+    return found
+
+
+def upward(name: str, is_package: bool, tree: ast.AST) -> list[str]:
+    mine = unit(name)
+    return [f"line {line}: imports corpus_builder.{target} ({unit(target)} comes after {mine})"
+            for line, target in targets(name, is_package, ast.walk(tree))
+            if RANK.get(unit(target), -1) > RANK[mine]]
+
+
+def test_every_module_is_in_a_layer() -> None:
+    units = {unit(module_name(path)) for path in modules()}
+    assert units <= set(RANK), f"add these to LAYERS: {sorted(units - set(RANK))}"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_only_run_down_the_flow(path: Path) -> None:
+    problems = upward(module_name(path), path.name == "__init__.py", ast.parse(path.read_text(encoding="utf-8")))
+    assert not problems, "\n".join(problems)
+
+
+def test_an_upward_import_is_caught() -> None:
+    """The check itself: a leaf importing a stage (in a function, relatively) is reported; a stage importing
+    a leaf or an earlier stage is not."""
+    leaf = ast.parse("def f():\n    from .build import build\n")
+    assert upward("records", False, leaf) == ["line 2: imports corpus_builder.build (build comes after records)"]
+    stage = ast.parse("from ..records import Conversation\nfrom ..recipe.model import Recipe\n"
+                      "import corpus_builder.rows\n")
+    assert upward("build.checks", False, stage) == []
+    assert upward("recipe", True, ast.parse("from corpus_builder.publish import publish\n")) != []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Over module-level imports (an import inside a function runs after every module is loaded)."""
+    paths = {module_name(path): path for path in modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+        graph[name] = {target for _, target in targets(name, path.name == "__init__.py", top)
+                       if target in paths and target != name}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for following in sorted(graph[node]):
+            if state.get(following) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(following):], following]))
+            if following not in state:
+                visit(following)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)

@@ -1,0 +1,250 @@
+"""Token-exact rows, the served-ids check, budgets and the audit's token statistics (tiny model's tokenizer)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from corpus_builder.audit import audit, format_report
+from corpus_builder.build import build
+from corpus_builder.build.checks import FLAG_TRUNCATED_TO_BUDGET, Checker
+from corpus_builder.build.pipeline import TargetTokens, write_corpus
+from corpus_builder.build.shards import LedgerWriter
+from corpus_builder.layout import Corpus, iter_ledger
+from corpus_builder.recipe import load_recipe
+from corpus_builder.records import Conversation, Message
+from corpus_builder.testing.tiny_model import DEFAULT_SYSTEM_PROMPT
+from corpus_builder.tokens import TemplateRenderer, TokenRows, served_turns
+
+ID = "0123456789abcdef0123"
+
+
+def conversation(*messages: Message, origin: str = "replay", source: str = "log") -> Conversation:
+    return Conversation(ID, source, origin, list(messages), task="chat", license="MIT")
+
+
+def chat() -> Conversation:
+    return conversation(Message("user", "hi there"), Message("assistant", "hello", "greet back"),
+                        Message("user", "what is 2+2?"), Message("assistant", "4", None))
+
+
+def served(renderer: TemplateRenderer, base: Conversation) -> Conversation:
+    """``base`` as a generated row whose served ids are exactly what the template renders: the prompt of each
+    assistant turn, then the turn's text through the end-of-turn token."""
+    turns = []
+    for j, message in enumerate(base.messages):
+        if message.role != "assistant":
+            continue
+        prompt = renderer.render_prompt(base.messages, j)
+        through = renderer.render_through(base.messages, j)
+        completion = through[len(prompt):through.rindex(renderer.eos_token) + len(renderer.eos_token)]
+        prompt_ids, completion_ids = renderer.encode([prompt, completion])
+        turns.append({"message_index": j, "endpoint": "http://127.0.0.1:1/v1", "finish_reason": "stop",
+                      "prompt_token_ids": prompt_ids, "token_ids": completion_ids})
+    return replace(base, origin="generated", provenance={"generation": {"turns": turns, "enable_thinking": True}})
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir: Path) -> TemplateRenderer:
+    return TemplateRenderer(tiny_model_dir)
+
+
+def decode(renderer: TemplateRenderer, ids: list[int]) -> str:
+    return renderer.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_replayed_rows_supervise_exactly_each_assistant_turn(renderer: TemplateRenderer, tiny_model_dir: Path) -> None:
+    (item,) = TokenRows(renderer).tokenize([chat()])
+    first, second = item.rows
+    assert (first.id, first.message_index, second.message_index) == (f"{ID}/1", 1, 3)
+    # The default system prompt is there (the row had none), the prompt ends with the opened think block.
+    assert decode(renderer, first.input_ids[:first.start]) == (
+        f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n")
+    assert decode(renderer, first.input_ids[first.start:]) == "greet back\n</think>\n\nhello<|im_end|>"
+    assert decode(renderer, first.input_ids[first.start:first.start + first.reasoning]) == "greet back\n</think>"
+    assert first.loss_mask == [0] * first.start + [1] * first.supervised
+    # History reasoning is kept in the second turn's context.
+    assert "greet back" in decode(renderer, second.input_ids[:second.start])
+    assert decode(renderer, second.input_ids[second.start:]).endswith("</think>\n\n4<|im_end|>")
+    # The length as served, from transformers' own apply_chat_template (not the renderer under test).
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": "hi there"},
+                {"role": "assistant", "content": "hello", "reasoning_content": "greet back"},
+                {"role": "user", "content": "what is 2+2?"}, {"role": "assistant", "content": "4"}]
+    expected = AutoTokenizer.from_pretrained(tiny_model_dir).apply_chat_template(messages, tokenize=True)
+    assert item.tokens == len(expected if isinstance(expected, list) else expected["input_ids"])
+    assert item.checked_turns == 0 and item.mismatches == []
+
+
+def test_generated_rows_use_served_ids_and_match_their_render(renderer: TemplateRenderer) -> None:
+    row = served(renderer, chat())
+    (item,) = TokenRows(renderer).tokenize([row])
+    turns = served_turns(row)
+    for turn_row in item.rows:
+        turn = turns[turn_row.message_index]
+        assert turn_row.served
+        assert turn_row.input_ids == turn["prompt_token_ids"] + turn["token_ids"]
+        assert turn_row.start == len(turn["prompt_token_ids"])
+    assert item.checked_turns == 2 and item.mismatches == []
+
+
+def test_mismatches_are_reported_by_row_turn_and_position(renderer: TemplateRenderer) -> None:
+    row = served(renderer, chat())
+    # The stored system prompt is not the one the server saw: every turn differs inside the prompt.
+    changed_prompt = replace(row, messages=[Message("system", "Another system prompt."), *row.messages])
+    for turn in changed_prompt.provenance["generation"]["turns"]:
+        turn["message_index"] += 1
+    # The stored answer of the last turn is not what was generated: a completion mismatch.
+    changed_answer = served(renderer, chat())
+    changed_answer.messages[3] = Message("assistant", "5", None)
+    items = TokenRows(renderer).tokenize([changed_prompt, changed_answer])
+    prompt_side = items[0].mismatches
+    assert [(m.message_index, m.part) for m in prompt_side] == [(2, "prompt"), (4, "prompt")]
+    assert prompt_side[0].position == 3  # <|im_start|> system \n, then the system text differs
+    (answer_side,) = items[1].mismatches
+    last = served_turns(changed_answer)[3]
+    assert (answer_side.id, answer_side.message_index, answer_side.part) == (ID, 3, "completion")
+    assert answer_side.position == len(last["prompt_token_ids"]) + last["token_ids"].index(
+        renderer.encode(["4"])[0][0])
+    assert "4" in answer_side.served_text and "5" in answer_side.rendered_text
+
+
+def test_history_reasoning_drop_renders_what_was_sent(tiny_model_dir: Path) -> None:
+    keep = TemplateRenderer(tiny_model_dir)
+    drop = TemplateRenderer(tiny_model_dir, history_reasoning="drop")
+    long_reasoning = " ".join(["ponder"] * 200)
+    row = conversation(Message("user", "a"), Message("assistant", "b", long_reasoning),
+                       Message("user", "c"), Message("assistant", "d", "short"))
+    (item,) = TokenRows(drop).tokenize([row])
+    first, second = item.rows
+    assert long_reasoning in decode(drop, first.input_ids[first.start:])
+    assert "ponder" not in decode(drop, second.input_ids[:second.start])  # dropped from the history
+    assert "short" in decode(drop, second.input_ids[second.start:])
+    # The budget is the longest view: here the first turn's, which carries the long reasoning.
+    assert item.tokens == drop.count_tokens([row])[0] == len(first.input_ids) + 1  # + the "\n" after <|im_end|>
+    assert keep.count_tokens([row])[0] > item.tokens
+
+
+def test_thinking_off_recipe_rows(tiny_model_dir: Path) -> None:
+    renderer = TemplateRenderer(tiny_model_dir, enable_thinking=False)
+    row = conversation(Message("user", "a"), Message("assistant", "b", None),
+                       Message("user", "c"), Message("assistant", "d", "reasoned"))
+    first, second = TokenRows(renderer).tokenize([row])[0].rows
+    # Thinking off: the closed think block is part of the prompt, nothing supervised is reasoning. The prompt's
+    # last token ("\n\n") is split differently once the answer follows; as speculators does, the mask then
+    # starts at the common prefix of the two tokenizations.
+    assert decode(renderer, first.input_ids[first.start:]) in ("b<|im_end|>", "\n\nb<|im_end|>")
+    assert first.reasoning == 0
+    # A turn that carries reasoning was made in thinking mode: its prompt is the thinking one.
+    supervised = second.input_ids[second.start:]
+    assert decode(renderer, supervised) == "reasoned\n</think>\n\nd<|im_end|>"
+    assert decode(renderer, supervised[:second.reasoning]) == "reasoned\n</think>"
+
+
+RECIPE = """\
+name: budget
+target: {{model: tiny-target, tokenizer: {tokenizer}}}
+sources:
+  - {{name: log, kind: replay, path: log.jsonl}}
+checks: {{max_seq_len: {limit}, on_over_length: {policy}, dedup: none}}
+split: {{validation_fraction: 0.25, seed: 1}}
+output: {{dir: out}}
+"""
+
+
+def write_log(path: Path, conversations: list[list[dict[str, str]]]) -> None:
+    import orjson
+
+    path.write_bytes(b"".join(orjson.dumps({"messages": m}) + b"\n" for m in conversations))
+
+
+def log_rows() -> list[list[dict[str, str]]]:
+    rows = []
+    for i in range(40):
+        messages = []
+        for turn in range(1 + i % 4):
+            messages += [{"role": "user", "content": f"question {i}.{turn} " + "word " * (5 * (i % 7))},
+                         {"role": "assistant", "content": f"<think>\nstep {i}\n</think>\n\nanswer {i}.{turn}"}]
+        rows.append(messages)
+    return rows
+
+
+@pytest.mark.parametrize("policy", ["drop", "truncate"])
+def test_budget_drops_or_truncates_and_counts_in_the_ledger(tmp_path: Path, tiny_model_dir: Path,
+                                                            policy: str) -> None:
+    write_log(tmp_path / "log.jsonl", log_rows())
+    renderer = TemplateRenderer(tiny_model_dir)
+    from corpus_builder.sources import iter_file
+
+    lengths = renderer.count_tokens([c for c in iter_file(tmp_path / "log.jsonl") if isinstance(c, Conversation)])
+    limit = int(np.percentile(lengths, 60))
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=limit, policy=policy))
+    result = build(load_recipe(recipe_path))
+    kept = list(Corpus.open(result.out_dir).iter_conversations())
+    kept_lengths = renderer.count_tokens(kept)
+    assert max(kept_lengths) <= limit
+    ledger = Counter(r["reason"] for r in iter_ledger(result.out_dir / "ledger.jsonl.zst"))
+    over = sum(length > limit for length in lengths)
+    truncated = [c for c in kept if FLAG_TRUNCATED_TO_BUDGET in c.flags]
+    if policy == "drop":
+        assert ledger["over_length"] == over and not truncated
+        assert len(kept) == len(lengths) - over
+    else:  # every over-long row either lost trailing turn pairs or (one pair already too long) was dropped
+        assert ledger["over_length"] + len(truncated) == over and truncated
+        assert all(len(c.messages) % 2 == 0 and c.messages[-1].role == "assistant" for c in truncated)
+    tokens = result.audit["tokens"]
+    assert tokens["over_budget"] == 0 and tokens["max"] == max(kept_lengths) and tokens["max_seq_len"] == limit
+    assert tokens["conversations"] == len(kept)
+    assert tokens["p50"] == sorted(kept_lengths)[(len(kept_lengths) + 1) // 2 - 1]
+    assert set(tokens["by_split"]) == {"train", "validation"} and set(tokens["by_source"]) == {"log"}
+    assert 0 < tokens["reasoning_token_share"] < 1
+    # `corpus audit` recomputes the same statistics from the files.
+    assert audit(str(result.out_dir))["tokens"] == tokens
+
+
+def test_audit_without_tokenizer_has_no_token_section(tmp_path: Path) -> None:
+    write_log(tmp_path / "log.jsonl", log_rows()[:5])
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(RECIPE.replace("tokenizer: {tokenizer}", "").replace(
+        "checks: {{max_seq_len: {limit}, on_over_length: {policy}, dedup: none}}\n", "").format())
+    result = build(load_recipe(recipe_path))
+    assert "tokens" not in result.audit and "tokens" not in audit(str(result.out_dir))
+
+
+@pytest.mark.parametrize("policy", ["warn", "fail"])
+def test_mismatches_warn_or_fail_the_build(tmp_path: Path, tiny_model_dir: Path, renderer: TemplateRenderer,
+                                           policy: str) -> None:
+    write_log(tmp_path / "log.jsonl", log_rows()[:1])
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=4096, policy="drop").replace(
+        "dedup: none}", f"dedup: none, token_mismatch: {policy}}}"))
+    recipe = load_recipe(recipe_path)
+    good = served(renderer, chat())
+    bad = served(renderer, chat())
+    bad.messages[1] = Message("assistant", "hello!", "greet back")
+    bad.id = "1123456789abcdef0123"
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    tokens = TargetTokens.for_recipe(recipe)
+    checker = Checker(recipe.checks, tokens.rows.renderer if tokens.rows else None)
+    result = write_corpus([good, bad], recipe, staging, LedgerWriter(staging / "ledger.jsonl.zst"), checker, tokens)
+    mismatches = result.audit["tokens"]["mismatches"]
+    # The changed answer differs in its own turn and in the next turn's prompt, which re-renders it.
+    assert mismatches["checked_turns"] == 4 and mismatches["count"] == 2
+    assert [(m["id"], m["message_index"], m["part"]) for m in mismatches["turns"]] == [
+        (bad.id, 1, "completion"), (bad.id, 3, "prompt")]
+    assert result.passed is (policy == "warn")
+    if policy == "fail":
+        assert "served token ids" in result.problems[0]
+    text = format_report(result.audit)
+    assert "target tokens per conversation" in text
+    assert f"served-ids check: 2 of 4 generated turns do not re-render to their served tokens " \
+           f"({'fatal' if policy == 'fail' else 'warning'})" in text
+    assert f"{bad.id} turn 1 at token" in text
