@@ -4,6 +4,8 @@ Reports conversations/s end to end (process start to exit) and peak RSS of the b
 200k conversations, alternating sizes across repetitions so machine noise hits both alike.
 
     python benchmarks/bench_build_replay.py [--sizes 20000 200000] [--repeats 3] [--workdir DIR]
+        [--compare-with TREE]   # also build with another checkout's code (e.g. `git worktree add TREE REV`),
+                                # alternated run by run, for before/after figures from one session
 """
 
 from __future__ import annotations
@@ -86,12 +88,14 @@ def write_recipe(path: Path, data: Path, out: Path) -> None:
     )
 
 
-def run_build(recipe: Path, out: Path, workers: int | None) -> tuple[float, float]:
+def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = None) -> tuple[float, float]:
     """(seconds, peak RSS MiB) of one `corpus build` process, RSS summed over it and its worker processes
-    (sampled every 20 ms)."""
+    (sampled every 20 ms). ``code``: a checkout whose corpus_builder is imported instead of this one."""
     env = dict(os.environ)
     if workers is not None:
         env["CORPUS_WORKERS"] = str(workers)
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -116,7 +120,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--workers", type=int, help="CORPUS_WORKERS for the build (default: one per core)")
+    parser.add_argument("--compare-with", type=Path, metavar="TREE", help="another checkout to build with too")
     args = parser.parse_args()
+    codes: dict[str, Path | None] = {"this": None}
+    if args.compare_with is not None:
+        codes = {"other": args.compare_with.resolve(), "this": None}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         recipes = {}
@@ -125,26 +133,26 @@ def main() -> None:
             write_sharegpt(data, size)
             recipes[size] = work / f"recipe-{size}.yaml"
             write_recipe(recipes[size], data, work / f"out-{size}")
-        results: dict[int, list[tuple[float, float]]] = {size: [] for size in args.sizes}
+        results: dict[tuple[str, int], list[tuple[float, float]]] = {
+            (name, size): [] for name in codes for size in args.sizes}
         for repeat in range(args.repeats):
+            for name, code in codes.items():
+                for size in args.sizes:
+                    seconds, rss = run_build(recipes[size], work / f"out-{name}-{size}-{repeat}", args.workers, code)
+                    results[(name, size)].append((seconds, rss))
+                    print(f"run {repeat} {name:<5} size {size:>7}: {seconds:6.2f} s  {size / seconds:9,.0f} conv/s  "
+                          f"peak RSS {rss:7.1f} MiB", flush=True)
+        for name in codes:
+            print(f"\nmedians ({name} code)")
+            medians = {}
             for size in args.sizes:
-                seconds, rss = run_build(recipes[size], work / f"out-{size}-{repeat}", args.workers)
-                results[size].append((seconds, rss))
-                print(
-                    f"run {repeat} size {size:>7}: {seconds:6.2f} s  {size / seconds:9,.0f} conv/s  "
-                    f"peak RSS {rss:7.1f} MiB",
-                    flush=True,
-                )
-        print("\nmedians")
-        medians = {}
-        for size, runs in results.items():
-            seconds = statistics.median(r[0] for r in runs)
-            rss = statistics.median(r[1] for r in runs)
-            medians[size] = rss
-            print(f"  {size:>7} conversations: {size / seconds:9,.0f} conv/s  peak RSS {rss:7.1f} MiB")
-        if len(args.sizes) >= 2:
-            small, large = min(args.sizes), max(args.sizes)
-            print(f"  peak RSS ratio {large} / {small}: {medians[large] / medians[small]:.2f}x")
+                runs = results[(name, size)]
+                seconds = statistics.median(r[0] for r in runs)
+                medians[size] = statistics.median(r[1] for r in runs)
+                print(f"  {size:>7} conversations: {size / seconds:9,.0f} conv/s  peak RSS {medians[size]:7.1f} MiB")
+            if len(args.sizes) >= 2:
+                small, large = min(args.sizes), max(args.sizes)
+                print(f"  peak RSS ratio {large} / {small}: {medians[large] / medians[small]:.2f}x")
 
 
 if __name__ == "__main__":
