@@ -361,11 +361,11 @@ def main() -> None:
               "--port", str(port), "--uvloop"]
     results: dict[str, list[Measurement]] = {name: [] for name in clients}
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as scratch_dir, \
-            running_server(server, port, startup_timeout_s=30) as url:
+            running_server(server, port, startup_timeout_s=30) as running:
         scratch = Path(scratch_dir)
         prompts = scratch / "prompts.jsonl"
         write_prompts(prompts, args.requests, turns=1)
-        work = Workload(url, MODEL, prompts, args.concurrency, max_tokens=128)
+        work = Workload(running.url, MODEL, prompts, args.concurrency, max_tokens=128)
         print(f"{args.requests} single-turn requests, concurrency {args.concurrency}, client on core "
               f"{CLIENT_CORE}, instant server on core {SERVER_CORE}", flush=True)
         for index, order in rounds(clients, args.rounds):

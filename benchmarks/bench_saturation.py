@@ -53,8 +53,8 @@ def served_tiny_model(scratch: Path) -> Iterator[str]:
 
     ensure_tiny_model()
     spec = LaunchSpec(model_dir=TOKENIZER_DIR, args=SERVER_ARGS)
-    with launched_server(spec, SERVED_MODEL, log_path=scratch / "vllm.log") as url:
-        yield url
+    with launched_server(spec, SERVED_MODEL, log_path=scratch / "vllm.log") as server:
+        yield server.url
 
 
 def tokens_per_s(measured: Measurement, max_tokens: int) -> float:

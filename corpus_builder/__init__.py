@@ -7,6 +7,7 @@ The public API, loaded lazily so that ``import corpus_builder`` (and ``corpus --
     recipe = load_recipe("recipes/quickstart.yaml")   # CorpusError listing every problem, located
     result = build(recipe)                            # BuildResult: out_dir, manifest, audit, problems
     report = audit(result.out_dir)                    # the statistics, recomputed from the files
+    compared = audit_against(result.out_dir, "logs/*.jsonl.zst")  # divergences from serving traffic
 """
 
 from __future__ import annotations
@@ -28,17 +29,20 @@ _API = {
     "BuildResult": "corpus_builder.build",
     "BuildPlan": "corpus_builder.build",
     "audit": "corpus_builder.audit",
+    "audit_against": "corpus_builder.audit",
     "export": "corpus_builder.export",
     "publish": "corpus_builder.publish",
     "Corpus": "corpus_builder.layout",
     "Conversation": "corpus_builder.records",
     "Message": "corpus_builder.records",
+    "ToolCall": "corpus_builder.records",
     "CorpusError": "corpus_builder.errors",
 }
 __all__ = sorted(_API)
 
 if TYPE_CHECKING:
     from .audit import audit as audit
+    from .audit import audit_against as audit_against
     from .build import BuildPlan as BuildPlan
     from .build import BuildResult as BuildResult
     from .build import build as build
@@ -52,6 +56,7 @@ if TYPE_CHECKING:
     from .recipe import load_recipe as load_recipe
     from .records import Conversation as Conversation
     from .records import Message as Message
+    from .records import ToolCall as ToolCall
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@ must fix (bad recipe, unreadable file, bad arguments). Heavy modules are importe
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -17,6 +18,14 @@ from .errors import CorpusError
 
 EXIT_CHECKS_FAILED = 1
 EXIT_USAGE = 2
+
+
+def _echo_to_user(text: str, *, err: bool = False) -> None:
+    """Print a message made from what the user gave (a recipe, a path, an error about them) without any
+    credential it holds: URL userinfo and every kind of secret the scan knows are removed."""
+    from .secrets import scrub_message
+
+    click.echo(scrub_message(text), err=err)
 
 
 def _print_json(value: object) -> None:
@@ -40,20 +49,24 @@ def validate(recipe: Path) -> None:
     loaded, problems = check_recipe(recipe)
     if problems:
         for problem in problems:
-            click.echo(str(problem), err=True)
-        click.echo(f"{recipe}: {len(problems)} problem(s)", err=True)
+            _echo_to_user(str(problem), err=True)
+        _echo_to_user(f"{recipe}: {len(problems)} problem(s)", err=True)
         sys.exit(EXIT_USAGE)
     assert loaded is not None
     kinds = [s.kind for s in loaded.sources]
-    click.echo(f"{recipe}: ok: recipe '{loaded.name}', {len(kinds)} sources "
-               f"({kinds.count('replay')} replay, {kinds.count('prompts')} prompts)")
+    _echo_to_user(f"{recipe}: ok: recipe '{loaded.name}', {len(kinds)} sources "
+                  f"({kinds.count('replay')} replay, {kinds.count('prompts')} prompts)")
 
 
 @cli.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), help="Output directory (overrides output.dir).")
 @click.option("--dry-run", is_flag=True, help="Check the recipe, the sources and the endpoints; generate nothing.")
-def build(recipe: Path, out: Path | None, dry_run: bool) -> None:
+@click.option("--allow-partial", is_flag=True,
+              help="Write the corpus even when generated rows are unfinished (marked in the manifest and card).")
+@click.option("--allow-short", is_flag=True,
+              help="Write the corpus even when it misses what the recipe declares (marked in the manifest and card).")
+def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, allow_short: bool) -> None:
     """Build the corpus a recipe describes."""
     from .recipe import load_recipe
 
@@ -70,7 +83,8 @@ def build(recipe: Path, out: Path | None, dry_run: bool) -> None:
     from .audit import format_report
     from .build import build as run_build
 
-    result = run_build(loaded, out)
+    result = run_build(loaded, out, allow_partial=True if allow_partial else None,
+                       allow_short=True if allow_short else None)
     click.echo(format_report(result.audit), err=True)
     click.echo(f"\nwrote {result.manifest['conversations']:,} conversations to {result.out_dir}", err=True)
     if result.problems:
@@ -85,20 +99,58 @@ def build(recipe: Path, out: Path | None, dry_run: bool) -> None:
 @click.option("--min-thinking-share", type=click.FloatRange(0, 1), help="Exit 1 when the share is below this.")
 @click.option("--endpoint", help="Hub endpoint for hf:// paths.")
 @click.option("--no-secrets", is_flag=True, help="Skip the secrets scan (Hub tokens, API keys, private keys...).")
-def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None,
-          no_secrets: bool) -> None:
-    """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME.
+@click.option("--against", "traffic", metavar="TRAFFIC",
+              help="Compare the corpus with serving traffic: a file or glob (.jsonl, .jsonl.zst, .json, .parquet), "
+                   "a recipe .yaml (its sources and task tags) or hf://datasets/ORG/NAME[/SPLIT].")
+@click.option("--max-divergence", type=click.FloatRange(0, 1),
+              help="With --against: exit 1 when any dimension's total variation distance exceeds this.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path),
+              help="Write a self-contained HTML report (plots; corpus vs traffic with --against).")
+@click.option("--tokenizer", type=click.Path(path_type=Path),
+              help="Target tokenizer directory for the token dimensions (default: the corpus recipe's).")
+@click.option("--token-sample", type=click.IntRange(min=0), default=100_000, show_default=True,
+              help="Conversations per side measured in target tokens, spread over the input (0: all).")
+@click.option("--copy-span-tokens", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Shortest run of tokens copied from the prompt that counts as a copy-span.")
+@click.option("--draft-vocab-size", type=click.IntRange(min=1), default=32000, show_default=True,
+              help="Draft vocabulary size whose coverage of the traffic is reported.")
+def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None, no_secrets: bool,
+          traffic: str | None, max_divergence: float | None, html_path: Path | None, tokenizer: Path | None,
+          token_sample: int, copy_span_tokens: int, draft_vocab_size: int) -> None:
+    """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME; with --against, how far a
+    built corpus is from serving traffic, dimension by dimension, and the recipe changes that close the gap.
 
-    Exit 1 when the thinking share is below --min-thinking-share or the secrets scan finds anything."""
+    Exit 1 when the thinking share is below --min-thinking-share, the secrets scan finds anything, or a
+    divergence exceeds --max-divergence."""
     from .audit import audit as run_audit
     from .audit import corpus_problems, format_report
 
+    if max_divergence is not None and traffic is None:
+        raise click.UsageError("--max-divergence needs --against TRAFFIC")
     report = run_audit(path, endpoint=endpoint, secrets=not no_secrets)
+    problems = list(corpus_problems(report, min_thinking_share))
+    comparison = None
+    if traffic is not None or html_path is not None:
+        from .audit import AuditOptions, audit_against, describe_corpus, divergence_problems
+
+        options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
+                               draft_vocab_size=draft_vocab_size, endpoint=endpoint)
+        comparison = audit_against(path, traffic, options) if traffic is not None else describe_corpus(path, options)
+        problems += divergence_problems(comparison, max_divergence)
     if as_json:
-        _print_json(report)
+        _print_json({**comparison, "audit": report} if traffic is not None and comparison is not None else report)
     else:
         click.echo(format_report(report))
-    problems = list(corpus_problems(report, min_thinking_share))
+        if traffic is not None and comparison is not None:
+            from .audit import format_comparison
+
+            click.echo("\n" + format_comparison(comparison))
+    if html_path is not None and comparison is not None:
+        from .audit import write_html_report
+
+        write_html_report(html_path, comparison, report, f"corpus audit {path}" +
+                          (f" against {traffic}" if traffic is not None else ""))
+        click.echo(f"wrote {html_path}", err=True)
     for problem in problems:
         click.echo(f"check failed: {problem}", err=True)
     if problems:
@@ -181,11 +233,13 @@ def main() -> None:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as error:
-        error.show()
+        shown = io.StringIO()  # click's messages quote the arguments given: scrubbed like ours
+        error.show(file=shown)
+        _echo_to_user(shown.getvalue().rstrip("\n"), err=True)
         sys.exit(EXIT_USAGE if isinstance(error, click.UsageError) else error.exit_code)
     except CorpusError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(EXIT_USAGE)
+        _echo_to_user(f"error: {error}", err=True)
+        sys.exit(getattr(error, "exit_code", EXIT_USAGE))  # 3: generation incomplete, a rerun resumes
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

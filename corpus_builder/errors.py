@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+# The userinfo of a URL (``user:password@`` or ``token@`` right after ``scheme://``). It lives in this,
+# the lowest leaf, because every error message is scrubbed of it and nothing here may import secrets.py
+# (which finds the same credentials, and every other kind, in corpus text).
+URL_USERINFO_RE = re.compile(r"(?<=://)[^\s/?#@]+@")
+SCRUBBED_USERINFO = "***@"
+
+
+def scrub_url_credentials(text: str) -> str:
+    """``text`` with the userinfo of every URL replaced by ``***@`` (ftp://user:pass@host -> ftp://***@host)."""
+    return URL_USERINFO_RE.sub(SCRUBBED_USERINFO, text) if "://" in text else text
 
 
 class CorpusError(Exception):
     """A problem the user can fix: bad recipe, unreadable file, missing dependency.
 
     The CLI prints ``str(error)`` without a traceback and exits with code 2. The message names the
-    file, the line (when known) and the problem; it never contains secrets.
+    file, the line (when known) and the problem; the credentials of any URL in it are scrubbed here, and
+    the CLI removes every other kind of secret before printing.
     """
 
     def __init__(self, problem: str, *, file: str | None = None, line: int | None = None,
@@ -27,7 +42,7 @@ class CorpusError(Exception):
         text = f"{where}{self.problem}"
         if self.details:
             text += "\n" + "\n".join(f"  - {d}" for d in self.details)
-        return text
+        return scrub_url_credentials(text)
 
 
 class MissingDependency(CorpusError):
@@ -50,21 +65,30 @@ class BadRow(Exception):
 REASONS: dict[str, str] = {
     "invalid_json": "line is not valid JSON",
     "invalid_utf8": "line is not valid UTF-8",
+    "line_too_long": "a decompressed line longer than any row (skipped without being held in memory)",
     "not_an_object": "row is not a JSON object",
     "missing_messages": "row has no conversation field",
     "bad_messages": "conversation field is not a non-empty list of turn objects",
-    "unknown_role": "a turn has a role that is not system/user/assistant",
+    "unknown_role": "a turn has a role that is not system/user/assistant/tool (or a known alias)",
     "null_content": "a turn has null content",
     "non_string_content": "a turn's content is not a string",
     "empty_content": "a turn's content is empty",
-    "wrong_role_order": "roles do not follow [system] user assistant user assistant ...",
+    "wrong_role_order": "roles do not follow [system] user assistant user assistant ... (an assistant turn's tool "
+                        "calls answered by tool turns right after it)",
+    "bad_tools": "the row's tools are not a list of function schemas",
+    "bad_tool_call": "a tool call has no function name, or arguments that are neither a string nor an object",
     "no_assistant_turn": "a replayed conversation has no assistant turn",
-    "duplicate": "same conversation already kept (dedup)",
+    "duplicate": "the same conversation (normalised text) already kept: the detail names the row it duplicates",
+    "near_duplicate": "a near duplicate (MinHash/LSH, checks.near_duplicates) of a kept row the detail names",
+    "contaminated": "shares a run of words with an evaluation set (decontamination): the detail names the sets",
     "over_length": "longer than the recipe's max_seq_len in target tokens",
     "unclosed_think": "reasoning block opened but never closed",
     "truncated_generation": "the target stopped at max_tokens (finish_reason: length)",
-    "generation_error": "the server refused the request permanently",
+    "generation_error": "the server refused the request (a 4xx refusal: it would fail the same way again)",
+    "unfinished": "the request ran out of retries on transient faults (timeouts, resets, 429, 5xx); rerun to resume",
     "not_in_journal": "a journal-only rebuild found no cached generation for this row",
+    "tool_result_unknown": "the target's first turn called a tool differently from the recorded call, so no "
+                           "result is known for it (sources[].tool_results: match); later cuts keep the row, flagged",
 }
 
 
@@ -77,3 +101,51 @@ class Skipped:
     location: str  # "file:line" or "file#row"
     detail: str = ""
     id: str | None = None
+
+
+CONTAMINATED = "contaminated"
+_EVAL_SETS = "eval sets: "
+
+
+def contamination_detail(names: tuple[str, ...] | list[str]) -> str:
+    """A ``contaminated`` row's detail: the evaluation sets it matches (read back by ``contaminated_sets``)."""
+    return _EVAL_SETS + ", ".join(names)
+
+
+def contaminated_sets(detail: str) -> list[str]:
+    return detail.removeprefix(_EVAL_SETS).split(", ") if detail.startswith(_EVAL_SETS) else []
+
+
+@dataclass
+class DropCounts:
+    """Rows skipped or dropped: by reason, by source and reason, and contaminated rows by evaluation set."""
+
+    by_reason: Counter[str] = field(default_factory=Counter)
+    by_source: dict[str, Counter[str]] = field(default_factory=dict)
+    by_eval_set: Counter[str] = field(default_factory=Counter)
+
+    def add(self, source: str, reason: str, detail: str = "") -> None:
+        self.by_reason[reason] += 1
+        self.by_source.setdefault(source, Counter())[reason] += 1
+        if reason == CONTAMINATED:
+            self.by_eval_set.update(contaminated_sets(detail))
+
+    def update(self, other: DropCounts) -> None:
+        self.by_reason.update(other.by_reason)
+        for source, counts in other.by_source.items():
+            self.by_source.setdefault(source, Counter()).update(counts)
+        self.by_eval_set.update(other.by_eval_set)
+
+    def report(self) -> dict[str, Any]:
+        """The audit's fields: ``skipped`` (by reason), ``skipped_by_source``, ``contaminated_by_eval_set``."""
+        return {"skipped": dict(sorted(self.by_reason.items())),
+                "skipped_by_source": {source: dict(sorted(counts.items()))
+                                      for source, counts in sorted(self.by_source.items())},
+                "contaminated_by_eval_set": dict(sorted(self.by_eval_set.items()))}
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any]) -> DropCounts:
+        """The counts an audit recorded (a published corpus has no ledger)."""
+        return cls(Counter(report.get("skipped") or {}),
+                   {source: Counter(counts) for source, counts in (report.get("skipped_by_source") or {}).items()},
+                   Counter(report.get("contaminated_by_eval_set") or {}))

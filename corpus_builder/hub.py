@@ -133,6 +133,34 @@ class HubSession:
         return {item.path: item for item in tree if isinstance(item, RepoFile)}
 
 
+# What rendering and counting in the target's tokens need from a model repository: never the weights.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "generation_config.json", "config.json")
+
+
+def fetch_tokenizer(repo_id: str, revision: str | None, *, endpoint: str | None = None) -> Path:
+    """The tokenizer and chat template files of a Hub model, downloaded into huggingface_hub's cache (only
+    those files) and returned as a local directory. In offline mode (HF_HUB_OFFLINE=1) the cache answers."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise MissingDependency("huggingface_hub", "hub", f"the tokenizer of {repo_id} from the Hub") from None
+    token = _optional_token(None)
+    try:
+        local = huggingface_hub.snapshot_download(repo_id, repo_type="model", revision=revision,
+                                                  allow_patterns=list(TOKENIZER_FILES), token=token or False,
+                                                  endpoint=resolve_endpoint(endpoint))
+    except Exception as error:  # not found, offline without a cached copy, no network: all fixable by the user
+        raise CorpusError(scrub(f"cannot fetch the tokenizer of {repo_id}"
+                                f"{f'@{revision}' if revision else ''} from the Hub: {type(error).__name__}: "
+                                f"{error}", token),
+                          details=["set target.tokenizer to a local directory, or fetch it once with network "
+                                   "(offline mode then reads the cache)"]) from None
+    if not (Path(local) / "tokenizer.json").is_file():
+        raise CorpusError(f"the Hub model {repo_id} has no tokenizer.json", file=str(local))
+    return Path(local)
+
+
 def fetch_corpus(repo_id: str, destination: Path, *, endpoint: str | None = None, token: str | None = None,
                  revision: str = "main", retry: RetryPolicy | None = None) -> Path:
     """Download a published corpus (manifest, audit, recipe, card and every shard the manifest lists)

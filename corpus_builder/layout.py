@@ -13,7 +13,6 @@ Layout of a corpus directory::
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from .errors import CorpusError
+from .errors import CorpusError, DropCounts
 from .records import Conversation
 
 MANIFEST = "manifest.json"
@@ -77,10 +76,18 @@ class Corpus:
 
     @classmethod
     def open(cls, root: Path) -> Corpus:
+        root = Path(root)
+        if not root.exists():
+            raise CorpusError("no such file or directory", file=str(root))
+        if not root.is_dir():
+            raise CorpusError("not a corpus directory (a built corpus is a directory with manifest.json)",
+                              file=str(root))
         if not (root / MANIFEST).exists():
             raise CorpusError("not a complete corpus: manifest.json is missing (interrupted or failed build?)",
                               file=str(root))
         manifest = _read_json(root / MANIFEST)
+        if not isinstance(manifest, dict):
+            raise CorpusError("not a corpus manifest: the file holds no JSON object", file=str(root / MANIFEST))
         if manifest.get("format_version") != FORMAT_VERSION:
             raise CorpusError(f"unsupported corpus format_version {manifest.get('format_version')!r}",
                               file=str(root / MANIFEST))
@@ -99,7 +106,9 @@ class Corpus:
 
         for path in self.shard_paths(split):
             try:
-                parquet = pq.ParquetFile(path)
+                # Without pre-buffering: pyarrow's pre-buffered reader keeps every row group it has read, so
+                # memory would grow with the shard.
+                parquet = pq.ParquetFile(path, pre_buffer=False)
             except (OSError, ValueError) as error:
                 raise CorpusError(f"cannot read shard: {error}", file=str(path)) from None
             yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
@@ -114,15 +123,18 @@ class Corpus:
         audit: dict[str, Any] = _read_json(self.root / AUDIT)
         return audit
 
-    def ledger_counts(self) -> dict[str, int]:
-        """Drops by reason, counted from the ledger; a published copy has no ledger (it lists local file
-        locations), so there the counts recorded in audit.json stand in."""
+    def ledger_drops(self) -> DropCounts:
+        """Drops by reason and source, counted from the ledger; a published copy has no ledger (it lists local
+        file locations), so there the counts recorded in audit.json stand in."""
         path = self.root / LEDGER
         if not path.exists():
             if (self.root / AUDIT).exists():
-                return dict(self.audit().get("skipped") or {})
+                return DropCounts.from_report(self.audit())
             raise CorpusError("ledger is missing", file=str(path))
-        return dict(Counter(record["reason"] for record in iter_ledger(path)))
+        drops = DropCounts()
+        for record in iter_ledger(path):
+            drops.add(record["source"], record["reason"], record.get("detail") or "")
+        return drops
 
     def verify_files(self) -> list[str]:
         """Every shard present with the manifest's size, sha256 and row count; no extra shards."""

@@ -3,11 +3,18 @@
 A conversation's reasoning always lives in ``Message.reasoning``, never inside ``content``: real data
 keeps it in a ``reasoning``/``reasoning_content``/``thinking`` field or as a ``<think>...</think>`` block
 in the content, and both are brought here.
+
+Tool traffic is OpenAI's: a conversation's ``tools`` (the function schemas it was served with), assistant
+turns with ``tool_calls`` and ``tool`` turns that answer them by ``tool_call_id``. The role order is
+``[system] user assistant(tool_calls) tool ... assistant user ...``: the results of a turn's calls come right
+after it, and the assistant speaks again after them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +26,45 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 REASONING_KEYS = ("reasoning", "reasoning_content", "thinking")
 
+ROLES = ("system", "user", "assistant", "tool")
+
 # Flags a row can carry; they are facts about the row, decisions are taken by the checks.
 FLAG_UNCLOSED_THINK = "unclosed_think"
 FLAG_TRUNCATED = "truncated_generation"
+# A regenerated tool call whose result the source does not hold: the conversation was cut before it.
+FLAG_TOOL_RESULT_UNKNOWN = "tool_result_unknown"
+# A generated tool call that names no tool of the row or whose arguments do not fit the tool's schema.
+FLAG_INVALID_TOOL_CALL = "invalid_tool_call"
+# A repaired row carries "repaired:RULE:POLICY" for every repair rule that changed it, named exactly as the
+# recipe setting that switches it (sources[].repair.RULE: POLICY), e.g. "repaired:leading_assistant:drop".
+REPAIR_FLAG_PREFIX = "repaired:"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call of an assistant turn. ``arguments`` is the JSON text of the arguments as the model
+    emitted it, never re-serialised: it may not even be JSON (see ``arguments_object``)."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    def to_openai(self) -> dict[str, Any]:
+        """The call as the OpenAI chat API writes it on an assistant message."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def arguments_object(self) -> dict[str, Any] | None:
+        """The arguments as the JSON object they should be; None when the text is not one (a model may emit
+        anything, so nothing downstream trusts the text to parse). Decoded as vLLM decodes them before its
+        chat template renders a call (Python's json: NaN and integers of any size parse)."""
+        try:
+            value = json.loads(self.arguments)
+        except json.JSONDecodeError:
+            return None
+        return value if isinstance(value, dict) else None
 
 
 @dataclass(slots=True)
@@ -29,9 +72,13 @@ class Message:
     role: str
     content: str
     reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # assistant turns: the calls the turn ends with
+    tool_call_id: str | None = None  # tool turns: the call whose result this is
 
     def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "content": self.content, "reasoning": self.reasoning}
+        return {"role": self.role, "content": self.content, "reasoning": self.reasoning,
+                "tool_calls": [call.to_dict() for call in self.tool_calls] or None,
+                "tool_call_id": self.tool_call_id}
 
 
 @dataclass(slots=True)
@@ -45,12 +92,16 @@ class Conversation:
     flags: list[str] = field(default_factory=list)
     provenance: dict[str, Any] = field(default_factory=dict)
     split: str | None = None
-    digest: bytes | None = None  # content_digest(messages) when the reader already computed it; not stored
+    tools: list[dict[str, Any]] | None = None  # the OpenAI function schemas the conversation was served with
 
     @property
     def thinking(self) -> bool:
         """True when any assistant turn carries a non-empty reasoning trace."""
         return any(m.reasoning for m in self.messages if m.role == "assistant")
+
+    @property
+    def has_tool_traffic(self) -> bool:
+        return carries_tool_traffic(self.messages, self.tools)
 
     def to_row(self) -> dict[str, Any]:
         """The JSON shape of schemas/conversation.schema.json (provenance as an object); the Arrow form is
@@ -62,6 +113,7 @@ class Conversation:
             "task": self.task,
             "license": self.license,
             "messages": [m.to_dict() for m in self.messages],
+            "tools": self.tools,
             "thinking": self.thinking,
             "flags": list(self.flags),
             "split": self.split,
@@ -88,8 +140,12 @@ def split_think(text: str) -> tuple[str, str | None, bool]:
     return content, reasoning or None, False
 
 
-def make_message(role: str, content: Any, reasoning: Any = None) -> tuple[Message, bool]:
-    """Build one turn, moving think blocks out of the content; returns (message, unclosed_think)."""
+def make_message(role: str, content: Any, reasoning: Any = None, *, tool_calls: tuple[ToolCall, ...] = (),
+                 tool_call_id: str | None = None) -> tuple[Message, bool]:
+    """Build one turn, moving think blocks out of the content; returns (message, unclosed_think). An assistant
+    turn that calls tools may have no content (OpenAI sends null): it is empty."""
+    if content is None and tool_calls:
+        content = ""
     if content is None:
         raise BadRow("null_content", f"{role} turn")
     if not isinstance(content, str):
@@ -103,35 +159,304 @@ def make_message(role: str, content: Any, reasoning: Any = None) -> tuple[Messag
             reasoning = embedded
     if reasoning is not None:
         reasoning = reasoning.strip() or None
-    return Message(role, content, reasoning), unclosed
+    return Message(role, content, reasoning, tool_calls, tool_call_id), unclosed
 
 
-def check_role_order(messages: list[Message], *, need_assistant: bool) -> None:
-    """[system] user assistant user assistant ...; replayed rows must end on an assistant turn."""
+def normalise_tools(value: Any) -> list[dict[str, Any]] | None:
+    """A row's tools in the one shape the record keeps: OpenAI's ``{"type": "function", "function": {name,
+    description, parameters[, strict]}}``, with description and parameters present (null when missing), the
+    dict vLLM hands the chat template, so every consumer renders the row alike. Accepts the OpenAI form, bare
+    function definitions (glaive-style dumps) and a JSON string of either; None for no tools."""
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            raise BadRow("bad_tools", "tools is a string that is not JSON") from None
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise BadRow("bad_tools", f"tools is a {type(value).__name__}, not a list")
+    return [_served_tool(index, tool) for index, tool in enumerate(value)]
+
+
+def _served_tool(index: int, tool: Any) -> dict[str, Any]:
+    function = tool.get("function", tool) if isinstance(tool, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise BadRow("bad_tools", f"tool {index} has no function name")
+    description, parameters, strict = function.get("description"), function.get("parameters"), function.get("strict")
+    if not (description is None or isinstance(description, str)) or not (parameters is None or isinstance(
+            parameters, dict)) or not (strict is None or isinstance(strict, bool)):
+        raise BadRow("bad_tools", f"tool {index} ({function['name']}): description must be a string, parameters "
+                                  "an object, strict a boolean")
+    served: dict[str, Any] = {"name": function["name"], "description": description, "parameters": parameters}
+    if strict is not None:
+        served["strict"] = strict
+    return {"type": "function", "function": served}
+
+
+def openai_messages(messages: Sequence[Message], *, keep_history_reasoning: bool, current: int
+                    ) -> list[dict[str, Any]]:
+    """The turns as OpenAI chat messages, exactly as the generator sends them (and so as the target's template
+    saw them): ``reasoning_content`` on assistant turns with reasoning, either all of them (history reasoning
+    kept) or only those of the exchange turn ``current`` belongs to (after the last user turn before it: the
+    tool-calling steps that led to it, as templates that drop history reasoning keep them); ``tool_calls``
+    with the arguments' text; ``tool_call_id`` on tool turns. A turn without tool traffic has only the keys it
+    had before tools existed, so the request (and its journal key) is unchanged."""
+    exchange = max((index for index in range(min(current, len(messages))) if messages[index].role == "user"),
+                   default=-1)
+    sent = []
+    for index, message in enumerate(messages):
+        turn: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.role == "assistant":
+            if message.reasoning and (keep_history_reasoning or index > exchange):
+                turn["reasoning_content"] = message.reasoning
+            if message.tool_calls:
+                turn["tool_calls"] = [call.to_openai() for call in message.tool_calls]
+        elif message.role == "tool":
+            turn["tool_call_id"] = message.tool_call_id
+        sent.append(turn)
+    return sent
+
+
+def carries_tool_traffic(messages: Sequence[Message], tools: Sequence[Any] | None) -> bool:
+    """Whether a conversation was served with tools, or holds a tool call or a tool's result."""
+    return bool(tools) or any(m.tool_calls or m.role == "tool" for m in messages)
+
+
+def check_role_order(messages: list[Message], *, need_assistant: bool, mid_system: bool = False) -> None:
+    """[system] user assistant user assistant ...; an assistant turn with tool calls is followed by one tool
+    turn per call (by ``tool_call_id``, in any order), then by the assistant again. Replayed rows must end on
+    an assistant turn (whose calls may then be unanswered: the row was logged before their results). With
+    ``mid_system`` a system turn may also stand between the others (repair ``mid_system: keep``)."""
     start = 1 if messages and messages[0].role == "system" else 0
-    turns = messages[start:]
-    if not turns:
+    speakers = [(index, message) for index, message in enumerate(messages)
+                if index >= start and not (mid_system and message.role == "system")]
+    if not speakers:
         raise BadRow("wrong_role_order", "no user turn")
-    for i, message in enumerate(turns):
-        expected = "user" if i % 2 == 0 else "assistant"
-        if message.role != expected:
-            raise BadRow("wrong_role_order", f"turn {start + i} is {message.role}, expected {expected}")
-    if need_assistant and turns[-1].role != "assistant":
-        raise BadRow("no_assistant_turn" if len(turns) == 1 else "wrong_role_order",
+    expected = "user"
+    open_calls: list[str] = []  # ids of the latest assistant turn's calls that have no result yet
+    for index, message in speakers:
+        role = message.role
+        if expected == "tool":
+            if role != "tool":
+                raise BadRow("wrong_role_order", f"turn {index} is {role}, but tool call(s) "
+                                                 f"{', '.join(open_calls)} of the assistant turn before have no result")
+            if message.tool_call_id not in open_calls:
+                raise BadRow("wrong_role_order", f"turn {index} answers tool call {message.tool_call_id!r}, which "
+                                                 "the assistant turn before did not make (or was answered already)")
+            open_calls.remove(message.tool_call_id)
+            expected = "tool" if open_calls else "assistant"
+            continue
+        if role != expected:
+            raise BadRow("wrong_role_order", f"turn {index} is {role}, expected {expected}")
+        if role == "assistant" and message.tool_calls:
+            open_calls, expected = [call.id for call in message.tool_calls], "tool"
+        else:
+            expected = "assistant" if role == "user" else "user"
+    last = speakers[-1][1]
+    if expected == "tool" and last.role == "tool":
+        raise BadRow("wrong_role_order", f"tool call(s) {', '.join(open_calls)} have no result")
+    if need_assistant and last.role != "assistant":
+        raise BadRow("no_assistant_turn" if len(speakers) == 1 else "wrong_role_order",
                      "conversation does not end with an assistant turn")
 
 
-def content_key(messages: list[Message]) -> bytes:
-    """Canonical bytes of a conversation's turns (roles, content, reasoning)."""
-    return orjson.dumps([(m.role, m.content, m.reasoning) for m in messages])
+# --- repairs -----------------------------------------------------------------------------------------
+# Real dumps break the strict order in a few known ways: public ShareGPT dumps cut long chats into chunks
+# (a chunk may start with the assistant or end with an unanswered user turn), scrapers lose turns (empty
+# turns, two turns of one speaker in a row), and some logs put a system turn in the middle. Each rule fixes
+# one of them; a rule set to "skip" leaves the row to be skipped, as it was before repairs existed.
+
+TURN_SEPARATOR = "\n\n"  # between the texts of merged turns: each stays its own paragraph
 
 
-def content_digest(messages: list[Message]) -> bytes:
-    """sha256 of the canonical turns: the basis of ids and of exact dedup (computed once per row)."""
-    return hashlib.sha256(content_key(messages)).digest()
+@dataclass(frozen=True, slots=True)
+class RepairRules:
+    """The policy of each repair rule (recipe ``sources[].repair``; schemas/recipe.schema.json documents them)."""
+
+    leading_assistant: str = "drop"  # drop | skip
+    consecutive_turns: str = "merge"  # merge | split | skip
+    trailing_user: str = "trim"  # trim | skip (replay rows only: a prompt's last user turn is the one answered)
+    empty_turns: str = "drop"  # drop | skip (applied by the reader, which sees the turns one by one)
+    mid_system: str = "keep"  # keep | move | drop | skip
 
 
-def conversation_id(source: str, messages: list[Message], salt: str = "", digest: bytes | None = None) -> str:
-    """Stable id: it depends on the source name and the turns, never on input order or position."""
-    digest = digest or content_digest(messages)
+def repair_flag(rule: str, policy: str) -> str:
+    return f"{REPAIR_FLAG_PREFIX}{rule}:{policy}"
+
+
+@dataclass(slots=True)
+class RepairedTurns:
+    """One conversation a row's turns make after the repairs, and the flags of the rules that changed it."""
+
+    messages: list[Message]
+    flags: list[str]
+
+
+def repair_turns(messages: list[Message], rules: RepairRules, *, replay: bool) -> list[RepairedTurns]:
+    """The valid conversations left after the repairs: one, several (``consecutive_turns: split``) or none.
+
+    ``split`` cuts the row first; then each part goes through the rules of ``_PART_REPAIRS`` in their
+    order, each on what the one before left. A part that still breaks the order (a rule set to skip) or
+    holds no exchange is left out. System turns never count as a speaker's turn: two user turns with a
+    system turn between them are consecutive.
+    """
+    parts = [messages]
+    split_flags: list[str] = []
+    if rules.consecutive_turns == "split":
+        parts = _split_at_repeated_speaker(messages)
+        if len(parts) > 1:
+            split_flags.append(repair_flag("consecutive_turns", "split"))
+    repaired = []
+    for part in parts:
+        flags = list(split_flags)
+        for (rule, policy), repair in _PART_REPAIRS.items():
+            if getattr(rules, rule) != policy or (rule in _REPLAY_ONLY and not replay):
+                continue
+            changed = repair(part)
+            if changed is not None:
+                part = changed
+                flags.append(repair_flag(rule, policy))
+        try:
+            check_role_order(part, need_assistant=replay, mid_system=rules.mid_system == "keep")
+        except BadRow:
+            continue
+        repaired.append(RepairedTurns(part, flags))
+    return repaired
+
+
+def _is_speaker(message: Message) -> bool:
+    """User, assistant and tool turns speak; system turns do not (they never separate two turns of a speaker).
+    A tool turn separates the assistant turn that called it from the one that answers with its result."""
+    return message.role != "system"
+
+
+def _repeats(message: Message, previous: str | None) -> bool:
+    """A user or assistant turn right after a turn of its own speaker (tool results of parallel calls follow
+    each other by design)."""
+    return message.role == previous and message.role != "tool"
+
+
+def _join(first: Message, second: Message) -> Message:
+    reasoning = [text for text in (first.reasoning, second.reasoning) if text]
+    return Message(first.role, TURN_SEPARATOR.join(text for text in (first.content, second.content) if text),
+                   TURN_SEPARATOR.join(reasoning) or None, first.tool_calls + second.tool_calls)
+
+
+def _split_at_repeated_speaker(turns: list[Message]) -> list[list[Message]]:
+    """Cut before each user/assistant turn whose speaker also spoke the turn before; the system turns
+    between the two open the new part (they came before the turn they preceded)."""
+    parts: list[list[Message]] = [[]]
+    previous: str | None = None
+    for message in turns:
+        if _is_speaker(message):
+            if _repeats(message, previous):
+                current = parts[-1]
+                cut = len(current)
+                while not _is_speaker(current[cut - 1]):
+                    cut -= 1
+                parts.append(current[cut:])
+                del current[cut:]
+            previous = message.role
+        parts[-1].append(message)
+    return parts
+
+
+def _drop_leading_assistant(turns: list[Message]) -> list[Message] | None:
+    """Assistant turns before the first user turn answer a prompt the chunk does not hold (and tool turns there
+    answer calls it does not hold)."""
+    first_user = next((index for index, message in enumerate(turns) if message.role == "user"), len(turns))
+    kept = [message for index, message in enumerate(turns)
+            if index >= first_user or message.role not in ("assistant", "tool")]
+    return kept if len(kept) < len(turns) else None
+
+
+def _merge_repeated_speaker(turns: list[Message]) -> list[Message] | None:
+    """Consecutive turns of one speaker become one turn (texts joined by a blank line). The merged turn takes
+    the later turn's place, so a system turn between the two stays ahead of the text it preceded."""
+    merged: list[Message] = []
+    last_speaker: int | None = None  # index in merged of the latest user/assistant turn
+    for message in turns:
+        if _is_speaker(message):
+            if last_speaker is not None and _repeats(message, merged[last_speaker].role):
+                message = _join(merged.pop(last_speaker), message)
+            last_speaker = len(merged)
+        merged.append(message)
+    return merged if len(merged) < len(turns) else None
+
+
+def _mid_system_indices(turns: list[Message]) -> list[int]:
+    return [index for index, message in enumerate(turns) if index > 0 and message.role == "system"]
+
+
+def _keep_mid_system(turns: list[Message]) -> list[Message] | None:
+    """Kept where they are (the order check then lets them through): only the flag records them."""
+    return turns if _mid_system_indices(turns) else None
+
+
+def _drop_mid_system(turns: list[Message]) -> list[Message] | None:
+    """For a target or trainer that takes a system turn only first (SpecForge's rules)."""
+    mid = set(_mid_system_indices(turns))
+    return [message for index, message in enumerate(turns) if index not in mid] if mid else None
+
+
+def _move_mid_system(turns: list[Message]) -> list[Message] | None:
+    """Joined, in order, into the leading system turn (made when there is none)."""
+    mid = set(_mid_system_indices(turns))
+    if not mid:
+        return None
+    rest = [message for index, message in enumerate(turns) if index not in mid]
+    leading = rest.pop(0) if rest[0].role == "system" else Message("system", "")
+    for index in sorted(mid):
+        leading = _join(leading, turns[index])
+    return [leading, *rest]
+
+
+def _trim_after_last_answer(turns: list[Message]) -> list[Message] | None:
+    """The turns after the last answer, when they hold a user turn left without one (or tool results the row
+    holds no answer to): nothing learns from them (speculators makes a sample per assistant turn; FastChat
+    masks everything but the answers)."""
+    last_answer = max((index for index, message in enumerate(turns) if message.role == "assistant"), default=-1)
+    tail = turns[last_answer + 1:]
+    return turns[:last_answer + 1] if any(message.role in ("user", "tool") for message in tail) else None
+
+
+# (rule, policy) -> the repair, in the order they run on each part; None from a repair: nothing to repair.
+_PART_REPAIRS: dict[tuple[str, str], Callable[[list[Message]], list[Message] | None]] = {
+    ("leading_assistant", "drop"): _drop_leading_assistant,
+    # before the merge and the placing: turns it cuts off are neither merged nor placed
+    ("trailing_user", "trim"): _trim_after_last_answer,
+    ("consecutive_turns", "merge"): _merge_repeated_speaker,
+    ("mid_system", "keep"): _keep_mid_system,
+    ("mid_system", "move"): _move_mid_system,
+    ("mid_system", "drop"): _drop_mid_system,
+}
+_REPLAY_ONLY = frozenset({"trailing_user"})  # a prompt's last user turn is the one the target answers
+
+
+def _turn_key(message: Message) -> tuple[Any, ...]:
+    plain = (message.role, message.content, message.reasoning)
+    if not message.tool_calls and message.tool_call_id is None:
+        return plain  # the key of a turn without tool traffic is what it was before tools existed
+    return (*plain, [(call.id, call.name, call.arguments) for call in message.tool_calls], message.tool_call_id)
+
+
+def content_key(messages: Sequence[Message], tools: Sequence[Any] | None = None) -> bytes:
+    """Canonical bytes of a conversation's turns (roles, content, reasoning, tool calls and results) and of
+    the tools it was served with."""
+    turns = [_turn_key(m) for m in messages]
+    return orjson.dumps([turns, tools] if tools else turns, option=orjson.OPT_SORT_KEYS)
+
+
+def content_digest(messages: Sequence[Message], tools: Sequence[Any] | None = None) -> bytes:
+    """sha256 of the canonical turns and tools: the basis of ids."""
+    return hashlib.sha256(content_key(messages, tools)).digest()
+
+
+def conversation_id(source: str, messages: Sequence[Message], salt: str = "",
+                    tools: Sequence[Any] | None = None) -> str:
+    """Stable id: it depends on the source name, the turns and the tools, never on input order or position."""
+    digest = content_digest(messages, tools)
     return hashlib.sha256(b"corpus-conv\0%s\0%s\0%s" % (source.encode(), salt.encode(), digest)).hexdigest()[:20]

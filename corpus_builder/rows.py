@@ -2,18 +2,28 @@
 
 A row is a ``Conversation`` in the pipeline and an Arrow record (``ARROW_SCHEMA``) in shards and files;
 ``conversations_to_batch`` and ``batch_to_conversations`` are the only conversions between them.
+
+Tool traffic: a turn's ``tool_calls`` are a list of ``{id, name, arguments}`` structs (every call has exactly
+these three strings, so polars and pyarrow count and read calls without parsing JSON; ``arguments`` stays the
+model's own text), and a tool turn's ``tool_call_id`` is a string. The row's ``tools`` are a JSON string, as
+``provenance`` is: function schemas are free-form JSON Schema, which no fixed Arrow type holds. All three are
+null on rows and turns without tool traffic.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .records import Conversation, Message
+from .records import Conversation, Message, ToolCall
 
-MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning", pa.string())])
+TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning", pa.string()),
+                          ("tool_calls", pa.list_(TOOL_CALL_TYPE)), ("tool_call_id", pa.string())])
 ARROW_SCHEMA = pa.schema([
     ("id", pa.string()),
     ("source", pa.string()),
@@ -21,11 +31,18 @@ ARROW_SCHEMA = pa.schema([
     ("task", pa.string()),
     ("license", pa.string()),
     ("messages", pa.list_(MESSAGE_TYPE)),
+    ("tools", pa.string()),  # JSON-encoded list of OpenAI function schemas, or null
     ("thinking", pa.bool_()),
     ("flags", pa.list_(pa.string())),
     ("split", pa.string()),
     ("provenance", pa.string()),  # JSON-encoded object: its keys differ between replayed and generated rows
 ])
+
+
+def spool_writer(sink: pa.NativeFile) -> pa.RecordBatchStreamWriter:
+    """An Arrow stream of rows in the row form, zstd-compressed: a build's spools hold every row it keeps (or
+    prompts), which for text is several times smaller compressed, at little CPU."""
+    return pa.ipc.new_stream(sink, ARROW_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="zstd"))
 
 
 def conversations_to_batch(conversations: list[Conversation]) -> pa.RecordBatch:
@@ -38,8 +55,10 @@ def conversations_to_batch(conversations: list[Conversation]) -> pa.RecordBatch:
     np.cumsum([len(conversation.messages) for conversation in conversations], dtype=np.int32, out=offsets[1:])
     roles = pa.array([m.role for m in messages], pa.string())
     reasonings = pa.array([m.reasoning for m in messages], pa.string())
-    turns = pa.StructArray.from_arrays([roles, pa.array([m.content for m in messages], pa.string()), reasonings],
-                                       fields=list(MESSAGE_TYPE))
+    turns = pa.StructArray.from_arrays(
+        [roles, pa.array([m.content for m in messages], pa.string()), reasonings, _tool_calls(messages),
+         pa.array([m.tool_call_id for m in messages], pa.string())],
+        fields=list(MESSAGE_TYPE))
     columns = [
         pa.array([c.id for c in conversations], pa.string()),
         pa.array([c.source for c in conversations], pa.string()),
@@ -47,12 +66,21 @@ def conversations_to_batch(conversations: list[Conversation]) -> pa.RecordBatch:
         pa.array([c.task for c in conversations], pa.string()),
         pa.array([c.license for c in conversations], pa.string()),
         pa.ListArray.from_arrays(pa.array(offsets), turns, type=ARROW_SCHEMA.field("messages").type),
+        pa.array([orjson.dumps(c.tools).decode() if c.tools else None for c in conversations], pa.string()),
         pa.array(_thinking(offsets, roles, reasonings), pa.bool_()),
         pa.array([c.flags for c in conversations], pa.list_(pa.string())),
         pa.array([c.split for c in conversations], pa.string()),
         pa.array([orjson.dumps(c.provenance).decode() for c in conversations], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def _tool_calls(messages: list[Message]) -> pa.Array:
+    """The turns' calls as one list array: null for a turn without calls (most turns: built without a dict)."""
+    if not any(m.tool_calls for m in messages):
+        return pa.nulls(len(messages), pa.list_(TOOL_CALL_TYPE))
+    return pa.array([[call.to_dict() for call in m.tool_calls] if m.tool_calls else None for m in messages],
+                    pa.list_(TOOL_CALL_TYPE))
 
 
 def _thinking(offsets: np.ndarray, roles: pa.Array, reasonings: pa.Array) -> np.ndarray:
@@ -65,7 +93,8 @@ def _thinking(offsets: np.ndarray, roles: pa.Array, reasonings: pa.Array) -> np.
 
 
 def batch_to_conversations(batch: pa.RecordBatch) -> list[Conversation]:
-    """The rows of a batch (a shard's, or a raw file's converted batch) as conversations."""
+    """The rows of a batch (a shard's, or a raw file's converted batch) as conversations; a shard written
+    before tool traffic existed (no tool columns) reads as rows without it."""
     conversations = []
     for row in batch.to_pylist():
         provenance = row.get("provenance") or {}
@@ -73,7 +102,20 @@ def batch_to_conversations(batch: pa.RecordBatch) -> list[Conversation]:
             provenance = orjson.loads(provenance)
         conversations.append(Conversation(
             id=row["id"], source=row["source"], origin=row["origin"],
-            messages=[Message(m["role"], m["content"], m.get("reasoning")) for m in row["messages"]],
+            messages=[_message(m) for m in row["messages"]],
             task=row.get("task"), license=row.get("license"), flags=list(row.get("flags") or []),
-            provenance=provenance, split=row.get("split")))
+            provenance=provenance, split=row.get("split"), tools=_tools(row.get("tools"))))
     return conversations
+
+
+def _message(turn: dict[str, Any]) -> Message:
+    calls = turn.get("tool_calls")
+    return Message(turn["role"], turn["content"], turn.get("reasoning"),
+                   tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in calls) if calls else (),
+                   turn.get("tool_call_id"))
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    if isinstance(value, str):
+        value = orjson.loads(value)
+    return value or None

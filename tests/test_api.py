@@ -12,8 +12,8 @@ from pathlib import Path
 import corpus_builder
 
 REPO = Path(__file__).resolve().parents[1]
-EXPORTED = ["BuildPlan", "BuildResult", "Conversation", "Corpus", "CorpusError", "Message", "Recipe", "audit",
-            "build", "check_recipe", "export", "load_recipe", "plan_build", "publish"]
+EXPORTED = ["BuildPlan", "BuildResult", "Conversation", "Corpus", "CorpusError", "Message", "Recipe", "ToolCall",
+            "audit", "audit_against", "build", "check_recipe", "export", "load_recipe", "plan_build", "publish"]
 
 
 def test_all_is_the_public_api() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,41 @@ def test_audit_unreadable_input_exits_2_naming_the_file(tmp_path: Path, problem:
     completed = corpus("audit", str(target))
     assert completed.returncode == 2, completed.stderr
     assert target.name in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_validate_never_prints_a_credential_from_the_recipe(tmp_path: Path) -> None:
+    password, token = "s3cret-" + "pw", "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+    recipe = write_recipe(tmp_path / "leaky.yaml", f"""\
+name: leaky
+target: {{model: tiny/target, endpoints: ['http://ops:{password}@gpu-box:8000/v1'], revision: [{token}]}}
+sources:
+  - {{name: dump, kind: replay, path: 'ftp://loader:{password}@files.example.com/dump.jsonl'}}
+  - {{name: other, kind: replay, path: log.jsonl, {token}: 1}}
+output: {{dir: out}}
+""")
+    completed = corpus("validate", str(recipe))
+    assert completed.returncode == 2 and "Traceback" not in completed.stderr
+    shown = completed.stdout + completed.stderr
+    assert "ftp://***@files.example.com/dump.jsonl" in shown  # the problem is still named
+    assert password not in shown and token not in shown and "loader" not in shown
+
+
+@pytest.mark.parametrize("command", [["audit"], ["export", "--format", "messages", "--out", "x"], ["vocab"],
+                                     ["publish", "--repo", "org/name", "--dry-run"]])
+def test_a_missing_corpus_path_is_no_such_file_and_an_empty_directory_has_no_manifest(tmp_path: Path,
+                                                                                      command: list[str]) -> None:
+    name, *options = command
+    missing = corpus(name, str(tmp_path / "no-such-corpus"), *options, cwd=tmp_path)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "no-such-corpus: no such file or directory" in missing.stderr
+    assert "manifest" not in missing.stderr
+    (tmp_path / "half-built").mkdir()
+    half = corpus(name, str(tmp_path / "half-built"), *options, cwd=tmp_path)
+    assert half.returncode == 2 and "manifest.json is missing (interrupted or failed build?)" in half.stderr
+
+
+def test_the_readme_exit_codes_of_audit_include_the_secrets_scan() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    [row] = [line for line in readme.splitlines() if line.startswith("| `corpus audit PATH")]
+    exit_codes = row.rstrip(" |").rsplit("|", 1)[1]
+    assert re.search(r"\b1 below the share, secrets found\b", exit_codes)  # test_audit_scans_for_secrets...: exit 1

@@ -1,12 +1,46 @@
-"""Secrets scan: every kind found, ordinary text and code left alone, findings never echo the secret."""
+"""Secrets scan: every kind found, ordinary text and code left alone, findings never echo the secret;
+private keys (made here by ``cryptography``, never stored) redacted whole in every way text carries them."""
 
 from __future__ import annotations
 
+import base64
+import datetime
+import json
+import random
+
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import NameOID
 
-from corpus_builder.records import Conversation, Message
-from corpus_builder.secrets import KINDS, redact, scan_conversations, scan_row, scan_text
+from corpus_builder.errors import CorpusError
+from corpus_builder.records import Conversation, Message, ToolCall
+from corpus_builder.secrets import (
+    KINDS,
+    find_secrets,
+    redact,
+    redact_conversations,
+    scan_conversations,
+    scan_row,
+    scan_text,
+    scrub_message,
+)
 
+_PEM = serialization.Encoding.PEM
+_PLAIN = serialization.NoEncryption()
+
+
+def _pem_lines(pem: bytes) -> list[str]:
+    return pem.decode().strip().splitlines()
+
+
+def _body_lines(pem: bytes) -> list[str]:
+    """The base64 lines of a PEM block: no BEGIN/END, no encapsulated headers."""
+    return [line for line in _pem_lines(pem)[1:-1] if line and ":" not in line]
+
+
+_ED25519 = ed25519.Ed25519PrivateKey.generate()
 # Built by concatenation so that no credential-shaped literal sits in the repository.
 ALNUM = "aB3dE5gH7jK9mN1pQ2rS4tU6vW8xY0zC"
 SAMPLES = {
@@ -27,7 +61,13 @@ SAMPLES = {
     "google_api_key": "AI" + "za" + "SyA" + ALNUM,
     "npm_token": "npm_" + ALNUM + "abcd",
     "pypi_token": "pypi-" + "AgEIcHlwaS5vcmc" + ALNUM + ALNUM,
+    "der_private_key": "".join(_body_lines(_ED25519.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, _PLAIN))),
+    "openssh_private_key": "\n".join(_body_lines(
+        _ED25519.private_bytes(_PEM, serialization.PrivateFormat.OpenSSH, _PLAIN))),
+    "url_credentials": "ftp://" + "alice:" + "s3cr3t-pw" + "@files.example.com/dump.jsonl",
 }
+# The part of a sample that is the secret, where the sample holds more (a URL keeps scheme and host).
+SPANS = {"url_credentials": "alice:" + "s3cr3t-pw"}
 ORDINARY = """
 Use scikit-learn (sk-learn) for the task-specific baseline; call hf_hub_download() or hf_api.list_models().
 The ghost of a ghp reference, AKIA alone, eyJ alone, and xoxo hugs. A sha256 is
@@ -47,15 +87,18 @@ def test_every_kind_has_a_sample() -> None:
 
 @pytest.mark.parametrize("kind", sorted(SAMPLES))
 def test_each_kind_detected_and_never_echoed(kind: str) -> None:
-    secret = SAMPLES[kind]
-    findings = scan_text(f"here is my key: {secret} thanks", "row-1", "messages[1].content")
+    sample = SAMPLES[kind]
+    secret = SPANS.get(kind, sample)
+    findings = scan_text(f"here is my key: {sample} thanks", "row-1", "messages[1].content")
     assert [f.kind for f in findings] == [kind]
     finding = findings[0]
-    assert finding.field == "messages[1].content" and finding.offset == len("here is my key: ")
+    assert finding.field == "messages[1].content"
+    assert (finding.offset, finding.length) == (len("here is my key: ") + sample.index(secret), len(secret))
     for shown in (str(finding), repr(finding)):
         assert secret not in shown
         assert secret[4:20] not in shown  # no fragment either
-    assert secret not in redact(f"x {secret} y") and f"[REDACTED:{kind}]" in redact(f"x {secret} y")
+    assert redact(f"x {sample} y") == f"x {sample.replace(secret, f'[REDACTED:{kind}]')} y"
+    assert list(find_secrets(redact(f"x {sample} y"))) == []  # the redacted text is clean
 
 
 def test_no_false_positive_on_ordinary_text_and_code() -> None:
@@ -82,3 +125,169 @@ def test_findings_name_row_and_field_in_every_text_field() -> None:
 
     row["provenance"] = orjson.dumps(row["provenance"]).decode()
     assert {(f.field, f.kind) for f in scan_row(row)} == {(field, kind) for _, field, kind in found}
+
+
+# --------------------------------------------------------------------------------------------------
+# Private keys: whole blocks, cut blocks, bodies without their PEM lines
+
+
+@pytest.fixture(scope="module")
+def private_keys() -> dict[str, bytes]:
+    """Real private keys in PEM, in the formats tools write."""
+    formats = serialization.PrivateFormat
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    password = serialization.BestAvailableEncryption(b"correct horse")
+    return {
+        "rsa_pkcs1": rsa_key.private_bytes(_PEM, formats.TraditionalOpenSSL, _PLAIN),
+        "rsa_pkcs8": rsa_key.private_bytes(_PEM, formats.PKCS8, _PLAIN),
+        "rsa_pkcs8_encrypted": rsa_key.private_bytes(_PEM, formats.PKCS8, password),
+        "rsa_pkcs1_encrypted": rsa_key.private_bytes(_PEM, formats.TraditionalOpenSSL, password),
+        "ec_sec1": ec.generate_private_key(ec.SECP256R1()).private_bytes(_PEM, formats.TraditionalOpenSSL, _PLAIN),
+        "ec_pkcs8": ec.generate_private_key(ec.SECP384R1()).private_bytes(_PEM, formats.PKCS8, _PLAIN),
+        "ed25519_pkcs8": _ED25519.private_bytes(_PEM, formats.PKCS8, _PLAIN),
+        "openssh": _ED25519.private_bytes(_PEM, formats.OpenSSH, _PLAIN),
+        "pgp": ("-----BEGIN PGP " + "PRIVATE KEY BLOCK-----\nVersion: GnuPG v2\n\n"
+                + "\n".join(_wrapped(base64.b64encode(random.Random(1).randbytes(300)).decode()))
+                + "\n=tVy4\n-----END PGP PRIVATE KEY BLOCK-----\n").encode(),
+    }
+
+
+def _wrapped(text: str, width: int = 64) -> list[str]:
+    return [text[start:start + width] for start in range(0, len(text), width)]
+
+
+# How text carries a key: (name, text around the key's lines, the same text with the key redacted).
+R = "[REDACTED:private_key]"
+CARRIERS = {
+    "as written": (lambda lines: "my key:\n" + "\n".join(lines) + "\nthanks", f"my key:\n{R}\nthanks"),
+    "crlf": (lambda lines: "key\r\n" + "\r\n".join(lines) + "\r\nbye", f"key\r\n{R}\r\nbye"),
+    "in a JSON string": (lambda lines: json.dumps({"private_key": "\n".join(lines), "id": 3}),
+                         json.dumps({"private_key": R, "id": 3})),
+    "in a YAML block": (lambda lines: "tls:\n  key: |\n    " + "\n    ".join(lines) + "\n  port: 443",
+                        f"tls:\n  key: |\n    {R}\n  port: 443"),
+    "in Python source": (lambda lines: 'KEY = (\n    "' + '\\n"\n    "'.join(lines) + '"\n)\nsign(KEY)',
+                         f'KEY = (\n    "{R}"\n)\nsign(KEY)'),
+    "on one line": (lambda lines: "pasted: " + " ".join(lines) + " ok", f"pasted: {R} ok"),
+}
+PEM_KEYS = ("rsa_pkcs1", "rsa_pkcs8", "rsa_pkcs8_encrypted", "rsa_pkcs1_encrypted", "ec_sec1", "ec_pkcs8",
+            "ed25519_pkcs8", "openssh", "pgp")
+# Legacy encrypted PEM and PGP keep header lines ("Proc-Type: 4,ENCRYPTED", "Version: ..."), which a
+# line-joining paste makes indistinguishable from prose: those two keys on one line are left out.
+_HEADER_LINES = ("rsa_pkcs1_encrypted", "pgp")
+
+
+@pytest.mark.parametrize(("key", "carrier"), [(key, carrier) for key in PEM_KEYS for carrier in sorted(CARRIERS)
+                                              if not (key in _HEADER_LINES and carrier == "on one line")])
+def test_a_pem_private_key_is_redacted_from_begin_to_end(private_keys: dict[str, bytes], key: str,
+                                                          carrier: str) -> None:
+    embed, expected = CARRIERS[carrier]
+    text = embed(_pem_lines(private_keys[key]))
+    assert redact(text) == expected
+    assert [kind for kind, _, _ in find_secrets(text)] == ["private_key"]
+
+
+@pytest.mark.parametrize("key", ["rsa_pkcs1", "ec_pkcs8", "openssh"])
+def test_a_cut_off_key_is_redacted_through_its_base64_and_no_further(private_keys: dict[str, bytes],
+                                                                     key: str) -> None:
+    lines = _pem_lines(private_keys[key])
+    text = "here it is:\n" + "\n".join(lines[:3]) + "\n\nThat is all the log kept. Is it valid?"
+    assert redact(text) == f"here it is:\n{R}\n\nThat is all the log kept. Is it valid?"
+
+
+@pytest.mark.parametrize(("key", "kind"), [
+    ("rsa_pkcs1", "der_private_key"), ("rsa_pkcs8", "der_private_key"), ("rsa_pkcs8_encrypted", "der_private_key"),
+    ("ec_sec1", "der_private_key"), ("ec_pkcs8", "der_private_key"), ("ed25519_pkcs8", "der_private_key"),
+    ("openssh", "openssh_private_key"),
+])
+def test_a_key_body_without_its_pem_lines_is_found_and_redacted_whole(private_keys: dict[str, bytes], key: str,
+                                                                      kind: str) -> None:
+    body = "\n".join(_body_lines(private_keys[key]))
+    text = f"the server printed\n{body}\n\nand then stopped."
+    assert list(find_secrets(text)) == [(kind, len("the server printed\n"), len(body))]
+    assert redact(text) == f"the server printed\n[REDACTED:{kind}]\n\nand then stopped."
+    one_line = "".join(_body_lines(private_keys[key]))
+    assert redact(f"key={one_line};") == f"key=[REDACTED:{kind}];"
+
+
+def test_public_keys_certificates_and_other_base64_are_not_secrets() -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "example.org")])
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                   .serial_number(1).not_valid_before(datetime.datetime(2024, 1, 1))
+                   .not_valid_after(datetime.datetime(2034, 1, 1)).sign(key, hashes.SHA256()))
+    public = serialization.PublicFormat
+    texts = [
+        certificate.public_bytes(_PEM).decode(),
+        key.public_key().public_bytes(_PEM, public.SubjectPublicKeyInfo).decode(),
+        key.public_key().public_bytes(_PEM, public.PKCS1).decode(),
+        ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(_PEM, public.SubjectPublicKeyInfo).decode(),
+        _ED25519.public_key().public_bytes(serialization.Encoding.OpenSSH, public.OpenSSH).decode(),
+        "MIT License. MIDI files, MIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIII is not base64 DER.",
+    ]
+    texts += ["\n".join(_pem_lines(text.encode())[1:-1]) for text in texts[:4]]  # their bodies alone
+    # DER-looking base64 of other data: a SEQUENCE with a long length, then anything but a key's version.
+    rng = random.Random(7)
+    texts += [base64.b64encode(b"\x30\x82" + rng.randbytes(60)).decode() for _ in range(200)]
+    for text in texts:
+        assert list(find_secrets(text)) == [], text[:80]
+
+
+# --------------------------------------------------------------------------------------------------
+# URL credentials, provenance, messages
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ("get ftp://" + "user:" + "pass" + "@host/x.jsonl now", "user:" + "pass"),
+    ("postgresql://" + "app:" + "Tr0ub4dor&3" + "@db.internal:5432/prod", "app:" + "Tr0ub4dor&3"),
+    ("https://" + "bob:" + "pw%40home" + "@example.com", "bob:" + "pw%40home"),
+    ("ssh://git@github.com/org/repo.git", None),  # a user name alone is no credential
+    ("https://example.com/users/a@b.com and mailto:a@b.com", None),
+    ("http://127.0.0.1:8000/v1 and http://host:8080/x@y", None),
+    ("postgresql://user:${PGPASSWORD}@db/prod or mysql://root:%s@localhost or ftp://u:***@h", None),
+    ("postgresql://doadmin:...@db.example.com or postgres://user:password@localhost or http://a:XXXX@h", None),
+])
+def test_url_credentials_are_the_user_and_password_of_a_url(text: str, found: str | None) -> None:
+    expected = [("url_credentials", text.index(found), len(found))] if found else []
+    assert list(find_secrets(text)) == expected
+
+
+def test_redaction_covers_the_provenance_the_readers_copy_from_the_input() -> None:
+    token = SAMPLES["hf_token"]
+    conversation = Conversation(
+        id="0123456789abcdef0123", source="math", origin="prompt", messages=[Message("user", "2+2?")],
+        provenance={"source_file": "math.jsonl", "source_line": 3, "source_id": f"run-{token}",
+                    "reference_answer": f"4 (checked with {SAMPLES['github_token']})"},
+    )
+    [redacted] = list(redact_conversations([conversation]))
+    assert isinstance(redacted, Conversation)
+    assert redacted.provenance == {"source_file": "math.jsonl", "source_line": 3,
+                                   "source_id": "run-[REDACTED:hf_token]",
+                                   "reference_answer": "4 (checked with [REDACTED:github_token])"}
+    assert scan_conversations([redacted]) == []
+
+
+def test_tool_calls_results_and_tools_are_scanned_and_redacted() -> None:
+    """A call's arguments, a tool's result and the tools' schemas are text from the input too."""
+    tools = [{"type": "function", "function": {"name": "deploy", "description": f"uses {SAMPLES['hf_token']}",
+                                               "parameters": None}}]
+    deploy = ToolCall("c1", "deploy", json.dumps({"key": SAMPLES["github_token"]}, separators=(",", ":")))
+    conversation = Conversation(
+        id="0123456789abcdef0123", source="agent", origin="replay", tools=tools,
+        messages=[Message("user", "deploy it"), Message("assistant", "", None, (deploy,)),
+                  Message("tool", f"ok, {SAMPLES['aws_access_key']}", tool_call_id="c1"), Message("assistant", "done")])
+    found = {(f.field, f.kind) for f in scan_conversations([conversation])}
+    assert found == {("messages[1].tool_calls[0].arguments", "github_token"), ("messages[2].content", "aws_access_key"),
+                     ("tools[0].function.description", "hf_token")}
+    [redacted] = list(redact_conversations([conversation]))
+    assert isinstance(redacted, Conversation) and scan_conversations([redacted]) == []
+    assert redacted.messages[1].tool_calls[0].arguments == '{"key":"[REDACTED:github_token]"}'
+
+
+def test_messages_to_people_lose_url_userinfo_and_every_secret() -> None:
+    token = SAMPLES["hf_token"]
+    error = CorpusError(f"cannot read {token}", file="ftp://" + "user:pass" + "@host/x.jsonl",
+                        details=["https://" + "deploy-token" + "@git.example.com/r.git"])
+    shown = str(error)
+    assert "user:pass" not in shown and "deploy-token" not in shown
+    assert "ftp://***@host/x.jsonl" in shown and "https://***@git.example.com/r.git" in shown
+    assert scrub_message(shown) == shown.replace(token, "[REDACTED:hf_token]")

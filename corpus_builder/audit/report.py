@@ -13,6 +13,31 @@ def _share(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
+SCREENING_REASONS = ("duplicate", "near_duplicate", "contaminated")
+
+
+def _format_screening(report: dict[str, Any]) -> list[str]:
+    """Dedup and decontamination drops by source and rule, contamination by evaluation set, and (raw files)
+    near duplicates counted but not dropped."""
+    lines: list[str] = []
+    by_source = {source: [counts.get(reason, 0) for reason in SCREENING_REASONS]
+                 for source, counts in (report.get("skipped_by_source") or {}).items()}
+    by_source = {source: counts for source, counts in by_source.items() if any(counts)}
+    if by_source:
+        width = max(6, *(len(source) for source in by_source))
+        lines += ["", f"{'source':<{width}}  {'duplicate':>9}  {'near dup':>9}  {'contaminated':>12}"]
+        lines += [f"{source:<{width}}  {exact:>9,}  {near:>9,}  {dirty:>12,}"
+                  for source, (exact, near, dirty) in by_source.items()]
+    if report.get("contaminated_by_eval_set"):
+        lines += ["", "contaminated rows by eval set: " + ", ".join(
+            f"{name} {count:,}" for name, count in report["contaminated_by_eval_set"].items())]
+    near = report.get("near_duplicates")
+    if near:
+        lines += ["", f"near duplicates       {near['rows']:>9,}  (similarity >= {near['threshold']}; kept here, "
+                      "dropped by a build with checks.near_duplicates)"]
+    return lines
+
+
 def format_report(report: dict[str, Any]) -> str:
     """A readable table for people; `--json` gives the machine form."""
     lines = [
@@ -22,6 +47,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"characters           {report['characters']:>10,}",
         f"reasoning share of assistant text  {_share(report['reasoning_char_share'])}",
     ]
+    if report.get("tool_call_conversations"):
+        lines.insert(2, f"tool calls           {report['tool_call_conversations']:>10,}  "
+                        f"({_share(report['tool_call_share'])})")
     for grouping in GROUPINGS:
         section = report.get(f"by_{grouping}") or {}
         if not section:
@@ -34,9 +62,17 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("skipped"):
         lines += ["", "skipped/dropped rows by reason"]
         lines += [f"  {reason:<22} {count:>9,}" for reason, count in report["skipped"].items()]
+    lines += _format_screening(report)
     if report.get("flags"):
+        width = max(22, *(len(flag) for flag in report["flags"]))
         lines += ["", "flags kept on rows"]
-        lines += [f"  {flag:<22} {count:>9,}" for flag, count in report["flags"].items()]
+        lines += [f"  {flag:<{width}} {count:>9,}" for flag, count in report["flags"].items()]
+    modes = _generation_modes(report.get("generation"))
+    if modes:
+        lines += ["", "generated rows by thinking mode: " + ", ".join(f"{mode} {count:,}" for mode, count in modes)]
+    mixture = (report.get("checks") or {}).get("mixture")
+    if mixture:
+        lines += ["", *_format_mixture(mixture)]
     if report.get("tokens"):
         lines += ["", *_format_tokens(report["tokens"])]
     secrets = report.get("secrets")
@@ -44,6 +80,32 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", f"secrets: {secrets['findings']:,} found ({secrets['by_kind']}); first ones:"]
         lines += [f"  {example}" for example in secrets["examples"]]
     return "\n".join(lines)
+
+
+def _generation_modes(generation: Any) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for setting in generation or ():
+        mode = "thinking on" if setting.get("enable_thinking") else "thinking off"
+        counts[mode] = counts.get(mode, 0) + int(setting.get("conversations", 0))
+    return sorted(counts.items()) if len(counts) > 1 else []
+
+
+def _format_mixture(mixture: dict[str, Any]) -> list[str]:
+    """Declared vs reached, per source, and the thinking share."""
+    sources = mixture["sources"]
+    width = max(6, *(len(name) for name in sources))
+    lines = [f"{'source':<{width}}  {'declared':>9}  {'reached':>9}  {'passed checks':>13}  {'generated':>9}"]
+    for name, source in sources.items():
+        declared = "all" if source["declared"] is None else f"{source['declared']:,}"
+        generated = f"{source['generated_rows']:,}" if source["generated_rows"] else "-"
+        lines.append(f"{name:<{width}}  {declared:>9}  {source['reached']:>9,}  {source['available']:>13,}  "
+                     f"{generated:>9}")
+    share = mixture["thinking_share"]
+    if share["target"] is not None:
+        lines.append(f"thinking share: declared {_share(share['target'])} +- {_share(share['tolerance'])}, "
+                     f"reached {_share(share['reached'])}")
+    lines += [f"short: {item}" for item in mixture["shortfalls"]]
+    return lines
 
 
 def _format_tokens(tokens: dict[str, Any]) -> list[str]:

@@ -1,59 +1,95 @@
 """Row validators: statistics are computed first, keep/drop decisions are taken from them by policy.
 
-Keeping the two apart (as data-juicer does) lets the audit reuse the statistics and lets a policy change
-(drop vs truncate, dedup mode) be a decision, not a new measurement.
+Keeping the two apart (as data-juicer does) lets the measuring run where the rows are read (the replay
+workers) and lets a policy change (drop vs truncate, dedup mode) be a decision, not a new measurement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import Skipped
-from ..recipe.model import Checks
-from ..records import FLAG_UNCLOSED_THINK, Conversation, content_digest
+from ..errors import CONTAMINATED, Skipped, contamination_detail
+from ..recipe.model import Checks, Recipe
+from ..records import FLAG_UNCLOSED_THINK, Conversation
 from ..sources import MeasuredRows
 from ..tokens import TemplateRenderer
+from .decontaminate import Contamination
+from .dedup import Dedup, Evicted
+from .near_dedup import Signatures, conversation_text
 
 FLAG_TRUNCATED_TO_BUDGET = "truncated_to_budget"
 
 
 @dataclass(slots=True)
-class RowStats:
-    tokens: int | None
-    dedup_key: int | None
+class BatchStats:
+    """What the checks measure of a batch of rows before deciding (possibly in the processes that read them)."""
 
-
-def _dedup_key(conversation: Conversation, mode: str) -> int | None:
-    if mode == "none":
-        return None
-    if mode == "exact":
-        digest = conversation.digest or content_digest(conversation.messages)
-    else:
-        digest = content_digest([m for m in conversation.messages if m.role != "assistant"])
-    return int.from_bytes(digest[:8], "big")
+    tokens: list[int | None]  # each row's length in target tokens, or its floor when ``at_least``
+    at_least: list[bool]  # over the budget by its floor alone: never rendered or tokenized
+    signatures: Signatures | None  # what dedup compares
+    contamination: list[tuple[str, ...]] | None  # the evaluation sets each row matches
 
 
 class Checker:
-    """Applies a recipe's row checks to a stream; corpus-level checks run on the written audit."""
+    """Applies a recipe's row checks to a stream (corpus-level checks run on the written audit): unclosed
+    think blocks, the token budget, evaluation-set contamination, duplicates, unique ids, in that order.
 
-    def __init__(self, checks: Checks, renderer: TemplateRenderer | None, *, batch_size: int = 512) -> None:
+    ``evict`` takes the kept rows a later row of a higher-priority source duplicates (see ``dedup``); a
+    caller that writes rows as they come reads sources in dedup order and passes none."""
+
+    def __init__(self, checks: Checks, renderer: TemplateRenderer | None, *, dedup: Dedup | None = None,
+                 contamination: Contamination | None = None, evict: Callable[[Evicted], None] | None = None,
+                 batch_size: int = 512) -> None:
         self.checks = checks
         self.renderer = renderer if checks.max_seq_len is not None else None
+        self.dedup = dedup
+        self.contamination = contamination
+        self.evict = evict
         self.batch_size = batch_size
-        # Hashes of what has been kept: memory is a few dozen bytes per kept row, never the rows. They are
-        # dicts used as sets because a dict holding only ints is not tracked by the garbage collector,
-        # while a set always is: each full collection would walk every kept hash, a cost that grows
-        # with the corpus (about 1 s of 12 at 200k rows).
-        self._seen_content: dict[int, None] = {}
+        # Hashes of the ids kept: a dict used as a set because a dict holding only ints is not tracked by the
+        # garbage collector, while a set always is (each full collection would walk every kept hash).
         self._seen_ids: dict[int, None] = {}
 
-    def measure(self, batch: list[Conversation]) -> list[RowStats]:
-        tokens: list[int | None] = (list(self.renderer.count_tokens(batch)) if self.renderer
-                                    else [None] * len(batch))
-        return [RowStats(t, _dedup_key(c, self.checks.dedup)) for c, t in zip(batch, tokens, strict=True)]
+    @classmethod
+    def for_recipe(cls, recipe: Recipe, renderer: TemplateRenderer | None, contamination: Contamination | None,
+                   evict: Callable[[Evicted], None] | None = None) -> Checker:
+        """The checks of every row a build writes."""
+        return cls(recipe.checks, renderer, dedup=Dedup.for_recipe(recipe), contamination=contamination,
+                   evict=evict)
 
-    def run(self, items: Iterable[Conversation | Skipped | MeasuredRows[RowStats]]
+    @classmethod
+    def for_prompts(cls, recipe: Recipe, contamination: Contamination | None) -> Checker:
+        """The checks a prompt source's rows pass before generation: dedup on their prompts, contamination."""
+        checks = replace(recipe.checks, max_seq_len=None, on_unclosed_think="keep")
+        return cls(checks, None, dedup=Dedup.for_recipe(recipe, "prompt"), contamination=contamination)
+
+    def measure(self, batch: list[Conversation]) -> BatchStats:
+        stats = BatchStats([None] * len(batch), [False] * len(batch),
+                           self.dedup.signatures(batch) if self.dedup is not None else None,
+                           self._contamination(batch))
+        renderer, limit = self.renderer, self.checks.max_seq_len
+        if renderer is None or limit is None:
+            return stats
+        # Memory and time stay flat whatever one row looks like: a row over the budget by its character
+        # count alone is not rendered or tokenized.
+        counted = []
+        for index, conversation in enumerate(batch):
+            floor = renderer.token_lower_bound(conversation)
+            if floor > limit:
+                stats.tokens[index], stats.at_least[index] = floor, True
+            else:
+                counted.append(index)
+        for index, tokens in zip(counted, renderer.count_tokens([batch[i] for i in counted]), strict=True):
+            stats.tokens[index] = tokens
+        return stats
+
+    def _contamination(self, batch: Sequence[Conversation]) -> list[tuple[str, ...]] | None:
+        if self.contamination is None:
+            return None
+        return self.contamination.matches([conversation_text(row) for row in batch])
+
+    def run(self, items: Iterable[Conversation | Skipped | MeasuredRows[BatchStats]]
             ) -> Iterator[Conversation | Skipped]:
         """Kept rows (and the skipped ones, in their place) in the order they came in. Rows measured
         upstream (the replay readers') come with their statistics; the others are measured in batches."""
@@ -62,71 +98,96 @@ class Checker:
             if isinstance(item, Conversation):
                 batch.append(item)
                 if len(batch) >= self.batch_size:
-                    yield from self._decide(batch)
+                    yield from self._decide(batch, self.measure(batch))
                     batch = []
                 continue
-            yield from self._decide(batch)
-            batch = []
+            if batch:
+                yield from self._decide(batch, self.measure(batch))
+                batch = []
             if isinstance(item, Skipped):
                 yield item
             else:
                 yield from self._decide_measured(item)
-        yield from self._decide(batch)
-
-    def _decide(self, batch: list[Conversation]) -> Iterator[Conversation | Skipped]:
         if batch:
-            for conversation, stats in zip(batch, self.measure(batch), strict=True):
-                yield self._decide_one(conversation, stats)
+            yield from self._decide(batch, self.measure(batch))
 
-    def _decide_measured(self, measured: MeasuredRows[RowStats]) -> Iterator[Conversation | Skipped]:
-        measurements = iter(measured.measurements)
+    def _decide_measured(self, measured: MeasuredRows[BatchStats]) -> Iterator[Conversation | Skipped]:
+        rows = [item for item in measured.items if isinstance(item, Conversation)]
+        decided = iter(self._decide(rows, measured.measurement))
         for item in measured.items:
-            yield item if isinstance(item, Skipped) else self._decide_one(item, next(measurements))
+            yield item if isinstance(item, Skipped) else next(decided)
 
-    def _decide_one(self, conversation: Conversation, stats: RowStats) -> Conversation | Skipped:
-        location = _location(conversation)
+    def _decide(self, batch: list[Conversation], stats: BatchStats) -> list[Conversation | Skipped]:
+        outcomes = [self._row_checks(row, stats, i) for i, row in enumerate(batch)]
+        # rows truncated to the budget are other texts now: measured again
+        changed = {i: row for i, row in enumerate(outcomes) if isinstance(row, Conversation) and row is not batch[i]}
+        if stats.contamination is not None:
+            contamination = list(stats.contamination)
+            for i, sets in zip(changed, self._contamination(list(changed.values())) or [], strict=True):
+                contamination[i] = sets
+            for i, sets in enumerate(contamination):
+                if sets and isinstance(outcomes[i], Conversation):
+                    outcomes[i] = Skipped(batch[i].source, CONTAMINATED, row_location(batch[i]),
+                                          contamination_detail(sets), id=batch[i].id)
+        kept = {i: row for i, row in enumerate(outcomes) if isinstance(row, Conversation)}
+        # ids are made unique first: the dedup index keeps the ids rows are written under
+        ids = {i: self._unique_id(row.id) for i, row in kept.items()}
+        if self.dedup is not None and stats.signatures is not None and kept:
+            signatures = stats.signatures
+            if changed:
+                signatures = signatures.replaced(list(changed), self.dedup.signatures(list(changed.values())))
+            verdicts = self.dedup.decide(list(kept.values()), list(ids.values()), signatures.rows(list(kept)),
+                                         self.evict)
+            for i, verdict in zip(kept, verdicts, strict=True):
+                if verdict is not None:
+                    del self._seen_ids[hash(ids.pop(i))]  # the id is free again
+                    outcomes[i] = Skipped(batch[i].source, verdict.reason, row_location(batch[i]), verdict.detail,
+                                          id=batch[i].id)
+        for i, row_id in ids.items():
+            kept[i].id = row_id
+        return outcomes
+
+    def _row_checks(self, conversation: Conversation, stats: BatchStats, index: int) -> Conversation | Skipped:
+        """The checks of one row alone: an unclosed think block, the token budget (dropped or truncated)."""
         if FLAG_UNCLOSED_THINK in conversation.flags and self.checks.on_unclosed_think == "drop":
-            return Skipped(conversation.source, "unclosed_think", location, id=conversation.id)
-        limit = self.checks.max_seq_len
-        if limit is not None and stats.tokens is not None and stats.tokens > limit:
+            return Skipped(conversation.source, "unclosed_think", row_location(conversation), id=conversation.id)
+        limit, tokens = self.checks.max_seq_len, stats.tokens[index]
+        if limit is not None and tokens is not None and tokens > limit:
             shortened = self._truncate(conversation, limit) if self.checks.on_over_length == "truncate" else None
             if shortened is None:
-                return Skipped(conversation.source, "over_length", location,
-                               f"{stats.tokens} tokens > {limit}", id=conversation.id)
-            conversation = shortened
-            stats.dedup_key = _dedup_key(conversation, self.checks.dedup)
-        if stats.dedup_key is not None:
-            if stats.dedup_key in self._seen_content:
-                return Skipped(conversation.source, "duplicate", location, id=conversation.id)
-            self._seen_content[stats.dedup_key] = None
-        return self._unique_id(conversation)
+                return Skipped(conversation.source, "over_length", row_location(conversation),
+                               f"{'at least ' if stats.at_least[index] else ''}{tokens} tokens > {limit}",
+                               id=conversation.id)
+            return shortened
+        return conversation
 
     def _truncate(self, conversation: Conversation, limit: int) -> Conversation | None:
-        """Drop trailing user/assistant pairs until the conversation fits; None when even one pair is too long."""
+        """Drop trailing exchanges (a user turn and all that answers it: tool calls, their results, the answer)
+        until the conversation fits; None when even the first exchange is too long."""
         assert self.renderer is not None
-        messages = list(conversation.messages)
-        while len(messages) > 2 and messages[-2].role == "user":
-            messages = messages[:-2]
-            if messages[-1].role != "assistant":
-                break
-            candidate = replace(conversation, messages=messages, digest=None,
+        messages = conversation.messages
+        for cut in range(len(messages) - 1, 0, -1):
+            if messages[cut].role != "user" or messages[cut - 1].role != "assistant":
+                continue
+            candidate = replace(conversation, messages=list(messages[:cut]),
                                 flags=[*conversation.flags, FLAG_TRUNCATED_TO_BUDGET])
-            if self.renderer.count_tokens([candidate])[0] <= limit:
+            if (self.renderer.token_lower_bound(candidate) <= limit
+                    and self.renderer.count_tokens([candidate])[0] <= limit):
                 return candidate
         return None
 
-    def _unique_id(self, conversation: Conversation) -> Conversation:
+    def _unique_id(self, row_id: str) -> str:
         """Ids stay unique when identical rows are kept (dedup off): later copies get a suffix."""
-        new_id, copy = conversation.id, 0
+        new_id, copy = row_id, 0
         while hash(new_id) in self._seen_ids:
             copy += 1
-            new_id = f"{conversation.id}-{copy}"
+            new_id = f"{row_id}-{copy}"
         self._seen_ids[hash(new_id)] = None
-        conversation.id = new_id
-        return conversation
+        return new_id
 
 
-def _location(conversation: Conversation) -> str:
+def row_location(conversation: Conversation) -> str:
+    """Where a row came from, as the ledger names it (file:line, file#row, or the source)."""
     provenance = conversation.provenance
     file = provenance.get("source_file") or provenance.get("hub", {}).get("id", conversation.source)
     if "source_line" in provenance:

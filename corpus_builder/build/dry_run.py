@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import CorpusError, Skipped
 from ..generate import EndpointInfo, JournalCoverage, journal_coverage
@@ -50,7 +49,8 @@ class BuildPlan:
     journal_cached_rows: int = 0
     prompt_lengths: Counter[int] = field(default_factory=Counter)  # first-turn prompt tokens -> prompts
     context_limit: int | None = None
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the build would not start
+    warnings: list[str] = field(default_factory=list)  # it starts, but should be looked at (an endpoint down)
 
     @property
     def requests(self) -> int:
@@ -83,7 +83,7 @@ class SourceCounter:
         self.counts: dict[str, SourceCount] = {}
         self.kinds = {spec.name: spec.kind for spec in recipe.sources}
         self.prompt_lengths: Counter[int] = Counter()
-        self._first_turns: list[list[dict[str, Any]]] = []
+        self._first_prompts: list[str] = []  # rendered, waiting to be tokenized in one batch
 
     def count(self, items: Iterable[Conversation | Skipped]) -> Iterator[Conversation | Skipped]:
         """Pass ``items`` through, counting each."""
@@ -108,21 +108,18 @@ class SourceCounter:
                 for spec in recipe.sources if spec.kind in kinds]
 
     def _measure(self, conversation: Conversation) -> None:
-        turns = []
-        for message in conversation.messages:
-            turns.append({"role": message.role, "content": message.content})
-            if message.role == "user":
-                break
-        self._first_turns.append(turns)
-        if len(self._first_turns) >= MEASURE_BATCH:
+        """The prompt of the conversation's first assistant turn (its tools included), as the server renders it."""
+        assert self.renderer is not None
+        first_user = next(index for index, message in enumerate(conversation.messages) if message.role == "user")
+        self._first_prompts.append(self.renderer.render_prompt(conversation, first_user + 1))
+        if len(self._first_prompts) >= MEASURE_BATCH:
             self._measure_pending()
 
     def _measure_pending(self) -> None:
-        if self.renderer is None or not self._first_turns:
+        if self.renderer is None or not self._first_prompts:
             return
-        texts = [self.renderer.render(turns, add_generation_prompt=True) for turns in self._first_turns]
-        self.prompt_lengths.update(len(ids) for ids in self.renderer.encode(texts))
-        self._first_turns.clear()
+        self.prompt_lengths.update(len(ids) for ids in self.renderer.encode(self._first_prompts))
+        self._first_prompts.clear()
 
 
 def plan_build(recipe: Recipe, out: Path | None = None, *, renderer: TemplateRenderer | None = None) -> BuildPlan:
@@ -164,7 +161,13 @@ def complete_plan(recipe: Recipe, counter: SourceCounter, kinds: tuple[str, ...]
         plan.endpoints = asyncio.run(_probe(recipe))
         limits = [info.max_model_len for info in plan.endpoints if info.healthy and info.max_model_len]
         plan.context_limit = min(limits) if limits else None
-        plan.problems += [f"{info.url}: {info.error}" for info in plan.endpoints if not info.healthy]
+        # A build starts on the endpoints that answer; the others join when they recover.
+        unusable = [f"{info.url}: {info.error}" for info in plan.endpoints if not info.healthy]
+        if len(unusable) == len(plan.endpoints):
+            plan.problems += unusable
+        else:
+            plan.warnings += [f"{line} (the build starts without it and takes it back when it recovers)"
+                              for line in unusable]
     elif target.launch is not None and not target.endpoints:
         plan.launch = f"local vLLM server on {target.launch.model_dir} ({' '.join(target.launch.args)})"
         plan.context_limit = _launch_context_limit(recipe)
@@ -228,6 +231,8 @@ def format_plan(plan: BuildPlan) -> str:
             lines.append(f"prompt lengths: {plan.prompts_measured:,} first-turn prompts measured; "
                          f"{plan.prompts_over_context:,} leave less than max_tokens of the "
                          f"{plan.context_limit:,}-token context (the server will refuse them)")
+    if plan.warnings:
+        lines += ["", "warnings:"] + [f"  {warning}" for warning in plan.warnings]
     if plan.problems:
         lines += ["", "problems:"] + [f"  {problem}" for problem in plan.problems]
     return "\n".join(lines)

@@ -12,11 +12,12 @@ and decides once between a journal-only rebuild and preflight-then-backend.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,6 +25,10 @@ from typing import Any, TextIO
 from .. import __version__
 from ..errors import CorpusError, Skipped
 from ..export import EXPORTS_DIR, ExportReport, run_recipe_exports
+from ..generate import GenerationIncomplete
+from ..generate.journal import LOCK_NAME as JOURNAL_LOCK
+from ..generate.journal import SEGMENT_GLOB
+from ..generate.scheduler import UNFINISHED
 from ..layout import AUDIT, CORPUS_FILES, DATA, FORMAT_VERSION, JOURNAL, LEDGER, MANIFEST, RECIPE, write_json
 from ..progress import ProgressLine
 from ..recipe import recipe_sha256, resolved_yaml
@@ -31,14 +36,18 @@ from ..recipe.model import Recipe
 from ..records import Conversation
 from ..sources import MeasuredRows, replay_stream
 from ..tokens import TokenRows, TokenSettings
-from .checks import Checker, RowStats
-from .prompt_stage import generated_rows
+from .checks import BatchStats, Checker
+from .collect import KeptRows, MixtureShort, collect
+from .decontaminate import Contamination
+from .dedup import describe_screening, load_contamination
+from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
-from .stats import CorpusStats, corpus_problems
+from .stats import CorpusStats, corpus_problems, generation_targets, split_balance
 from .token_stats import TokenStats
 
 STAGING_PREFIX = ".staging-"
+LOCK = ".build.lock"  # held (flock) by the one build writing to the directory
 
 
 @dataclass
@@ -67,20 +76,70 @@ class TargetTokens:
         return cls(settings, TokenRows(settings.renderer()) if settings is not None else None)
 
 
-def prepare_output(out_dir: Path) -> None:
-    """Refuse to write into a directory that is not ours; clear staging left by killed builds."""
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise CorpusError("output path exists and is not a directory", file=str(out_dir))
-        ours = (*CORPUS_FILES, JOURNAL, EXPORTS_DIR)
-        foreign = sorted(p.name for p in out_dir.iterdir()
-                         if p.name not in ours and not p.name.startswith(STAGING_PREFIX))
-        if foreign:
-            raise CorpusError(f"output directory holds files that are not part of a corpus ({', '.join(foreign[:5])});"
-                              " choose an empty or corpus directory with --out", file=str(out_dir))
-        for stale in out_dir.glob(f"{STAGING_PREFIX}*"):
-            shutil.rmtree(stale, ignore_errors=True)
+def check_output_path(out_dir: Path) -> None:
+    """Refuse, before anything is touched, an output path that cannot be a corpus directory."""
+    if "\0" in str(out_dir):
+        raise CorpusError("output path contains a NUL byte", file=repr(str(out_dir)))
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CorpusError("output path exists and is not a directory", file=str(out_dir))
+
+
+@contextmanager
+def output_lock(out_dir: Path) -> Iterator[None]:
+    """Hold the output directory for one build (created if needed): a second build refuses at once."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise CorpusError(f"another corpus build (pid {holder}) is writing to this directory: wait for it to "
+                          "finish or build into another --out", file=str(out_dir)) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextmanager
+def filesystem_errors(out_dir: Path) -> Iterator[None]:
+    """A full disk, an unwritable or vanished path: a user-fixable error naming the file, not a traceback."""
+    try:
+        yield
+    except OSError as error:
+        where = error.filename or out_dir
+        raise CorpusError(f"cannot write the corpus: {error.strerror or error}; the journal keeps every finished "
+                          "generation and an earlier corpus in this directory is intact: fix this and rerun",
+                          file=str(where)) from error
+
+
+def prepare_output(out_dir: Path) -> None:
+    """Refuse to write into a directory that is not ours; clear staging left by killed builds (safe: the
+    output lock is held)."""
+    ours = (*CORPUS_FILES, JOURNAL, EXPORTS_DIR, LOCK)
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in ours and not p.name.startswith(STAGING_PREFIX))
+    if foreign:
+        raise CorpusError(f"output directory holds files that are not part of a corpus ({', '.join(foreign[:5])});"
+                          " choose an empty or corpus directory with --out", file=str(out_dir))
+    for stale in out_dir.glob(f"{STAGING_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _remove_first_build(out_dir: Path) -> None:
+    """What a failed first build leaves: nothing, except a server log an error message names."""
+    journal = out_dir / JOURNAL
+    if journal.is_dir() and not any(journal.glob(SEGMENT_GLOB)):
+        (journal / JOURNAL_LOCK).unlink(missing_ok=True)
+        with suppress(OSError):
+            journal.rmdir()
+    shutil.rmtree(out_dir / EXPORTS_DIR, ignore_errors=True)
+    if {p.name for p in out_dir.iterdir()} <= {LOCK}:
+        (out_dir / LOCK).unlink(missing_ok=True)
+        with suppress(OSError):
+            out_dir.rmdir()
 
 
 def _commit(staging: Path, out_dir: Path) -> None:
@@ -95,7 +154,7 @@ def _commit(staging: Path, out_dir: Path) -> None:
 
 
 def _replay_rows(recipe: Recipe, checker: Checker, stream: TextIO
-                 ) -> Iterator[Conversation | Skipped | MeasuredRows[RowStats]]:
+                 ) -> Iterator[Conversation | Skipped | MeasuredRows[BatchStats]]:
     if not any(spec.kind == "replay" for spec in recipe.sources):
         return
     progress = ProgressLine("read replay", stream=stream)
@@ -105,16 +164,21 @@ def _replay_rows(recipe: Recipe, checker: Checker, stream: TextIO
     progress.finish()
 
 
-def write_corpus(items: Iterable[Conversation | Skipped | MeasuredRows[RowStats]], recipe: Recipe, staging: Path,
-                 ledger: LedgerWriter, checker: Checker, tokens: TargetTokens) -> BuildResult:
-    """Checks, split and writing of one stream into ``staging``; returns the staged manifest and audit."""
+def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, staging: Path, ledger: LedgerWriter,
+                 tokens: TargetTokens, *, allow_partial: bool = False, mixture: dict[str, Any] | None = None,
+                 screening: dict[str, Any] | None = None) -> BuildResult:
+    """Split and writing of one stream of checked rows into ``staging``; returns the staged manifest and audit.
+
+    Rows left unfinished by the generation (requests out of retries) fail it with GenerationIncomplete
+    unless ``allow_partial``: then the manifest records how many. ``mixture``: declared vs reached, when the
+    recipe declares the corpus; ``screening``: how rows were deduplicated and decontaminated."""
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
     # Sees exactly the rows written; `corpus audit` recomputes the same from the files.
     auditor = CorpusStats(tokens=TokenStats(tokens.settings, tokens.rows)
                       if tokens.settings is not None and tokens.rows is not None else None)
     shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=auditor.add_rows)
     try:
-        for item in checker.run(items):
+        for item in items:
             if isinstance(item, Skipped):
                 ledger.write(item)
             else:
@@ -125,6 +189,13 @@ def write_corpus(items: Iterable[Conversation | Skipped | MeasuredRows[RowStats]
         raise
     finally:
         ledger.close()
+    unfinished = ledger.drops.by_reason[UNFINISHED]
+    if unfinished and not allow_partial:
+        shards.abort()
+        raise GenerationIncomplete(
+            f"{unfinished:,} generated rows are unfinished (their requests ran out of retries on transient "
+            "faults): nothing was written; rerun to resume (every finished turn is journaled), or accept a "
+            "partial corpus with --allow-partial (target.generation.allow_partial)")
     shard_infos = shards.close()
     (staging / RECIPE).write_text(resolved_yaml(recipe), encoding="utf-8")
     splits: dict[str, dict[str, int]] = {}
@@ -141,55 +212,106 @@ def write_corpus(items: Iterable[Conversation | Skipped | MeasuredRows[RowStats]
         "splits": splits,
         "files": [info.to_dict() for info in shard_infos],
     }
-    auditor.add_skipped(ledger.counts)
+    auditor.add_skipped(ledger.drops)
     audit = auditor.report()
     problems = list(corpus_problems(audit, recipe.checks.min_thinking_share))
-    checks = {"min_thinking_share": recipe.checks.min_thinking_share, "passed": not problems, "problems": problems}
+    checks: dict[str, Any] = {
+        "min_thinking_share": recipe.checks.min_thinking_share, "passed": not problems, "problems": problems,
+        "split_outside_tolerance": split_balance(audit["strata"], recipe.split.validation_fraction)}
     audit["checks"] = checks
     manifest["thinking_conversations"] = audit["thinking_conversations"]
     manifest["checks"] = checks
+    if unfinished:
+        manifest["partial"] = {"unfinished_rows": unfinished}
+    targets = generation_targets(audit)
+    if targets:
+        manifest["targets"] = targets
+    if screening is not None:
+        manifest.update(screening)
+    if mixture is not None:
+        checks["mixture"] = manifest["mixture"] = mixture
+        if mixture["shortfalls"]:
+            manifest["short"] = mixture["shortfalls"]
     write_json(staging / AUDIT, audit)
     write_json(staging / MANIFEST, manifest)
     return BuildResult(staging, manifest, audit, problems)
 
 
-def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = None) -> BuildResult:
+def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = None,
+          allow_partial: bool | None = None, allow_short: bool | None = None) -> BuildResult:
     """Build the corpus a recipe describes into ``out`` (default: the recipe's output.dir).
 
-    ``progress`` is where phase lines, the preflight and server notes go (default: standard error)."""
-    stream = progress if progress is not None else sys.stderr
+    ``progress`` is where phase lines, the preflight and server notes go (default: standard error);
+    ``allow_partial`` overrides ``target.generation.allow_partial``, ``allow_short`` ``mixture.allow_short``."""
     out_dir = out if out is not None else recipe.output.dir
+    check_output_path(out_dir)
     created = not out_dir.exists()
+    with filesystem_errors(out_dir), output_lock(out_dir):
+        try:
+            return _build_locked(recipe, out_dir, progress if progress is not None else sys.stderr,
+                                 recipe.target.generation.allow_partial if allow_partial is None else allow_partial,
+                                 recipe.mixture.allow_short if allow_short is None else allow_short)
+        except BaseException:
+            if created:
+                _remove_first_build(out_dir)
+            raise
+
+
+def _build_locked(recipe: Recipe, out_dir: Path, stream: TextIO, allow_partial: bool,
+                  allow_short: bool) -> BuildResult:
     prepare_output(out_dir)
     staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}"
     staging.mkdir()
     try:
         tokens = TargetTokens.for_recipe(recipe)
         renderer = tokens.rows.renderer if tokens.rows is not None else None
-        checker = Checker(recipe.checks, renderer)
+        contamination = load_contamination(recipe.decontamination)
+        screening = describe_screening(recipe, contamination)
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
             stack.callback(ledger.close)
-            generated: Iterable[Conversation | Skipped] = ()
-            if recipe.has_prompts:
-                generated = stack.enter_context(
-                    generated_rows(recipe, out_dir / JOURNAL, staging, ledger, renderer, stream))
-            replay = _replay_rows(recipe, checker, stream)
-            result = write_corpus(_chain(replay, generated), recipe, staging, ledger, checker, tokens)
+            if recipe.has_prompts or recipe.mixture.declared(recipe.sources):
+                result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
+                                          stack, allow_partial=allow_partial, allow_short=allow_short)
+            else:  # replay alone, nothing declared: rows stream from the sources to the shards
+                checker = Checker.for_recipe(recipe, renderer, contamination)
+                result = write_corpus(checker.run(_replay_rows(recipe, checker, stream)), recipe, staging, ledger,
+                                      tokens, allow_partial=allow_partial, screening=screening)
         _commit(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()  # a failed first build leaves nothing behind
     result.out_dir = out_dir
     shutil.rmtree(out_dir / EXPORTS_DIR, ignore_errors=True)  # exports of an earlier build are stale now
     result.exports = run_recipe_exports(recipe, out_dir, tokens.rows, stream)
     return result
 
 
-def _chain(replay: Iterator[Conversation | Skipped | MeasuredRows[RowStats]],
-           generated: Iterable[Conversation | Skipped]) -> Iterator[Conversation | Skipped | MeasuredRows[RowStats]]:
-    """Replay rows, then generated ones (the split is stratified per source, so the order across sources
-    changes no row's split)."""
-    yield from replay
-    yield from generated
+def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextIO, ledger: LedgerWriter,
+                     tokens: TargetTokens, contamination: Contamination | None, screening: dict[str, Any],
+                     stack: ExitStack, *, allow_partial: bool, allow_short: bool) -> BuildResult:
+    """Every source checked and spooled, prompts generated (in rounds, when the recipe declares the corpus),
+    then the selection written: a generated row can evict the replayed row of a lower-priority source it
+    duplicates, and a declared corpus that cannot be met stops here, before anything is written."""
+    renderer = tokens.rows.renderer if tokens.rows is not None else None
+    session = (GenerationSession(recipe, out_dir / JOURNAL, staging, ledger, renderer, stream, stack,
+                                 screen=Checker.for_prompts(recipe, contamination))
+               if recipe.has_prompts else None)
+    kept = KeptRows(recipe, staging, Splitter(recipe.split.validation_fraction, recipe.split.seed))
+    checker = Checker.for_recipe(recipe, renderer, contamination, evict=kept.evict)
+    selection = collect(recipe, checker, kept, ledger, _replay_rows(recipe, checker, stream), session)
+    declared = recipe.mixture.declared(recipe.sources)
+    report = selection.report(recipe)
+    if declared and selection.shortfalls and not allow_short:
+        raise MixtureShort("the corpus the recipe declares cannot be met: nothing was written (--allow-short "
+                           "writes it anyway, marked in the manifest and the card)",
+                           details=[*selection.shortfalls, *_reached(report)])
+    return write_corpus(kept.selected(selection), recipe, staging, ledger, tokens, allow_partial=allow_partial,
+                        mixture=report if declared else None, screening=screening)
+
+
+def _reached(report: dict[str, Any]) -> list[str]:
+    lines = [f"{name}: {s['reached']:,} rows reached of {s['declared'] if s['declared'] is not None else 'all'} "
+             f"declared ({s['available']:,} passed the checks, {s['thinking']:,} with reasoning)"
+             for name, s in report["sources"].items()]
+    share = report["thinking_share"]
+    return [*lines, f"thinking share reached {share['reached']:.1%}"]

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from ..errors import Skipped
+from ..errors import DropCounts, Skipped
 from ..layout import DATA, file_sha256
 from ..records import Conversation
 from ..rows import ARROW_SCHEMA, conversations_to_batch
@@ -143,10 +143,10 @@ class LedgerWriter:
     def __init__(self, path: Path) -> None:
         self._file = path.open("wb")
         self._stream = zstandard.ZstdCompressor(level=3).stream_writer(self._file)
-        self.counts: dict[str, int] = {}
+        self.drops = DropCounts()
 
     def write(self, skipped: Skipped) -> None:
-        self.counts[skipped.reason] = self.counts.get(skipped.reason, 0) + 1
+        self.drops.add(skipped.source, skipped.reason, skipped.detail)
         record = {"source": skipped.source, "reason": skipped.reason, "location": skipped.location,
                   "detail": skipped.detail, "id": skipped.id}
         self._stream.write(orjson.dumps(record) + b"\n")

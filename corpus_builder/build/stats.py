@@ -17,10 +17,15 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import DropCounts
 from ..records import Conversation
+from .split import VALIDATION, within_tolerance
 from .token_stats import TokenStats, mismatch_problem
 
 GROUPINGS = ("source", "split", "origin")
+# What the audit groups generated rows by: the target that made them and how it was asked.
+TARGET_FIELDS = ("model", "served_model", "model_revision", "model_root", "quantization", "dtype", "engine_version")
+GENERATION_SETTINGS = (*TARGET_FIELDS, "enable_thinking", "history_reasoning", "sampling")
 
 
 @dataclass(slots=True)
@@ -31,6 +36,7 @@ class Totals:
     characters: int = 0
     assistant_characters: int = 0
     reasoning_characters: int = 0
+    tool_call_conversations: int = 0  # with at least one assistant turn that calls a tool
 
     def add(self, other: Totals) -> None:
         self.conversations += other.conversations
@@ -39,6 +45,7 @@ class Totals:
         self.characters += other.characters
         self.assistant_characters += other.assistant_characters
         self.reasoning_characters += other.reasoning_characters
+        self.tool_call_conversations += other.tool_call_conversations
 
     def report(self) -> dict[str, Any]:
         reasoning_and_answer = self.assistant_characters + self.reasoning_characters
@@ -50,6 +57,9 @@ class Totals:
             "characters": self.characters,
             "reasoning_char_share": round(self.reasoning_characters / reasoning_and_answer, 6)
             if reasoning_and_answer else 0.0,
+            "tool_call_conversations": self.tool_call_conversations,
+            "tool_call_share": round(self.tool_call_conversations / self.conversations, 6) if self.conversations
+            else 0.0,
         }
 
 
@@ -59,15 +69,26 @@ def _per_row_sums(offsets: np.ndarray, per_message: np.ndarray) -> np.ndarray:
     return sums
 
 
+def _calls_per_turn(turns: pa.StructArray) -> np.ndarray:
+    """Tool calls of each turn (a shard written before tool traffic existed has none)."""
+    if turns.type.get_field_index("tool_calls") < 0:
+        return np.zeros(len(turns), dtype=np.int64)
+    counts: np.ndarray = pc.fill_null(pc.list_value_length(turns.field("tool_calls")), 0).to_numpy(
+        zero_copy_only=False)
+    return counts
+
+
 @dataclass
 class CorpusStats:
     """Accumulates statistics batch by batch; memory is per group, never per row."""
 
     overall: Totals = field(default_factory=Totals)
     groups: dict[str, dict[str, Totals]] = field(default_factory=lambda: {g: {} for g in GROUPINGS})
+    strata: Counter[tuple[str, bool, str | None]] = field(default_factory=Counter)  # (source, thinking, split)
     source_info: dict[str, dict[str, Any]] = field(default_factory=dict)
     flags: Counter[str] = field(default_factory=Counter)
-    skipped: Counter[str] = field(default_factory=Counter)
+    flags_by_source: dict[str, Counter[str]] = field(default_factory=dict)
+    skipped: DropCounts = field(default_factory=DropCounts)
     generation: Counter[bytes] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
     tokens: TokenStats | None = None  # target-token statistics, when the target's tokenizer is known
@@ -91,6 +112,7 @@ class CorpusStats:
             "characters": _per_row_sums(offsets, content_len + reasoning_len),
             "assistant_characters": _per_row_sums(offsets, content_len * is_assistant),
             "reasoning_characters": _per_row_sums(offsets, reasoning_len),
+            "tool_call_conversations": (_per_row_sums(offsets, _calls_per_turn(flat)) > 0).astype(np.int64),
         }
         self.overall.add(Totals(**{k: int(v.sum()) for k, v in rows.items()}))
         for grouping in GROUPINGS:
@@ -101,10 +123,21 @@ class CorpusStats:
                 totals = Totals(**{k: round(v[code]) for k, v in sums.items()})
                 self.groups[grouping].setdefault(key, Totals()).add(totals)
         self._add_source_info(batch)
-        flags = pc.list_flatten(batch.column("flags"))
-        if len(flags):
-            self.flags.update(flags.to_pylist())
+        self._add_flags(batch)
         self._add_generation(batch)
+        self.strata.update(zip(batch.column("source").to_pylist(), batch.column("thinking").to_pylist(),
+                               batch.column("split").to_pylist(), strict=True))
+
+    def _add_flags(self, batch: pa.RecordBatch) -> None:
+        """Rows per flag, overall and by source (e.g. how many rows of each source a repair rule changed)."""
+        flags = batch.column("flags")
+        flat = pc.list_flatten(flags)
+        if not len(flat):
+            return
+        sources = pc.take(batch.column("source"), pc.list_parent_indices(flags))
+        for source, flag in zip(sources.to_pylist(), flat.to_pylist(), strict=True):
+            self.flags[flag] += 1
+            self.flags_by_source.setdefault(source, Counter())[flag] += 1
 
     def _add_source_info(self, batch: pa.RecordBatch) -> None:
         sources = batch.column("source")
@@ -120,18 +153,22 @@ class CorpusStats:
             return
         for text in pc.filter(batch.column("provenance"), generated).to_pylist():
             generation = orjson.loads(text).get("generation") or {}
-            settings = {k: generation.get(k) for k in ("model", "served_model", "model_revision", "engine_version",
-                                                       "enable_thinking", "history_reasoning", "sampling")}
+            settings = {k: generation.get(k) for k in GENERATION_SETTINGS}
             self.generation[orjson.dumps(settings, option=orjson.OPT_SORT_KEYS)] += 1
             for turn in generation.get("turns") or ():
                 self.finish_reasons[str(turn.get("finish_reason"))] += 1
 
-    def add_skipped(self, counts: dict[str, int]) -> None:
-        self.skipped.update(counts)
+    def add_skipped(self, drops: DropCounts) -> None:
+        self.skipped.update(drops)
 
     def report(self) -> dict[str, Any]:
         report = self.overall.report()
-        report["skipped"] = dict(sorted(self.skipped.items()))
+        strata: dict[str, dict[str, dict[str, int]]] = {}
+        for (source, thinking, split), count in sorted(self.strata.items(), key=str):
+            stratum = strata.setdefault(source, {}).setdefault("thinking" if thinking else "no_thinking", {})
+            stratum[split or ""] = count
+        report["strata"] = strata  # conversations per source, thinking or not, and split
+        report.update(self.skipped.report())  # skipped, skipped_by_source, contaminated_by_eval_set
         report["flags"] = dict(sorted(self.flags.items()))
         for grouping in GROUPINGS:
             section = {}
@@ -139,6 +176,7 @@ class CorpusStats:
                 section[key] = totals.report()
                 if grouping == "source":
                     section[key].update(self.source_info.get(key, {}))
+                    section[key]["flags"] = dict(sorted(self.flags_by_source.get(key, Counter()).items()))
             report[f"by_{grouping}"] = section
         report["generation"] = [
             {**orjson.loads(settings), "conversations": count} for settings, count in self.generation.most_common()
@@ -151,8 +189,32 @@ class CorpusStats:
 
 
 
+def generation_targets(audit: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets that generated rows of a corpus (its audit's generation settings grouped by target), with
+    their row counts: one entry for a corpus built as it should be."""
+    targets: dict[bytes, dict[str, Any]] = {}
+    for setting in audit.get("generation") or ():
+        identity = {name: setting.get(name) for name in TARGET_FIELDS}
+        key = orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)
+        entry = targets.setdefault(key, {**identity, "conversations": 0})
+        entry["conversations"] += setting.get("conversations", 0)
+    return list(targets.values())
+
+
 def _share(value: float) -> str:
     return f"{100 * value:.1f}%"
+
+
+def split_balance(strata: dict[str, dict[str, dict[str, int]]], fraction: float) -> list[str]:
+    """The strata whose validation share is outside the split's stated tolerance (build.split)."""
+    outside = []
+    for source, by_thinking in strata.items():
+        for thinking, splits in by_thinking.items():
+            rows, validation = sum(splits.values()), splits.get(VALIDATION, 0)
+            if not within_tolerance(rows, validation, fraction):
+                outside.append(f"{source} ({thinking}): {validation:,} of {rows:,} rows in validation, "
+                               f"expected {rows * fraction:,.1f}")
+    return outside
 
 
 def corpus_problems(report: dict[str, Any], min_thinking_share: float | None) -> Iterator[str]:

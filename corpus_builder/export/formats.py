@@ -6,23 +6,36 @@ per-turn fan-out of `speculators-tokens` never puts one conversation on both sid
 
 Formats (reasoning always travels in its own field, except in sharegpt, which has none):
 
-* ``speculators``: ``{id, conversations: [{role, content, reasoning_content}]}``, one row per conversation;
-  speculators' ``prepare-data`` renders it through a vLLM server (``--render-endpoint``) and fans it out
-  per assistant turn. Earlier reasoning stays in the history, as a Nanbeige-style template renders it.
+* ``speculators``: ``{id, conversations: [{role, content, reasoning_content, tool_calls, tool_call_id}],
+  tools}``, one row per conversation; speculators' ``prepare-data`` renders it through a vLLM server
+  (``--render-endpoint``, with the row's ``tools``) and fans it out per assistant turn. Earlier reasoning
+  stays in the history, as a Nanbeige-style template renders it.
 * ``speculators-tokens``: ``{id, input_ids, loss_mask}``, one row per assistant turn (id
   ``{conversation id}/{message index}``), built by corpus_builder.tokens: served ids for generated turns,
-  the rendered template for replayed ones; the mask covers the turn's tokens through its end-of-turn token.
+  the rendered template for replayed ones; the mask covers the turn's tokens through its end-of-turn token
+  (a turn's tool calls included; tool results are never supervised).
 * ``specforge``: ``{id, conversations}`` as speculators, checked against SpecForge's rules
-  (``specforge_problems``); a conversation that breaks them is left out and counted.
-* ``messages``: OpenAI chat style ``{id, source, messages: [{role, content, reasoning_content}]}``
-  (``reasoning_content`` is the field chat templates read, so rows feed ``apply_chat_template`` as they are).
-* ``sharegpt``: ``{id, conversations: [{from: system|human|gpt, value}]}``; ShareGPT has no reasoning field,
-  so an assistant turn's reasoning is written back as a leading ``<think>\\n...\\n</think>\\n\\n`` block
-  (the form corpus-builder's readers split out again).
+  (``specforge_problems``); a conversation that breaks them is left out and counted, and so is one with tool
+  traffic (SpecForge's rows, as its validators state them, hold no tool turns or tools).
+* ``messages``: OpenAI chat style ``{id, source, messages: [{role, content, reasoning_content, tool_calls,
+  tool_call_id}], tools}`` (``reasoning_content`` is the field chat templates read, so rows feed
+  ``apply_chat_template`` as they are, with ``tools=json.loads(row["tools"])``; a call's arguments are the
+  model's text, as OpenAI writes them, where vLLM decodes them to an object before its template renders them:
+  a template that prints a string verbatim then shows the model's own spacing).
+* ``sharegpt``: ``{id, conversations: [{from: system|human|gpt|function_call|observation, value}], tools}``;
+  ShareGPT has no reasoning field, so an assistant turn's reasoning is written back as a leading
+  ``<think>\\n...\\n</think>\\n\\n`` block (the form corpus-builder's readers split out again). Tool traffic
+  takes the glaive/LLaMA-Factory form: a ``function_call`` turn whose value is the call's JSON (a list for
+  parallel calls; an assistant turn's text or reasoning before its calls is a ``gpt`` turn of its own, which
+  the readers merge back), one ``observation`` turn per result (one holding the JSON list of the results
+  after parallel calls).
 
-Every turn carries ``reasoning_content`` (null on user/system turns and turns without reasoning): with a
-key missing from some turns, ``datasets``' JSON loader types the turns as opaque ``Json`` instead of
-``List({role, content, reasoning_content})``. Memory is flat: batches stream from the shards to the files.
+Tool calls are OpenAI's ``{id, type: "function", function: {name, arguments}}`` with the arguments' text,
+and ``tools`` is the row's function schemas as a JSON string (null without tools), as the Hermes and glaive
+function-calling datasets store them and speculators reads them: free-form JSON Schema has no one column type.
+Every turn carries ``reasoning_content``, ``tool_calls`` and ``tool_call_id`` (null where a turn has none):
+with a key missing from some turns, ``datasets``' JSON loader types the turns as opaque ``Json`` instead of
+``List({role, content, ...})``. Memory is flat: batches stream from the shards to the files.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ from ..errors import CorpusError
 from ..layout import Corpus
 from ..progress import ProgressLine
 from ..recipe.model import Recipe
-from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message
+from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
 from ..rows import batch_to_conversations
 from ..tokens import TokenRows
 
@@ -50,21 +63,33 @@ FORMATS = ("speculators", "speculators-tokens", "specforge", "messages", "shareg
 FILE_FORMATS = ("jsonl", "jsonl.zst", "parquet")
 EXPORTS_DIR = "exports"  # a build's recipe exports: OUT/exports/{format}/
 
-_TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string())])
+_TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
+                        ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
+_PLAIN_TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string())])
+_TURN = pa.struct([*_PLAIN_TURN, ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string())])
+_SHAREGPT_TURN = pa.struct([("from", pa.string()), ("value", pa.string())])
 SCHEMAS = {
-    "speculators": pa.schema([("id", pa.string()), ("conversations", pa.list_(_TURN))]),
-    "specforge": pa.schema([("id", pa.string()), ("conversations", pa.list_(_TURN))]),
-    "messages": pa.schema([("id", pa.string()), ("source", pa.string()), ("messages", pa.list_(_TURN))]),
-    "sharegpt": pa.schema([("id", pa.string()),
-                           ("conversations", pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())])))]),
+    "speculators": pa.schema([("id", pa.string()), ("conversations", pa.list_(_TURN)), ("tools", pa.string())]),
+    "specforge": pa.schema([("id", pa.string()), ("conversations", pa.list_(_PLAIN_TURN))]),
+    "messages": pa.schema([("id", pa.string()), ("source", pa.string()), ("messages", pa.list_(_TURN)),
+                           ("tools", pa.string())]),
+    "sharegpt": pa.schema([("id", pa.string()), ("conversations", pa.list_(_SHAREGPT_TURN)), ("tools", pa.string())]),
     "speculators-tokens": pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())),
                                      ("loss_mask", pa.list_(pa.int32()))]),
 }
-SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt"}
+SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "observation"}
+SHAREGPT_CALL = "function_call"
+SPECFORGE_NO_TOOLS = "tool calls or tools (SpecForge's conversations hold no tool turns)"
 
 
 def _turns(conversation: Conversation) -> list[dict[str, Any]]:
-    return [{"role": m.role, "content": m.content, "reasoning_content": m.reasoning} for m in conversation.messages]
+    return [{"role": m.role, "content": m.content, "reasoning_content": m.reasoning,
+             "tool_calls": [call.to_openai() for call in m.tool_calls] or None, "tool_call_id": m.tool_call_id}
+            for m in conversation.messages]
+
+
+def _tools(conversation: Conversation) -> str | None:
+    return orjson.dumps(conversation.tools).decode() if conversation.tools else None
 
 
 def specforge_problems(row: dict[str, Any]) -> list[str]:
@@ -104,18 +129,53 @@ def _sharegpt_value(message: Message) -> str:
     return message.content
 
 
+def _sharegpt_turns(conversation: Conversation) -> list[dict[str, str]]:
+    turns: list[dict[str, str]] = []
+    results: list[str] = []  # the tool turns in a row, written as one observation when there are several
+
+    def flush() -> None:
+        if results:
+            turns.append({"from": SHAREGPT_ROLES["tool"],
+                          "value": results[0] if len(results) == 1 else orjson.dumps(results).decode()})
+            results.clear()
+
+    for message in conversation.messages:
+        if message.role == "tool":
+            results.append(message.content)
+            continue
+        flush()
+        if not message.tool_calls or message.content or message.reasoning:
+            turns.append({"from": SHAREGPT_ROLES[message.role], "value": _sharegpt_value(message)})
+        if message.tool_calls:
+            calls = [_sharegpt_call(call) for call in message.tool_calls]
+            value = calls[0] if len(calls) == 1 else calls
+            turns.append({"from": SHAREGPT_CALL, "value": orjson.dumps(value).decode()})
+    flush()
+    return turns
+
+
+def _sharegpt_call(call: ToolCall) -> dict[str, Any]:
+    """glaive/LLaMA-Factory's call: the arguments as an object (their text when it is not one)."""
+    arguments = call.arguments_object()
+    return {"name": call.name, "arguments": call.arguments if arguments is None else arguments}
+
+
 # A converter turns a batch of conversations into output rows and counts what it leaves out.
 Converter = Callable[[list[Conversation], Counter[str]], Iterator[dict[str, Any]]]
 
 
 def _speculators(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     for c in conversations:
-        yield {"id": c.id, "conversations": _turns(c)}
+        yield {"id": c.id, "conversations": _turns(c), "tools": _tools(c)}
 
 
 def _specforge(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     for c in conversations:
-        row = {"id": c.id, "conversations": _turns(c)}
+        if c.has_tool_traffic:
+            skipped[SPECFORGE_NO_TOOLS] += 1
+            continue
+        row = {"id": c.id, "conversations": [{"role": m.role, "content": m.content, "reasoning_content": m.reasoning}
+                                             for m in c.messages]}
         problems = specforge_problems(row)
         if problems:
             skipped[re.sub(r"^turn \d+ ", "", problems[0])] += 1  # counted by kind, not by turn
@@ -125,13 +185,12 @@ def _specforge(conversations: list[Conversation], skipped: Counter[str]) -> Iter
 
 def _messages(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     for c in conversations:
-        yield {"id": c.id, "source": c.source, "messages": _turns(c)}
+        yield {"id": c.id, "source": c.source, "messages": _turns(c), "tools": _tools(c)}
 
 
 def _sharegpt(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     for c in conversations:
-        yield {"id": c.id, "conversations": [{"from": SHAREGPT_ROLES[m.role], "value": _sharegpt_value(m)}
-                                             for m in c.messages]}
+        yield {"id": c.id, "conversations": _sharegpt_turns(c), "tools": _tools(c)}
 
 
 class _TokenConverter:
@@ -183,6 +242,9 @@ class ExportReport:
     # split -> {path, rows, conversations, left_out}
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
+    # Natural-language formats only: generated turns whose re-render is not the token ids the target served
+    # (from the build's served-ids check), of how many; a trainer that re-renders the text trains on those.
+    re_rendered: tuple[int, int] | None = None
 
     def describe(self) -> str:
         lines = [f"{self.format} ({self.file_format}) -> {self.out_dir}"]
@@ -191,7 +253,21 @@ class ExportReport:
                          f"{info['path']}")
         for reason, count in sorted(self.skipped.items()):
             lines.append(f"  left out: {reason}: {count:,} conversations")
+        if self.re_rendered is not None and self.re_rendered[0]:
+            differ, checked = self.re_rendered
+            lines.append(f"  note: {differ:,} of {checked:,} generated turns re-render differently from the tokens "
+                         "the target served (a trainer that re-renders this text trains on tokens the target did "
+                         "not produce); the speculators-tokens export keeps them token-exact")
         return "\n".join(lines)
+
+
+def _re_rendered_turns(corpus: Corpus) -> tuple[int, int] | None:
+    """(generated turns whose re-render differs from their served ids, generated turns checked), from the
+    build's served-ids check in audit.json; None when the build had no target tokenizer to check with."""
+    mismatches = ((corpus.audit() or {}).get("tokens") or {}).get("mismatches")
+    if not isinstance(mismatches, dict):
+        return None
+    return int(mismatches.get("count", 0)), int(mismatches.get("checked_turns", 0))
 
 
 def _converter(fmt: str, token_rows: TokenRows | None) -> Converter:
@@ -215,7 +291,8 @@ def export_corpus(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str =
         raise CorpusError(f"unknown file format {file_format!r} (one of {', '.join(FILE_FORMATS)})")
     convert = _converter(fmt, token_rows)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = ExportReport(fmt, file_format, out_dir)
+    report = ExportReport(fmt, file_format, out_dir, re_rendered=None if fmt == "speculators-tokens"
+                          else _re_rendered_turns(corpus))
     skipped: Counter[str] = Counter()
     for split in sorted(corpus.manifest.get("splits") or {}):
         path = out_dir / f"{split}.{file_format}"

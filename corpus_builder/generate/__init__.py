@@ -12,7 +12,7 @@ The HTTP client (aiohttp) and the in-process engine (vllm) are imported only whe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,25 +25,40 @@ from .backend import Backend
 from .journal import Journal, turn_key
 from .progress import GenerationProgress
 from .scheduler import RunSettings, Scheduler, drive
-from .types import EndpointInfo, FaultCounters, PermanentError, TurnRequest, TurnResult
+from .types import (
+    MODEL_FIELDS,
+    EndpointInfo,
+    FaultCounters,
+    GenerationIncomplete,
+    PermanentError,
+    RetriesExhausted,
+    TargetIdentity,
+    TurnRequest,
+    TurnResult,
+)
 
 __all__ = [
-    "Backend", "EndpointInfo", "FaultCounters", "GenerationProgress", "Journal", "JournalCoverage",
-    "PermanentError", "RunSettings", "TurnRequest", "TurnResult", "generate", "journal_coverage", "turn_key",
+    "Backend", "EndpointInfo", "FaultCounters", "GenerationIncomplete", "GenerationProgress", "Journal",
+    "JournalCoverage", "PermanentError", "RetriesExhausted", "RunSettings", "TurnRequest", "TurnResult", "generate",
+    "journal_coverage", "turn_key",
 ]
 
 
 def generate(prompts: Iterable[Conversation], recipe: Recipe, journal_dir: Path, *, endpoints: Sequence[str],
              progress: GenerationProgress | None = None, journal_only: bool = False, backend: str | None = None,
-             api_key: str | None = None, window: int | None = None,
-             engine_kwargs: dict[str, Any] | None = None) -> Iterator[Conversation | Skipped]:
+             api_key: str | None = None, window: int | None = None, engine_kwargs: dict[str, Any] | None = None,
+             alive: Callable[[], None] | None = None) -> Iterator[Conversation | Skipped]:
     """Regenerate the assistant turns of ``prompts`` with the recipe's target; rows in input order.
 
     ``backend`` is "server" (the OpenAI-compatible ``endpoints``) or "engine" (``vllm.LLM`` in this
     process); it defaults to ``recipe.target.backend``. ``journal_only`` uses no backend at all and
     raises CorpusError at the first turn the journal does not hold (see ``journal_coverage``).
     ``window`` bounds the rows admitted but not yet yielded (default 8 x concurrency);
-    ``engine_kwargs`` go to ``vllm.LLM`` (e.g. dtype, max_model_len) with the engine backend.
+    ``engine_kwargs`` go to ``vllm.LLM`` (e.g. dtype, max_model_len) with the engine backend. ``alive``
+    raises ``GenerationIncomplete`` once whatever serves the endpoints is gone (a launched server's handle).
+
+    A row whose request runs out of retries comes out as a Skipped with reason "unfinished" (nothing
+    journaled); ``GenerationIncomplete`` ends the run when no endpoint can answer any more.
     """
     backend = backend or recipe.target.backend
     loop = _new_loop()
@@ -53,17 +68,19 @@ def generate(prompts: Iterable[Conversation], recipe: Recipe, journal_dir: Path,
                 settings = RunSettings.from_recipe(recipe, window=window)
                 if progress is not None:
                     progress.start(samples_per_prompt=settings.n)
-                yield from drive(loop, Scheduler(prompts, settings, journal, None, progress=progress))
+                yield from drive(loop, Scheduler(prompts, settings, journal, None, progress=progress,
+                                                 allow_mixed_targets=recipe.target.allow_mixed_targets))
             else:
-                pool = _open_backend(recipe, endpoints, backend, api_key, engine_kwargs)
+                pool = _open_backend(recipe, endpoints, backend, api_key, engine_kwargs, alive)
                 loop.run_until_complete(pool.__aenter__())
                 try:
                     served_model, infos = loop.run_until_complete(_check(pool, recipe.target.model))
                     settings = RunSettings.from_recipe(recipe, served_model, window=window)
                     if progress is not None:
                         progress.start(samples_per_prompt=settings.n, counters=pool.counters)
-                    versions = {info.url: info.engine_version for info in infos}
-                    scheduler = Scheduler(prompts, settings, journal, pool.complete, engine_versions=versions,
+                    identities = _identities(infos, served_model, recipe.target.allow_mixed_targets)
+                    scheduler = Scheduler(prompts, settings, journal, pool.complete, identities=identities,
+                                          allow_mixed_targets=recipe.target.allow_mixed_targets,
                                           progress=progress)
                     yield from drive(loop, scheduler)
                 finally:
@@ -120,7 +137,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def _open_backend(recipe: Recipe, endpoints: Sequence[str], backend: str, api_key: str | None,
-                  engine_kwargs: dict[str, Any] | None) -> Backend:
+                  engine_kwargs: dict[str, Any] | None, alive: Callable[[], None] | None) -> Backend:
     settings = recipe.target.generation
     if backend == "engine":
         from .engine import EnginePool
@@ -133,7 +150,20 @@ def _open_backend(recipe: Recipe, endpoints: Sequence[str], backend: str, api_ke
     from .client import EndpointPool
 
     return EndpointPool(list(endpoints), timeout_s=settings.timeout_s, max_retries=settings.max_retries,
-                        concurrency=settings.concurrency, api_key=api_key)
+                        concurrency=settings.concurrency, api_key=api_key, max_outage_s=settings.max_outage_s,
+                        alive=alive)
+
+
+def _identities(infos: list[EndpointInfo], served_model: str, allow_mixed: bool) -> dict[str, TargetIdentity]:
+    """What each usable endpoint serves; endpoints serving different models fail the run unless accepted."""
+    identities = {info.url: TargetIdentity.of(info, served_model) for info in infos
+                  if info.healthy and served_model in info.models}
+    models = {tuple(identity.fields()[name] for name in MODEL_FIELDS) for identity in identities.values()}
+    if len(models) > 1 and not allow_mixed:
+        raise CorpusError("the endpoints serve different targets: one corpus trains one draft against one verifier "
+                          "(point every endpoint at the same model, or set target.allow_mixed_targets: true)",
+                          details=[f"{url}: {identity.describe()}" for url, identity in identities.items()])
+    return identities
 
 
 async def _check(pool: Backend, model: str) -> tuple[str, list[EndpointInfo]]:

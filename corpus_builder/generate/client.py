@@ -8,7 +8,13 @@ Routing sends each request to the healthy endpoint with the fewest requests in f
 another endpoint than the one that just failed when there is one. An endpoint that fails with a
 connection error or a timeout, or answers 5xx/garbage ``max_consecutive_failures`` times in a row, is
 taken out for ``cooldown_s``; requests of an unreachable endpoint retry at once elsewhere, and a
-background re-check brings it back when ``/health`` answers 200.
+background re-check brings it back when it answers ``/health`` and serves the model again. Health checks
+use a connection pool of their own: requests filling the main pool never make a recovered endpoint wait.
+
+A request that keeps failing transiently raises ``RetriesExhausted`` (the row is unfinished, never
+dropped as refused); a 4xx refusal raises ``PermanentError``. When no endpoint has answered for
+``max_outage_s`` (or ``alive`` says the launched server is gone), every request raises
+``GenerationIncomplete``: the build stops instead of burning through every row's retries.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import asyncio
 import base64
 import contextlib
 import random
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -25,7 +32,15 @@ from yarl import URL
 
 from ..errors import CorpusError
 from ..records import THINK_CLOSE, THINK_OPEN, split_think
-from .types import EndpointInfo, FaultCounters, PermanentError, TurnRequest, TurnResult
+from .types import (
+    EndpointInfo,
+    FaultCounters,
+    GenerationIncomplete,
+    PermanentError,
+    RetriesExhausted,
+    TurnRequest,
+    TurnResult,
+)
 
 # 408 Request Timeout, 409 Conflict, 425 Too Early and 429 Too Many Requests are transient refusals;
 # every other 4xx (bad request, context overflow, unknown model) would fail the same way again.
@@ -103,7 +118,8 @@ class EndpointPool:
                  concurrency: int, api_key: str | None = None, cooldown_s: float = 10.0,
                  recheck_interval_s: float = 2.0, backoff_base_s: float = 0.5, backoff_max_s: float = 30.0,
                  max_retry_after_s: float = 300.0, probe_timeout_s: float = 10.0,
-                 max_consecutive_failures: int = 5) -> None:
+                 max_consecutive_failures: int = 5, max_outage_s: float = 120.0,
+                 alive: Callable[[], None] | None = None) -> None:
         if not urls:
             raise CorpusError("no endpoint given: set target.endpoints or target.launch in the recipe")
         if max_retries < 0 or concurrency < 1 or timeout_s <= 0:
@@ -120,9 +136,15 @@ class EndpointPool:
         self.max_retry_after_s = max_retry_after_s
         self.probe_timeout_s = probe_timeout_s
         self.max_consecutive_failures = max_consecutive_failures
+        self.max_outage_s = max_outage_s
+        self.alive = alive  # raises GenerationIncomplete when what serves the endpoints is known to be gone
         self.counters = FaultCounters()
         self.last_check: list[EndpointInfo] = []
+        self._expected_model: str | None = None
+        self._unreachable_since: float | None = None  # every endpoint down since then
+        self._last_outage_fault = ""
         self._session: aiohttp.ClientSession | None = None
+        self._probe_session: aiohttp.ClientSession | None = None
         self._recheck_task: asyncio.Task[None] | None = None
 
     @property
@@ -141,6 +163,8 @@ class EndpointPool:
                                          ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=min(self.timeout_s, 10.0))
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        probes = aiohttp.TCPConnector(limit=2 * len(self._endpoints), ttl_dns_cache=300)
+        self._probe_session = aiohttp.ClientSession(connector=probes)
         if self.recheck_interval_s > 0:
             self._recheck_task = asyncio.create_task(self._recheck_loop())
         return self
@@ -151,9 +175,10 @@ class EndpointPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._recheck_task
             self._recheck_task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._probe_session):
+            if session is not None:
+                await session.close()
+        self._session = self._probe_session = None
 
     # ---- health ----------------------------------------------------------------------------------
 
@@ -163,6 +188,7 @@ class EndpointPool:
         Raises CorpusError naming each endpoint's problem when none is healthy. With
         ``expected_model``, an endpoint that does not serve that name counts as unhealthy.
         """
+        self._expected_model = expected_model
         infos = await asyncio.gather(*(self._probe(ep, expected_model) for ep in self._endpoints))
         self.last_check = list(infos)
         if not any(info.healthy for info in infos):
@@ -189,6 +215,8 @@ class EndpointPool:
                     chosen = next((c for c in cards if c["id"] == expected_model), first)
                     if chosen is not None and isinstance(chosen.get("max_model_len"), int):
                         info.max_model_len = chosen["max_model_len"]
+                    if chosen is not None and isinstance(chosen.get("root"), str):
+                        info.model_root = chosen["root"]
                     if expected_model is not None and expected_model not in info.models:
                         info.error = f"does not serve model {expected_model!r} (serves {info.models})"
                         ep.retired = True
@@ -200,7 +228,9 @@ class EndpointPool:
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             info.error = f"GET /v1/models answered something that is not a model list ({exc})"
         ep.up = info.healthy
-        if not info.healthy:
+        if info.healthy:
+            self._unreachable_since = None
+        else:
             ep.down_until = asyncio.get_running_loop().time() + self.cooldown_s
         return info
 
@@ -216,30 +246,21 @@ class EndpointPool:
         return None
 
     async def _get(self, ep: _Endpoint, url: URL) -> tuple[int, bytes]:
-        assert self._session is not None, "use EndpointPool inside 'async with'"
+        assert self._probe_session is not None, "use EndpointPool inside 'async with'"
         timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, self.probe_timeout_s))
-        async with self._session.get(url, headers=ep.headers, timeout=timeout) as resp:
+        async with self._probe_session.get(url, headers=ep.headers, timeout=timeout) as resp:
             return resp.status, await resp.read()
 
     async def _recheck_loop(self) -> None:
-        """Bring endpoints back once their cooldown is over and /health answers 200."""
+        """Bring endpoints back once their cooldown is over and they pass the probe again (health, and the
+        model the run serves)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.recheck_interval_s)
             now = loop.time()
             down = [ep for ep in self._endpoints if not ep.up and not ep.retired and now >= ep.down_until]
             if down:
-                await asyncio.gather(*(self._recheck(ep) for ep in down))
-
-    async def _recheck(self, ep: _Endpoint) -> None:
-        try:
-            status, _ = await self._get(ep, ep.health_url)
-        except (aiohttp.ClientError, TimeoutError):
-            status = None
-        if status == 200:
-            ep.up = True
-        else:
-            ep.down_until = asyncio.get_running_loop().time() + self.cooldown_s
+                await asyncio.gather(*(self._probe(ep, self._expected_model) for ep in down))
 
     # ---- requests --------------------------------------------------------------------------------
 
@@ -251,15 +272,19 @@ class EndpointPool:
         understands it, whereas a server that predates ``max_completion_tokens`` would silently ignore
         that field and generate up to the context limit.
         """
-        body = orjson.dumps({
+        fields = {
             "model": request.model,
             "messages": request.messages,
             **request.sampling,
             "chat_template_kwargs": _THINKING_ON if request.enable_thinking else _THINKING_OFF,
             "return_token_ids": True,
             "n": 1,
-        })
-        return await self._post(body)
+        }
+        if request.tools:
+            fields["tools"] = request.tools
+            if request.tool_choice is not None:
+                fields["tool_choice"] = request.tool_choice
+        return await self._post(orjson.dumps(fields))
 
     async def _post(self, body: bytes) -> TurnResult:
         session = self._session
@@ -268,6 +293,7 @@ class EndpointPool:
         attempt = 0
         failed: _Endpoint | None = None
         while True:
+            self._check_outage(loop.time())
             ep = self._single or self._choose(failed)
             ep.in_flight += 1
             try:
@@ -278,6 +304,7 @@ class EndpointPool:
                         try:
                             result = _parse_completion(raw, ep.url)
                             ep.failures = 0
+                            self._unreachable_since = None
                             return result
                         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError,
                                 ValueError) as exc:
@@ -293,6 +320,11 @@ class EndpointPool:
 
             if failure.fault in ENDPOINT_FAULTS:
                 self._take_out(ep, loop.time())
+                if self.alive is not None:
+                    self.alive()
+                if self._unreachable_since is None and not any(e.up for e in self._endpoints):
+                    self._unreachable_since = loop.time()
+                self._last_outage_fault = f"{failure.fault}: {failure.detail}"
             elif failure.fault in SERVER_FAULTS:
                 ep.failures += 1
                 if ep.failures >= self.max_consecutive_failures:
@@ -300,9 +332,9 @@ class EndpointPool:
             failed = ep
             if attempt >= self.max_retries:
                 self.counters.error(failure.fault)
-                raise PermanentError(
+                raise RetriesExhausted(
                     f"{ep.url}: gave up after {attempt + 1} attempts; last failure: "
-                    f"{failure.fault}: {failure.detail}", status=failure.status, endpoint=ep.url)
+                    f"{failure.fault}: {failure.detail}", fault=failure.fault, endpoint=ep.url)
             self.counters.retry(failure.fault)
             attempt += 1
             delay = self._delay(attempt, failure, ep)
@@ -331,6 +363,13 @@ class EndpointPool:
         if failure.retry_after is not None:
             return min(failure.retry_after, self.max_retry_after_s) + random.uniform(0, self.backoff_base_s)
         return random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1)))
+
+    def _check_outage(self, now: float) -> None:
+        if self._unreachable_since is not None and now - self._unreachable_since >= self.max_outage_s:
+            raise GenerationIncomplete(f"no endpoint has answered for {now - self._unreachable_since:.0f} s "
+                                    f"(target.generation.max_outage_s {self.max_outage_s:g}); last failure: "
+                                    f"{self._last_outage_fault}",
+                                    details=[f"{ep.url}: down" for ep in self._endpoints])
 
     def _take_out(self, ep: _Endpoint, now: float) -> None:
         ep.up = False
@@ -371,6 +410,7 @@ def _parse_completion(raw: bytes, endpoint: str) -> TurnResult:
     usage = doc.get("usage") or {}
     details = usage.get("completion_tokens_details") or {}
     return TurnResult(
+        tool_calls=_tool_calls(message.get("tool_calls")),
         content=content,
         reasoning=reasoning,
         finish_reason=choice.get("finish_reason"),
@@ -382,6 +422,23 @@ def _parse_completion(raw: bytes, endpoint: str) -> TurnResult:
         endpoint=endpoint,
         served_model=doc["model"],
     )
+
+
+def _tool_calls(calls: Any) -> list[dict[str, str]] | None:
+    """``message.tool_calls`` as {"id", "name", "arguments"}: only the shape is checked here (a call without a
+    function name makes the body unreadable); whether the arguments parse or fit the tool's schema is judged
+    later, on the record (``generate.tool_results``)."""
+    if not calls:
+        return None
+    parsed = []
+    for call in calls:
+        function = call["function"]
+        name, arguments = function["name"], function.get("arguments")
+        if not isinstance(name, str) or not name:
+            raise ValueError("a tool call has no function name")
+        parsed.append({"id": str(call.get("id") or ""), "name": name,
+                       "arguments": arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()})
+    return parsed
 
 
 def _model_cards(raw: bytes) -> list[dict[str, Any]]:

@@ -70,10 +70,14 @@ class EnginePool:
     async def check(self, expected_model: str | None = None) -> list[EndpointInfo]:
         config = self._llm.llm_engine.model_config
         return [EndpointInfo(url=ENGINE_ENDPOINT, healthy=True, models=[self.model],
-                             engine_version=self._version,
-                             max_model_len=getattr(config, "max_model_len", None), error=None)]
+                             engine_version=self._version, max_model_len=getattr(config, "max_model_len", None),
+                             error=None, model_root=self.model)]
 
     async def complete(self, request: TurnRequest) -> TurnResult:
+        if request.tools:
+            raise CorpusError("prompts with tools need a server: the in-process engine has no tool-call parser to "
+                              "read the target's calls (set target.backend: server, with vLLM's "
+                              "--enable-auto-tool-choice --tool-call-parser for the target's format)")
         future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
         if self._runner is None or self._runner.done():

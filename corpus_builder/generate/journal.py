@@ -19,6 +19,8 @@ through a small cache of decompressed frames.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import hashlib
 import mmap
@@ -35,6 +37,7 @@ import zstandard
 from ..errors import CorpusError
 
 SEGMENT_GLOB = "segment-*.zst"
+LOCK_NAME = "lock"
 _SKIPPABLE_MAGIC = 0x184D2A5B  # one of the 16 zstd skippable-frame magics (0x184D2A50..5F)
 _LENGTH_FRAME = struct.Struct("<III")  # magic, payload size (4), length of the next data frame
 _KEY_PREFIX = b'{"k":"'
@@ -47,11 +50,19 @@ DEFAULT_FSYNC_INTERVAL_S = 1.0
 
 
 def turn_key(messages: Any, sampling: dict[str, Any], *, model: str, revision: str | None,
-             enable_thinking: bool, sample_index: int) -> bytes:
+             enable_thinking: bool, sample_index: int, conversation: str | None = None,
+             tools: dict[str, Any] | None = None) -> bytes:
     """What determines one generation: the exact request messages (regenerated history included), the
-    sampling sent, the model and its revision, thinking mode and the sample index. Never input order."""
-    payload = orjson.dumps([model, revision, enable_thinking, sample_index, sampling, messages],
-                           option=orjson.OPT_SORT_KEYS)
+    sampling sent, the model and its revision, thinking mode, the sample index, the conversation it belongs
+    to (its id; None when identical turns of different conversations share one generation) and the tools
+    sent with it (``{"tools", "tool_choice"}``; None for a request without tools, whose key is what it was
+    before tools existed). Never input order."""
+    fields: list[Any] = [model, revision, enable_thinking, sample_index, sampling, messages]
+    if conversation is not None:
+        fields.append(conversation)
+    if tools is not None:
+        fields.append(tools)  # a dict: never mistaken for the conversation id, a string
+    payload = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(payload, digest_size=16, person=b"corpus-turn").digest()
 
 
@@ -73,6 +84,7 @@ class Journal:
         self._write_segment = -1
         self._write_offset = 0
         self._last_fsync = 0.0
+        self._write_failed = False
         self.loaded_records = 0
         self.ignored_tail_bytes = 0  # bytes of a torn final frame ignored on load (0 when clean)
 
@@ -91,7 +103,7 @@ class Journal:
         except OSError as error:
             raise CorpusError(f"cannot create the journal directory: {error.strerror}",
                               file=str(self.directory)) from error
-        self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as error:
@@ -105,10 +117,11 @@ class Journal:
             self._load_segment(number, path)
 
     def close(self) -> None:
-        if self._lock_fd is not None:
+        if self._lock_fd is not None and not self._write_failed:
             self.flush()
         if self._write_fd is not None:  # a segment exists only once something was written
-            os.fsync(self._write_fd)
+            with contextlib.suppress(OSError):  # a failed write was reported already; the data is whole
+                os.fsync(self._write_fd)
             os.close(self._write_fd)
             self._write_fd = None
         for fd in self._read_fds.values():
@@ -194,7 +207,7 @@ class Journal:
 
     def flush(self) -> None:
         """Write the buffered records as one frame (or a few, for a very large batch)."""
-        if not self._pending:
+        if not self._pending or self._write_failed:
             return
         fd = self._write_fd if self._write_fd is not None else self._start_segment()
         batch: list[tuple[bytes, bytes]] = []
@@ -210,8 +223,30 @@ class Journal:
         self._pending.clear()
         now = time.monotonic()
         if now - self._last_fsync >= self.fsync_interval_s:
-            os.fsync(fd)
+            try:
+                os.fsync(fd)
+            except OSError as error:
+                raise CorpusError(f"cannot write the journal: {error.strerror or error}: fix this and rerun to "
+                                  "resume", file=str(self._segments[self._write_segment])) from error
             self._last_fsync = now
+
+    def _write_all(self, fd: int, data: bytes) -> None:
+        """Every byte or an error: a short write (a full disk) is continued, a failed one is cut back so the
+        segment ends on its last complete frame, and the run stops with CorpusError."""
+        written = 0
+        try:
+            while written < len(data):
+                count = os.write(fd, data[written:])
+                if count <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += count
+        except OSError as error:
+            self._write_failed = True  # nothing more is written this run: the rows built on it were not yielded
+            with contextlib.suppress(OSError):  # if even this fails, the loader ignores the torn tail
+                os.ftruncate(fd, self._write_offset)
+            raise CorpusError(f"cannot write the journal: {error.strerror or error}; it stays valid up to the "
+                              "last finished generation: fix this and rerun to resume",
+                              file=str(self._segments[self._write_segment])) from error
 
     def _start_segment(self) -> int:
         last = int(self._segments[-1].stem.split("-")[1]) if self._segments else 0
@@ -226,7 +261,7 @@ class Journal:
     def _write_frame(self, fd: int, batch: list[tuple[bytes, bytes]]) -> None:
         frame = self._cctx.compress(b"".join(line for _, line in batch))
         header = _LENGTH_FRAME.pack(_SKIPPABLE_MAGIC, 4, len(frame))
-        os.write(fd, header + frame)  # one write: a torn pair only ever sits at the tail
+        self._write_all(fd, header + frame)
         data_offset = self._write_offset + len(header)
         location = ((self._write_segment << (_OFFSET_BITS + _LENGTH_BITS)) | (data_offset << _LENGTH_BITS)
                     | len(frame))

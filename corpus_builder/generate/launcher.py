@@ -7,7 +7,8 @@ process (turned into SystemExit while the server runs, so the cleanup below exec
 server also gets SIGTERM if this process dies without cleaning up (e.g. SIGKILL).
 
 Server output goes to a log file, never to the terminal; a server that exits or hangs during startup
-raises CorpusError with the tail of that log.
+raises CorpusError with the tail of that log, and one that exits while it serves is told by
+``ServerHandle.raise_if_exited`` (GenerationIncomplete, with the same tail).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from ..errors import CorpusError, MissingDependency
 from ..recipe.model import LaunchSpec
+from .types import GenerationIncomplete
 
 HOST = "127.0.0.1"
 HEALTH_POLL_S = 0.5
@@ -42,10 +45,26 @@ SERVER_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK":
 SERVER_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB; only used by the CPU build, kept if set
 
 
+@dataclass(frozen=True)
+class ServerHandle:
+    """A server started by this process: its base URL (``http://127.0.0.1:PORT/v1``) and its process."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def raise_if_exited(self) -> None:
+        """GenerationIncomplete, with the tail of the server's log, once the server process has exited."""
+        code = self.process.poll()
+        if code is not None:
+            raise GenerationIncomplete(f"the vLLM server exited with code {code} while serving (log: {self.log_path})",
+                                    details=log_tail(self.log_path))
+
+
 @contextlib.contextmanager
 def launched_server(spec: LaunchSpec, served_model_name: str, *, log_path: Path | None = None,
-                    reasoning_parser: str | None = "qwen3", trust_remote_code: bool = False) -> Iterator[str]:
-    """Serve ``spec.model_dir`` as ``served_model_name`` on 127.0.0.1; yields the base URL (``.../v1``).
+                    reasoning_parser: str | None = "qwen3", trust_remote_code: bool = False) -> Iterator[ServerHandle]:
+    """Serve ``spec.model_dir`` as ``served_model_name`` on 127.0.0.1; yields its handle (``.url`` ends in /v1).
 
     ``spec.args`` are passed to the server after the launcher's own options; ``reasoning_parser`` is
     added unless the args choose one. Raises CorpusError when vLLM is missing, the model directory does
@@ -70,15 +89,15 @@ def launched_server(spec: LaunchSpec, served_model_name: str, *, log_path: Path 
         command.append("--trust-remote-code")
     env = {**SERVER_ENV_DEFAULTS, **os.environ, **SERVER_ENV, **spec.env}
     with running_server(command + args, port, env=env, log_path=log_path,
-                        startup_timeout_s=spec.startup_timeout_s) as base_url:
-        yield base_url
+                        startup_timeout_s=spec.startup_timeout_s) as server:
+        yield server
 
 
 @contextlib.contextmanager
 def running_server(command: Sequence[str], port: int, *, env: dict[str, str] | None = None,
-                   log_path: Path | None = None, startup_timeout_s: float = 600.0) -> Iterator[str]:
+                   log_path: Path | None = None, startup_timeout_s: float = 600.0) -> Iterator[ServerHandle]:
     """Run ``command`` (an HTTP server that will listen on 127.0.0.1:``port`` and answer GET /health)
-    until the ``with`` block ends; yields ``http://127.0.0.1:PORT/v1`` once /health answers 200.
+    until the ``with`` block ends; yields its handle (url ``http://127.0.0.1:PORT/v1``) once /health answers 200.
 
     Output goes to ``log_path``, or to a temporary file that is removed after a clean run and kept (and
     named in the error) when startup fails.
@@ -100,7 +119,7 @@ def running_server(command: Sequence[str], port: int, *, env: dict[str, str] | N
             stop_process_group(process)
             raise
         try:
-            yield f"http://{HOST}:{port}/v1"
+            yield ServerHandle(f"http://{HOST}:{port}/v1", process, log_path)
         finally:
             stop_process_group(process)
     if not keep_log:

@@ -6,6 +6,14 @@ regenerated for turns < k. Every finished turn goes to the journal before anythi
 yielded; a turn whose key is in the journal is resolved without a request, so a rerun after a crash,
 or a rebuild with other checks, repeats only what never finished.
 
+A prompt with tool traffic sends its tools (and the source's ``tool_choice``) with every request and follows
+its source's tool-result policy (``sources[].tool_results``): ``match`` reuses a recorded result only after
+a regenerated call that matches the recorded one (``tool_results.pair_calls``), the assistant then speaking
+again with it; a call with no recorded twin ends the row before it (flag ``tool_result_unknown``, or the row
+skipped with that reason when nothing was generated before it), and a turn that answers without the recorded
+call goes on to the next user turn. ``recorded`` keeps the recorded history (calls, results, answers) as it
+is and regenerates only the final assistant turn.
+
 Bounds: at most ``concurrency`` requests in flight (turns of different conversations interleave; the
 next turns of older rows go first) and up to as many more waiting for a slot, at most ``window`` rows
 admitted but not yet yielded, input pulled lazily. Rows are yielded in input order, so downstream stages
@@ -15,6 +23,7 @@ see the same stream on every run.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -24,27 +33,52 @@ from typing import Any
 from ..errors import CorpusError, Skipped
 from ..recipe.model import GenerationSettings, Recipe
 from ..records import (
+    FLAG_INVALID_TOOL_CALL,
+    FLAG_TOOL_RESULT_UNKNOWN,
     FLAG_TRUNCATED,
     FLAG_UNCLOSED_THINK,
     Conversation,
     Message,
+    ToolCall,
     conversation_id,
     make_message,
+    openai_messages,
 )
 from .journal import Journal, turn_key
 from .progress import GenerationProgress
-from .types import PermanentError, TurnRequest, TurnResult
+from .tool_results import describe, invalid_calls, pair_calls
+from .types import (
+    IDENTITY_FIELDS,
+    PermanentError,
+    RetriesExhausted,
+    TargetIdentity,
+    TurnRequest,
+    TurnResult,
+    same_model,
+)
 
 Complete = Callable[[TurnRequest], Awaitable[TurnResult]]
 Output = Conversation | Skipped
 
 # Result fields stored per generated turn (the journal record); "engine_version" comes from the endpoint.
 _RESULT_FIELDS = ("content", "reasoning", "finish_reason", "prompt_token_ids", "token_ids", "prompt_tokens",
-                  "completion_tokens", "reasoning_tokens", "endpoint", "served_model")
+                  "completion_tokens", "reasoning_tokens", "endpoint", "served_model", "tool_calls")
 # A refusal of the request's content (bad request, prompt too long, unprocessable) would repeat on every
 # run: it is journaled so a rebuild does not need the server again. Refusals that depend on the setup
 # (401/403 credentials, 404 model name) and exhausted retries are not: a fixed rerun asks again.
 _JOURNALED_ERROR_STATUSES = frozenset({400, 413, 422})
+# Outcomes of a request that end its row (as a Skipped) while the run goes on.
+_ROW_ENDINGS = (PermanentError, RetriesExhausted)
+UNFINISHED = "unfinished"  # the Skipped reason of a row whose request ran out of retries
+TOOL_RESULT_UNKNOWN = "tool_result_unknown"  # ... of a row whose first regenerated turn made an unrecorded call
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSettings:
+    """How a prompts source's rows with tool traffic are generated (sources[].tool_choice, .tool_results)."""
+
+    choice: str | dict[str, Any] | None = None  # sent with every request of a row that has tools; None: not sent
+    results: str = "match"  # match | recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +96,10 @@ class RunSettings:
     n: int
     concurrency: int
     window: int
+    share_identical_turns: bool  # identical turns of different conversations get one generation, not one each
+    thinking_off_shares: dict[str, float]  # prompts source -> share of its rows regenerated with thinking off
+    sampling_mixture: tuple[tuple[float, dict[str, Any]], ...]  # (weight, overrides): a row draws one by its id
+    tool_settings: dict[str, ToolSettings]  # prompts source -> its tool settings
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, served_model: str | None = None, *,
@@ -79,7 +117,31 @@ class RunSettings:
             n=settings.n,
             concurrency=settings.concurrency,
             window=window or max(64, 8 * settings.concurrency),
+            share_identical_turns=settings.share_identical_turns,
+            thinking_off_shares={spec.name: spec.thinking_off_share for spec in recipe.sources
+                                 if spec.kind == "prompts" and spec.thinking_off_share},
+            sampling_mixture=tuple((float(entry["weight"]), {k: v for k, v in entry.items() if k != "weight"})
+                                   for entry in settings.sampling_mixture),
+            tool_settings={spec.name: ToolSettings(spec.tool_choice, spec.tool_results) for spec in recipe.sources
+                           if spec.kind == "prompts"},
         )
+
+    def row_mode(self, row_id: str, source: str) -> tuple[bool, dict[str, Any]]:
+        """(enable_thinking, sampling overrides) of one output row: its declared share of thinking-off rows and
+        its draw from the sampling mixture, both seeded by the row's own id (so every run decides the same)."""
+        thinking = self.enable_thinking
+        off_share = self.thinking_off_shares.get(source, 0.0)
+        if thinking and off_share and _draw(row_id, b"thinking-off") < off_share:
+            thinking = False
+        overrides: dict[str, Any] = {}
+        if self.sampling_mixture:
+            draw = _draw(row_id, b"sampling") * sum(weight for weight, _ in self.sampling_mixture)
+            for weight, candidate in self.sampling_mixture:
+                overrides = candidate
+                if draw < weight:
+                    break
+                draw -= weight
+        return thinking, overrides
 
     def sample_sampling(self, sample_index: int) -> dict[str, Any]:
         """Sampling for one sample: with a fixed seed, each sample gets its own (seed + index), or the
@@ -89,28 +151,42 @@ class RunSettings:
         return self.sampling
 
 
+def _draw(row_id: str, purpose: bytes) -> float:
+    """A uniform number in [0, 1) from a row id, one stream per purpose."""
+    digest = hashlib.blake2b(row_id.encode(), digest_size=8, person=b"corpus-" + purpose[:9]).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
 class _Job:
     """One output row in the making."""
 
-    __slots__ = ("cursor", "engine_version", "flags", "history", "id", "live", "messages", "prompt",
-                 "retrying", "sample_index", "sampling", "seq", "served_model", "turns")
+    __slots__ = ("cursor", "flags", "id", "identity", "live", "messages", "prompt", "retrying", "sample_index",
+                 "sampling", "seq", "thinking", "tool_settings", "turns")
 
     def __init__(self, seq: int, prompt: Conversation, row_id: str, sample_index: int,
-                 sampling: dict[str, Any]) -> None:
+                 sampling: dict[str, Any], thinking: bool, tool_settings: ToolSettings | None) -> None:
         self.seq = seq
         self.prompt = prompt
         self.id = row_id
         self.sample_index = sample_index
         self.sampling = sampling
-        self.cursor = 0  # index in prompt.messages of the next turn to copy
-        self.history: list[dict[str, Any]] = []  # the request messages so far
+        self.thinking = thinking  # enable_thinking of every request of this row
+        self.tool_settings = tool_settings  # None: the row has no tool traffic
+        self.cursor = 0  # index in prompt.messages of the next recorded turn to take
         self.messages: list[Message] = []
         self.turns: list[dict[str, Any]] = []
-        self.flags: list[str] = []
+        self.flags: list[str] = list(prompt.flags)  # e.g. the repairs the prompt row needed
         self.retrying = False
         self.live = False  # at least one turn came from a request in this run
-        self.served_model: str | None = None
-        self.engine_version: str | None = None
+        self.identity: dict[str, Any] | None = None  # of the target that generated its first turn
+
+    @property
+    def sent_tools(self) -> dict[str, Any] | None:
+        """What goes with every request besides the messages: the row's tools and the tool_choice (None for a
+        row without tools)."""
+        if self.tool_settings is None or not self.prompt.tools:
+            return None
+        return {"tools": self.prompt.tools, "tool_choice": self.tool_settings.choice}
 
 
 def _location(prompt: Conversation) -> str:
@@ -123,9 +199,13 @@ def _location(prompt: Conversation) -> str:
     return where
 
 
-def result_record(result: TurnResult, engine_version: str | None) -> dict[str, Any]:
+def result_record(result: TurnResult, identity: TargetIdentity | None) -> dict[str, Any]:
+    """The journal record of a turn: what the server answered, and what the target that answered says it is."""
     record = {name: getattr(result, name) for name in _RESULT_FIELDS}
-    record["engine_version"] = engine_version
+    if identity is not None:
+        record.update({name: value for name, value in identity.fields().items() if name != "served_model"})
+    else:
+        record["engine_version"] = None
     return record
 
 
@@ -134,13 +214,18 @@ class Scheduler:
     CorpusError, or (``count_missing``) is yielded as a Skipped with reason "not_in_journal"."""
 
     def __init__(self, prompts: Iterable[Conversation], settings: RunSettings, journal: Journal,
-                 complete: Complete | None, *, engine_versions: dict[str, str | None] | None = None,
-                 progress: GenerationProgress | None = None, count_missing: bool = False) -> None:
+                 complete: Complete | None, *, identities: dict[str, TargetIdentity] | None = None,
+                 allow_mixed_targets: bool = False, progress: GenerationProgress | None = None,
+                 count_missing: bool = False) -> None:
         self._input = iter(prompts)
         self._settings = settings
         self._journal = journal
         self._complete = complete
-        self._engine_versions = engine_versions or {}
+        self._identities = identities or {}
+        self._allow_mixed = allow_mixed_targets
+        # The one target of the corpus: what the endpoints serve, else the first journal record's
+        live = next(iter(self._identities.values()), None)
+        self._target: dict[str, Any] | None = live.fields() if live is not None else None
         self._progress = progress
         self._count_missing = count_missing
         self._exhausted = False
@@ -224,12 +309,12 @@ class Scheduler:
             outcome: TurnResult | BaseException
             try:
                 outcome = await self._complete(request)
-            except Exception as error:  # PermanentError becomes a Skipped; anything else is re-raised
+            except Exception as error:  # refusals and exhausted retries end the row; anything else is re-raised
                 outcome = error
             self._in_flight -= 1
             self._completed.append((job, key, outcome))
             self._wakeup.set()
-            if not self._waiting or (isinstance(outcome, Exception) and not isinstance(outcome, PermanentError)):
+            if not self._waiting or (isinstance(outcome, Exception) and not isinstance(outcome, _ROW_ENDINGS)):
                 return
             job, request, key = self._take_waiting()
 
@@ -243,10 +328,12 @@ class Scheduler:
                 record: dict[str, Any] = {"error": outcome.message, "status": outcome.status}
                 if outcome.status in _JOURNALED_ERROR_STATUSES:
                     self._journal.append(key, record)
+            elif isinstance(outcome, RetriesExhausted):
+                record = {"unfinished": outcome.message}  # never journaled: a rerun asks again
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
-                record = result_record(outcome, self._engine_versions.get(outcome.endpoint))
+                record = result_record(outcome, self._identities.get(outcome.endpoint))
                 self._journal.append(key, record)
             records.append((job, key, record))
         self._journal.flush()  # before any row built from these turns can be yielded
@@ -261,8 +348,11 @@ class Scheduler:
         settings = self._settings
         for sample_index in range(settings.n):
             salt = f"#{sample_index}" if settings.n > 1 else ""
-            row_id = conversation_id(prompt.source, prompt.messages, salt=salt)
-            job = _Job(self._next_seq, prompt, row_id, sample_index, settings.sample_sampling(sample_index))
+            row_id = conversation_id(prompt.source, prompt.messages, salt=salt, tools=prompt.tools)
+            thinking, overrides = settings.row_mode(row_id, prompt.source)
+            tools = settings.tool_settings.get(prompt.source, ToolSettings()) if prompt.has_tool_traffic else None
+            job = _Job(self._next_seq, prompt, row_id, sample_index,
+                       {**settings.sample_sampling(sample_index), **overrides}, thinking, tools)
             self._next_seq += 1
             self._advance(job)
 
@@ -274,9 +364,12 @@ class Scheduler:
                 self._finish(job, self._conversation(job))
                 return
             sampling = {**job.sampling, "max_tokens": settings.retry_max_tokens} if job.retrying else job.sampling
-            messages = tuple(job.history)
+            messages = tuple(openai_messages(job.messages, keep_history_reasoning=settings.history_reasoning == "keep",
+                                             current=len(job.messages)))
+            tools = job.sent_tools
             key = turn_key(messages, sampling, model=settings.model, revision=settings.revision,
-                           enable_thinking=settings.enable_thinking, sample_index=job.sample_index)
+                           enable_thinking=job.thinking, sample_index=job.sample_index,
+                           conversation=None if settings.share_identical_turns else job.id, tools=tools)
             record = self._journal.get(key)
             if record is None:
                 if self._complete is None:
@@ -286,8 +379,10 @@ class Scheduler:
                     self._sharing[key].append(job)
                     return
                 self._sharing[key] = []
-                request = TurnRequest(messages=messages, sampling=sampling,
-                                      enable_thinking=settings.enable_thinking, model=settings.served_model)
+                request = TurnRequest(messages=messages, sampling=sampling, enable_thinking=job.thinking,
+                                      model=settings.served_model,
+                                      tools=tuple(tools["tools"]) if tools is not None else None,
+                                      tool_choice=tools["tool_choice"] if tools is not None else None)
                 self._tie += 1
                 heapq.heappush(self._waiting, (job.seq, self._tie, job, request, key))
                 return
@@ -295,24 +390,77 @@ class Scheduler:
                 return
 
     def _copy_prompt_turn(self, job: _Job) -> bool:
-        """Copy prompt turns up to and including the next user turn; False when none is left."""
+        """Copy prompt turns up to and including the next user turn; False when none is left. After the
+        recorded results of a matched call the assistant speaks again at once; with ``recorded`` the whole
+        recorded history up to the final assistant turn is copied, once."""
         messages = job.prompt.messages
+        if job.tool_settings is not None and job.tool_settings.results == "recorded":
+            if job.cursor:
+                return False  # the final turn is generated: nothing else is
+            job.messages += messages[:max(i for i, m in enumerate(messages) if m.role != "assistant") + 1]
+            job.cursor = len(messages)
+            return True
+        if job.messages and job.messages[-1].role == "tool":
+            return True
         while job.cursor < len(messages):
             message = messages[job.cursor]
             job.cursor += 1
-            if message.role == "assistant":
-                continue  # prompts carry no assistant turns; a stray one is not ours to answer
+            if message.role in ("assistant", "tool"):
+                continue  # the recorded answer to a user turn the target answers itself
             job.messages.append(message)
-            job.history.append({"role": message.role, "content": message.content})
             if message.role == "user":
                 return True
         return False
+
+    @staticmethod
+    def _recorded_turn(job: _Job) -> Message | None:
+        """The recorded turn in the place of the turn being generated (None: the recording ended before it)."""
+        messages = job.prompt.messages
+        return messages[job.cursor] if job.cursor < len(messages) else None
+
+    def _recorded_results(self, job: _Job, message: Message) -> list[Message] | None:
+        """The recorded results of the regenerated ``message``'s calls, answering the new calls' ids (the cursor
+        moves past the recorded call and its results); None when the recorded turn there made other calls."""
+        recorded = self._recorded_turn(job)
+        pairs = pair_calls(message.tool_calls, recorded.tool_calls) if recorded is not None else None
+        if pairs is None:
+            return None
+        messages = job.prompt.messages
+        results = []
+        job.cursor += 1
+        while job.cursor < len(messages) and messages[job.cursor].role == "tool":
+            result = messages[job.cursor]
+            results.append(Message("tool", result.content, tool_call_id=pairs.get(result.tool_call_id or "")))
+            job.cursor += 1
+        return results
+
+    def _cut(self, job: _Job, message: Message) -> Output:
+        """The row before a regenerated call whose result the source does not hold, through its last assistant
+        turn."""
+        recorded = self._recorded_turn(job)
+        if recorded is None:
+            told = "the recorded conversation ended there"
+        elif recorded.tool_calls:
+            told = f"the recorded turn there called {describe(recorded.tool_calls)}"
+        else:
+            told = "the recorded turn there made no call"
+        detail = f"assistant turn {len(job.messages)} called {describe(message.tool_calls)}; {told}"
+        if not job.turns:
+            return self._skipped(job, TOOL_RESULT_UNKNOWN, detail)
+        # what follows the last assistant turn (a user turn it answered, or results of a call) teaches nothing,
+        # as repair trailing_user: trim judges it for replayed rows
+        del job.messages[max(i for i, m in enumerate(job.messages) if m.role == "assistant") + 1:]
+        job.flags.append(FLAG_TOOL_RESULT_UNKNOWN)
+        return self._conversation(job)
 
     def _apply(self, job: _Job, record: dict[str, Any], *, cached: bool) -> bool:
         """Take one turn's result into the row; False when the row is finished (dropped)."""
         settings = self._settings
         if "error" in record:
             self._finish(job, self._skipped(job, "generation_error", record["error"]))
+            return False
+        if "unfinished" in record:
+            self._finish(job, self._skipped(job, UNFINISHED, record["unfinished"]))
             return False
         job.live |= not cached
         if self._progress is not None:
@@ -329,9 +477,23 @@ class Scheduler:
                 return False
             if FLAG_TRUNCATED not in job.flags:
                 job.flags.append(FLAG_TRUNCATED)
-        message, unclosed = make_message("assistant", record["content"] or "", record["reasoning"])
+        calls = tuple(ToolCall(call["id"], call["name"], call["arguments"]) for call in record.get("tool_calls") or ())
+        message, unclosed = make_message("assistant", record["content"] or "", record["reasoning"], tool_calls=calls)
+        results: list[Message] = []
+        if job.tool_settings is not None and calls and job.tool_settings.results == "match":
+            found = self._recorded_results(job, message)
+            if found is None:
+                self._finish(job, self._cut(job, message))
+                return False
+            results = found
+        # The template opens the think block; an output that stopped (not cut) with no answer never left it:
+        # the EOS came before </think> (or nothing followed it). checks.on_unclosed_think decides.
+        unclosed |= (job.thinking and record["finish_reason"] != "length"
+                     and not message.content.strip() and not calls)
         if unclosed and FLAG_UNCLOSED_THINK not in job.flags:
             job.flags.append(FLAG_UNCLOSED_THINK)
+        if calls and FLAG_INVALID_TOOL_CALL not in job.flags and invalid_calls(calls, job.prompt.tools):
+            job.flags.append(FLAG_INVALID_TOOL_CALL)
         job.turns.append({
             "message_index": len(job.messages),
             "endpoint": record["endpoint"],
@@ -343,33 +505,51 @@ class Scheduler:
             "token_ids": record["token_ids"],
             "retried_for_length": job.retrying,
         })
-        if job.served_model is None:
-            job.served_model = record["served_model"]
-            job.engine_version = record.get("engine_version")
+        if job.identity is None:
+            job.identity = {name: record.get(name) for name in IDENTITY_FIELDS}
+            self._check_target(job, job.identity)
         job.messages.append(message)
-        sent: dict[str, Any] = {"role": "assistant", "content": message.content}
-        if settings.history_reasoning == "keep" and message.reasoning:
-            sent["reasoning_content"] = message.reasoning
-        job.history.append(sent)
+        job.messages += results
         job.retrying = False
         return True
 
     def _conversation(self, job: _Job) -> Conversation:
         settings, prompt = self._settings, job.prompt
+        identity = job.identity or {}
         generation = {
             "model": settings.model,
-            "served_model": job.served_model,
+            "served_model": identity.get("served_model"),
             "model_revision": settings.revision,
-            "engine_version": job.engine_version,
-            "enable_thinking": settings.enable_thinking,
+            "engine_version": identity.get("engine_version"),
+            "model_root": identity.get("model_root"),
+            "quantization": identity.get("quantization"),
+            "dtype": identity.get("dtype"),
+            "enable_thinking": job.thinking,
             "history_reasoning": settings.history_reasoning,
             "sampling": job.sampling,
             "sample_index": job.sample_index,
             "turns": job.turns,
         }
+        if job.tool_settings is not None:
+            generation["tool_choice"] = job.tool_settings.choice
+            generation["tool_results"] = job.tool_settings.results
         return Conversation(id=job.id, source=prompt.source, origin="generated", messages=job.messages,
                             task=prompt.task, license=prompt.license, flags=job.flags,
-                            provenance={**prompt.provenance, "generation": generation})
+                            provenance={**prompt.provenance, "generation": generation}, tools=prompt.tools)
+
+    def _check_target(self, job: _Job, identity: dict[str, Any]) -> None:
+        """One target per corpus: a row generated by another model than the corpus's (another endpoint's, or
+        an earlier run's in the journal) is refused unless the recipe accepts the mix."""
+        if self._target is None:
+            self._target = identity
+        elif not same_model(self._target, identity) and not self._allow_mixed:
+            shown = [", ".join(f"{k} {v}" for k, v in fields.items() if v is not None)
+                     for fields in (self._target, identity)]
+            raise CorpusError(
+                f"row {job.id} ({_location(job.prompt)}) was generated by another target than the rest of the "
+                "corpus: one corpus trains one draft against one verifier. Build into another output directory "
+                "(its journal holds the other target's generations), or set target.allow_mixed_targets: true "
+                "to accept the mix knowingly", details=[f"corpus target: {shown[0]}", f"this row: {shown[1]}"])
 
     def _skipped(self, job: _Job, reason: str, detail: str) -> Skipped:
         return Skipped(source=job.prompt.source, reason=reason, location=_location(job.prompt), detail=detail,

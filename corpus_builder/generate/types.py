@@ -5,20 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import CorpusError
+
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
     """One assistant turn to generate.
 
     ``messages`` are OpenAI chat messages (``{"role", "content"}``), plus ``reasoning_content``/``reasoning``
-    on earlier assistant turns when history reasoning is kept. ``sampling`` holds the already-resolved
-    sampling fields (temperature, top_p, top_k, max_tokens, optional seed), sent as they are.
+    on earlier assistant turns when history reasoning is kept, ``tool_calls`` on assistant turns that made
+    calls and ``tool_call_id`` on tool turns. ``sampling`` holds the already-resolved sampling fields
+    (temperature, top_p, top_k, max_tokens, optional seed), sent as they are. ``tools`` (the row's function
+    schemas) and ``tool_choice`` are sent when the row has tools.
     """
 
     messages: tuple[dict[str, Any], ...]
     sampling: dict[str, Any]
     enable_thinking: bool
     model: str  # the served model name expected
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +39,14 @@ class TurnResult:
     reasoning_tokens: int | None
     endpoint: str  # base URL that answered (credentials removed)
     served_model: str  # the "model" field of the response
+    # The calls the server's tool-call parser found, each {"id", "name", "arguments"} (arguments: its text);
+    # None when the turn made none.
+    tool_calls: list[dict[str, str]] | None = None
 
 
 class PermanentError(Exception):
-    """The server refused for good (4xx other than 408/409/425/429), or retries were exhausted.
+    """The server refused the request for good (a 4xx other than 408/409/425/429): it would fail the same
+    way again, so the row is dropped (and, for a refusal of the content, journaled).
 
     ``status`` is the last HTTP status seen (None when the last failure was a connection error, a
     timeout or a malformed body); ``endpoint`` is the base URL that answered last.
@@ -49,6 +59,24 @@ class PermanentError(Exception):
         super().__init__(message)
 
 
+class RetriesExhausted(Exception):
+    """A request failed transiently (timeout, connection error, 429, 5xx, an unreadable body) more times than
+    its retries allow. Nothing is journaled: the row is unfinished, and a rerun asks for it again."""
+
+    def __init__(self, message: str, *, fault: str, endpoint: str | None) -> None:
+        self.message = message
+        self.fault = fault
+        self.endpoint = endpoint
+        super().__init__(message)
+
+
+class GenerationIncomplete(CorpusError):
+    """Generation cannot go on (the launched server exited, no endpoint answered for too long). Every turn
+    finished so far is journaled; nothing is written; a rerun resumes."""
+
+    exit_code = 3
+
+
 @dataclass
 class EndpointInfo:
     url: str
@@ -57,6 +85,60 @@ class EndpointInfo:
     engine_version: str | None
     max_model_len: int | None
     error: str | None
+    model_root: str | None = None  # what the server loaded for the model it serves: a path or a Hub id
+
+
+# What a journal record and a generated row say of the target that made them.
+IDENTITY_FIELDS = ("served_model", "model_root", "quantization", "dtype", "engine_version")
+# The fields that make two targets different models (an engine upgrade alone serves the same weights).
+MODEL_FIELDS = ("served_model", "model_root", "quantization", "dtype")
+
+
+@dataclass(frozen=True, slots=True)
+class TargetIdentity:
+    """The served target as the server reports it, plus its quantization and dtype when its config is readable
+    here (a launched server's model directory, or a local root path)."""
+
+    served_model: str | None
+    model_root: str | None
+    quantization: str | None
+    dtype: str | None
+    engine_version: str | None
+
+    @classmethod
+    def of(cls, info: EndpointInfo, served_model: str) -> TargetIdentity:
+        quantization, dtype = _model_config(info.model_root)
+        return cls(served_model, info.model_root, quantization, dtype, info.engine_version)
+
+    def fields(self) -> dict[str, str | None]:
+        return {name: getattr(self, name) for name in IDENTITY_FIELDS}
+
+    def describe(self) -> str:
+        return ", ".join(f"{name} {value}" for name, value in self.fields().items() if value is not None)
+
+
+def same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two identities name the same model wherever both say something (older journals recorded less)."""
+    return all(a.get(name) is None or b.get(name) is None or a.get(name) == b.get(name) for name in MODEL_FIELDS)
+
+
+def _model_config(root: str | None) -> tuple[str | None, str | None]:
+    """(quantization method, dtype) from config.json when ``root`` is a model directory on this machine."""
+    if not root:
+        return None, None
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(root) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(config, dict):
+        return None, None
+    quantization = config.get("quantization_config")
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return (str(method) if method else None), (str(dtype) if dtype else None)
 
 
 # Fault classes. "4xx" holds 408/409/425 when retried and the other 4xx as permanent errors.

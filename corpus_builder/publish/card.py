@@ -4,6 +4,8 @@ model and its settings, drop counts by reason, the recipe and a ``load_dataset``
 
 Everything comes from the corpus's own files (audit.json, manifest.json, recipe.yaml). Local paths
 and URL credentials are removed from whatever is shown, and the card is scanned for secrets before upload.
+Those files may have been edited by hand: a field of an unexpected type is shown as far as it makes sense
+or left out, never a reason to fail, and lists of token ids are summarised, never printed.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import REASONS
-from .gate import CorpusDocuments
+from ..errors import REASONS, URL_USERINFO_RE
+from .gate import CorpusDocuments, mapping
 
 # The Hub's size_categories vocabulary, as (exclusive upper bound, label).
 SIZE_CATEGORIES: tuple[tuple[float, str], ...] = (
@@ -41,18 +43,17 @@ DEFAULT_LANGUAGE = ("en",)
 LOCAL_PATH = "<local path>"
 
 # Absolute POSIX paths (not the path part of a URL: those follow a host character), home-relative
-# paths and Windows drive paths; and user:password@ in URLs.
+# paths and Windows drive paths.
 _LOCAL_PATH_RE = re.compile(
     r"(?<![\w:/.~-])/(?:[\w.@+-]+/)*[\w.@+-]+/?"
     r"|(?<![\w/])~[\w.-]*(?:/[^\s'\"]*)?"
     r"|\b[A-Za-z]:\\[^\s'\"]*"
 )
-_URL_CREDENTIALS_RE = re.compile(r"(?<=://)[^/\s@]+@")
 
 
 def scrub_local_paths(text: str) -> str:
     """Replace absolute and home-directory paths with a placeholder and drop credentials from URLs."""
-    return _LOCAL_PATH_RE.sub(LOCAL_PATH, _URL_CREDENTIALS_RE.sub("", text))
+    return _LOCAL_PATH_RE.sub(LOCAL_PATH, URL_USERINFO_RE.sub("", text))
 
 
 def scrub_value(value: Any) -> Any:
@@ -70,6 +71,36 @@ def size_category(rows: int) -> str:
     return next(label for bound, label in SIZE_CATEGORIES if rows < bound)
 
 
+def _text(value: Any) -> str | None:
+    """A field shown as text: strings as they are, numbers written out, anything else (lists, mappings,
+    booleans, null) not shown."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _figure(value: Any) -> str:
+    number = _number(value)
+    if number is None:
+        return "n/a"
+    return f"{int(number):,}" if number == int(number) else f"{number:,.4g}"
+
+
+def _entries(value: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(name, statistics) of a by-name section (by_split, by_source), each statistics a mapping."""
+    return [(str(name), mapping(item)) for name, item in mapping(value).items()]
+
+
 def _hub_license(license_name: str | None) -> str | None:
     if not license_name:
         return None
@@ -78,21 +109,26 @@ def _hub_license(license_name: str | None) -> str | None:
 
 
 def _sources(docs: CorpusDocuments) -> list[dict[str, Any]]:
-    """One entry per recipe source, joined with its counts from audit.json (recipe order)."""
-    by_source = docs.audit.get("by_source") or {}
+    """One entry per recipe source (a mapping in the sources list), joined with its counts from audit.json
+    (recipe order); a source without a usable name is named by its place in the list."""
+    by_source = mapping(docs.audit.get("by_source"))
+    written = docs.recipe.get("sources")
     entries = []
-    for spec in docs.recipe.get("sources") or ():
-        stats = by_source.get(spec.get("name"), {})
-        hub_id = (spec.get("hub") or {}).get("id")
+    for index, spec in enumerate(written if isinstance(written, list) else []):
+        if not isinstance(spec, dict):
+            continue
+        name = _text(spec.get("name")) or f"sources[{index}]"
+        stats = mapping(by_source.get(name))
+        kind = _text(spec.get("kind"))
         entries.append({
-            "name": spec.get("name"),
-            "hub_id": hub_id,
-            "kind": spec.get("kind"),
-            "origin": stats.get("origin") or ("generated" if spec.get("kind") == "prompts" else "replay"),
-            "task": stats.get("task") or spec.get("task"),
-            "license": spec.get("license") or stats.get("license"),
-            "conversations": stats.get("conversations", 0),
-            "thinking_share": stats.get("thinking_share", 0.0),
+            "name": name,
+            "hub_id": _text(mapping(spec.get("hub")).get("id")),
+            "kind": kind,
+            "origin": _text(stats.get("origin")) or ("generated" if kind == "prompts" else "replay"),
+            "task": _text(stats.get("task")) or _text(spec.get("task")),
+            "license": _text(spec.get("license")) or _text(stats.get("license")),
+            "conversations": _count(stats.get("conversations")),
+            "thinking_share": _number(stats.get("thinking_share")),
         })
     return entries
 
@@ -111,7 +147,7 @@ def card_license(docs: CorpusDocuments) -> tuple[str, list[str]]:
 
 def _data_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     by_split: dict[str, list[str]] = {}
-    for entry in manifest.get("files") or ():
+    for entry in manifest.get("files") or ():  # the gate has checked every entry
         by_split.setdefault(entry["split"], []).append(entry["path"])
     order = sorted(by_split, key=lambda split: (split != "train", split))
     return [{"split": split, "path": sorted(by_split[split])} for split in order]
@@ -126,18 +162,22 @@ def card_metadata(docs: CorpusDocuments) -> dict[str, Any]:
         tags += ["synthetic", "on-policy"]
     if docs.audit.get("thinking_conversations"):
         tags.append("reasoning")
-    conversations = docs.manifest.get("conversations", docs.audit.get("conversations", 0))
+    conversations = _count(docs.manifest.get("conversations"))  # the gate has matched it with the shards
     return {
-        "pretty_name": docs.manifest.get("name") or docs.recipe.get("name"),
+        "pretty_name": _corpus_name(docs),
         "license": license_id,
         "language": list(DEFAULT_LANGUAGE),
         "annotations_creators": ["machine-generated"],
         "task_categories": ["text-generation"],
-        "size_categories": [size_category(int(conversations))],
+        "size_categories": [size_category(conversations)],
         "source_datasets": [entry["hub_id"] or entry["name"] for entry in sources],
         "tags": tags,
         "configs": [{"config_name": "default", "default": True, "data_files": _data_files(docs.manifest)}],
     }
+
+
+def _corpus_name(docs: CorpusDocuments) -> str:
+    return _text(docs.manifest.get("name")) or _text(docs.recipe.get("name")) or "corpus"
 
 
 def _pct(value: float | None) -> str:
@@ -152,17 +192,11 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows] + [""]
 
 
-def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    if isinstance(value, dict):
-        return [item for key, sub in value.items() for item in _flatten(sub, f"{prefix}{key}.")]
-    return [(prefix.rstrip("."), value)]
-
-
 def _generation_settings(docs: CorpusDocuments) -> list[dict[str, Any]]:
     generation = docs.audit.get("generation")
     if isinstance(generation, dict):
         return [generation]
-    return list(generation or ())
+    return [setting for setting in generation if isinstance(setting, dict)] if isinstance(generation, list) else []
 
 
 def _composition(docs: CorpusDocuments, total: int) -> list[str]:
@@ -177,52 +211,126 @@ def _composition(docs: CorpusDocuments, total: int) -> list[str]:
 def _thinking(docs: CorpusDocuments) -> list[str]:
     audit = docs.audit
     lines = ["## Thinking share", "",
-             f"{audit.get('thinking_conversations', 0):,} of {audit.get('conversations', 0):,} conversations "
-             f"({_pct(audit.get('thinking_share'))}) carry a reasoning trace, stored per assistant turn in "
-             "`messages[].reasoning` (never inside `content`).", ""]
+             f"{_figure(audit.get('thinking_conversations'))} of {_figure(audit.get('conversations'))} "
+             f"conversations ({_pct(_number(audit.get('thinking_share')))}) carry a reasoning trace, stored per "
+             "assistant turn in `messages[].reasoning` (never inside `content`).", ""]
     minimum = docs.min_thinking_share
     if minimum is not None:
         lines += [f"The recipe requires at least {_pct(minimum)}; the publish gate recounted it from the shards.", ""]
-    rows = [[split, f"{s.get('conversations', 0):,}", f"{s.get('thinking_conversations', 0):,}",
-             _pct(s.get("thinking_share"))] for split, s in (audit.get("by_split") or {}).items()]
+    rows = [[split, _figure(stats.get("conversations")), _figure(stats.get("thinking_conversations")),
+             _pct(_number(stats.get("thinking_share")))]
+            for split, stats in _entries(audit.get("by_split"))]
     return lines + _table(["split", "conversations", "thinking", "share"], rows)
+
+
+# The token statistics the card shows, as (audit.json key, label); audit.json holds more (the turns whose
+# served ids differ, listed with their token ids), which is for audit.json readers, never for the card.
+_TOKEN_TOTALS = (("conversations", "conversations"), ("tokens", "tokens"),
+                 ("supervised_tokens", "supervised (loss-masked) tokens"), ("reasoning_tokens", "reasoning tokens"))
+_TOKEN_LENGTHS = ("p50", "p90", "p99", "max")
+
+
+def _lengths(stats: dict[str, Any]) -> str:
+    return " / ".join(_figure(stats.get(key)) for key in _TOKEN_LENGTHS)
 
 
 def _tokens(docs: CorpusDocuments) -> list[str]:
     tokens = docs.audit.get("tokens")
-    if not tokens:
+    if not isinstance(tokens, dict) or not tokens:
         return []
-    rows = [[f"`{key}`", f"{value:,}" if isinstance(value, int) else value] for key, value in _flatten(tokens)]
-    return ["## Token statistics", "", "Counted with the target model's tokenizer.", "",
-            *_table(["statistic", "value"], rows)]
+    rows = [[label, _figure(tokens.get(key))] for key, label in _TOKEN_TOTALS]
+    rows.append(["tokens per conversation (p50 / p90 / p99 / max)", _lengths(tokens)])
+    rows.append(["reasoning share of supervised tokens", _pct(_number(tokens.get("reasoning_token_share")))])
+    limit = _number(tokens.get("max_seq_len"))
+    if limit is not None:
+        rows.append([f"conversations over max_seq_len {_figure(limit)}", _figure(tokens.get("over_budget"))])
+    mismatches = mapping(tokens.get("mismatches"))
+    if mismatches:
+        rows.append(["generated turns whose re-render differs from the served token ids",
+                     f"{_figure(mismatches.get('count'))} of {_figure(mismatches.get('checked_turns'))}"])
+    lines = ["## Token statistics", "", "Counted with the target model's tokenizer.", "",
+             *_table(["statistic", "value"], rows)]
+    source_rows = [[name, _figure(stats.get("conversations")), _figure(stats.get("tokens")), _lengths(stats),
+                    _pct(_number(stats.get("reasoning_token_share")))]
+                   for name, stats in _entries(tokens.get("by_source"))]
+    if source_rows:
+        lines += _table(["source", "conversations", "tokens", "p50 / p90 / p99 / max", "reasoning share"],
+                        source_rows)
+    return lines
 
 
 def _generation(docs: CorpusDocuments) -> list[str]:
-    target = docs.recipe.get("target") or {}
+    revision = _text(docs.setting("target", "revision"))
     lines = ["## Target model and generation", "",
-             f"- Target model: `{target.get('model', 'not recorded')}`"
-             + (f" (revision `{target['revision']}`)" if target.get("revision") else "")]
+             f"- Target model: `{_text(docs.setting('target', 'model')) or 'not recorded'}`"
+             + (f" (revision `{revision}`)" if revision else "")]
     settings = _generation_settings(docs)
     if not settings:
         return [*lines, "- No assistant turn was generated: every source was replayed as written.", ""]
     for setting in settings:
-        count = f" ({setting['conversations']:,} conversations)" if "conversations" in setting else ""
+        count = f" ({_figure(setting['conversations'])} conversations)" if "conversations" in setting else ""
+        served = ", ".join(f"{label} `{_text(setting.get(key))}`" for key, label in _SERVED
+                           if _text(setting.get(key)))
         lines += [
             f"- Generated by `{setting.get('model')}`{count}: revision `{setting.get('model_revision') or 'n/a'}`, "
             f"engine `{setting.get('engine_version') or 'n/a'}`, thinking "
             f"{'enabled' if setting.get('enable_thinking') else 'disabled'}",
+            *([f"  - served as: {served}"] if served else []),
             f"  - sampling: `{json.dumps(setting.get('sampling') or {}, sort_keys=True)}`",
         ]
-    finish = docs.audit.get("finish_reasons")
+    targets = docs.manifest.get("targets")
+    if isinstance(targets, list) and len(targets) > 1:
+        lines.append(f"- **{len(targets)} different served targets** generated rows of this corpus (the recipe "
+                     "accepted the mix: `target.allow_mixed_targets`); each row's provenance names its own.")
+    finish = mapping(docs.audit.get("finish_reasons"))
     if finish:
         lines.append("- Finish reasons of generated turns: "
-                     + ", ".join(f"`{reason}` {count:,}" for reason, count in finish.items()))
+                     + ", ".join(f"`{reason}` {_figure(count)}" for reason, count in finish.items()))
     return [*lines, ""]
 
 
+_SERVED = (("served_model", "name"), ("model_root", "model"), ("quantization", "quantization"), ("dtype", "dtype"))
+
+
+def _completeness(docs: CorpusDocuments) -> list[str]:
+    """A corpus written although it is incomplete says so first."""
+    lines = []
+    partial = mapping(docs.manifest.get("partial"))
+    if partial:
+        lines += [f"> **Partial corpus**: {_figure(partial.get('unfinished_rows'))} generated rows are missing "
+                  "(their requests ran out of retries; the build was told to write it anyway).", ""]
+    short = docs.manifest.get("short")
+    if isinstance(short, list) and short:
+        lines += ["> **Short of its recipe**: the corpus misses what the recipe declares (written anyway):", ""]
+        lines += [f"> - {_text(item) or item}" for item in short] + [""]
+    return lines
+
+
+def _declared(docs: CorpusDocuments) -> list[str]:
+    """Declared vs reached, when the recipe declares the corpus (mixture)."""
+    mixture = mapping(docs.manifest.get("mixture"))
+    if not mixture:
+        return []
+    rows = []
+    for name, source in _entries(mixture.get("sources")):
+        declared = source.get("declared")
+        rows.append([name, "every kept row" if declared is None else _figure(declared),
+                     _figure(source.get("reached")), _figure(source.get("available")),
+                     _figure(source.get("generated_rows")) if source.get("generated_rows") else ""])
+    lines = ["## Declared and reached", "",
+             "The recipe declares this corpus; the build met it after every check, dedup and decontamination "
+             "drop (prompt sources topped up from their pools, replay rows taken by a seeded order).", "",
+             *_table(["source", "declared", "reached", "passed the checks", "rows generated"], rows)]
+    share = mapping(mixture.get("thinking_share"))
+    if share.get("target") is not None:
+        lines += [f"Thinking share: declared {_pct(_number(share.get('target')))} +- "
+                  f"{_pct(_number(share.get('tolerance')))}, reached {_pct(_number(share.get('reached')))}.", ""]
+    return lines
+
+
 def _drops(docs: CorpusDocuments) -> list[str]:
-    skipped = Counter(docs.audit.get("skipped") or {})
-    flags = docs.audit.get("flags") or {}
+    skipped = Counter({reason: _count(count) for reason, count in mapping(docs.audit.get("skipped")).items()})
+    flags = mapping(docs.audit.get("flags"))
     lines = ["## Dropped and truncated rows", ""]
     if not skipped and not flags:
         return [*lines, "No row was dropped or truncated.", ""]
@@ -233,7 +341,40 @@ def _drops(docs: CorpusDocuments) -> list[str]:
                           [[f"`{r}`", f"{c:,}", REASONS.get(r, "")] for r, c in skipped.most_common()])]
     if flags:
         lines += ["Rows kept with a flag (column `flags`):", "",
-                  *_table(["flag", "rows"], [[f"`{f}`", f"{c:,}"] for f, c in flags.items()])]
+                  *_table(["flag", "rows"], [[f"`{f}`", _figure(c)] for f, c in flags.items()])]
+    return lines
+
+
+def _screening(docs: CorpusDocuments) -> list[str]:
+    """How rows were deduplicated, and which evaluation sets the corpus was checked against."""
+    dedup = mapping(docs.manifest.get("dedup"))
+    if not dedup:
+        return []
+    rule = _text(dedup.get("rule"))
+    near = mapping(dedup.get("near_duplicates"))
+    lines = ["## Dedup and decontamination", ""]
+    if rule == "none":
+        lines += ["Rows were not deduplicated.", ""]
+    else:
+        compared = "user and system turns" if rule == "prompt" else "conversations"
+        method = f"identical {compared} (normalised text: case, sentence punctuation and whitespace do not count)"
+        if near:
+            method += (f" and near duplicates (MinHash/LSH, threshold {_number(near.get('threshold'))}, "
+                       f"{_count(near.get('shingle'))}-word shingles)")
+        priority = [name for name in dedup.get("priority") or () if isinstance(name, str)]
+        lines += [f"Duplicates dropped across sources: {method}; prompt sources were deduplicated on their prompts "
+                  "before generation. Of duplicates, the row kept is the one of the source first in: "
+                  f"{', '.join(f'`{name}`' for name in priority)}.", ""]
+    screened = mapping(docs.manifest.get("decontamination"))
+    eval_sets = [mapping(entry) for entry in screened.get("eval_sets") or () if mapping(entry)]
+    if not eval_sets:
+        return [*lines, "The corpus was not checked against evaluation sets.", ""]
+    found = mapping(docs.audit.get("contaminated_by_eval_set"))
+    lines += [f"Checked against evaluation sets, prompts before generation and every row after it: a row sharing a "
+              f"{_count(screened.get('ngram'))}-word run with a set (normalised text) was dropped.", "",
+              *_table(["evaluation set", "from", "texts", "rows dropped"],
+                      [[_text(entry.get("name")) or "", _text(entry.get("from")) or "", _figure(entry.get("texts")),
+                        _figure(found.get(_text(entry.get("name")) or "", 0))] for entry in eval_sets])]
     return lines
 
 
@@ -268,30 +409,34 @@ def _usage(repo_id: str | None, splits: list[str]) -> list[str]:
 
 def render_card(docs: CorpusDocuments, repo_id: str | None = None) -> str:
     """README.md for the corpus: YAML front matter the Hub validates, then the mixture card body."""
-    manifest, audit = docs.manifest, docs.audit
-    name = manifest.get("name") or docs.recipe.get("name") or "corpus"
-    total = int(audit.get("conversations") or manifest.get("conversations") or 0)
-    tool = manifest.get("tool") or {}
+    manifest = docs.manifest
+    total = _count(manifest.get("conversations"))  # the gate has matched it with the shards and audit.json
+    tool = mapping(manifest.get("tool"))
+    created = _text(manifest.get("created"))
+    description = (_text(docs.recipe.get("description")) or "").strip()
     splits = [entry["split"] for entry in _data_files(manifest)]
-    split_rows = [[split, f"{info.get('rows', 0):,}", info.get("shards", "")]
-                  for split, info in (manifest.get("splits") or {}).items()]
+    split_rows = [[split, _figure(info.get("rows")), _figure(info.get("shards"))]
+                  for split, info in _entries(manifest.get("splits"))]
     body = [
-        f"# {name}", "",
-        *([docs.recipe["description"].strip(), ""] if docs.recipe.get("description") else []),
+        f"# {_corpus_name(docs)}", "",
+        *([description, ""] if description else []),
         f"A training corpus for speculative-decoding draft models (EAGLE-3 and similar) of "
-        f"`{(docs.recipe.get('target') or {}).get('model', 'the target model')}`, built by "
-        f"{tool.get('name', 'corpus-builder')} {tool.get('version', '')}"
-        + (f" on {manifest['created']}" if manifest.get("created") else "") + f": {total:,} conversations.", "",
+        f"`{_text(docs.setting('target', 'model')) or 'the target model'}`, built by "
+        f"{_text(tool.get('name')) or 'corpus-builder'} {_text(tool.get('version')) or ''}"
+        + (f" on {created}" if created else "") + f": {total:,} conversations.", "",
+        *_completeness(docs),
         *_composition(docs, total),
+        *_declared(docs),
         *_thinking(docs),
         *_tokens(docs),
         *_generation(docs),
         *_drops(docs),
+        *_screening(docs),
         "## Files", "",
         *_table(["split", "conversations", "shards"], split_rows),
         "`manifest.json` lists every shard with its row count, size and sha256; `audit.json` holds the full "
         "statistics; `recipe.yaml` is the recipe the corpus was built from "
-        f"(sha256 of the resolved recipe: `{manifest.get('recipe_sha256', 'n/a')}`).", "",
+        f"(sha256 of the resolved recipe: `{_text(manifest.get('recipe_sha256')) or 'n/a'}`).", "",
         *_usage(repo_id, splits),
         *_license_section(docs),
         "## Recipe", "", "```yaml", scrub_local_paths(docs.recipe_text).rstrip(), "```", "",

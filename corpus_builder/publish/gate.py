@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
 from ..build.stats import corpus_problems
 from ..errors import CorpusError
 from ..layout import AUDIT, MANIFEST, RECIPE, Corpus
-from ..secrets import Finding, scan_row, scan_text
+from ..recipe.yaml_reader import parse_yaml, read_recipe_text
+from ..secrets import Finding, scan_metadata, scan_row
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "conversation.schema.json"
 SHARD_PATH_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.parquet$")
@@ -39,6 +39,15 @@ class GateFailed(CorpusError):
                          details=failures)
 
 
+def mapping(value: Any) -> dict[str, Any]:
+    """``value`` when it is a mapping, else {}: the corpus's files may have been edited into any shape."""
+    return value if isinstance(value, dict) else {}
+
+
+def _is_share(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
+
+
 @dataclass(frozen=True, slots=True)
 class CorpusDocuments:
     """The metadata files of a built corpus, parsed: what the card is rendered from."""
@@ -52,27 +61,29 @@ class CorpusDocuments:
     @classmethod
     def load(cls, root: Path) -> CorpusDocuments:
         corpus = Corpus.open(Path(root))
-        recipe_text = _read_text(corpus.root / RECIPE)
-        try:
-            recipe = yaml.safe_load(recipe_text) or {}
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            raise CorpusError(f"not valid YAML: {getattr(error, 'problem', error)}", file=str(corpus.root / RECIPE),
-                              line=mark.line + 1 if mark else None) from None
-        if not isinstance(recipe, dict):
-            raise CorpusError("recipe is not a mapping", file=str(corpus.root / RECIPE))
-        return cls(corpus.root, corpus.manifest, corpus.audit(), recipe, recipe_text)
+        path = corpus.root / RECIPE
+        # The recipes' own safe reader: a corpus may come from anywhere (a download, a hand edit), and its
+        # recipe.yaml must not expand aliases, build Python objects or be read whole when it is huge.
+        recipe_text, problems = read_recipe_text(path, str(path))
+        parsed = parse_yaml(recipe_text, str(path)) if recipe_text is not None else None
+        if parsed is None or parsed.data is None or parsed.problems:
+            raise CorpusError("the corpus recipe cannot be read as a plain YAML mapping", file=str(path),
+                              details=[str(problem) for problem in (parsed.problems if parsed else problems)])
+        assert recipe_text is not None  # parsed exists
+        return cls(corpus.root, corpus.manifest, mapping(corpus.audit()), parsed.data, recipe_text)
+
+    def setting(self, *keys: str) -> Any:
+        """recipe[k1][k2]... when each step is a mapping, else None."""
+        value: Any = self.recipe
+        for key in keys:
+            value = mapping(value).get(key)
+        return value
 
     @property
     def min_thinking_share(self) -> float | None:
-        return (self.recipe.get("checks") or {}).get("min_thinking_share")
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CorpusError("file is missing", file=str(path)) from None
+        """checks.min_thinking_share when it is a share (the gate fails a recipe whose value is not one)."""
+        value = self.setting("checks", "min_thinking_share")
+        return float(value) if _is_share(value) else None
 
 
 @cache
@@ -167,6 +178,12 @@ def _check_rows(corpus: Corpus, report: GateReport) -> list[_CheckLog]:
                 except orjson.JSONDecodeError:
                     schema_log.add(f"{where}: provenance is not valid JSON")
                     continue
+                try:
+                    if isinstance(row.get("tools"), str):
+                        document["tools"] = orjson.loads(row["tools"])
+                except orjson.JSONDecodeError:
+                    schema_log.add(f"{where}: tools is not valid JSON")
+                    continue
                 error = next(iter(validator.iter_errors(document)), None)
                 if error is not None:
                     location = "/".join(str(p) for p in error.absolute_path) or "(row)"
@@ -223,6 +240,9 @@ def check_corpus(corpus_dir: Path) -> GateReport:
     logs.append(audit_log)
 
     share_log = _CheckLog("thinking share")
+    written_minimum = documents.setting("checks", "min_thinking_share")
+    if written_minimum is not None and documents.min_thinking_share is None:
+        share_log.add(f"{RECIPE}: checks.min_thinking_share is {written_minimum!r}, not a share from 0 to 1")
     counts = {"thinking_share": report.thinking_share, "thinking_conversations": report.overall.thinking,
               "conversations": report.overall.conversations}
     for problem in corpus_problems(counts, documents.min_thinking_share):
@@ -231,7 +251,7 @@ def check_corpus(corpus_dir: Path) -> GateReport:
 
     for name, text in ((RECIPE, documents.recipe_text), (MANIFEST, orjson.dumps(documents.manifest).decode()),
                        (AUDIT, orjson.dumps(documents.audit).decode())):
-        report.findings.extend(scan_text(text, name))
+        report.findings.extend(scan_metadata(text, name))
     secrets_log = _CheckLog("secrets")
     for finding in report.findings:
         secrets_log.add(str(finding))

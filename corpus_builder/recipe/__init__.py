@@ -9,11 +9,14 @@ from .crosscheck import match_source_pattern
 from .load import check_recipe, load_recipe, recipe_sha256, resolved_yaml
 from .model import (
     Checks,
+    Decontamination,
+    EvalSet,
     ExportSpec,
     GenerationSettings,
     HubRef,
     LaunchSpec,
     Mapping,
+    NearDuplicateSettings,
     OutputSpec,
     Recipe,
     SourceSpec,
@@ -24,7 +27,8 @@ from .model import (
 from .yaml_reader import Problem
 
 __all__ = [
-    "Checks", "ExportSpec", "GenerationSettings", "HubRef", "LaunchSpec", "Mapping", "OutputSpec", "Problem",
+    "Checks", "Decontamination", "EvalSet", "ExportSpec", "GenerationSettings", "HubRef", "LaunchSpec", "Mapping",
+    "NearDuplicateSettings", "OutputSpec", "Problem",
     "Recipe", "SourceSpec", "SplitSpec", "Take", "Target", "check_recipe", "load_recipe", "match_source_pattern",
     "recipe_sha256", "resolved_yaml",
 ]

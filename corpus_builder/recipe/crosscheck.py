@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import os
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +13,63 @@ from .yaml_reader import KeyPath, Parsed, Problem
 
 
 def match_source_pattern(base_dir: Path, pattern: str) -> list[Path]:
-    """Files a source's path pattern names (a path or a glob, `**` allowed), relative to base_dir.
+    """Files a source's path pattern names (a path or a glob, `**` allowed), relative to base_dir, sorted;
+    each file once, by its real path (a symlink loop or a link to a file already matched adds nothing).
 
     One rule for the recipe check and the readers, so a recipe that validates reads the same files.
     """
     # The recipe's own directory may contain glob characters: only the pattern may expand.
     full = pattern if os.path.isabs(pattern) else os.path.join(glob.escape(str(base_dir)), pattern)
-    return sorted(Path(p) for p in glob.glob(full, recursive=True) if os.path.isfile(p))
+    by_real_path: dict[str, str] = {}
+    for match in _glob(full):
+        if os.path.isfile(match):
+            real = os.path.realpath(match)
+            known = by_real_path.get(real)
+            if known is None or _name_rank(match) < _name_rank(known):
+                by_real_path[real] = match
+    return sorted(Path(match) for match in by_real_path.values())
 
+
+def _name_rank(path: str) -> tuple[bool, int, str]:
+    """Which of a file's names provenance shows: its own name before a symlink to it, then the shortest
+    (data/x.jsonl, not data/loop/loop/x.jsonl)."""
+    return os.path.islink(path), path.count(os.sep), path
+
+
+def _glob(pattern: str) -> Iterator[str]:
+    """``glob.glob(pattern, recursive=True)``, except that ``**`` enters every real directory once: glob follows
+    symlinks into directories without end, so one loop repeats each file 41 times and two never finish."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        yield from glob.iglob(pattern)  # no recursion: the pattern's own depth bounds the walk
+        return
+    at = parts.index("**")
+    rest = parts[at + 1:] or ["*"]  # a trailing ** matches every file below
+    prefix = os.sep.join(parts[:at]) or (os.sep if pattern.startswith(os.sep) else os.curdir)
+    for top in glob.iglob(prefix):
+        for directory in _real_directories(top):
+            yield from _glob(os.path.join(glob.escape(directory), *rest))
+
+
+def _real_directories(top: str) -> Iterator[str]:
+    """``top`` and every directory below it, each real directory once (by its first name); hidden ones are
+    skipped, as glob's ``**`` skips them."""
+    seen: set[str] = set()
+    pending = [top]
+    while pending:
+        directory = pending.pop()
+        real = os.path.realpath(directory)
+        if real in seen or not os.path.isdir(directory):
+            continue
+        seen.add(real)
+        yield directory
+        try:
+            with os.scandir(directory) as entries:
+                children = sorted(entry.path for entry in entries
+                                  if not entry.name.startswith(".") and entry.is_dir())
+        except OSError:
+            continue  # unreadable: glob skips it too
+        pending += reversed(children)  # depth first, in name order
 
 
 def _section(document: Any, *keys: str) -> dict[str, Any]:
@@ -38,6 +89,28 @@ def fill_derived(document: dict[str, Any]) -> dict[str, Any]:
     ):
         generation["retry_max_tokens"] = 2 * max_tokens
     return document
+
+
+def _looks_up(path: Path, check: Callable[[Path], bool]) -> bool:
+    """``check(path)``, a path the system cannot even look up (a name too long, a NUL byte) being absent."""
+    try:
+        return check(path)
+    except (OSError, ValueError):
+        return False
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_hub_id(written: str) -> bool:
+    """ORG/NAME, as the Hub names a model."""
+    return bool(_HUB_ID.match(written))
+
+
+def names_hub_model(base_dir: Path, written: str) -> bool:
+    """A tokenizer setting that names a Hub model rather than a directory: ORG/NAME where no ORG directory is
+    next to the recipe (models/tok with a models/ folder here is a path, mistyped or not)."""
+    return is_hub_id(written) and not _looks_up(local_path(base_dir, written).parent, Path.is_dir)
 
 
 def local_path(base_dir: Path, written: str) -> Path:
@@ -86,22 +159,27 @@ def cross_field_problems(document: dict[str, Any], base_dir: Path, parsed: Parse
     tokenizer = target.get("tokenizer")
     if isinstance(tokenizer, str):
         directory = local_path(base_dir, tokenizer)
-        if not directory.is_dir():
-            report(("target", "tokenizer"), f"tokenizer directory not found: {directory}")
-        elif not (directory / "tokenizer.json").is_file():
-            report(("target", "tokenizer"), f"tokenizer directory has no tokenizer.json: {directory}")
-    if "max_seq_len" in _section(document, "checks") and tokenizer is None:
-        report(("checks", "max_seq_len"), "max_seq_len counts tokens in the target's tokenizer: "
-                                          "set target.tokenizer")
+        if _looks_up(directory, Path.is_dir):
+            if not _looks_up(directory / "tokenizer.json", Path.is_file):
+                report(("target", "tokenizer"), f"tokenizer directory has no tokenizer.json: {directory}")
+        elif not names_hub_model(base_dir, tokenizer):
+            report(("target", "tokenizer"), f"tokenizer directory not found: {directory} (nor is it a Hub model id, "
+                                            "ORG/NAME)")
+    model = target.get("model")
+    needs_tokens = "max_seq_len" in _section(document, "checks")
     exports = _section(document, "output").get("exports")
     for index, export in enumerate(exports if isinstance(exports, list) else []):
-        if isinstance(export, dict) and export.get("format") == "speculators-tokens" and tokenizer is None:
+        if isinstance(export, dict) and export.get("format") == "speculators-tokens" and tokenizer is None \
+                and not (isinstance(model, str) and is_hub_id(model)):
             report(("output", "exports", index, "format"), "speculators-tokens rows are in the target's tokens: "
                                                              "set target.tokenizer")
+    if needs_tokens and tokenizer is None and not (isinstance(model, str) and is_hub_id(model)):
+        report(("checks", "max_seq_len"), "max_seq_len counts tokens in the target's tokenizer: "
+                                          "set target.tokenizer (a directory, or a Hub model id)")
 
     launch = _section(target, "launch")
     model_dir = launch.get("model_dir")
-    if isinstance(model_dir, str) and not local_path(base_dir, model_dir).is_dir():
+    if isinstance(model_dir, str) and not _looks_up(local_path(base_dir, model_dir), Path.is_dir):
         report(("target", "launch", "model_dir"),
                f"model directory not found: {local_path(base_dir, model_dir)}")
 
@@ -118,5 +196,74 @@ def cross_field_problems(document: dict[str, Any], base_dir: Path, parsed: Parse
         report(("target", "generation", "retry_max_tokens"),
                f"retry_max_tokens ({retry_budget}) must be larger than max_tokens ({budget}): "
                "the retry exists to give a truncated generation more room")
+    problems += _mixture_problems(document, sources, parsed)
+    problems += _dedup_problems(document, first_use, base_dir, parsed)
+    return problems
+
+
+def _dedup_problems(document: dict[str, Any], source_names: dict[str, int], base_dir: Path, parsed: Parsed
+                    ) -> list[Problem]:
+    """Dedup priorities name sources; evaluation sets have unique names and files that are there."""
+    problems = []
+    priority = _section(document, "checks").get("dedup_priority")
+    for index, name in enumerate(priority if isinstance(priority, list) else []):
+        if isinstance(name, str) and name not in source_names:
+            known = ", ".join(f"'{n}'" for n in source_names) or "none"
+            problems.append(parsed.problem(("checks", "dedup_priority", index),
+                                           f"no source is named '{name}' (sources: {known})"))
+    checks = _section(document, "checks")
+    if "near_duplicates" in checks and checks.get("dedup") == "none":
+        problems.append(parsed.problem(("checks", "near_duplicates"), "near duplicates compare the text dedup "
+                                       "compares: set checks.dedup to exact or prompt", at_key=True))
+    decontamination = _section(document, "decontamination")
+    ngram, min_words = decontamination.get("ngram", 13), decontamination.get("min_words", 8)
+    if isinstance(ngram, int) and isinstance(min_words, int) and min_words > ngram:
+        problems.append(parsed.problem(("decontamination", "min_words"), f"min_words ({min_words}) cannot be more "
+                                       f"than ngram ({ngram}): a text of ngram words is always a run"))
+    eval_sets = decontamination.get("eval_sets")
+    seen: dict[str, int] = {}
+    for index, spec in enumerate(eval_sets if isinstance(eval_sets, list) else []):
+        if not isinstance(spec, dict):
+            continue
+        name, path = spec.get("name"), spec.get("path")
+        if isinstance(name, str):
+            if name in seen:
+                problems.append(parsed.problem(("decontamination", "eval_sets", index, "name"),
+                                               f"eval set name '{name}' is already used by eval_sets[{seen[name]}]"))
+            seen.setdefault(name, index)
+        if isinstance(path, str) and not _looks_up(local_path(base_dir, path), Path.is_file):
+            problems.append(parsed.problem(("decontamination", "eval_sets", index, "path"),
+                                           f"file not found: {local_path(base_dir, path)}"))
+    return problems
+
+
+def _mixture_problems(document: dict[str, Any], sources: list[Any], parsed: Parsed) -> list[Problem]:
+    """A declared corpus must be one that can be computed: targets instead of takes, shares that leave room."""
+    problems = []
+    shares = []
+    for index, source in enumerate(sources):
+        if not isinstance(source, dict):
+            continue
+        target = source.get("target")
+        if isinstance(target, dict) and "take" in source:
+            problems.append(parsed.problem(("sources", index, "take"), "a source with a target gets the rows the "
+                                           "build chooses to meet it: remove take", at_key=True))
+        if isinstance(target, dict) and isinstance(target.get("share"), int | float):
+            shares.append(float(target["share"]))
+        off = source.get("thinking_off_share")
+        if isinstance(off, int | float) and off > 0 and source.get("kind") != "prompts":
+            problems.append(parsed.problem(("sources", index, "thinking_off_share"), "only prompts sources are "
+                                           "generated: a replay source keeps the mode it was served in", at_key=True))
+        for setting in ("tool_choice", "tool_results"):
+            if setting in source and source.get("kind") != "prompts":
+                problems.append(parsed.problem(("sources", index, setting), "only prompts sources are generated: "
+                                               "a replay source keeps the tool calls and results it recorded",
+                                               at_key=True))
+    has_total = isinstance(_section(document, "mixture").get("total"), int)
+    if sum(shares) > 1 or (sum(shares) == 1 and not has_total) or (
+            shares and not has_total and all(isinstance(s, dict) and isinstance(s.get("target"), dict)
+                                             and "share" in s["target"] for s in sources)):
+        problems.append(parsed.problem(("mixture",), f"the sources' shares add up to {sum(shares):g}: with every "
+                                       "source a share, set mixture.total; shares cannot exceed 1", at_key=True))
     return problems
 

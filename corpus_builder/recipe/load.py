@@ -15,20 +15,27 @@ from typing import Any
 import yaml
 
 from ..errors import CorpusError
-from .crosscheck import cross_field_problems, fill_derived, local_path
+from ..records import RepairRules
+from .crosscheck import cross_field_problems, fill_derived, is_hub_id, local_path, names_hub_model
 from .model import (
     Checks,
+    Decontamination,
+    EvalSet,
     ExportSpec,
     GenerationSettings,
     HubRef,
     LaunchSpec,
     Mapping,
+    Mixture,
+    NearDuplicateSettings,
     OutputSpec,
     Recipe,
     SourceSpec,
+    SourceTarget,
     SplitSpec,
     Take,
     Target,
+    ThinkingShare,
 )
 from .schema import fill_defaults, recipe_schema, schema_problems
 from .yaml_reader import Problem, parse_yaml, read_recipe_text
@@ -78,10 +85,12 @@ def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
     target_doc = document["target"]
     launch_doc = target_doc.get("launch")
     tokenizer = target_doc.get("tokenizer")
+    tokenizer_dir, tokenizer_hub = _tokenizer(base_dir, tokenizer, target_doc["model"], document)
     target = Target(
         model=target_doc["model"],
         revision=target_doc.get("revision"),
-        tokenizer=local_path(base_dir, tokenizer) if tokenizer is not None else None,
+        tokenizer=tokenizer_dir,
+        tokenizer_hub=tokenizer_hub,
         trust_remote_code=target_doc["trust_remote_code"],
         endpoints=tuple(target_doc["endpoints"]),
         launch=LaunchSpec(**{
@@ -90,7 +99,9 @@ def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
             "args": tuple(launch_doc["args"]),
         }) if launch_doc is not None else None,
         backend=target_doc["backend"],
-        generation=GenerationSettings(**target_doc["generation"]),
+        allow_mixed_targets=target_doc["allow_mixed_targets"],
+        generation=GenerationSettings(**{**target_doc["generation"],
+                                         "sampling_mixture": tuple(target_doc["generation"]["sampling_mixture"])}),
     )
     sources = tuple(_to_source(source) for source in document["sources"])
     output = document["output"]
@@ -101,21 +112,64 @@ def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
         sources=sources,
         output=OutputSpec(dir=local_path(base_dir, output["dir"]), rows_per_shard=output["rows_per_shard"],
                           exports=tuple(ExportSpec(**spec) for spec in output["exports"])),
-        checks=Checks(**document["checks"]),
+        checks=_to_checks(document["checks"]),
         split=SplitSpec(**document["split"]),
+        mixture=_to_mixture(document["mixture"]),
+        decontamination=_to_decontamination(document.get("decontamination"), base_dir),
         base_dir=base_dir,
         path=path,
         document=document,
     )
 
 
+def _tokenizer(base_dir: Path, written: str | None, model: str, document: dict[str, Any]
+               ) -> tuple[Path | None, str | None]:
+    """(local directory, Hub model id) of the target's tokenizer: ``target.tokenizer`` as a directory when one
+    is there, else as a Hub id; without it, ``target.model`` from the Hub when the recipe counts in the
+    target's tokens (checks.max_seq_len or a speculators-tokens export)."""
+    if written is not None:
+        directory = local_path(base_dir, written)
+        return (None, written) if not directory.is_dir() and names_hub_model(base_dir, written) else (directory, None)
+    exports = document["output"]["exports"]
+    needs_tokens = "max_seq_len" in document["checks"] or any(e["format"] == "speculators-tokens" for e in exports)
+    return (None, model) if needs_tokens and is_hub_id(model) else (None, None)
+
+
+def _to_checks(checks: dict[str, Any]) -> Checks:
+    near = checks.get("near_duplicates")
+    return Checks(**{**checks, "near_duplicates": NearDuplicateSettings(**near) if near is not None else None,
+                     "dedup_priority": tuple(checks["dedup_priority"])})
+
+
+def _to_decontamination(written: dict[str, Any] | None, base_dir: Path) -> Decontamination | None:
+    if written is None:
+        return None
+    eval_sets = tuple(EvalSet(name=spec["name"], path=local_path(base_dir, spec["path"]) if "path" in spec else None,
+                              hub=HubRef(**spec["hub"]) if "hub" in spec else None,
+                              fields=tuple(spec.get("fields", ()))) for spec in written["eval_sets"])
+    return Decontamination(eval_sets=eval_sets, ngram=written["ngram"], min_words=written["min_words"])
+
+
+def _to_mixture(mixture: dict[str, Any]) -> Mixture:
+    thinking = mixture.get("thinking_share")
+    plain = {k: v for k, v in mixture.items() if k != "thinking_share"}
+    return Mixture(**plain, thinking_share=ThinkingShare(**thinking) if thinking is not None else None)
+
+
 def _to_source(source: dict[str, Any]) -> SourceSpec:
     written = source.get("path")
-    plain = {k: v for k, v in source.items() if k not in ("path", "hub", "mapping", "take")}
+    plain = {k: v for k, v in source.items()
+             if k not in ("path", "hub", "mapping", "take", "repair", "target", "tool_choice")}
+    choice = source.get("tool_choice")
     return SourceSpec(
         **plain,
+        # OpenAI's form: a mode, or {"type": "function", "function": {"name": ...}} for a named function
+        tool_choice={"type": "function", "function": {"name": choice["function"]}} if isinstance(choice, dict)
+        else choice,
         paths=(written,) if isinstance(written, str) else tuple(written or ()),
         hub=HubRef(**source["hub"]) if "hub" in source else None,
         mapping=Mapping(**source["mapping"]),
         take=Take(**source["take"]) if "take" in source else None,
+        repair=RepairRules(**source["repair"]),
+        target=SourceTarget(**source["target"]) if "target" in source else None,
     )

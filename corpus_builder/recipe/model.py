@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..records import RepairRules
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationSettings:
@@ -23,6 +25,11 @@ class GenerationSettings:
     concurrency: int = 64
     timeout_s: float = 600.0
     max_retries: int = 6
+    max_outage_s: float = 120.0
+    allow_partial: bool = False
+    share_identical_turns: bool = False
+    # (weight, overrides) entries: each generated row draws one, seeded by its id, and records what it got
+    sampling_mixture: tuple[dict[str, Any], ...] = ()
     extra_sampling: dict[str, Any] = field(default_factory=dict)  # the schema keeps out the fields above
 
     def sampling(self) -> dict[str, Any]:
@@ -51,11 +58,13 @@ class LaunchSpec:
 class Target:
     model: str
     revision: str | None = None
-    tokenizer: Path | None = None
+    tokenizer: Path | None = None  # a local directory ...
+    tokenizer_hub: str | None = None  # ... or a Hub model id, fetched (tokenizer and template files only)
     trust_remote_code: bool = False
     endpoints: tuple[str, ...] = ()
     launch: LaunchSpec | None = None
     backend: str = "server"  # server | engine
+    allow_mixed_targets: bool = False
     generation: GenerationSettings = field(default_factory=GenerationSettings)
 
 
@@ -82,6 +91,14 @@ class Take:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceTarget:
+    """Rows of one source in the final corpus: a count, or a share of the corpus."""
+
+    count: int | None = None
+    share: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SourceSpec:
     name: str
     kind: str  # replay | prompts
@@ -90,9 +107,21 @@ class SourceSpec:
     format: str = "auto"
     mapping: Mapping = field(default_factory=Mapping)
     take: Take | None = None
+    repair: RepairRules = field(default_factory=RepairRules)
     system_prompt: str | None = None
     task: str | None = None
     license: str | None = None
+    thinking_off_share: float = 0.0  # prompts: share of rows regenerated with thinking off
+    tool_choice: str | dict[str, Any] | None = None  # prompts: sent as OpenAI's tool_choice with rows that have tools
+    tool_results: str = "match"  # prompts with tool traffic: match | recorded
+    target: SourceTarget | None = None  # rows in the final corpus, met after every drop (see Mixture)
+
+
+@dataclass(frozen=True, slots=True)
+class NearDuplicateSettings:
+    threshold: float = 0.8
+    num_perm: int = 64
+    shingle: int = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +130,47 @@ class Checks:
     max_seq_len: int | None = None
     on_over_length: str = "drop"
     on_unclosed_think: str = "drop"
-    dedup: str = "exact"
+    dedup: str = "exact"  # exact | prompt | none
+    near_duplicates: NearDuplicateSettings | None = None
+    dedup_priority: tuple[str, ...] = ()  # source names first kept first; the others follow in recipe order
     token_mismatch: str = "warn"  # warn | fail
     redact_secrets: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSet:
+    name: str
+    path: Path | None = None  # a local file (resolved) ...
+    hub: HubRef | None = None  # ... or a Hub dataset
+    fields: tuple[str, ...] = ()  # empty: every string in a row
+
+
+@dataclass(frozen=True, slots=True)
+class Decontamination:
+    eval_sets: tuple[EvalSet, ...]
+    ngram: int = 13
+    min_words: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingShare:
+    target: float
+    tolerance: float = 0.02
+    per_split: bool = False  # each split (validation too) within the tolerance
+
+
+@dataclass(frozen=True, slots=True)
+class Mixture:
+    """The corpus a build must reach (with SourceSpec.target): met after every check, or reported short."""
+
+    total: int | None = None
+    thinking_share: ThinkingShare | None = None
+    seed: int = 0
+    max_rounds: int = 8
+    allow_short: bool = False
+
+    def declared(self, sources: tuple[SourceSpec, ...]) -> bool:
+        return self.thinking_share is not None or any(spec.target is not None for spec in sources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +200,8 @@ class Recipe:
     output: OutputSpec
     checks: Checks = field(default_factory=Checks)
     split: SplitSpec = field(default_factory=SplitSpec)
+    mixture: Mixture = field(default_factory=Mixture)
+    decontamination: Decontamination | None = None
     description: str | None = None
     base_dir: Path = Path(".")  # the recipe file's directory: relative paths resolve against it
     path: Path | None = None  # the recipe file itself
@@ -141,3 +210,14 @@ class Recipe:
     @property
     def has_prompts(self) -> bool:
         return any(s.kind == "prompts" for s in self.sources)
+
+    def dedup_ranks(self) -> dict[str, int]:
+        """Each source's rank in dedup (0 first): ``checks.dedup_priority``, then the others in recipe order."""
+        listed = [name for name in self.checks.dedup_priority if any(s.name == name for s in self.sources)]
+        order = listed + [s.name for s in self.sources if s.name not in listed]
+        return {name: rank for rank, name in enumerate(order)}
+
+    def sources_in_dedup_order(self, kind: str) -> list[SourceSpec]:
+        """The sources of one kind in the order dedup keeps them (the first read is the one kept)."""
+        ranks = self.dedup_ranks()
+        return sorted((s for s in self.sources if s.kind == kind), key=lambda s: ranks[s.name])

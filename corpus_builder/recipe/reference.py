@@ -82,6 +82,9 @@ def _rows(prefix: str, schema: dict[str, Any], root: dict[str, Any]) -> Iterator
         yield _row(path, sub, key in required, root)
         if sub.get("type") == "object" and "properties" in sub:
             yield from _rows(path, sub, root)
+        items = deref(sub["items"], root) if sub.get("type") == "array" and isinstance(sub.get("items"), dict) else {}
+        if "properties" in items:  # a list of mappings: each item's keys
+            yield from _rows(f"{path}[]", items, root)
 
 
 def _row(path: str, schema: dict[str, Any], required: bool, root: dict[str, Any]) -> str:

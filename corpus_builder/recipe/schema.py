@@ -155,8 +155,9 @@ def _unknown_key_message(key: str, schema: dict[str, Any]) -> str:
         homes = [p for p in nested if p.rsplit(".", 1)[-1] == key]
         if not homes:
             leaf_names = [p.rsplit(".", 1)[-1] for p in nested]
-            homes = [p for p, leaf in zip(nested, leaf_names, strict=True)
-                     if leaf in difflib.get_close_matches(key, leaf_names, n=1, cutoff=0.75)]
+            # Once per key, not once per nested key: a recipe with thousands of unknown keys took minutes.
+            close = difflib.get_close_matches(key, leaf_names, n=1, cutoff=0.75)
+            homes = [p for p, leaf in zip(nested, leaf_names, strict=True) if leaf in close]
         if homes:
             suggestion = "; did you mean " + " or ".join(f"'{h}'" for h in homes[:3]) + "?"
     if not suggestion and allowed:

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from ..secrets import scrub_message
+
 # A recipe is a page of settings; anything far bigger is a wrong file (or an attempt to exhaust memory).
 MAX_RECIPE_BYTES = 1 << 20
 # Nesting deeper than this has no meaning in a recipe and would only feed recursion.
@@ -41,6 +43,12 @@ class Problem:
     column: int | None
     path: str  # key path such as sources[1].take.count; "" for the file as a whole
     message: str
+
+    def __post_init__(self) -> None:
+        # A problem quotes what the recipe says (a path that matches no file, a value the schema refuses, an
+        # unknown key): a credential written there is removed here, so no way of showing a problem shows it.
+        for name in ("file", "path", "message"):
+            object.__setattr__(self, name, scrub_message(getattr(self, name)))
 
     def __str__(self) -> str:
         where = self.file

@@ -11,24 +11,52 @@ the per-row work is a handful of dict lookups:
 
 Reasoning on a turn comes from a ``reasoning``, ``reasoning_content`` or ``thinking`` field or a
 ``<think>`` block in the content (``records.make_message`` moves it out).
+
+Tool traffic comes as OpenAI chat messages (an assistant turn's ``tool_calls``, whose content may be null, or
+the legacy ``function_call``; ``tool`` turns with ``tool_call_id``; legacy ``function`` results) or as the
+ShareGPT variant of glaive/LLaMA-Factory dumps (``function_call`` turns holding the call's JSON, one call or a
+list of parallel ones, and ``observation`` turns holding the result); a row's ``tools`` is a list or a JSON
+string of function schemas, in OpenAI's form or bare (``records.normalise_tools``). Calls without an id get
+``call_N`` (the call's position among the row's calls) and results without one answer the calls before them
+in order, so a dump without ids reads the same way on every run.
+
+A row whose turns break the role order, or hold an empty turn, is repaired by the source's repair rules
+(``records.repair_turns``; empty turns are dropped here, as they are read) and skipped only when no valid
+conversation is left, with the reason the unrepaired row had.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any
 
+import orjson
+
 from ..errors import BadRow, CorpusError
 from ..recipe.model import Mapping
-from ..records import REASONING_KEYS, Message, check_role_order, make_message, split_think
+from ..records import (
+    FLAG_UNCLOSED_THINK,
+    REASONING_KEYS,
+    Message,
+    RepairRules,
+    ToolCall,
+    carries_tool_traffic,
+    check_role_order,
+    make_message,
+    normalise_tools,
+    repair_flag,
+    repair_turns,
+    split_think,
+)
 
 STYLES = ("auto", "sharegpt", "messages", "gsm8k", "field")
 TURN_FIELDS = ("conversations", "messages")
 GSM8K_QUESTION, GSM8K_ANSWER = "question", "answer"
 PROMPT_FIELD = "prompt"
+TOOLS_FIELD = "tools"
 
-# Speaker names seen in ShareGPT exports and chat datasets, mapped to the three roles.
+# Speaker names seen in ShareGPT exports, chat datasets and chat logs, mapped to the four roles.
 ROLE_ALIASES = {
     "system": "system",
     "user": "user",
@@ -39,10 +67,19 @@ ROLE_ALIASES = {
     "bing": "assistant",
     "bard": "assistant",
     "model": "assistant",
+    "function_call": "assistant",  # ShareGPT tool dumps: an assistant turn whose value is the call(s)
+    "tool": "tool",
+    "function": "tool",  # OpenAI's legacy function result
+    "observation": "tool",  # ShareGPT tool dumps
+    "ipython": "tool",  # Llama 3's tool result
 }
+CALL_SPEAKERS = frozenset({"function_call"})  # speakers whose value is the JSON of the call(s), not text
 _TURN_KEYS = {"sharegpt": ("from", "value"), "messages": ("role", "content")}
 _DETAIL_CHARS = 80
 _ROLE = attrgetter("role")
+_EMPTY_TURNS_DROPPED = repair_flag("empty_turns", "drop")
+_SPLIT = repair_flag("consecutive_turns", "split")
+DEFAULT_REPAIRS = RepairRules()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +92,14 @@ class Layout:
 
 @dataclass(slots=True)
 class NormalisedRow:
+    """One conversation of a row (a row split by ``consecutive_turns: split`` gives one per part)."""
+
     messages: list[Message]
-    unclosed_think: bool
+    flags: list[str]
     source_id: str | None
     reference_answer: str | None = None
+    part: int | None = None  # which part of a split row, in order
+    tools: list[dict[str, Any]] | None = None
 
 
 def check_mapping(mapping: Mapping, source: str) -> None:
@@ -99,18 +140,23 @@ class RowNormaliser:
 
     ``kind`` "replay" keeps every turn and needs an assistant turn; "prompts" checks the order, then
     keeps only the system and user turns (the target regenerates the rest) and adds ``system_prompt``
-    when the row has no system turn.
+    when the row has no system turn. A prompt with tool traffic keeps its recorded assistant and tool turns:
+    the tool-result policy (``sources[].tool_results``) needs the recorded calls and their results.
+    ``repair`` says which repairs may save a row that breaks the order.
     """
 
-    def __init__(self, mapping: Mapping, kind: str, system_prompt: str | None = None) -> None:
+    def __init__(self, mapping: Mapping, kind: str, system_prompt: str | None = None,
+                 repair: RepairRules = DEFAULT_REPAIRS) -> None:
         self.mapping = mapping
         self.replay = kind == "replay"
         self.system_prompt = system_prompt
+        self.repair = repair
+        self.drop_empty_turns = repair.empty_turns == "drop"
         self.id_field = mapping.id_field or "id"
         self.layout: Layout | None = None
         self._accepted_roles: set[tuple[str, ...]] = set()
 
-    def __call__(self, row: Any) -> NormalisedRow:
+    def __call__(self, row: Any) -> list[NormalisedRow]:
         if not isinstance(row, dict):
             raise BadRow("not_an_object", type(row).__name__)
         layout = self.layout
@@ -121,28 +167,67 @@ class RowNormaliser:
                     raise BadRow("bad_messages", "the turns field is not a non-empty list of turn objects")
                 wanted = self.mapping.field or "conversations/messages/question/prompt"
                 raise BadRow("missing_messages", f"no {wanted} field")
+        empty: BadRow | None = None
+        tooled = False  # a tool call or a tool's result among the turns
         if layout.style == "gsm8k":
             messages, unclosed, reference = self._gsm8k(row)
         elif layout.style == "field":
             messages, unclosed, reference = [_user_turn(row, layout.field)], False, None
         else:
-            messages, unclosed = self._turns(row, layout)
+            messages, unclosed, empty, tooled = self._turns(row, layout)
             reference = None
-        # Few distinct role sequences occur (they depend only on the length and a leading system
-        # turn), so a sequence check_role_order accepted once is not checked again.
-        roles = tuple(map(_ROLE, messages))
-        if roles not in self._accepted_roles:
-            check_role_order(messages, need_assistant=self.replay)
-            self._accepted_roles.add(roles)
-        if not self.replay:
-            messages = [m for m in messages if m.role != "assistant"]
-            unclosed = False  # the discarded assistant turns held the open block
-            if self.system_prompt and messages[0].role != "system":
-                messages.insert(0, Message("system", self.system_prompt))
+        tools = normalise_tools(row.get(TOOLS_FIELD))
+        tooled = tooled or bool(tools)
+        # A prompt's open block was in an assistant turn it discards (with tool traffic: that the target may
+        # regenerate); the generated row is judged on its own turns.
+        row_flags = [FLAG_UNCLOSED_THINK] if unclosed and self.replay else []
         source_id = row.get(self.id_field)
-        return NormalisedRow(messages, unclosed, None if source_id is None else str(source_id), reference)
+        source_id = None if source_id is None else str(source_id)
+        # Few distinct role sequences occur (they depend only on the length and a leading system turn), so
+        # a sequence the strict order accepted once is not checked again: most rows take this way. Not rows
+        # with tool traffic: whether their results answer their calls is in the ids, not in the roles.
+        if empty is None and not tooled and tuple(map(_ROLE, messages)) in self._accepted_roles:
+            return [NormalisedRow(messages if self.replay else self._prompt(messages, tooled), row_flags, source_id,
+                                  reference)]
+        if empty is not None:
+            row_flags.append(_EMPTY_TURNS_DROPPED)
+        problem = empty or self._order_problem(messages, remember=not tooled)
+        if problem is None:
+            parts = [(messages, row_flags)]
+        else:
+            # unclosed_think stays a fact about the source row: a part whose unclosed turn a repair left out
+            # still carries it (the check drops it, as it would have dropped the unrepaired row).
+            parts = [(part.messages, row_flags + part.flags)
+                     for part in repair_turns(messages, self.repair, replay=self.replay)]
+            if not parts:
+                raise problem
+        return [NormalisedRow(part if self.replay else self._prompt(part, tooled and carries_tool_traffic(part, tools)),
+                              flags, source_id, reference, index if _SPLIT in flags else None, tools)
+                for index, (part, flags) in enumerate(parts)]
 
-    def _turns(self, row: dict[str, Any], layout: Layout) -> tuple[list[Message], bool]:
+    def _order_problem(self, messages: list[Message], *, remember: bool) -> BadRow | None:
+        """Why the turns break the strict order, or None (the sequence is then remembered as accepted)."""
+        try:
+            check_role_order(messages, need_assistant=self.replay)
+        except BadRow as problem:
+            return problem
+        if remember:
+            self._accepted_roles.add(tuple(map(_ROLE, messages)))
+        return None
+
+    def _prompt(self, messages: list[Message], tooled: bool) -> list[Message]:
+        """The turns a prompt sends: system and user turns (every turn when it has tool traffic), with the
+        source's system prompt when none."""
+        if not tooled:
+            messages = [m for m in messages if m.role != "assistant"]
+        if self.system_prompt and messages[0].role != "system":
+            messages.insert(0, Message("system", self.system_prompt))
+        return messages
+
+    def _turns(self, row: dict[str, Any], layout: Layout) -> tuple[list[Message], bool, BadRow | None, bool]:
+        """The turns, whether a kept one holds an unclosed think block, why the first empty turn was dropped
+        (None when none was; with ``empty_turns: skip`` the first empty turn skips the row), and whether a
+        turn calls a tool or holds a tool's result."""
         turns = row.get(layout.field)
         if turns is None:
             raise BadRow("missing_messages", f"no '{layout.field}' field")
@@ -151,30 +236,44 @@ class RowNormaliser:
         role_key, content_key = _TURN_KEYS[layout.style]
         check_assistant = self.replay  # prompts discard assistant turns, so their content is not checked
         messages: list[Message] = []
-        unclosed = False
+        unclosed = tool_traffic = False
+        empty: BadRow | None = None
         for index, turn in enumerate(turns):
             try:
-                role = ROLE_ALIASES[turn[role_key]]
-                content = turn[content_key]
-            except (KeyError, TypeError):  # not a dict, unknown or missing role, missing content
+                speaker = turn[role_key]
+                role = ROLE_ALIASES[speaker]
+            except (KeyError, TypeError):  # not a dict, unknown or missing role
                 raise _bad_turn(index, turn, role_key) from None
+            content = turn.get(content_key)
+            # OpenAI logs may leave out the content of an assistant turn that only calls tools
+            if content is None and content_key not in turn and not (role == "assistant" and _declares_calls(turn)):
+                raise _bad_turn(index, turn, role_key)
             # The common turns (plain text with no extra fields) are built directly: without a reasoning
             # field make_message reduces to split_think on assistant turns holding a think tag (one scan
             # finds both tags). Anything else goes through make_message's checks.
-            if len(turn) > 2 or type(content) is not str:
-                message, turn_unclosed = make_message(role, content, _turn_reasoning(turn))
-                unclosed |= turn_unclosed
-                content = message.content
+            turn_unclosed = False
+            if speaker in CALL_SPEAKERS:
+                message = Message(role, "", None, _calls(_json_value(content, index), index))
+            elif len(turn) > 2 or type(content) is not str:
+                message, turn_unclosed = make_message(
+                    role, content, _turn_reasoning(turn), tool_calls=_turn_calls(turn, index) if role == "assistant"
+                    else (), tool_call_id=_tool_call_id(turn) if role == "tool" else None)
             elif role == "assistant" and "think>" in content:
                 content, reasoning, turn_unclosed = split_think(content)
                 message = Message(role, content, reasoning)
-                unclosed |= turn_unclosed
             else:
                 message = Message(role, content)
-            if (not content or content.isspace()) and (check_assistant or role != "assistant"):
-                _require_content(message, index)
+            if (not message.content or message.content.isspace()) and (check_assistant or role != "assistant"):
+                problem = _empty_turn(message, index)
+                if problem is not None:
+                    if not self.drop_empty_turns:
+                        raise problem
+                    empty = empty or problem
+                    continue
+            unclosed |= turn_unclosed
+            tool_traffic = tool_traffic or role == "tool" or bool(message.tool_calls)
             messages.append(message)
-        return messages, unclosed
+        return (_link_tool_results(messages) if tool_traffic else messages), unclosed, empty, tool_traffic
 
     def _gsm8k(self, row: dict[str, Any]) -> tuple[list[Message], bool, str | None]:
         messages = [_user_turn(row, GSM8K_QUESTION)]
@@ -207,6 +306,102 @@ def _bad_turn(index: int, turn: Any, role_key: str) -> BadRow:
     return BadRow("null_content", f"turn {index} ({ROLE_ALIASES[speaker]}) has no content")
 
 
+def _json_value(text: Any, index: int) -> Any:
+    """The call(s) a ShareGPT ``function_call`` turn holds, as JSON text (or already decoded)."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise BadRow("bad_tool_call", f"turn {index}: the function call is not JSON") from None
+
+
+def _declares_calls(turn: dict[str, Any]) -> bool:
+    return bool(turn.get("tool_calls") or turn.get("function_call"))
+
+
+def _turn_calls(turn: dict[str, Any], index: int) -> tuple[ToolCall, ...]:
+    """An OpenAI assistant turn's ``tool_calls`` (or the legacy single ``function_call``)."""
+    calls = turn.get("tool_calls")
+    if calls is None and turn.get("function_call") is not None:
+        calls = [turn["function_call"]]
+    if calls is None or calls == []:
+        return ()
+    if not isinstance(calls, list):
+        raise BadRow("bad_tool_call", f"turn {index}: tool_calls is a {type(calls).__name__}, not a list")
+    return _calls(calls, index)
+
+
+def _calls(value: Any, index: int) -> tuple[ToolCall, ...]:
+    """Calls in OpenAI's shape ({id, type, function: {name, arguments}}) or bare ({name, arguments}), one or a
+    list; arguments kept as the text they were (JSON-encoded when a dump decoded them). Ids may be empty here:
+    ``_link_tool_results`` assigns the missing ones."""
+    calls = []
+    for call in value if isinstance(value, list) else [value]:
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise BadRow("bad_tool_call", f"turn {index}: a tool call has no function name")
+        name = function["name"]
+        arguments = function.get("arguments", function.get("parameters"))
+        if arguments is None:
+            arguments = "{}"
+        elif not isinstance(arguments, str):
+            if not isinstance(arguments, dict | list):
+                raise BadRow("bad_tool_call", f"turn {index}: the arguments of {name} are a "
+                                              f"{type(arguments).__name__}")
+            arguments = orjson.dumps(arguments).decode()
+        call_id = call.get("id") if isinstance(call, dict) else None
+        calls.append(ToolCall(call_id if isinstance(call_id, str) else "", name, arguments))
+    return tuple(calls)
+
+
+def _tool_call_id(turn: dict[str, Any]) -> str | None:
+    value = turn.get("tool_call_id")
+    return value if isinstance(value, str) and value else None
+
+
+def _link_tool_results(messages: list[Message]) -> list[Message]:
+    """Ids for calls and results that came without one, so results answer calls the same way on every read:
+    a call gets ``call_N`` (N: its position among the row's calls), a result the id of the first call of the
+    assistant turn before it that is still unanswered. One ShareGPT ``observation`` after N > 1 parallel calls
+    that holds a JSON list of N results is N results."""
+    linked: list[Message] = []
+    number = 0
+    open_calls: list[str] = []
+    for message in messages:
+        if message.tool_calls:
+            message.tool_calls = tuple(call if call.id else replace(call, id=f"call_{number + offset}")
+                                       for offset, call in enumerate(message.tool_calls))
+            number += len(message.tool_calls)
+            open_calls = [call.id for call in message.tool_calls]
+        elif message.role == "tool":
+            results = _parallel_results(message, len(open_calls)) if message.tool_call_id is None else [message]
+            for result in results:
+                if result.tool_call_id is None and open_calls:
+                    result.tool_call_id = open_calls[0]
+                if result.tool_call_id in open_calls:
+                    open_calls.remove(result.tool_call_id)
+            linked += results
+            continue
+        elif message.role != "system":
+            open_calls = []
+        linked.append(message)
+    return linked
+
+
+def _parallel_results(message: Message, calls: int) -> list[Message]:
+    if calls < 2 or not message.content.startswith("["):
+        return [message]
+    try:
+        results = orjson.loads(message.content)
+    except orjson.JSONDecodeError:
+        return [message]
+    if not isinstance(results, list) or len(results) != calls:
+        return [message]
+    return [Message("tool", result if isinstance(result, str) else orjson.dumps(result).decode())
+            for result in results]
+
+
 def _turn_reasoning(turn: dict[str, Any]) -> Any:
     for key in REASONING_KEYS:
         value = turn.get(key)
@@ -215,11 +410,22 @@ def _turn_reasoning(turn: dict[str, Any]) -> Any:
     return None
 
 
-def _require_content(message: Message, index: int) -> None:
-    """An empty prompt is useless and an empty answer teaches nothing (reasoning alone is kept)."""
+def _empty_turn(message: Message, index: int) -> BadRow | None:
+    """An empty prompt is useless and an empty answer teaches nothing (reasoning alone is kept, and so is a turn
+    that calls tools); a tool's result is whatever the tool returned, empty or not."""
     content = message.content
+    if message.role == "tool" or message.tool_calls:
+        return None
     if (not content or content.isspace()) and not (message.role == "assistant" and message.reasoning):
-        raise BadRow("empty_content", f"turn {index} ({message.role}) is empty")
+        return BadRow("empty_content", f"turn {index} ({message.role}) is empty")
+    return None
+
+
+def _require_content(message: Message, index: int) -> None:
+    """The one prompt or answer of a gsm8k or field row: nothing is left to repair without it."""
+    problem = _empty_turn(message, index)
+    if problem is not None:
+        raise problem
 
 
 def _describe(value: Any) -> str:

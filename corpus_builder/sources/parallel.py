@@ -38,10 +38,10 @@ Part = Callable[[], Iterator[Conversation | Skipped]]
 
 @dataclass
 class MeasuredRows(Generic[T]):
-    """Consecutive rows of a source in their order, kept and skipped, with one measurement per kept row."""
+    """Consecutive rows of a source in their order, kept and skipped, with the measurement of the kept rows."""
 
     items: list[Conversation | Skipped]
-    measurements: list[T]
+    measurement: T
 
 
 def worker_count() -> int:
@@ -62,7 +62,7 @@ def worker_count() -> int:
     return cores - 1
 
 
-def _measured(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], list[T]]
+def _measured(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], T]
               ) -> Iterator[MeasuredRows[T]]:
     items: list[Conversation | Skipped] = []
     conversations: list[Conversation] = []
@@ -74,10 +74,10 @@ def _measured(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Co
                 yield MeasuredRows(items, measure(conversations))
                 items, conversations = [], []
     if items:
-        yield MeasuredRows(items, measure(conversations) if conversations else [])
+        yield MeasuredRows(items, measure(conversations))
 
 
-def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]], list[T]], queue: Any) -> None:
+def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]], T], queue: Any) -> None:
     try:
         for index, part in parts:
             for measured in _measured(part(), measure):
@@ -89,14 +89,14 @@ def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]],
         queue.put((_FAILED, None, traceback.format_exc()))
 
 
-def measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], list[T]], workers: int
+def measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int
                    ) -> Iterator[MeasuredRows[T]]:
     """Run ``parts`` on ``workers`` forked processes (part i on worker i mod workers); yield in part order."""
     with rare_collections():
         yield from _measured_parts(parts, measure, workers)
 
 
-def _measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], list[T]], workers: int
+def _measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int
                     ) -> Iterator[MeasuredRows[T]]:
     if workers <= 1:
         for part in parts:
@@ -137,11 +137,11 @@ def _redacted(part: Part) -> Iterator[Conversation | Skipped]:
     return redact_conversations(part())
 
 
-def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], list[T]]) -> Iterator[MeasuredRows[T]]:
-    """Every replay source of a recipe, in recipe order, read and measured on ``worker_count()`` processes;
-    secrets redacted first when the recipe asks for it."""
+def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], T]) -> Iterator[MeasuredRows[T]]:
+    """Every replay source of a recipe, in dedup order (the row kept of duplicates is the first read), read
+    and measured on ``worker_count()`` processes; secrets redacted first when the recipe asks for it."""
     workers = worker_count()
-    parts = [part for spec in recipe.sources if spec.kind == "replay"
+    parts = [part for spec in recipe.sources_in_dedup_order("replay")
              for part in source_parts(spec, recipe.base_dir, workers)]
     if recipe.checks.redact_secrets:
         parts = [partial(_redacted, part) for part in parts]

@@ -13,7 +13,7 @@ so it is parsed whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Iterator
-from itertools import pairwise
+from itertools import chain, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,20 @@ LINE_FORMATS = frozenset({"jsonl", "jsonl.zst"})
 JSON_ROW_KEYS = ("data", "rows")
 
 _SUFFIXES = ((".jsonl.zst", "jsonl.zst"), (".jsonl", "jsonl"), (".json", "json"), (".parquet", "parquet"))
-# Compressed bytes per step: one step's output is this times the compression ratio (about 0.1 MB for
-# text at 5:1), so memory stays small and flat even for very repetitive data.
-_ZSTD_READ_SIZE = 1 << 14
+# Compressed bytes per step: one step's output is this times the compression ratio, about 5 kB for text and
+# at most about 32 MB (zstd's largest ratio, a run of one byte), so even a zstd bomb decompresses in small
+# steps. Smaller steps cost nothing measurable (the decompressor's speed is the same from 1 kB to 16 kB).
+_ZSTD_READ_SIZE = 1 << 10
+# A decompressed line longer than this is skipped (line_too_long) without being held: rows are kilobytes,
+# the largest real ones tens of megabytes, and a small .zst file can expand to any size.
+MAX_LINE_BYTES = 256 << 20
 _PARQUET_BATCH_ROWS = 1024
 _READ_BUFFER = 1 << 20  # conversation lines are often several kB: fewer, larger reads
 _DETAIL_CHARS = 200
 # Smaller files are not worth splitting across processes.
 MIN_RANGE_BYTES = 8 << 20
+# Editors on Windows start UTF-8 files with a byte order mark; JSON parsers refuse it.
+UTF8_BOM = b"\xef\xbb\xbf"
 
 # Keeps or drops a row by its position before it is decoded (used by take.fraction).
 PositionFilter = Callable[[int], bool]
@@ -125,17 +131,28 @@ def _lines_until(handle: Any, length: int) -> Iterator[bytes]:
         yield line
 
 
+# Stands for a line over MAX_LINE_BYTES; never valid JSON, so only the decoder's error path looks for it.
+_OVERLONG_LINE = b"\0 line over MAX_LINE_BYTES"
+
+
 def _zstd_lines(path: Path, label: str) -> Iterator[bytes]:
     pending = b""
-    for chunk in _zstd_chunks(path, label):
+    overlong = False  # the current line went over MAX_LINE_BYTES: its bytes are dropped until its end
+    for chunk in zstd_chunks(path, label):
         lines = (pending + chunk).split(b"\n")
         pending = lines.pop()
+        if overlong and lines:
+            lines[0], overlong = _OVERLONG_LINE, False
         yield from lines
-    if pending:
+        if len(pending) > MAX_LINE_BYTES:
+            pending, overlong = b"", True
+    if overlong:
+        yield _OVERLONG_LINE
+    elif pending:
         yield pending
 
 
-def _zstd_chunks(path: Path, label: str) -> Iterator[bytes]:
+def zstd_chunks(path: Path, label: str) -> Iterator[bytes]:
     """Decompress frame after frame, and fail on a frame that ends early.
 
     zstandard's stream_reader returns short data without complaint when the input stops in the middle
@@ -167,6 +184,8 @@ def _zstd_chunks(path: Path, label: str) -> Iterator[bytes]:
 
 
 def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_line: int = 1) -> RowReader:
+    if first_line == 1:
+        lines = _without_bom(lines)
     loads = orjson.loads
     any_row = False
     for number, line in enumerate(lines, first_line):
@@ -185,7 +204,17 @@ def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_lin
     return any_row
 
 
+def _without_bom(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a file with the byte order mark its first line may start with removed; the rest are
+    handed on by ``chain`` (in C), so the per-line path gains no layer."""
+    remaining = iter(lines)
+    first = next(remaining, None)
+    return remaining if first is None else chain((first.removeprefix(UTF8_BOM),), remaining)
+
+
 def _undecodable(line: bytes, error: orjson.JSONDecodeError) -> BadRow:
+    if line is _OVERLONG_LINE:
+        return BadRow("line_too_long", f"more than {MAX_LINE_BYTES:,} bytes")
     try:
         line.decode("utf-8")
     except UnicodeDecodeError as bad:
@@ -195,7 +224,7 @@ def _undecodable(line: bytes, error: orjson.JSONDecodeError) -> BadRow:
 
 def _json_document_rows(path: Path, label: str) -> list[Any]:
     try:
-        document = orjson.loads(path.read_bytes())
+        document = orjson.loads(path.read_bytes().removeprefix(UTF8_BOM))
     except orjson.JSONDecodeError as error:
         raise CorpusError(f"not valid JSON: {error.msg}", file=label, line=error.lineno) from None
     if isinstance(document, list):
@@ -225,7 +254,7 @@ def _open_parquet(path: Path, label: str) -> Any:
 
     try:
         return pq.ParquetFile(path)
-    except (pyarrow.ArrowException, OSError) as error:
+    except (pyarrow.ArrowException, OSError, ValueError) as error:  # ValueError: a column name not UTF-8
         raise CorpusError(f"cannot read parquet: {error}", file=label) from None
 
 
@@ -240,6 +269,7 @@ def _parquet_rows(path: Path, label: str, keep: PositionFilter | None) -> RowRea
                 if keep is None or keep(index):
                     yield index, row
                 index += 1
-    except (pyarrow.ArrowException, OSError) as error:
+    except (pyarrow.ArrowException, OSError, ValueError) as error:
+        # ValueError: a damaged string fails to decode (UnicodeDecodeError) when a batch becomes rows.
         raise CorpusError(f"cannot read parquet after row {index}: {error}", file=label) from None
     return index > 0

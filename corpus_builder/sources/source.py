@@ -8,6 +8,7 @@ parquet, hub).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -18,7 +19,7 @@ from typing import Any
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe import match_source_pattern
 from ..recipe.model import Mapping, Recipe, SourceSpec
-from ..records import FLAG_UNCLOSED_THINK, Conversation, content_digest, conversation_id
+from ..records import Conversation, conversation_id
 from ..secrets import redact_conversations
 from .hub import hub_label, hub_provenance, iter_hub_rows
 from .mappings import NormalisedRow, RowNormaliser, check_mapping
@@ -49,18 +50,19 @@ class _Unit:
 
 
 def resolve_paths(spec: SourceSpec, base_dir: Path) -> list[Path]:
-    """The files of a source: each path or glob resolved against ``base_dir`` and sorted; duplicates
-    (a file matched by two patterns) are read once, where they first appear."""
+    """The files of a source: each path or glob resolved against ``base_dir`` and sorted; a file named twice
+    (by two patterns, or through a symlink) is read once, where it first appears, as the recipe check counts it."""
     resolved: list[Path] = []
-    seen: set[Path] = set()
+    seen: set[str] = set()
     for pattern in spec.paths:
         matches = match_source_pattern(base_dir, pattern)  # the rule `corpus validate` checks with
         if not matches:
             raise CorpusError(f"source '{spec.name}': path '{pattern}' matches no file "
                               f"(resolved against {base_dir})")
         for path in matches:
-            if path not in seen:
-                seen.add(path)
+            real = os.path.realpath(path)
+            if real not in seen:
+                seen.add(real)
                 resolved.append(path)
     return resolved
 
@@ -79,10 +81,10 @@ def iter_source(spec: SourceSpec, base_dir: Path) -> Iterator[Conversation | Ski
 
 
 def prompt_stream(recipe: Recipe) -> Iterator[Conversation | Skipped]:
-    """Every prompts source of a recipe, in recipe order; secrets redacted before the target sees them
-    when the recipe asks for it."""
-    prompts = chain.from_iterable(iter_source(spec, recipe.base_dir) for spec in recipe.sources
-                                  if spec.kind == "prompts")
+    """Every prompts source of a recipe, in dedup order (the prompt kept of duplicates is the first read);
+    secrets redacted before the target sees them when the recipe asks for it."""
+    prompts = chain.from_iterable(iter_source(spec, recipe.base_dir)
+                                  for spec in recipe.sources_in_dedup_order("prompts"))
     return redact_conversations(prompts) if recipe.checks.redact_secrets else prompts
 
 
@@ -144,7 +146,8 @@ def _select(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Ski
 
 def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
                 seed: int) -> Iterator[Conversation | Skipped]:
-    """Exactly min(count, valid rows) rows, chosen by seeded priority among the valid ones.
+    """Exactly min(count, valid rows) rows, chosen by seeded priority among the valid ones (a row that
+    ``consecutive_turns: split`` cut counts once and gives all its parts).
 
     Pass one reports bad rows and keeps the ``count`` best priorities (integers, not rows); pass two
     decodes only the chosen positions and yields them in file order.
@@ -161,11 +164,12 @@ def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
 
 
 def _checked_rows(spec: SourceSpec, unit: _Unit,
-                  keep: PositionFilter | None) -> Iterator[tuple[int, NormalisedRow | Skipped]]:
-    normalise = RowNormaliser(spec.mapping, spec.kind, spec.system_prompt)
+                  keep: PositionFilter | None) -> Iterator[tuple[int, list[NormalisedRow] | Skipped]]:
+    """Each row's conversations (several when a repair split it), or why it was skipped."""
+    normalise = RowNormaliser(spec.mapping, spec.kind, spec.system_prompt, spec.repair)
     name, label, separator = spec.name, unit.label, unit.separator
     for position, row in unit.rows(keep):
-        checked: NormalisedRow | Skipped
+        checked: list[NormalisedRow] | Skipped
         try:
             if isinstance(row, BadRow):
                 raise row
@@ -178,24 +182,26 @@ def _checked_rows(spec: SourceSpec, unit: _Unit,
 def _normalise(spec: SourceSpec, unit: _Unit, keep: PositionFilter | None) -> Iterator[Conversation | Skipped]:
     origin = ORIGIN[spec.kind]
     name, key = spec.name, unit.position_key
-    for position, row in _checked_rows(spec, unit, keep):
-        if isinstance(row, Skipped):
-            yield row
+    for position, rows in _checked_rows(spec, unit, keep):
+        if isinstance(rows, Skipped):
+            yield rows
             continue
-        provenance = {**unit.provenance, key: position}
-        if row.source_id is not None:
-            provenance["source_id"] = row.source_id
-        if row.reference_answer is not None:
-            provenance["reference_answer"] = row.reference_answer
-        digest = content_digest(row.messages)
-        yield Conversation(
-            id=conversation_id(name, row.messages, digest=digest),
-            source=name,
-            origin=origin,
-            messages=row.messages,
-            task=spec.task,
-            license=spec.license,
-            flags=[FLAG_UNCLOSED_THINK] if row.unclosed_think else [],
-            provenance=provenance,
-            digest=digest,
-        )
+        for row in rows:
+            provenance = {**unit.provenance, key: position}
+            if row.part is not None:
+                provenance["source_part"] = row.part
+            if row.source_id is not None:
+                provenance["source_id"] = row.source_id
+            if row.reference_answer is not None:
+                provenance["reference_answer"] = row.reference_answer
+            yield Conversation(
+                id=conversation_id(name, row.messages, tools=row.tools),
+                source=name,
+                origin=origin,
+                messages=row.messages,
+                task=spec.task,
+                license=spec.license,
+                flags=row.flags,
+                provenance=provenance,
+                tools=row.tools,
+            )

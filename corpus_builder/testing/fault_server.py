@@ -7,11 +7,18 @@ text of its last user message, makes chosen requests fail in the ways real serve
 
 Tokens are whitespace-separated words (plus 4 per message for the template), so "too long" is easy to
 build: a prompt of more than ``max_model_len`` words gets vLLM's 400 context-length error.
+
+Tool calls, like a server with ``--enable-auto-tool-choice``: a request with ``tools`` whose last turn is the
+user's (or any request with ``tool_choice`` "required" or a named function) is answered by calling each of its
+tools (only the named one) with ``{"query": <the last user turn>}``; a request whose last turn is a tool's
+result, with ``tool_choice`` "auto" or unset, is answered in text. So a recorded call to a tool with the same
+arguments is what the server calls again, and tests can build both matching and differing recorded calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import struct
 import threading
@@ -34,9 +41,11 @@ FAULT_KINDS = (
     "stall",  # answer only after ``stall_s`` (past the client's timeout)
     "malformed",  # 200 with a body that is not JSON
     "length",  # thinking cut by max_tokens: reasoning only, content null, finish_reason "length"
+    "unclosed",  # EOS inside the pre-opened think block: reasoning only, content null, finish_reason "stop"
     "overflow",  # 400 with vLLM's maximum-context-length message
     "raw_think",  # no reasoning parser: the reasoning stays in content, ending with </think>
     "legacy",  # an older server: reasoning in message.reasoning_content
+    "truncated",  # 200 whose body stops short of its Content-Length (a connection cut mid-answer)
 )
 
 
@@ -80,7 +89,9 @@ class FaultServer:
 
     def __init__(self, *, model: str = "fault-model", max_model_len: int = 4096,
                  by_index: dict[int, Fault] | None = None, by_prompt: dict[str, Fault] | None = None,
-                 stall_s: float = 30.0, version: str = "0.32.0-fault", port: int = 0) -> None:
+                 stall_s: float = 30.0, version: str = "0.32.0-fault", port: int = 0,
+                 die_after: int | None = None, fault_mix: dict[str, float] | None = None, seed: int = 0,
+                 root: str | None = None) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.by_index = dict(by_index or {})
@@ -89,6 +100,11 @@ class FaultServer:
         self.version = version
         self.healthy = True
         self.dead = False
+        self.root = root or f"/models/{model}"  # what /v1/models says the server loaded
+        self.die_after = die_after  # chat requests answered before the server dies by itself (a crash mid-run)
+        # kind -> share of the other chat requests that get it (e.g. {"500": 0.1, "reset": 0.1}), seeded
+        self.fault_mix = dict(fault_mix or {})
+        self._mix_random = random.Random(seed)
         self.requests: list[Recorded] = []
         self._port = port
         self._chat_count = 0
@@ -203,7 +219,7 @@ class FaultServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         self._record(request, None)
-        card = {"id": self.model, "object": "model", "owned_by": "vllm", "root": f"/models/{self.model}",
+        card = {"id": self.model, "object": "model", "owned_by": "vllm", "root": self.root,
                 "max_model_len": self.max_model_len}
         return web.json_response({"object": "list", "data": [card]})
 
@@ -212,10 +228,13 @@ class FaultServer:
         self._record(request, body)
         index = self._chat_count
         self._chat_count += 1
+        if self.die_after is not None and index >= self.die_after and not self.dead:
+            self.dead = True
+            asyncio.get_running_loop().create_task(self._stop_site())
         if self.dead:
             return _reset(request)
         prompt = last_user_text(body["messages"])
-        fault = self.by_index.get(index) or self._prompt_fault(prompt)
+        fault = self.by_index.get(index) or self._prompt_fault(prompt) or self._mixed_fault()
         kind = fault.kind if fault else None
         headers = None
         if fault is not None and fault.retry_after is not None:
@@ -232,10 +251,24 @@ class FaultServer:
         if kind == "malformed":
             return web.Response(body=b'{"id": "chatcmpl-x", "choices": [{"message": ', status=200,
                                 content_type="application/json")
+        if kind == "truncated":
+            response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+            response.content_length = 4096
+            await response.prepare(request)
+            await response.write(b'{"id": "chatcmpl-x", "choices": [')
+            return _reset(request)
         prompt_tokens = count_tokens(body["messages"])
         if kind == "overflow" or prompt_tokens > self.max_model_len:
             return _json(context_error(self.max_model_len, prompt_tokens), status=400)
         return _json(self._completion(body, prompt, prompt_tokens, kind))
+
+    def _mixed_fault(self) -> Fault | None:
+        draw = self._mix_random.random()
+        for kind, share in self.fault_mix.items():
+            if draw < share:
+                return Fault(kind, retry_after=1.0 if kind in ("429", "503") else None)
+            draw -= share
+        return None
 
     def _prompt_fault(self, prompt: str) -> Fault | None:
         fault = self.by_prompt.get(prompt)
@@ -253,13 +286,18 @@ class FaultServer:
         finish = "stop"
         if kind == "length":
             reasoning, content, finish = (reasoning or "") + " And more thinking", None, "length"
+        elif kind == "unclosed":
+            content = None
+        calls = _tool_calls(body, prompt, self._chat_count) if kind is None else []
+        if calls:
+            content, finish = None, "tool_calls"
         reasoning_tokens = len(reasoning.split()) + (0 if finish == "length" else 1) if reasoning else 0
-        content_tokens = len(content.split()) + 1 if content else 0
+        content_tokens = len(content.split()) + 1 if content else sum(len(orjson.dumps(c)) // 8 + 1 for c in calls)
         completion_tokens = min(max_tokens, reasoning_tokens + content_tokens)
         if finish == "length":
             completion_tokens = max_tokens
         message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning": reasoning,
-                                   "tool_calls": []}
+                                   "tool_calls": calls}
         if kind == "raw_think" and reasoning is not None:
             message["content"] = f"{reasoning}\n</think>\n\n{content}"
             message["reasoning"] = None
@@ -277,6 +315,21 @@ class FaultServer:
             doc["prompt_token_ids"] = list(range(100, 100 + prompt_tokens))
             doc["choices"][0]["token_ids"] = list(range(5000, 5000 + completion_tokens))
         return doc
+
+
+def _tool_calls(body: dict[str, Any], prompt: str, request_number: int) -> list[dict[str, Any]]:
+    """The calls the server answers a request with (see the module docstring): none without tools."""
+    tools = body.get("tools") or []
+    choice = body.get("tool_choice")
+    last = body["messages"][-1].get("role") if body["messages"] else None
+    if not tools or choice == "none" or (choice in (None, "auto") and last != "user"):
+        return []
+    names = [tool["function"]["name"] for tool in tools]
+    if isinstance(choice, dict):
+        names = [choice["function"]["name"]]
+    arguments = orjson.dumps({"query": prompt}).decode()
+    return [{"id": f"call-{request_number}-{index}", "type": "function",
+             "function": {"name": name, "arguments": arguments}} for index, name in enumerate(names)]
 
 
 def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

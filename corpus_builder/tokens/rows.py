@@ -14,6 +14,11 @@ One row per assistant turn ``j`` (what `speculators-tokens`, `corpus vocab` and 
   End-of-turn convention: speculators' ``prepare-data`` on natural-language rows supervises up to the end
   of the render, i.e. those trailing template tokens too: one more token per turn for ChatML.
 
+  Tool traffic: an assistant turn's tool calls are part of its own render (``<tool_call>{json}</tool_call>``
+  blocks in ChatML-style templates), so their tokens are supervised with the turn; a tool's result is part of
+  the prompt of the assistant turn after it, so it is never supervised. The row's tools render in every view
+  (in the system turn, for those templates), as the server rendered them.
+
 Check of generated turns: re-rendering the stored conversation must give the served ids. The prompt of
 turn ``j`` (turns ``[:j]`` + generation prompt, tokenized alone, as the server did) must equal the served
 ``prompt_token_ids``: a difference there means another system prompt, template, thinking mode or tokenizer.
@@ -24,7 +29,8 @@ or an output the model tokenized differently from the canonical tokenization. Th
 when its served ids are a prefix of the render (the render closes what the model never finished).
 
 Reasoning tokens of a turn are its supervised tokens up to and including ``</think>``; with a
-pre-opened think block and no ``</think>`` (truncated thinking) all of them are reasoning.
+pre-opened think block and no ``</think>`` (truncated thinking) all of them are reasoning; a turn with no
+reasoning has none (the empty think block the template renders is not reasoning).
 """
 
 from __future__ import annotations
@@ -135,18 +141,20 @@ class TokenRows:
         for conversation in conversations:
             messages = conversation.messages
             served = served_turns(conversation)
+            # A generated row was served in its own thinking mode (a recipe can mix both).
+            mode = (conversation.provenance.get("generation") or {}).get("enable_thinking") if served else None
             turns: list[tuple[int, int, int, dict[str, Any] | None]] = []
             for j, message in enumerate(messages):
                 if message.role != "assistant":
                     continue
-                through = renderer.render_through(messages, j)
+                through = renderer.render_through(conversation, j)
                 if j in served:  # the check's texts: the prompt alone, then the turn alone
-                    prompt = renderer.render_prompt(messages, j)
+                    prompt = renderer.render_prompt(conversation, j, enable_thinking=mode)
                     turn_text = self._turn_text(through[len(prompt):]) if through.startswith(prompt) else ""
                     turns.append((j, add(prompt), add(turn_text), served[j]))
                 else:
                     turns.append((j, add(through), add(self._prompt_text(conversation, j, through)), None))
-            budget = [add(view) for view in renderer.budget_views(messages)]
+            budget = [add(view) for view in renderer.budget_views(conversation)]
             plans.append((conversation, budget, turns))
         ids = renderer.encode(texts)
         return [self._assemble(conversation, budget, turns, ids) for conversation, budget, turns in plans]
@@ -156,7 +164,7 @@ class TokenRows:
         reverse) only extends the generation prompt of the other mode: that is the mode it was made in."""
         renderer = self.renderer
         for thinking in (renderer.enable_thinking, not renderer.enable_thinking):
-            prompt = renderer.render_prompt(conversation.messages, turn, enable_thinking=thinking)
+            prompt = renderer.render_prompt(conversation, turn, enable_thinking=thinking)
             if through.startswith(prompt):
                 return prompt
         raise CorpusError(f"conversation {conversation.id}: the template's render of assistant turn {turn} does "
@@ -177,8 +185,9 @@ class TokenRows:
                 through = ids[first]
                 start = _common_prefix(ids[second], through)
                 input_ids = through[:self._end_of_turn(through, start)]
-            result.rows.append(TurnRow(f"{conversation.id}/{j}", j, input_ids, start,
-                                       self._reasoning_length(input_ids, start), served is not None))
+            # A turn without reasoning renders an empty think block: its tags are template, not reasoning.
+            reasoning = self._reasoning_length(input_ids, start) if conversation.messages[j].reasoning else 0
+            result.rows.append(TurnRow(f"{conversation.id}/{j}", j, input_ids, start, reasoning, served is not None))
         return result
 
     def _turn_text(self, text: str) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CorpusError
+from ..hub import fetch_tokenizer
 from ..layout import AUDIT, RECIPE, Corpus
 from ..recipe.model import Recipe
 from .template import TemplateRenderer
@@ -23,10 +24,16 @@ class TokenSettings:
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> TokenSettings | None:
-        if recipe.target.tokenizer is None:
+        """The recipe's target tokenizer: its directory, or the Hub model it names (fetched into the cache)."""
+        target = recipe.target
+        if target.tokenizer is not None:
+            directory = Path(target.tokenizer).resolve()
+        elif target.tokenizer_hub is not None:
+            directory = fetch_tokenizer(target.tokenizer_hub, target.revision).resolve()
+        else:
             return None
         generation = recipe.target.generation
-        return cls(Path(recipe.target.tokenizer).resolve(), generation.enable_thinking,
+        return cls(directory, generation.enable_thinking,
                    generation.history_reasoning, recipe.checks.max_seq_len, recipe.checks.token_mismatch)
 
     @classmethod

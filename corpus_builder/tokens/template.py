@@ -5,6 +5,12 @@ trim_blocks/lstrip_blocks, ``tojson``, ``raise_exception``) and tokenized with t
 library and ``add_special_tokens=False`` (the template already emits the BOS), so budgets are measured
 without importing transformers or torch. Counts come from an exact tiktoken twin of the tokenizer where one
 exists (``tokens.twin``; several times faster); ``CORPUS_TOKEN_COUNTER=tokenizers`` turns it off.
+
+Tool traffic renders through the template's own tool handling, as vLLM renders a request: the row's tools as
+the ``tools`` argument, assistant turns' ``tool_calls`` with their arguments decoded to an object (vLLM's rule:
+arguments that are not a JSON object render as ``{}``), tool turns as they are. A template that cannot render
+them (it raises on a tool turn, or leaves the tools, a call or a result out) is refused with
+``TemplateWithoutTools`` naming the source, never rendered without them.
 """
 
 from __future__ import annotations
@@ -20,10 +26,28 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorpusError
-from ..records import Conversation, Message
+from ..records import Conversation, openai_messages
 
 ENCODE_CHUNK = 256  # conversations rendered while the previous chunk is being tokenized
 TWIN_THREADS = min(8, os.cpu_count() or 1)  # tiktoken releases the GIL
+
+
+# A conversation with one tool, one call and its result, each named so its render shows whether the template
+# wrote it out.
+_PROBE_TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
+    "name": "corpus_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}}}]
+_PROBE: list[dict[str, Any]] = [
+    {"role": "user", "content": "probe"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0", "type": "function", "function": {
+        "name": "corpus_probe_call", "arguments": {"corpus_probe_argument": 1}}}]},
+    {"role": "tool", "content": "corpus_probe_result", "tool_call_id": "call_0"},
+]
+_PROBE_MARKS = {"corpus_probe_tool": "the tools", "corpus_probe_call": "the call's name",
+                "corpus_probe_argument": "the call's arguments", "corpus_probe_result": "the tool's result"}
+
+
+class TemplateWithoutTools(CorpusError):
+    """The target's chat template cannot render tool traffic that a source's rows carry."""
 
 
 def _raise_exception(message: str) -> None:
@@ -67,9 +91,10 @@ class TemplateRenderer:
     """Renders and counts conversations as the target sees them at serve time.
 
     The served view of assistant turn ``j`` is its prompt (turns before ``j`` plus the generation prompt)
-    followed by the turn itself. With ``history_reasoning="drop"`` the generator sent earlier assistant
-    turns back without their reasoning, so every view drops the reasoning of the assistant turns before
-    ``j``; this is done on the messages, not through a template flag, so it holds for any template.
+    followed by the turn itself. With ``history_reasoning="drop"`` the generator sent earlier exchanges'
+    assistant turns back without their reasoning (the tool-calling steps after the last user turn keep
+    theirs), so every view drops it likewise; this is done on the messages, not through a template flag, so
+    it holds for any template.
     Where a conversation has no system turn the template adds its default one, as the server did.
     """
 
@@ -112,45 +137,63 @@ class TemplateRenderer:
         return self.tokenizer.token_to_id(token) if token else None
 
     def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = False,
-               enable_thinking: bool | None = None) -> str:
+               enable_thinking: bool | None = None, tools: Sequence[dict[str, Any]] | None = None) -> str:
         thinking = self.enable_thinking if enable_thinking is None else enable_thinking
-        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+        return self._template.render(messages=list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
                                      enable_thinking=thinking, **self._special, **self.template_kwargs)
 
-    def served_messages(self, messages: Sequence[Message], end: int, *, current: int | None = None
-                        ) -> list[dict[str, Any]]:
-        """``messages[:end]`` as template input; reasoning of the assistant turns before ``current`` is left
-        out when history reasoning is dropped (``current=None``: every assistant turn is history)."""
-        keep_history = self.history_reasoning == "keep"
-        out = []
-        for index, m in enumerate(messages[:end]):
-            message: dict[str, Any] = {"role": m.role, "content": m.content}
-            if (m.role == "assistant" and m.reasoning is not None
-                    and (keep_history or (current is not None and index >= current))):
-                message["reasoning_content"] = m.reasoning
-            out.append(message)
-        return out
+    @cached_property
+    def tool_support_problem(self) -> str | None:
+        """Why the template cannot render tool traffic (it raises, or leaves something out), or None."""
+        try:
+            text = self.render(_PROBE, tools=_PROBE_TOOLS)
+        except CorpusError as error:
+            return f"rendering a tool call raised: {error.problem}"
+        except Exception as error:  # a template that indexes or filters a tool call's fields it does not expect
+            return f"rendering a tool call failed: {type(error).__name__}: {error}"
+        missing = [what for mark, what in _PROBE_MARKS.items() if mark not in text]
+        return f"its render leaves out {', '.join(missing)}" if missing else None
 
-    def render_prompt(self, messages: Sequence[Message], turn: int, *, enable_thinking: bool | None = None) -> str:
+    def template_input(self, conversation: Conversation, end: int, *, current: int
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """(``messages[:end]`` as the template receives them, the tools) for the view of turn ``current``: the
+        messages the generator sent (``records.openai_messages``: history reasoning kept, or only the current
+        exchange's when dropped), with tool-call arguments decoded as vLLM decodes them."""
+        tools = conversation.tools
+        if conversation.has_tool_traffic and self.tool_support_problem is not None:
+            raise TemplateWithoutTools(
+                f"source '{conversation.source}': its rows carry tool calls, but the chat template of "
+                f"{self.tokenizer_dir} cannot render them ({self.tool_support_problem}); use the target's own "
+                "tokenizer directory, whose template handles tools")
+        turns = conversation.messages[:end]
+        messages = openai_messages(turns, keep_history_reasoning=self.history_reasoning == "keep", current=current)
+        for message, turn in zip(messages, turns, strict=True):
+            if turn.tool_calls:  # vLLM's rule: arguments that are not a JSON object render as {}
+                message["tool_calls"] = [{**call.to_openai(), "function": {"name": call.name,
+                                                                           "arguments": call.arguments_object() or {}}}
+                                         for call in turn.tool_calls]
+        return messages, tools
+
+    def render_prompt(self, conversation: Conversation, turn: int, *, enable_thinking: bool | None = None) -> str:
         """What the server rendered to generate assistant turn ``turn``: the turns before it + generation prompt."""
-        return self.render(self.served_messages(messages, turn), add_generation_prompt=True,
-                           enable_thinking=enable_thinking)
+        messages, tools = self.template_input(conversation, turn, current=turn)
+        return self.render(messages, add_generation_prompt=True, enable_thinking=enable_thinking, tools=tools)
 
-    def render_through(self, messages: Sequence[Message], turn: int) -> str:
+    def render_through(self, conversation: Conversation, turn: int) -> str:
         """The served view of assistant turn ``turn``: its prompt's turns followed by the turn itself."""
-        return self.render(self.served_messages(messages, turn + 1, current=turn))
+        messages, tools = self.template_input(conversation, turn + 1, current=turn)
+        return self.render(messages, tools=tools)
 
-    def budget_views(self, messages: Sequence[Message]) -> list[str]:
+    def budget_views(self, conversation: Conversation) -> list[str]:
         """The renders whose longest is the conversation's length as served: the whole conversation when
         history reasoning is kept (every turn's view is a prefix of it), else every assistant turn's view
         (a dropped reasoning makes a later view shorter than an earlier one)."""
-        last = len(messages) - 1
-        if self.history_reasoning == "keep" or last < 0:
-            return [self.render(self.served_messages(messages, len(messages)))]
+        messages = conversation.messages
         turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
-        views = [self.render_through(messages, i) for i in turns]
-        if not turns or turns[-1] != last:  # trailing non-assistant turns: the whole conversation too
-            views.append(self.render(self.served_messages(messages, len(messages), current=len(messages))))
+        views = [] if self.history_reasoning == "keep" else [self.render_through(conversation, i) for i in turns]
+        if not views or turns[-1] != len(messages) - 1:  # the whole conversation: trailing non-assistant turns too
+            whole, tools = self.template_input(conversation, len(messages), current=len(messages))
+            views.append(self.render(whole, tools=tools))
         return views
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
@@ -193,6 +236,17 @@ class TemplateRenderer:
                 return [len(row_ids) for row_ids in expected]
         return [len(row_ids) for row_ids in ids]
 
+    @cached_property
+    def longest_token(self) -> int:
+        """Characters in the longest vocabulary entry: no token covers more characters of a text."""
+        return max(len(text) for text in self.tokenizer.get_vocab(with_added_tokens=True))
+
+    def token_lower_bound(self, conversation: Conversation) -> int:
+        """A cheap floor on the conversation's length in tokens, from its characters alone (nothing rendered
+        or tokenized): a row far over a budget is known to be over without tokenizing it whole."""
+        characters = sum(len(m.content) + len(m.reasoning or "") for m in conversation.messages)
+        return characters // self.longest_token
+
     def count_tokens(self, conversations: Sequence[Conversation]) -> list[int]:
         """Each conversation's length in the target's tokens: its longest served view.
 
@@ -213,7 +267,7 @@ class TemplateRenderer:
             views: list[str] = []
             owners: list[int] = []
             for index in range(start, min(start + ENCODE_CHUNK, len(conversations))):
-                rendered = self.budget_views(conversations[index].messages)
+                rendered = self.budget_views(conversations[index])
                 views += rendered
                 owners += [index] * len(rendered)
             if pending is not None:

@@ -109,7 +109,8 @@ def test_conversation_formats_carry_reasoning_apart(corpus: Corpus, tmp_path: Pa
             assert turn["reasoning_content"] is None or turn["role"] == "assistant"
     export(corpus, "messages", tmp_path / "m")
     first = orjson.loads((tmp_path / "m/train.jsonl").read_bytes().splitlines()[0])
-    assert set(first) == {"id", "source", "messages"} and first["source"] == "log"
+    assert set(first) == {"id", "source", "messages", "tools"} and first["source"] == "log"
+    assert first["tools"] is None and all(turn["tool_calls"] is None for turn in first["messages"])
 
 
 def test_sharegpt_round_trips_through_the_readers(corpus: Corpus, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -11,7 +12,13 @@ import pytest
 
 from corpus_builder.errors import CorpusError
 from corpus_builder.generate.client import EndpointPool
-from corpus_builder.generate.types import PermanentError, TurnRequest, TurnResult
+from corpus_builder.generate.types import (
+    GenerationIncomplete,
+    PermanentError,
+    RetriesExhausted,
+    TurnRequest,
+    TurnResult,
+)
 from corpus_builder.testing.fault_server import Fault, FaultServer, count_tokens
 
 MODEL = "fault-model"
@@ -107,7 +114,7 @@ def test_reasoning_is_read_from_every_server_shape(server: FaultServer, kind: st
 
 @pytest.mark.parametrize(("kind", "fault_class"), [
     ("429", "429"), ("408", "4xx"), ("500", "5xx"), ("503", "5xx"),
-    ("reset", "connection"), ("stall", "timeout"), ("malformed", "malformed"),
+    ("reset", "connection"), ("stall", "timeout"), ("malformed", "malformed"), ("truncated", "connection"),
 ])
 def test_transient_fault_is_retried_then_succeeds(server: FaultServer, kind: str, fault_class: str) -> None:
     server.by_prompt["q"] = Fault(kind)
@@ -117,22 +124,34 @@ def test_transient_fault_is_retried_then_succeeds(server: FaultServer, kind: str
     assert counters == {"retries": {fault_class: 1}, "errors": {}}
 
 
-@pytest.mark.parametrize(("kind", "fault_class", "status"), [
-    ("500", "5xx", 500), ("429", "429", 429), ("reset", "connection", None), ("malformed", "malformed", 200),
+def exhausted(server: FaultServer, text: str, **options: Any) -> tuple[RetriesExhausted, dict]:
+    async def action(pool: EndpointPool) -> tuple[RetriesExhausted, dict]:
+        with pytest.raises(RetriesExhausted) as caught:
+            await pool.complete(turn(text))
+        return caught.value, pool.counters.snapshot()
+
+    return with_pool([server.base_url], action, **options)
+
+
+@pytest.mark.parametrize(("kind", "fault_class"), [
+    ("500", "5xx"), ("429", "429"), ("reset", "connection"), ("malformed", "malformed"),
 ])
-def test_retries_are_bounded(server: FaultServer, kind: str, fault_class: str, status: int | None) -> None:
+def test_retries_are_bounded_and_never_a_refusal(server: FaultServer, kind: str, fault_class: str) -> None:
+    """Transient faults that outlast the retries leave the row unfinished (a rerun asks again); they are never
+    reported as the server refusing it."""
     server.by_prompt["q"] = Fault(kind, times=100)
-    error, counters = refusal(server, "q", max_retries=2)
+    error, counters = exhausted(server, "q", max_retries=2)
+    assert not isinstance(error, PermanentError)
     assert len(server.chat_requests) == 3
-    assert error.status == status and error.endpoint == server.base_url
+    assert error.fault == fault_class and error.endpoint == server.base_url
     assert "gave up after 3 attempts" in str(error) and fault_class in str(error)
     assert counters == {"retries": {fault_class: 2}, "errors": {fault_class: 1}}
 
 
 def test_timeout_retries_are_bounded(server: FaultServer) -> None:
     server.by_prompt["q"] = Fault("stall", times=100)
-    error, counters = refusal(server, "q", max_retries=1, timeout_s=0.3)
-    assert error.status is None and "timeout" in str(error)
+    error, counters = exhausted(server, "q", max_retries=1, timeout_s=0.3)
+    assert error.fault == "timeout" and "timeout" in str(error)
     assert len(server.chat_requests) == 2
     assert counters == {"retries": {"timeout": 1}, "errors": {"timeout": 1}}
 
@@ -205,6 +224,65 @@ def test_failover_when_an_endpoint_dies_and_recovery_after_recheck() -> None:
         assert outcome["down"] is False
         assert outcome["counters"]["retries"]["connection"] >= 1 and outcome["counters"]["errors"] == {}
         assert a.base_url in outcome["after"]  # the re-check brought it back
+
+
+def test_a_recovered_endpoint_serves_again_while_requests_fill_the_pool() -> None:
+    """Health checks have their own connections: an endpoint that comes back is probed and takes traffic even
+    while stalled requests hold every connection of the main pool."""
+    stalls = {"stall": Fault("stall", times=100)}
+    with FaultServer(model=MODEL, by_prompt=stalls, stall_s=3.0) as busy, FaultServer(model=MODEL) as back:
+        back.die()
+
+        async def action(pool: EndpointPool) -> tuple[list[str], float]:
+            await pool.check(MODEL)
+            stalled = [asyncio.create_task(pool.complete(turn("stall"))) for _ in range(2)]
+            while len(busy.chat_requests) < 2:  # both connections of the pool are now taken
+                await asyncio.sleep(0.01)
+            back.revive()
+            started = asyncio.get_running_loop().time()
+            while not pool.up()[back.base_url]:
+                await asyncio.sleep(0.01)
+            waited = asyncio.get_running_loop().time() - started  # the probe got through the full pool
+            for task in stalled:
+                task.cancel()
+            await asyncio.gather(*stalled, return_exceptions=True)
+            answered = await asyncio.gather(*(pool.complete(turn(f"after {i}")) for i in range(4)))
+            return [r.endpoint for r in answered], waited
+
+        endpoints, waited = with_pool([busy.base_url, back.base_url], action, concurrency=2, timeout_s=10,
+                                      cooldown_s=0.05, recheck_interval_s=0.02)
+        assert waited < 2.0  # well before a stalled request freed a connection
+        assert back.base_url in endpoints  # and it takes traffic again
+
+
+def test_no_endpoint_answering_stops_the_run_instead_of_spending_every_retry() -> None:
+    with FaultServer(model=MODEL) as server:
+        server.die()
+        started = time.monotonic()
+
+        async def action(pool: EndpointPool) -> None:
+            await pool.complete(turn("q"))
+
+        with pytest.raises(GenerationIncomplete, match="no endpoint has answered for"):
+            with_pool([server.base_url], action, max_retries=1000, max_outage_s=0.5, backoff_max_s=0.05)
+        assert time.monotonic() - started < 5
+
+
+def test_a_dead_launched_server_stops_the_run_at_the_first_connection_failure() -> None:
+    with FaultServer(model=MODEL) as server:
+        server.die()
+        checks: list[bool] = []
+
+        def alive() -> None:
+            checks.append(True)
+            raise GenerationIncomplete("the vLLM server exited with code -9 while serving")
+
+        async def action(pool: EndpointPool) -> None:
+            await pool.complete(turn("q"))
+
+        with pytest.raises(GenerationIncomplete, match="exited with code -9"):
+            with_pool([server.base_url], action, max_retries=1000, alive=alive)
+        assert checks == [True] and len(server.chat_requests) <= 1
 
 
 def test_a_failing_endpoint_is_avoided_on_retry_then_taken_out() -> None:

@@ -8,15 +8,22 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 from tokenizers import Tokenizer
 
+from corpus_builder.errors import Skipped
 from corpus_builder.generate import GenerationProgress, Journal, generate
-from corpus_builder.records import Conversation
+from corpus_builder.recipe import SourceSpec
+from corpus_builder.records import FLAG_TOOL_RESULT_UNKNOWN, Conversation
+from corpus_builder.sources import iter_source
+from corpus_builder.tokens import TemplateRenderer, TokenRows
+from tests.sources.test_sources import spec, split, write_lines
 from tests.support.generate_run import make_prompts, make_recipe, script_recipe
+from tests.support.tool_chats import call, calling, result, say, tool
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
@@ -156,3 +163,56 @@ def test_in_process_engine_backend(tiny_model_dir, tmp_path):
     rebuilt = generate(make_prompts(4, turns=2), script_recipe(model_dir, 64), journal_dir, endpoints=[],
                        journal_only=True)
     assert [orjson.loads(orjson.dumps(r.to_row())) for r in rebuilt] == rows
+
+
+# One possible call, so a regenerated call can match the recorded one; strict: vLLM constrains the arguments to
+# the schema only for a strict tool (else just the call's envelope, and the arguments are any JSON).
+CITY = {"type": "function", "function": {
+    **tool("lookup_city", "Facts about a city", city={"enum": ["Paris"]})["function"], "strict": True}}
+
+
+def tool_prompts(directory: Path, *rows: dict) -> list[Conversation]:
+    directory.mkdir(exist_ok=True)
+    write_lines(directory / "tools.jsonl", list(rows))
+    kept, skipped = split(list(iter_source(spec(name="tools", kind="prompts", paths=("tools.jsonl",)), directory)))
+    assert skipped == []
+    return kept
+
+
+def tool_rows(server, rows: list[Conversation], directory: Path, **tool_settings) -> list[Conversation | Skipped]:
+    source = SourceSpec(name="tools", kind="prompts", paths=("tools.jsonl",),
+                        tool_choice={"type": "function", "function": {"name": "lookup_city"}}, **tool_settings)
+    # thinking off: the constrained call comes right after the generation prompt, well inside the budget
+    recipe = replace(make_recipe(server.model, max_tokens=96, enable_thinking=False), sources=(source,))
+    return list(generate(rows, recipe, directory / "journal", endpoints=[server.base_url]))
+
+
+def test_prompts_with_tools_are_regenerated_with_the_target_s_calls(vllm_server, tmp_path):
+    """vLLM (hermes parser) returns the target's calls in message.tool_calls; the recorded result of the
+    matching call is reused (a second request), the call the target makes next has none (cut, flagged); a prompt
+    whose recorded history is kept (tool_results: recorded) gets its final turn; and every served prompt,
+    tools, calls and results included, re-renders exactly through our template rendering."""
+    recorded = {"tools": [CITY], "messages": [
+        say("user", "Tell me about Paris."), calling(call("rec-1", "lookup_city", {"city": "Paris"})),
+        result("rec-1", "Paris is the capital of France."), say("assistant", "(the recorded answer)")]}
+    unrecorded = {"tools": [CITY], "messages": [say("user", "Any city?")]}
+    matched, skipped = tool_rows(vllm_server, tool_prompts(tmp_path, recorded, unrecorded), tmp_path)
+    with Journal(tmp_path / "journal") as journal:
+        assert len(journal) == 3  # the first call, the turn after its reused result, the unrecorded prompt's call
+    assert isinstance(skipped, Skipped) and skipped.reason == "tool_result_unknown"
+    assert isinstance(matched, Conversation) and matched.flags == [FLAG_TOOL_RESULT_UNKNOWN]
+    (made,) = matched.messages[1].tool_calls
+    assert made.name == "lookup_city" and made.arguments_object() == {"city": "Paris"} and made.id != "rec-1"
+    assert [m.role for m in matched.messages] == ["user", "assistant"]  # cut before the second call
+    served = tokenizer(vllm_server).decode(matched.provenance["generation"]["turns"][0]["token_ids"],
+                                           skip_special_tokens=False)
+    assert served.count("<tool_call>") == 1 and '"lookup_city"' in served
+
+    (final,) = tool_rows(vllm_server, tool_prompts(tmp_path / "recorded", recorded), tmp_path / "recorded",
+                         tool_results="recorded")
+    assert [m.role for m in final.messages] == ["user", "assistant", "tool", "assistant"]
+    assert final.messages[1].tool_calls[0].id == "rec-1" and final.messages[3].tool_calls[0].name == "lookup_city"
+    renderer = TemplateRenderer(Path(vllm_server.model_dir), enable_thinking=False)
+    checked = TokenRows(renderer).tokenize([matched, final])
+    assert sum(item.checked_turns for item in checked) == 2
+    assert [m for item in checked for m in item.mismatches if m.part == "prompt"] == []

@@ -113,6 +113,56 @@ def test_garbage_inside_a_frame_is_treated_as_the_tail(tmp_path):
         assert journal.loaded_records == 1 and journal.get(key(sample_index=0)) == record(0)
 
 
+def test_short_writes_are_continued_and_every_record_kept(tmp_path, monkeypatch):
+    """A write that takes only part of the bytes (what a nearly full disk or a signal does) is continued:
+    nothing is lost, and the journal reads back whole."""
+    import corpus_builder.generate.journal as journal_module
+
+    real_write = journal_module.os.write
+    monkeypatch.setattr(journal_module.os, "write", lambda fd, data: real_write(fd, data[:max(1, len(data) // 3)]))
+    with Journal(tmp_path) as journal:
+        for i in range(178):
+            journal.append(key(sample_index=i), record(i))
+            if i % 20 == 19:
+                journal.flush()
+        journal.flush()
+    monkeypatch.undo()
+    with Journal(tmp_path) as journal:
+        assert len(journal) == 178 and journal.ignored_tail_bytes == 0
+        assert all(journal.get(key(sample_index=i)) == record(i) for i in range(178))
+
+
+def test_a_full_disk_stops_the_run_and_leaves_the_journal_valid(tmp_path, monkeypatch):
+    import errno
+
+    import corpus_builder.generate.journal as journal_module
+
+    real_write = journal_module.os.write
+    writes = {"count": 0}
+
+    def filling_disk(fd, data):  # the third frame finds the disk full half way through
+        writes["count"] += 1
+        if writes["count"] == 3:
+            real_write(fd, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(journal_module.os, "write", filling_disk)
+    with Journal(tmp_path) as journal:
+        for batch in range(2):
+            for i in range(batch * 10, batch * 10 + 10):
+                journal.append(key(sample_index=i), record(i))
+            journal.flush()
+        for i in range(20, 30):
+            journal.append(key(sample_index=i), record(i))
+        with pytest.raises(CorpusError, match="cannot write the journal: No space left on device"):
+            journal.flush()
+    monkeypatch.undo()
+    with Journal(tmp_path) as journal:
+        assert len(journal) == 20 and journal.ignored_tail_bytes == 0  # cut back to the last whole frame
+        assert journal.get(key(sample_index=19)) == record(19) and journal.get(key(sample_index=20)) is None
+
+
 def test_a_second_run_on_the_same_journal_is_refused(tmp_path):
     with Journal(tmp_path), pytest.raises(CorpusError, match="in use by another run"):
         Journal(tmp_path).open()

@@ -83,9 +83,9 @@ def test_running_server_serves_then_stops(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "server.log"
     before = descendants()
-    with running_server(stand_in_server(tmp_path, port), port, log_path=log, startup_timeout_s=30) as base_url:
-        assert base_url == f"http://127.0.0.1:{port}/v1"
-        assert get(base_url.removesuffix("/v1") + "/health")[0] == 200
+    with running_server(stand_in_server(tmp_path, port), port, log_path=log, startup_timeout_s=30) as server:
+        assert server.url == f"http://127.0.0.1:{port}/v1"
+        assert get(server.url.removesuffix("/v1") + "/health")[0] == 200
         pids = list(descendants() - before)
         assert pids
     assert not wait_gone(pids)
@@ -262,8 +262,8 @@ def test_real_server_is_stopped_on_exception(tiny_model_dir: Path, tmp_path: Pat
     spec = LaunchSpec(model_dir=tiny_model_dir, args=("--enforce-eager", "--max-model-len", "512"))
     before = descendants()  # e.g. the session's servers
     with pytest.raises(RuntimeError, match="inside the block"), \
-            launched_server(spec, "tiny-stop", log_path=tmp_path / "server.log") as base_url:
-        port = int(base_url.rsplit(":", 1)[1].split("/")[0])
+            launched_server(spec, "tiny-stop", log_path=tmp_path / "server.log") as server:
+        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
         pids = list(descendants() - before)
         assert len(pids) >= 2  # the API server and its engine core
         raise RuntimeError("inside the block")

@@ -13,7 +13,7 @@ from corpus_builder.errors import CorpusError, Skipped
 from corpus_builder.generate import GenerationProgress, Journal, generate, journal_coverage
 from corpus_builder.generate.client import EndpointPool
 from corpus_builder.generate.scheduler import RunSettings, Scheduler, drive
-from corpus_builder.records import FLAG_TRUNCATED, Conversation, conversation_id
+from corpus_builder.records import FLAG_TRUNCATED, FLAG_UNCLOSED_THINK, Conversation, Message, conversation_id
 from corpus_builder.testing.fault_server import Fault, FaultServer
 from tests.support.generate_run import make_prompts, make_recipe
 
@@ -156,13 +156,24 @@ def test_permanent_error_is_skipped_with_the_server_message_and_journaled(server
     assert [r.id for r in again] == [r.id for r in rows] and again[2].detail == rows[2].detail
 
 
-def test_exhausted_retries_are_skipped_but_not_journaled(server, tmp_path):
+def test_exhausted_retries_leave_the_row_unfinished_and_not_journaled(server, tmp_path):
     prompts = make_prompts(1)
     server.by_prompt[prompts[0].messages[1].content] = Fault("500", times=1)
     rows = run(server, prompts, tmp_path, max_retries=0)
-    assert isinstance(rows[0], Skipped) and "HTTP 500" in rows[0].detail
+    assert isinstance(rows[0], Skipped) and rows[0].reason == "unfinished" and "HTTP 500" in rows[0].detail
     rows = run(server, prompts, tmp_path, max_retries=0)  # a transient failure is tried again
     assert isinstance(rows[0], Conversation)
+
+
+def test_a_turn_that_never_leaves_the_think_block_is_flagged_unclosed(server, tmp_path):
+    """EOS before </think>: everything is reasoning, the answer is empty; it is the unclosed-think case."""
+    prompts = make_prompts(2)
+    server.by_prompt[prompts[0].messages[1].content] = Fault("unclosed")
+    rows = run(server, prompts, tmp_path)
+    assert FLAG_UNCLOSED_THINK in rows[0].flags and rows[0].messages[-1].content == ""
+    assert rows[0].messages[-1].reasoning and FLAG_UNCLOSED_THINK not in rows[1].flags
+    off = run(server, make_prompts(1, words="plain"), tmp_path / "off", enable_thinking=False)
+    assert FLAG_UNCLOSED_THINK not in off[0].flags  # thinking off: no block was ever open
 
 
 def test_output_keeps_input_order_when_answers_arrive_out_of_order(tmp_path):
@@ -255,6 +266,21 @@ def test_identical_turns_in_flight_together_share_one_generation(server, tmp_pat
     rows = run(server, prompts, tmp_path, concurrency=4)
     assert len(server.chat_requests) == 2  # one key, one generation: a rebuild yields the same rows
     assert rows[2].messages == rows[0].messages and rows[2].id == rows[0].id
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_identical_first_turns_of_different_conversations_get_their_own_samples(server, tmp_path, share):
+    """A "Hello?" that opens many chats: each conversation gets its own sample of the answer, unless the recipe
+    asks identical turns to share one generation."""
+    def chat(follow_up: str) -> Conversation:
+        messages = [Message("user", "Hello?"), Message("user", follow_up)]
+        return Conversation(conversation_id("chats", messages), "chats", "prompt", messages)
+
+    prompts = [chat("tell me a joke"), chat("what time is it?"), chat("bye")]
+    rows = run(server, prompts, tmp_path, share_identical_turns=share)
+    hellos = [r for r in server.chat_requests if r.body["messages"][-1]["content"] == "Hello?"]
+    assert len(hellos) == (1 if share else 3)
+    assert len({row.id for row in rows}) == 3
 
 
 def test_journal_only_rebuild_and_coverage(server, tmp_path):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,58 +13,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_builder.build import build
 from corpus_builder.errors import CorpusError
-from corpus_builder.hub import RetryPolicy, download_corpus
+from corpus_builder.hub import download_corpus
 from corpus_builder.publish import CorpusDocuments, GateFailed, check_corpus, publish, render_card
 from corpus_builder.publish.card import card_license, parse_front_matter
-from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
-
-TOKEN = "hf_PublishTestTokenDoNotLeak0123456789xyz"
-FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.02)
-RECIPE = """
-name: tiny-mix
-description: A tiny mixture for publish tests.
-target: {model: Org/Model-1B, revision: abc123}
-sources:
-  - {name: math, kind: replay, path: math.jsonl, license: Apache-2.0, task: math}
-  - {name: chat, kind: replay, path: chat.jsonl, license: MIT}
-checks: {min_thinking_share: 0.3}
-split: {validation_fraction: 0.2}
-output: {dir: out, rows_per_shard: 20}
-"""
-
-
-@pytest.fixture(scope="module")
-def built_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A corpus written by `corpus build` (replay sources only): 60 conversations, a third thinking."""
-    root = tmp_path_factory.mktemp("recipe")
-    math = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
-                          {"role": "assistant", "content": str(2 * i),
-                           **({"reasoning": f"Add {i} to itself."} if i % 2 == 0 else {})}]} for i in range(40)]
-    chat = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": f"hello {i}"}]}
-            for i in range(20)]
-    (root / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in math))
-    (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
-    (root / "recipe.yaml").write_text(RECIPE)
-    result = build(load_recipe(root / "recipe.yaml"))
-    assert result.passed
-    return result.out_dir
-
-
-@pytest.fixture
-def corpus(built_corpus: Path, tmp_path: Path) -> Path:
-    """A private copy each test may tamper with."""
-    return Path(shutil.copytree(built_corpus, tmp_path / "corpus"))
-
-
-@pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[HubServer]:
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file of the machine's user
-    with HubServer(token=TOKEN) as server:
-        yield server
+from tests.publish.conftest import FAST, TOKEN
 
 
 def _publish(corpus: Path, hub: HubServer, **kwargs: Any) -> Any:
@@ -131,8 +84,8 @@ def test_card_license_single_and_size_category(corpus: Path) -> None:
 
 def test_local_paths_and_url_credentials_are_not_published(corpus: Path, hub: HubServer) -> None:
     recipe = (corpus / "recipe.yaml").read_text()
-    recipe = recipe.replace("  revision: abc123\n", "  revision: abc123\n  tokenizer: /home/alice/models/tok\n"
-                            "  endpoints: ['http://alice:pw@gpu-box:8000/v1']\n")
+    recipe = recipe.replace("  revision: abc123\n", "  revision: abc123\n  tokenizer: /home/alice/models/tok\n")
+    recipe = recipe.replace("  endpoints: []\n", "  endpoints: ['http://alice:pw@gpu-box:8000/v1']\n")
     (corpus / "recipe.yaml").write_text(recipe)
     report = _publish(corpus, hub)
     files = hub.repo("org/tiny").files()
@@ -190,7 +143,7 @@ def _remove_shard(corpus: Path) -> None:
 
 def _bad_role(corpus: Path) -> None:
     def mutate(rows: list[dict[str, Any]]) -> None:
-        rows[0]["messages"][0]["role"] = "tool"
+        rows[0]["messages"][0]["role"] = "narrator"
 
     _rewrite_shard(corpus, "data/train-00001-of-00003.parquet", mutate)
 
@@ -355,3 +308,128 @@ def test_cli_publish_gate_exit_codes_and_remote_audit(corpus: Path, hub: HubServ
     assert refused.returncode == 1 and "below the minimum 90.0%" in refused.stderr
     no_token = _corpus_cli("publish", str(corpus), "--repo", "org/x", "--endpoint", hub.url, token=None, home=home)
     assert no_token.returncode in (1, 2) and "Traceback" not in no_token.stderr
+
+
+@pytest.mark.parametrize(("path", "lose", "problem"), [
+    ("README.md", False, "README.md: size or hash differs"),
+    ("data/train-00001-of-00003.parquet", True, "data/train-00001-of-00003.parquet: missing"),
+])
+def test_the_read_back_catches_a_file_the_hub_stored_wrong(corpus: Path, hub: HubServer, path: str, lose: bool,
+                                                           problem: str) -> None:
+    hub.corrupt(path, lose=lose)  # the commit answers 200; the stored tree is not what was sent
+    with pytest.raises(CorpusError, match="does not match the corpus") as failure:
+        _publish(corpus, hub)
+    assert problem in str(failure.value)
+    report = _publish(corpus, hub)  # a re-run sends the wrong file again and verifies it
+    [sent] = [f for f in report.files if f.path_in_repo == path]
+    assert report.uploaded == [path]
+    assert hub.repo("org/tiny").files()[path] == (sent.content or (corpus / path).read_bytes())
+
+
+def _build_with_secrets(tmp_path: Path, redact: bool) -> Path:
+    """A corpus whose rows carry secrets where a dump has them: a token in a row's own id, a PEM key and a
+    URL login in the turns."""
+    from corpus_builder.build import build
+    from corpus_builder.recipe import load_recipe
+
+    token = "hf_" + "RowIdTokenOfAServingLog0123456789"
+    key = ("-----BEGIN EC PRIVATE " + "KEY-----\nMHcCAQEEIBx8hQ0m+9a1W0N3vH0bZp7yC0sX8wq3nY4dZ1a2b3c4oAoGCCqGSM49\n"
+           "AwEHoUQDQgAE3ZkQ2x1K0yX8n4sT6o9hJ2mB7cV1eR5tW0aQ3zL8uN6pM4kS2jD1\nfG7hY9cX5vB3nE0qW==\n"
+           "-----END EC PRIVATE KEY-----")
+    rows = [{"id": f"{token}-{i}", "messages": [
+        {"role": "user", "content": f"my key is\n{key}\nand the dump is at ftp://" + "loader:pw@files.example.com/x"},
+        {"role": "assistant", "content": f"Rotate it ({i})."}]} for i in range(5)]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "recipe.yaml").write_text(
+        "name: leaky\ntarget: {model: m}\nsources:\n  - {name: log, kind: replay, path: log.jsonl}\n"
+        f"checks: {{redact_secrets: {str(redact).lower()}}}\nsplit: {{validation_fraction: 0}}\n"
+        f"output: {{dir: out-{redact}}}\n")
+    return build(load_recipe(tmp_path / "recipe.yaml")).out_dir
+
+
+def test_secrets_in_row_ids_and_multi_line_keys_are_redacted_so_the_gate_passes(tmp_path: Path) -> None:
+    unredacted = check_corpus(_build_with_secrets(tmp_path, redact=False)).failures
+    for field in ("provenance.source_id: hf_token", "messages[0].content: private_key",
+                  "messages[0].content: url_credentials"):
+        assert any(field in failure for failure in unredacted), (field, unredacted)
+    out = _build_with_secrets(tmp_path, redact=True)
+    assert check_corpus(out).failures == []
+    stored = b"".join(path.read_bytes() for path in (out / "data").glob("*.parquet"))
+    rows = [row for path in sorted((out / "data").glob("*.parquet")) for row in pq.read_table(path).to_pylist()]
+    for fragment in ("RowIdTokenOfAServingLog", "MHcCAQEE", "fG7hY9cX5vB3nE0qW", "END EC PRIVATE", "loader:pw"):
+        assert all(fragment not in json.dumps(row) for row in rows) and fragment.encode() not in stored
+    assert json.loads(rows[0]["provenance"])["source_id"].startswith("[REDACTED:hf_token]-")
+
+
+def _edit_recipe(corpus: Path, edit: Callable[[dict[str, Any]], Any]) -> None:
+    import yaml
+
+    document = yaml.safe_load((corpus / "recipe.yaml").read_text())
+    edit(document)  # in place
+    (corpus / "recipe.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+ODD_RECIPES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "description is a number": lambda d: d.update(description=42),
+    "description is a list": lambda d: d.update(description=["a", "b"]),
+    "name is a number": lambda d: d.update(name=12),
+    "sources is a mapping": lambda d: d.update(sources={"math": 1}),
+    "sources is text": lambda d: d.update(sources="math, chat"),
+    "a source without a name": lambda d: d["sources"][0].pop("name"),
+    "numbers for strings": lambda d: d["sources"][0].update(name=5, license=7, task=3, hub="x", kind=1),
+    "a source is a list": lambda d: d["sources"].append(["name", "x"]),
+    "target is text": lambda d: d.update(target="Org/Model-1B"),
+    "target model is a number": lambda d: d["target"].update(model=123, revision=["r"]),
+    "checks is text": lambda d: d.update(checks="strict"),
+    "no sources at all": lambda d: d.pop("sources"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ODD_RECIPES))
+def test_a_corpus_recipe_with_odd_fields_still_gets_a_card(corpus: Path, case: str) -> None:
+    _edit_recipe(corpus, ODD_RECIPES[case])
+    report = publish(corpus, "org/tiny", dry_run=True)
+    assert validate_card_metadata(report.card) == []
+    assert all(isinstance(name, str) for name in parse_front_matter(report.card)["source_datasets"])
+
+
+@pytest.mark.parametrize(("recipe", "message"), [
+    ("checks: {min_thinking_share: high}\n", "checks.min_thinking_share is 'high', not a share from 0 to 1"),
+    ("- a list\n- not a recipe\n", "cannot be read as a plain YAML mapping"),
+    ("name: !!python/object/apply:os.system [echo hi]\n", "tag !!python/object/apply:os.system is not allowed"),
+    ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n", "alias *a is not allowed"),
+])
+def test_a_corpus_recipe_that_cannot_be_trusted_is_a_clear_error(corpus: Path, tmp_path: Path, recipe: str,
+                                                                 message: str) -> None:
+    (corpus / "recipe.yaml").write_text(recipe)
+    with pytest.raises(CorpusError) as failure:
+        publish(corpus, "org/tiny", dry_run=True)
+    assert message in str(failure.value)
+    completed = _corpus_cli("publish", str(corpus), "--repo", "org/tiny", "--dry-run", home=tmp_path / "home")
+    assert completed.returncode in (1, 2) and "Traceback" not in completed.stderr
+    assert message in completed.stderr
+
+
+def test_the_card_summarises_token_statistics_and_never_lists_token_ids(corpus: Path) -> None:
+    audit = json.loads((corpus / "audit.json").read_text())
+    served = list(range(151_000, 151_400))
+    audit["tokens"] = {
+        "tokenizer": "/home/alice/tok", "max_seq_len": 4096, "token_mismatch": "warn", "conversations": 60,
+        "tokens": 123_456, "p50": 1_800, "p90": 3_900, "p99": 4_090, "max": 4_096, "supervised_tokens": 80_000,
+        "reasoning_tokens": 20_000, "reasoning_token_share": 0.25, "over_budget": 2,
+        "by_source": {"math": {"conversations": 40, "tokens": 100_000, "p50": 2_000, "p90": 3_950, "p99": 4_090,
+                               "max": 4_096, "reasoning_token_share": 0.3}},
+        "by_split": {"train": {"conversations": 48, "tokens": 99_000}},
+        "mismatches": {"count": 300, "checked_turns": 900,
+                       "turns": [{"id": f"row-{i}", "served": served, "rendered": served[::-1]} for i in range(300)]},
+    }
+    (corpus / "audit.json").write_text(json.dumps(audit))
+    card = publish(corpus, "org/tiny", dry_run=True).card
+    section = card[card.index("## Token statistics"):card.index("## Target model")]
+    assert "| tokens per conversation (p50 / p90 / p99 / max) | 1,800 / 3,900 / 4,090 / 4,096 |" in section
+    assert "| generated turns whose re-render differs from the served token ids | 300 of 900 |" in section
+    assert "| conversations over max_seq_len 4,096 | 2 |" in section and "| reasoning share of supervised" in section
+    assert "| math | 40 | 100,000 | 2,000 / 3,950 / 4,090 / 4,096 | 30.0% |" in section
+    assert "151000" not in card and "151,000" not in card and "row-1" not in card
+    assert len(section) < 2_000

@@ -88,6 +88,14 @@ checks:
   on_over_length: drop
   on_unclosed_think: drop
   dedup: exact
+  near_duplicates: {threshold: 0.85, num_perm: 128, shingle: 4}
+  dedup_priority: [math, chat]
+decontamination:
+  eval_sets:
+    - {name: gsm8k-test, path: data/math.jsonl, fields: [question]}
+    - {name: mt-bench, hub: {id: HuggingFaceH4/mt_bench_prompts, split: train}}
+  ngram: 12
+  min_words: 6
 split:
   validation_fraction: 0.05
   seed: 1
@@ -204,11 +212,15 @@ def test_defaults_are_filled_from_the_schema(workspace: Path) -> None:
     assert document["target"]["generation"] == {
         "enable_thinking": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 2048,
         "seed": None, "n": 1, "history_reasoning": "keep", "on_length": "drop", "concurrency": 64,
-        "timeout_s": 600.0, "max_retries": 6, "extra_sampling": {},
+        "timeout_s": 600.0, "max_retries": 6, "max_outage_s": 120.0, "allow_partial": False,
+        "share_identical_turns": False, "sampling_mixture": [], "extra_sampling": {},
     }
     assert document["target"]["endpoints"] == [] and document["target"]["backend"] == "server"
+    assert document["target"]["allow_mixed_targets"] is False
+    assert document["mixture"] == {"seed": 0, "max_rounds": 8, "allow_short": False}
     assert document["checks"] == {"on_over_length": "drop", "on_unclosed_think": "drop", "dedup": "exact",
-                                  "token_mismatch": "warn", "redact_secrets": False}
+                                  "dedup_priority": [], "token_mismatch": "warn", "redact_secrets": False}
+    assert "decontamination" not in document and "near_duplicates" not in document["checks"]
     assert document["split"] == {"validation_fraction": 0.02, "seed": 0}
     assert document["output"]["rows_per_shard"] == 50000
     # Inside array items, through the schema's $ref:
@@ -368,16 +380,54 @@ def test_schema_problem(workspace: Path, old: str, new: str, path: str, fragment
     ("path: [data/math.jsonl]", "path: [data/chat]", "sources[1].path[0]", "no file matches"),  # a directory
     ("tokenizer: models/tok", "tokenizer: models/nope", "target.tokenizer", "tokenizer directory not found"),
     ("tokenizer: models/tok", "tokenizer: models/tiny", "target.tokenizer", "has no tokenizer.json"),
-    ("  tokenizer: models/tok\n", "", "checks.max_seq_len", "set target.tokenizer"),
+    # no tokenizer, and a model name that is not a Hub id: nothing to count tokens with
+    ("  model: Nanbeige/Nanbeige4.2-3B\n  revision: abc123\n  tokenizer: models/tok\n", "  model: nanbeige-fp8\n",
+     "checks.max_seq_len", "set target.tokenizer"),
     ("model_dir: models/tiny", "model_dir: models/gone", "target.launch.model_dir",
      "model directory not found"),
     ("retry_max_tokens: 4096", "retry_max_tokens: 1024", "target.generation.retry_max_tokens",
      "must be larger than max_tokens (1024)"),
     ("mapping: {style: field, field: question}", "mapping: {style: field}", "sources[1].mapping",
      "needs mapping.field"),
+    ("dedup_priority: [math, chat]", "dedup_priority: [math, chats]", "checks.dedup_priority[1]",
+     "no source is named 'chats' (sources: 'chat', 'math', 'ultrachat')"),
+    ("dedup: exact", "dedup: none", "checks.near_duplicates", "set checks.dedup to exact or prompt"),
+    ("name: mt-bench", "name: gsm8k-test", "decontamination.eval_sets[1].name",
+     "'gsm8k-test' is already used by eval_sets[0]"),
+    ("path: data/math.jsonl, fields", "path: data/gsm.jsonl, fields", "decontamination.eval_sets[0].path",
+     "file not found"),
+    ("min_words: 6", "min_words: 13", "decontamination.min_words", "cannot be more than ngram (12)"),
 ])
 def test_semantic_problem(workspace: Path, old: str, new: str, path: str, fragment: str) -> None:
     find(problems_of(write(workspace, edited(old, new))), path, fragment)
+
+
+def test_without_a_tokenizer_the_target_model_names_the_hub_tokenizer(workspace: Path) -> None:
+    """The Hub default: target.model at target.revision, when the recipe counts in the target's tokens; a path
+    whose first directory is here is a path (models/nope is a typo, not a Hub model)."""
+    recipe = load_recipe(write(workspace, edited("  tokenizer: models/tok\n", "")))
+    assert (recipe.target.tokenizer, recipe.target.tokenizer_hub) == (None, "Nanbeige/Nanbeige4.2-3B")
+    named = load_recipe(write(workspace, edited("tokenizer: models/tok", "tokenizer: acme/tokenizer-only")))
+    assert named.target.tokenizer_hub == "acme/tokenizer-only"
+    local = load_recipe(write(workspace, FULL_RECIPE))
+    assert local.target.tokenizer == workspace / "models" / "tok" and local.target.tokenizer_hub is None
+
+
+def test_tool_settings_of_prompts_sources(workspace: Path) -> None:
+    """tool_choice is sent as OpenAI's (a named function in its object form), tool_results defaults to match;
+    both only make sense on a source the target generates."""
+    settings = "    task: math\n    tool_choice: {function: lookup}\n    tool_results: recorded\n"
+    recipe = load_recipe(write(workspace, edited("    task: math\n", settings)))
+    math = recipe.sources[1]
+    assert math.tool_choice == {"type": "function", "function": {"name": "lookup"}} and math.tool_results == "recorded"
+    assert (recipe.sources[2].tool_choice, recipe.sources[2].tool_results) == (None, "match")
+    required = load_recipe(write(workspace, edited("    task: math\n", "    task: math\n    tool_choice: required\n")))
+    assert required.sources[1].tool_choice == "required"
+    problems = problems_of(write(workspace, edited("    license: MIT\n",
+                                                   "    license: MIT\n    tool_choice: auto\n")))
+    find(problems, "sources[0].tool_choice", "only prompts sources are generated")
+    problems = problems_of(write(workspace, edited("    task: math\n", "    task: math\n    tool_choice: always\n")))
+    assert any(p.path == "sources[1].tool_choice" for p in problems)
 
 
 def test_prompts_need_something_to_generate_with(workspace: Path) -> None:
@@ -483,7 +533,7 @@ def test_load_recipe_raises_one_error_listing_every_problem(workspace: Path) -> 
     assert error.problem == "recipe is invalid" and error.file == str(path)
     assert error.details == [
         f"{path}:2:20: target.colour: unknown key 'colour'; allowed here: model, revision, tokenizer, "
-        "trust_remote_code, endpoints, launch, backend, generation",
+        "trust_remote_code, endpoints, launch, backend, allow_mixed_targets, generation",
         f"{path}:3:10: sources: needs at least 1 item",
     ]
 
@@ -533,3 +583,18 @@ def test_importing_the_recipe_module_stays_light() -> None:
     code = f"import sys, corpus_builder.recipe; print([m for m in {heavy!r} if m in sys.modules])"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_dedup_and_decontamination_settings_are_typed(workspace: Path) -> None:
+    recipe = load_recipe(write(workspace, FULL_RECIPE))
+    near = recipe.checks.near_duplicates
+    assert near is not None and (near.threshold, near.num_perm, near.shingle) == (0.85, 128, 4)
+    assert recipe.dedup_ranks() == {"math": 0, "chat": 1, "ultrachat": 2}
+    assert [s.name for s in recipe.sources_in_dedup_order("prompts")] == ["math", "ultrachat"]
+    screen = recipe.decontamination
+    assert screen is not None and (screen.ngram, screen.min_words) == (12, 6)
+    gsm, mt_bench = screen.eval_sets
+    assert (gsm.path, gsm.hub, gsm.fields) == (workspace / "data" / "math.jsonl", None, ("question",))
+    assert mt_bench.path is None and mt_bench.hub is not None and mt_bench.hub.id == "HuggingFaceH4/mt_bench_prompts"
+    bare = load_recipe(write(workspace, MINIMAL_RECIPE))
+    assert bare.checks.near_duplicates is None and bare.decontamination is None and bare.checks.dedup == "exact"

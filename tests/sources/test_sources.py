@@ -20,7 +20,7 @@ import zstandard
 
 from corpus_builder.errors import REASONS, CorpusError, Skipped
 from corpus_builder.recipe import HubRef, Mapping, SourceSpec, Take
-from corpus_builder.records import FLAG_UNCLOSED_THINK, Conversation, conversation_id
+from corpus_builder.records import FLAG_UNCLOSED_THINK, Conversation, RepairRules, conversation_id
 from corpus_builder.sources import iter_file, iter_source, resolve_paths
 from corpus_builder.sources.hub import MIRROR_ENV
 from tests.support.real_data import sharegpt_records, write_chitchat, write_gsm8k, write_rows, write_sharegpt
@@ -210,9 +210,12 @@ def test_prompts_keep_system_and_user_turns_and_add_the_system_prompt(tmp_path: 
 
 
 def test_prompts_check_role_order_before_dropping_assistant_turns(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "p.jsonl", [{"messages": turns(("user", "q"), ("user", "q2"))}])
-    _, skipped = read(path, kind="prompts")
+    write_lines(tmp_path / "p.jsonl", [{"messages": turns(("user", "q"), ("user", "q2"))}])
+    strict = spec(kind="prompts", paths=("p.jsonl",), repair=RepairRules(consecutive_turns="skip"))
+    _, skipped = split(list(iter_source(strict, tmp_path)))
     assert [s.reason for s in skipped] == ["wrong_role_order"]
+    kept, _ = split(list(iter_source(spec(kind="prompts", paths=("p.jsonl",)), tmp_path)))  # repaired by default
+    assert [(m.role, m.content) for m in kept[0].messages] == [("user", "q\n\nq2")]
 
 
 # --- reasoning ---------------------------------------------------------------------------------------
@@ -272,7 +275,7 @@ BAD_ROWS: list[tuple[str, bytes | str | dict[str, Any]]] = [
     ("bad_messages", {"messages": []}),
     ("bad_messages", {"messages": "user: hi"}),
     ("bad_messages", {"messages": ["hi", "hello"]}),
-    ("unknown_role", {"messages": turns(("user", "q"), ("tool", "{}"))}),
+    ("unknown_role", {"messages": turns(("user", "q"), ("narrator", "once upon a time"))}),
     ("unknown_role", {"messages": [{"role": ["user"], "content": "q"}]}),
     ("null_content", {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "a"}]}),
     ("null_content", {"messages": [{"role": "user"}, {"role": "assistant", "content": "a"}]}),
@@ -282,8 +285,9 @@ BAD_ROWS: list[tuple[str, bytes | str | dict[str, Any]]] = [
                                          {"role": "assistant", "content": "a", "reasoning": 3}]}),
     ("empty_content", {"messages": turns(("user", "  \n"), ("assistant", "a"))}),
     ("empty_content", {"messages": turns(("user", "q"), ("assistant", ""))}),
-    ("wrong_role_order", {"messages": turns(("assistant", "a"), ("user", "q"), ("assistant", "a"))}),
-    ("wrong_role_order", {"messages": turns(("user", "q"), ("assistant", "a"), ("user", "q2"))}),
+    # rows the repairs cannot save (tests/sources/test_repairs.py has those they can)
+    ("wrong_role_order", {"messages": turns(("assistant", "a reply to nothing"))}),
+    ("wrong_role_order", {"messages": turns(("assistant", "a"), ("user", "q"))}),
     ("no_assistant_turn", {"messages": turns(("system", "s"), ("user", "q"))}),
 ]
 
@@ -530,8 +534,9 @@ def test_real_sharegpt_records_as_sharegpt_jsonl(tmp_path: Path) -> None:
     kept, skipped = read(path, source="sharegpt")
     assert len(kept) + len(skipped) == 400
     reasons = Counter(s.reason for s in skipped)
-    assert reasons["wrong_role_order"] > 0  # real ShareGPT splits start some parts with a gpt turn
     assert set(reasons) <= set(REASONS)
+    # real ShareGPT splits start some parts with a gpt turn: that turn is dropped, not the conversation
+    assert any("repaired:leading_assistant:drop" in c.flags for c in kept)
     by_id = {row["id"]: row for row in rows}
     sample = kept[0]
     original = by_id[sample.provenance["source_id"]]["conversations"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,20 +33,46 @@ def chat() -> Conversation:
                         Message("user", "what is 2+2?"), Message("assistant", "4", None))
 
 
-def served(renderer: TemplateRenderer, base: Conversation) -> Conversation:
-    """``base`` as a generated row whose served ids are exactly what the template renders: the prompt of each
-    assistant turn, then the turn's text through the end-of-turn token."""
+def template_messages(conversation: Conversation) -> list[dict[str, str]]:
+    """The conversation as chat-template input (reasoning in ``reasoning_content``)."""
+    out = []
+    for m in conversation.messages:
+        message = {"role": m.role, "content": m.content}
+        if m.reasoning is not None:
+            message["reasoning_content"] = m.reasoning
+        out.append(message)
+    return out
+
+
+def hf_ids(hf: Any, messages: list[dict[str, str]], *, generation_prompt: bool = False) -> list[int]:
+    encoded = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
+    return list(encoded if isinstance(encoded, list) else encoded["input_ids"])
+
+
+def served(hf: Any, base: Conversation) -> Conversation:
+    """``base`` as a generated row whose served ids come from transformers' own apply_chat_template (not the
+    renderer under test), as a server makes them: the prompt of each assistant turn tokenized alone, then the
+    tokens of the turn's text through <|im_end|>."""
+    messages = template_messages(base)
     turns = []
     for j, message in enumerate(base.messages):
         if message.role != "assistant":
             continue
-        prompt = renderer.render_prompt(base.messages, j)
-        through = renderer.render_through(base.messages, j)
-        completion = through[len(prompt):through.rindex(renderer.eos_token) + len(renderer.eos_token)]
-        prompt_ids, completion_ids = renderer.encode([prompt, completion])
+        prompt = hf.apply_chat_template(messages[:j], tokenize=False, add_generation_prompt=True)
+        full = hf.apply_chat_template(messages[:j + 1], tokenize=False)
+        assert full.startswith(prompt)
+        completion = full[len(prompt):full.index(hf.eos_token, len(prompt)) + len(hf.eos_token)]
+        ids = [hf(text, add_special_tokens=False)["input_ids"] for text in (prompt, completion)]
         turns.append({"message_index": j, "endpoint": "http://127.0.0.1:1/v1", "finish_reason": "stop",
-                      "prompt_token_ids": prompt_ids, "token_ids": completion_ids})
+                      "prompt_token_ids": ids[0], "token_ids": ids[1]})
     return replace(base, origin="generated", provenance={"generation": {"turns": turns, "enable_thinking": True}})
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +109,8 @@ def test_replayed_rows_supervise_exactly_each_assistant_turn(renderer: TemplateR
     assert item.checked_turns == 0 and item.mismatches == []
 
 
-def test_generated_rows_use_served_ids_and_match_their_render(renderer: TemplateRenderer) -> None:
-    row = served(renderer, chat())
+def test_generated_rows_use_served_ids_and_match_their_render(renderer: TemplateRenderer, hf: Any) -> None:
+    row = served(hf, chat())
     (item,) = TokenRows(renderer).tokenize([row])
     turns = served_turns(row)
     for turn_row in item.rows:
@@ -94,14 +121,14 @@ def test_generated_rows_use_served_ids_and_match_their_render(renderer: Template
     assert item.checked_turns == 2 and item.mismatches == []
 
 
-def test_mismatches_are_reported_by_row_turn_and_position(renderer: TemplateRenderer) -> None:
-    row = served(renderer, chat())
+def test_mismatches_are_reported_by_row_turn_and_position(renderer: TemplateRenderer, hf: Any) -> None:
+    row = served(hf, chat())
     # The stored system prompt is not the one the server saw: every turn differs inside the prompt.
     changed_prompt = replace(row, messages=[Message("system", "Another system prompt."), *row.messages])
     for turn in changed_prompt.provenance["generation"]["turns"]:
         turn["message_index"] += 1
     # The stored answer of the last turn is not what was generated: a completion mismatch.
-    changed_answer = served(renderer, chat())
+    changed_answer = served(hf, chat())
     changed_answer.messages[3] = Message("assistant", "5", None)
     items = TokenRows(renderer).tokenize([changed_prompt, changed_answer])
     prompt_side = items[0].mismatches
@@ -176,19 +203,22 @@ def log_rows() -> list[list[dict[str, str]]]:
 
 
 @pytest.mark.parametrize("policy", ["drop", "truncate"])
-def test_budget_drops_or_truncates_and_counts_in_the_ledger(tmp_path: Path, tiny_model_dir: Path,
+def test_budget_drops_or_truncates_and_counts_in_the_ledger(tmp_path: Path, tiny_model_dir: Path, hf: Any,
                                                             policy: str) -> None:
+    """Lengths expected from transformers' apply_chat_template, not from the counter that enforces the budget."""
     write_log(tmp_path / "log.jsonl", log_rows())
-    renderer = TemplateRenderer(tiny_model_dir)
     from corpus_builder.sources import iter_file
 
-    lengths = renderer.count_tokens([c for c in iter_file(tmp_path / "log.jsonl") if isinstance(c, Conversation)])
+    def length(conversation: Conversation) -> int:
+        return len(hf_ids(hf, template_messages(conversation)))
+
+    lengths = [length(c) for c in iter_file(tmp_path / "log.jsonl") if isinstance(c, Conversation)]
     limit = int(np.percentile(lengths, 60))
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=limit, policy=policy))
     result = build(load_recipe(recipe_path))
     kept = list(Corpus.open(result.out_dir).iter_conversations())
-    kept_lengths = renderer.count_tokens(kept)
+    kept_lengths = [length(c) for c in kept]
     assert max(kept_lengths) <= limit
     ledger = Counter(r["reason"] for r in iter_ledger(result.out_dir / "ledger.jsonl.zst"))
     over = sum(length > limit for length in lengths)
@@ -219,22 +249,22 @@ def test_audit_without_tokenizer_has_no_token_section(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("policy", ["warn", "fail"])
-def test_mismatches_warn_or_fail_the_build(tmp_path: Path, tiny_model_dir: Path, renderer: TemplateRenderer,
-                                           policy: str) -> None:
+def test_mismatches_warn_or_fail_the_build(tmp_path: Path, tiny_model_dir: Path, hf: Any, policy: str) -> None:
     write_log(tmp_path / "log.jsonl", log_rows()[:1])
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=4096, policy="drop").replace(
         "dedup: none}", f"dedup: none, token_mismatch: {policy}}}"))
     recipe = load_recipe(recipe_path)
-    good = served(renderer, chat())
-    bad = served(renderer, chat())
+    good = served(hf, chat())
+    bad = served(hf, chat())
     bad.messages[1] = Message("assistant", "hello!", "greet back")
     bad.id = "1123456789abcdef0123"
     staging = tmp_path / "staging"
     staging.mkdir()
     tokens = TargetTokens.for_recipe(recipe)
     checker = Checker(recipe.checks, tokens.rows.renderer if tokens.rows else None)
-    result = write_corpus([good, bad], recipe, staging, LedgerWriter(staging / "ledger.jsonl.zst"), checker, tokens)
+    result = write_corpus(checker.run([good, bad]), recipe, staging, LedgerWriter(staging / "ledger.jsonl.zst"),
+                          tokens)
     mismatches = result.audit["tokens"]["mismatches"]
     # The changed answer differs in its own turn and in the next turn's prompt, which re-renders it.
     assert mismatches["checked_turns"] == 4 and mismatches["count"] == 2
@@ -248,3 +278,73 @@ def test_mismatches_warn_or_fail_the_build(tmp_path: Path, tiny_model_dir: Path,
     assert f"served-ids check: 2 of 4 generated turns do not re-render to their served tokens " \
            f"({'fatal' if policy == 'fail' else 'warning'})" in text
     assert f"{bad.id} turn 1 at token" in text
+
+
+def test_a_turn_without_reasoning_has_no_reasoning_tokens(renderer: TemplateRenderer, tmp_path: Path) -> None:
+    """The empty think block the template renders around an answer without reasoning is template, not reasoning:
+    a dump with no reasoning reports none, in the rows and in the audit."""
+    plain = conversation(Message("user", "hi"), Message("assistant", "hello"), Message("user", "and?"),
+                         Message("assistant", "bye"))
+    (item,) = TokenRows(renderer).tokenize([plain])
+    assert [row.reasoning for row in item.rows] == [0, 0]
+    assert "</think>" in decode(renderer, item.rows[0].input_ids[item.rows[0].start:])  # the block is there
+    write_log(tmp_path / "log.jsonl", [[{"role": "user", "content": f"q {i}"},
+                                        {"role": "assistant", "content": f"a {i}"}] for i in range(5)])
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(RECIPE.format(tokenizer=renderer.tokenizer_dir, limit=4096, policy="drop"))
+    tokens = build(load_recipe(recipe_path)).audit["tokens"]
+    assert tokens["reasoning_tokens"] == 0 and tokens["reasoning_token_share"] == 0.0
+
+
+def test_a_row_far_over_the_budget_is_never_tokenized_whole(tmp_path: Path, tiny_model_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row that cannot fit is known from its characters alone: it is dropped as over_length without being
+    rendered or tokenized (a 50 MB row used to cost gigabytes), and the ledger says it is at least that long."""
+    huge = "word " * 400_000  # 2 MB of text
+    write_log(tmp_path / "log.jsonl", [[{"role": "user", "content": "short"}, {"role": "assistant", "content": "ok"}],
+                                       [{"role": "user", "content": huge}, {"role": "assistant", "content": "ok"}]])
+    seen: list[int] = []
+    real = TemplateRenderer.count_tokens
+
+    def counting(self: TemplateRenderer, conversations: list[Conversation]) -> list[int]:
+        seen.extend(sum(len(m.content) for m in c.messages) for c in conversations)
+        return real(self, conversations)
+
+    monkeypatch.setattr(TemplateRenderer, "count_tokens", counting)
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=4096, policy="truncate"))
+    result = build(load_recipe(recipe_path))
+    assert max(seen) < 1000  # only the short row was counted
+    (dropped,) = [r for r in iter_ledger(result.out_dir / "ledger.jsonl.zst") if r["reason"] == "over_length"]
+    assert dropped["detail"].startswith("at least ") and dropped["detail"].endswith("tokens > 4096")
+    assert result.manifest["conversations"] == 1
+
+
+def test_a_tool_row_over_the_budget_loses_whole_exchanges(tmp_path: Path, tiny_model_dir: Path, hf: Any) -> None:
+    """Truncation cuts before a user turn: an exchange goes with its tool calls and their results."""
+    import orjson
+
+    from tests.support.hf_template import hf_ids as hf_tool_ids
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    first = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": "", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_0", "content": "sunny, 21 C"},
+             {"role": "assistant", "content": "It is sunny."}]
+    second = [{"role": "user", "content": "And in Lyon? " + "word " * 300},
+              {"role": "assistant", "content": "", "tool_calls": [{**call, "id": "call_1"}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+              {"role": "assistant", "content": "Rain."}]
+    hf_call = {**call, "function": {**call["function"], "arguments": {"city": "Paris"}}}
+    as_hf = [{**m, "tool_calls": [hf_call]} if "tool_calls" in m else m for m in first]
+    limit = len(hf_tool_ids(hf, as_hf, tools)) + 8  # the first exchange fits, with a few tokens to spare
+    (tmp_path / "log.jsonl").write_bytes(orjson.dumps({"messages": first + second, "tools": tools}) + b"\n")
+    (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=limit, policy="truncate"))
+    result = build(load_recipe(tmp_path / "recipe.yaml"))
+    [row] = Corpus.open(result.out_dir).iter_conversations()
+    assert [m.role for m in row.messages] == ["user", "assistant", "tool", "assistant"]
+    assert row.messages[3].content == "It is sunny."
+    assert row.messages[1].tool_calls[0].name == "get_weather" and FLAG_TRUNCATED_TO_BUDGET in row.flags

@@ -179,7 +179,7 @@ def test_a_refused_tokenizer_is_counted_by_tokenizers(tiny_model_dir: Path, tmp_
     renderer = TemplateRenderer(model)
     counts = renderer.count_tokens(conversations())
     assert renderer.twin is None and "next id in order" in (renderer.twin_refusal or "")
-    views = [renderer.budget_views(c.messages)[-1] for c in conversations()]
+    views = [renderer.budget_views(c)[-1] for c in conversations()]
     assert counts == [len(ids) for ids in renderer.encode(views)]
 
 
@@ -200,5 +200,5 @@ def test_a_twin_that_differs_on_the_first_batch_is_dropped(tiny_model_dir: Path)
     with pytest.warns(RuntimeWarning, match="fall back to tokenizers"):
         counts = renderer.count_tokens(conversations())
     assert renderer.twin is None and renderer.twin_refusal == "tiktoken differed from tokenizers on text 0"
-    views = [renderer.budget_views(c.messages)[-1] for c in conversations()]
+    views = [renderer.budget_views(c)[-1] for c in conversations()]
     assert counts == [len(ids) for ids in renderer.encode(views)]

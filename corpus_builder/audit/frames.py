@@ -1,0 +1,217 @@
+"""The per-row facts the audit compares, computed with polars over raw rows or corpus shards.
+
+``row_facts`` turns a frame of rows into one row of facts per conversation: task, thinking mode, reasoning
+present, thinking as served, assistant turns, tool calls and script. It reads the rows the way the
+source readers do (``sources.mappings``): the turns of ``conversations`` or ``messages``, roles by the
+readers' aliases, reasoning from a ``reasoning``/``reasoning_content``/``thinking`` field or a think block in
+an assistant turn's content (``records.split_think``'s rule, pre-opened and unclosed forms included). A built
+corpus's shards and a raw serving log go through the same query, so the same rows give the same facts.
+
+The finer checks of the readers (role order, empty turns) are not repeated here: a row with a turns list
+counts. They apply to the rows the token pass normalises, whose skips are reported with the traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import numpy as np
+import polars as pl
+
+from ..records import REASONING_KEYS, THINK_CLOSE, THINK_OPEN
+from ..sources.mappings import ROLE_ALIASES, TURN_FIELDS
+
+# What a raw row may hold that the audit reads; anything else on the row is not parsed into columns.
+# ``tool_calls`` is read for its length only, so the shape of one call does not matter.
+TURN_FIELD_TYPES: Final[dict[str, pl.DataType]] = {
+    "role": pl.String(), "from": pl.String(), "content": pl.String(), "value": pl.String(),
+    **{key: pl.String() for key in REASONING_KEYS},
+    "tool_calls": pl.List(pl.Struct({"id": pl.String})),
+}
+ROW_FIELD_TYPES: Final[dict[str, pl.DataType]] = {
+    "task": pl.String(), "enable_thinking": pl.Boolean(),
+    "chat_template_kwargs": pl.Struct({"enable_thinking": pl.Boolean}),
+}
+RAW_SCHEMA: Final = pl.Schema({**{name: pl.List(pl.Struct(TURN_FIELD_TYPES)) for name in TURN_FIELDS},
+                               **ROW_FIELD_TYPES})
+# Roles of turns that carry a tool's result (OpenAI ``tool``/``function``, ShareGPT variants).
+TOOL_ROLES: Final = ("tool", "function", "observation", "function_call", "ipython")
+TOOL_CALL_TAG: Final = "<tool_call>"
+SCRIPT_PREFIX_CHARS: Final = 200  # the cheap classifier reads the first user turn's start only
+# Unicode scripts the classifier tells apart; ASCII-only text is "latin" without looking further.
+SCRIPTS: Final = ("latin", "han", "kana", "hangul", "cyrillic", "arabic", "devanagari", "thai", "greek", "hebrew")
+_SCRIPT_PATTERNS: Final = {
+    "latin": r"\p{Latin}", "han": r"\p{Han}", "kana": r"[\p{Hiragana}\p{Katakana}]", "hangul": r"\p{Hangul}",
+    "cyrillic": r"\p{Cyrillic}", "arabic": r"\p{Arabic}", "devanagari": r"\p{Devanagari}", "thai": r"\p{Thai}",
+    "greek": r"\p{Greek}", "hebrew": r"\p{Hebrew}",
+}
+OTHER_SCRIPT: Final = "other"
+NO_TASK: Final = "(none)"
+UNRECORDED: Final = "unrecorded"
+
+# The columns ``row_facts`` yields, in order; every count table of the audit is keyed by a subset.
+FACT_KEYS: Final = ("source", "split", "task", "thinking", "reasoning", "served", "turns", "tool_calls", "script")
+
+
+def _nonblank(text: pl.Expr) -> pl.Expr:
+    return text.str.contains(r"\S").fill_null(False)  # stops at the first non-space: no copy of the text
+
+
+def _embedded_reasoning(content: pl.Expr) -> pl.Expr:
+    """The reasoning ``records.split_think`` moves out of a turn's content (pre-opened and unclosed forms too)."""
+    before_close = pl.when(content.str.contains(THINK_CLOSE, literal=True)).then(
+        content.str.split(THINK_CLOSE).list.first())
+    after_open = pl.coalesce(before_close, content).str.splitn(THINK_OPEN, 2).struct.field("field_1")
+    return pl.coalesce(after_open, before_close)
+
+
+def _first_nonblank(names: Sequence[str], present: set[str]) -> pl.Expr:
+    """Whether the first of these fields that is set holds more than whitespace (``make_message`` takes the
+    first reasoning field that is not null, as the readers do)."""
+    verdict: pl.Expr = pl.lit(False)
+    for name in reversed([name for name in names if name in present]):
+        verdict = pl.when(pl.col(name).is_not_null()).then(_nonblank(pl.col(name))).otherwise(verdict)
+    return verdict
+
+
+def _script_of(text: pl.Expr) -> pl.Expr:
+    """The script of text that is not plain ASCII: latin when most of its letters are, else the script of
+    its first letter that is not (three scans of the text, then one-character tests)."""
+    latin = text.str.count_matches(r"\p{Latin}")
+    others = text.str.count_matches(r"[\p{L}&&[^\p{Latin}]]")
+    first_other = text.str.extract(r"([\p{L}&&[^\p{Latin}]])")
+    named = pl.lit(OTHER_SCRIPT)
+    for name in reversed(SCRIPTS[1:]):
+        named = pl.when(first_other.str.contains(_SCRIPT_PATTERNS[name])).then(pl.lit(name)).otherwise(named)
+    return (pl.when(latin + others == 0).then(pl.lit(OTHER_SCRIPT))
+            .when(latin >= others).then(pl.lit("latin"))
+            .otherwise(named))
+
+
+def scripts(text: pl.Series) -> pl.Series:
+    """The script of each text (null: other). ASCII-only text, most traffic, is latin at once; only the rest
+    is classified."""
+    plain = (text.str.len_bytes() == text.str.len_chars()).fill_null(False)
+    named = pl.select(pl.when(pl.lit(plain)).then(pl.lit("latin")).otherwise(pl.lit(OTHER_SCRIPT))).to_series()
+    rest = (~plain & text.is_not_null()).arg_true()
+    if len(rest):
+        named = named.scatter(rest, pl.select(_script_of(pl.lit(text.gather(rest)))).to_series())
+    return named.alias("script")
+
+
+def _turns(frame: pl.DataFrame, turns_field: str | None) -> pl.Series | None:
+    """The turns of each row: ``turns_field``, else ``conversations`` or ``messages`` (the readers' order; a
+    column that is null throughout, as the other one of a log's two is, is not read)."""
+    names = (turns_field,) if turns_field else TURN_FIELDS
+    present = [frame.get_column(name) for name in names
+               if isinstance(frame.schema.get(name), pl.List) and frame.get_column(name).null_count() < frame.height]
+    if not present:
+        return None
+    return present[0] if len(present) == 1 else pl.select(pl.coalesce(*map(pl.lit, present))).to_series()
+
+
+def _served(schema: pl.Schema) -> pl.Expr:
+    """Whether the row was served with thinking on, where it says: a request's ``chat_template_kwargs``, a
+    top-level ``enable_thinking``, or a generated corpus row's provenance."""
+    found: list[pl.Expr] = []
+    kwargs = schema.get("chat_template_kwargs")
+    if isinstance(kwargs, pl.Struct) and "enable_thinking" in {f.name for f in kwargs.fields}:
+        found.append(pl.col("chat_template_kwargs").struct.field("enable_thinking").cast(pl.Boolean, strict=False))
+    if "enable_thinking" in schema:
+        found.append(pl.col("enable_thinking").cast(pl.Boolean, strict=False))
+    if schema.get("provenance") == pl.String:
+        found.append(pl.col("provenance").str.json_path_match("$.generation.enable_thinking")
+                     .replace_strict({"true": True, "false": False}, default=None, return_dtype=pl.Boolean))
+    return pl.coalesce(*found) if found else pl.lit(None, dtype=pl.Boolean)
+
+
+def row_facts(frame: pl.DataFrame, *, source: str | None = None, task: str | None = None,
+              turns_field: str | None = None) -> pl.DataFrame:
+    """One row of facts per row of ``frame``, in order: ``FACT_KEYS`` and ``conversation`` (the row has turns;
+    the others are counted as skipped).
+
+    ``source`` names every row (traffic); without it the frame's own ``source`` column does (a corpus).
+    ``task`` is the task tag of rows whose own ``task`` field is empty (a recipe source's tag).
+    ``thinking`` is the mode: as served where the row records it, else whether it carries reasoning.
+
+    The turns are flattened and judged one by one; the think-tag rule runs only on the assistant turns that
+    hold a tag, and per-row verdicts are bincounts of the turns'.
+    """
+    rows = frame.height
+    turns = _turns(frame, turns_field)
+    lengths = turns.list.len().fill_null(0).to_numpy() if turns is not None else np.zeros(rows, dtype=np.int64)
+    parent = np.repeat(np.arange(rows), lengths)
+    if turns is None:
+        turn = pl.DataFrame({"role": pl.Series([], dtype=pl.String)})
+    else:
+        flat = turns.explode()  # polars' strings are views: the turns' text is not copied
+        if (lengths == 0).any():  # a row without turns explodes to one null turn
+            flat = flat.filter(pl.Series(np.repeat(lengths > 0, np.maximum(lengths, 1))))
+        turn = flat.struct.unnest()
+    role, content, assistant, reasoned, tooled = _judge_turns(turn)
+
+    def per_row(mask: np.ndarray) -> np.ndarray:
+        counts: np.ndarray = np.bincount(parent[mask], minlength=rows)
+        return counts
+
+    first_user_text = pl.Series("script_text", [None] * rows, dtype=pl.String)
+    users = np.flatnonzero(role == "user")
+    if len(users):
+        owners, first = np.unique(parent[users], return_index=True)
+        first_user_text = first_user_text.scatter(owners, content.gather(users[first])
+                                                  .str.slice(0, SCRIPT_PREFIX_CHARS))
+    schema = frame.schema
+    reasoning = pl.Series("reasoning", per_row(reasoned) > 0)
+    row_task = pl.col("task").cast(pl.String, strict=False).replace("", None) if "task" in schema \
+        else pl.lit(None, pl.String)
+    # select broadcasts the literals (a tag, a field no row has) to the frame's height
+    tagged = frame.select(_served(schema).alias("served"),
+                          pl.coalesce(row_task, pl.lit(task, pl.String), pl.lit(NO_TASK)).alias("task"),
+                          pl.lit(reasoning).alias("reasoning")) if rows else \
+        pl.DataFrame(schema={"served": pl.Boolean, "task": pl.String, "reasoning": pl.Boolean})
+    tagged = tagged.with_columns(pl.coalesce("served", "reasoning").alias("thinking"))
+    served = tagged.get_column("served")
+    return pl.DataFrame({
+        "source": pl.repeat(source, rows, dtype=pl.String, eager=True) if source is not None
+        else frame.get_column("source").cast(pl.String),
+        "split": frame.get_column("split").cast(pl.String) if "split" in schema
+        else pl.repeat(None, rows, dtype=pl.String, eager=True),
+        "task": tagged.get_column("task"),
+        "thinking": tagged.get_column("thinking"),
+        "reasoning": reasoning,
+        "served": served.replace_strict({True: "on", False: "off"}, default=UNRECORDED, return_dtype=pl.String),
+        "turns": pl.Series(per_row(assistant), dtype=pl.Int32),
+        "tool_calls": pl.Series(per_row(tooled) > 0),
+        "script": scripts(first_user_text),
+        "conversation": pl.Series(lengths > 0),
+    })
+
+
+def _judge_turns(turn: pl.DataFrame) -> tuple[np.ndarray, pl.Series, np.ndarray, np.ndarray, np.ndarray]:
+    """Per flattened turn: the role (readers' aliases), the content, and whether it is an assistant turn, has
+    reasoning, has a tool call or is a tool's result."""
+    present = set(turn.columns)
+    raw_role = pl.coalesce(*(pl.col(name) for name in ("role", "from") if name in present), pl.lit(None, pl.String))
+    content_fields = [pl.col(name) for name in ("content", "value")
+                      if name in present and turn.get_column(name).null_count() < turn.height]
+    judged = turn.select(
+        raw_role.replace_strict(ROLE_ALIASES, default=None, return_dtype=pl.String).alias("role"),
+        raw_role.is_in(TOOL_ROLES).fill_null(False).alias("tool_role"),
+        (pl.coalesce(*content_fields) if content_fields else pl.lit(None, pl.String)).alias("content"),
+        _first_nonblank(REASONING_KEYS, present).alias("field_reasoning"),
+        ((pl.col("tool_calls").list.len().fill_null(0) > 0) if "tool_calls" in present else pl.lit(False))
+        .alias("called"),
+    )
+    role = judged.get_column("role").to_numpy()
+    content = judged.get_column("content")
+    assistant = role == "assistant"
+    tagged = np.flatnonzero(assistant & content.str.contains("think>", literal=True).fill_null(False).to_numpy())
+    reasoned = assistant & judged.get_column("field_reasoning").to_numpy()
+    if len(tagged):
+        embedded = pl.select(_nonblank(_embedded_reasoning(pl.lit(content.gather(tagged))))).to_series()
+        reasoned[tagged] |= embedded.to_numpy()
+    tool_call = content.str.contains(TOOL_CALL_TAG, literal=True).fill_null(False).to_numpy()
+    tooled = (assistant & (judged.get_column("called").to_numpy() | tool_call)) | \
+        judged.get_column("tool_role").to_numpy()
+    return role, content, assistant, reasoned, tooled

@@ -1,0 +1,169 @@
+"""One side of an audit (a corpus, or serving traffic) read once into count tables: memory per group, never
+per row.
+
+Every row's facts (``frames.row_facts``) are counted by all the fact keys at once, so each dimension and
+each cross-tab (thinking by task, by source, by split) is a marginal of one table. A seeded sample of the
+rows (``--token-sample``, all of a small input) is also measured in the target's tokens
+(``token_pass.TokenMeter``): lengths bucketed by source, split, task and thinking mode, exact length
+histograms for the percentiles, copy-span sums, and the supervised-token frequencies.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import polars as pl
+
+from ..errors import Skipped
+from ..records import Conversation
+from .frames import FACT_KEYS, row_facts
+from .inputs import Unit, estimated_rows, sample_mask
+from .token_pass import Measured, TokenMeter
+
+TOKEN_BATCH: Final = 512  # conversations measured together (one encode call, one numpy pass)
+GROUP_KEYS: Final = ("source", "split", "task", "thinking")  # what token measures are grouped by
+# Length buckets in target tokens: [low, high) edges.
+LENGTH_EDGES: Final = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+LENGTH_BUCKETS: Final = ("<128", "128-256", "256-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k-32k",
+                         "32k+")
+LENGTH_MEASURES: Final = ("prompt_tokens", "response_tokens", "reasoning_tokens", "conversation_tokens")
+# Share of a turn's response tokens inside copied spans: "0", then (low, high] buckets.
+COPY_EDGES: Final = (0.1, 0.25, 0.5, 0.75, 1.0)
+COPY_BUCKETS: Final = ("0", "0-10%", "10-25%", "25-50%", "50-75%", "75-100%")
+_COMPACT_PARTS = 32
+
+
+class _Table:
+    """Partial group-by results of chunks, merged every few chunks (memory: the distinct groups)."""
+
+    def __init__(self, keys: Sequence[str], sums: Sequence[str], maxes: Sequence[str] = ()) -> None:
+        self.keys = list(keys)
+        self.aggregations = [pl.col(c).sum() for c in sums] + [pl.col(c).max() for c in maxes]
+        self.parts: list[pl.DataFrame] = []
+
+    def add(self, part: pl.DataFrame) -> None:
+        self.parts.append(part)
+        if len(self.parts) >= _COMPACT_PARTS:
+            self.parts = [self.frame()]
+
+    def frame(self) -> pl.DataFrame:
+        if not self.parts:
+            return pl.DataFrame()
+        return pl.concat(self.parts, how="vertical_relaxed").group_by(self.keys).agg(self.aggregations) \
+            .sort(self.keys, nulls_last=True)
+
+
+@dataclass
+class TokenTables:
+    """What the token pass measured: buckets by group, exact histograms, copy sums, supervised frequencies."""
+
+    span_tokens: int
+    frequencies: np.ndarray
+    buckets: _Table = field(default_factory=lambda: _Table((*GROUP_KEYS, "measure", "bucket"), ("count",)))
+    exact: _Table = field(default_factory=lambda: _Table(("measure", "tokens"), ("count",)))
+    copies: _Table = field(default_factory=lambda: _Table(
+        ("source", "task", "thinking", "copy_bucket"), ("turns", "response_tokens", "copied_tokens"),
+        ("longest_copy",)))
+    conversations: int = 0
+    unmeasured_turns: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)  # sampled rows the readers' normaliser refused
+
+    def add(self, keys: pl.DataFrame, measured: Measured) -> None:
+        self.conversations += keys.height
+        self.unmeasured_turns += measured.unmeasured_turns
+        self.frequencies += np.bincount(measured.supervised_ids, minlength=len(self.frequencies))
+        turns = keys[measured.turn_conversation].with_columns(
+            prompt_tokens=pl.Series(measured.turn_prompt), response_tokens=pl.Series(measured.turn_response),
+            reasoning_tokens=pl.Series(measured.turn_reasoning), copied_tokens=pl.Series(measured.turn_copied),
+            longest_copy=pl.Series(measured.turn_longest_copy))
+        lengths = pl.concat([
+            turns.unpivot(["prompt_tokens", "response_tokens", "reasoning_tokens"], index=list(GROUP_KEYS),
+                          variable_name="measure", value_name="tokens"),
+            keys.with_columns(measure=pl.lit("conversation_tokens"),
+                              tokens=pl.Series(measured.conversation_tokens)),
+        ], how="vertical_relaxed").filter(pl.col("tokens") > 0)
+        bucket = np.searchsorted(np.array(LENGTH_EDGES), lengths.get_column("tokens").to_numpy(), side="right")
+        lengths = lengths.with_columns(bucket=pl.Series(np.array(LENGTH_BUCKETS)[bucket]))
+        self.buckets.add(lengths.group_by((*GROUP_KEYS, "measure", "bucket")).agg(count=pl.len()))
+        self.exact.add(lengths.group_by("measure", "tokens").agg(count=pl.len()))
+        share = measured.turn_copied / np.maximum(measured.turn_response, 1)
+        copy_bucket = np.where(measured.turn_copied == 0, 0,
+                               np.searchsorted(np.array(COPY_EDGES), share, side="left") + 1)
+        self.copies.add(turns.with_columns(copy_bucket=pl.Series(np.array(COPY_BUCKETS)[copy_bucket]))
+                        .group_by("source", "task", "thinking", "copy_bucket")
+                        .agg(turns=pl.len(), response_tokens=pl.col("response_tokens").sum(),
+                             copied_tokens=pl.col("copied_tokens").sum(), longest_copy=pl.col("longest_copy").max()))
+
+
+@dataclass
+class Profile:
+    """One side of the audit, as counts."""
+
+    label: str
+    facts: _Table = field(default_factory=lambda: _Table(FACT_KEYS, ("count",)))
+    skipped: Counter[str] = field(default_factory=Counter)
+    tokens: TokenTables | None = None
+    rows_read: int = 0
+
+
+def read_profile(label: str, units: Sequence[Unit], meter: TokenMeter | None, *, token_sample: int,
+                 seed: int = 0) -> Profile:
+    """Read every unit once: facts of every row, token measures of the sampled ones (``token_sample`` rows
+    about, spread over the input; 0: every row)."""
+    profile = Profile(label)
+    if meter is not None:
+        profile.tokens = TokenTables(meter.span_tokens, np.zeros(meter.vocab_size, dtype=np.int64))
+    share: float | None = None if token_sample else 1.0
+    pending: list[Conversation] = []
+    pending_keys: list[pl.DataFrame] = []
+    for unit in units:
+        offset = 0
+        for chunk in unit.chunks():
+            profile.skipped.update(chunk.skipped)
+            facts = row_facts(chunk.frame, source=unit.source, task=unit.task, turns_field=unit.turns_field)
+            valid = facts.get_column("conversation")
+            if not valid.all():
+                profile.skipped.update(_why_not(chunk.conversations(np.flatnonzero(~valid.to_numpy()))))
+            profile.rows_read += facts.height
+            profile.facts.add(facts.filter(valid).group_by(FACT_KEYS).agg(count=pl.len()))
+            if profile.tokens is not None and meter is not None:
+                if share is None:
+                    share = min(1.0, token_sample / max(1, estimated_rows(units, facts.height, chunk.bytes)))
+                chosen = np.flatnonzero(sample_mask(unit.label, offset, facts.height, share, seed)
+                                        & valid.to_numpy())
+                kept, keys = _sampled(chunk.conversations(chosen), facts[chosen], profile.tokens)
+                pending += kept
+                pending_keys.append(keys)
+                while len(pending) >= TOKEN_BATCH:
+                    waiting = pl.concat(pending_keys)
+                    profile.tokens.add(waiting[:TOKEN_BATCH], meter.measure(pending[:TOKEN_BATCH]))
+                    pending, pending_keys = pending[TOKEN_BATCH:], [waiting[TOKEN_BATCH:]]
+            offset += facts.height
+    if pending and profile.tokens is not None and meter is not None:
+        profile.tokens.add(pl.concat(pending_keys), meter.measure(pending))
+    return profile
+
+
+def _why_not(items: list[tuple[int, Conversation | Skipped]]) -> Counter[str]:
+    """The readers' reasons for rows without a turns list (not an object, no such field...); a row they
+    accept in another layout (a gsm8k or prompt row) has no turns to audit all the same."""
+    return Counter(item.reason if isinstance(item, Skipped) else "missing_messages" for _, item in items)
+
+
+def _sampled(items: list[tuple[int, Conversation | Skipped]], facts: pl.DataFrame,
+             tokens: TokenTables) -> tuple[list[Conversation], pl.DataFrame]:
+    """The normalised conversations of the sampled rows, and their group keys (from their rows' facts)."""
+    kept: list[Conversation] = []
+    rows: list[int] = []
+    for index, item in items:
+        if isinstance(item, Skipped):
+            tokens.skipped[item.reason] += 1
+        else:
+            kept.append(item)
+            rows.append(index)
+    return kept, facts[rows].select(GROUP_KEYS)
+

@@ -1,0 +1,191 @@
+"""Dedup and decontamination as a build applies them: across sources, by source priority, before and after
+generation.
+
+One ``Dedup`` index per text: prompt sources' prompts are deduplicated before generation (no tokens spent on
+a duplicate), and every row, replayed and generated, after it. Sources are read in their dedup order
+(``Recipe.sources_in_dedup_order``), so among replayed rows, and among prompts, the row kept is the first
+read. Generated rows come after every replayed one; when one outranks the replayed row it duplicates, the
+replayed row is evicted (``Evicted``: the build drops it from its spool and ledgers it) and the generated
+row kept. The keys of the index carry what an eviction needs: the row's source rank, thinking flag,
+source and id.
+
+``load_contamination`` reads the recipe's evaluation sets (local files or Hub datasets, with the sources'
+readers) into a ``Contamination`` index; a row matching any set is dropped as ``contaminated``, its detail
+naming the sets (``errors.contamination_detail``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import CorpusError
+from ..recipe.model import Checks, Decontamination, EvalSet, Recipe
+from ..records import Conversation
+from ..sources.hub import hub_label, iter_hub_rows
+from ..sources.readers import detect_format, iter_rows
+from .decontaminate import Contamination
+from .near_dedup import (
+    ConversationText,
+    Duplicate,
+    ExactDuplicates,
+    NearDuplicates,
+    Rule,
+    Signatures,
+    conversation_text,
+)
+
+DUPLICATE = "duplicate"
+NEAR_DUPLICATE = "near_duplicate"
+RULE_REASONS: dict[Rule, str] = {"exact": DUPLICATE, "near": NEAR_DUPLICATE}
+_SEPARATOR = "\x1f"
+
+
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """A kept row that a later row of a higher-priority source duplicates: the build drops it."""
+
+    source: str
+    id: str
+    thinking: bool
+    of: str  # the id of the row kept instead
+    of_source: str
+    rule: Rule
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Why a row is dropped as a duplicate: the kept row it duplicates, and by which rule."""
+
+    of: str
+    of_source: str
+    rule: Rule
+
+    @property
+    def reason(self) -> str:
+        return RULE_REASONS[self.rule]
+
+    @property
+    def detail(self) -> str:
+        return f"{'' if self.rule == 'exact' else 'near '}duplicate of {self.of} (source {self.of_source})"
+
+
+class Dedup:
+    """The dedup index of one text of the rows (``turns``), exact or with near duplicates, by source rank."""
+
+    def __init__(self, checks: Checks, ranks: Mapping[str, int] | None = None, turns: ConversationText = "all") -> None:
+        near = checks.near_duplicates
+        self.turns = turns
+        self.ranks = ranks or {}  # sources not ranked: rank 0
+        if near is None:
+            self.index: ExactDuplicates = ExactDuplicates()
+        else:
+            try:
+                self.index = NearDuplicates(near.threshold, num_perm=near.num_perm, shingle=near.shingle)
+            except ValueError as error:
+                raise CorpusError(f"checks.near_duplicates: {error}") from None
+        # key of an evicted row -> key of the row kept instead (only evictions: a handful)
+        self._replaced: dict[str, str] = {}
+
+    @classmethod
+    def for_recipe(cls, recipe: Recipe, turns: ConversationText | None = None) -> Dedup | None:
+        """The recipe's dedup (None with ``checks.dedup: none``); ``turns`` defaults to what dedup compares."""
+        mode = recipe.checks.dedup
+        if mode == "none":
+            return None
+        return cls(recipe.checks, recipe.dedup_ranks(), turns or ("prompt" if mode == "prompt" else "all"))
+
+    def signatures(self, rows: Sequence[Conversation]) -> Signatures:
+        return self.index.signatures([conversation_text(row, self.turns) for row in rows])
+
+    def decide(self, rows: Sequence[Conversation], ids: Sequence[str], signatures: Signatures,
+               evict: Callable[[Evicted], None] | None) -> list[Verdict | None]:
+        """Per row (kept under ``ids``), in order: None (kept) or why it is a duplicate. With ``evict``, a row
+        that outranks the kept row it duplicates is kept and that row evicted; without, the first kept stays
+        (callers read sources in rank order, so only a later phase can outrank an earlier one)."""
+        keys = [_SEPARATOR.join((str(self.ranks.get(row.source, 0)), "1" if row.thinking else "0", row.source, row_id))
+                for row, row_id in zip(rows, ids, strict=True)]
+        verdicts: list[Verdict | None] = []
+        for row, key, found in zip(rows, keys, self.index.decide(keys, signatures), strict=True):
+            verdicts.append(None if found is None else self._verdict(row.source, key, found, evict))
+        return verdicts
+
+    def _verdict(self, source: str, key: str, found: Duplicate, evict: Callable[[Evicted], None] | None
+                 ) -> Verdict | None:
+        kept = found.of
+        while kept in self._replaced:
+            kept = self._replaced[kept]
+        kept_rank, kept_thinking, kept_source, kept_id = _parse_key(kept)
+        if evict is not None and self.ranks.get(source, 0) < kept_rank:
+            evict(Evicted(kept_source, kept_id, kept_thinking, _parse_key(key)[3], source, found.rule))
+            self._replaced[kept] = key
+            return None
+        return Verdict(kept_id, kept_source, found.rule)
+
+
+def _parse_key(key: str) -> tuple[int, bool, str, str]:
+    rank, thinking, source, row_id = key.split(_SEPARATOR, 3)
+    return int(rank), thinking == "1", source, row_id
+
+
+def load_contamination(decontamination: Decontamination | None) -> Contamination | None:
+    """The recipe's evaluation sets, read and indexed; a set that cannot be read is a CorpusError."""
+    if decontamination is None:
+        return None
+    try:
+        return Contamination(((spec.name, _eval_texts(spec)) for spec in decontamination.eval_sets),
+                             n=decontamination.ngram, min_words=decontamination.min_words)
+    except ValueError as error:
+        raise CorpusError(f"decontamination: {error}") from None
+
+
+def describe_eval_sets(recipe: Recipe, index: Contamination) -> list[dict[str, Any]]:
+    """What the corpus was checked against, for the manifest and the card (paths as the recipe writes them)."""
+    read = {summary.name: summary for summary in index.eval_sets}
+    written = recipe.document["decontamination"]["eval_sets"]
+    return [{"name": spec.name, "from": f"hf://datasets/{hub_label(spec.hub)}" if spec.hub is not None
+             else written[position]["path"], "texts": read[spec.name].texts, "too_short": read[spec.name].ignored}
+            for position, spec in enumerate(recipe.decontamination.eval_sets if recipe.decontamination else ())]
+
+
+def _eval_texts(spec: EvalSet) -> Iterator[str]:
+    if spec.path is not None:
+        rows = (row for _, row in iter_rows(spec.path, detect_format(spec.path), str(spec.path)))
+    else:
+        assert spec.hub is not None
+        rows = (row for _, row in iter_hub_rows(spec.hub, f"eval set {spec.name}"))
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        values = [row.get(name) for name in spec.fields] if spec.fields else list(row.values())
+        yield from _strings(values)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a value, through lists and mappings (MT-Bench keeps its turns in a list)."""
+    if isinstance(value, str):
+        if value.strip():
+            yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+
+
+def describe_screening(recipe: Recipe, contamination: Contamination | None) -> dict[str, Any]:
+    """How a build deduplicates and decontaminates, for the manifest and the card."""
+    near = recipe.checks.near_duplicates
+    ranks = recipe.dedup_ranks()
+    described: dict[str, Any] = {"dedup": {
+        "rule": recipe.checks.dedup,
+        "near_duplicates": {"threshold": near.threshold, "num_perm": near.num_perm, "shingle": near.shingle}
+        if near is not None else None,
+        "priority": sorted(ranks, key=ranks.__getitem__)}}
+    if recipe.decontamination is not None and contamination is not None:
+        described["decontamination"] = {"ngram": recipe.decontamination.ngram,
+                                        "min_words": recipe.decontamination.min_words,
+                                        "eval_sets": describe_eval_sets(recipe, contamination)}
+    return described

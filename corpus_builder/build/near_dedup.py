@@ -1,0 +1,691 @@
+"""Duplicate conversations across sources: exact on normalised text, and near duplicates by MinHash/LSH.
+
+Both indexes stream: ``offer(keys, texts)`` decides a batch in the order it is given (the caller orders rows
+by source priority), so the first row offered is the one kept, and remembers the rows it kept. Deciding a
+batch of one row at a time or of a million gives the same answers.
+
+**Normalised text** (:func:`normalise_text`): Unicode NFKC; lowercase; sentence punctuation, quotes and
+brackets become spaces: the ASCII characters ``! " ' ( ) , . : ; ? [ ] ` { }`` and every non-ASCII
+punctuation character (Unicode category P*), except dashes, which become ``-``; every run of whitespace
+becomes one space, with none at either end. Letters, digits, symbols and the ASCII operators
+``# $ % & * + - / < = > @ \\ ^ _ | ~`` stay, so "What is 2+2?" and "what is 2+2" are the same text while
+"2+2" and "2-2" are not.
+
+**Exact rule** (:class:`ExactDuplicates`): the same normalised text as a kept row (a 64-bit BLAKE2b digest;
+two different texts collide with probability about rows / 2^64).
+
+**Near rule** (:class:`NearDuplicates`, which applies the exact rule first): MinHash signatures of the set
+of word n-gram shingles (``shingle`` words, default 5; a text with fewer words is one shingle) of the
+normalised text (``num_perm`` values, default 64), of which ``bands`` bands of ``rows_per_band`` values
+are the LSH index. A row that shares a whole band with a kept row is a candidate; the candidate is
+confirmed when enough of the pair's other MinHash values agree in their low 4 bits (b-bit minwise hashing:
+a 32-byte sketch per kept row), which removes most of the pairs that LSH alone lets through below the
+threshold. A row near-duplicates the earliest kept row it is confirmed against. The band layout is derived
+from ``threshold``: the most rows per band (the steepest curve) for which a pair of shingle-set Jaccard
+similarity ``threshold`` is still a candidate with probability >= 0.95; the confirmation keeps 99% of such
+pairs. With the defaults (0.8, 64 permutations: 10 bands of 6) a pair is flagged with probability about
+0.99 at similarity 0.85, 0.94 at 0.8, 0.80 at 0.75, 0.53 at 0.7, 0.07 at 0.6 and 0.002 at 0.5. Low
+thresholds need more permutations: a layout of few rows per band makes unrelated rows candidates too, and a
+corpus of millions gives them many chances.
+
+The signatures come from ``rensa`` (R-MinHash in Rust; its batch API takes a whole chunk's pre-hashed
+shingles and returns one matrix), deterministic for a seed. ``datasketch``, the other well-kept library,
+hashes every shingle and builds one object per document in Python: about 2,500 conversations/s here
+against more than 20,000 (``benchmarks/bench_dedup.py``). Shingles are hashed here, with numpy, because
+word n-grams of a whole chunk cost a few array operations that way where a Python list of shingle
+strings would cost more than everything else.
+
+**Memory** grows by bytes per kept row, never Python objects: in sorted numpy runs, the exact rule's 64-bit
+hash and 32-bit row number (12 bytes) and each band's hash, 32 bits of it packed with the row number (8
+bytes; a band hash another kept row already holds is not stored again); in pages of their own, the key
+(its UTF-8 bytes and an 8-byte end) and the 32-byte sketch: about 150 bytes a row with the default bands
+and 20-character keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import mmap
+import re
+import sys
+import unicodedata
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..records import Conversation
+
+ConversationText = Literal["all", "prompt"]
+Rule = Literal["exact", "near"]
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+
+# The probability with which a pair at exactly the threshold similarity becomes a candidate; the band layout
+# is the steepest one that keeps it.
+CANDIDATE_AT_THRESHOLD = 0.95
+# Rows are normalised and hashed a chunk of about this many bytes of text at a time: big enough that numpy's
+# per-call cost is small, small enough that the chunk's temporary arrays (8 bytes per byte of text, several
+# of them) stay in cache and a few MB (measured: 256-512 kB is faster than 2 MB, and ~100 MiB less RSS).
+CHUNK_BYTES = 1 << 19
+# The largest run of a hash table (32 MB of packed entries): a merge needs as much memory again while it
+# runs, and the table of every band's hashes is ~150 MB at 2M rows.
+RUN_ENTRIES = 1 << 22
+# Bits kept of each MinHash value to confirm candidates, and the share of pairs at the threshold they confirm.
+SKETCH_BITS = 4
+CONFIRM_AT_THRESHOLD = 0.99
+
+_DROPPED_ASCII = "!\"'(),.:;?[]`{}"
+# Lowercase ASCII letters; ASCII whitespace, control characters, NUL and the dropped punctuation become
+# spaces (so NUL can separate texts in a batch); bytes >= 128 (UTF-8 sequences) stay as they are.
+_ASCII_TABLE = bytes(
+    (i + 32 if 65 <= i <= 90 else 32 if i < 32 or i == 127 or chr(i) in _DROPPED_ASCII else i) for i in range(256)
+)
+_SPACE, _SEPARATOR = 32, 0
+
+
+def conversation_text(conversation: Conversation, turns: ConversationText = "all") -> str:
+    """The text that dedup compares. ``"all"``: every turn's content, an assistant turn's reasoning before its
+    content and its tool calls (name and arguments) after it (the order the target produced them);
+    ``"prompt"``: the turns a prompt source sends, every turn but the assistant's (system, user and tool
+    results), for dedup before generation. The row's tool schemas are left out: agent traffic shares one
+    tool list, which would make unrelated conversations look alike."""
+    parts: list[str] = []
+    for message in conversation.messages:
+        if message.role == "assistant":
+            if turns == "prompt":
+                continue
+            if message.reasoning:
+                parts.append(message.reasoning)
+            parts.append(message.content)
+            parts.extend(f"{call.name} {call.arguments}" for call in message.tool_calls)
+        else:
+            parts.append(message.content)
+    return "\n".join(parts)
+
+
+@cache
+def _non_ascii_punctuation() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """(non-ASCII punctuation but dashes, or whitespace; non-ASCII dashes), built on first use (~0.2 s)."""
+    gaps: list[str] = []
+    dashes: list[str] = []
+    for code in range(128, sys.maxunicode + 1):
+        category = unicodedata.category(chr(code))
+        if category == "Pd":
+            dashes.append(chr(code))
+        elif category.startswith("P"):
+            gaps.append(chr(code))
+    return (re.compile("[\\s" + re.escape("".join(gaps)) + "]"), re.compile("[" + re.escape("".join(dashes)) + "]"))
+
+
+def _mapped_bytes(text: str) -> bytes:
+    """A text's UTF-8 bytes with every per-character rule applied (whitespace runs are collapsed later, for a
+    whole batch at once)."""
+    if not text.isascii():
+        gaps, dashes = _non_ascii_punctuation()
+        text = dashes.sub("-", gaps.sub(" ", unicodedata.normalize("NFKC", text).lower()))
+    return text.encode().translate(_ASCII_TABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class NormalisedTexts:
+    """A batch of normalised texts as one byte buffer: text i is ``data[starts[i]:ends[i]]``, texts separated
+    by a NUL byte."""
+
+    data: npt.NDArray[np.uint8]
+    starts: I64
+    ends: I64
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def text(self, index: int) -> bytes:
+        return self.data[self.starts[index]:self.ends[index]].tobytes()
+
+
+def text_chunks(texts: Sequence[str]) -> Iterator[slice]:
+    """Consecutive slices of ``texts`` of about CHUNK_BYTES characters each (at least one text each)."""
+    start = 0
+    while start < len(texts):
+        end, size = start, 0
+        while end < len(texts) and (end == start or size < CHUNK_BYTES):
+            size += len(texts[end])
+            end += 1
+        yield slice(start, end)
+        start = end
+
+
+def normalise_texts(texts: Sequence[str]) -> NormalisedTexts:
+    """Normalise a batch (the rules are in the module docstring)."""
+    if not texts:
+        nothing = np.zeros(0, dtype=np.int64)
+        return NormalisedTexts(np.zeros(0, dtype=np.uint8), nothing, nothing)
+    raw = np.frombuffer(b"\0".join(_mapped_bytes(text) for text in texts), dtype=np.uint8)
+    space = raw == _SPACE
+    # Of each run of spaces keep only its last space, and only when word bytes of the same text lie on both
+    # sides of the run (so a text has no space at either end, and NUL separators stay where they are).
+    edges = np.diff(space.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+    run_starts = np.flatnonzero(edges == 1)
+    run_lasts = np.flatnonzero(edges == -1) - 1
+    before = raw[np.maximum(run_starts - 1, 0)]
+    after = raw[np.minimum(run_lasts + 1, len(raw) - 1)]
+    inner = (run_starts > 0) & (before != _SEPARATOR) & (run_lasts + 1 < len(raw)) & (after != _SEPARATOR)
+    keep = ~space
+    keep[run_lasts[inner]] = True
+    data = raw[keep]
+    bounds = np.flatnonzero(data == _SEPARATOR)
+    starts = np.concatenate(([0], bounds + 1)).astype(np.int64)
+    ends = np.concatenate((bounds, [len(data)])).astype(np.int64)
+    return NormalisedTexts(data, starts, ends)
+
+
+def normalise_text(text: str) -> str:
+    """One text, normalised (the rules are in the module docstring)."""
+    return normalise_texts([text]).text(0).decode()
+
+
+def _mix(values: U64) -> U64:
+    """splitmix64's finaliser: every output bit depends on every input bit (MinHash buckets read a few)."""
+    values = values ^ (values >> np.uint64(30))
+    values = values * np.uint64(0xBF58476D1CE4E5B9)
+    values = values ^ (values >> np.uint64(27))
+    values = values * np.uint64(0x94D049BB133111EB)
+    return values ^ (values >> np.uint64(31))
+
+
+class _Powers:
+    """P^k and P^-k modulo 2^64 for k < length, kept between batches (rebuilding them per batch would cost
+    more than hashing it) up to a few chunks' length; a longer text gets tables of its own."""
+
+    BASE = 0x9E3779B97F4A7C15  # odd, so it has an inverse modulo 2^64
+    KEPT = 4 * CHUNK_BYTES
+
+    def __init__(self) -> None:
+        self._forward: U64 = np.ones(1, dtype=np.uint64)
+        self._inverse: U64 = np.ones(1, dtype=np.uint64)
+
+    def tables(self, length: int) -> tuple[U64, U64]:
+        """(P^k, P^-k) for k < at least ``length``."""
+        if length <= len(self._forward):
+            return self._forward, self._inverse
+        size = max(length, min(2 * len(self._forward), self.KEPT))
+        forward, inverse = _powers_of(self.BASE, size), _powers_of(pow(self.BASE, -1, 1 << 64), size)
+        if size <= self.KEPT:
+            self._forward, self._inverse = forward, inverse
+        return forward, inverse
+
+
+def _powers_of(base: int, size: int) -> U64:
+    """base^0 .. base^(size-1) modulo 2^64 (numpy's unsigned products wrap)."""
+    powers = np.ones(size, dtype=np.uint64)
+    np.cumprod(np.full(size - 1, base, dtype=np.uint64), out=powers[1:])
+    return powers
+
+
+_POWERS = _Powers()
+
+
+class WordRuns:
+    """Hashes of runs of consecutive words of a batch of normalised texts, for any run length.
+
+    A run's hash is a polynomial hash of its bytes modulo 2^64 taken from prefix sums, then mixed: every run
+    costs a few array operations whatever its length, and equal word runs hash alike wherever they occur.
+    The prefix sums and word boundaries are computed once per batch, for every length asked."""
+
+    def __init__(self, batch: NormalisedTexts) -> None:
+        data = batch.data
+        forward, self._inverse = _POWERS.tables(len(data) + 1)
+        self._prefix = np.zeros(len(data) + 1, dtype=np.uint64)
+        np.cumsum(data.astype(np.uint64) * forward[:len(data)], out=self._prefix[1:])
+        word = (data != _SPACE) & (data != _SEPARATOR)
+        edges = np.diff(word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+        self._word_starts = np.flatnonzero(edges == 1)
+        self._word_ends = np.flatnonzero(edges == -1)
+        self._text_of_word = np.searchsorted(batch.ends, self._word_starts)
+        self.words_per_text: I64 = np.bincount(self._text_of_word, minlength=len(batch))
+        self._first_word = np.concatenate(([0], np.cumsum(self.words_per_text)))[:-1]
+
+    def hashes(self, n: int, *, whole_if_shorter: bool) -> tuple[U64, I64]:
+        """Hashes of every run of ``n`` consecutive words of each text, grouped by text: text i's are
+        ``hashes[offsets[i]:offsets[i + 1]]``. A text of fewer than ``n`` words (but at least one) gives one
+        hash, of all its words, when ``whole_if_shorter``, and none otherwise."""
+        last_word = np.arange(len(self._word_starts)) + (n - 1)
+        runs = np.flatnonzero(last_word < len(self._word_starts))
+        runs = runs[self._text_of_word[runs] == self._text_of_word[last_word[runs]]]  # within one text
+        run_ends = self._word_ends[last_word[runs]]
+        if whole_if_shorter:
+            short = np.flatnonzero((self.words_per_text > 0) & (self.words_per_text < n))
+            runs = np.concatenate((runs, self._first_word[short]))
+            last_of_short = self._first_word[short] + self.words_per_text[short] - 1
+            run_ends = np.concatenate((run_ends, self._word_ends[last_of_short]))
+            order = np.argsort(runs, kind="stable")
+            runs, run_ends = runs[order], run_ends[order]
+        run_starts = self._word_starts[runs]
+        hashes = _mix((self._prefix[run_ends] - self._prefix[run_starts]) * self._inverse[run_starts])
+        per_text = np.bincount(self._text_of_word[runs], minlength=len(self.words_per_text))
+        offsets: I64 = np.concatenate(([0], np.cumsum(per_text))).astype(np.int64)
+        return hashes, offsets
+
+
+def band_layout(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(bands, rows per band) using at most ``num_perm`` MinHash values: the most rows per band for which a
+    pair at ``threshold`` becomes a candidate with probability >= CANDIDATE_AT_THRESHOLD."""
+    for rows in range(num_perm, 0, -1):
+        bands = num_perm // rows
+        if _candidate_probability(threshold, bands, rows) >= CANDIDATE_AT_THRESHOLD:
+            return bands, rows
+    raise ValueError(f"no band layout of {num_perm} permutations makes pairs at {threshold} candidates "
+                     f"with probability {CANDIDATE_AT_THRESHOLD}")
+
+
+def _candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    """The probability that a pair whose shingle sets have this Jaccard similarity share a band."""
+    return 1.0 - (1.0 - similarity**rows) ** bands
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """Why a row is not kept: the key of the earlier kept row it duplicates, and by which rule."""
+
+    of: str
+    rule: Rule
+
+
+@dataclass(frozen=True, slots=True)
+class Signatures:
+    """The hashes of a batch of texts, one row each: column 0 the exact rule's, then one per LSH band;
+    which of them a text has; its sketch (no columns for the exact rule alone). Plain arrays: they pickle
+    small, to cross from the processes that read rows."""
+
+    hashes: U64
+    present: npt.NDArray[np.bool_]
+    sketches: U64
+
+    @classmethod
+    def empty(cls, columns: int, sketch_words: int) -> Signatures:
+        return cls(np.zeros((0, columns), dtype=np.uint64), np.zeros((0, columns), dtype=bool),
+                   np.zeros((0, sketch_words), dtype=np.uint64))
+
+    @classmethod
+    def concat(cls, parts: Sequence[Signatures]) -> Signatures:
+        return cls(np.concatenate([p.hashes for p in parts]), np.concatenate([p.present for p in parts]),
+                   np.concatenate([p.sketches for p in parts]))
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def rows(self, indices: Sequence[int]) -> Signatures:
+        """The signatures of the given rows, in that order."""
+        picked = np.asarray(indices, dtype=np.int64)
+        return Signatures(self.hashes[picked], self.present[picked], self.sketches[picked])
+
+    def replaced(self, indices: Sequence[int], other: Signatures) -> Signatures:
+        """A copy with rows ``indices`` replaced by the rows of ``other``, in order."""
+        picked = np.asarray(indices, dtype=np.int64)
+        hashes, present, sketches = self.hashes.copy(), self.present.copy(), self.sketches.copy()
+        hashes[picked], present[picked], sketches[picked] = other.hashes, other.present, other.sketches
+        return Signatures(hashes, present, sketches)
+
+
+_HIGH = np.uint64(0xFFFFFFFF00000000)
+_LOW = np.uint64(0xFFFFFFFF)
+_Run = tuple[U64, npt.NDArray[np.uint32] | None]  # sorted entries; the row of each when not packed in them
+
+
+class _FirstKept:
+    """A map from 64-bit hashes to the kept row that first had them, as a few sorted numpy runs.
+
+    A new batch of hashes is a new run; runs merge while the one before is no bigger than twice the newest and
+    the merged run stays within RUN_ENTRIES, so there are about entries / RUN_ENTRIES + log2(RUN_ENTRIES /
+    batch) runs, each entry is rewritten up to log2 times, a lookup is one ``searchsorted`` per run, and a
+    merge's temporary memory stays a few dozen MB however big the table grows. Hashes are unique across
+    runs: a kept row's hashes are added only when absent.
+
+    ``whole_hashes`` keeps every hash beside a 32-bit row number (12 bytes an entry: the exact rule, whose
+    matches are final); otherwise an entry is the hash's high 32 bits and the row number in one 64-bit
+    word (8 bytes: the bands, whose matches the sketches confirm, so that two hashes agreeing in their high
+    bits, with probability about entries / 2^32 per lookup, cost one confirmation and nothing else)."""
+
+    def __init__(self, *, whole_hashes: bool) -> None:
+        self._whole = whole_hashes
+        self._runs: list[_Run] = []
+
+    @property
+    def nbytes(self) -> int:
+        return sum(entries.nbytes + (rows.nbytes if rows is not None else 0) for entries, rows in self._runs)
+
+    def find(self, queries: U64) -> I64:
+        """The row of each hash, -1 when absent."""
+        found = np.full(len(queries), -1, dtype=np.int64)
+        if not self._runs or not len(queries):
+            return found
+        keys = queries if self._whole else queries & _HIGH
+        order = np.argsort(keys)  # sorted queries walk each run in order, far fewer cache misses
+        ordered = keys[order]
+        rows_of_ordered = np.full(len(queries), -1, dtype=np.int64)
+        for entries, rows in self._runs:
+            positions = np.minimum(np.searchsorted(entries, ordered), len(entries) - 1)
+            if rows is not None:
+                hit = entries[positions] == ordered
+                rows_of_ordered[hit] = rows[positions[hit]]
+            else:
+                hit = (entries[positions] & _HIGH) == ordered
+                rows_of_ordered[hit] = entries[positions[hit]] & _LOW
+        found[order] = rows_of_ordered
+        return found
+
+    def add(self, hashes: U64, rows: npt.NDArray[np.uint32]) -> None:
+        if not len(hashes):
+            return
+        if self._whole:
+            order = np.argsort(hashes)
+            self._runs.append((hashes[order], rows[order]))
+        else:
+            self._runs.append((np.sort((hashes & _HIGH) | rows.astype(np.uint64)), None))
+        while (len(self._runs) >= 2 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0])
+               and len(self._runs[-2][0]) + len(self._runs[-1][0]) <= RUN_ENTRIES):
+            newer = self._runs.pop()
+            self._runs[-1] = _merge(self._runs[-1], newer)
+
+
+def _merge(older: _Run, newer: _Run) -> _Run:
+    """Two sorted runs as one, in linear time."""
+    if older[1] is None or newer[1] is None:
+        # Timsort finds the two runs and merges them: under half the time of the scatter below, and no
+        # temporary but its merge buffer.
+        entries = np.concatenate((older[0], newer[0]))
+        entries.sort(kind="stable")
+        return entries, None
+    size = len(older[0]) + len(newer[0])
+    landing = np.searchsorted(older[0], newer[0]) + np.arange(len(newer[0]))  # where each newer entry goes
+    from_older = np.ones(size, dtype=bool)
+    from_older[landing] = False
+    entries = np.empty(size, dtype=np.uint64)
+    entries[landing], entries[from_older] = newer[0], older[0]
+    rows = np.empty(size, dtype=np.uint32)
+    rows[landing], rows[from_older] = newer[1], older[1]
+    return entries, rows
+
+
+class _Pages:
+    """An append-only buffer in memory pages of its own (an anonymous mmap grown with mremap).
+
+    Growing it copies nothing, and keeps a long-lived buffer that grows with the rows out of malloc's heap,
+    where every realloc between the short-lived arrays of a batch can leave a hole behind."""
+
+    def __init__(self) -> None:
+        # Private: a shared anonymous map (mmap's default) cannot grow past its first size (SIGBUS).
+        self._map = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.size = 0
+
+    def extend(self, data: bytes) -> None:
+        end = self.size + len(data)
+        if end > len(self._map):
+            self._map.resize(max(end, 2 * len(self._map)))
+        self._map[self.size:end] = data
+        self.size = end
+
+    def __getitem__(self, part: slice) -> bytes:
+        return self._map[part]
+
+    def gather(self, width: int, rows: I64) -> U64:
+        """Rows ``rows`` of the buffer read as (rows x width) 64-bit words; the view ends with the call, as it
+        must: a buffer with a live view cannot grow."""
+        view = np.frombuffer(self._map, dtype="<u8", count=self.size // (8 * width) * width).reshape(-1, width)
+        picked: U64 = view[rows]
+        del view
+        return picked
+
+
+class _Keys:
+    """The keys of kept rows in the order kept: UTF-8 bytes end to end, and where each ends (8 bytes)."""
+
+    def __init__(self) -> None:
+        self._data = _Pages()
+        self._ends = _Pages()
+
+    def __len__(self) -> int:
+        return self._ends.size // 8
+
+    @property
+    def nbytes(self) -> int:
+        return self._data.size + self._ends.size
+
+    def extend(self, keys: list[str]) -> None:
+        encoded = [key.encode() for key in keys]
+        ends = self._data.size + np.cumsum([len(key) for key in encoded], dtype=np.uint64)
+        self._data.extend(b"".join(encoded))
+        self._ends.extend(ends.astype("<u8").tobytes())
+
+    def __getitem__(self, index: int) -> str:
+        start = int.from_bytes(self._ends[8 * index - 8:8 * index], "little") if index else 0
+        end = int.from_bytes(self._ends[8 * index:8 * index + 8], "little")
+        return self._data[start:end].decode()
+
+
+class _Sketches:
+    """The low SKETCH_BITS bits of every MinHash value of each kept row, packed in 64-bit words: what confirms
+    that a row sharing a band with a kept row is as similar as the threshold says (b-bit minwise hashing).
+
+    Two values are equal with probability J + (1 - J) / 2^bits for shingle-set similarity J; the values of the
+    band that made the pair a candidate are left out, they are equal by construction. A pair is confirmed when
+    at least ``cut`` of the others are equal: the least count that a pair at the threshold still reaches with
+    probability >= CONFIRM_AT_THRESHOLD."""
+
+    def __init__(self, fields: int, bands: int, rows_per_band: int, threshold: float) -> None:
+        self.rows_per_band = rows_per_band
+        self.fields = fields
+        per_word = 64 // SKETCH_BITS
+        self.words = -(-self.fields // per_word)
+        self._shifts = (SKETCH_BITS * np.arange(per_word)).astype(np.uint64)
+        # Per band: the lowest bit of every field outside that band (and inside the signature).
+        outside = np.ones((bands, self.words * per_word), dtype=np.uint64)
+        outside[:, self.fields:] = 0
+        for band in range(bands):
+            outside[band, band * rows_per_band:(band + 1) * rows_per_band] = 0
+        self._outside = self._pack(outside)
+        compared = self.fields - rows_per_band
+        equal = threshold + (1.0 - threshold) / 2**SKETCH_BITS
+        self.cut = max(m for m in range(compared + 1) if _binomial_tail(compared, equal, m) >= CONFIRM_AT_THRESHOLD)
+        self._store = _Pages()
+
+    @property
+    def nbytes(self) -> int:
+        return self._store.size
+
+    def sketch(self, signatures: U64) -> U64:
+        """(rows x words) sketches of (rows x fields) MinHash values."""
+        return self._pack(signatures & np.uint64((1 << SKETCH_BITS) - 1))
+
+    def _pack(self, fields: U64) -> U64:
+        padded = np.zeros((len(fields), self.words * len(self._shifts)), dtype=np.uint64)
+        padded[:, :fields.shape[1]] = fields
+        packed: U64 = np.bitwise_or.reduce(padded.reshape(len(fields), self.words, -1) << self._shifts, axis=2)
+        return packed
+
+    def stored(self, ordinals: I64) -> U64:
+        return self._store.gather(self.words, ordinals)
+
+    def append(self, sketches: U64) -> None:
+        self._store.extend(np.ascontiguousarray(sketches, dtype="<u8").tobytes())
+
+    def similar(self, first: U64, second: U64, bands: I64) -> npt.NDArray[np.bool_]:
+        """Whether each pair of sketches, a candidate through ``bands``, is confirmed."""
+        different = first ^ second
+        folded = different
+        for shift in range(1, SKETCH_BITS):
+            folded = folded | (different >> np.uint64(shift))
+        unequal = np.bitwise_count(folded & self._outside[bands]).sum(axis=1)
+        equal: npt.NDArray[np.bool_] = (self.fields - self.rows_per_band - unequal) >= self.cut
+        return equal
+
+
+def _binomial_tail(trials: int, probability: float, at_least: int) -> float:
+    return sum(math.comb(trials, k) * probability**k * (1.0 - probability) ** (trials - k)
+               for k in range(at_least, trials + 1))
+
+
+class ExactDuplicates:
+    """Exact duplicates on normalised text, first kept wins (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._keys = _Keys()
+        # Each table and the hash columns it holds: the exact rule's whole hashes; NearDuplicates adds one
+        # table for every band (their hashes differ by band), so a batch is one lookup per table.
+        self._tables: list[tuple[_FirstKept, slice]] = [(_FirstKept(whole_hashes=True), slice(0, 1))]
+        self._sketches: _Sketches | None = None
+        self._columns, self._sketch_words = 1, 0
+
+    def __len__(self) -> int:
+        """Rows kept so far."""
+        return len(self._keys)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of state held for the kept rows."""
+        sketches = self._sketches.nbytes if self._sketches is not None else 0
+        return self._keys.nbytes + sum(table.nbytes for table, _ in self._tables) + sketches
+
+    def offer(self, keys: Sequence[str], texts: Sequence[str]) -> list[Duplicate | None]:
+        """Decide each row in order: the earlier kept row it duplicates, or None, and then it is kept.
+
+        Texts are hashed a chunk at a time, and the kept rows are looked up once per call: offer thousands
+        of rows at a time (a lookup of a few hundred hashes in millions costs about as much as of ten
+        thousand)."""
+        return self.decide(keys, self.signatures(texts))
+
+    def signatures(self, texts: Sequence[str]) -> Signatures:
+        """What ``decide`` compares, for each text: computed apart (e.g. in the processes that read the rows),
+        as it holds no state of the index."""
+        if not texts:
+            return Signatures.empty(self._columns, self._sketch_words)
+        return Signatures.concat([Signatures(*self._hashes(normalise_texts(texts[chunk])))
+                                  for chunk in text_chunks(texts)])
+
+    def decide(self, keys: Sequence[str], signatures: Signatures) -> list[Duplicate | None]:
+        """``offer`` for texts already hashed by ``signatures`` (of an index with the same settings)."""
+        if len(keys) != len(signatures):
+            raise ValueError(f"{len(keys)} keys for {len(signatures)} texts")
+        if not keys:
+            return []
+        return self._decide(keys, signatures.hashes, signatures.present, signatures.sketches)
+
+    def _hashes(self, batch: NormalisedTexts) -> tuple[U64, npt.NDArray[np.bool_], U64]:
+        """(rows x columns) hashes, column 0 the exact rule's, and which of them a row has; (rows x words)
+        sketches (no words for the exact rule alone)."""
+        digests = b"".join(hashlib.blake2b(batch.text(i), digest_size=8).digest() for i in range(len(batch)))
+        exact = np.frombuffer(digests, dtype=np.uint64).reshape(-1, 1)
+        return exact, np.ones(exact.shape, dtype=bool), np.zeros((len(batch), 0), dtype=np.uint64)
+
+    def _decide(self, keys: Sequence[str], hashes: U64, present: npt.NDArray[np.bool_], sketches: U64
+                ) -> list[Duplicate | None]:
+        earlier = np.full(hashes.shape, -1, dtype=np.int64)  # the kept row (ordinal) of each hash, if any
+        for table, columns in self._tables:
+            rows, column = np.nonzero(present[:, columns])
+            column += columns.start
+            earlier[rows, column] = table.find(hashes[rows, column])
+        decisions: list[Duplicate | None] = [None] * len(hashes)
+        for row in np.flatnonzero(earlier[:, 0] >= 0).tolist():
+            decisions[row] = Duplicate(self._keys[int(earlier[row, 0])], "exact")
+        self._decide_near_to_kept(earlier, sketches, decisions)
+        self._decide_within(keys, hashes, present, sketches, decisions)
+        kept_rows = np.flatnonzero(np.array([decision is None for decision in decisions], dtype=bool))
+        ordinals = (len(self._keys) + np.arange(len(kept_rows))).astype(np.uint32)
+        for table, columns in self._tables:
+            # A hash belongs to the first kept row that had it: add only the ones not held yet.
+            rows, column = np.nonzero(present[kept_rows, columns] & (earlier[kept_rows, columns] < 0))
+            new = hashes[kept_rows[rows], column + columns.start]
+            _, first = np.unique(new, return_index=True)  # row-major: the earliest row of a repeated hash
+            table.add(new[first], ordinals[rows[first]])
+        if self._sketches is not None:
+            self._sketches.append(sketches[kept_rows])
+        self._keys.extend([keys[row] for row in kept_rows.tolist()])
+        return decisions
+
+    def _decide_near_to_kept(self, earlier: I64, sketches: U64, decisions: list[Duplicate | None]) -> None:
+        """Rows sharing a band with a row kept before this batch: the earliest confirmed one."""
+        rows, bands = np.nonzero((earlier[:, 1:] >= 0) & (earlier[:, :1] < 0))
+        if not len(rows):
+            return
+        assert self._sketches is not None
+        ordinals = earlier[rows, bands + 1]
+        confirmed = self._sketches.similar(sketches[rows], self._sketches.stored(ordinals), bands)
+        best = np.full(len(decisions), np.iinfo(np.int64).max)
+        np.minimum.at(best, rows[confirmed], ordinals[confirmed])
+        for row in np.unique(rows[confirmed]).tolist():
+            decisions[row] = Duplicate(self._keys[int(best[row])], "near")
+
+    def _decide_within(self, keys: Sequence[str], hashes: U64, present: npt.NDArray[np.bool_], sketches: U64,
+                       decisions: list[Duplicate | None]) -> None:
+        """Rows of the batch still undecided that share a hash: only they can duplicate each other, decided
+        in order (a row is a duplicate only of an earlier row that was kept). Column 0 is the exact rule's,
+        column 1 + b band b's."""
+        undecided = np.array([decision is None for decision in decisions], dtype=bool)
+        shared = np.zeros_like(present)
+        for column in range(hashes.shape[1]):
+            rows = np.flatnonzero(undecided & present[:, column])
+            _, inverse, counts = np.unique(hashes[rows, column], return_inverse=True, return_counts=True)
+            shared[rows[counts[inverse] > 1], column] = True
+        owners: list[dict[int, int]] = [{} for _ in range(hashes.shape[1])]  # hash -> the kept row that has it
+        for row in np.flatnonzero(shared.any(axis=1)).tolist():
+            columns = np.flatnonzero(shared[row]).tolist()
+            for column in columns:
+                owner = owners[column].get(int(hashes[row, column]))
+                if owner is None:
+                    continue
+                if column == 0:
+                    decisions[row] = Duplicate(keys[owner], "exact")
+                    break
+                assert self._sketches is not None
+                band = np.array([column - 1])
+                if self._sketches.similar(sketches[[row]], sketches[[owner]], band)[0]:
+                    decisions[row] = Duplicate(keys[owner], "near")
+                    break
+            else:
+                for column in columns:
+                    owners[column].setdefault(int(hashes[row, column]), row)
+
+
+class NearDuplicates(ExactDuplicates):
+    """Exact and near duplicates, first kept wins (see the module docstring)."""
+
+    def __init__(self, threshold: float = 0.8, *, num_perm: int = 64, shingle: int = 5, seed: int = 0) -> None:
+        import rensa  # type: ignore[import-untyped]  # imported where used: `corpus --help` stays light
+
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], not {threshold}")
+        if shingle < 1:
+            raise ValueError(f"shingle must be at least one word, not {shingle}")
+        self.threshold = threshold
+        self.num_perm = num_perm
+        self.shingle = shingle
+        self.seed = seed
+        self.bands, self.rows_per_band = band_layout(threshold, num_perm)
+        self._minhash = rensa.RMinHash
+        # Fixed odd multipliers that fold a band's values into one 64-bit hash.
+        halves = np.random.default_rng(0x6E656172).integers(0, 1 << 63, size=self.rows_per_band, dtype=np.uint64)
+        self._fold = halves * np.uint64(2) + np.uint64(1)
+        # Distinct per band, so that one table holds every band's hashes.
+        self._band_salts = np.arange(1, self.bands + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        super().__init__()
+        self._tables.append((_FirstKept(whole_hashes=False), slice(1, 1 + self.bands)))
+        self._sketches = _Sketches(num_perm, self.bands, self.rows_per_band, threshold)
+        self._columns, self._sketch_words = 1 + self.bands, self._sketches.words
+
+    def _hashes(self, batch: NormalisedTexts) -> tuple[U64, npt.NDArray[np.bool_], U64]:
+        assert self._sketches is not None
+        exact, _, _ = super()._hashes(batch)
+        shingles, offsets = WordRuns(batch).hashes(self.shingle, whole_if_shorter=True)
+        matrix = self._minhash.digest_matrix_from_flat_token_hashes(shingles, offsets.astype(np.uint64),
+                                                                     self.num_perm, self.seed)
+        signatures = np.array(matrix.to_rows(), dtype=np.uint64).reshape(len(batch), self.num_perm)
+        banded = signatures[:, :self.bands * self.rows_per_band].reshape(len(batch), self.bands, self.rows_per_band)
+        bands = _mix((banded * self._fold).sum(axis=2, dtype=np.uint64) + self._band_salts)
+        present = np.ones((len(batch), 1 + self.bands), dtype=bool)
+        present[:, 1:] = (np.diff(offsets) > 0)[:, None]  # a text with no words has no signature
+        return np.concatenate((exact, bands), axis=1), present, self._sketches.sketch(signatures)

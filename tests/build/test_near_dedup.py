@@ -1,0 +1,282 @@
+"""Exact and near-duplicate detection on real conversations with planted copies whose pairs are known."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corpus_builder.build import near_dedup
+from corpus_builder.build.near_dedup import (
+    Duplicate,
+    ExactDuplicates,
+    NearDuplicates,
+    WordRuns,
+    band_layout,
+    conversation_text,
+    normalise_text,
+    normalise_texts,
+)
+from corpus_builder.records import Conversation, Message
+from tests.support.real_data import write_chitchat
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def chitchat(tmp_path: Path, count: int, min_words: int = 100) -> list[Conversation]:
+    """Real conversations of at least ``min_words`` words (a one-word edit keeps them near-duplicates)."""
+    rows = write_chitchat(tmp_path / "chitchat.jsonl", 600)
+    conversations = [Conversation(row["id"], "chitchat", "replay",
+                                  [Message(m["role"], m["content"]) for m in row["messages"]]) for row in rows]
+    long = [c for c in conversations if len(conversation_text(c).split()) >= min_words]
+    assert len(long) >= count
+    return long[:count]
+
+
+def copy_of(original: Conversation, source: str, index: int, transform: str) -> Conversation:
+    """A planted copy: ``"renormalised"`` (other case, punctuation, whitespace: an exact duplicate after
+    normalisation) or ``"edited"`` (one word of the longest turn replaced: a near duplicate)."""
+    messages = [Message(m.role, m.content, m.reasoning) for m in original.messages]
+    if transform == "renormalised":
+        for message in messages:
+            message.content = "  " + message.content.upper().replace(" ", " ,  ") + " ?!\n"
+    else:
+        longest = max(messages, key=lambda m: len(m.content.split()))
+        words = longest.content.split()
+        words[len(words) // 2] = "zebra"
+        longest.content = " ".join(words)
+    return Conversation(f"{source}-{index}", source, "replay", messages)
+
+
+def shingle_jaccard(first: str, second: str) -> float:
+    hashes, offsets = WordRuns(normalise_texts([first, second])).hashes(5, whole_if_shorter=True)
+    a, b = set(hashes[:offsets[1]].tolist()), set(hashes[offsets[1]:].tolist())
+    return len(a & b) / len(a | b)
+
+
+def decide(index: ExactDuplicates, rows: list[Conversation], batch: int) -> dict[str, Duplicate]:
+    """Offer rows in order, ``batch`` at a time; the duplicates found, by key."""
+    found: dict[str, Duplicate] = {}
+    for start in range(0, len(rows), batch):
+        part = rows[start:start + batch]
+        for row, decision in zip(part, index.offer([r.id for r in part], [conversation_text(r) for r in part]),
+                                 strict=True):
+            if decision is not None:
+                found[row.id] = decision
+    return found
+
+
+@pytest.fixture()
+def planted(tmp_path: Path) -> tuple[list[Conversation], dict[str, Duplicate]]:
+    """Three sources in priority order: workload and chat are real conversations, mirror holds renormalised
+    copies of ten workload rows and edited copies of ten chat rows; the pairs are the expected answer."""
+    base = chitchat(tmp_path, 120)
+    workload = [Conversation(f"workload-{i}", "workload", "replay", c.messages) for i, c in enumerate(base[:60])]
+    chat = [Conversation(f"chat-{i}", "chat", "replay", c.messages) for i, c in enumerate(base[60:])]
+    mirror = [copy_of(workload[i * 3], "mirror", i, "renormalised") for i in range(10)]
+    mirror += [copy_of(chat[i * 5], "mirror", 10 + i, "edited") for i in range(10)]
+    random.Random(0).shuffle(mirror)
+    expected = {f"mirror-{i}": Duplicate(f"workload-{i * 3}", "exact") for i in range(10)}
+    expected |= {f"mirror-{10 + i}": Duplicate(f"chat-{i * 5}", "near") for i in range(10)}
+    return workload + chat + mirror, expected
+
+
+def test_planted_duplicates_across_sources_are_found_with_their_originals(
+        planted: tuple[list[Conversation], dict[str, Duplicate]]) -> None:
+    rows, expected = planted
+    by_id = {row.id: row for row in rows}
+    for copy, duplicate in expected.items():
+        similarity = shingle_jaccard(conversation_text(by_id[copy]), conversation_text(by_id[duplicate.of]))
+        assert similarity >= (1.0 if duplicate.rule == "exact" else 0.85), (copy, similarity)
+    index = NearDuplicates()
+    assert decide(index, rows, batch=len(rows)) == expected  # every planted pair, and nothing else
+    assert len(index) == len(rows) - len(expected)
+
+
+def test_answers_do_not_depend_on_batches_chunks_or_runs(planted: tuple[list[Conversation], dict[str, Duplicate]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    rows, expected = planted
+    assert decide(NearDuplicates(), rows, batch=1) == expected
+    assert decide(NearDuplicates(), rows, batch=7) == expected
+    monkeypatch.setattr(near_dedup, "CHUNK_BYTES", 500)  # many chunks inside one batch
+    assert decide(NearDuplicates(), rows, batch=len(rows)) == expected
+    monkeypatch.setattr(near_dedup, "RUN_ENTRIES", 64)  # many capped runs in every table
+    assert decide(NearDuplicates(), rows, batch=3) == expected
+
+
+def test_the_first_offered_is_kept(planted: tuple[list[Conversation], dict[str, Duplicate]]) -> None:
+    """Offered mirror first (the caller's source priority), the originals are the duplicates."""
+    rows, expected = planted
+    mirror_first = [r for r in rows if r.source == "mirror"] + [r for r in rows if r.source != "mirror"]
+    reversed_pairs = {duplicate.of: Duplicate(copy, duplicate.rule) for copy, duplicate in expected.items()}
+    assert decide(NearDuplicates(), mirror_first, batch=len(rows)) == reversed_pairs
+
+
+def test_a_copy_of_a_dropped_row_is_matched_to_the_kept_one(tmp_path: Path) -> None:
+    original, = chitchat(tmp_path, 1)
+    near = copy_of(original, "b", 0, "edited")
+    again = copy_of(near, "c", 0, "renormalised")  # exact copy of a row that is not kept
+    found = decide(NearDuplicates(), [original, near, again], batch=3)
+    assert found == {"b-0": Duplicate(original.id, "near"), "c-0": Duplicate(original.id, "near")}
+
+
+def test_exact_rule_alone_ignores_near_copies(planted: tuple[list[Conversation], dict[str, Duplicate]]) -> None:
+    rows, expected = planted
+    exact_only = {copy: duplicate for copy, duplicate in expected.items() if duplicate.rule == "exact"}
+    assert decide(ExactDuplicates(), rows, batch=50) == exact_only
+
+
+def test_threshold() -> None:
+    """A pair of known shingle similarity is flagged at thresholds well below it, and kept above."""
+    vocabulary = [f"w{i}" for i in range(5000)]
+    rng = random.Random(1)
+    original = rng.sample(vocabulary, 400)
+
+    def edited(share: float) -> str:
+        words = list(original)
+        for position in rng.sample(range(len(words)), round(share * len(words))):
+            words[position] = rng.choice(vocabulary)
+        return " ".join(words)
+
+    close, far = edited(0.005), edited(0.1)
+    text = " ".join(original)
+    assert shingle_jaccard(text, close) > 0.9
+    assert 0.4 < shingle_jaccard(text, far) < 0.55
+    for threshold, flagged in [(0.9, {"close"}), (0.8, {"close"}), (0.3, {"close", "far"})]:
+        index = NearDuplicates(threshold)
+        decisions = index.offer(["original", "close", "far"], [text, close, far])
+        assert {key for key, d in zip(["original", "close", "far"], decisions, strict=True) if d} == flagged
+    with pytest.raises(ValueError, match="threshold"):
+        NearDuplicates(0.0)
+
+
+def test_related_rows_are_kept() -> None:
+    """Pairs at about half the threshold's similarity share a band now and then (LSH alone flags ~15% of
+    them); the sketch confirmation keeps them apart, while near copies are all still found."""
+    rng = random.Random(3)
+    vocabulary = [f"w{i}" for i in range(20000)]
+    keys, texts, similarities = [], [], []
+    for pair in range(300):
+        words = rng.sample(vocabulary, 300)
+        related = list(words)
+        for position in rng.sample(range(300), 30):
+            related[position] = rng.choice(vocabulary)
+        keys += [f"a{pair}", f"b{pair}"]
+        texts += [" ".join(words), " ".join(related)]
+        similarities.append(shingle_jaccard(texts[-2], texts[-1]))
+    assert max(similarities) < 0.6
+    assert sum(decision is not None for decision in NearDuplicates().offer(keys, texts)) <= 3
+
+
+def test_band_layout_keeps_pairs_at_the_threshold() -> None:
+    assert band_layout(0.8, 64) == (10, 6)
+    bands, rows = band_layout(0.9, 128)
+    assert 1.0 - (1.0 - 0.9**rows) ** bands >= 0.95 > 1.0 - (1.0 - 0.9 ** (rows + 1)) ** (128 // (rows + 1))
+
+
+def test_same_answers_in_another_process(planted: tuple[list[Conversation], dict[str, Duplicate]],
+                                         tmp_path: Path) -> None:
+    """Nothing depends on Python's per-process string hashing or on memory layout."""
+    rows, expected = planted
+    data = tmp_path / "rows.json"
+    data.write_text(json.dumps([[r.id, conversation_text(r)] for r in rows]))
+    script = ("import json, sys\nfrom corpus_builder.build.near_dedup import NearDuplicates\n"
+              "rows = json.load(open(sys.argv[1]))\n"
+              "found = NearDuplicates().offer([k for k, _ in rows], [t for _, t in rows])\n"
+              "print(json.dumps([[d.of, d.rule] if d else None for d in found]))\n")
+    outputs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        run = subprocess.run([sys.executable, "-c", script, str(data)], capture_output=True, text=True, env=env,
+                             cwd=REPOSITORY, check=True)
+        outputs.append(json.loads(run.stdout))
+    assert outputs[0] == outputs[1] == [[expected[r.id].of, expected[r.id].rule] if r.id in expected else None
+                                        for r in rows]
+
+
+@pytest.mark.parametrize(("text", "normalised"), [
+    ("  Hello,   World!\n\tHow are you?  ", "hello world how are you"),
+    ("What is 2+2?", "what is 2+2"),
+    ("2-2 = 0; (a*b)/c", "2-2 = 0 a*b /c"),
+    ("\"Quoted\" [brackets] {braces} `code`", "quoted brackets braces code"),
+    ("Ｆｕｌｌｗｉｄｔｈ！", "fullwidth"),  # NFKC
+    ("em\u2014dash \u201cquotes\u201d\u3002", "em-dash quotes"),
+    ("Ünïcode\u00a0space\u2028line", "ünïcode space line"),
+    ("", ""),
+    (" \n\t ", ""),
+    ("a\x00b", "a b"),  # a NUL in a text cannot split it in a batch
+])
+def test_normalisation(text: str, normalised: str) -> None:
+    assert normalise_text(text) == normalised
+    assert normalise_texts(["first", text, "last"]).text(1).decode() == normalised
+
+
+def test_word_runs_hash_alike_wherever_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text's shingle hashes do not depend on its neighbours in a batch, nor on whether it is longer than
+    the power tables kept between batches."""
+    text = "the quick brown fox jumps over the lazy dog " * 20
+
+    def hashes(texts: list[str], index: int) -> list[int]:
+        found, offsets = WordRuns(normalise_texts(texts)).hashes(5, whole_if_shorter=True)
+        return found[offsets[index]:offsets[index + 1]].tolist()
+
+    alone = hashes([text], 0)
+    assert hashes(["some other words first", "and more", text], 2) == alone
+    monkeypatch.setattr(near_dedup, "_POWERS", near_dedup._Powers())
+    monkeypatch.setattr(near_dedup._Powers, "KEPT", 64)
+    assert hashes([text], 0) == alone
+    assert hashes(["a b c d e f"], 0) == hashes(["x y", "a b c d e f"], 1)
+
+
+def test_conversation_text_all_turns_or_prompts() -> None:
+    conversation = Conversation("c", "s", "generated", [
+        Message("system", "Be brief."), Message("user", "Hi?"), Message("assistant", "Hello.", "The user greets."),
+    ])
+    assert conversation_text(conversation) == "Be brief.\nHi?\nThe user greets.\nHello."
+    assert conversation_text(conversation, "prompt") == "Be brief.\nHi?"
+
+
+def test_prompt_dedup_compares_prompts_only() -> None:
+    """Dedup before generation: the same prompt with other old answers is a duplicate prompt."""
+    first = Conversation("a", "s", "replay", [Message("user", "Tell me about whales."), Message("assistant", "Big.")])
+    second = Conversation("b", "s", "replay", [Message("user", "tell me about whales"), Message("assistant", "Wet.")])
+    by_prompt = NearDuplicates().offer(["a", "b"], [conversation_text(c, "prompt") for c in (first, second)])
+    by_all = NearDuplicates().offer(["a", "b"], [conversation_text(c) for c in (first, second)])
+    assert by_prompt == [None, Duplicate("a", "exact")]
+    assert by_all == [None, None]
+
+
+def test_short_and_empty_texts() -> None:
+    found = NearDuplicates().offer(["a", "b", "c", "d", "e"], ["Hi!", "hi", "hello", "", "..."])
+    assert found == [None, Duplicate("a", "exact"), None, None, Duplicate("d", "exact")]
+
+
+def test_state_is_bytes_not_python_objects() -> None:
+    """Kept rows cost bytes in arrays: offering thousands more rows leaves the count of objects the
+    collector tracks where it was."""
+    rng = random.Random(2)
+    index = NearDuplicates()
+
+    def rows(start: int, count: int) -> tuple[list[str], list[str]]:
+        return ([f"row-{i}" for i in range(start, start + count)],
+                [" ".join(f"w{rng.randrange(100000)}" for _ in range(60)) for _ in range(count)])
+
+    index.offer(*rows(0, 2000))
+    gc.collect()
+    before, state_before = len(gc.get_objects()), index.nbytes
+    index.offer(*rows(2000, 6000))
+    gc.collect()
+    assert len(index) == 8000
+    assert len(gc.get_objects()) - before < 200
+    assert 100 < (index.nbytes - state_before) / 6000 < 250  # bytes per kept row
+
+
+def test_offer_needs_one_key_per_text() -> None:
+    with pytest.raises(ValueError, match="2 keys for 1 texts"):
+        NearDuplicates().offer(["a", "b"], ["text"])

@@ -1,0 +1,222 @@
+"""Prompts with tool traffic regenerated against the fault server, which calls tools the way a server with
+``--enable-auto-tool-choice`` does (corpus_builder.testing.fault_server): what each request sends, and each
+tool-result policy (``sources[].tool_results``): match (reuse after a matching call, parallel calls in any order;
+an unmatched call cut and counted; an answer without the call), recorded (only the final turn), with the
+journal keyed by the tools sent."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from corpus_builder.errors import REASONS, CorpusError, Skipped
+from corpus_builder.generate import TurnRequest, generate, turn_key
+from corpus_builder.generate.client import _parse_completion
+from corpus_builder.generate.engine import EnginePool
+from corpus_builder.recipe import Recipe, SourceSpec
+from corpus_builder.records import (
+    FLAG_INVALID_TOOL_CALL,
+    FLAG_TOOL_RESULT_UNKNOWN,
+    Conversation,
+    Message,
+    ToolCall,
+)
+from corpus_builder.sources import iter_source
+from corpus_builder.testing.fault_server import FaultServer
+from tests.sources.test_sources import spec, split, write_lines
+from tests.support.generate_run import make_recipe
+from tests.support.tool_chats import call, calling, result, say, tool
+
+MODEL = "fault-model"
+SOURCE = "tools"
+LOOKUP = tool("lookup", "Look a thing up", query={"type": "string"})
+TRANSLATE = tool("translate", query={"type": "string"})
+WEATHER = tool("get_weather", "Weather of a city", city={"type": "string"})
+
+
+@pytest.fixture
+def server():
+    with FaultServer(model=MODEL) as fault_server:
+        yield fault_server
+
+
+def recipe(**tool_settings: Any) -> Recipe:
+    source = SourceSpec(name=SOURCE, kind="prompts", paths=("prompts.jsonl",), **tool_settings)
+    return replace(make_recipe(MODEL), sources=(source,))
+
+
+def prompts(directory: Path, *rows: dict[str, Any]) -> list[Conversation]:
+    write_lines(directory / "prompts.jsonl", list(rows))
+    kept, skipped = split(list(iter_source(spec(name=SOURCE, kind="prompts", paths=("prompts.jsonl",)), directory)))
+    assert skipped == []
+    return kept
+
+
+def run(server: FaultServer, directory: Path, rows: list[Conversation], **tool_settings: Any
+        ) -> list[Conversation | Skipped]:
+    return list(generate(rows, recipe(**tool_settings), directory / "journal", endpoints=[server.base_url]))
+
+
+def answer(question: str) -> str:
+    return f"Answer to {question}."  # what the fault server answers a question with
+
+
+def turns(row: Conversation) -> list[tuple[str, str, tuple[str, ...], str | None]]:
+    return [(m.role, m.content, tuple(c.name for c in m.tool_calls), m.tool_call_id) for m in row.messages]
+
+
+def test_a_matching_call_reuses_the_recorded_result(server: FaultServer, tmp_path: Path) -> None:
+    rows = prompts(tmp_path, {"tools": [LOOKUP], "messages": [
+        say("user", "Find the Louvre's hours."),
+        # the same call the server makes, written with other spacing: arguments compare as parsed JSON
+        calling(call("rec-1", "lookup", '{ "query" : "Find the Louvre\'s hours." }')),
+        result("rec-1", "9:00-18:00"),
+        say("assistant", "(the recorded answer)"),
+    ]})
+    (row,) = run(server, tmp_path, rows)
+    first, second = (r.body for r in server.chat_requests)
+    assert first["tools"] == rows[0].tools and "tool_choice" not in first  # no tool_choice set: not sent
+    made = row.messages[1].tool_calls[0]
+    assert made == ToolCall("call-1-0", "lookup", orjson.dumps({"query": "Find the Louvre's hours."}).decode())
+    # the recorded result now answers the regenerated call, and the target speaks again with it
+    assert second["messages"][1:] == [
+        {"role": "assistant", "content": "", "reasoning_content": "Let me think about Find the Louvre's hours..",
+         "tool_calls": [made.to_openai()]},
+        {"role": "tool", "content": "9:00-18:00", "tool_call_id": "call-1-0"}]
+    assert turns(row) == [("user", "Find the Louvre's hours.", (), None), ("assistant", "", ("lookup",), None),
+                          ("tool", "9:00-18:00", (), "call-1-0"),
+                          ("assistant", answer("Find the Louvre's hours."), (), None)]
+    generation = row.provenance["generation"]
+    assert [t["message_index"] for t in generation["turns"]] == [1, 3]
+    assert (generation["tool_choice"], generation["tool_results"]) == (None, "match") and row.flags == []
+    assert row.tools == rows[0].tools
+
+
+def test_parallel_calls_match_in_any_order(server: FaultServer, tmp_path: Path) -> None:
+    question = "Look up and translate 'bonjour'."
+    arguments = {"query": question}
+    rows = prompts(tmp_path, {"tools": [LOOKUP, TRANSLATE], "messages": [
+        say("user", question),
+        calling(call("rec-t", "translate", arguments), call("rec-l", "lookup", arguments)),
+        result("rec-l", "a greeting"), result("rec-t", "hello"),
+        say("assistant", "(recorded)"),
+    ]})
+    (row,) = run(server, tmp_path, rows)
+    # the server calls lookup then translate; each recorded result answers the call it was recorded for
+    assert [(c.id, c.name) for c in row.messages[1].tool_calls] == [("call-1-0", "lookup"), ("call-1-1", "translate")]
+    assert [(m.content, m.tool_call_id) for m in row.messages[2:4]] == [("a greeting", "call-1-0"),
+                                                                       ("hello", "call-1-1")]
+    assert row.messages[4].content == answer(question) and row.flags == []
+
+
+def test_a_call_with_no_recorded_twin_is_cut_and_counted(server: FaultServer, tmp_path: Path) -> None:
+    first_call = {"tools": [LOOKUP], "messages": [
+        say("user", "Find A."), calling(call("rec-1", "lookup", {"query": "something else"})),
+        result("rec-1", "r"), say("assistant", "(recorded)")]}
+    later_call = {"tools": [LOOKUP], "messages": [
+        say("user", "Find B."), calling(call("rec-2", "lookup", {"query": "Find B."})), result("rec-2", "rb"),
+        say("assistant", "(recorded b)"),
+        say("user", "Thanks, and C?"), say("assistant", "(recorded c, answered without a call)")]}
+    skipped, cut = run(server, tmp_path, prompts(tmp_path, first_call, later_call))
+    assert isinstance(skipped, Skipped) and skipped.reason == "tool_result_unknown" in REASONS
+    assert skipped.detail == ('assistant turn 1 called lookup({"query":"Find A."}); the recorded turn there called '
+                              'lookup({"query":"something else"})')
+    # The second exchange's call has no recorded result: the row ends before it, at its last assistant turn.
+    assert isinstance(cut, Conversation) and cut.flags == [FLAG_TOOL_RESULT_UNKNOWN]
+    assert [m.role for m in cut.messages] == ["user", "assistant", "tool", "assistant"]
+    assert cut.messages[-1].content == answer("Find B.")
+    assert [t["message_index"] for t in cut.provenance["generation"]["turns"]] == [1, 3]
+
+
+def test_an_answer_without_the_recorded_call_goes_on_to_the_next_user_turn(server: FaultServer,
+                                                                          tmp_path: Path) -> None:
+    rows = prompts(tmp_path, {"tools": [LOOKUP], "messages": [
+        say("user", "Find A."), calling(call("rec-1", "lookup", {"query": "Find A."})), result("rec-1", "r"),
+        say("assistant", "(recorded)"), say("user", "And B?")]})
+    (row,) = run(server, tmp_path, rows, tool_choice="none")  # the server may not call: it answers in text
+    assert [r.body["tool_choice"] for r in server.chat_requests] == ["none", "none"]
+    assert turns(row) == [("user", "Find A.", (), None), ("assistant", answer("Find A."), (), None),
+                          ("user", "And B?", (), None), ("assistant", answer("And B?"), (), None)]
+
+
+def test_recorded_keeps_the_history_and_regenerates_only_the_final_turn(server: FaultServer, tmp_path: Path) -> None:
+    recorded = {"tools": [LOOKUP], "messages": [
+        say("user", "Find A."), calling(call("rec-1", "lookup", {"query": "what the model asked then"}),
+                                        reasoning="Recorded reasoning."),
+        result("rec-1", "r"), say("assistant", "(the recorded final answer)")]}
+    (row,) = run(server, tmp_path, prompts(tmp_path, recorded), tool_results="recorded")
+    (request,) = (r.body for r in server.chat_requests)
+    assert request["messages"][1] == {"role": "assistant", "content": "", "reasoning_content": "Recorded reasoning.",
+                                      "tool_calls": [call("rec-1", "lookup", {"query": "what the model asked then"})]}
+    assert request["messages"][2] == {"role": "tool", "content": "r", "tool_call_id": "rec-1"}
+    assert turns(row)[:3] == [("user", "Find A.", (), None), ("assistant", "", ("lookup",), None),
+                              ("tool", "r", (), "rec-1")]
+    assert row.messages[3].content == answer("Find A.")
+    assert row.provenance["generation"]["tool_results"] == "recorded"
+    assert [t["message_index"] for t in row.provenance["generation"]["turns"]] == [3]
+
+
+def test_a_final_call_is_kept_and_an_invalid_one_flagged(server: FaultServer, tmp_path: Path) -> None:
+    """The regenerated final turn may itself call a tool: nothing follows it, so no result is needed. The
+    server's call does not fit the tool's schema (it sends a query, the tool takes a city): flagged."""
+    rows = prompts(tmp_path, {"tools": [WEATHER], "messages": [say("user", "Weather in Paris?")]})
+    named = {"type": "function", "function": {"name": "get_weather"}}  # recipe {function: get_weather}, as loaded
+    (row,) = run(server, tmp_path, rows, tool_results="recorded", tool_choice=named)
+    assert server.chat_requests[0].body["tool_choice"] == named
+    assert row.messages[-1].tool_calls[0].name == "get_weather" and row.flags == [FLAG_INVALID_TOOL_CALL]
+    assert row.provenance["generation"]["tool_choice"] == named
+
+
+def test_the_journal_is_keyed_by_the_tools_sent(server: FaultServer, tmp_path: Path) -> None:
+    row = {"tools": [LOOKUP], "messages": [say("user", "Find A."),
+                                           calling(call("rec-1", "lookup", {"query": "Find A."})),
+                                           result("rec-1", "r"), say("assistant", "(recorded)")]}
+    first = run(server, tmp_path, prompts(tmp_path, row))
+    assert len(server.chat_requests) == 2
+    assert run(server, tmp_path, prompts(tmp_path, row)) == first and len(server.chat_requests) == 2
+    other_tools = {**row, "tools": [{**LOOKUP, "function": {**LOOKUP["function"], "description": "Search"}}]}
+    run(server, tmp_path, prompts(tmp_path, other_tools))
+    assert len(server.chat_requests) == 4  # other tools: another prompt, asked again
+    run(server, tmp_path, prompts(tmp_path, row), tool_choice="auto")
+    assert len(server.chat_requests) == 6  # another tool_choice too
+
+
+def test_rows_without_tools_send_and_key_what_they_did() -> None:
+    """A turn without tools is keyed as before tools existed (the digest of this fixed request is pinned), so
+    the journals of earlier builds still answer it; its request carries no tools."""
+    key = turn_key(({"role": "user", "content": "q"},), {"temperature": 0.6}, model="m", revision=None,
+                   enable_thinking=True, sample_index=0, conversation="c")
+    assert key.hex() == "1ebcecc73dd69c53598717c0d543b5e3"
+    assert TurnRequest(messages=(), sampling={}, enable_thinking=True, model="m").tools is None
+
+
+def test_the_client_reads_the_calls_and_refuses_a_call_without_a_name() -> None:
+    def body(calls: list[dict[str, Any]]) -> bytes:
+        return orjson.dumps({"model": "m", "choices": [{"finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": None, "reasoning": "r", "tool_calls": calls}}]})
+
+    parsed = _parse_completion(body([{"id": "c", "function": {"name": "f", "arguments": {"a": 1}}}]), "e")
+    assert parsed.tool_calls == [{"id": "c", "name": "f", "arguments": '{"a":1}'}] and parsed.content is None
+    with pytest.raises(ValueError):  # the pool counts it as a malformed answer and retries
+        _parse_completion(body([{"id": "c", "function": {"name": "", "arguments": "{}"}}]), "e")
+
+
+def test_the_in_process_engine_refuses_tools_with_a_clear_error() -> None:
+    request = TurnRequest(messages=({"role": "user", "content": "q"},), sampling={}, enable_thinking=True, model="m",
+                          tools=(LOOKUP,))
+    with pytest.raises(CorpusError, match="in-process engine has no tool-call parser"):
+        asyncio.run(EnginePool("m").complete(request))
+
+
+def test_prompts_without_tool_traffic_are_generated_as_before(server: FaultServer, tmp_path: Path) -> None:
+    rows = prompts(tmp_path, {"messages": [say("user", "Hi."), say("assistant", "(dropped)"), say("user", "Bye.")]})
+    (row,) = run(server, tmp_path, rows)
+    assert all("tools" not in r.body and "tool_choice" not in r.body for r in server.chat_requests)
+    assert [m.role for m in row.messages] == ["user", "assistant", "user", "assistant"]
+    assert "tool_results" not in row.provenance["generation"] and row.tools is None
+    assert row.messages[1] == Message("assistant", answer("Hi."), "Let me think about Hi..")

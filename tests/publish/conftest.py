@@ -1,0 +1,60 @@
+"""The publish tests' corpus (built once by `corpus build`, copied per test) and loopback Hub."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corpus_builder.build import build
+from corpus_builder.hub import RetryPolicy
+from corpus_builder.recipe import load_recipe
+from corpus_builder.testing.hub_server import HubServer
+
+TOKEN = "hf_PublishTestTokenDoNotLeak0123456789xyz"
+FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.02)
+RECIPE = """
+name: tiny-mix
+description: A tiny mixture for publish tests.
+target: {model: Org/Model-1B, revision: abc123}
+sources:
+  - {name: math, kind: replay, path: math.jsonl, license: Apache-2.0, task: math}
+  - {name: chat, kind: replay, path: chat.jsonl, license: MIT}
+checks: {min_thinking_share: 0.3}
+split: {validation_fraction: 0.2}
+output: {dir: out, rows_per_shard: 20}
+"""
+
+
+@pytest.fixture(scope="module")
+def built_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A corpus written by `corpus build` (replay sources only): 60 conversations, a third thinking."""
+    root = tmp_path_factory.mktemp("recipe")
+    math = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
+                          {"role": "assistant", "content": str(2 * i),
+                           **({"reasoning": f"Add {i} to itself."} if i % 2 == 0 else {})}]} for i in range(40)]
+    chat = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": f"hello {i}"}]}
+            for i in range(20)]
+    (root / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in math))
+    (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
+    (root / "recipe.yaml").write_text(RECIPE)
+    result = build(load_recipe(root / "recipe.yaml"))
+    assert result.passed
+    return result.out_dir
+
+
+@pytest.fixture
+def corpus(built_corpus: Path, tmp_path: Path) -> Path:
+    """A private copy each test may tamper with."""
+    return Path(shutil.copytree(built_corpus, tmp_path / "corpus"))
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[HubServer]:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file of the machine's user
+    with HubServer(token=TOKEN) as server:
+        yield server

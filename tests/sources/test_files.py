@@ -1,0 +1,98 @@
+"""Files as editors and file systems leave them: a UTF-8 byte order mark, symlinks and symlink loops."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import zstandard
+
+from corpus_builder.errors import Skipped
+from corpus_builder.recipe import SourceSpec, check_recipe, match_source_pattern
+from corpus_builder.records import Conversation
+from corpus_builder.sources import iter_file, iter_source, resolve_paths
+from corpus_builder.sources.readers import iter_line_range
+
+BOM = b"\xef\xbb\xbf"  # written out here, not taken from the reader under test
+ROWS = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(3)]
+JSONL = b"".join(orjson.dumps(row) + b"\n" for row in ROWS)
+
+
+def _ids(items: list[Conversation | Skipped]) -> list[str | None]:
+    assert [item for item in items if isinstance(item, Skipped)] == []
+    return [item.provenance["source_id"] for item in items if isinstance(item, Conversation)]
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "jsonl.zst", "json"])
+def test_a_byte_order_mark_does_not_cost_the_first_row(tmp_path: Path, suffix: str) -> None:
+    content = {"jsonl": JSONL, "jsonl.zst": zstandard.ZstdCompressor().compress(BOM + JSONL),
+               "json": orjson.dumps(ROWS)}[suffix]
+    path = tmp_path / f"excel-export.{suffix}"
+    path.write_bytes(content if suffix == "jsonl.zst" else BOM + content)
+    assert _ids(list(iter_file(path))) == ["r0", "r1", "r2"]
+
+
+def test_the_byte_range_reader_strips_the_mark_of_the_first_range_only(tmp_path: Path) -> None:
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(BOM + JSONL)
+    first_line_end = len(BOM) + JSONL.index(b"\n") + 1
+    first = [row for _, row in iter_line_range(path, 0, first_line_end)]
+    rest = [row for _, row in iter_line_range(path, first_line_end, path.stat().st_size)]
+    assert [row["id"] for row in first + rest] == ["r0", "r1", "r2"]
+
+
+def test_a_byte_order_mark_inside_the_file_is_still_an_invalid_row(tmp_path: Path) -> None:
+    path = tmp_path / "joined.jsonl"
+    path.write_bytes(JSONL + BOM + JSONL)  # two files concatenated: the second mark is data
+    skipped = [item.reason for item in iter_file(path) if isinstance(item, Skipped)]
+    assert skipped == ["invalid_json"]
+
+
+@pytest.fixture
+def looping_tree(tmp_path: Path) -> Path:
+    """data/chat.jsonl and data/nested/more.jsonl; data/nested/up -> data (a loop), data/alias.jsonl ->
+    data/chat.jsonl, and a hidden directory."""
+    data = tmp_path / "data"
+    (data / "nested").mkdir(parents=True)
+    (data / ".cache").mkdir()
+    (data / "chat.jsonl").write_bytes(JSONL)
+    (data / "nested" / "more.jsonl").write_bytes(JSONL)
+    (data / ".cache" / "stale.jsonl").write_bytes(JSONL)
+    os.symlink(data, data / "nested" / "up")
+    os.symlink(data / "chat.jsonl", data / "alias.jsonl")
+    return tmp_path
+
+
+def test_a_glob_through_a_symlink_loop_matches_each_file_once_by_its_own_name(looping_tree: Path) -> None:
+    matches = match_source_pattern(looping_tree, "data/**/*.jsonl")
+    assert [path.relative_to(looping_tree).as_posix() for path in matches] == ["data/chat.jsonl",
+                                                                                "data/nested/more.jsonl"]
+    assert match_source_pattern(looping_tree, "data/**") == matches  # a trailing ** means every file below
+
+
+def test_two_symlink_loops_do_not_make_the_glob_endless(looping_tree: Path) -> None:
+    os.symlink(looping_tree / "data", looping_tree / "data" / "again")  # glob alone would walk 2**40 paths
+    code = ("import sys; from pathlib import Path; from corpus_builder.recipe import match_source_pattern; "
+            "print(len(match_source_pattern(Path(sys.argv[1]), 'data/**/*.jsonl')))")
+    completed = subprocess.run([sys.executable, "-c", code, str(looping_tree)], capture_output=True, text=True,
+                               timeout=60)
+    assert completed.stdout.strip() == "2", completed.stderr
+
+
+def test_the_readers_read_each_real_file_once_as_the_recipe_check_counts_it(looping_tree: Path) -> None:
+    source = SourceSpec(name="chat", kind="replay", paths=("data/**/*.jsonl", "data/alias.jsonl", "data/chat.jsonl"))
+    assert [path.relative_to(looping_tree).as_posix() for path in resolve_paths(source, looping_tree)] == [
+        "data/chat.jsonl", "data/nested/more.jsonl"]
+    items = list(iter_source(source, looping_tree))
+    assert len(_ids(items)) == 2 * len(ROWS)  # the symlink loops and the alias add no row
+    recipe = looping_tree / "recipe.yaml"
+    recipe.write_text("name: loops\ntarget: {model: m}\nsources:\n"
+                      "  - {name: chat, kind: replay, path: ['data/**/*.jsonl', data/alias.jsonl]}\n"
+                      "output: {dir: out}\n")
+    loaded, problems = check_recipe(recipe)
+    assert problems == [] and loaded is not None

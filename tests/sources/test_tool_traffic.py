@@ -1,0 +1,166 @@
+"""Tool traffic as the readers take it: OpenAI chat logs and ShareGPT function-call dumps give the same record
+(tools in the served shape, calls with their arguments' text, results linked by id), the role order with tool
+turns, the repairs around them, prompts that keep their recorded calls, and the bad shapes skipped by reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from corpus_builder.records import Conversation, Message, ToolCall, content_key, conversation_id
+from corpus_builder.sources import iter_source
+from tests.sources.test_sources import spec, split, write_lines
+from tests.support.tool_chats import (
+    SEARCH,
+    TIME,
+    WEATHER,
+    call,
+    calling,
+    glaive_rows,
+    log_rows,
+    result,
+    say,
+)
+
+MERGED, LEADING, TRIMMED = ("repaired:consecutive_turns:merge", "repaired:leading_assistant:drop",
+                            "repaired:trailing_user:trim")
+
+
+def served(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool in the shape vLLM hands the template: description and parameters always present."""
+    function = tool["function"]
+    return {"type": "function", "function": {"name": function["name"], "description": function.get("description"),
+                                             "parameters": function["parameters"]}}
+
+
+def read_rows(tmp_path: Path, rows: list[dict[str, Any]], kind: str = "replay") -> tuple[list[Conversation], list]:
+    write_lines(tmp_path / "rows.jsonl", rows)
+    return split(list(iter_source(spec(kind=kind, paths=("rows.jsonl",)), tmp_path)))
+
+
+def read_turns(tmp_path: Path, turns: list[dict[str, Any]], kind: str = "replay") -> tuple[list[Conversation], list]:
+    return read_rows(tmp_path, [{"tools": [WEATHER], "messages": turns}], kind)
+
+
+def test_openai_logs_keep_tools_calls_and_results(tmp_path: Path) -> None:
+    kept, skipped = read_rows(tmp_path, log_rows())
+    assert skipped == []
+    by_id = {c.provenance["source_id"]: c for c in kept}
+    one = by_id["one-call"]
+    assert one.tools == [served(WEATHER)]
+    assert one.messages == [
+        Message("user", "What is the weather in Paris?"),
+        Message("assistant", "", "I should look it up.", (ToolCall("call_p", "get_weather", '{"city":"Paris"}'),)),
+        Message("tool", '{"temp_c":21,"sky":"clear"}', tool_call_id="call_p"),
+        Message("assistant", "It is 21 °C and clear in Paris.", "The tool says 21 and clear."),
+    ]
+    parallel = by_id["parallel"]
+    assert [m.role for m in parallel.messages] == ["system", "user", "assistant", "tool", "tool", "assistant", "user",
+                                                   "assistant", "tool", "assistant"]
+    assert parallel.messages[2].content == "Let me check both."
+    assert [(c.id, c.name) for c in parallel.messages[2].tool_calls] == [("call_w", "get_weather"),
+                                                                        ("call_t", "get_time")]
+    assert [m.tool_call_id for m in parallel.messages[3:5]] == ["call_t", "call_w"]  # answered out of order
+    # Logged before the result came back: the call is the row's last turn, and a training turn of its own.
+    assert by_id["unanswered"].messages[-1].tool_calls[0].name == "search"
+    assert by_id["unanswered"].tools == [served(SEARCH)] and served(SEARCH)["function"]["description"] is None
+    plain = by_id["plain"]
+    assert plain.tools is None and not plain.has_tool_traffic
+    assert all(not c.flags for c in kept)  # nothing here needed a repair: calls and answers are not "merged"
+
+
+def test_sharegpt_function_call_dumps_read_as_the_same_traffic(tmp_path: Path) -> None:
+    kept, skipped = read_rows(tmp_path, glaive_rows())
+    assert skipped == []
+    one, parallel = kept
+    assert one.tools == [served(WEATHER), served(TIME)]  # bare function schemas, from a JSON string
+    assert one.messages == [
+        Message("user", "Weather in Paris?"),
+        Message("assistant", "", None, (ToolCall("call_0", "get_weather", '{"city":"Paris"}'),)),
+        Message("tool", '{"temp_c": 21}', tool_call_id="call_0"),
+        Message("assistant", "21 °C."),
+    ]
+    # One observation holding the JSON list of the parallel calls' results is one result per call, in order.
+    assert parallel.messages[1].tool_calls == (ToolCall("call_0", "get_weather", '{"city":"Rome"}'),
+                                               ToolCall("call_1", "get_time", '{"city":"Rome"}'))
+    assert [(m.role, m.content, m.tool_call_id) for m in parallel.messages[2:4]] == [
+        ("tool", '{"temp_c": 25}', "call_0"), ("tool", "14:05", "call_1")]
+    again, _ = read_rows(tmp_path, glaive_rows())
+    assert [c.id for c in again] == [c.id for c in kept]  # assigned ids are the same on every read
+
+
+@pytest.mark.parametrize(("turns", "detail"), [
+    ([say("user", "q"), say("assistant", "a"), result("call_x", "r"), say("assistant", "b")], "expected user"),
+    ([say("user", "q"), calling(call("c1", "get_weather", {})), result("c2", "r"), say("assistant", "a")],
+     "answers tool call 'c2'"),
+    ([say("user", "q"), calling(call("c1", "get_weather", {}), call("c2", "get_weather", {})), result("c1", "r"),
+      say("assistant", "a")], "c2 of the assistant turn before have no result"),
+    ([say("user", "q"), calling(call("c1", "get_weather", {})), say("user", "again?"), say("assistant", "a")],
+     "c1 of the assistant turn before have no result"),
+], ids=["result-without-call", "result-of-another-call", "a-call-left-unanswered", "user-before-the-result"])
+def test_results_must_answer_the_calls_before_them(tmp_path: Path, turns: list[dict[str, Any]], detail: str) -> None:
+    kept, skipped = read_turns(tmp_path, turns)
+    assert kept == [] and [s.reason for s in skipped] == ["wrong_role_order"]
+    assert detail in skipped[0].detail
+
+
+@pytest.mark.parametrize(("turns", "roles", "flags"), [
+    # The text an assistant said before its call, logged as a turn of its own, joins the call turn ...
+    ([say("user", "q"), say("assistant", "Let me see."), calling(call("c1", "get_weather", {"city": "x"})),
+      result("c1", "r"), say("assistant", "a")], ["user", "assistant", "tool", "assistant"], [MERGED]),
+    # ... a chunk that starts inside an exchange drops the calls and results whose question it does not hold ...
+    ([calling(call("c1", "get_weather", {})), result("c1", "r"), say("assistant", "a"), say("user", "q"),
+      say("assistant", "b")], ["user", "assistant"], [LEADING]),
+    # ... and results the row holds no answer to are trimmed like an unanswered user turn.
+    ([say("user", "q"), calling(call("c1", "get_weather", {})), result("c1", "r")], ["user", "assistant"],
+     [TRIMMED]),
+], ids=["text-before-a-call", "chunk-inside-an-exchange", "trailing-results"])
+def test_repairs_around_tool_turns(tmp_path: Path, turns: list[dict[str, Any]], roles: list[str],
+                                   flags: list[str]) -> None:
+    kept, skipped = read_turns(tmp_path, turns)
+    assert skipped == []
+    (row,) = kept
+    assert [m.role for m in row.messages] == roles and row.flags == flags
+    if flags == [MERGED]:
+        assert row.messages[1].content == "Let me see." and row.messages[1].tool_calls[0].id == "c1"
+
+
+def test_prompts_with_tool_traffic_keep_their_recorded_calls_and_results(tmp_path: Path) -> None:
+    kept, skipped = read_rows(tmp_path, log_rows(), kind="prompts")
+    assert skipped == []
+    by_id = {c.provenance["source_id"]: c for c in kept}
+    # The tool-result policy needs the recorded calls and results; a plain prompt keeps only its questions.
+    assert [m.role for m in by_id["one-call"].messages] == ["user", "assistant", "tool", "assistant"]
+    assert [m.role for m in by_id["plain"].messages] == ["user"]
+
+
+@pytest.mark.parametrize(("row", "reason"), [
+    ({"tools": "not json", "messages": [say("user", "q"), say("assistant", "a")]}, "bad_tools"),
+    ({"tools": {"name": "x"}, "messages": [say("user", "q"), say("assistant", "a")]}, "bad_tools"),
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}],
+      "messages": [say("user", "q"), say("assistant", "a")]}, "bad_tools"),
+    ({"messages": [say("user", "q"), {"role": "assistant", "content": None, "tool_calls": [{"function": {}}]}]},
+     "bad_tool_call"),
+    ({"messages": [say("user", "q"), {"role": "assistant", "content": None, "tool_calls": "get_weather()"}]},
+     "bad_tool_call"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "get_weather(x)"}]},
+     "bad_tool_call"),
+])
+def test_bad_tool_shapes_are_skipped_by_reason(tmp_path: Path, row: dict[str, Any], reason: str) -> None:
+    kept, skipped = read_rows(tmp_path, [row])
+    assert kept == [] and [s.reason for s in skipped] == [reason]
+
+
+def test_ids_of_rows_without_tools_are_what_they_were_and_tools_tell_rows_apart(tmp_path: Path) -> None:
+    messages = [Message("user", "q"), Message("assistant", "a", "r")]
+    # the canonical key of a conversation without tool traffic is the one from before tools existed
+    assert content_key(messages) == orjson.dumps([(m.role, m.content, m.reasoning) for m in messages])
+    rows = [{"messages": [say("user", "q"), say("assistant", "a")]},
+            {"tools": [WEATHER], "messages": [say("user", "q"), say("assistant", "a")]},
+            {"tools": [TIME], "messages": [say("user", "q"), say("assistant", "a")]}]
+    kept, _ = read_rows(tmp_path, rows)
+    assert kept[0].id == conversation_id("src", [Message("user", "q"), Message("assistant", "a")])
+    assert len({c.id for c in kept}) == 3
