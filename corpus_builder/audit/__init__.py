@@ -37,6 +37,7 @@ _TRAFFIC_API = {"AuditOptions": "traffic", "audit_against": "traffic", "describe
                 "divergence_problems": "traffic", "format_comparison": "traffic", "write_html_report": "html"}
 
 SECRET_EXAMPLES = 20
+FLAG_REPEATED_SOURCE_ID = "repeated_source_id"  # raw audits: a row whose own id an earlier row had
 
 if TYPE_CHECKING:
     from .html import write_html_report
@@ -54,15 +55,27 @@ def __getattr__(name: str) -> Any:
 
 def audit_conversations(items: Iterable[Conversation | Skipped], batch_size: int = 4096,
                         near: NearDuplicateSettings | None = None) -> dict[str, Any]:
-    """Audit a stream (e.g. a raw source file read by the source readers). With ``near``, the rows that
-    near-duplicate an earlier one are counted (``near_duplicates``), not dropped."""
+    """Audit a stream (e.g. a raw source file read by the source readers). Rows whose own id (``source_id``)
+    an earlier row had are counted in ``flags``; with ``near``, the rows that near-duplicate an earlier one
+    are counted (``near_duplicates``), not dropped."""
     auditor = CorpusStats()
     skipped = DropCounts()
     index = NearDuplicates(near.threshold, num_perm=near.num_perm, shingle=near.shingle) if near else None
     near_by_source: Counter[str] = Counter()
+    # Hashes of the dump's own row ids seen: a repeated id (a chat cut into chunks, a row logged twice) is
+    # counted as a flag. A dict of ints, not a set: the garbage collector does not walk it.
+    source_ids: dict[int, None] = {}
+    repeated_ids = 0
 
     def add(batch: list[Conversation]) -> None:
+        nonlocal repeated_ids
         auditor.add_rows(batch, conversations_to_batch(batch))
+        for row in batch:
+            source_id = row.provenance.get("source_id")
+            if source_id is not None:
+                key = hash((row.source, source_id))
+                repeated_ids += key in source_ids
+                source_ids[key] = None
         if index is not None:
             found = index.offer([row.id for row in batch], [conversation_text(row) for row in batch])
             near_by_source.update(row.source for row, duplicate in zip(batch, found, strict=True) if duplicate)
@@ -80,6 +93,8 @@ def audit_conversations(items: Iterable[Conversation | Skipped], batch_size: int
         add(batch)
     auditor.add_skipped(skipped)
     report = auditor.report()
+    if repeated_ids:
+        report["flags"] = dict(sorted({**report["flags"], FLAG_REPEATED_SOURCE_ID: repeated_ids}.items()))
     if near is not None:
         report["near_duplicates"] = {"threshold": near.threshold, "rows": sum(near_by_source.values()),
                                      "by_source": dict(sorted(near_by_source.items()))}

@@ -210,10 +210,14 @@ def test_same_recipe_and_journal_give_the_same_bytes(tmp_path: Path) -> None:
 
 def test_a_raw_file_audit_counts_exact_and_near_duplicates(tmp_path: Path) -> None:
     text = prose(4)
-    write_rows(tmp_path / "dump.jsonl", [chat("Q: " + text, "a"), chat("q:  " + text.upper() + "!", "A"),
-                                         chat("Q: " + edited(text, 0.02, 1), "a"), chat("other", "b")])
+    rows = [chat("Q: " + text, "a"), chat("q:  " + text.upper() + "!", "A"), chat("Q: " + edited(text, 0.02, 1), "a"),
+            chat("other", "b"), chat("other, continued", "c")]
+    for row, row_id in zip(rows, ["x1", "x2", "x3", "x4", "x4"], strict=True):
+        row["id"] = row_id  # the last row repeats its id: a chat cut into chunks
+    write_rows(tmp_path / "dump.jsonl", rows)
     report = audit(tmp_path / "dump.jsonl", secrets=False)
-    assert report["conversations"] == 3 and report["skipped"] == {"duplicate": 1}
+    assert report["conversations"] == 4 and report["skipped"] == {"duplicate": 1}
+    assert report["flags"] == {"repeated_source_id": 1}
     assert report["near_duplicates"] == {"threshold": 0.8, "rows": 1, "by_source": {"dump.jsonl": 1}}
 
 
