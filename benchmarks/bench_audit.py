@@ -5,7 +5,8 @@ What is measured, each in its own process (peak RSS is its own):
 * ``facts``: the non-token dimensions (thinking, task, turns, tool calls, script) of every traffic row,
   ``audit.profile.read_profile`` with no tokenizer, on ``--rows`` (10M) and ``--small-rows`` (1M) rows, as
   JSON lines and as parquet: rows/s and peak RSS (the goal: >= 500,000 rows/s, RSS at 10M / 1M <= 1.3);
-  next to ``parse``, polars' own ``read_ndjson`` of the same blocks (the floor for JSON lines);
+  next to ``parse``, the audit's JSON parser alone on the same blocks (the floor for JSON lines), and
+  ``parse-polars``, polars' ``read_ndjson`` (the parser the audit used before);
 * ``tokens``: the token dimensions (render, tokenize, copy-spans, supervised frequencies, with the facts) of
   ``--token-rows`` rows, in conversation tokens/s, against ``floor``: the tokenizer's raw ``encode_batch`` on
   the same conversations already rendered (the goal: >= 0.8x);
@@ -152,20 +153,30 @@ def generate(paths: list[tuple[Path, int]], seed: int) -> dict[str, float]:
 # --- measurements, each run in a child process ----------------------------------------------------------
 
 
-def measure_parse(path: Path) -> dict[str, Any]:
-    """polars' own NDJSON parse of the same blocks against the same schema: what the facts cannot beat."""
+def measure_parse(path: Path, parser: str) -> dict[str, Any]:
+    """A parse of the same blocks against the same schema and nothing else: ``arrow``, the audit's own parser
+    (pyarrow's JSON reader, checked UTF-8, as a polars frame), is what the facts cannot beat; ``polars``
+    (``read_ndjson``) is what the audit used before."""
     import polars as pl
 
     from corpus_builder.audit.frames import RAW_SCHEMA
+    from corpus_builder.audit.inputs import CHUNK_BYTES, _arrow_lines
+
+    def parse(data: bytes) -> int:
+        if parser == "polars":
+            return pl.read_ndjson(data, schema=RAW_SCHEMA, ignore_errors=True).height
+        frame = _arrow_lines(data)
+        assert frame is not None, "a block pyarrow refuses"
+        return frame.height
 
     start = time.perf_counter()
     rows = 0
     pending = b""
     with path.open("rb") as handle:
-        while block := handle.read(32 << 20):
+        while block := handle.read(CHUNK_BYTES):
             cut = block.rfind(b"\n") + 1
             data, pending = pending + block[:cut], block[cut:]
-            rows += pl.read_ndjson(data, schema=RAW_SCHEMA, ignore_errors=True).height
+            rows += parse(data)
     return {"rows": rows, "seconds": time.perf_counter() - start}
 
 
@@ -280,7 +291,8 @@ def peak_rss_mb() -> float:
 
 
 def child_main(kind: str, path: Path, tokenizer: Path, rows: int) -> None:
-    measures = {"facts": lambda: measure_facts(path), "parse": lambda: measure_parse(path),
+    measures = {"facts": lambda: measure_facts(path), "parse": lambda: measure_parse(path, "arrow"),
+                "parse-polars": lambda: measure_parse(path, "polars"),
                 "tokens": lambda: measure_tokens(path, tokenizer),
                 "floor": lambda: measure_floor(path, tokenizer, rows), "pandas": lambda: measure_pandas(path),
                 "datasets": lambda: measure_datasets(path, tokenizer, rows)}
@@ -337,7 +349,7 @@ def main() -> None:
         results = []
         if "jsonl" in args.formats:
             results += [child("facts", small, tokenizer), child("facts", big, tokenizer),
-                        child("parse", small, tokenizer)]
+                        child("parse", small, tokenizer), child("parse-polars", small, tokenizer)]
         if "parquet" in args.formats:
             results += [child("facts", small_parquet, tokenizer), child("facts", big_parquet, tokenizer)]
         if "jsonl" in args.formats:

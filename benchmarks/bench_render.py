@@ -34,6 +34,8 @@ from corpus_builder.testing.tiny_model import (
     IM_START,
     THINK_CLOSE,
     THINK_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,11 +70,21 @@ def _iter_text(limit: int):
 
 
 def build_tokenizer(out_dir: Path) -> Path:
-    """Train (once) a byte-level BPE with VOCAB_SIZE entries and the target's chat markers."""
-    if (out_dir / "tokenizer.json").exists():
-        return out_dir
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Train (once) a byte-level BPE with VOCAB_SIZE entries and the target's chat markers; the chat template
+    and the tool-call tags follow the tiny model's (a cached tokenizer gets them without retraining)."""
+    from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
+
+    markers = [AddedToken(t, special=False, normalized=False)
+               for t in (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)]
+    if (out_dir / "tokenizer.json").exists():
+        cached = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
+        added = cached.add_tokens(markers)  # the tags it lacks get new ids after the others
+        if added or cached.chat_template != CHAT_TEMPLATE:
+            cached.chat_template = CHAT_TEMPLATE
+            cached.save_pretrained(out_dir)
+        return out_dir
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -82,7 +94,7 @@ def build_tokenizer(out_dir: Path) -> Path:
     tokenizer.train_from_iterator(_iter_text(TRAINING_BYTES), trainer)
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                   for t in (IM_START, IM_END, END_OF_TEXT)])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_OPEN, THINK_CLOSE)])
+    tokenizer.add_tokens(markers)
     staging = out_dir.with_name(out_dir.name + ".partial")
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=IM_END, pad_token=END_OF_TEXT,
                             chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False

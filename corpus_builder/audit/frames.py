@@ -13,6 +13,7 @@ counts. They apply to the rows the token pass normalises, whose skips are report
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from typing import Final
 
@@ -39,13 +40,12 @@ RAW_SCHEMA: Final = pl.Schema({**{name: pl.List(pl.Struct(TURN_FIELD_TYPES)) for
 TOOL_ROLES: Final = ("tool", "function", "observation", "function_call", "ipython")
 TOOL_CALL_TAG: Final = "<tool_call>"
 SCRIPT_PREFIX_CHARS: Final = 200  # the cheap classifier reads the first user turn's start only
-# Unicode scripts the classifier tells apart; ASCII-only text is "latin" without looking further.
-SCRIPTS: Final = ("latin", "han", "kana", "hangul", "cyrillic", "arabic", "devanagari", "thai", "greek", "hebrew")
-_SCRIPT_PATTERNS: Final = {
-    "latin": r"\p{Latin}", "han": r"\p{Han}", "kana": r"[\p{Hiragana}\p{Katakana}]", "hangul": r"\p{Hangul}",
-    "cyrillic": r"\p{Cyrillic}", "arabic": r"\p{Arabic}", "devanagari": r"\p{Devanagari}", "thai": r"\p{Thai}",
-    "greek": r"\p{Greek}", "hebrew": r"\p{Hebrew}",
-}
+# Unicode scripts the classifier tells apart, by the first word of a letter's Unicode name (a Han letter is
+# "CJK UNIFIED IDEOGRAPH-4E2D"); ASCII-only text is "latin" without looking further.
+_SCRIPT_OF_NAME: Final = {"CJK": "han", "HIRAGANA": "kana", "KATAKANA": "kana", "HANGUL": "hangul",
+                          "CYRILLIC": "cyrillic", "ARABIC": "arabic", "DEVANAGARI": "devanagari", "THAI": "thai",
+                          "GREEK": "greek", "HEBREW": "hebrew"}
+_WIDTH_WORDS: Final = ("HALFWIDTH", "FULLWIDTH")  # "HALFWIDTH KATAKANA LETTER A": the script is the next word
 OTHER_SCRIPT: Final = "other"
 NO_TASK: Final = "(none)"
 UNRECORDED: Final = "unrecorded"
@@ -75,29 +75,34 @@ def _first_nonblank(names: Sequence[str], present: set[str]) -> pl.Expr:
     return verdict
 
 
-def _script_of(text: pl.Expr) -> pl.Expr:
-    """The script of text that is not plain ASCII: latin when most of its letters are, else the script of
-    its first letter that is not (three scans of the text, then one-character tests)."""
-    latin = text.str.count_matches(r"\p{Latin}")
-    others = text.str.count_matches(r"[\p{L}&&[^\p{Latin}]]")
-    first_other = text.str.extract(r"([\p{L}&&[^\p{Latin}]])")
-    named = pl.lit(OTHER_SCRIPT)
-    for name in reversed(SCRIPTS[1:]):
-        named = pl.when(first_other.str.contains(_SCRIPT_PATTERNS[name])).then(pl.lit(name)).otherwise(named)
-    return (pl.when(latin + others == 0).then(pl.lit(OTHER_SCRIPT))
-            .when(latin >= others).then(pl.lit("latin"))
-            .otherwise(named))
+def _letter_script(letter: str | None) -> str:
+    words = unicodedata.name(letter, "").split(" ") if letter else []
+    if words and words[0] in _WIDTH_WORDS:
+        words = words[1:]
+    return _SCRIPT_OF_NAME.get(words[0], OTHER_SCRIPT) if words else OTHER_SCRIPT
 
 
 def scripts(text: pl.Series) -> pl.Series:
-    """The script of each text (null: other). ASCII-only text, most traffic, is latin at once; only the rest
-    is classified."""
+    """The script of each text (null: other): latin when most of its letters are, else the script of its first
+    letter that is not. ASCII-only text, most traffic, is latin at once; the rest takes two regex scans, and
+    only their distinct first non-Latin letters are named (Unicode classes per script would cost a regex
+    compilation each, per chunk)."""
     plain = (text.str.len_bytes() == text.str.len_chars()).fill_null(False)
     named = pl.select(pl.when(pl.lit(plain)).then(pl.lit("latin")).otherwise(pl.lit(OTHER_SCRIPT))).to_series()
     rest = (~plain & text.is_not_null()).arg_true()
-    if len(rest):
-        named = named.scatter(rest, pl.select(_script_of(pl.lit(text.gather(rest)))).to_series())
-    return named.alias("script")
+    if not len(rest):
+        return named.alias("script")
+    unplain = pl.lit(text.gather(rest))
+    measured = pl.select(latin=unplain.str.count_matches(r"\p{Latin}"),
+                         others=unplain.str.count_matches(r"[\p{L}&&[^\p{Latin}]]"),
+                         first_other=unplain.str.extract(r"([\p{L}&&[^\p{Latin}]])"))
+    letters = measured.get_column("first_other")
+    of_letter = {letter: _letter_script(letter) for letter in letters.unique().to_list()}
+    judged = measured.select(
+        pl.when(pl.col("latin") + pl.col("others") == 0).then(pl.lit(OTHER_SCRIPT))
+        .when(pl.col("latin") >= pl.col("others")).then(pl.lit("latin"))
+        .otherwise(pl.col("first_other").replace_strict(of_letter, default=OTHER_SCRIPT, return_dtype=pl.String)))
+    return named.scatter(rest, judged.to_series()).alias("script")
 
 
 def _turns(frame: pl.DataFrame, turns_field: str | None) -> pl.Series | None:
@@ -145,18 +150,17 @@ def row_facts(frame: pl.DataFrame, *, source: str | None = None, task: str | Non
     if turns is None:
         turn = pl.DataFrame({"role": pl.Series([], dtype=pl.String)})
     else:
-        flat = turns.explode()  # polars' strings are views: the turns' text is not copied
-        if (lengths == 0).any():  # a row without turns explodes to one null turn
-            flat = flat.filter(pl.Series(np.repeat(lengths > 0, np.maximum(lengths, 1))))
-        turn = flat.struct.unnest()
-    role, content, assistant, reasoned, tooled = _judge_turns(turn)
+        # Rows without turns are left out first: polars explodes a null list to one null turn but an empty one
+        # to none (a log line with "messages": [] once broke the turns' alignment). Strings are views: no copy.
+        turn = (turns.filter(pl.Series(lengths > 0)) if (lengths == 0).any() else turns).explode().struct.unnest()
+    user, content, assistant, reasoned, tooled = _judge_turns(turn)
 
     def per_row(mask: np.ndarray) -> np.ndarray:
         counts: np.ndarray = np.bincount(parent[mask], minlength=rows)
         return counts
 
-    first_user_text = pl.Series("script_text", [None] * rows, dtype=pl.String)
-    users = np.flatnonzero(role == "user")
+    first_user_text = pl.repeat(None, rows, dtype=pl.String, eager=True)
+    users = np.flatnonzero(user)
     if len(users):
         owners, first = np.unique(parent[users], return_index=True)
         first_user_text = first_user_text.scatter(owners, content.gather(users[first])
@@ -189,29 +193,33 @@ def row_facts(frame: pl.DataFrame, *, source: str | None = None, task: str | Non
 
 
 def _judge_turns(turn: pl.DataFrame) -> tuple[np.ndarray, pl.Series, np.ndarray, np.ndarray, np.ndarray]:
-    """Per flattened turn: the role (readers' aliases), the content, and whether it is an assistant turn, has
-    reasoning, has a tool call or is a tool's result."""
+    """Per flattened turn (roles by the readers' aliases): whether it is a user turn, its content, and whether
+    it is an assistant turn, has reasoning, has a tool call or is a tool's result."""
     present = set(turn.columns)
     raw_role = pl.coalesce(*(pl.col(name) for name in ("role", "from") if name in present), pl.lit(None, pl.String))
     content_fields = [pl.col(name) for name in ("content", "value")
                       if name in present and turn.get_column(name).null_count() < turn.height]
     judged = turn.select(
-        raw_role.replace_strict(ROLE_ALIASES, default=None, return_dtype=pl.String).alias("role"),
+        (role := raw_role.replace_strict(ROLE_ALIASES, default=None, return_dtype=pl.String)).eq("user")
+        .fill_null(False).alias("user"),
+        role.eq("assistant").fill_null(False).alias("assistant"),
         raw_role.is_in(TOOL_ROLES).fill_null(False).alias("tool_role"),
         (pl.coalesce(*content_fields) if content_fields else pl.lit(None, pl.String)).alias("content"),
         _first_nonblank(REASONING_KEYS, present).alias("field_reasoning"),
         ((pl.col("tool_calls").list.len().fill_null(0) > 0) if "tool_calls" in present else pl.lit(False))
         .alias("called"),
     )
-    role = judged.get_column("role").to_numpy()
     content = judged.get_column("content")
-    assistant = role == "assistant"
-    tagged = np.flatnonzero(assistant & content.str.contains("think>", literal=True).fill_null(False).to_numpy())
+    assistant = judged.get_column("assistant").to_numpy()
     reasoned = assistant & judged.get_column("field_reasoning").to_numpy()
-    if len(tagged):
-        embedded = pl.select(_nonblank(_embedded_reasoning(pl.lit(content.gather(tagged))))).to_series()
-        reasoned[tagged] |= embedded.to_numpy()
-    tool_call = content.str.contains(TOOL_CALL_TAG, literal=True).fill_null(False).to_numpy()
-    tooled = (assistant & (judged.get_column("called").to_numpy() | tool_call)) | \
-        judged.get_column("tool_role").to_numpy()
-    return role, content, assistant, reasoned, tooled
+    tooled = (assistant & judged.get_column("called").to_numpy()) | judged.get_column("tool_role").to_numpy()
+    # Tags count in assistant turns only: one multi-pattern scan of those, then each tag on the few that hit.
+    spoken = np.flatnonzero(assistant)
+    hits = spoken[content.gather(spoken).str.contains_any(["think>", TOOL_CALL_TAG]).fill_null(False).to_numpy()]
+    if len(hits):
+        tagged_content = content.gather(hits)
+        thought = tagged_content.str.contains("think>", literal=True).to_numpy()
+        embedded = pl.select(_nonblank(_embedded_reasoning(pl.lit(tagged_content.filter(thought))))).to_series()
+        reasoned[hits[thought]] |= embedded.to_numpy()
+        tooled[hits] |= tagged_content.str.contains(TOOL_CALL_TAG, literal=True).to_numpy()
+    return judged.get_column("user").to_numpy(), content, assistant, reasoned, tooled

@@ -1,0 +1,97 @@
+"""The audit's per-row facts on raw rows (scripts, think and tool-call tags, roles by the readers' aliases), and
+the line blocks they come from."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import orjson
+import polars as pl
+
+from corpus_builder.audit.frames import RAW_SCHEMA, row_facts, scripts
+from corpus_builder.audit.inputs import _arrow_lines, _lines_chunk
+from corpus_builder.recipe import Mapping
+from corpus_builder.records import RepairRules
+
+
+def _frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=RAW_SCHEMA)
+
+
+def _chat(user: str, assistant: str, **assistant_fields: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": user},
+                         {"role": "assistant", "content": assistant, **assistant_fields}]}
+
+
+def test_scripts_name_the_first_non_latin_letter_unless_latin_letters_are_most() -> None:
+    texts = ["Summarise this article, please.", "你好，请帮我总结一下这篇文章", "Привет, как дела?",
+             "καλημέρα σας", "こんにちは", "ｺﾝﾆﾁﾊ",  # halfwidth katakana: the name's second word is the script
+             "안녕하세요", "مرحبا بك", "नमस्ते", "สวัสดีครับ", "שלום לכם",
+             "Please translate 你好 into English for me",  # mostly latin letters
+             "🙂🙂 ✔", "12345 + 678",  # no letters at all: other, unless plain ASCII
+             None]
+    expected = ["latin", "han", "cyrillic", "greek", "kana", "kana", "hangul", "arabic", "devanagari", "thai",
+                "hebrew", "latin", "other", "latin", "other"]
+    assert scripts(pl.Series(texts, dtype=pl.String)).to_list() == expected
+
+
+def test_tags_count_in_assistant_turns_only() -> None:
+    rows = [
+        _chat("What is 2+2?", "<think>2 plus 2 is 4</think>The answer is 4."),
+        _chat("What is 2+2?", "<think>\n\n</think>\n\nThe answer is 4."),  # an empty think block: no reasoning
+        _chat("Explain the <think> tag and <tool_call> blocks", "They are markup."),  # tags in the prompt
+        _chat("Weather?", '<tool_call>\n{"name": "weather", "arguments": {}}\n</tool_call>'),
+        _chat("Hi", "Hello!", reasoning_content="The user greets me."),
+        {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hi</think>Hello"}]},
+        {"messages": []},
+    ]
+    facts = row_facts(_frame(rows), source="traffic")
+    assert facts.get_column("reasoning").to_list() == [True, False, False, False, True, True, False]
+    assert facts.get_column("tool_calls").to_list() == [False, False, False, True, False, False, False]
+    assert facts.get_column("turns").to_list() == [1, 1, 1, 1, 1, 1, 0]
+    assert facts.get_column("conversation").to_list() == [True] * 6 + [False]
+    assert facts.get_column("served").to_list() == ["unrecorded"] * 7
+
+
+def test_rows_without_turns_keep_the_others_aligned() -> None:
+    """An empty turns list and a missing one, between rows that have turns (polars explodes them unlike)."""
+    rows = [_chat("Hi", "Hello!"), {"messages": []}, {"task": "chat"},
+            _chat("你好", "<think>greeting</think>你好！")]
+    facts = row_facts(_frame(rows), source="traffic")
+    assert facts.get_column("conversation").to_list() == [True, False, False, True]
+    assert facts.get_column("reasoning").to_list() == [False, False, False, True]
+    assert facts.get_column("script").to_list() == ["latin", "other", "other", "han"]
+
+
+def _chunk_facts(lines: list[bytes]) -> tuple[pl.DataFrame, Counter[str]]:
+    chunk = _lines_chunk(b"".join(line + b"\n" for line in lines), Mapping(), RepairRules())
+    return row_facts(chunk.frame, source="traffic"), chunk.skipped
+
+
+def test_blocks_pyarrow_refuses_are_read_by_polars_or_line_by_line() -> None:
+    """pyarrow parses a clean block; a value of another type, bad UTF-8 or a line that is not an object sends
+    the block to polars and then line by line: every readable row is still judged, and judged alike."""
+    good = [orjson.dumps(_chat("Hi", "<think>hm</think>Hello", name="bot")) + b"  ",
+            orjson.dumps({"conversations": [{"from": "human", "value": "你好"}, {"from": "gpt", "value": "嗨"}],
+                          "model": "m", "usage": {"tokens": 3}}),
+            b"   ",  # blank: not a row
+            orjson.dumps({"task": "math", "messages": [{"role": "user", "content": "1+1"},
+                                                       {"role": "assistant", "content": "2",
+                                                        "reasoning_content": "one and one"}]})]
+    clean = _lines_chunk(b"".join(line + b"\n" for line in good), Mapping(), RepairRules())
+    assert _arrow_lines(b"".join(line + b"\n" for line in good)) is not None
+    assert clean.frame.equals(pl.read_ndjson(b"\n".join(good), schema=RAW_SCHEMA))
+    expected, _ = _chunk_facts(good)
+    assert expected.get_column("reasoning").to_list() == [True, False, True]
+    assert expected.get_column("script").to_list() == ["latin", "han", "latin"]
+    assert expected.get_column("task").to_list() == ["(none)", "(none)", "math"]
+    # The odd line is a row without turns (polars reads it so) or a line counted by the readers' reason.
+    for odd, skipped in ((b'{"task": 7, "messages": []}', {}), (b"[1, 2]", {}),
+                         (b'{"task": "chat", "messages": [{"role": "user", "content": "\xff"}]}', {"invalid_utf8": 1}),
+                         (b"{not json", {"invalid_json": 1})):
+        assert _arrow_lines(odd + b"\n") is None, odd
+        facts, counted = _chunk_facts([*good, odd])
+        assert facts.head(3).equals(expected), odd
+        assert facts.get_column("conversation").to_list()[3:] == ([] if skipped else [False]), odd
+        assert counted == Counter(skipped), odd
