@@ -58,24 +58,37 @@ class ProgressLine:
             self.stream.write("\n")
             self.stream.flush()
 
-    def elapsed(self, now: float | None = None) -> float:
-        return max((self._clock() if now is None else now) - self._started, 1e-9)
+    def elapsed(self, now: float) -> float:
+        return max(now - self._started, 1e-9)
 
-    def parts(self, now: float) -> list[str]:
-        """The pieces of the line; phases with more to say extend it."""
+    def head(self) -> str:
+        """The label and the count: "label done/total unit (share%)", or "label done unit" without a total."""
         total = self.total
         if total is None:
-            return [f"{self.label} {self.done:,} {self.unit}", f"{self.done / self.elapsed(now):,.0f} {self.unit}/s"]
+            return f"{self.label} {self.done:,} {self.unit}"
         head = f"{self.label} {self.done:,}/{total:,} {self.unit}"
         if total:
             head += f" ({100 * self.done / total:.1f}%)"
-        parts = [head]
-        if 0 < self.done < total:
-            parts.append(f"ETA {duration((total - self.done) * self.elapsed(now) / self.done)}")
-        return parts
+        return head
 
-    def line(self, now: float | None = None) -> str:
-        return " | ".join(self.parts(self._clock() if now is None else now))
+    def eta(self, now: float, *, timed: int | None = None) -> str | None:
+        """"ETA ..." while a phase with a known total is under way, at the pace of the ``timed`` items the
+        elapsed time went to (default: every one done); None otherwise."""
+        total = self.total
+        if total is None or not 0 < self.done < total:
+            return None
+        return f"ETA {duration((total - self.done) * self.elapsed(now) / (timed or self.done))}"
+
+    def parts(self, now: float) -> list[str]:
+        """The pieces of the line; phases with more to say extend it."""
+        head = self.head()
+        if self.total is None:
+            return [head, f"{self.done / self.elapsed(now):,.0f} {self.unit}/s"]
+        eta = self.eta(now)
+        return [head] if eta is None else [head, eta]
+
+    def line(self, now: float) -> str:
+        return " | ".join(self.parts(now))
 
     def _draw(self, now: float) -> None:
         text = self.line(now)

@@ -414,7 +414,7 @@ def _move_mid_system(turns: list[Message]) -> list[Message] | None:
     return [leading, *rest]
 
 
-def _trim_after_last_answer(turns: list[Message]) -> list[Message] | None:
+def trim_after_last_answer(turns: list[Message]) -> list[Message] | None:
     """The turns after the last answer, when they hold a user turn left without one (or tool results the row
     holds no answer to): nothing learns from them (speculators makes a sample per assistant turn; FastChat
     masks everything but the answers)."""
@@ -427,7 +427,7 @@ def _trim_after_last_answer(turns: list[Message]) -> list[Message] | None:
 _PART_REPAIRS: dict[tuple[str, str], Callable[[list[Message]], list[Message] | None]] = {
     ("leading_assistant", "drop"): _drop_leading_assistant,
     # before the merge and the placing: turns it cuts off are neither merged nor placed
-    ("trailing_user", "trim"): _trim_after_last_answer,
+    ("trailing_user", "trim"): trim_after_last_answer,
     ("consecutive_turns", "merge"): _merge_repeated_speaker,
     ("mid_system", "keep"): _keep_mid_system,
     ("mid_system", "move"): _move_mid_system,

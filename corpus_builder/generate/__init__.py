@@ -68,8 +68,7 @@ def generate(prompts: Iterable[Conversation], recipe: Recipe, journal_dir: Path,
                 settings = RunSettings.from_recipe(recipe, window=window)
                 if progress is not None:
                     progress.start(samples_per_prompt=settings.n)
-                yield from drive(loop, Scheduler(prompts, settings, journal, None, progress=progress,
-                                                 allow_mixed_targets=recipe.target.allow_mixed_targets))
+                yield from drive(loop, Scheduler(prompts, settings, journal, None, progress=progress))
             else:
                 pool = _open_backend(recipe, endpoints, backend, api_key, engine_kwargs, alive)
                 loop.run_until_complete(pool.__aenter__())
@@ -78,9 +77,8 @@ def generate(prompts: Iterable[Conversation], recipe: Recipe, journal_dir: Path,
                     settings = RunSettings.from_recipe(recipe, served_model, window=window)
                     if progress is not None:
                         progress.start(samples_per_prompt=settings.n, counters=pool.counters)
-                    identities = _identities(infos, served_model, recipe.target.allow_mixed_targets)
+                    identities = _identities(infos, served_model, settings.allow_mixed_targets)
                     scheduler = Scheduler(prompts, settings, journal, pool.complete, identities=identities,
-                                          allow_mixed_targets=recipe.target.allow_mixed_targets,
                                           progress=progress)
                     yield from drive(loop, scheduler)
                 finally:

@@ -226,8 +226,7 @@ class Journal:
             try:
                 os.fsync(fd)
             except OSError as error:
-                raise CorpusError(f"cannot write the journal: {error.strerror or error}: fix this and rerun to "
-                                  "resume", file=str(self._segments[self._write_segment])) from error
+                raise self._write_error(error) from error
             self._last_fsync = now
 
     def _write_all(self, fd: int, data: bytes) -> None:
@@ -244,9 +243,12 @@ class Journal:
             self._write_failed = True  # nothing more is written this run: the rows built on it were not yielded
             with contextlib.suppress(OSError):  # if even this fails, the loader ignores the torn tail
                 os.ftruncate(fd, self._write_offset)
-            raise CorpusError(f"cannot write the journal: {error.strerror or error}; it stays valid up to the "
-                              "last finished generation: fix this and rerun to resume",
-                              file=str(self._segments[self._write_segment])) from error
+            raise self._write_error(error, "; it stays valid up to the last finished generation") from error
+
+    def _write_error(self, error: OSError, state: str = "") -> CorpusError:
+        """The error that stops the run when the segment being written fails; ``state``: what is left of it."""
+        return CorpusError(f"cannot write the journal: {error.strerror or error}{state}: fix this and rerun to resume",
+                           file=str(self._segments[self._write_segment]))
 
     def _start_segment(self) -> int:
         last = int(self._segments[-1].stem.split("-")[1]) if self._segments else 0

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from ..progress import ProgressLine, duration
+from ..progress import ProgressLine
 from .types import FaultCounters
 
 
@@ -54,11 +54,7 @@ class GenerationProgress(ProgressLine):
         self.advance()
 
     def parts(self, now: float) -> list[str]:
-        total = self.total
-        head = f"{self.label} {self.done:,}/{total:,} rows" if total is not None else f"{self.label} {self.done:,} rows"
-        if total:
-            head += f" ({100 * self.done / total:.1f}%)"
-        parts = [head, f"{self.output_tokens / self.elapsed(now):,.0f} tok/s"]
+        parts = [self.head(), f"{self.output_tokens / self.elapsed(now):,.0f} tok/s"]
         if self.completion_tokens:
             parts.append(f"thinking {100 * self.reasoning_tokens / self.completion_tokens:.0f}%")
         if self.turns_cached:
@@ -71,8 +67,8 @@ class GenerationProgress(ProgressLine):
                 parts.append(f"retries {_classes(snapshot['retries'])}")
             if snapshot["errors"]:
                 parts.append(f"errors {_classes(snapshot['errors'])}")
-        if total is not None and 0 < self.done < total:
-            # Rows finished from the journal cost nothing; the rate that predicts the rest is the live one.
-            rows = self.rows_live or self.done
-            parts.append(f"ETA {duration((total - self.done) * self.elapsed(now) / rows)}")
+        # Rows finished from the journal cost nothing; the rate that predicts the rest is the live one.
+        eta = self.eta(now, timed=self.rows_live)
+        if eta is not None:
+            parts.append(eta)
         return parts

@@ -43,6 +43,7 @@ from ..records import (
     conversation_id,
     make_message,
     openai_messages,
+    trim_after_last_answer,
 )
 from .journal import Journal, turn_key
 from .progress import GenerationProgress
@@ -54,6 +55,7 @@ from .types import (
     TargetIdentity,
     TurnRequest,
     TurnResult,
+    describe_identity,
     same_model,
 )
 
@@ -70,7 +72,6 @@ _JOURNALED_ERROR_STATUSES = frozenset({400, 413, 422})
 # Outcomes of a request that end its row (as a Skipped) while the run goes on.
 _ROW_ENDINGS = (PermanentError, RetriesExhausted)
 UNFINISHED = "unfinished"  # the Skipped reason of a row whose request ran out of retries
-TOOL_RESULT_UNKNOWN = "tool_result_unknown"  # ... of a row whose first regenerated turn made an unrecorded call
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,7 @@ class RunSettings:
     thinking_off_shares: dict[str, float]  # prompts source -> share of its rows regenerated with thinking off
     sampling_mixture: tuple[tuple[float, dict[str, Any]], ...]  # (weight, overrides): a row draws one by its id
     tool_settings: dict[str, ToolSettings]  # prompts source -> its tool settings
+    allow_mixed_targets: bool  # rows of another target than the corpus's are accepted, not refused
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, served_model: str | None = None, *,
@@ -124,6 +126,7 @@ class RunSettings:
                                    for entry in settings.sampling_mixture),
             tool_settings={spec.name: ToolSettings(spec.tool_choice, spec.tool_results) for spec in recipe.sources
                            if spec.kind == "prompts"},
+            allow_mixed_targets=recipe.target.allow_mixed_targets,
         )
 
     def row_mode(self, row_id: str, source: str) -> tuple[bool, dict[str, Any]]:
@@ -161,7 +164,7 @@ class _Job:
     """One output row in the making."""
 
     __slots__ = ("cursor", "flags", "id", "identity", "live", "messages", "prompt", "retrying", "sample_index",
-                 "sampling", "seq", "thinking", "tool_settings", "turns")
+                 "sampling", "sent_tools", "seq", "thinking", "tool_settings", "turns")
 
     def __init__(self, seq: int, prompt: Conversation, row_id: str, sample_index: int,
                  sampling: dict[str, Any], thinking: bool, tool_settings: ToolSettings | None) -> None:
@@ -172,6 +175,11 @@ class _Job:
         self.sampling = sampling
         self.thinking = thinking  # enable_thinking of every request of this row
         self.tool_settings = tool_settings  # None: the row has no tool traffic
+        # What goes with every request besides the messages: the row's tools and the tool_choice (None for a
+        # row without tools).
+        self.sent_tools: dict[str, Any] | None = (
+            None if tool_settings is None or not prompt.tools
+            else {"tools": prompt.tools, "tool_choice": tool_settings.choice})
         self.cursor = 0  # index in prompt.messages of the next recorded turn to take
         self.messages: list[Message] = []
         self.turns: list[dict[str, Any]] = []
@@ -179,14 +187,6 @@ class _Job:
         self.retrying = False
         self.live = False  # at least one turn came from a request in this run
         self.identity: dict[str, Any] | None = None  # of the target that generated its first turn
-
-    @property
-    def sent_tools(self) -> dict[str, Any] | None:
-        """What goes with every request besides the messages: the row's tools and the tool_choice (None for a
-        row without tools)."""
-        if self.tool_settings is None or not self.prompt.tools:
-            return None
-        return {"tools": self.prompt.tools, "tool_choice": self.tool_settings.choice}
 
 
 def _location(prompt: Conversation) -> str:
@@ -199,14 +199,19 @@ def _location(prompt: Conversation) -> str:
     return where
 
 
-def result_record(result: TurnResult, identity: TargetIdentity | None) -> dict[str, Any]:
-    """The journal record of a turn: what the server answered, and what the target that answered says it is."""
+def result_record(result: TurnResult, target: dict[str, Any]) -> dict[str, Any]:
+    """The journal record of a turn: what the server answered, and ``target``, what the target that answered
+    says it is (``recorded_identity``)."""
     record = {name: getattr(result, name) for name in _RESULT_FIELDS}
-    if identity is not None:
-        record.update({name: value for name, value in identity.fields().items() if name != "served_model"})
-    else:
-        record["engine_version"] = None
+    record.update(target)
     return record
+
+
+def recorded_identity(identity: TargetIdentity | None) -> dict[str, Any]:
+    """The identity fields a turn's journal record adds to the result's (served_model is one of those)."""
+    if identity is None:
+        return {"engine_version": None}
+    return {name: value for name, value in identity.fields().items() if name != "served_model"}
 
 
 class Scheduler:
@@ -215,14 +220,15 @@ class Scheduler:
 
     def __init__(self, prompts: Iterable[Conversation], settings: RunSettings, journal: Journal,
                  complete: Complete | None, *, identities: dict[str, TargetIdentity] | None = None,
-                 allow_mixed_targets: bool = False, progress: GenerationProgress | None = None,
-                 count_missing: bool = False) -> None:
+                 progress: GenerationProgress | None = None, count_missing: bool = False) -> None:
         self._input = iter(prompts)
         self._settings = settings
         self._journal = journal
         self._complete = complete
         self._identities = identities or {}
-        self._allow_mixed = allow_mixed_targets
+        # what each endpoint's journal records say of its target, worked out once, not once per turn
+        self._recorded_identities = {url: recorded_identity(identity) for url, identity in self._identities.items()}
+        self._unknown_identity = recorded_identity(None)
         # The one target of the corpus: what the endpoints serve, else the first journal record's
         live = next(iter(self._identities.values()), None)
         self._target: dict[str, Any] | None = live.fields() if live is not None else None
@@ -329,11 +335,12 @@ class Scheduler:
                 if outcome.status in _JOURNALED_ERROR_STATUSES:
                     self._journal.append(key, record)
             elif isinstance(outcome, RetriesExhausted):
-                record = {"unfinished": outcome.message}  # never journaled: a rerun asks again
+                record = {"error": outcome.message, "skip_reason": UNFINISHED}  # never journaled: a rerun asks again
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
-                record = result_record(outcome, self._identities.get(outcome.endpoint))
+                record = result_record(outcome, self._recorded_identities.get(outcome.endpoint,
+                                                                              self._unknown_identity))
                 self._journal.append(key, record)
             records.append((job, key, record))
         self._journal.flush()  # before any row built from these turns can be yielded
@@ -346,11 +353,11 @@ class Scheduler:
 
     def _admit(self, prompt: Conversation) -> None:
         settings = self._settings
+        tools = settings.tool_settings.get(prompt.source, ToolSettings()) if prompt.has_tool_traffic else None
         for sample_index in range(settings.n):
             salt = f"#{sample_index}" if settings.n > 1 else ""
             row_id = conversation_id(prompt.source, prompt.messages, salt=salt, tools=prompt.tools)
             thinking, overrides = settings.row_mode(row_id, prompt.source)
-            tools = settings.tool_settings.get(prompt.source, ToolSettings()) if prompt.has_tool_traffic else None
             job = _Job(self._next_seq, prompt, row_id, sample_index,
                        {**settings.sample_sampling(sample_index), **overrides}, thinking, tools)
             self._next_seq += 1
@@ -446,21 +453,18 @@ class Scheduler:
             told = "the recorded turn there made no call"
         detail = f"assistant turn {len(job.messages)} called {describe(message.tool_calls)}; {told}"
         if not job.turns:
-            return self._skipped(job, TOOL_RESULT_UNKNOWN, detail)
-        # what follows the last assistant turn (a user turn it answered, or results of a call) teaches nothing,
-        # as repair trailing_user: trim judges it for replayed rows
-        del job.messages[max(i for i, m in enumerate(job.messages) if m.role == "assistant") + 1:]
+            return self._skipped(job, FLAG_TOOL_RESULT_UNKNOWN, detail)
+        # what follows the last assistant turn (always a user turn after it, or results of its call) teaches
+        # nothing, as repair trailing_user: trim judges it for replayed rows
+        job.messages = trim_after_last_answer(job.messages) or job.messages
         job.flags.append(FLAG_TOOL_RESULT_UNKNOWN)
         return self._conversation(job)
 
     def _apply(self, job: _Job, record: dict[str, Any], *, cached: bool) -> bool:
         """Take one turn's result into the row; False when the row is finished (dropped)."""
         settings = self._settings
-        if "error" in record:
-            self._finish(job, self._skipped(job, "generation_error", record["error"]))
-            return False
-        if "unfinished" in record:
-            self._finish(job, self._skipped(job, UNFINISHED, record["unfinished"]))
+        if "error" in record:  # a refusal (journaled ones carry no skip_reason) or retries run out
+            self._finish(job, self._skipped(job, record.get("skip_reason", "generation_error"), record["error"]))
             return False
         job.live |= not cached
         if self._progress is not None:
@@ -542,9 +546,8 @@ class Scheduler:
         an earlier run's in the journal) is refused unless the recipe accepts the mix."""
         if self._target is None:
             self._target = identity
-        elif not same_model(self._target, identity) and not self._allow_mixed:
-            shown = [", ".join(f"{k} {v}" for k, v in fields.items() if v is not None)
-                     for fields in (self._target, identity)]
+        elif not same_model(self._target, identity) and not self._settings.allow_mixed_targets:
+            shown = [describe_identity(fields) for fields in (self._target, identity)]
             raise CorpusError(
                 f"row {job.id} ({_location(job.prompt)}) was generated by another target than the rest of the "
                 "corpus: one corpus trains one draft against one verifier. Build into another output directory "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,10 @@ class GenerationIncomplete(CorpusError):
 
     exit_code = 3
 
+    def __init__(self, problem: str, *, unfinished_rows: int | None = None, details: list[str] | None = None) -> None:
+        super().__init__(problem, details=details)
+        self.unfinished_rows = unfinished_rows  # None where the build stopped before counting them
+
 
 @dataclass
 class EndpointInfo:
@@ -114,7 +119,12 @@ class TargetIdentity:
         return {name: getattr(self, name) for name in IDENTITY_FIELDS}
 
     def describe(self) -> str:
-        return ", ".join(f"{name} {value}" for name, value in self.fields().items() if value is not None)
+        return describe_identity(self.fields())
+
+
+def describe_identity(fields: Mapping[str, Any]) -> str:
+    """An identity as a person reads it ("served_model m, model_root /r"): the fields that say something."""
+    return ", ".join(f"{name} {value}" for name, value in fields.items() if value is not None)
 
 
 def same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -24,6 +24,7 @@ from corpus_builder.testing.fault_server import Fault, FaultServer, count_tokens
 MODEL = "fault-model"
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 64, "seed": 3}
 T = TypeVar("T")
+E = TypeVar("E", bound=Exception)
 
 
 def turn(text: str, *, thinking: bool = True, model: str = MODEL) -> TurnRequest:
@@ -50,9 +51,10 @@ def complete_with_counters(server: FaultServer, text: str, **options: Any) -> tu
     return with_pool([server.base_url], action, **options)
 
 
-def refusal(server: FaultServer, text: str, **options: Any) -> tuple[PermanentError, dict]:
-    async def action(pool: EndpointPool) -> tuple[PermanentError, dict]:
-        with pytest.raises(PermanentError) as caught:
+def failed_completion(server: FaultServer, text: str, error_type: type[E], **options: Any) -> tuple[E, dict]:
+    """The ``error_type`` that completing ``text`` must raise, and the fault counters after it."""
+    async def action(pool: EndpointPool) -> tuple[E, dict]:
+        with pytest.raises(error_type) as caught:
             await pool.complete(turn(text))
         return caught.value, pool.counters.snapshot()
 
@@ -124,15 +126,6 @@ def test_transient_fault_is_retried_then_succeeds(server: FaultServer, kind: str
     assert counters == {"retries": {fault_class: 1}, "errors": {}}
 
 
-def exhausted(server: FaultServer, text: str, **options: Any) -> tuple[RetriesExhausted, dict]:
-    async def action(pool: EndpointPool) -> tuple[RetriesExhausted, dict]:
-        with pytest.raises(RetriesExhausted) as caught:
-            await pool.complete(turn(text))
-        return caught.value, pool.counters.snapshot()
-
-    return with_pool([server.base_url], action, **options)
-
-
 @pytest.mark.parametrize(("kind", "fault_class"), [
     ("500", "5xx"), ("429", "429"), ("reset", "connection"), ("malformed", "malformed"),
 ])
@@ -140,7 +133,7 @@ def test_retries_are_bounded_and_never_a_refusal(server: FaultServer, kind: str,
     """Transient faults that outlast the retries leave the row unfinished (a rerun asks again); they are never
     reported as the server refusing it."""
     server.by_prompt["q"] = Fault(kind, times=100)
-    error, counters = exhausted(server, "q", max_retries=2)
+    error, counters = failed_completion(server, "q", RetriesExhausted, max_retries=2)
     assert not isinstance(error, PermanentError)
     assert len(server.chat_requests) == 3
     assert error.fault == fault_class and error.endpoint == server.base_url
@@ -150,7 +143,7 @@ def test_retries_are_bounded_and_never_a_refusal(server: FaultServer, kind: str,
 
 def test_timeout_retries_are_bounded(server: FaultServer) -> None:
     server.by_prompt["q"] = Fault("stall", times=100)
-    error, counters = exhausted(server, "q", max_retries=1, timeout_s=0.3)
+    error, counters = failed_completion(server, "q", RetriesExhausted, max_retries=1, timeout_s=0.3)
     assert error.fault == "timeout" and "timeout" in str(error)
     assert len(server.chat_requests) == 2
     assert counters == {"retries": {"timeout": 1}, "errors": {"timeout": 1}}
@@ -158,7 +151,7 @@ def test_timeout_retries_are_bounded(server: FaultServer) -> None:
 
 def test_context_overflow_is_permanent_and_not_retried() -> None:
     with FaultServer(model=MODEL, max_model_len=50) as server:
-        error, counters = refusal(server, " ".join(["word"] * 100))
+        error, counters = failed_completion(server, " ".join(["word"] * 100), PermanentError)
         assert error.status == 400 and error.endpoint == server.base_url
         assert "maximum context length is 50 tokens" in str(error) and "110 input tokens" in str(error)
         assert len(server.chat_requests) == 1

@@ -18,6 +18,7 @@ from corpus_builder.errors import REASONS, CorpusError, Skipped
 from corpus_builder.generate import TurnRequest, generate, turn_key
 from corpus_builder.generate.client import _parse_completion
 from corpus_builder.generate.engine import EnginePool
+from corpus_builder.generate.tool_results import invalid_calls
 from corpus_builder.recipe import Recipe, SourceSpec
 from corpus_builder.records import (
     FLAG_INVALID_TOOL_CALL,
@@ -170,6 +171,21 @@ def test_a_final_call_is_kept_and_an_invalid_one_flagged(server: FaultServer, tm
     assert server.chat_requests[0].body["tool_choice"] == named
     assert row.messages[-1].tool_calls[0].name == "get_weather" and row.flags == [FLAG_INVALID_TOOL_CALL]
     assert row.provenance["generation"]["tool_choice"] == named
+
+
+def test_invalid_calls_names_misfits_and_holds_no_unusable_schema_against_a_call() -> None:
+    """Every turn asks again for the same few schemas (their validators are reused): the verdicts stay the ones of
+    each schema, and a schema that is invalid or whose $ref does not resolve here flags nothing."""
+    broken = {"type": "function", "function": {"name": "broken", "parameters": {"type": 12}}}
+    elsewhere = {"type": "function", "function": {"name": "elsewhere", "parameters": {
+        "type": "object", "properties": {"city": {"$ref": "https://example.invalid/city.json"}}}}}
+    tools = [WEATHER, LOOKUP, broken, elsewhere]
+    calls = [ToolCall("1", "get_weather", '{"city": "Paris"}'), ToolCall("2", "get_weather", '{"query": "Paris"}'),
+             ToolCall("3", "lookup", '{"query": 3}'), ToolCall("4", "lookup", "not json"),
+             ToolCall("5", "broken", '{"anything": 1}'), ToolCall("6", "elsewhere", '{"city": "Paris"}'),
+             ToolCall("7", "unknown", "{}")]
+    for _ in range(2):
+        assert invalid_calls(calls, tools) == ["get_weather", "lookup", "lookup", "unknown"]
 
 
 def test_the_journal_is_keyed_by_the_tools_sent(server: FaultServer, tmp_path: Path) -> None:
