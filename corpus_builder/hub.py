@@ -60,6 +60,22 @@ def resolve_token(token: str | None) -> str:
     return found
 
 
+def hub_endpoint(endpoint: str | None, purpose: str) -> str:
+    """The endpoint to talk to (``resolve_endpoint``), once huggingface_hub is known to be installed (else
+    MissingDependency naming ``purpose``); for any endpoint but huggingface.co, with the client's telemetry
+    off."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        raise MissingDependency("huggingface_hub", "hub", purpose) from None
+    resolved = resolve_endpoint(endpoint)
+    if resolved != DEFAULT_ENDPOINT:
+        # With telemetry on, the client's user agent fetches an "agent harness" list from the endpoint
+        # it read at import time (huggingface.co): a request to a host the user did not name.
+        constants.HF_HUB_DISABLE_TELEMETRY = True
+    return resolved
+
+
 def scrub(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
@@ -68,18 +84,11 @@ class HubSession:
     """One HfApi for one endpoint and token, whose calls retry transient failures and never leak the token."""
 
     def __init__(self, endpoint: str | None, token: str | None, retry: RetryPolicy | None = None) -> None:
-        try:
-            import huggingface_hub
-            from huggingface_hub import constants
-        except ImportError:
-            raise MissingDependency("huggingface_hub", "hub", "publishing") from None
-        self.endpoint = resolve_endpoint(endpoint)
+        self.endpoint = hub_endpoint(endpoint, "publishing")
+        import huggingface_hub  # installed: hub_endpoint checked
+
         self.token = token
         self.retry = retry or RetryPolicy()
-        if self.endpoint != DEFAULT_ENDPOINT:
-            # With telemetry on, the client's user agent fetches an "agent harness" list from the endpoint
-            # it read at import time (huggingface.co): a request to a host the user did not name.
-            constants.HF_HUB_DISABLE_TELEMETRY = True
         self.api = huggingface_hub.HfApi(endpoint=self.endpoint, token=token or False)
 
     def error(self, problem: str, error: BaseException) -> CorpusError:
@@ -141,15 +150,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 def fetch_tokenizer(repo_id: str, revision: str | None, *, endpoint: str | None = None) -> Path:
     """The tokenizer and chat template files of a Hub model, downloaded into huggingface_hub's cache (only
     those files) and returned as a local directory. In offline mode (HF_HUB_OFFLINE=1) the cache answers."""
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise MissingDependency("huggingface_hub", "hub", f"the tokenizer of {repo_id} from the Hub") from None
+    resolved = hub_endpoint(endpoint, f"the tokenizer of {repo_id} from the Hub")
+    import huggingface_hub  # installed: hub_endpoint checked
+
     token = _optional_token(None)
     try:
         local = huggingface_hub.snapshot_download(repo_id, repo_type="model", revision=revision,
                                                   allow_patterns=list(TOKENIZER_FILES), token=token or False,
-                                                  endpoint=resolve_endpoint(endpoint))
+                                                  endpoint=resolved)
     except Exception as error:  # not found, offline without a cached copy, no network: all fixable by the user
         raise CorpusError(scrub(f"cannot fetch the tokenizer of {repo_id}"
                                 f"{f'@{revision}' if revision else ''} from the Hub: {type(error).__name__}: "

@@ -60,6 +60,18 @@ def iter_ledger(path: Path) -> Iterator[dict[str, Any]]:
                     yield orjson.loads(line)
 
 
+def open_parquet(path: Path) -> Any:
+    """A parquet file opened to be streamed batch by batch (a ``pyarrow.parquet.ParquetFile``); the caller
+    turns pyarrow's errors into its own message.
+
+    Without pre-buffering: pyarrow's pre-buffered reader keeps every row group it has read, so memory would
+    grow with the file.
+    """
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path, pre_buffer=False)
+
+
 def _read_json(path: Path) -> Any:
     try:
         return orjson.loads(path.read_bytes())
@@ -102,13 +114,9 @@ class Corpus:
 
     def iter_batches(self, *, split: str | None = None, columns: list[str] | None = None,
                      batch_size: int = 4096) -> Iterator[Any]:
-        import pyarrow.parquet as pq
-
         for path in self.shard_paths(split):
             try:
-                # Without pre-buffering: pyarrow's pre-buffered reader keeps every row group it has read, so
-                # memory would grow with the shard.
-                parquet = pq.ParquetFile(path, pre_buffer=False)
+                parquet = open_parquet(path)
             except (OSError, ValueError) as error:
                 raise CorpusError(f"cannot read shard: {error}", file=str(path)) from None
             yield from parquet.iter_batches(batch_size=batch_size, columns=columns)

@@ -161,15 +161,21 @@ def scrub_message(text: str) -> str:
     return redact(scrub_url_credentials(text))
 
 
+def map_strings(transform: Callable[[str], str], value: Any) -> Any:
+    """A copy of a JSON-like value with ``transform`` applied to every string inside it; the keys of its
+    objects are kept as they are."""
+    if isinstance(value, str):
+        return transform(value)
+    if isinstance(value, dict):
+        return {key: map_strings(transform, item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [map_strings(transform, item) for item in value]
+    return value
+
+
 def redact_value(value: Any) -> Any:
     """``redact`` applied to every string inside a JSON-like value (keys are ours, not the input's)."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {key: redact_value(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [redact_value(item) for item in value]
-    return value
+    return map_strings(redact, value)
 
 
 def scan_text(text: str, where: str, field: str = "text") -> list[Finding]:
@@ -249,7 +255,9 @@ def iter_corpus_rows(corpus_dir: Path, batch_size: int = 2048) -> Iterator[tuple
     import pyarrow.parquet as pq
 
     for shard in sorted((corpus_dir / "data").glob("*.parquet")):
-        for batch in pq.ParquetFile(shard).iter_batches(batch_size=batch_size):
+        # Opened as layout.open_parquet does (that module sits above this one): without pre-buffering, which
+        # keeps every row group read, so memory would grow with the shard.
+        for batch in pq.ParquetFile(shard, pre_buffer=False).iter_batches(batch_size=batch_size):
             for row in batch.to_pylist():
                 yield f"data/{shard.name}", row
 

@@ -19,6 +19,7 @@ from corpus_builder.records import Conversation, Message, ToolCall
 from corpus_builder.secrets import (
     KINDS,
     find_secrets,
+    map_strings,
     redact,
     redact_conversations,
     scan_conversations,
@@ -291,3 +292,11 @@ def test_messages_to_people_lose_url_userinfo_and_every_secret() -> None:
     assert "user:pass" not in shown and "deploy-token" not in shown
     assert "ftp://***@host/x.jsonl" in shown and "https://***@git.example.com/r.git" in shown
     assert scrub_message(shown) == shown.replace(token, "[REDACTED:hf_token]")
+
+
+def test_map_strings_changes_every_string_inside_and_nothing_else() -> None:
+    value = {"a": ["x", 1, None, {"b": "y", "c": [True, 2.5, "z"]}], "d": "w", "e": {}}
+    assert map_strings(str.upper, value) == {"a": ["X", 1, None, {"b": "Y", "c": [True, 2.5, "Z"]}], "d": "W",
+                                             "e": {}}
+    assert value["a"][0] == "x"  # a copy: the value given is left as it was
+    assert map_strings(str.upper, "plain") == "PLAIN" and map_strings(str.upper, 7) == 7

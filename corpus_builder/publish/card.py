@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from ..errors import REASONS, URL_USERINFO_RE
+from ..secrets import map_strings
 from .gate import CorpusDocuments, mapping
 
 # The Hub's size_categories vocabulary, as (exclusive upper bound, label).
@@ -58,13 +59,7 @@ def scrub_local_paths(text: str) -> str:
 
 def scrub_value(value: Any) -> Any:
     """``scrub_local_paths`` applied to every string inside a JSON-like value."""
-    if isinstance(value, str):
-        return scrub_local_paths(value)
-    if isinstance(value, dict):
-        return {key: scrub_value(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [scrub_value(item) for item in value]
-    return value
+    return map_strings(scrub_local_paths, value)
 
 
 def size_category(rows: int) -> str:
@@ -180,8 +175,10 @@ def _corpus_name(docs: CorpusDocuments) -> str:
     return _text(docs.manifest.get("name")) or _text(docs.recipe.get("name")) or "corpus"
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}%"
+def _pct(value: Any) -> str:
+    """A share as a percentage, or n/a where there is no number."""
+    number = _number(value)
+    return "n/a" if number is None else f"{100 * number:.1f}%"
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -212,13 +209,13 @@ def _thinking(docs: CorpusDocuments) -> list[str]:
     audit = docs.audit
     lines = ["## Thinking share", "",
              f"{_figure(audit.get('thinking_conversations'))} of {_figure(audit.get('conversations'))} "
-             f"conversations ({_pct(_number(audit.get('thinking_share')))}) carry a reasoning trace, stored per "
+             f"conversations ({_pct(audit.get('thinking_share'))}) carry a reasoning trace, stored per "
              "assistant turn in `messages[].reasoning` (never inside `content`).", ""]
     minimum = docs.min_thinking_share
     if minimum is not None:
         lines += [f"The recipe requires at least {_pct(minimum)}; the publish gate recounted it from the shards.", ""]
     rows = [[split, _figure(stats.get("conversations")), _figure(stats.get("thinking_conversations")),
-             _pct(_number(stats.get("thinking_share")))]
+             _pct(stats.get("thinking_share"))]
             for split, stats in _entries(audit.get("by_split"))]
     return lines + _table(["split", "conversations", "thinking", "share"], rows)
 
@@ -240,7 +237,7 @@ def _tokens(docs: CorpusDocuments) -> list[str]:
         return []
     rows = [[label, _figure(tokens.get(key))] for key, label in _TOKEN_TOTALS]
     rows.append(["tokens per conversation (p50 / p90 / p99 / max)", _lengths(tokens)])
-    rows.append(["reasoning share of supervised tokens", _pct(_number(tokens.get("reasoning_token_share")))])
+    rows.append(["reasoning share of supervised tokens", _pct(tokens.get("reasoning_token_share"))])
     limit = _number(tokens.get("max_seq_len"))
     if limit is not None:
         rows.append([f"conversations over max_seq_len {_figure(limit)}", _figure(tokens.get("over_budget"))])
@@ -251,7 +248,7 @@ def _tokens(docs: CorpusDocuments) -> list[str]:
     lines = ["## Token statistics", "", "Counted with the target model's tokenizer.", "",
              *_table(["statistic", "value"], rows)]
     source_rows = [[name, _figure(stats.get("conversations")), _figure(stats.get("tokens")), _lengths(stats),
-                    _pct(_number(stats.get("reasoning_token_share")))]
+                    _pct(stats.get("reasoning_token_share"))]
                    for name, stats in _entries(tokens.get("by_source"))]
     if source_rows:
         lines += _table(["source", "conversations", "tokens", "p50 / p90 / p99 / max", "reasoning share"],
@@ -323,8 +320,8 @@ def _declared(docs: CorpusDocuments) -> list[str]:
              *_table(["source", "declared", "reached", "passed the checks", "rows generated"], rows)]
     share = mapping(mixture.get("thinking_share"))
     if share.get("target") is not None:
-        lines += [f"Thinking share: declared {_pct(_number(share.get('target')))} +- "
-                  f"{_pct(_number(share.get('tolerance')))}, reached {_pct(_number(share.get('reached')))}.", ""]
+        lines += [f"Thinking share: declared {_pct(share.get('target'))} +- "
+                  f"{_pct(share.get('tolerance'))}, reached {_pct(share.get('reached'))}.", ""]
     return lines
 
 

@@ -20,7 +20,7 @@ import orjson
 
 from ..build.stats import corpus_problems
 from ..errors import CorpusError
-from ..layout import AUDIT, MANIFEST, RECIPE, Corpus
+from ..layout import AUDIT, MANIFEST, RECIPE, Corpus, open_parquet
 from ..recipe.yaml_reader import parse_yaml, read_recipe_text
 from ..secrets import Finding, scan_metadata, scan_row
 
@@ -32,6 +32,8 @@ MAX_LISTED_PER_CHECK = 20
 
 class GateFailed(CorpusError):
     """The corpus failed one or more publish checks; ``failures`` lists every one (the CLI exits 1)."""
+
+    exit_code = 1
 
     def __init__(self, corpus_dir: Path, failures: list[str]) -> None:
         self.failures = failures
@@ -157,8 +159,6 @@ class _CheckLog:
 
 def _check_rows(corpus: Corpus, report: GateReport) -> list[_CheckLog]:
     """One pass over every row: schema, split, thinking flag, duplicate ids, secrets."""
-    import pyarrow.parquet as pq
-
     validator = _row_validator()
     schema_log, consistency_log = _CheckLog("schema"), _CheckLog("rows")
     seen_ids: set[str] = set()
@@ -167,7 +167,7 @@ def _check_rows(corpus: Corpus, report: GateReport) -> list[_CheckLog]:
         if not SHARD_PATH_RE.match(entry["path"]) or not path.is_file():
             continue  # reported by the file checks
         try:
-            batches = pq.ParquetFile(path).iter_batches(batch_size=2048)
+            batches = open_parquet(path).iter_batches(batch_size=2048)
             rows = (row for batch in batches for row in batch.to_pylist())
             for index, row in enumerate(rows):
                 where = f"{entry['path']}#{index} (id {row.get('id')})"

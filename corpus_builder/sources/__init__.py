@@ -6,8 +6,7 @@ out as ``errors.Skipped`` with a reason from ``errors.REASONS``; problems with a
 raise ``errors.CorpusError``.
 """
 
-from .parallel import MeasuredRows, replay_stream, worker_count
-from .source import iter_file, iter_source, prompt_stream, resolve_paths, source_parts
+from .parallel import MeasuredRows, replay_stream
+from .source import iter_file, iter_source, prompt_stream, resolve_paths
 
-__all__ = ["MeasuredRows", "iter_file", "iter_source", "prompt_stream", "replay_stream", "resolve_paths",
-           "source_parts", "worker_count"]
+__all__ = ["MeasuredRows", "iter_file", "iter_source", "prompt_stream", "replay_stream", "resolve_paths"]

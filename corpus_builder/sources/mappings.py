@@ -168,16 +168,17 @@ class RowNormaliser:
                 wanted = self.mapping.field or "conversations/messages/question/prompt"
                 raise BadRow("missing_messages", f"no {wanted} field")
         empty: BadRow | None = None
-        tooled = False  # a tool call or a tool's result among the turns
+        turn_traffic = False  # a tool call or a tool's result among the turns
         if layout.style == "gsm8k":
             messages, unclosed, reference = self._gsm8k(row)
         elif layout.style == "field":
             messages, unclosed, reference = [_user_turn(row, layout.field)], False, None
         else:
-            messages, unclosed, empty, tooled = self._turns(row, layout)
+            messages, unclosed, empty, turn_traffic = self._turns(row, layout)
             reference = None
         tools = normalise_tools(row.get(TOOLS_FIELD))
-        tooled = tooled or bool(tools)
+        # A prompt served with tools keeps its assistant turns, as one with tool turns does.
+        tooled = turn_traffic or bool(tools)
         # A prompt's open block was in an assistant turn it discards (with tool traffic: that the target may
         # regenerate); the generated row is judged on its own turns.
         row_flags = [FLAG_UNCLOSED_THINK] if unclosed and self.replay else []
@@ -185,13 +186,14 @@ class RowNormaliser:
         source_id = None if source_id is None else str(source_id)
         # Few distinct role sequences occur (they depend only on the length and a leading system turn), so
         # a sequence the strict order accepted once is not checked again: most rows take this way. Not rows
-        # with tool traffic: whether their results answer their calls is in the ids, not in the roles.
-        if empty is None and not tooled and tuple(map(_ROLE, messages)) in self._accepted_roles:
+        # with tool calls or results: whether their results answer their calls is in the ids, not in the roles.
+        # A ``tools`` list alone does not matter to the order, so those rows take this way too.
+        if empty is None and not turn_traffic and tuple(map(_ROLE, messages)) in self._accepted_roles:
             return [NormalisedRow(messages if self.replay else self._prompt(messages, tooled), row_flags, source_id,
-                                  reference)]
+                                  reference, tools=tools)]
         if empty is not None:
             row_flags.append(_EMPTY_TURNS_DROPPED)
-        problem = empty or self._order_problem(messages, remember=not tooled)
+        problem = empty or self._order_problem(messages, remember=not turn_traffic)
         if problem is None:
             parts = [(messages, row_flags)]
         else:

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from ..errors import BadRow, CorpusError
+from ..layout import open_parquet
 
 FORMATS = ("jsonl", "jsonl.zst", "json", "parquet")
 LINE_FORMATS = frozenset({"jsonl", "jsonl.zst"})
@@ -27,9 +28,10 @@ LINE_FORMATS = frozenset({"jsonl", "jsonl.zst"})
 JSON_ROW_KEYS = ("data", "rows")
 
 _SUFFIXES = ((".jsonl.zst", "jsonl.zst"), (".jsonl", "jsonl"), (".json", "json"), (".parquet", "parquet"))
-# Compressed bytes per step: one step's output is this times the compression ratio, about 5 kB for text and
-# at most about 32 MB (zstd's largest ratio, a run of one byte), so even a zstd bomb decompresses in small
-# steps. Smaller steps cost nothing measurable (the decompressor's speed is the same from 1 kB to 16 kB).
+# Compressed bytes per step: zstd hands out whole blocks (up to 128 kB of text each), so one step's output is
+# the blocks this much input completes, at most about 32 MB (zstd's largest ratio, a run of one byte): even a
+# zstd bomb decompresses in small steps. Smaller steps cost nothing measurable (the decompressor's speed is
+# the same from 1 kB to 16 kB).
 _ZSTD_READ_SIZE = 1 << 10
 # A decompressed line longer than this is skipped (line_too_long) without being held: rows are kilobytes,
 # the largest real ones tens of megabytes, and a small .zst file can expand to any size.
@@ -136,20 +138,31 @@ _OVERLONG_LINE = b"\0 line over MAX_LINE_BYTES"
 
 
 def _zstd_lines(path: Path, label: str) -> Iterator[bytes]:
-    pending = b""
+    # The unfinished line is kept as the chunks it came in and joined once, when its newline arrives:
+    # joining it to every chunk would copy a line spanning k chunks k times (quadratic in its length).
+    pending: list[bytes] = []
+    pending_bytes = 0
     overlong = False  # the current line went over MAX_LINE_BYTES: its bytes are dropped until its end
     for chunk in zstd_chunks(path, label):
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        if overlong and lines:
-            lines[0], overlong = _OVERLONG_LINE, False
-        yield from lines
-        if len(pending) > MAX_LINE_BYTES:
-            pending, overlong = b"", True
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            pending_bytes += len(chunk)
+        else:
+            lines = chunk.split(b"\n")
+            if overlong:
+                lines[0], overlong = _OVERLONG_LINE, False
+            elif pending:
+                pending.append(lines[0])
+                lines[0] = b"".join(pending)
+            pending = [lines.pop()]  # no other name holds it, so a reset below frees it at once
+            pending_bytes = len(pending[0])
+            yield from lines
+        if pending_bytes > MAX_LINE_BYTES:
+            pending, pending_bytes, overlong = [], 0, True
     if overlong:
         yield _OVERLONG_LINE
-    elif pending:
-        yield pending
+    elif pending_bytes:
+        yield b"".join(pending)
 
 
 def zstd_chunks(path: Path, label: str) -> Iterator[bytes]:
@@ -250,10 +263,9 @@ def _json_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader
 
 def _open_parquet(path: Path, label: str) -> Any:
     import pyarrow
-    import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path)
+        return open_parquet(path)
     except (pyarrow.ArrowException, OSError, ValueError) as error:  # ValueError: a column name not UTF-8
         raise CorpusError(f"cannot read parquet: {error}", file=label) from None
 

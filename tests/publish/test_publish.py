@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpus_builder.errors import CorpusError
-from corpus_builder.hub import download_corpus
+from corpus_builder.hub import DEFAULT_ENDPOINT, download_corpus, fetch_tokenizer, hub_endpoint
 from corpus_builder.publish import CorpusDocuments, GateFailed, check_corpus, publish, render_card
 from corpus_builder.publish.card import card_license, parse_front_matter
 from corpus_builder.testing.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
@@ -433,3 +433,31 @@ def test_the_card_summarises_token_statistics_and_never_lists_token_ids(corpus: 
     assert "| math | 40 | 100,000 | 2,000 / 3,950 / 4,090 / 4,096 | 30.0% |" in section
     assert "151000" not in card and "151,000" not in card and "row-1" not in card
     assert len(section) < 2_000
+
+
+@pytest.mark.parametrize(("endpoint", "telemetry_off"), [(DEFAULT_ENDPOINT, False), ("http://127.0.0.1:9/", True)])
+def test_an_endpoint_other_than_the_hub_turns_the_clients_telemetry_off(
+        endpoint: str, telemetry_off: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    assert hub_endpoint(endpoint, "testing") == endpoint.rstrip("/")
+    assert constants.HF_HUB_DISABLE_TELEMETRY is telemetry_off
+
+
+def test_fetching_a_tokenizer_from_another_endpoint_downloads_with_telemetry_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    seen: dict[str, Any] = {}
+
+    def snapshot_download(repo_id: str, **options: Any) -> str:
+        seen.update(options, telemetry_off=constants.HF_HUB_DISABLE_TELEMETRY)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert fetch_tokenizer("Org/Model", "main", endpoint="http://127.0.0.1:9/") == tmp_path
+    assert seen["endpoint"] == "http://127.0.0.1:9" and seen["telemetry_off"] is True

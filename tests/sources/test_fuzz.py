@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tracemalloc
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,43 @@ def test_a_zstd_bomb_is_one_skipped_line_in_bounded_memory(tmp_path: Path,
     assert [getattr(item, "reason", "kept") for item in items] == ["kept", "line_too_long", "kept"]
     assert _positions(items) == {1, 2, 3}
     assert peak < 80 << 20, f"peak {peak / 2 ** 20:.0f} MiB"
+
+
+@given(stream=st.binary(max_size=200).map(lambda data: data.replace(b"\0", b"\n")),
+       cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=20))
+@fuzz_settings(300)
+def test_zstd_lines_do_not_depend_on_where_the_decompressed_chunks_end(stream: bytes, cuts: list[int]) -> None:
+    bounds = sorted({0, len(stream), *(cut for cut in cuts if cut < len(stream))})
+    chunks = [stream[start:end] for start, end in pairwise(bounds)]  # never empty, as zstd_chunks gives them
+    lines = stream.split(b"\n")
+    expected = lines[:-1] + ([lines[-1]] if lines[-1] else [])
+    assert list(_zstd_lines_of(chunks, max_line_bytes=readers.MAX_LINE_BYTES)) == expected
+
+
+@given(stream=st.lists(st.binary(max_size=12).map(lambda data: data.replace(b"\n", b"")), max_size=8).map(
+    b"\n".join), max_line_bytes=st.integers(min_value=0, max_value=10))
+@fuzz_settings(300)
+def test_zstd_lines_longer_than_the_cap_become_one_marker_each(stream: bytes, max_line_bytes: int) -> None:
+    # A chunk a byte: every line over the cap is seen to grow past it before its newline.
+    chunks = [stream[index:index + 1] for index in range(len(stream))]
+    lines = stream.split(b"\n")
+    lines = lines[:-1] + ([lines[-1]] if lines[-1] else [])
+    expected = ["too long" if len(line) > max_line_bytes else line for line in lines]
+    got = ["too long" if line is readers._OVERLONG_LINE else line
+           for line in _zstd_lines_of(chunks, max_line_bytes=max_line_bytes)]
+    assert got == expected
+
+
+def _zstd_lines_of(chunks: list[bytes], *, max_line_bytes: int) -> list[bytes]:
+    """``readers._zstd_lines`` over decompressed ``chunks`` given as they are (pytest's monkeypatch would last
+    across hypothesis's examples, so the module is patched and restored by hand)."""
+    chunks_of, cap = readers.zstd_chunks, readers.MAX_LINE_BYTES
+    readers.zstd_chunks = lambda path, label: iter(chunks)
+    readers.MAX_LINE_BYTES = max_line_bytes
+    try:
+        return list(readers._zstd_lines(Path("chunks.jsonl.zst"), "chunks"))
+    finally:
+        readers.zstd_chunks, readers.MAX_LINE_BYTES = chunks_of, cap
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

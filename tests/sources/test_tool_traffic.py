@@ -10,8 +10,10 @@ from typing import Any
 import orjson
 import pytest
 
+from corpus_builder.recipe.model import Mapping
 from corpus_builder.records import Conversation, Message, ToolCall, content_key, conversation_id
-from corpus_builder.sources import iter_source
+from corpus_builder.sources import iter_source, mappings
+from corpus_builder.sources.mappings import NormalisedRow, RowNormaliser
 from tests.sources.test_sources import spec, split, write_lines
 from tests.support.tool_chats import (
     SEARCH,
@@ -164,3 +166,44 @@ def test_ids_of_rows_without_tools_are_what_they_were_and_tools_tell_rows_apart(
     kept, _ = read_rows(tmp_path, rows)
     assert kept[0].id == conversation_id("src", [Message("user", "q"), Message("assistant", "a")])
     assert len({c.id for c in kept}) == 3
+
+
+# Rows that carry a tools list but no call or result: the role order is what decides, so after the first row of
+# a role sequence they skip the order check, and come out exactly as the full check gives them.
+TOOLS_ONLY_ROWS: list[dict[str, Any]] = [
+    {"id": "t1", "tools": [WEATHER], "messages": [say("user", "q1"), say("assistant", "a1")]},
+    {"id": "t2", "tools": [TIME], "messages": [say("user", "q2"), say("assistant", "a2")]},
+    {"id": "plain", "messages": [say("user", "q3"), say("assistant", "a3")]},
+    {"id": "t3", "tools": [WEATHER, TIME], "messages": [say("system", "s"), say("user", "q4"),
+                                                       say("assistant", "a4")]},
+    {"id": "t4", "tools": [SEARCH], "messages": [say("system", "s"), say("user", "q5"), say("assistant", "a5")]},
+]
+
+
+@pytest.mark.parametrize("kind", ["replay", "prompts"])
+def test_rows_with_tools_but_no_calls_take_the_checked_sequence_way_with_the_same_output(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: list[tuple[str, ...]] = []
+    check_role_order = mappings.check_role_order
+
+    def counted_check(messages: list[Message], *, need_assistant: bool) -> None:
+        checked.append(tuple(m.role for m in messages))
+        check_role_order(messages, need_assistant=need_assistant)
+
+    monkeypatch.setattr(mappings, "check_role_order", counted_check)
+    warm = RowNormaliser(Mapping(), kind, system_prompt="be brief")
+    through_warm = [warm(row) for row in TOOLS_ONLY_ROWS]
+    # one full check per role sequence: the rows after the first of each were not checked again
+    assert checked == [("user", "assistant"), ("system", "user", "assistant")]
+    # a fresh normaliser has accepted no sequence yet, so it checks every row in full
+    through_full_check = [RowNormaliser(Mapping(), kind, system_prompt="be brief")(row) for row in TOOLS_ONLY_ROWS]
+    assert through_warm == through_full_check
+    prompt_system = [] if kind == "replay" else [Message("system", "be brief")]
+    assert through_warm[1] == [NormalisedRow(
+        [*prompt_system, Message("user", "q2"), Message("assistant", "a2")], [], "t2", tools=[served(TIME)])]
+    assert through_warm[2] == [NormalisedRow(
+        [*prompt_system, Message("user", "q3")] + ([Message("assistant", "a3")] if kind == "replay" else []),
+        [], "plain")]
+    assert through_warm[4] == [NormalisedRow(
+        [Message("system", "s"), Message("user", "q5"), Message("assistant", "a5")], [], "t4",
+        tools=[served(SEARCH)])]
