@@ -160,7 +160,8 @@ def run_mode(mode: str, count: int, tokenizer_dir: Path) -> dict:
     elif mode in ("floor", "floor_fast"):
         encode = renderer.tokenizer.encode_batch if mode == "floor" else renderer.tokenizer.encode_batch_fast
         for batch in _batches(iter_conversations(count), BATCH):
-            texts = [renderer.render_conversation(c) for c in batch]  # not timed: the floor starts from text
+            # Not timed: the floor starts from text. The whole conversation as served for its last turn.
+            texts = [renderer.render_through(c, len(c.messages) - 1) for c in batch]
             start = time.perf_counter()
             tokens += sum(len(e.ids) for e in encode(texts, add_special_tokens=False))
             elapsed += time.perf_counter() - start

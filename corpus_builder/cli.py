@@ -122,21 +122,23 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
 
     Exit 1 when the thinking share is below --min-thinking-share, the secrets scan finds anything, or a
     divergence exceeds --max-divergence."""
-    from .audit import audit as run_audit
-    from .audit import corpus_problems, format_report
+    from .audit import audited, corpus_problems, format_report
 
     if max_divergence is not None and traffic is None:
         raise click.UsageError("--max-divergence needs --against TRAFFIC")
-    report = run_audit(path, endpoint=endpoint, secrets=not no_secrets)
-    problems = list(corpus_problems(report, min_thinking_share))
-    comparison = None
-    if traffic is not None or html_path is not None:
-        from .audit import AuditOptions, audit_against, describe_corpus, divergence_problems
+    # The corpus stays open (downloaded, for hf://) while it is compared: read once for both.
+    with audited(path, endpoint=endpoint, secrets=not no_secrets) as (report, files):
+        problems = list(corpus_problems(report, min_thinking_share))
+        comparison = None
+        if traffic is not None or html_path is not None:
+            from .audit import AuditOptions, audit_against, describe_corpus, divergence_problems
 
-        options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
-                               draft_vocab_size=draft_vocab_size, endpoint=endpoint)
-        comparison = audit_against(path, traffic, options) if traffic is not None else describe_corpus(path, options)
-        problems += divergence_problems(comparison, max_divergence)
+            options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
+                                   draft_vocab_size=draft_vocab_size, endpoint=endpoint)
+            compared = files if files is not None else path  # a raw file: the comparison refuses it by name
+            comparison = (audit_against(compared, traffic, options) if traffic is not None
+                          else describe_corpus(compared, options))
+            problems += divergence_problems(comparison, max_divergence)
     if as_json:
         _print_json({**comparison, "audit": report} if traffic is not None and comparison is not None else report)
     else:
@@ -166,15 +168,9 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
 @click.option("--dry-run", is_flag=True, help="Print what would be uploaded and the card; send nothing.")
 def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: str | None, dry_run: bool) -> None:
     """Gate a built corpus, then upload it in one commit (token from HF_TOKEN or the Hub's token file)."""
-    from .publish import GateFailed
     from .publish import publish as run_publish
 
-    try:
-        report = run_publish(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint,
-                             dry_run=dry_run)
-    except GateFailed as failed:
-        click.echo(f"error: {failed}", err=True)
-        sys.exit(EXIT_CHECKS_FAILED)
+    report = run_publish(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint, dry_run=dry_run)
     click.echo(report.describe())
 
 

@@ -4,14 +4,17 @@ It reads files, never the pipeline's memory, with the same statistics the build 
 (``build.stats``); ``report`` is the table people read. ``audit_against`` compares a built corpus with
 serving traffic (``traffic``, on the polars engine of ``frames``/``inputs``/``profile`` and the token
 measures of ``token_pass``); ``write_html_report`` writes the self-contained report (``html``). The
-comparison's modules, polars and plotly load only when one of those is called.
+comparison's modules, polars and plotly load only when one of those is called. ``audited`` keeps the corpus
+it audited open for a comparison (``CorpusFiles``: recipe, drops and renderer read once for both).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,16 +24,18 @@ from ..build.near_dedup import NearDuplicates, conversation_text
 from ..build.stats import CorpusStats, corpus_problems
 from ..build.token_stats import TokenStats
 from ..errors import CorpusError, DropCounts, Skipped
-from ..layout import Corpus
+from ..layout import LEDGER, Corpus
 from ..recipe.model import Checks, NearDuplicateSettings
 from ..records import Conversation
 from ..rows import batch_to_conversations, conversations_to_batch
 from ..secrets import Finding, scan_conversations, scan_corpus
-from ..tokens import TokenRows, TokenSettings
+from ..tokens import TemplateRenderer, TokenRows, TokenSettings
+from ..tokens.settings import read_corpus_recipe
 from .report import format_report
 
-__all__ = ["AuditOptions", "audit", "audit_against", "audit_conversations", "audit_corpus", "corpus_problems",
-           "describe_corpus", "divergence_problems", "format_comparison", "format_report", "write_html_report"]
+__all__ = ["AuditOptions", "CorpusFiles", "audit", "audit_against", "audit_conversations", "audit_corpus", "audited",
+           "corpus_problems", "describe_corpus", "divergence_problems", "format_comparison", "format_report",
+           "opened_corpus", "write_html_report"]
 
 # The comparison's names, loaded on first use: they import polars (and plotly, for the page).
 _TRAFFIC_API = {"AuditOptions": "traffic", "audit_against": "traffic", "describe_corpus": "traffic",
@@ -38,6 +43,7 @@ _TRAFFIC_API = {"AuditOptions": "traffic", "audit_against": "traffic", "describe
 
 SECRET_EXAMPLES = 20
 FLAG_REPEATED_SOURCE_ID = "repeated_source_id"  # raw audits: a row whose own id an earlier row had
+HUB_PREFIX = "hf://"
 
 if TYPE_CHECKING:
     from .html import write_html_report
@@ -63,18 +69,18 @@ def audit_conversations(items: Iterable[Conversation | Skipped], batch_size: int
     index = NearDuplicates(near.threshold, num_perm=near.num_perm, shingle=near.shingle) if near else None
     near_by_source: Counter[str] = Counter()
     # Hashes of the dump's own row ids seen: a repeated id (a chat cut into chunks, a row logged twice) is
-    # counted as a flag. A dict of ints, not a set: the garbage collector does not walk it.
+    # counted as a flag (overall only: a raw row's flags by source are the repairs'). A dict of ints, not a
+    # set: the garbage collector does not walk it.
     source_ids: dict[int, None] = {}
-    repeated_ids = 0
 
     def add(batch: list[Conversation]) -> None:
-        nonlocal repeated_ids
         auditor.add_rows(batch, conversations_to_batch(batch))
         for row in batch:
             source_id = row.provenance.get("source_id")
             if source_id is not None:
                 key = hash((row.source, source_id))
-                repeated_ids += key in source_ids
+                if key in source_ids:
+                    auditor.flags[FLAG_REPEATED_SOURCE_ID] += 1
                 source_ids[key] = None
         if index is not None:
             found = index.offer([row.id for row in batch], [conversation_text(row) for row in batch])
@@ -93,56 +99,117 @@ def audit_conversations(items: Iterable[Conversation | Skipped], batch_size: int
         add(batch)
     auditor.add_skipped(skipped)
     report = auditor.report()
-    if repeated_ids:
-        report["flags"] = dict(sorted({**report["flags"], FLAG_REPEATED_SOURCE_ID: repeated_ids}.items()))
     if near is not None:
         report["near_duplicates"] = {"threshold": near.threshold, "rows": sum(near_by_source.values()),
                                      "by_source": dict(sorted(near_by_source.items()))}
     return report
 
 
-def audit_corpus(corpus: Corpus) -> dict[str, Any]:
+class CorpusFiles:
+    """A built corpus and what both its audit and its comparison with traffic read from it, each read once
+    and only when first needed: the parsed recipe.yaml, the drops, the target's token settings and renderer."""
+
+    def __init__(self, corpus: Corpus) -> None:
+        self.corpus = corpus
+
+    @cached_property
+    def recipe(self) -> Any:
+        """recipe.yaml as parsed, whatever its shape (None: the corpus has none)."""
+        return read_corpus_recipe(self.corpus)
+
+    @cached_property
+    def drops(self) -> DropCounts:
+        """Drops by reason and source: the ledger's, or audit.json's where a published copy has no ledger."""
+        return self.corpus.ledger_drops()
+
+    @property
+    def has_ledger(self) -> bool:
+        return (self.corpus.root / LEDGER).exists()
+
+    @cached_property
+    def token_settings(self) -> TokenSettings | None:
+        """The recipe's target tokenizer and template options, or None when its tokenizer is not at hand."""
+        return TokenSettings.from_corpus_recipe(self.corpus, self.recipe)
+
+    @cached_property
+    def renderer(self) -> TemplateRenderer | None:
+        """The renderer of ``token_settings``: one tokenizer load and one twin check for every pass."""
+        return self.token_settings.renderer() if self.token_settings is not None else None
+
+    def renderer_for(self, tokenizer: Path | None) -> TemplateRenderer | None:
+        """The recipe's renderer, or one of ``tokenizer`` (a user's override) with the recipe's options."""
+        if tokenizer is None:
+            return self.renderer
+        settings = TokenSettings.from_corpus_recipe(self.corpus, self.recipe, tokenizer)
+        return settings.renderer() if settings is not None else None
+
+
+def audit_corpus(corpus: Corpus | CorpusFiles) -> dict[str, Any]:
     """Audit a corpus from its files: the shards its manifest lists, plus the ledger; token statistics when
     the target's tokenizer named by its recipe is at hand."""
-    settings = TokenSettings.from_corpus(corpus)
-    tokens = TokenStats(settings, TokenRows(settings.renderer())) if settings is not None else None
+    files = corpus if isinstance(corpus, CorpusFiles) else CorpusFiles(corpus)
+    settings, renderer = files.token_settings, files.renderer
+    tokens = TokenStats(settings, TokenRows(renderer)) if settings is not None and renderer is not None else None
     auditor = CorpusStats(tokens=tokens)
-    for batch in corpus.iter_batches():
+    for batch in files.corpus.iter_batches():
         auditor.add_rows(batch_to_conversations(batch) if tokens is not None else [], batch)
-    auditor.add_skipped(corpus.ledger_drops())
+    auditor.add_skipped(files.drops)
     return auditor.report()
+
+
+def is_hub_path(where: str | Path) -> bool:
+    return str(where).startswith(HUB_PREFIX)
+
+
+@contextmanager
+def opened_corpus(where: str | Path, endpoint: str | None = None) -> Iterator[Corpus]:
+    """A built corpus directory, or ``hf://datasets/ORG/NAME`` downloaded for the duration."""
+    if is_hub_path(where):
+        from ..hub import download_corpus
+
+        with download_corpus(str(where), endpoint=endpoint) as local:
+            yield Corpus.open(local)
+        return
+    yield Corpus.open(Path(where))
 
 
 def audit(path: str | Path, *, endpoint: str | None = None, secrets: bool = True) -> dict[str, Any]:
     """Statistics of a built corpus directory, a raw source file, or ``hf://datasets/ORG/NAME`` (downloaded
     first). With ``secrets`` a local corpus or file is also scanned for credentials (``report["secrets"]``;
     a published corpus passed that scan at publish)."""
+    with audited(path, endpoint=endpoint, secrets=secrets) as (report, _):
+        return report
+
+
+@contextmanager
+def audited(path: str | Path, *, endpoint: str | None = None, secrets: bool = True
+            ) -> Iterator[tuple[dict[str, Any], CorpusFiles | None]]:
+    """``audit``'s report, with the built corpus it read (None for a raw file) kept open, downloaded for
+    hf://, for the duration: a comparison with traffic then reuses its download, recipe, drops and renderer."""
     where = str(path)
-    if where.startswith("hf://"):
-        from ..hub import download_corpus
-
-        with download_corpus(where, endpoint=endpoint) as local:
-            return audit_corpus(Corpus.open(local))
     target = Path(where)
-    if target.is_dir():
-        report = audit_corpus(Corpus.open(target))
-        findings = scan_corpus(target) if secrets else None
-    elif target.exists():
-        from ..sources import iter_file
-
-        # The row checks of a build with the recipe defaults (unclosed think blocks, exact duplicates): a raw
-        # dump's audit and a default build of it agree on every count. Near duplicates are counted besides:
-        # what checks.near_duplicates (off by default) would drop.
-        checks = Checks()
-        report = audit_conversations(Checker(checks, None, dedup=Dedup(checks)).run(iter_file(target)),
-                                     near=NearDuplicateSettings())
-        findings = (scan_conversations(item for item in iter_file(target) if isinstance(item, Conversation))
-                    if secrets else None)
-    else:
+    if is_hub_path(where) or target.is_dir():
+        with opened_corpus(where, endpoint) as corpus:
+            files = CorpusFiles(corpus)
+            report = audit_corpus(files)
+            if secrets and not is_hub_path(where):
+                report["secrets"] = _secrets_section(scan_corpus(target))
+            yield report, files
+        return
+    if not target.exists():
         raise CorpusError("no such file or directory", file=where)
-    if findings is not None:
-        report["secrets"] = _secrets_section(findings)
-    return report
+    from ..sources import iter_file
+
+    # The row checks of a build with the recipe defaults (unclosed think blocks, exact duplicates): a raw
+    # dump's audit and a default build of it agree on every count. Near duplicates are counted besides:
+    # what checks.near_duplicates (off by default) would drop.
+    checks = Checks()
+    report = audit_conversations(Checker(checks, None, dedup=Dedup(checks)).run(iter_file(target)),
+                                 near=NearDuplicateSettings())
+    if secrets:
+        report["secrets"] = _secrets_section(
+            scan_conversations(item for item in iter_file(target) if isinstance(item, Conversation)))
+    yield report, None
 
 
 def _secrets_section(findings: list[Finding]) -> dict[str, Any]:

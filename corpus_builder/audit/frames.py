@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from ..records import REASONING_KEYS, THINK_CLOSE, THINK_OPEN
-from ..sources.mappings import ROLE_ALIASES, TURN_FIELDS
+from ..sources.mappings import CALL_SPEAKERS, ROLE_ALIASES, TURN_FIELDS
 
 # What a raw row may hold that the audit reads; anything else on the row is not parsed into columns.
 # ``tool_calls`` is read for its length only, so the shape of one call does not matter.
@@ -36,8 +36,9 @@ ROW_FIELD_TYPES: Final[dict[str, pl.DataType]] = {
 }
 RAW_SCHEMA: Final = pl.Schema({**{name: pl.List(pl.Struct(TURN_FIELD_TYPES)) for name in TURN_FIELDS},
                                **ROW_FIELD_TYPES})
-# Roles of turns that carry a tool's result (OpenAI ``tool``/``function``, ShareGPT variants).
-TOOL_ROLES: Final = ("tool", "function", "observation", "function_call", "ipython")
+# Speakers of tool traffic, as the readers map them: a tool's result (OpenAI ``tool``/``function``, ShareGPT
+# variants) or a ShareGPT turn whose value is the call(s).
+TOOL_ROLES: Final = (*(speaker for speaker, role in ROLE_ALIASES.items() if role == "tool"), *sorted(CALL_SPEAKERS))
 TOOL_CALL_TAG: Final = "<tool_call>"
 SCRIPT_PREFIX_CHARS: Final = 200  # the cheap classifier reads the first user turn's start only
 # Unicode scripts the classifier tells apart, by the first word of a letter's Unicode name (a Han letter is

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES
+from .traffic import as_shares
 
 CORPUS_COLOR = "#4C78A8"
 TRAFFIC_COLOR = "#F58518"
@@ -67,11 +68,6 @@ def _bars(title: str, series: Iterable[tuple[str, dict[str, float], str | None]]
     return _layout(figure, title, y_title=y_title, percent=percent)
 
 
-def _normalised(counts: dict[str, int]) -> dict[str, float]:
-    total = sum(counts.values())
-    return {key: value / total for key, value in counts.items()} if total else {}
-
-
 def _length_plots(sides: list[tuple[str, dict[str, Any], str]]) -> list[Any]:
     """Per measure, the length buckets of every source and thinking mode (and the traffic's, when given)."""
     plots = []
@@ -83,7 +79,7 @@ def _length_plots(sides: list[tuple[str, dict[str, Any], str]]) -> list[Any]:
                 if row["measure"] == measure:
                     owner = row["source"] if role == "corpus" else "traffic"
                     groups.setdefault(f"{owner} · {row['thinking']}", Counter())[row["bucket"]] += row["count"]
-            series += [(name, _normalised(dict(counts)), color if role == "traffic" else None)
+            series += [(name, as_shares(dict(counts)), color if role == "traffic" else None)
                        for name, counts in sorted(groups.items())]
         if series:
             plots.append(_bars(f"{measure.replace('_', ' ')} (target tokens) by source and thinking mode", series,
@@ -120,7 +116,7 @@ def _copy_plot(sides: list[tuple[str, dict[str, Any], str]]) -> Any | None:
     for role, side, color in sides:
         copies = side.get("copies") or {}
         for task, section in (copies.get("by_task") or {}).items():
-            series.append((f"{role} · {task}", _normalised(section["buckets"]), color if role == "traffic" else None))
+            series.append((f"{role} · {task}", as_shares(section["buckets"]), color if role == "traffic" else None))
     if not series:
         return None
     span = next(side.get("copies", {}).get("span_tokens") for _, side, _ in sides)

@@ -44,13 +44,22 @@ class _Table:
         self.keys = list(keys)
         self.aggregations = [pl.col(c).sum() for c in sums] + [pl.col(c).max() for c in maxes]
         self.parts: list[pl.DataFrame] = []
+        self._merged: pl.DataFrame | None = None  # frame() of the parts, until a part is added
 
     def add(self, part: pl.DataFrame) -> None:
         self.parts.append(part)
+        self._merged = None
         if len(self.parts) >= _COMPACT_PARTS:
             self.parts = [self.frame()]
+            self._merged = None  # the next frame() merges the compacted part as before (same dtypes)
 
     def frame(self) -> pl.DataFrame:
+        """The parts merged: one row per group, sorted by the keys (merged once; the report reads it often)."""
+        if self._merged is None:
+            self._merged = self._merge()
+        return self._merged
+
+    def _merge(self) -> pl.DataFrame:
         if not self.parts:
             return pl.DataFrame()
         return pl.concat(self.parts, how="vertical_relaxed").group_by(self.keys).agg(self.aggregations) \

@@ -21,9 +21,7 @@ occurrence ends before the response starts.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -32,12 +30,11 @@ import polars as pl
 
 from ..errors import CorpusError
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation
-from ..tokens import TemplateRenderer, TemplateWithoutTools, served_turns
+from ..tokens import TemplateRenderer, TemplateWithoutTools, common_prefix, served_turns
 
 DEFAULT_SPAN_TOKENS = 8  # a response stretch of 8+ tokens copied from the context: prompt lookup drafts it whole
 _HASH_BASE = np.uint64(0x100000001B3)
 _VIEW_SALT = np.uint64(0x9E3779B97F4A7C15)
-TWIN_THREADS = 2
 GUARD_TEXTS = 256  # texts of the first batch also encoded with ``tokenizers``, id for id
 
 
@@ -84,35 +81,6 @@ class TokenMeter:
         self.close_id = renderer.token_id(THINK_CLOSE)
         self.open_id = renderer.token_id(THINK_OPEN)
         self.added = tuple(token.content for token in renderer.tokenizer.get_added_tokens_decoder().values())
-        self._encode: Callable[[list[str]], list[list[int]]] | None = None
-
-    def _encoder(self) -> Callable[[list[str]], list[list[int]]]:
-        """The tiktoken twin where it is exact, checked id for id against ``tokenizers`` on the first
-        ``GUARD_TEXTS`` texts (the guard the budget counts apply too); else ``tokenizers``."""
-        renderer = self.renderer
-        twin = renderer.twin
-        if twin is None:
-            return renderer.encode
-        threads = ThreadPoolExecutor(max_workers=TWIN_THREADS, thread_name_prefix="audit-encode")
-
-        def encode(texts: list[str]) -> list[list[int]]:
-            # Whole slices per thread: tiktoken's own encode_batch costs a future per text.
-            def run(part: list[str]) -> list[list[int]]:
-                return [twin.encode(text, allowed_special="all") for text in part]
-
-            step = -(-len(texts) // TWIN_THREADS)
-            return list(chain.from_iterable(threads.map(run, [texts[i:i + step] for i in range(0, len(texts), step)])))
-
-        def first(texts: list[str]) -> list[list[int]]:
-            checked = texts[:GUARD_TEXTS]
-            if encode(checked) != renderer.encode(checked):
-                warnings.warn("audit token counts fall back to tokenizers: tiktoken differed on the first texts",
-                              RuntimeWarning, stacklevel=3)
-                self._encode = renderer.encode
-            else:
-                self._encode = encode
-            return self._encode(texts)
-        return first
 
     def measure(self, conversations: Sequence[Conversation]) -> Measured:
         texts: list[str] = []
@@ -131,8 +99,8 @@ class TokenMeter:
                 del texts[planned[0]:], views[planned[1]:], turns[planned[2]:]
                 unmeasured += sum(message.role == "assistant" for message in conversation.messages)
         view_of_conversation.append(len(views))
-        encode = self._encode or self._encoder()
-        ids = encode(texts) if texts else []
+        # The first texts are checked against ``tokenizers`` (once per renderer), as the budget counts are.
+        ids = self.renderer.fast_encode(texts, guard_texts=GUARD_TEXTS)
         return self._assemble(len(conversations), ids, views, view_of_conversation, turns, unmeasured)
 
     def _plan(self, number: int, conversation: Conversation, texts: list[str], views: list[_View],
@@ -157,10 +125,12 @@ class TokenMeter:
                 continue
             view = 0 if len(budget) == 1 else order
             text = budget[view]
-            start = self._prompt_end(conversation, j, text)
-            if start is None:
+            # Where the generation prompt ends in its view, found as ``TokenRows`` finds it.
+            prompt = renderer.extended_prompt(conversation, j, text)
+            if prompt is None:
                 unmeasured += 1
                 continue
+            start = len(prompt)
             # The turn ends at the last end-of-turn token of its own view (``TokenRows``' rule: a turn's content
             # may hold the token's text); in a whole-conversation view that view is a prefix of it.
             through = len(text) if len(budget) > 1 or j == len(messages) - 1 else \
@@ -189,16 +159,6 @@ class TokenMeter:
         return max((at + len(token) for token in self.added
                     if (at := text.rfind(token, 0, prompt_end)) >= 0 and at + len(token) <= prompt_end), default=0)
 
-    def _prompt_end(self, conversation: Conversation, turn: int, view: str) -> int | None:
-        """Where the generation prompt of ``turn`` ends in its view: in the renderer's thinking mode, else in the
-        other one (a turn made in the other mode extends only that mode's prompt), as ``TokenRows`` decides."""
-        renderer = self.renderer
-        for thinking in (renderer.enable_thinking, not renderer.enable_thinking):
-            prompt = renderer.render_prompt(conversation, turn, enable_thinking=thinking)
-            if view.startswith(prompt):
-                return len(prompt)
-        return None
-
     def _assemble(self, conversations: int, ids: list[list[int]], views: list[_View],
                   view_of_conversation: list[int], turns: list[_Turn], unmeasured: int) -> Measured:
         """One flat token array of every view of the batch, and each turn's response span in it."""
@@ -220,7 +180,7 @@ class TokenMeter:
                 continue
             piece = view.pieces[turn.piece]
             before = base + sum(lengths[p] for p in view.pieces[:turn.piece])
-            starts[index] = before + _common_prefix(ids[turn.tail], ids[piece])
+            starts[index] = before + common_prefix(ids[turn.tail], ids[piece])
             ends[index] = before + lengths[piece]
         view_of_turn = np.array([turn.view for turn in turns], dtype=np.int64)
         reasoned = np.array([turn.reasoned for turn in turns], dtype=bool)
@@ -298,13 +258,6 @@ def _owners(length: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     safe = np.clip(turn, 0, None)
     inside = (turn >= 0) & (np.arange(length) < ends[safe]) if len(starts) else np.zeros(length, dtype=bool)
     return np.where(inside, turn, -1)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    for index, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return index
-    return min(len(a), len(b))
 
 
 def _last_before(positions: np.ndarray, limits: np.ndarray) -> np.ndarray:

@@ -38,8 +38,8 @@ import polars as pl
 
 from ..errors import CorpusError
 from ..export.vocab import top_k
-from ..layout import LEDGER, RECIPE, Corpus, iter_ledger
-from ..tokens import TokenSettings
+from ..layout import Corpus
+from . import CorpusFiles, is_hub_path, opened_corpus
 from .frames import NO_TASK
 from .inputs import corpus_units, traffic_units
 from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES, Profile, read_profile
@@ -68,51 +68,51 @@ class AuditOptions:
 
 
 @contextmanager
-def opened_corpus(where: str | Path, endpoint: str | None = None) -> Iterator[Corpus]:
-    """A built corpus directory, or ``hf://datasets/ORG/NAME`` downloaded for the duration."""
-    text = str(where)
-    if text.startswith("hf://"):
-        from ..hub import download_corpus
-
-        with download_corpus(text, endpoint=endpoint) as local:
-            yield Corpus.open(local)
+def _compared_corpus(corpus: str | Path | CorpusFiles, endpoint: str | None) -> Iterator[CorpusFiles]:
+    """The corpus to compare: as the caller opened it (``audit.audited``: its files read once for both), else
+    its directory, or ``hf://datasets/ORG/NAME`` downloaded for the duration."""
+    if isinstance(corpus, CorpusFiles):
+        yield corpus
         return
-    path = Path(text)
-    if not path.is_dir():
+    text = str(corpus)
+    if not is_hub_path(text) and not Path(text).is_dir():
         raise CorpusError("--against and --html compare a built corpus: give its directory", file=text)
-    yield Corpus.open(path)
+    with opened_corpus(text, endpoint) as opened:
+        yield CorpusFiles(opened)
 
 
-def _meter(corpus: Corpus, options: AuditOptions) -> TokenMeter | None:
-    settings = TokenSettings.from_corpus(corpus, options.tokenizer)
-    return TokenMeter(settings.renderer(), options.span_tokens) if settings is not None else None
+def _meter(files: CorpusFiles, options: AuditOptions) -> TokenMeter | None:
+    renderer = files.renderer_for(options.tokenizer)
+    return TokenMeter(renderer, options.span_tokens) if renderer is not None else None
 
 
-def profile_corpus(corpus: Corpus, options: AuditOptions) -> tuple[Profile, TokenMeter | None]:
-    meter = _meter(corpus, options)
-    profile = read_profile(str(corpus.root), corpus_units(corpus), meter, token_sample=options.token_sample,
-                           seed=options.seed)
-    profile.skipped.update(corpus.ledger_drops().by_reason)
+def profile_corpus(corpus: Corpus | CorpusFiles, options: AuditOptions) -> tuple[Profile, TokenMeter | None]:
+    files = corpus if isinstance(corpus, CorpusFiles) else CorpusFiles(corpus)
+    meter = _meter(files, options)
+    profile = read_profile(str(files.corpus.root), corpus_units(files.corpus), meter,
+                           token_sample=options.token_sample, seed=options.seed)
+    profile.skipped.update(files.drops.by_reason)
     return profile, meter
 
 
-def audit_against(corpus_path: str | Path, traffic: str, options: AuditOptions | None = None) -> dict[str, Any]:
+def audit_against(corpus: str | Path | CorpusFiles, traffic: str, options: AuditOptions | None = None
+                  ) -> dict[str, Any]:
     """The corpus and the traffic side by side: every dimension's divergence, gaps, suggestions and the
     recipe diff (see the module docstring)."""
     options = options or AuditOptions()
-    with opened_corpus(corpus_path, options.endpoint) as corpus:
-        corpus_profile, meter = profile_corpus(corpus, options)
+    with _compared_corpus(corpus, options.endpoint) as files:
+        corpus_profile, meter = profile_corpus(files, options)
         traffic_profile = read_profile(traffic, traffic_units(traffic), meter, token_sample=options.token_sample,
                                        seed=options.seed)
-        return compare(corpus, corpus_profile, traffic_profile, options, meter)
+        return compare(files, corpus_profile, traffic_profile, options, meter)
 
 
-def describe_corpus(corpus_path: str | Path, options: AuditOptions | None = None) -> dict[str, Any]:
+def describe_corpus(corpus: str | Path | CorpusFiles, options: AuditOptions | None = None) -> dict[str, Any]:
     """One side only: the sections of the comparison for the corpus (what the HTML report plots without
     ``--against``)."""
     options = options or AuditOptions()
-    with opened_corpus(corpus_path, options.endpoint) as corpus:
-        profile, meter = profile_corpus(corpus, options)
+    with _compared_corpus(corpus, options.endpoint) as files:
+        profile, meter = profile_corpus(files, options)
         report = {"corpus": describe(profile)}
         if profile.tokens is not None:
             report["vocab"] = _vocab_alone(profile.tokens.frequencies, options.draft_vocab_size)
@@ -130,7 +130,7 @@ def _note_tokens(report: dict[str, Any], meter: TokenMeter | None) -> None:
 # --- one side ------------------------------------------------------------------------------------------
 
 
-def _shares(counts: dict[str, int]) -> dict[str, float]:
+def as_shares(counts: dict[str, int]) -> dict[str, float]:
     """The counts as shares, in the counts' own order (bucket order, or sorted names)."""
     total = sum(counts.values())
     return {key: count / total for key, count in counts.items()} if total else {}
@@ -199,9 +199,7 @@ def token_counts(profile: Profile) -> dict[str, dict[str, int]]:
         counts = _counts(mine, pl.col("bucket"))
         out[measure] = {bucket: counts[bucket] for bucket in LENGTH_BUCKETS if bucket in counts}
     copies = tokens.copies.frame()
-    counts = {} if copies.is_empty() else {str(k): int(v) for k, v in copies.group_by("copy_bucket")
-                                            .agg(pl.col("turns").sum()).iter_rows()}
-    out["copy_share"] = {bucket: counts[bucket] for bucket in COPY_BUCKETS if bucket in counts}
+    out["copy_share"] = _bucket_turns(copies) if not copies.is_empty() else {}
     return out
 
 
@@ -296,7 +294,7 @@ def describe(profile: Profile) -> dict[str, Any]:
         side["lengths"] = _percentiles(profile)
         side["length_buckets"] = _length_table(profile)
         side["copies"] = _copies(profile)
-    side["shares"] = {name: _shares(bucket_counts) for name, bucket_counts in side["counts"].items()}
+    side["shares"] = {name: as_shares(bucket_counts) for name, bucket_counts in side["counts"].items()}
     return side
 
 
@@ -367,7 +365,7 @@ def _vocab(corpus: np.ndarray, traffic: np.ndarray, draft: int) -> dict[str, Any
     }
 
 
-def compare(corpus: Corpus, corpus_profile: Profile, traffic_profile: Profile, options: AuditOptions,
+def compare(files: CorpusFiles, corpus_profile: Profile, traffic_profile: Profile, options: AuditOptions,
             meter: TokenMeter | None) -> dict[str, Any]:
     corpus_side = describe(corpus_profile)
     traffic_side = describe(traffic_profile)
@@ -393,29 +391,24 @@ def compare(corpus: Corpus, corpus_profile: Profile, traffic_profile: Profile, o
     report["max_divergence"] = {"dimension": worst[0], "tvd": worst[1]["tvd"]} if worst else None
     plan, notes = _plan(corpus_side, traffic_side)
     report["plan"] = plan
-    report["recipe_diff"], exhausted = _recipe_diff(corpus, plan)
-    report["suggestions"] = notes + exhausted + _token_suggestions(report, corpus)
+    report["recipe_diff"], exhausted = _recipe_diff(files, plan)
+    report["suggestions"] = notes + exhausted + _token_suggestions(report, files)
     return report
 
 
 # --- suggestions ---------------------------------------------------------------------------------------
 
 
-def _dropped_by_source(corpus: Corpus) -> Counter[str]:
-    path = corpus.root / LEDGER
-    return Counter(str(record.get("source")) for record in iter_ledger(path)) if path.exists() else Counter()
+def _dropped_by_source(files: CorpusFiles) -> dict[str, int]:
+    """Rows the ledger dropped, per source; none without a ledger (a published copy's audit.json counts, which
+    stand in for its drops elsewhere, never counted here)."""
+    if not files.has_ledger:
+        return {}
+    return {source: sum(reasons.values()) for source, reasons in files.drops.by_source.items()}
 
 
-def _recipe(corpus: Corpus) -> dict[str, Any] | None:
-    import yaml
-
-    path = corpus.root / RECIPE
-    if not path.exists():
-        return None
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        raise CorpusError(f"not valid YAML: {error}", file=str(path)) from None
+def _recipe(files: CorpusFiles) -> dict[str, Any] | None:
+    document = files.recipe
     return document if isinstance(document, dict) else None
 
 
@@ -475,17 +468,17 @@ def _split_rows(wanted: int, thinking: float, sources: dict[str, dict[str, Any]]
     return {name: round(weight) for name, weight in weights.items()}
 
 
-def _recipe_diff(corpus: Corpus, plan: list[dict[str, Any]]) -> tuple[str | None, list[str]]:
+def _recipe_diff(files: CorpusFiles, plan: list[dict[str, Any]]) -> tuple[str | None, list[str]]:
     """The corpus's resolved recipe with each source's ``take`` set to give its target rows (scaled by the
     share of the source's rows that survived the checks last time), as a unified diff; and the sources that
     cannot give more rows (every row already read)."""
     import yaml
 
-    document = _recipe(corpus)
+    document = _recipe(files)
     notes: list[str] = []
     if document is None or not plan:
         return None, notes
-    dropped = _dropped_by_source(corpus)
+    dropped = _dropped_by_source(files)
     changed = False
     edited = copy.deepcopy(document)
     specs = {spec.get("name"): spec for spec in edited.get("sources") or [] if isinstance(spec, dict)}
@@ -523,7 +516,7 @@ def _recipe_diff(corpus: Corpus, plan: list[dict[str, Any]]) -> tuple[str | None
                                         "recipe.yaml (matched to the traffic)")), notes
 
 
-def _token_suggestions(report: dict[str, Any], corpus: Corpus) -> list[str]:
+def _token_suggestions(report: dict[str, Any], files: CorpusFiles) -> list[str]:
     notes: list[str] = []
     corpus_side, traffic_side = report["corpus"], report["traffic"]
     divergence = report["divergence"]
@@ -538,7 +531,7 @@ def _token_suggestions(report: dict[str, Any], corpus: Corpus) -> list[str]:
                 notes.append(f"{measure.replace('_', ' ')} {gap['bucket']}: traffic {gap['traffic']:.1%}, corpus "
                              f"{gap['corpus']:.1%}: about {round(-gap['gap'] * total):,} such rows more than the "
                              "traffic has")
-    budget = ((_recipe(corpus) or {}).get("checks") or {}).get("max_seq_len")
+    budget = ((_recipe(files) or {}).get("checks") or {}).get("max_seq_len")
     lengths = (traffic_side.get("lengths") or {}).get("conversation_tokens")
     if budget and lengths and lengths["p99"] > budget:
         notes.append(f"1% of the traffic's conversations are longer than {lengths['p99']:,} tokens, past "

@@ -6,10 +6,10 @@ assistant turn and checks generated turns against their served ids, ``settings``
 template options a recipe or a built corpus uses. A build loads the renderer once and shares it.
 """
 
-from .rows import ConversationTokens, TokenMismatch, TokenRows, TurnRow, served_turns
+from .rows import ConversationTokens, TokenMismatch, TokenRows, TurnRow, common_prefix, served_turns
 from .settings import TokenSettings
 from .template import TemplateRenderer, TemplateWithoutTools
 from .twin import NoTwin, twin_of
 
 __all__ = ["ConversationTokens", "NoTwin", "TemplateRenderer", "TemplateWithoutTools", "TokenMismatch", "TokenRows",
-           "TokenSettings", "TurnRow", "served_turns", "twin_of"]
+           "TokenSettings", "TurnRow", "common_prefix", "served_turns", "twin_of"]

@@ -110,8 +110,9 @@ def _first_difference(served: list[int], rendered: list[int]) -> int | None:
     return min(len(served), len(rendered))
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    if b[:len(a)] == a:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many first ids ``a`` and ``b`` share (where a turn's supervised ids start after its prompt's)."""
+    if b[:len(a)] == a:  # the usual case, compared at C speed
         return len(a)
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
@@ -160,15 +161,12 @@ class TokenRows:
         return [self._assemble(conversation, budget, turns, ids) for conversation, budget, turns in plans]
 
     def _prompt_text(self, conversation: Conversation, turn: int, through: str) -> str:
-        """The prompt a replayed turn extends. A turn with reasoning under a thinking-off recipe (or the
-        reverse) only extends the generation prompt of the other mode: that is the mode it was made in."""
-        renderer = self.renderer
-        for thinking in (renderer.enable_thinking, not renderer.enable_thinking):
-            prompt = renderer.render_prompt(conversation, turn, enable_thinking=thinking)
-            if through.startswith(prompt):
-                return prompt
-        raise CorpusError(f"conversation {conversation.id}: the template's render of assistant turn {turn} does "
-                          "not extend its generation prompt in either thinking mode; no loss mask can be derived")
+        """The prompt a replayed turn extends (``TemplateRenderer.extended_prompt``); none is an error here."""
+        prompt = self.renderer.extended_prompt(conversation, turn, through)
+        if prompt is None:
+            raise CorpusError(f"conversation {conversation.id}: the template's render of assistant turn {turn} does "
+                              "not extend its generation prompt in either thinking mode; no loss mask can be derived")
+        return prompt
 
     def _assemble(self, conversation: Conversation, budget: list[int], turns: list[Any],
                   ids: list[list[int]]) -> ConversationTokens:
@@ -183,7 +181,7 @@ class TokenRows:
                     result.mismatches.append(mismatch)
             else:
                 through = ids[first]
-                start = _common_prefix(ids[second], through)
+                start = common_prefix(ids[second], through)
                 input_ids = through[:self._end_of_turn(through, start)]
             # A turn without reasoning renders an empty think block: its tags are template, not reasoning.
             reasoning = self._reasoning_length(input_ids, start) if conversation.messages[j].reasoning else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import CorpusError
 from ..hub import fetch_tokenizer
@@ -40,15 +41,13 @@ class TokenSettings:
     def from_corpus(cls, corpus: Corpus, tokenizer: Path | None = None) -> TokenSettings | None:
         """From the corpus's resolved recipe.yaml. Its tokenizer path is as written in the original recipe,
         so the absolute path the build recorded in audit.json is tried first; ``tokenizer`` overrides."""
-        import yaml
+        return cls.from_corpus_recipe(corpus, read_corpus_recipe(corpus), tokenizer)
 
-        path = corpus.root / RECIPE
-        try:
-            document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            document = {}
-        except yaml.YAMLError as error:
-            raise CorpusError(f"not valid YAML: {error}", file=str(path)) from None
+    @classmethod
+    def from_corpus_recipe(cls, corpus: Corpus, recipe: Any, tokenizer: Path | None = None) -> TokenSettings | None:
+        """``from_corpus`` with the corpus's recipe.yaml already read (``read_corpus_recipe``), so a caller
+        that needs the recipe too parses it once."""
+        document = recipe or {}
         target = document.get("target") or {}
         generation = target.get("generation") or {}
         checks = document.get("checks") or {}
@@ -66,6 +65,19 @@ class TokenSettings:
     def renderer(self) -> TemplateRenderer:
         return TemplateRenderer(self.tokenizer, enable_thinking=self.enable_thinking,
                                 history_reasoning=self.history_reasoning)
+
+
+def read_corpus_recipe(corpus: Corpus) -> Any:
+    """The corpus's recipe.yaml as parsed YAML, whatever its shape; None when the corpus has none."""
+    import yaml
+
+    path = corpus.root / RECIPE
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except yaml.YAMLError as error:
+        raise CorpusError(f"not valid YAML: {error}", file=str(path)) from None
 
 
 def _find_tokenizer(root: Path, recorded: str | None, written: str | None) -> Path | None:

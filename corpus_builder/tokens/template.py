@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from functools import cached_property
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -168,16 +169,30 @@ class TemplateRenderer:
         turns = conversation.messages[:end]
         messages = openai_messages(turns, keep_history_reasoning=self.history_reasoning == "keep", current=current)
         for message, turn in zip(messages, turns, strict=True):
-            if turn.tool_calls:  # vLLM's rule: arguments that are not a JSON object render as {}
-                message["tool_calls"] = [{**call.to_openai(), "function": {"name": call.name,
-                                                                           "arguments": call.arguments_object() or {}}}
-                                         for call in turn.tool_calls]
+            if not turn.tool_calls:
+                continue
+            if "tool_calls" not in message:  # openai_messages writes the calls of assistant turns only
+                message["tool_calls"] = [call.to_openai() for call in turn.tool_calls]
+            # Fresh dicts (openai_messages builds them per call): the arguments are decoded in place, as vLLM
+            # decodes them (arguments that are not a JSON object render as {}).
+            for sent, call in zip(message["tool_calls"], turn.tool_calls, strict=True):
+                sent["function"]["arguments"] = call.arguments_object() or {}
         return messages, tools
 
     def render_prompt(self, conversation: Conversation, turn: int, *, enable_thinking: bool | None = None) -> str:
         """What the server rendered to generate assistant turn ``turn``: the turns before it + generation prompt."""
         messages, tools = self.template_input(conversation, turn, current=turn)
         return self.render(messages, add_generation_prompt=True, enable_thinking=enable_thinking, tools=tools)
+
+    def extended_prompt(self, conversation: Conversation, turn: int, view: str) -> str | None:
+        """The generation prompt of replayed turn ``turn`` that its rendered ``view`` extends, or None when it
+        extends neither mode's. The renderer's thinking mode is tried first; a turn with reasoning under a
+        thinking-off recipe (or the reverse) extends only the other mode's prompt: the mode it was made in."""
+        for thinking in (self.enable_thinking, not self.enable_thinking):
+            prompt = self.render_prompt(conversation, turn, enable_thinking=thinking)
+            if view.startswith(prompt):
+                return prompt
+        return None
 
     def render_through(self, conversation: Conversation, turn: int) -> str:
         """The served view of assistant turn ``turn``: its prompt's turns followed by the turn itself."""
@@ -205,6 +220,10 @@ class TemplateRenderer:
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
 
     @cached_property
+    def _twin_threads(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=TWIN_THREADS, thread_name_prefix="twin-encode")
+
+    @cached_property
     def twin(self) -> Any | None:
         """The tiktoken twin used for counting, or None (then ``twin_refusal`` says why)."""
         from .twin import NoTwin, twin_of
@@ -218,23 +237,37 @@ class TemplateRenderer:
             self.twin_refusal = str(why)
             return None
 
-    def _count_views(self, views: list[str]) -> list[int]:
-        """Token counts of rendered texts. The twin's first batch is checked against ``tokenizers`` id for
-        id, a last guard on top of ``twin_of``'s checks: on any difference the twin is dropped."""
+    def fast_encode(self, texts: Sequence[str], *, guard_texts: int | None = None) -> list[list[int]]:
+        """Token ids of rendered texts (as ``encode``), by the tiktoken twin where it is exact. The twin's first
+        use on this renderer is checked id for id against ``tokenizers`` on its first ``guard_texts`` texts
+        (None: all of them), a last guard on top of ``twin_of``'s checks: on any difference the twin is
+        dropped for good and ``tokenizers`` encodes."""
         twin = self.twin
-        if twin is None:
-            return [len(encoding.ids) for encoding in self.tokenizer.encode_batch(views, add_special_tokens=False)]
-        ids = twin.encode_batch(views, allowed_special="all", num_threads=TWIN_THREADS)
+        if twin is None or not texts:
+            return self.encode(texts)
+
+        # Whole slices per thread: tiktoken's own encode_batch costs a future per text.
+        def run(part: Sequence[str]) -> list[list[int]]:
+            return [twin.encode(text, allowed_special="all") for text in part]
+
+        step = -(-len(texts) // TWIN_THREADS)
+        ids = list(chain.from_iterable(self._twin_threads.map(run, [texts[i:i + step]
+                                                                    for i in range(0, len(texts), step)])))
         if not self._twin_checked:
             self._twin_checked = True
-            expected = self.encode(views)
-            if ids != expected:
-                first = next(i for i, (a, b) in enumerate(zip(ids, expected, strict=True)) if a != b)
+            checked = len(texts) if guard_texts is None else guard_texts
+            expected = self.encode(texts[:checked])
+            if ids[:checked] != expected:
+                first = next(i for i, (a, b) in enumerate(zip(ids, expected, strict=False)) if a != b)
                 self.twin, self.twin_refusal = None, f"tiktoken differed from tokenizers on text {first}"
                 warnings.warn(f"token counts fall back to tokenizers: {self.twin_refusal}", RuntimeWarning,
                               stacklevel=2)
-                return [len(row_ids) for row_ids in expected]
-        return [len(row_ids) for row_ids in ids]
+                return expected if checked >= len(texts) else self.encode(texts)
+        return ids
+
+    def _count_views(self, views: list[str]) -> list[int]:
+        """Token counts of rendered texts, every text of the twin's first batch checked (``fast_encode``)."""
+        return [len(row_ids) for row_ids in self.fast_encode(views)]
 
     @cached_property
     def longest_token(self) -> int:

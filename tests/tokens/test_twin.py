@@ -184,19 +184,20 @@ def test_a_refused_tokenizer_is_counted_by_tokenizers(tiny_model_dir: Path, tmp_
 
 
 class OffByOne:
-    """A twin that is wrong on its first text: the renderer's own check must catch it."""
+    """A twin that is wrong on one text (the first one counted): the renderer's own check must catch it."""
 
-    def __init__(self, twin: Any) -> None:
+    def __init__(self, twin: Any, wrong_on: str) -> None:
         self.twin = twin
+        self.wrong_on = wrong_on
 
-    def encode_batch(self, texts: list[str], **options: Any) -> list[list[int]]:
-        ids = self.twin.encode_batch(texts, **options)
-        return [ids[0] + [0], *ids[1:]]
+    def encode(self, text: str, **options: Any) -> list[int]:
+        ids: list[int] = self.twin.encode(text, **options)
+        return [*ids, 0] if text == self.wrong_on else ids
 
 
 def test_a_twin_that_differs_on_the_first_batch_is_dropped(tiny_model_dir: Path) -> None:
     renderer = TemplateRenderer(tiny_model_dir)
-    renderer.twin = OffByOne(renderer.twin)
+    renderer.twin = OffByOne(renderer.twin, renderer.budget_views(conversations()[0])[-1])
     with pytest.warns(RuntimeWarning, match="fall back to tokenizers"):
         counts = renderer.count_tokens(conversations())
     assert renderer.twin is None and renderer.twin_refusal == "tiktoken differed from tokenizers on text 0"
