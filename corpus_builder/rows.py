@@ -12,6 +12,9 @@ null on rows and turns without tool traffic.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -37,12 +40,62 @@ ARROW_SCHEMA = pa.schema([
     ("split", pa.string()),
     ("provenance", pa.string()),  # JSON-encoded object: its keys differ between replayed and generated rows
 ])
+SPOOL_BATCH = 2048  # rows per batch of a RowSpool
 
 
 def spool_writer(sink: pa.NativeFile) -> pa.RecordBatchStreamWriter:
     """An Arrow stream of rows in the row form, zstd-compressed: a build's spools hold every row it keeps (or
     prompts), which for text is several times smaller compressed, at little CPU."""
     return pa.ipc.new_stream(sink, ARROW_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="zstd"))
+
+
+class RowSpool:
+    """Rows spooled to one file in the row form (``spool_writer``), ``SPOOL_BATCH`` rows a batch: appended,
+    closed, then read back as often as needed. As a context manager it is closed on leaving; after an error
+    only its file is closed, the rows not yet written are dropped (the staging it lives in is discarded)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = spool_writer(self._sink)
+        self._pending: list[Conversation] = []
+
+    def append(self, conversation: Conversation) -> None:
+        self._pending.append(conversation)
+        if len(self._pending) >= SPOOL_BATCH:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        if self._pending:
+            self._writer.write_batch(conversations_to_batch(self._pending))
+            self._pending = []
+
+    def close(self) -> None:
+        self._write_pending()
+        self._close_file()
+
+    def _close_file(self) -> None:
+        self._writer.close()
+        self._sink.close()
+
+    def __enter__(self) -> RowSpool:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self._close_file()
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The spooled rows as written, batch by batch (for a filter on columns before any conversion)."""
+        with pa.OSFile(str(self.path), "rb") as source, pa.ipc.open_stream(source) as reader:
+            yield from reader
+
+    def __iter__(self) -> Iterator[Conversation]:
+        for batch in self.batches():
+            yield from batch_to_conversations(batch)
 
 
 def conversations_to_batch(conversations: list[Conversation]) -> pa.RecordBatch:
@@ -66,13 +119,18 @@ def conversations_to_batch(conversations: list[Conversation]) -> pa.RecordBatch:
         pa.array([c.task for c in conversations], pa.string()),
         pa.array([c.license for c in conversations], pa.string()),
         pa.ListArray.from_arrays(pa.array(offsets), turns, type=ARROW_SCHEMA.field("messages").type),
-        pa.array([orjson.dumps(c.tools).decode() if c.tools else None for c in conversations], pa.string()),
+        pa.array([tools_json(c) for c in conversations], pa.string()),
         pa.array(_thinking(offsets, roles, reasonings), pa.bool_()),
         pa.array([c.flags for c in conversations], pa.list_(pa.string())),
         pa.array([c.split for c in conversations], pa.string()),
         pa.array([orjson.dumps(c.provenance).decode() for c in conversations], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def tools_json(conversation: Conversation) -> str | None:
+    """The row's tools as the JSON text the row form and the exports hold; null for a row without tools."""
+    return orjson.dumps(conversation.tools).decode() if conversation.tools else None
 
 
 def _tool_calls(messages: list[Message]) -> pa.Array:

@@ -16,9 +16,12 @@ from ..sources import MeasuredRows
 from ..tokens import TemplateRenderer
 from .decontaminate import Contamination
 from .dedup import Dedup, Evicted
-from .near_dedup import Signatures, conversation_text
+from .near_dedup import ConversationText, Signatures, conversation_text, normalised_chunks
 
 FLAG_TRUNCATED_TO_BUDGET = "truncated_to_budget"
+# What contamination is checked on: the whole conversation (a response that reproduces a reference answer is
+# contaminated too).
+CONTAMINATION_TEXT: ConversationText = "all"
 
 
 @dataclass(slots=True)
@@ -65,9 +68,7 @@ class Checker:
         return cls(checks, None, dedup=Dedup.for_recipe(recipe, "prompt"), contamination=contamination)
 
     def measure(self, batch: list[Conversation]) -> BatchStats:
-        stats = BatchStats([None] * len(batch), [False] * len(batch),
-                           self.dedup.signatures(batch) if self.dedup is not None else None,
-                           self._contamination(batch))
+        stats = BatchStats([None] * len(batch), [False] * len(batch), *self._screen(batch))
         renderer, limit = self.renderer, self.checks.max_seq_len
         if renderer is None or limit is None:
             return stats
@@ -84,10 +85,23 @@ class Checker:
             stats.tokens[index] = tokens
         return stats
 
+    def _screen(self, batch: Sequence[Conversation]) -> tuple[Signatures | None, list[tuple[str, ...]] | None]:
+        """The dedup signatures and the contamination of a batch. When dedup compares the text contamination
+        is checked on (not the prompt screen's: dedup on prompts), each chunk is normalised once for both."""
+        dedup, contamination = self.dedup, self.contamination
+        if dedup is None or contamination is None or dedup.turns != CONTAMINATION_TEXT or not batch:
+            return dedup.signatures(batch) if dedup is not None else None, self._contamination(batch)
+        signatures: list[Signatures] = []
+        matches: list[tuple[str, ...]] = []
+        for chunk in normalised_chunks([conversation_text(row, CONTAMINATION_TEXT) for row in batch]):
+            signatures.append(dedup.chunk_signatures(chunk))
+            matches.extend(contamination.chunk_matches(chunk))
+        return Signatures.concat(signatures), matches
+
     def _contamination(self, batch: Sequence[Conversation]) -> list[tuple[str, ...]] | None:
         if self.contamination is None:
             return None
-        return self.contamination.matches([conversation_text(row) for row in batch])
+        return self.contamination.matches([conversation_text(row, CONTAMINATION_TEXT) for row in batch])
 
     def run(self, items: Iterable[Conversation | Skipped | MeasuredRows[BatchStats]]
             ) -> Iterator[Conversation | Skipped]:

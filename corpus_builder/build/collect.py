@@ -19,7 +19,7 @@ import pyarrow as pa
 from ..errors import CorpusError, Skipped
 from ..recipe.model import Recipe
 from ..records import Conversation
-from ..rows import batch_to_conversations, conversations_to_batch, spool_writer
+from ..rows import RowSpool, batch_to_conversations
 from ..sources import MeasuredRows
 from .checks import BatchStats, Checker, row_location
 from .dedup import Evicted, Verdict
@@ -27,8 +27,6 @@ from .mixture import Available, Selection, next_round, plan_selection, priority,
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter
 from .split import Splitter
-
-SPOOL_BATCH = 2048
 
 
 class MixtureShort(CorpusError):
@@ -46,18 +44,17 @@ class KeptRows:
         self.directory.mkdir()
         self.splitter = splitter
         self.available = {spec.name: Available() for spec in recipe.sources}
-        self._writers: dict[str, tuple[pa.OSFile, pa.RecordBatchStreamWriter]] = {}
-        self._pending: dict[str, list[Conversation]] = {}
+        self._spools: dict[str, RowSpool] = {}  # only sources that kept a row have one
         self._evicted: dict[str, dict[int, Evicted]] = {}  # source -> row priority -> why it is dropped
 
     def add(self, conversation: Conversation) -> None:
         conversation.split = self.splitter.assign(conversation)
         row_priority = priority(self.recipe.mixture.seed, conversation.id)
         self.available[conversation.source].add(conversation.split, conversation.thinking, row_priority)
-        pending = self._pending.setdefault(conversation.source, [])
-        pending.append(conversation)
-        if len(pending) >= SPOOL_BATCH:
-            self._write(conversation.source)
+        spool = self._spools.get(conversation.source)
+        if spool is None:
+            spool = self._spools[conversation.source] = RowSpool(self.directory / f"{len(self._spools):04d}.arrow")
+        spool.append(conversation)
 
     def evict(self, evicted: Evicted) -> None:
         """A kept row a later row of a higher-priority source duplicates: out of the selection, into the ledger
@@ -69,43 +66,27 @@ class KeptRows:
     def kept(self, source: str) -> int:
         return self.available[source].count()
 
-    def _write(self, source: str) -> None:
-        pending = self._pending.get(source)
-        if not pending:
-            return
-        if source not in self._writers:
-            sink = pa.OSFile(str(self.directory / f"{len(self._writers):04d}.arrow"), "wb")
-            self._writers[source] = (sink, spool_writer(sink))
-        self._writers[source][1].write_batch(conversations_to_batch(pending))
-        pending.clear()
-
     def close(self) -> None:
-        for source in list(self._pending):
-            self._write(source)
-        for sink, writer in self._writers.values():
-            writer.close()
-            sink.close()
+        for spool in self._spools.values():
+            spool.close()
 
     def selected(self, selection: Selection) -> Iterator[Conversation | Skipped]:
         """The rows the selection takes: source by source in recipe order, each in the order it was kept; and
         the evicted rows, as the ledger's records."""
-        files = {source: index for index, source in enumerate(self._writers)}
         for spec in self.recipe.sources:
-            if spec.name not in files:
+            spool = self._spools.get(spec.name)
+            if spool is None:
                 continue
             evicted = self._evicted.get(spec.name, {})
-            path = self.directory / f"{files[spec.name]:04d}.arrow"
-            with pa.OSFile(str(path), "rb") as source, pa.ipc.open_stream(source) as reader:
-                for batch in reader:
-                    for row in batch_to_conversations(batch):
-                        assert row.split is not None
-                        row_priority = priority(self.recipe.mixture.seed, row.id)
-                        dropped = evicted.get(row_priority)
-                        if dropped is not None:
-                            verdict = Verdict(dropped.of, dropped.of_source, dropped.rule)
-                            yield Skipped(row.source, verdict.reason, row_location(row), verdict.detail, id=row.id)
-                        elif selection.takes(row.source, row.split, row.thinking, row_priority):
-                            yield row
+            for row in spool:
+                assert row.split is not None
+                row_priority = priority(self.recipe.mixture.seed, row.id)
+                dropped = evicted.get(row_priority)
+                if dropped is not None:
+                    verdict = Verdict(dropped.of, dropped.of_source, dropped.rule)
+                    yield Skipped(row.source, verdict.reason, row_location(row), verdict.detail, id=row.id)
+                elif selection.takes(row.source, row.split, row.thinking, row_priority):
+                    yield row
 
 
 def collect(recipe: Recipe, checker: Checker, kept: KeptRows, ledger: LedgerWriter,
@@ -156,10 +137,13 @@ def _generate_in_rounds(recipe: Recipe, checker: Checker, kept: KeptRows, ledger
         bounds = {name: (pools[name][first], pools[name][last - 1]) for name, (first, last) in batch.items()}
 
         def this_round(bounds: dict[str, tuple[int, int]] = bounds) -> Iterator[Conversation]:
-            for prompt in session.spool:
-                low_high = bounds.get(prompt.source)
-                if low_high is not None and low_high[0] <= priority(recipe.mixture.seed, prompt.id) <= low_high[1]:
-                    yield prompt
+            # the round's prompts picked on the id and source columns: only those become conversations
+            for batch in session.spool.batches():
+                in_round = [index for index, (source, row_id) in enumerate(_sources_and_ids(batch))
+                            if source in bounds
+                            and bounds[source][0] <= priority(recipe.mixture.seed, row_id) <= bounds[source][1]]
+                if in_round:
+                    yield from batch_to_conversations(batch.take(in_round))
 
         rows = session.rows(this_round, sum(last - first for first, last in batch.values()))
         _absorb(checker.run(rows), kept, ledger)
@@ -169,8 +153,14 @@ def _generate_in_rounds(recipe: Recipe, checker: Checker, kept: KeptRows, ledger
 def _prompt_pools(recipe: Recipe, session: GenerationSession) -> dict[str, list[int]]:
     """Each prompts source's prompts as sorted priorities: the order they are generated in."""
     pools: dict[str, list[int]] = {spec.name: [] for spec in recipe.sources if spec.kind == "prompts"}
-    for prompt in session.spool:
-        pools[prompt.source].append(priority(recipe.mixture.seed, prompt.id))
+    for batch in session.spool.batches():
+        for source, row_id in _sources_and_ids(batch):
+            pools[source].append(priority(recipe.mixture.seed, row_id))
     for pool in pools.values():
         pool.sort()
     return pools
+
+
+def _sources_and_ids(batch: pa.RecordBatch) -> Iterator[tuple[str, str]]:
+    """Each spooled row's source and id, read from their columns alone."""
+    return zip(batch.column("source").to_pylist(), batch.column("id").to_pylist(), strict=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .near_dedup import WordRuns, normalise_texts, text_chunks
+from .near_dedup import NormalisedChunk, WordRuns, normalised_chunks
 
 DEFAULT_NGRAM = 13
 DEFAULT_MIN_WORDS = 8
@@ -62,8 +62,8 @@ class Contamination:
                 raise ValueError(f"evaluation set {name!r} is listed twice")
             count = ignored = 0
             listed = list(texts)
-            for chunk in text_chunks(listed):
-                runs_of_chunk = WordRuns(normalise_texts(listed[chunk]))
+            for chunk in normalised_chunks(listed):
+                runs_of_chunk = chunk.runs
                 count += len(runs_of_chunk.words_per_text)
                 ignored += int((runs_of_chunk.words_per_text < min_words).sum())
                 for length, hashes in self._eval_runs(runs_of_chunk).items():
@@ -103,15 +103,17 @@ class Contamination:
     def matches(self, texts: Sequence[str]) -> list[tuple[str, ...]]:
         """For each text, the evaluation sets it shares a run with (in the order the sets were given)."""
         found: list[tuple[str, ...]] = []
-        for chunk in text_chunks(texts):
-            found.extend(self._matches(WordRuns(normalise_texts(texts[chunk]))))
+        for chunk in normalised_chunks(texts):
+            found.extend(self.chunk_matches(chunk))
         return found
 
     def contaminated(self, text: str) -> tuple[str, ...]:
         """The evaluation sets one text shares a run with; empty when it is clean."""
         return self.matches([text])[0]
 
-    def _matches(self, runs: WordRuns) -> list[tuple[str, ...]]:
+    def chunk_matches(self, chunk: NormalisedChunk) -> list[tuple[str, ...]]:
+        """``matches`` of one chunk already normalised (e.g. shared with the dedup of the same texts)."""
+        runs = chunk.runs
         pairs: list[I64] = []  # text * sets + set, for every run found
         for length, (table, sets) in self._runs.items():
             hashes, offsets = runs.hashes(length, whole_if_shorter=False)

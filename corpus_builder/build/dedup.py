@@ -6,8 +6,8 @@ a duplicate), and every row, replayed and generated, after it. Sources are read 
 (``Recipe.sources_in_dedup_order``), so among replayed rows, and among prompts, the row kept is the first
 read. Generated rows come after every replayed one; when one outranks the replayed row it duplicates, the
 replayed row is evicted (``Evicted``: the build drops it from its spool and ledgers it) and the generated
-row kept. The keys of the index carry what an eviction needs: the row's source rank, thinking flag,
-source and id.
+row kept. The keys of the index carry what an eviction needs: the row's thinking flag, source and id (the
+source gives its rank).
 
 ``load_contamination`` reads the recipe's evaluation sets (local files or Hub datasets, with the sources'
 readers) into a ``Contamination`` index; a row matching any set is dropped as ``contaminated``, its detail
@@ -31,6 +31,7 @@ from .near_dedup import (
     Duplicate,
     ExactDuplicates,
     NearDuplicates,
+    NormalisedChunk,
     Rule,
     Signatures,
     conversation_text,
@@ -99,12 +100,16 @@ class Dedup:
     def signatures(self, rows: Sequence[Conversation]) -> Signatures:
         return self.index.signatures([conversation_text(row, self.turns) for row in rows])
 
+    def chunk_signatures(self, chunk: NormalisedChunk) -> Signatures:
+        """``signatures`` of rows whose ``conversation_text(row, self.turns)`` is already normalised."""
+        return self.index.chunk_signatures(chunk)
+
     def decide(self, rows: Sequence[Conversation], ids: Sequence[str], signatures: Signatures,
                evict: Callable[[Evicted], None] | None) -> list[Verdict | None]:
         """Per row (kept under ``ids``), in order: None (kept) or why it is a duplicate. With ``evict``, a row
         that outranks the kept row it duplicates is kept and that row evicted; without, the first kept stays
         (callers read sources in rank order, so only a later phase can outrank an earlier one)."""
-        keys = [_SEPARATOR.join((str(self.ranks.get(row.source, 0)), "1" if row.thinking else "0", row.source, row_id))
+        keys = [_SEPARATOR.join(("1" if row.thinking else "0", row.source, row_id))
                 for row, row_id in zip(rows, ids, strict=True)]
         verdicts: list[Verdict | None] = []
         for row, key, found in zip(rows, keys, self.index.decide(keys, signatures), strict=True):
@@ -116,17 +121,18 @@ class Dedup:
         kept = found.of
         while kept in self._replaced:
             kept = self._replaced[kept]
-        kept_rank, kept_thinking, kept_source, kept_id = _parse_key(kept)
+        kept_thinking, kept_source, kept_id = _parse_key(kept)
+        kept_rank = self.ranks.get(kept_source, 0)
         if evict is not None and self.ranks.get(source, 0) < kept_rank:
-            evict(Evicted(kept_source, kept_id, kept_thinking, _parse_key(key)[3], source, found.rule))
+            evict(Evicted(kept_source, kept_id, kept_thinking, _parse_key(key)[2], source, found.rule))
             self._replaced[kept] = key
             return None
         return Verdict(kept_id, kept_source, found.rule)
 
 
-def _parse_key(key: str) -> tuple[int, bool, str, str]:
-    rank, thinking, source, row_id = key.split(_SEPARATOR, 3)
-    return int(rank), thinking == "1", source, row_id
+def _parse_key(key: str) -> tuple[bool, str, str]:
+    thinking, source, row_id = key.split(_SEPARATOR, 2)
+    return thinking == "1", source, row_id
 
 
 def load_contamination(decontamination: Decontamination | None) -> Contamination | None:

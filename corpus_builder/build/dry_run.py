@@ -122,13 +122,11 @@ class SourceCounter:
         self._first_prompts.clear()
 
 
-def plan_build(recipe: Recipe, out: Path | None = None, *, renderer: TemplateRenderer | None = None) -> BuildPlan:
+def plan_build(recipe: Recipe, out: Path | None = None) -> BuildPlan:
     """The dry run: read every source once, probe the endpoints, measure first-turn prompts against the
     context and count what the journal already holds. Sends no generation request, starts no server."""
-    if renderer is None:
-        settings = TokenSettings.from_recipe(recipe)
-        renderer = settings.renderer() if settings is not None else None
-    counter = SourceCounter(recipe, renderer)
+    settings = TokenSettings.from_recipe(recipe)
+    counter = SourceCounter(recipe, settings.renderer() if settings is not None else None)
     for spec in recipe.sources:
         if spec.kind == "replay":
             for _ in counter.count(iter_source(spec, recipe.base_dir)):

@@ -11,22 +11,20 @@ Prompt sources are generated in priority order and topped up from their remainin
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..recipe.model import Recipe
+from ..sources.take import seeded_hash
 from .split import TRAIN, VALIDATION
 
 SPLITS = (TRAIN, VALIDATION)
-_SPAN = float(1 << 64)
 
 
 def priority(seed: int, row_id: str) -> int:
     """The order rows of a source are taken and prompts generated in: seeded, by the row's own id."""
-    key = f"{seed}\x1f{row_id}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"corpus-mixture").digest(), "big")
+    return seeded_hash(b"corpus-mixture", seed, row_id)
 
 
 @dataclass
@@ -39,8 +37,13 @@ class Cell:
         """The priority threshold under which ``count`` rows of the cell are taken (None: none)."""
         if count <= 0:
             return None
+        ordered = self.ordered()
+        return ordered[min(count, len(ordered)) - 1]
+
+    def ordered(self) -> list[int]:
+        """The priorities, best first: sorted in place, so sorting them again is one pass."""
         self.priorities.sort()
-        return self.priorities[min(count, len(self.priorities)) - 1]
+        return self.priorities
 
 
 @dataclass
@@ -211,8 +214,8 @@ def _apportion(rows: int, weights: dict[str, int]) -> dict[str, int]:
 
 def _natural_thinking(have: Available, split: str, rows: int) -> int:
     """How many of the ``rows`` best-priority rows of a split carry reasoning (what taking by priority gives)."""
-    thinking = sorted(have.cells.get((split, True), Cell()).priorities)
-    plain = sorted(have.cells.get((split, False), Cell()).priorities)
+    thinking = have.cells.get((split, True), Cell()).ordered()
+    plain = have.cells.get((split, False), Cell()).ordered()
     i = j = 0
     while i + j < rows:
         if j >= len(plain) or (i < len(thinking) and thinking[i] < plain[j]):

@@ -272,6 +272,32 @@ class WordRuns:
         return hashes, offsets
 
 
+class NormalisedChunk:
+    """A chunk of texts normalised, and its word runs, built on first use: dedup and decontamination of the
+    same texts read one chunk, as normalising and the runs' prefix sums are most of what either costs."""
+
+    __slots__ = ("_runs", "texts")
+
+    def __init__(self, texts: NormalisedTexts) -> None:
+        self.texts = texts
+        self._runs: WordRuns | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def runs(self) -> WordRuns:
+        if self._runs is None:
+            self._runs = WordRuns(self.texts)
+        return self._runs
+
+
+def normalised_chunks(texts: Sequence[str]) -> Iterator[NormalisedChunk]:
+    """``texts`` normalised a chunk at a time (``text_chunks``): a caller holds one chunk's arrays at once."""
+    for chunk in text_chunks(texts):
+        yield NormalisedChunk(normalise_texts(texts[chunk]))
+
+
 def band_layout(threshold: float, num_perm: int) -> tuple[int, int]:
     """(bands, rows per band) using at most ``num_perm`` MinHash values: the most rows per band for which a
     pair at ``threshold`` becomes a candidate with probability >= CANDIDATE_AT_THRESHOLD."""
@@ -564,8 +590,12 @@ class ExactDuplicates:
         as it holds no state of the index."""
         if not texts:
             return Signatures.empty(self._columns, self._sketch_words)
-        return Signatures.concat([Signatures(*self._hashes(normalise_texts(texts[chunk])))
-                                  for chunk in text_chunks(texts)])
+        return Signatures.concat([self.chunk_signatures(chunk) for chunk in normalised_chunks(texts)])
+
+    def chunk_signatures(self, chunk: NormalisedChunk) -> Signatures:
+        """``signatures`` of one chunk already normalised (e.g. shared with the decontamination of the same
+        texts)."""
+        return Signatures(*self._hashes(chunk))
 
     def decide(self, keys: Sequence[str], signatures: Signatures) -> list[Duplicate | None]:
         """``offer`` for texts already hashed by ``signatures`` (of an index with the same settings)."""
@@ -575,12 +605,13 @@ class ExactDuplicates:
             return []
         return self._decide(keys, signatures.hashes, signatures.present, signatures.sketches)
 
-    def _hashes(self, batch: NormalisedTexts) -> tuple[U64, npt.NDArray[np.bool_], U64]:
+    def _hashes(self, chunk: NormalisedChunk) -> tuple[U64, npt.NDArray[np.bool_], U64]:
         """(rows x columns) hashes, column 0 the exact rule's, and which of them a row has; (rows x words)
         sketches (no words for the exact rule alone)."""
-        digests = b"".join(hashlib.blake2b(batch.text(i), digest_size=8).digest() for i in range(len(batch)))
+        texts = chunk.texts
+        digests = b"".join(hashlib.blake2b(texts.text(i), digest_size=8).digest() for i in range(len(texts)))
         exact = np.frombuffer(digests, dtype=np.uint64).reshape(-1, 1)
-        return exact, np.ones(exact.shape, dtype=bool), np.zeros((len(batch), 0), dtype=np.uint64)
+        return exact, np.ones(exact.shape, dtype=bool), np.zeros((len(texts), 0), dtype=np.uint64)
 
     def _decide(self, keys: Sequence[str], hashes: U64, present: npt.NDArray[np.bool_], sketches: U64
                 ) -> list[Duplicate | None]:
@@ -677,15 +708,15 @@ class NearDuplicates(ExactDuplicates):
         self._sketches = _Sketches(num_perm, self.bands, self.rows_per_band, threshold)
         self._columns, self._sketch_words = 1 + self.bands, self._sketches.words
 
-    def _hashes(self, batch: NormalisedTexts) -> tuple[U64, npt.NDArray[np.bool_], U64]:
+    def _hashes(self, chunk: NormalisedChunk) -> tuple[U64, npt.NDArray[np.bool_], U64]:
         assert self._sketches is not None
-        exact, _, _ = super()._hashes(batch)
-        shingles, offsets = WordRuns(batch).hashes(self.shingle, whole_if_shorter=True)
+        exact, _, _ = super()._hashes(chunk)
+        shingles, offsets = chunk.runs.hashes(self.shingle, whole_if_shorter=True)
         matrix = self._minhash.digest_matrix_from_flat_token_hashes(shingles, offsets.astype(np.uint64),
                                                                      self.num_perm, self.seed)
-        signatures = np.array(matrix.to_rows(), dtype=np.uint64).reshape(len(batch), self.num_perm)
-        banded = signatures[:, :self.bands * self.rows_per_band].reshape(len(batch), self.bands, self.rows_per_band)
+        signatures = np.array(matrix.to_rows(), dtype=np.uint64).reshape(len(chunk), self.num_perm)
+        banded = signatures[:, :self.bands * self.rows_per_band].reshape(len(chunk), self.bands, self.rows_per_band)
         bands = _mix((banded * self._fold).sum(axis=2, dtype=np.uint64) + self._band_salts)
-        present = np.ones((len(batch), 1 + self.bands), dtype=bool)
+        present = np.ones((len(chunk), 1 + self.bands), dtype=bool)
         present[:, 1:] = (np.diff(offsets) > 0)[:, None]  # a text with no words has no signature
         return np.concatenate((exact, bands), axis=1), present, self._sketches.sketch(signatures)

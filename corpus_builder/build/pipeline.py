@@ -35,7 +35,7 @@ from ..recipe import recipe_sha256, resolved_yaml
 from ..recipe.model import Recipe
 from ..records import Conversation
 from ..sources import MeasuredRows, replay_stream
-from ..tokens import TokenRows, TokenSettings
+from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from .checks import BatchStats, Checker
 from .collect import KeptRows, MixtureShort, collect
 from .decontaminate import Contamination
@@ -74,6 +74,11 @@ class TargetTokens:
     def for_recipe(cls, recipe: Recipe) -> TargetTokens:
         settings = TokenSettings.from_recipe(recipe)
         return cls(settings, TokenRows(settings.renderer()) if settings is not None else None)
+
+    @property
+    def renderer(self) -> TemplateRenderer | None:
+        """The target's template renderer, for the checks and the prompt stage."""
+        return self.rows.renderer if self.rows is not None else None
 
 
 def check_output_path(out_dir: Path) -> None:
@@ -168,6 +173,7 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
                  tokens: TargetTokens, *, allow_partial: bool = False, mixture: dict[str, Any] | None = None,
                  screening: dict[str, Any] | None = None) -> BuildResult:
     """Split and writing of one stream of checked rows into ``staging``; returns the staged manifest and audit.
+    The ledger is closed once the rows are written (or fail to be).
 
     Rows left unfinished by the generation (requests out of retries) fail it with GenerationIncomplete
     unless ``allow_partial``: then the manifest records how many. ``mixture``: declared vs reached, when the
@@ -182,7 +188,8 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
             if isinstance(item, Skipped):
                 ledger.write(item)
             else:
-                item.split = splitter.assign(item)
+                if item.split is None:  # a collected row was split when it was kept; sources leave it unset
+                    item.split = splitter.assign(item)
                 shards.write(item)
     except BaseException:
         shards.abort()
@@ -195,7 +202,7 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
         raise GenerationIncomplete(
             f"{unfinished:,} generated rows are unfinished (their requests ran out of retries on transient "
             "faults): nothing was written; rerun to resume (every finished turn is journaled), or accept a "
-            "partial corpus with --allow-partial (target.generation.allow_partial)")
+            "partial corpus with --allow-partial (target.generation.allow_partial)", unfinished_rows=unfinished)
     shard_infos = shards.close()
     (staging / RECIPE).write_text(resolved_yaml(recipe), encoding="utf-8")
     splits: dict[str, dict[str, int]] = {}
@@ -264,17 +271,16 @@ def _build_locked(recipe: Recipe, out_dir: Path, stream: TextIO, allow_partial: 
     staging.mkdir()
     try:
         tokens = TargetTokens.for_recipe(recipe)
-        renderer = tokens.rows.renderer if tokens.rows is not None else None
         contamination = load_contamination(recipe.decontamination)
         screening = describe_screening(recipe, contamination)
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
-            stack.callback(ledger.close)
+            stack.callback(ledger.close)  # write_corpus closes it too, but a build can fail before that
             if recipe.has_prompts or recipe.mixture.declared(recipe.sources):
                 result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
                                           stack, allow_partial=allow_partial, allow_short=allow_short)
             else:  # replay alone, nothing declared: rows stream from the sources to the shards
-                checker = Checker.for_recipe(recipe, renderer, contamination)
+                checker = Checker.for_recipe(recipe, tokens.renderer, contamination)
                 result = write_corpus(checker.run(_replay_rows(recipe, checker, stream)), recipe, staging, ledger,
                                       tokens, allow_partial=allow_partial, screening=screening)
         _commit(staging, out_dir)
@@ -292,12 +298,11 @@ def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextI
     """Every source checked and spooled, prompts generated (in rounds, when the recipe declares the corpus),
     then the selection written: a generated row can evict the replayed row of a lower-priority source it
     duplicates, and a declared corpus that cannot be met stops here, before anything is written."""
-    renderer = tokens.rows.renderer if tokens.rows is not None else None
-    session = (GenerationSession(recipe, out_dir / JOURNAL, staging, ledger, renderer, stream, stack,
+    session = (GenerationSession(recipe, out_dir / JOURNAL, staging, ledger, tokens.renderer, stream, stack,
                                  screen=Checker.for_prompts(recipe, contamination))
                if recipe.has_prompts else None)
     kept = KeptRows(recipe, staging, Splitter(recipe.split.validation_fraction, recipe.split.seed))
-    checker = Checker.for_recipe(recipe, renderer, contamination, evict=kept.evict)
+    checker = Checker.for_recipe(recipe, tokens.renderer, contamination, evict=kept.evict)
     selection = collect(recipe, checker, kept, ledger, _replay_rows(recipe, checker, stream), session)
     declared = recipe.mixture.declared(recipe.sources)
     report = selection.report(recipe)

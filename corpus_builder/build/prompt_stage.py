@@ -18,14 +18,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TextIO
 
-import pyarrow as pa
-
 from ..errors import CorpusError, Skipped
 from ..generate import GenerationIncomplete, GenerationProgress, JournalCoverage, generate, journal_coverage
 from ..generate.journal import SEGMENT_GLOB
 from ..recipe.model import Recipe
 from ..records import Conversation
-from ..rows import batch_to_conversations, conversations_to_batch, spool_writer
+from ..rows import RowSpool
 from ..sources import prompt_stream
 from ..tokens import TemplateRenderer
 from .checks import Checker
@@ -33,38 +31,19 @@ from .dry_run import SourceCounter, complete_plan, format_plan
 from .shards import LedgerWriter
 
 SPOOL = "prompts.arrow"
-SPOOL_BATCH = 2048
 SERVER_LOG = "vllm-server.log"
 
 
-class PromptSpool:
-    """The prompt conversations of one build, written once and read back as often as the build needs."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows = 0
-
-    def fill(self, prompts: Iterator[Conversation | Skipped], ledger: LedgerWriter) -> None:
-        """Spool the conversations; bad rows go to the ledger."""
-        pending: list[Conversation] = []
-        with pa.OSFile(str(self.path), "wb") as sink, spool_writer(sink) as writer:
-            for item in prompts:
-                if isinstance(item, Skipped):
-                    ledger.write(item)
-                    continue
-                pending.append(item)
-                if len(pending) >= SPOOL_BATCH:
-                    writer.write_batch(conversations_to_batch(pending))
-                    self.rows += len(pending)
-                    pending = []
-            if pending:
-                writer.write_batch(conversations_to_batch(pending))
-                self.rows += len(pending)
-
-    def __iter__(self) -> Iterator[Conversation]:
-        with pa.OSFile(str(self.path), "rb") as source, pa.ipc.open_stream(source) as reader:
-            for batch in reader:
-                yield from batch_to_conversations(batch)
+def spool_prompts(path: Path, prompts: Iterator[Conversation | Skipped], ledger: LedgerWriter) -> RowSpool:
+    """The prompt conversations of one build, spooled once to be read back as often as the build needs; bad
+    rows go to the ledger."""
+    with RowSpool(path) as spool:
+        for item in prompts:
+            if isinstance(item, Skipped):
+                ledger.write(item)
+            else:
+                spool.append(item)
+    return spool
 
 
 class GenerationSession:
@@ -81,9 +60,8 @@ class GenerationSession:
         self.stream = stream
         self._stack = stack
         self._counter = SourceCounter(recipe, renderer)
-        self.spool = PromptSpool(staging / SPOOL)
         # duplicate and contaminated prompts are dropped before they cost a request
-        self.spool.fill(self._counter.count(screen.run(prompt_stream(recipe))), ledger)
+        self.spool = spool_prompts(staging / SPOOL, self._counter.count(screen.run(prompt_stream(recipe))), ledger)
         journal_dir.mkdir(parents=True, exist_ok=True)
         self._backend: tuple[tuple[str, ...], Callable[[], None] | None] | None = None
 
@@ -119,7 +97,7 @@ def _stopped_with_count(rows: Iterator[Conversation | Skipped], progress: Genera
         left = (progress.total or 0) - progress.done
         raise GenerationIncomplete(f"{stopped.problem}; {left:,} of {progress.total or 0:,} generated rows unfinished: "
                                    "nothing was written, rerun to resume (every finished turn is journaled)",
-                                   details=stopped.details) from stopped
+                                   unfinished_rows=left, details=stopped.details) from stopped
 
 
 @contextmanager

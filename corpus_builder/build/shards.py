@@ -59,6 +59,9 @@ class ShardWriter:
         self._buffered: dict[str, list[Conversation]] = {}
         self._writers: dict[str, pq.ParquetWriter] = {}  # touched only on the I/O thread
         self._rows_in_shard: dict[str, int] = {}
+        # buffered rows that make a split's next row group: min(row_group_size, room left in its shard), which
+        # changes only when a group is flushed (absent: a split's first shard, so row_group_size)
+        self._flush_at: dict[str, int] = {}
         self._shards: dict[str, list[tuple[Path, int]]] = {}
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
         self._in_flight: deque[Future[None]] = deque()
@@ -67,7 +70,7 @@ class ShardWriter:
         split = conversation.split or "train"
         buffered = self._buffered.setdefault(split, [])
         buffered.append(conversation)
-        if len(buffered) >= min(self.row_group_size, self._room(split)):
+        if len(buffered) >= self._flush_at.get(split, self.row_group_size):
             self._flush(split)
 
     def _room(self, split: str) -> int:
@@ -90,6 +93,7 @@ class ShardWriter:
         self._rows_in_shard[split] += batch.num_rows
         self._shards[split][-1] = (path, self._rows_in_shard[split])
         full = self._rows_in_shard[split] >= self.rows_per_shard
+        self._flush_at[split] = min(self.row_group_size, self._room(split))
         self._submit(self._write_batch, split, path, batch, full)
 
     def _submit(self, *call: Any) -> None:
@@ -152,6 +156,6 @@ class LedgerWriter:
         self._stream.write(orjson.dumps(record) + b"\n")
 
     def close(self) -> None:
-        if not self._stream.closed:
+        if not self._stream.closed:  # write_corpus closes it, and the build again when it ends
             # also closes the file; zstandard's stub leaves close() untyped
             self._stream.close()  # type: ignore[no-untyped-call]

@@ -12,10 +12,10 @@ is the fraction within binomial noise. ``STRATUM_TOLERANCE_SIGMAS`` states the t
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 from ..records import Conversation
+from ..sources.take import seeded_hash
 
 TRAIN = "train"
 VALIDATION = "validation"
@@ -34,8 +34,7 @@ class Splitter:
     def assign_id(self, row_id: str) -> str:
         if self.fraction <= 0:
             return TRAIN
-        key = f"{self.seed}\x1f{row_id}".encode()
-        draw = int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"corpus-split").digest(), "big") / _SPAN
+        draw = seeded_hash(b"corpus-split", self.seed, row_id) / _SPAN
         return VALIDATION if draw < self.fraction else TRAIN
 
 

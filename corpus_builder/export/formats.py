@@ -56,7 +56,7 @@ from ..layout import Corpus
 from ..progress import ProgressLine
 from ..recipe.model import Recipe
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
-from ..rows import batch_to_conversations
+from ..rows import batch_to_conversations, tools_json
 from ..tokens import TokenRows
 
 FORMATS = ("speculators", "speculators-tokens", "specforge", "messages", "sharegpt")
@@ -86,10 +86,6 @@ def _turns(conversation: Conversation) -> list[dict[str, Any]]:
     return [{"role": m.role, "content": m.content, "reasoning_content": m.reasoning,
              "tool_calls": [call.to_openai() for call in m.tool_calls] or None, "tool_call_id": m.tool_call_id}
             for m in conversation.messages]
-
-
-def _tools(conversation: Conversation) -> str | None:
-    return orjson.dumps(conversation.tools).decode() if conversation.tools else None
 
 
 def specforge_problems(row: dict[str, Any]) -> list[str]:
@@ -166,7 +162,7 @@ Converter = Callable[[list[Conversation], Counter[str]], Iterator[dict[str, Any]
 
 def _speculators(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     for c in conversations:
-        yield {"id": c.id, "conversations": _turns(c), "tools": _tools(c)}
+        yield {"id": c.id, "conversations": _turns(c), "tools": tools_json(c)}
 
 
 def _specforge(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
@@ -185,12 +181,12 @@ def _specforge(conversations: list[Conversation], skipped: Counter[str]) -> Iter
 
 def _messages(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     for c in conversations:
-        yield {"id": c.id, "source": c.source, "messages": _turns(c), "tools": _tools(c)}
+        yield {"id": c.id, "source": c.source, "messages": _turns(c), "tools": tools_json(c)}
 
 
 def _sharegpt(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
     for c in conversations:
-        yield {"id": c.id, "conversations": _sharegpt_turns(c), "tools": _tools(c)}
+        yield {"id": c.id, "conversations": _sharegpt_turns(c), "tools": tools_json(c)}
 
 
 class _TokenConverter:

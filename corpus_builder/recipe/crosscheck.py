@@ -113,6 +113,30 @@ def names_hub_model(base_dir: Path, written: str) -> bool:
     return is_hub_id(written) and not _looks_up(local_path(base_dir, written).parent, Path.is_dir)
 
 
+def tokenizer_is_hub(base_dir: Path, written: str) -> bool:
+    """``target.tokenizer`` read as a Hub model id: no such directory next to the recipe, and a Hub name."""
+    return not _looks_up(local_path(base_dir, written), Path.is_dir) and names_hub_model(base_dir, written)
+
+
+def needs_target_tokens(document: Any) -> bool:
+    """The recipe counts in the target's tokens (checks.max_seq_len or a speculators-tokens export)."""
+    return bool(_target_token_uses(document))
+
+
+def _target_token_uses(document: Any) -> list[tuple[KeyPath, str]]:
+    """Each setting that counts in the target's tokens, with why it needs the tokenizer."""
+    exports = _section(document, "output").get("exports")
+    uses: list[tuple[KeyPath, str]] = [
+        (("output", "exports", index, "format"), "speculators-tokens rows are in the target's tokens: "
+                                                 "set target.tokenizer")
+        for index, export in enumerate(exports if isinstance(exports, list) else [])
+        if isinstance(export, dict) and export.get("format") == "speculators-tokens"]
+    if "max_seq_len" in _section(document, "checks"):
+        uses.append((("checks", "max_seq_len"), "max_seq_len counts tokens in the target's tokenizer: "
+                                                "set target.tokenizer (a directory, or a Hub model id)"))
+    return uses
+
+
 def local_path(base_dir: Path, written: str) -> Path:
     """A path setting as the tools use it: relative to the recipe's directory unless absolute."""
     return base_dir / written
@@ -157,25 +181,17 @@ def cross_field_problems(document: dict[str, Any], base_dir: Path, parsed: Parse
                                                   "(the field that holds the prompt text)", at_key=True)
 
     tokenizer = target.get("tokenizer")
-    if isinstance(tokenizer, str):
+    if isinstance(tokenizer, str) and not tokenizer_is_hub(base_dir, tokenizer):
         directory = local_path(base_dir, tokenizer)
-        if _looks_up(directory, Path.is_dir):
-            if not _looks_up(directory / "tokenizer.json", Path.is_file):
-                report(("target", "tokenizer"), f"tokenizer directory has no tokenizer.json: {directory}")
-        elif not names_hub_model(base_dir, tokenizer):
+        if not _looks_up(directory, Path.is_dir):
             report(("target", "tokenizer"), f"tokenizer directory not found: {directory} (nor is it a Hub model id, "
                                             "ORG/NAME)")
+        elif not _looks_up(directory / "tokenizer.json", Path.is_file):
+            report(("target", "tokenizer"), f"tokenizer directory has no tokenizer.json: {directory}")
     model = target.get("model")
-    needs_tokens = "max_seq_len" in _section(document, "checks")
-    exports = _section(document, "output").get("exports")
-    for index, export in enumerate(exports if isinstance(exports, list) else []):
-        if isinstance(export, dict) and export.get("format") == "speculators-tokens" and tokenizer is None \
-                and not (isinstance(model, str) and is_hub_id(model)):
-            report(("output", "exports", index, "format"), "speculators-tokens rows are in the target's tokens: "
-                                                             "set target.tokenizer")
-    if needs_tokens and tokenizer is None and not (isinstance(model, str) and is_hub_id(model)):
-        report(("checks", "max_seq_len"), "max_seq_len counts tokens in the target's tokenizer: "
-                                          "set target.tokenizer (a directory, or a Hub model id)")
+    if tokenizer is None and not (isinstance(model, str) and is_hub_id(model)):
+        for key_path, message in _target_token_uses(document):
+            report(key_path, message)
 
     launch = _section(target, "launch")
     model_dir = launch.get("model_dir")
@@ -205,13 +221,13 @@ def _dedup_problems(document: dict[str, Any], source_names: dict[str, int], base
                     ) -> list[Problem]:
     """Dedup priorities name sources; evaluation sets have unique names and files that are there."""
     problems = []
-    priority = _section(document, "checks").get("dedup_priority")
+    checks = _section(document, "checks")
+    priority = checks.get("dedup_priority")
     for index, name in enumerate(priority if isinstance(priority, list) else []):
         if isinstance(name, str) and name not in source_names:
             known = ", ".join(f"'{n}'" for n in source_names) or "none"
             problems.append(parsed.problem(("checks", "dedup_priority", index),
                                            f"no source is named '{name}' (sources: {known})"))
-    checks = _section(document, "checks")
     if "near_duplicates" in checks and checks.get("dedup") == "none":
         problems.append(parsed.problem(("checks", "near_duplicates"), "near duplicates compare the text dedup "
                                        "compares: set checks.dedup to exact or prompt", at_key=True))

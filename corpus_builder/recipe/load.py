@@ -16,7 +16,7 @@ import yaml
 
 from ..errors import CorpusError
 from ..records import RepairRules
-from .crosscheck import cross_field_problems, fill_derived, is_hub_id, local_path, names_hub_model
+from .crosscheck import cross_field_problems, fill_derived, is_hub_id, local_path, needs_target_tokens, tokenizer_is_hub
 from .model import (
     Checks,
     Decontamination,
@@ -128,11 +128,8 @@ def _tokenizer(base_dir: Path, written: str | None, model: str, document: dict[s
     is there, else as a Hub id; without it, ``target.model`` from the Hub when the recipe counts in the
     target's tokens (checks.max_seq_len or a speculators-tokens export)."""
     if written is not None:
-        directory = local_path(base_dir, written)
-        return (None, written) if not directory.is_dir() and names_hub_model(base_dir, written) else (directory, None)
-    exports = document["output"]["exports"]
-    needs_tokens = "max_seq_len" in document["checks"] or any(e["format"] == "speculators-tokens" for e in exports)
-    return (None, model) if needs_tokens and is_hub_id(model) else (None, None)
+        return (None, written) if tokenizer_is_hub(base_dir, written) else (local_path(base_dir, written), None)
+    return (None, model) if needs_target_tokens(document) and is_hub_id(model) else (None, None)
 
 
 def _to_checks(checks: dict[str, Any]) -> Checks:

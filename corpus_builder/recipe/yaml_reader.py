@@ -167,10 +167,11 @@ def parse_yaml(text: str, file: str) -> Parsed:
     return parsed
 
 
-def _position(event: yaml.Event) -> tuple[int | None, int | None]:
-    """1-based line and column of an event (the parser always marks them)."""
+def _position(event: yaml.Event) -> Mark:
+    """1-based line and column of an event (the parser, C or Python, marks every event it emits)."""
     mark = event.start_mark
-    return (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
+    assert mark is not None
+    return mark.line + 1, mark.column + 1
 
 
 def _show_tag(tag: str) -> str:
@@ -207,7 +208,7 @@ class _YamlBuilder:
 
     def node(self, path: KeyPath, depth: int) -> Any:
         event = self.loader.get_event()
-        self.parsed.value_marks[path] = (event.start_mark.line + 1, event.start_mark.column + 1)
+        self.parsed.value_marks[path] = _position(event)
         if isinstance(event, yaml.AliasEvent):
             self.refuse(path, event, f"alias *{event.anchor} is not allowed: {_NO_ANCHORS}")
             return None
@@ -249,14 +250,13 @@ class _YamlBuilder:
             # them into true and 1, and the user would then read a baffling error).
             key = key_event.value
             child = (*path, key)
-            mark = (key_event.start_mark.line + 1, key_event.start_mark.column + 1)
             if key in result:
                 first_line = self.parsed.key_marks[child][0]
                 self.refuse(child, key_event, f"duplicate key '{key}' (first given on line {first_line}); "
                                               "YAML would silently keep only the last one", poison=False)
                 self.skip(depth=0)
                 continue
-            self.parsed.key_marks[child] = mark
+            self.parsed.key_marks[child] = _position(key_event)
             result[key] = self.node(child, depth + 1)
         self.loader.get_event()
         return result

@@ -17,9 +17,15 @@ from .readers import PositionFilter
 _SPAN = 1 << 64
 
 
+def seeded_hash(purpose: bytes, seed: int, *parts: str | int) -> int:
+    """A 64-bit hash of (seed, parts), their text joined by \\x1f, for one ``purpose`` (BLAKE2b's
+    personalisation, at most 16 bytes): draws for different purposes are independent even from the same key."""
+    key = "\x1f".join([str(seed), *map(str, parts)]).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=purpose).digest(), "big")
+
+
 def priority(seed: int, source: str, label: str, position: int) -> int:
-    key = f"{seed}\x1f{source}\x1f{label}\x1f{position}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"corpus-take").digest(), "big")
+    return seeded_hash(b"corpus-take", seed, source, label, position)
 
 
 def fraction_filter(take: Take | None, source: str, label: str) -> PositionFilter | None:
