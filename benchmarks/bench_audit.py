@@ -42,11 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from bench_render import _words, build_tokenizer  # the same tokenizer and text as bench_render
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_render import _words, build_tokenizer  # noqa: E402  (the same tokenizer and text as bench_render)
 
 # (task, share, user characters low-high, answer characters low-high, share of the answer copied from the user)
 TASKS = (("chat", 0.55, 20, 600, 100, 1500, 0.0), ("summarization", 0.10, 2_000, 14_000, 200, 1_200, 0.4),

@@ -30,7 +30,6 @@ conversations checked against evaluation sets of GSM8K's and MT-Bench's sizes, a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+from bench_build_replay import peak_rss
 
 from corpus_builder.build.decontaminate import Contamination
 from corpus_builder.build.near_dedup import (
@@ -262,12 +262,7 @@ def run_measured(engine: str, size: int, seed: int) -> dict[str, Any]:
     """One child process; its figures and peak RSS (sampled every 20 ms)."""
     process = subprocess.Popen([sys.executable, __file__, "--child", engine, "--sizes", str(size), "--seed", str(seed)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    tree = psutil.Process(process.pid)
-    peak = 0
-    while process.poll() is None:
-        with contextlib.suppress(psutil.Error):
-            peak = max(peak, tree.memory_info().rss)
-        time.sleep(0.02)
+    peak = peak_rss(process)
     out, err = process.communicate()
     if process.returncode != 0:
         raise SystemExit(f"{engine} {size} failed: {err.decode()[-3000:]}")

@@ -321,17 +321,11 @@ def median_ratio(results: dict[str, list[Measurement]], over: str, under: str, m
 
 
 def ensure_tiny_model() -> None:
-    """Build the tiny model into the shared cache unless a current build is there, under the same lock
-    as the test suite (tests/conftest.py) so a concurrent pytest run never sees a half-replaced one."""
-    import fcntl
+    """Build the tiny model into the shared cache unless a current build is there (under the lock the test
+    suite takes too)."""
+    from corpus_builder.testing.tiny_model import ensure_tiny_model as ensure
 
-    from corpus_builder.testing.tiny_model import build_tiny_model, is_current
-
-    TOKENIZER_DIR.parent.mkdir(parents=True, exist_ok=True)
-    with open(TOKENIZER_DIR.parent / "tiny-model.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_current(TOKENIZER_DIR):
-            build_tiny_model(TOKENIZER_DIR)
+    ensure(TOKENIZER_DIR)
 
 
 def check_tools(clients: Sequence[str]) -> None:

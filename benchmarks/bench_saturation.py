@@ -38,10 +38,11 @@ from bench_generate import (
     write_prompts,
 )
 
+from corpus_builder.testing.tiny_model import SERVER_ARGS
+
 # speculators sends its --model (the tokenizer directory it loads) as the request's model name, and vLLM
 # refuses a name it does not serve: the server is named after that directory for every client.
 SERVED_MODEL = str(TOKENIZER_DIR)
-SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048")
 
 
 @contextlib.contextmanager

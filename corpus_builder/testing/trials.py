@@ -26,6 +26,7 @@ import psutil
 from ..generate import GenerationIncomplete
 from ..layout import Corpus, iter_ledger
 from .fault_server import FaultServer
+from .tiny_model import SERVER_ARGS
 
 # Every way the fault server fails a request, each for this share of the requests.
 FAULT_MIX = {kind: 0.1 for kind in ("429", "500", "503", "reset", "stall", "truncated")}
@@ -49,7 +50,7 @@ def write_recipe(path: Path, *, prompts: Path, endpoints: list[str] | None = Non
     if endpoints:
         target.append(f"  endpoints: {orjson.dumps(endpoints).decode()}")
     if launch is not None:
-        target.append(f"  launch: {{model_dir: {launch}, args: [--enforce-eager, --max-model-len, '2048']}}")
+        target.append(f"  launch: {{model_dir: {launch}, args: {orjson.dumps(SERVER_ARGS).decode()}}}")
     target.append(f"  generation: {{max_tokens: {max_tokens}, concurrency: {concurrency}, on_length: keep, "
                   f"timeout_s: {timeout_s}, max_retries: {max_retries}, max_outage_s: {max_outage_s}}}")
     path.write_text("name: trial\ntarget:\n" + "\n".join(target) + f"""
@@ -194,7 +195,7 @@ def fault_storm(workdir: Path, *, seed: int, prompts: int, max_retries: int = 8)
             outcome.completed_first_time = True
         except GenerationIncomplete as error:
             outcome.failed_loudly = str(error).splitlines()[0]
-            outcome.unfinished_rows = _unfinished(error)
+            outcome.unfinished_rows = error.unfinished_rows or 0
         killer.join(timeout=60)
         outcome.max_attempts = max(_attempts(a, b).values(), default=0)
         if revived_at["requests"] >= 0:
@@ -232,11 +233,6 @@ def _attempts(*servers: FaultServer) -> dict[bytes, int]:
             key = orjson.dumps(request.body, option=orjson.OPT_SORT_KEYS)
             counts[key] = counts.get(key, 0) + 1
     return counts
-
-
-def _unfinished(error: GenerationIncomplete) -> int:
-    words = str(error).split()
-    return int(words[0].replace(",", "")) if words and words[0].replace(",", "").isdigit() else 0
 
 
 def prompt_row_ids(recipe: Path) -> set[str]:

@@ -18,6 +18,7 @@ from corpus_builder.generate import GenerationIncomplete, Journal
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
+from corpus_builder.testing.trials import corpus_rows, shard_hashes
 from tests.support.real_data import write_chitchat, write_rows
 
 MODEL = "tiny-target"
@@ -47,16 +48,6 @@ output: {{dir: {out}}}
     return path
 
 
-def shard_hashes(out: Path) -> dict[str, str]:
-    return {f["path"]: f["sha256"] for f in Corpus.open(out).manifest["files"]}
-
-
-def rows(out: Path) -> list[tuple[str, str | None, list[tuple[str, str, str | None]]]]:
-    """Every row's id, split and turns (what a build served from another endpoint still shares)."""
-    return [(c.id, c.split, [(m.role, m.content, m.reasoning) for m in c.messages])
-            for c in Corpus.open(out).iter_conversations()]
-
-
 def test_a_server_that_dies_mid_build_fails_it_and_a_rerun_completes_it(tmp_path: Path) -> None:
     with FaultServer(model=MODEL) as steady:
         reference = build(load_recipe(write_recipe(tmp_path / "reference", steady.base_url)), progress=io.StringIO())
@@ -79,7 +70,7 @@ def test_a_server_that_dies_mid_build_fails_it_and_a_rerun_completes_it(tmp_path
         before = len(dying.chat_requests)
         result = build(recipe, progress=io.StringIO())
         assert len(dying.chat_requests) - before == PROMPTS - kept  # only what never finished
-    assert rows(result.out_dir) == rows(reference.out_dir)  # none lost, none duplicated
+    assert corpus_rows(result.out_dir) == corpus_rows(reference.out_dir)  # none lost, none duplicated
     assert "partial" not in result.manifest
 
 
@@ -217,7 +208,7 @@ def test_a_commit_cut_short_never_leaves_a_directory_that_looks_complete(tmp_pat
     (tmp_path / "recipe.yaml").write_text((tmp_path / "recipe.yaml").read_text().replace(
         "  - {name: prompts, kind: prompts, path: prompts.jsonl}\n", ""))
     build(load_recipe(recipe_path), progress=io.StringIO())
-    earlier = rows(tmp_path / "out")
+    earlier = corpus_rows(tmp_path / "out")
     write_chitchat(tmp_path / "replay.jsonl", 25)  # the next build differs
     real_replace = os.replace
     calls = {"n": 0, "failing": 0}
@@ -238,7 +229,7 @@ def test_a_commit_cut_short_never_leaves_a_directory_that_looks_complete(tmp_pat
             build(load_recipe(recipe_path), progress=io.StringIO())
         out = tmp_path / "out"
         if (out / "manifest.json").exists():
-            assert Corpus.open(out).verify_files() == [] and rows(out) == earlier, f"move {failing} of {moves}"
+            assert Corpus.open(out).verify_files() == [] and corpus_rows(out) == earlier, f"move {failing} of {moves}"
     calls.update(n=0, failing=0)
     build(load_recipe(recipe_path), progress=io.StringIO())  # a rerun completes
-    assert Corpus.open(tmp_path / "out").verify_files() == [] and rows(tmp_path / "out") != earlier
+    assert Corpus.open(tmp_path / "out").verify_files() == [] and corpus_rows(tmp_path / "out") != earlier

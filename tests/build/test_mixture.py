@@ -17,6 +17,7 @@ from corpus_builder.build.collect import MixtureShort
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
+from corpus_builder.testing.trials import shard_hashes
 from tests.support.real_data import write_rows
 
 MODEL = "tiny-target"
@@ -74,7 +75,7 @@ def test_drops_are_topped_up_from_the_pool_and_a_rerun_asks_for_nothing(tmp_path
     declared = result.manifest["mixture"]["sources"]["asks"]
     assert (declared["declared"], declared["reached"], declared["generated_rows"]) == (20, 20, asked)
     assert result.manifest["mixture"]["sources"]["replay"]["reached"] == 100  # no target: every kept row
-    assert _shards(again.out_dir) == _shards(result.out_dir)  # same recipe and journal: the same bytes
+    assert shard_hashes(again.out_dir) == shard_hashes(result.out_dir)  # same recipe and journal: the same bytes
 
 
 def test_an_exhausted_pool_fails_before_writing_unless_short_is_allowed(tmp_path: Path) -> None:
@@ -152,8 +153,6 @@ def _ledger(out: Path) -> list[dict]:
     return list(iter_ledger(out / "ledger.jsonl.zst"))
 
 
-def _shards(out: Path) -> dict[str, str]:
-    return {f["path"]: f["sha256"] for f in Corpus.open(out).manifest["files"]}
 
 
 @pytest.mark.parametrize(("edit", "problem"), [

@@ -18,6 +18,7 @@ from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.sources import source
 from corpus_builder.testing.fault_server import FaultServer
+from corpus_builder.testing.trials import shard_hashes
 from corpus_builder.tokens import template
 from tests.support.real_data import write_chitchat, write_rows
 
@@ -135,7 +136,7 @@ def build_in_process(recipe: Path, out: Path, hash_seed: str) -> dict[str, str]:
     completed = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
                                capture_output=True, text=True, env=env)
     assert completed.returncode == 0, completed.stderr[-2000:]
-    return {f["path"]: f["sha256"] for f in Corpus.open(out).manifest["files"]}
+    return shard_hashes(out)
 
 
 def test_rebuilds_are_byte_identical_across_processes_and_from_the_journal(tmp_path: Path, tiny_model_dir: Path,

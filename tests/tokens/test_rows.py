@@ -20,6 +20,7 @@ from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
 from corpus_builder.testing.tiny_model import DEFAULT_SYSTEM_PROMPT
 from corpus_builder.tokens import TemplateRenderer, TokenRows, served_turns
+from tests.support.hf_template import hf_ids
 
 ID = "0123456789abcdef0123"
 
@@ -42,11 +43,6 @@ def template_messages(conversation: Conversation) -> list[dict[str, str]]:
             message["reasoning_content"] = m.reasoning
         out.append(message)
     return out
-
-
-def hf_ids(hf: Any, messages: list[dict[str, str]], *, generation_prompt: bool = False) -> list[int]:
-    encoded = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
-    return list(encoded if isinstance(encoded, list) else encoded["input_ids"])
 
 
 def served(hf: Any, base: Conversation) -> Conversation:
@@ -324,7 +320,6 @@ def test_a_tool_row_over_the_budget_loses_whole_exchanges(tmp_path: Path, tiny_m
     """Truncation cuts before a user turn: an exchange goes with its tool calls and their results."""
     import orjson
 
-    from tests.support.hf_template import hf_ids as hf_tool_ids
 
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
                                                "parameters": {"type": "object",
@@ -340,7 +335,7 @@ def test_a_tool_row_over_the_budget_loses_whole_exchanges(tmp_path: Path, tiny_m
               {"role": "assistant", "content": "Rain."}]
     hf_call = {**call, "function": {**call["function"], "arguments": {"city": "Paris"}}}
     as_hf = [{**m, "tool_calls": [hf_call]} if "tool_calls" in m else m for m in first]
-    limit = len(hf_tool_ids(hf, as_hf, tools)) + 8  # the first exchange fits, with a few tokens to spare
+    limit = len(hf_ids(hf, as_hf, tools)) + 8  # the first exchange fits, with a few tokens to spare
     (tmp_path / "log.jsonl").write_bytes(orjson.dumps({"messages": first + second, "tools": tools}) + b"\n")
     (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=limit, policy="truncate"))
     result = build(load_recipe(tmp_path / "recipe.yaml"))
