@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from corpus_builder.errors import CorpusError
 from corpus_builder.recipe import check_recipe, load_recipe
-from tests.recipe.test_recipe import FULL_RECIPE
+from tests.recipe.test_recipe import FULL_RECIPE, make_workspace
 from tests.support.fuzz import Outcomes, fuzz_settings
 
 OUTCOMES = Outcomes("trial 4, recipes")
@@ -61,14 +61,7 @@ def print_outcomes() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The files FULL_RECIPE names, so that a recipe left intact is valid."""
-    root = tmp_path_factory.mktemp("fuzz")
-    (root / "data" / "chat").mkdir(parents=True)
-    (root / "data" / "chat" / "a.jsonl").write_text('{"conversations": []}\n')
-    (root / "data" / "math.jsonl").write_text('{"question": "1+1?"}\n')
-    (root / "models" / "tok").mkdir(parents=True)
-    (root / "models" / "tok" / "tokenizer.json").write_text("{}")
-    (root / "models" / "tiny").mkdir()
-    return root
+    return make_workspace(tmp_path_factory.mktemp("fuzz"))
 
 
 def _check(path: Path, prop: str) -> None:

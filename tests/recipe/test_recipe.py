@@ -113,17 +113,21 @@ output: {dir: out}
 """
 
 
+def make_workspace(root: Path) -> Path:
+    """A recipe directory with the real files and directories the full recipe refers to."""
+    (root / "data" / "chat").mkdir(parents=True)
+    (root / "data" / "chat" / "a.jsonl").write_text('{"conversations": []}\n')
+    (root / "data" / "chat" / "b.jsonl").write_text('{"conversations": []}\n')
+    (root / "data" / "math.jsonl").write_text('{"question": "1+1?"}\n')
+    (root / "models" / "tok").mkdir(parents=True)
+    (root / "models" / "tok" / "tokenizer.json").write_text("{}")
+    (root / "models" / "tiny").mkdir()
+    return root
+
+
 @pytest.fixture()
 def workspace(tmp_path: Path) -> Path:
-    """A recipe directory with the real files and directories the full recipe refers to."""
-    (tmp_path / "data" / "chat").mkdir(parents=True)
-    (tmp_path / "data" / "chat" / "a.jsonl").write_text('{"conversations": []}\n')
-    (tmp_path / "data" / "chat" / "b.jsonl").write_text('{"conversations": []}\n')
-    (tmp_path / "data" / "math.jsonl").write_text('{"question": "1+1?"}\n')
-    (tmp_path / "models" / "tok").mkdir(parents=True)
-    (tmp_path / "models" / "tok" / "tokenizer.json").write_text("{}")
-    (tmp_path / "models" / "tiny").mkdir()
-    return tmp_path
+    return make_workspace(tmp_path)
 
 
 def write(directory: Path, text: str, name: str = "recipe.yaml") -> Path:
