@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rows",),
     ("secrets",),
     ("layout",),
+    ("outputs",),
     ("hub",),
     ("recipe",),
     ("sources",),
