@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-import psutil
 
 from ..generate import GenerationIncomplete
 from ..layout import Corpus, iter_ledger
 from .fault_server import FaultServer
+from .processes import watched
 from .tiny_model import SERVER_ARGS
 
 # Every way the fault server fails a request, each for this share of the requests.
@@ -76,16 +76,6 @@ def run_build(recipe: Path, *, env: dict[str, str] | None = None) -> subprocess.
                           text=True, env={**os.environ, **(env or {})})
 
 
-def vllm_processes_since(started: float) -> list[int]:
-    """vLLM processes created after ``started`` that still run (a launched server left behind)."""
-    found = []
-    for process in psutil.process_iter(["pid", "name", "cmdline", "create_time"]):
-        text = f"{process.info['name'] or ''} {' '.join(process.info['cmdline'] or [])}".lower()
-        if process.info["create_time"] >= started and "vllm" in text:
-            found.append(process.info["pid"])
-    return found
-
-
 @dataclass
 class KillOutcome:
     seed: int
@@ -104,23 +94,23 @@ def kill_and_resume(recipe: Path, out: Path, *, seed: int, expected_ids: set[str
     byte what a journal-only rebuild of the same journal writes elsewhere."""
     moment = random.Random(seed).uniform(0.05, horizon_s)
     outcome = KillOutcome(seed, round(moment, 3))
-    started = time.time() - 1
     process = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(recipe)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        process.wait(timeout=moment)
-        outcome.finished_before_kill = True
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        if (out / "manifest.json").exists() and Corpus.open(out).verify_files():
-            outcome.problems.append("a killed build left a manifest that does not match its files")
+    with watched(process) as tree:
+        try:
+            process.wait(timeout=moment)
+            outcome.finished_before_kill = True
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGSTOP)  # frozen, it starts nothing between the last look and the kill
+            tree.sample()
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            if (out / "manifest.json").exists() and Corpus.open(out).verify_files():
+                outcome.problems.append("a killed build left a manifest that does not match its files")
     journal = out / "journal"
     outcome.journaled_before_kill = _journal_records(journal)
-    deadline = time.monotonic() + 60
-    while (orphans := vllm_processes_since(started)) and time.monotonic() < deadline:
-        time.sleep(0.5)  # the server gets SIGTERM when its parent dies; give it its stop grace
-    outcome.orphans = orphans
+    # A launched server gets SIGTERM when the build dies; give it its stop grace.
+    outcome.orphans = [orphan.pid for orphan in tree.wait_gone(60)]
     resumed = run_build(recipe)
     if resumed.returncode != 0:
         outcome.problems.append(f"the rerun failed: {resumed.stderr[-1500:]}")

@@ -13,13 +13,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pyarrow.parquet as pq
 import pytest
 
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import conversation_id
 from corpus_builder.sources import iter_source
+from corpus_builder.testing.processes import kill_all, watched
 from tests.support.real_data import write_chitchat, write_gsm8k, write_rows
 
 pytestmark = pytest.mark.vllm
@@ -164,18 +164,29 @@ def test_dry_run_probes_endpoints_and_estimates(tmp_path: Path, prompt_files: Pa
 def test_embedded_launch_builds_the_quickstart_and_stops_the_server(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert tiny_model_dir == REPO / ".cache" / "tiny-model" or os.environ.get("CORPUS_TEST_CACHE")
     out = tmp_path / "quickstart"
-    started = time.time() - 1
-    completed = corpus("build", str(REPO / "recipes" / "quickstart.yaml"), "--out", str(out))
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "starting a local vLLM server" in completed.stderr
+    quickstart = REPO / "recipes" / "quickstart.yaml"
+    build = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(quickstart), "--out", str(out)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Another program's vLLM-like server, started while the build runs, is none of the build's business.
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)",
+                              "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir)])
+    try:
+        with watched(build) as tree:
+            stderr = build.communicate(timeout=900)[1]
+        # Every process the build started (the API server and its engine core) is gone once it has exited.
+        leftovers = {process.pid: tree.seen[process] for process in tree.alive()}
+        assert decoy.poll() is None  # it ran throughout, looking like a server started after the build began
+    finally:
+        for process in (build, decoy):
+            process.kill()
+            process.wait()
+        kill_all(tree.alive())
+    assert build.returncode == 0, stderr[-3000:]
+    assert "starting a local vLLM server" in stderr
+    assert any("vllm.entrypoints.openai.api_server" in command for command in tree.seen.values())
+    assert leftovers == {}
     audit = json.loads((out / "audit.json").read_text())
     assert audit["by_origin"]["generated"]["conversations"] > 20
     assert audit["thinking_share"] >= 0.2
     assert audit["by_split"]["validation"]["thinking_conversations"] > 0
-    # Every process the build started (the API server and its engine core) is gone: anything vLLM-like that
-    # was created after the build began and still runs is a leftover (the session's servers are older).
-    leftovers = [p.info for p in psutil.process_iter(["pid", "name", "cmdline", "create_time"])
-                 if p.info["create_time"] >= started
-                 and "vllm" in (p.info["name"] or "").lower() + " ".join(p.info["cmdline"] or []).lower()]
-    assert leftovers == []
     assert "Application startup complete" in (out / "journal" / "vllm-server.log").read_text()  # one ran

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from corpus_builder.testing import trials
+from corpus_builder.testing.processes import ProcessTree, kill_all
 
 
 def test_a_fault_storm_loses_nothing_and_keeps_retries_in_bounds(tmp_path: Path) -> None:
@@ -49,11 +48,12 @@ def test_a_launched_server_killed_mid_build_stops_it_at_once(tmp_path: Path, tin
     while not list(journal.glob("segment-*.zst")) and time.monotonic() < deadline:
         assert process.poll() is None, process.stderr.read() if process.stderr else ""
         time.sleep(0.2)
-    servers = [pid for pid in trials.vllm_processes_since(0) if _is_child(pid, process.pid)]
-    assert servers, "no launched server found"
+    tree = ProcessTree(process.pid)
+    tree.sample()
+    servers = tree.alive()  # the server and its engine core
+    assert any("vllm" in " ".join(server.cmdline()) for server in servers), "no launched server found"
     killed_at = time.monotonic()
-    for pid in servers:
-        subprocess.run(["kill", f"-{signal.SIGKILL}", str(pid)], check=False)
+    kill_all(servers)
     stderr = process.communicate(timeout=120)[1]
     assert time.monotonic() - killed_at < 30
     assert process.returncode == 3, stderr[-3000:]
@@ -62,9 +62,3 @@ def test_a_launched_server_killed_mid_build_stops_it_at_once(tmp_path: Path, tin
     rerun = trials.run_build(recipe)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
 
-
-def _is_child(pid: int, parent: int) -> bool:
-    try:
-        return any(p.pid == parent for p in psutil.Process(pid).parents())
-    except psutil.NoSuchProcess:
-        return False
