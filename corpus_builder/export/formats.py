@@ -40,10 +40,10 @@ with a key missing from some turns, ``datasets``' JSON loader types the turns as
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -53,6 +53,7 @@ import pyarrow as pa
 
 from ..errors import CorpusError
 from ..layout import Corpus
+from ..outputs import staged
 from ..progress import ProgressLine
 from ..recipe.model import Recipe
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
@@ -276,41 +277,56 @@ def _converter(fmt: str, token_rows: TokenRows | None) -> Converter:
             "sharegpt": _sharegpt}[fmt]
 
 
+def split_files(corpus: Corpus, out_dir: Path, file_format: str) -> dict[str, Path]:
+    """The file each split of ``corpus`` is exported to: ``out_dir``/{split}.{file_format}."""
+    return {split: out_dir / f"{split}.{file_format}" for split in sorted(corpus.manifest.get("splits") or {})}
+
+
 def export_corpus(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = "jsonl",
                   token_rows: TokenRows | None = None, batch_size: int = 512,
                   progress: ProgressLine | None = None) -> ExportReport:
-    """Write ``corpus`` as ``fmt`` into ``out_dir``/{split}.{file_format}; each file appears complete or not
-    at all (written under a temporary name, renamed when done)."""
+    """Write ``corpus`` as ``fmt`` into ``out_dir``/{split}.{file_format}; the files appear complete or not at
+    all (each written under a temporary name, every one renamed once all are done; on an error the temporary
+    files, and the directories made for them, are removed)."""
     if fmt not in FORMATS:
         raise CorpusError(f"unknown export format {fmt!r} (one of {', '.join(FORMATS)})")
     if file_format not in FILE_FORMATS:
         raise CorpusError(f"unknown file format {file_format!r} (one of {', '.join(FILE_FORMATS)})")
     convert = _converter(fmt, token_rows)
-    out_dir.mkdir(parents=True, exist_ok=True)
     report = ExportReport(fmt, file_format, out_dir, re_rendered=None if fmt == "speculators-tokens"
                           else _re_rendered_turns(corpus))
     skipped: Counter[str] = Counter()
-    for split in sorted(corpus.manifest.get("splits") or {}):
-        path = out_dir / f"{split}.{file_format}"
-        partial = path.with_name(f".{path.name}.partial")
-        sink = (_ParquetSink(partial, SCHEMAS[fmt]) if file_format == "parquet"
-                else _JsonlSink(partial, file_format == "jsonl.zst"))
-        rows = conversations = 0
-        left_out = sum(skipped.values())
+    made = [directory for directory in (out_dir, *out_dir.parents) if not directory.exists()]
+    try:
         try:
-            for batch in corpus.iter_batches(split=split, batch_size=batch_size):
-                converted = list(convert(batch_to_conversations(batch), skipped))
-                conversations += batch.num_rows
-                rows += len(converted)
-                if converted:
-                    sink.write(converted)
-                if progress is not None:
-                    progress.advance(batch.num_rows)
-        finally:
-            sink.close()
-        os.replace(partial, path)
-        report.files[split] = {"path": str(path), "rows": rows, "conversations": conversations,
-                               "left_out": sum(skipped.values()) - left_out}
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CorpusError(f"cannot create the directory: {error.strerror or error}", file=str(out_dir)) from error
+        with ExitStack() as files:
+            for split, path in split_files(corpus, out_dir, file_format).items():
+                partial = files.enter_context(staged(path))
+                sink = (_ParquetSink(partial, SCHEMAS[fmt]) if file_format == "parquet"
+                        else _JsonlSink(partial, file_format == "jsonl.zst"))
+                rows = conversations = 0
+                left_out = sum(skipped.values())
+                try:
+                    for batch in corpus.iter_batches(split=split, batch_size=batch_size):
+                        converted = list(convert(batch_to_conversations(batch), skipped))
+                        conversations += batch.num_rows
+                        rows += len(converted)
+                        if converted:
+                            sink.write(converted)
+                        if progress is not None:
+                            progress.advance(batch.num_rows)
+                finally:
+                    sink.close()
+                report.files[split] = {"path": str(path), "rows": rows, "conversations": conversations,
+                                       "left_out": sum(skipped.values()) - left_out}
+    except BaseException:
+        for directory in made:  # deepest first; a directory that holds anything else stays
+            with suppress(OSError):
+                directory.rmdir()
+        raise
     report.skipped = dict(skipped)
     if progress is not None:
         progress.finish()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,8 @@ import orjson
 import pytest
 
 from corpus_builder.build import build
-from corpus_builder.export import FILE_FORMATS, FORMATS, export
+from corpus_builder.errors import CorpusError
+from corpus_builder.export import FILE_FORMATS, FORMATS, export, formats
 from corpus_builder.export.formats import specforge_problems
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
@@ -171,3 +174,51 @@ def test_recipe_exports_are_validated(tmp_path: Path) -> None:
     details = "\n".join(problem.value.details)
     assert "output.exports[0].format" in details and "set target.tokenizer" in details
     assert "output.exports[0].file_format" in details
+
+
+def corpus_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "corpus_builder", *args], capture_output=True, text=True)
+
+
+def test_export_refuses_an_out_that_is_a_file_an_input_or_inside_the_corpus(corpus: Corpus, tmp_path: Path,
+                                                                            tiny_model_dir: Path) -> None:
+    existing = tmp_path / "taken.jsonl"
+    existing.write_text("keep me")
+    refused = corpus_cli("export", str(corpus.root), "--format", "messages", "--out", str(existing))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"{existing}: --out: exists and is not a directory" in refused.stderr
+    assert existing.read_text() == "keep me"
+    tokenizer = tmp_path / "tokenizer"  # a copy: a missing guard must not write into the shared tiny model
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (tokenizer / name).write_bytes((tiny_model_dir / name).read_bytes())
+    before = {path: path.stat().st_mtime_ns for path in (*tokenizer.iterdir(), *corpus.root.rglob("*"))}
+    for out, problem in ((tokenizer, "this run reads"), (corpus.root / "exported", "inside the built corpus")):
+        with pytest.raises(CorpusError, match=problem):
+            export(corpus, "speculators-tokens", out, tokenizer=tokenizer)
+    # a file of a split that resolves into the corpus is refused too, not written through
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out/validation.jsonl").symlink_to(corpus.root / "manifest.json")
+    with pytest.raises(CorpusError, match=r"validation\.jsonl: --out: inside the built corpus"):
+        export(corpus, "messages", tmp_path / "out")
+    assert {path: path.stat().st_mtime_ns for path in (*tokenizer.iterdir(), *corpus.root.rglob("*"))} == before
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["validation.jsonl"]
+
+
+def test_an_export_that_fails_leaves_nothing_written(corpus: Corpus, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".validation.jsonl.partial").mkdir()  # in the way of the second split's file
+    with pytest.raises(CorpusError, match=re.escape(f"{out / 'validation.jsonl'}: cannot write")):
+        export(corpus, "messages", out)
+    assert [p.name for p in out.iterdir()] == [".validation.jsonl.partial"]  # train.jsonl neither half nor whole
+
+    def full_disk(self: object, rows: list) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(formats._JsonlSink, "write", full_disk)
+    fresh = tmp_path / "new" / "out"
+    with pytest.raises(CorpusError, match=re.escape(f"{fresh / 'train.jsonl'}: cannot write: No space left on device")):
+        export(corpus, "messages", fresh)
+    assert not (tmp_path / "new").exists()  # the directories the export made are gone with its files
