@@ -203,17 +203,9 @@ def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: P
 @click.option("--json", "as_json", is_flag=True, help="Print the coverage report as one JSON object.")
 def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_json: bool) -> None:
     """Supervised-token frequencies for choosing a draft vocabulary, and the coverage of the top SIZE."""
-    from .export import corpus_token_rows
-    from .export.vocab import count_frequencies, format_vocab_report, vocab_report, write_frequencies
-    from .layout import Corpus
+    from .export.vocab import corpus_vocab, format_vocab_report, vocab_report
 
-    corpus = Corpus.open(corpus_dir)
-    token_rows = corpus_token_rows(corpus, tokenizer)
-    if token_rows is None:
-        raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
-                          file=str(corpus_dir))
-    frequencies = count_frequencies(corpus, token_rows)
-    write_frequencies(frequencies.total, out)
+    frequencies = corpus_vocab(corpus_dir, out, tokenizer)
     report = {**vocab_report(frequencies, size), "file": str(out)}
     if as_json:
         _print_json(report)

@@ -25,8 +25,10 @@ import numpy as np
 
 from ..errors import CorpusError
 from ..layout import Corpus
+from ..outputs import check_output_path, staged
 from ..rows import batch_to_conversations
 from ..tokens import TokenRows, TurnRow
+from . import corpus_token_rows
 
 FILE_SUFFIXES = (".npy", ".json", ".pt")
 
@@ -129,28 +131,47 @@ def vocab_report(frequencies: Frequencies, size: int) -> dict[str, Any]:
     return report
 
 
-def write_frequencies(counts: np.ndarray, path: Path) -> None:
-    suffix = path.suffix
-    if suffix not in FILE_SUFFIXES:
+def _check_suffix(path: Path) -> None:
+    if path.suffix not in FILE_SUFFIXES:
         raise CorpusError(f"frequency file must end in one of {', '.join(FILE_SUFFIXES)}", file=str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    nonzero = np.flatnonzero(counts)
-    if suffix == ".npy":
-        with partial.open("wb") as handle:
-            np.save(handle, counts.astype(np.int64))
-    elif suffix == ".json":
-        import orjson
 
-        document = {"vocab_size": len(counts), "counts": {str(i): int(counts[i]) for i in nonzero}}
-        partial.write_bytes(orjson.dumps(document))
-    else:
-        try:
-            import torch
-        except ImportError:
-            raise CorpusError("writing .pt needs torch; write .npy or .json instead", file=str(path)) from None
-        torch.save({int(i): int(counts[i]) for i in nonzero}, partial)
-    partial.replace(path)
+
+def write_frequencies(counts: np.ndarray, path: Path) -> None:
+    """``counts`` as the frequency file ``path`` (its suffix says the format), complete or not at all."""
+    _check_suffix(path)
+    suffix = path.suffix
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nonzero = np.flatnonzero(counts)
+    with staged(path) as partial:
+        if suffix == ".npy":
+            with partial.open("wb") as handle:
+                np.save(handle, counts.astype(np.int64))
+        elif suffix == ".json":
+            import orjson
+
+            document = {"vocab_size": len(counts), "counts": {str(i): int(counts[i]) for i in nonzero}}
+            partial.write_bytes(orjson.dumps(document))
+        else:
+            try:
+                import torch
+            except ImportError:
+                raise CorpusError("writing .pt needs torch; write .npy or .json instead", file=str(path)) from None
+            torch.save({int(i): int(counts[i]) for i in nonzero}, partial)
+
+
+def corpus_vocab(corpus_dir: Path, out: Path, tokenizer: Path | None = None) -> Frequencies:
+    """`corpus vocab`: the supervised-token frequencies of the corpus in ``corpus_dir``, written to ``out``
+    (checked, as every output path, before the corpus is read)."""
+    corpus = Corpus.open(corpus_dir)
+    token_rows = corpus_token_rows(corpus, tokenizer)
+    if token_rows is None:
+        raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
+                          file=str(corpus_dir))
+    check_output_path(out, what="--out", inputs=[corpus.root, token_rows.renderer.tokenizer_dir])
+    _check_suffix(out)
+    frequencies = count_frequencies(corpus, token_rows)
+    write_frequencies(frequencies.total, out)
+    return frequencies
 
 
 def _share(value: float | None) -> str:
