@@ -27,17 +27,14 @@ from ..errors import CorpusError
 from ..layout import Corpus
 from ..outputs import check_output_path, staged
 from ..rows import batch_to_conversations
-from ..tokens import TokenRows, TurnRow
-from . import corpus_token_rows
+from ..tokens import TurnRow
+from . import CorpusTokenRows, corpus_token_rows
 
 FILE_SUFFIXES = (".npy", ".json", ".pt")
 
 
 def _bincount(ids: list[int], size: int) -> np.ndarray:
-    counts = np.bincount(np.asarray(ids, dtype=np.int64), minlength=size)
-    if len(counts) > size:
-        raise CorpusError(f"token id {len(counts) - 1} is outside the tokenizer's {size} entries: the served ids "
-                          "come from another tokenizer than target.tokenizer")
+    counts: np.ndarray = np.bincount(np.asarray(ids, dtype=np.int64), minlength=size)  # CorpusTokenRows: ids < size
     return counts
 
 
@@ -74,7 +71,7 @@ class Frequencies:
         mine[1] += counts[1]
 
 
-def iter_token_rows(corpus: Corpus, token_rows: TokenRows,
+def iter_token_rows(corpus: Corpus, token_rows: CorpusTokenRows,
                     batch_size: int = 512) -> Iterator[tuple[str, list[TurnRow]]]:
     """(source, rows of one conversation) for every conversation of the corpus, both splits."""
     for batch in corpus.iter_batches(batch_size=batch_size):
@@ -82,9 +79,8 @@ def iter_token_rows(corpus: Corpus, token_rows: TokenRows,
             yield item.conversation.source, item.rows
 
 
-def count_frequencies(corpus: Corpus, token_rows: TokenRows) -> Frequencies:
-    size = token_rows.renderer.tokenizer.get_vocab_size(with_added_tokens=True)
-    frequencies = Frequencies.empty(size)
+def count_frequencies(corpus: Corpus, token_rows: CorpusTokenRows) -> Frequencies:
+    frequencies = Frequencies.empty(token_rows.vocab_size)
     pending: dict[str, list[TurnRow]] = {}
     pending_rows = 0
     for source, rows in iter_token_rows(corpus, token_rows):
