@@ -66,7 +66,10 @@ def validate(recipe: Path) -> None:
               help="Write the corpus even when generated rows are unfinished (marked in the manifest and card).")
 @click.option("--allow-short", is_flag=True,
               help="Write the corpus even when it misses what the recipe declares (marked in the manifest and card).")
-def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, allow_short: bool) -> None:
+@click.option("--allow-empty", is_flag=True,
+              help="Write the corpus even when every row was dropped (without it, exit 1 and nothing written).")
+def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, allow_short: bool,
+          allow_empty: bool) -> None:
     """Build the corpus a recipe describes."""
     from .recipe import load_recipe
 
@@ -84,7 +87,7 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
     from .build import build as run_build
 
     result = run_build(loaded, out, allow_partial=True if allow_partial else None,
-                       allow_short=True if allow_short else None)
+                       allow_short=True if allow_short else None, allow_empty=allow_empty)
     click.echo(format_report(result.audit), err=True)
     click.echo(f"\nwrote {result.manifest['conversations']:,} conversations to {result.out_dir}", err=True)
     if result.problems:
