@@ -307,7 +307,7 @@ def _build_locked(recipe: Recipe, out_dir: Path, stream: TextIO, allow_partial: 
         shutil.rmtree(staging, ignore_errors=True)
     result.out_dir = out_dir
     shutil.rmtree(out_dir / EXPORTS_DIR, ignore_errors=True)  # exports of an earlier build are stale now
-    result.exports = run_recipe_exports(recipe, out_dir, tokens.rows, stream)
+    result.exports = run_recipe_exports(recipe, out_dir, tokens.rows, stream, allow_empty=allow_empty)
     return result
 
 

@@ -284,14 +284,17 @@ def split_files(corpus: Corpus, out_dir: Path, file_format: str) -> dict[str, Pa
 
 def export_corpus(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = "jsonl",
                   token_rows: TokenRows | None = None, batch_size: int = 512,
-                  progress: ProgressLine | None = None) -> ExportReport:
+                  progress: ProgressLine | None = None, allow_empty: bool = False) -> ExportReport:
     """Write ``corpus`` as ``fmt`` into ``out_dir``/{split}.{file_format}; the files appear complete or not at
     all (each written under a temporary name, every one renamed once all are done; on an error the temporary
-    files, and the directories made for them, are removed)."""
+    files, and the directories made for them, are removed). An export without rows (an empty corpus, or every
+    conversation left out by the format) is refused, nothing written, unless ``allow_empty``."""
     if fmt not in FORMATS:
         raise CorpusError(f"unknown export format {fmt!r} (one of {', '.join(FORMATS)})")
     if file_format not in FILE_FORMATS:
         raise CorpusError(f"unknown file format {file_format!r} (one of {', '.join(FILE_FORMATS)})")
+    if not corpus.manifest.get("conversations") and not allow_empty:
+        raise CorpusError("the corpus holds no conversations: there is nothing to export", file=str(corpus.root))
     convert = _converter(fmt, token_rows)
     report = ExportReport(fmt, file_format, out_dir, re_rendered=None if fmt == "speculators-tokens"
                           else _re_rendered_turns(corpus))
@@ -322,6 +325,10 @@ def export_corpus(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str =
                     sink.close()
                 report.files[split] = {"path": str(path), "rows": rows, "conversations": conversations,
                                        "left_out": sum(skipped.values()) - left_out}
+            if not any(info["rows"] for info in report.files.values()) and not allow_empty:
+                reasons = "; ".join(f"{reason}: {count:,}" for reason, count in sorted(skipped.items()))
+                raise CorpusError(f"the {fmt} export would hold no rows: every conversation was left out ({reasons}); "
+                                  "nothing was written", file=str(out_dir))
     except BaseException:
         for directory in made:  # deepest first; a directory that holds anything else stays
             with suppress(OSError):
@@ -334,15 +341,16 @@ def export_corpus(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str =
 
 
 def run_recipe_exports(recipe: Recipe, corpus_dir: Path, token_rows: TokenRows | None,
-                       stream: TextIO | None = None) -> list[ExportReport]:
+                       stream: TextIO | None = None, allow_empty: bool = False) -> list[ExportReport]:
     """The exports a recipe's output asks for, into ``corpus_dir``/exports/{format}/ (``token_rows``: the
-    build's own, on its one renderer), each with a progress line on ``stream``."""
+    build's own, on its one renderer), each with a progress line on ``stream``; ``allow_empty``: the build
+    was asked for an empty corpus, so its exports may be empty too."""
     if not recipe.output.exports:
         return []
     corpus = Corpus.open(corpus_dir)
     total = int(corpus.manifest["conversations"])
     return [export_corpus(corpus, spec.format, corpus_dir / EXPORTS_DIR / spec.format, file_format=spec.file_format,
-                          token_rows=token_rows,
+                          token_rows=token_rows, allow_empty=allow_empty,
                           progress=ProgressLine(f"export {spec.format}", total=total, unit="conversations",
                                                 stream=stream))
             for spec in recipe.output.exports]

@@ -157,7 +157,7 @@ def write_frequencies(counts: np.ndarray, path: Path) -> None:
 
 def corpus_vocab(corpus_dir: Path, out: Path, tokenizer: Path | None = None) -> Frequencies:
     """`corpus vocab`: the supervised-token frequencies of the corpus in ``corpus_dir``, written to ``out``
-    (checked, as every output path, before the corpus is read)."""
+    (checked, as every output path, before the corpus is read); a corpus without any is refused."""
     corpus = Corpus.open(corpus_dir)
     token_rows = corpus_token_rows(corpus, tokenizer)
     if token_rows is None:
@@ -166,6 +166,10 @@ def corpus_vocab(corpus_dir: Path, out: Path, tokenizer: Path | None = None) -> 
     check_output_path(out, what="--out", inputs=[corpus.root, token_rows.renderer.tokenizer_dir])
     _check_suffix(out)
     frequencies = count_frequencies(corpus, token_rows)
+    if not frequencies.total.any():
+        conversations = corpus.manifest.get("conversations", 0)
+        raise CorpusError(f"no supervised tokens to count (the corpus holds {conversations:,} conversations): nothing "
+                          f"was written to {out}", file=str(corpus.root))
     write_frequencies(frequencies.total, out)
     return frequencies
 

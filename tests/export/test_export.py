@@ -296,3 +296,18 @@ def test_token_rows_on_another_tokenizer_than_the_served_ids_are_refused(generat
     export(generated_corpus, "speculators-tokens", out)  # on the target's own tokenizer: the served ids as they are
     rows = [orjson.loads(line) for line in (out / "train.jsonl").read_bytes().splitlines()]
     assert rows and max(max(row["input_ids"]) for row in rows) < served_size
+
+
+def test_an_empty_corpus_is_neither_exported_nor_counted(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "log.jsonl").write_bytes(b"".join(orjson.dumps({"messages": [{"role": "user", "content": f"q {i}"}]})
+                                                  + b"\n" for i in range(3)))  # no assistant turn: all dropped
+    (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir))
+    empty = build(load_recipe(tmp_path / "recipe.yaml"), allow_empty=True)  # asked for: its exports may be empty too
+    assert empty.manifest["conversations"] == 0 and len(empty.exports) == 2
+    out, frequencies = tmp_path / "exported", tmp_path / "token_freq.npy"
+    for command, problem in ((["export", "--format", "messages", "--out", str(out)],
+                              "the corpus holds no conversations"),
+                             (["vocab", "--out", str(frequencies)], "no supervised tokens to count")):
+        refused = corpus_cli(command[0], str(empty.out_dir), *command[1:])
+        assert refused.returncode == 2 and f"{empty.out_dir}: {problem}" in refused.stderr, refused.stderr
+    assert not out.exists() and not frequencies.exists()
