@@ -66,7 +66,10 @@ def validate(recipe: Path) -> None:
               help="Write the corpus even when generated rows are unfinished (marked in the manifest and card).")
 @click.option("--allow-short", is_flag=True,
               help="Write the corpus even when it misses what the recipe declares (marked in the manifest and card).")
-def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, allow_short: bool) -> None:
+@click.option("--allow-empty", is_flag=True,
+              help="Write the corpus even when every row was dropped (without it, exit 1 and nothing written).")
+def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, allow_short: bool,
+          allow_empty: bool) -> None:
     """Build the corpus a recipe describes."""
     from .recipe import load_recipe
 
@@ -84,7 +87,7 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
     from .build import build as run_build
 
     result = run_build(loaded, out, allow_partial=True if allow_partial else None,
-                       allow_short=True if allow_short else None)
+                       allow_short=True if allow_short else None, allow_empty=allow_empty)
     click.echo(format_report(result.audit), err=True)
     click.echo(f"\nwrote {result.manifest['conversations']:,} conversations to {result.out_dir}", err=True)
     if result.problems:
@@ -203,17 +206,9 @@ def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: P
 @click.option("--json", "as_json", is_flag=True, help="Print the coverage report as one JSON object.")
 def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_json: bool) -> None:
     """Supervised-token frequencies for choosing a draft vocabulary, and the coverage of the top SIZE."""
-    from .export import corpus_token_rows
-    from .export.vocab import count_frequencies, format_vocab_report, vocab_report, write_frequencies
-    from .layout import Corpus
+    from .export.vocab import corpus_vocab, format_vocab_report, vocab_report
 
-    corpus = Corpus.open(corpus_dir)
-    token_rows = corpus_token_rows(corpus, tokenizer)
-    if token_rows is None:
-        raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
-                          file=str(corpus_dir))
-    frequencies = count_frequencies(corpus, token_rows)
-    write_frequencies(frequencies.total, out)
+    frequencies = corpus_vocab(corpus_dir, out, tokenizer)
     report = {**vocab_report(frequencies, size), "file": str(out)}
     if as_json:
         _print_json(report)

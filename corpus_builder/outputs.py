@@ -3,7 +3,8 @@
 Every output path (``audit --html``, ``export --out``, ``vocab --out``, ...) goes through one guard: it must
 name a place the user can write, it must not be anything the same run reads, and it must not fall inside a
 built corpus (writing there would corrupt the corpus: its manifest, shards or ledger). Each refusal is a
-``CorpusError`` naming the path, so the CLI exits 2 with nothing written.
+``CorpusError`` naming the path, so the CLI exits 2 with nothing written. ``staged`` then writes a file so
+that it appears complete or not at all.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import glob
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .errors import CorpusError
@@ -81,3 +83,20 @@ def check_output_path(path: Path | str, *, what: str, inputs: Iterable[Path | st
     if not directory and existing != parent:
         raise CorpusError(f"{what}: the directory {parent} does not exist", file=text)
     return given
+
+
+@contextmanager
+def staged(path: Path) -> Iterator[Path]:
+    """Where to write ``path``: a partial file beside it, renamed to ``path`` when the block succeeds and removed
+    when it fails, so ``path`` is complete or untouched. An OSError becomes a CorpusError naming ``path``."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.unlink(missing_ok=True)  # a stale partial (or a link left there) is never written through
+        yield partial
+        os.replace(partial, path)
+    except BaseException as error:
+        with suppress(OSError):
+            partial.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise CorpusError(f"cannot write: {error.strerror or error}", file=str(path)) from error
+        raise

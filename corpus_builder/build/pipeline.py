@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .. import __version__
-from ..errors import CorpusError, Skipped
+from ..errors import REASONS, CorpusError, Skipped
 from ..export import EXPORTS_DIR, ExportReport, run_recipe_exports
 from ..generate import GenerationIncomplete
 from ..generate.journal import LOCK_NAME as JOURNAL_LOCK
@@ -48,6 +48,22 @@ from .token_stats import TokenStats
 
 STAGING_PREFIX = ".staging-"
 LOCK = ".build.lock"  # held (flock) by the one build writing to the directory
+
+
+class EmptyCorpus(CorpusError):
+    """Every row was dropped (or the sources gave none): nothing is written unless the user asks for an empty
+    corpus, so no empty directory looks like a finished corpus."""
+
+    exit_code = 1
+
+    @classmethod
+    def from_audit(cls, audit: dict[str, Any], recipe: Recipe) -> EmptyCorpus:
+        skipped: dict[str, int] = audit.get("skipped") or {}
+        found = f"all {sum(skipped.values()):,} rows were dropped or skipped" if skipped else "the sources gave no rows"
+        reasons = [f"{reason}: {count:,} rows ({REASONS.get(reason, reason)})"
+                   for reason, count in sorted(skipped.items(), key=lambda item: -item[1])]
+        return cls(f"the corpus would be empty: {found}; nothing was written (--allow-empty writes an empty corpus "
+                   "anyway)", file=str(recipe.path) if recipe.path is not None else None, details=reasons)
 
 
 @dataclass
@@ -245,11 +261,12 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
 
 
 def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = None,
-          allow_partial: bool | None = None, allow_short: bool | None = None) -> BuildResult:
+          allow_partial: bool | None = None, allow_short: bool | None = None, allow_empty: bool = False) -> BuildResult:
     """Build the corpus a recipe describes into ``out`` (default: the recipe's output.dir).
 
     ``progress`` is where phase lines, the preflight and server notes go (default: standard error);
-    ``allow_partial`` overrides ``target.generation.allow_partial``, ``allow_short`` ``mixture.allow_short``."""
+    ``allow_partial`` overrides ``target.generation.allow_partial``, ``allow_short`` ``mixture.allow_short``;
+    a corpus without rows fails with EmptyCorpus, nothing written, unless ``allow_empty``."""
     out_dir = out if out is not None else recipe.output.dir
     check_output_path(out_dir)
     created = not out_dir.exists()
@@ -257,15 +274,15 @@ def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = 
         try:
             return _build_locked(recipe, out_dir, progress if progress is not None else sys.stderr,
                                  recipe.target.generation.allow_partial if allow_partial is None else allow_partial,
-                                 recipe.mixture.allow_short if allow_short is None else allow_short)
+                                 recipe.mixture.allow_short if allow_short is None else allow_short, allow_empty)
         except BaseException:
             if created:
                 _remove_first_build(out_dir)
             raise
 
 
-def _build_locked(recipe: Recipe, out_dir: Path, stream: TextIO, allow_partial: bool,
-                  allow_short: bool) -> BuildResult:
+def _build_locked(recipe: Recipe, out_dir: Path, stream: TextIO, allow_partial: bool, allow_short: bool,
+                  allow_empty: bool) -> BuildResult:
     prepare_output(out_dir)
     staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}"
     staging.mkdir()
@@ -283,12 +300,14 @@ def _build_locked(recipe: Recipe, out_dir: Path, stream: TextIO, allow_partial: 
                 checker = Checker.for_recipe(recipe, tokens.renderer, contamination)
                 result = write_corpus(checker.run(_replay_rows(recipe, checker, stream)), recipe, staging, ledger,
                                       tokens, allow_partial=allow_partial, screening=screening)
+        if not result.manifest["conversations"] and not allow_empty:
+            raise EmptyCorpus.from_audit(result.audit, recipe)
         _commit(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     result.out_dir = out_dir
     shutil.rmtree(out_dir / EXPORTS_DIR, ignore_errors=True)  # exports of an earlier build are stale now
-    result.exports = run_recipe_exports(recipe, out_dir, tokens.rows, stream)
+    result.exports = run_recipe_exports(recipe, out_dir, tokens.rows, stream, allow_empty=allow_empty)
     return result
 
 

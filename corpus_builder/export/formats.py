@@ -40,10 +40,10 @@ with a key missing from some turns, ``datasets``' JSON loader types the turns as
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -53,6 +53,7 @@ import pyarrow as pa
 
 from ..errors import CorpusError
 from ..layout import Corpus
+from ..outputs import staged
 from ..progress import ProgressLine
 from ..recipe.model import Recipe
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
@@ -276,41 +277,63 @@ def _converter(fmt: str, token_rows: TokenRows | None) -> Converter:
             "sharegpt": _sharegpt}[fmt]
 
 
+def split_files(corpus: Corpus, out_dir: Path, file_format: str) -> dict[str, Path]:
+    """The file each split of ``corpus`` is exported to: ``out_dir``/{split}.{file_format}."""
+    return {split: out_dir / f"{split}.{file_format}" for split in sorted(corpus.manifest.get("splits") or {})}
+
+
 def export_corpus(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = "jsonl",
                   token_rows: TokenRows | None = None, batch_size: int = 512,
-                  progress: ProgressLine | None = None) -> ExportReport:
-    """Write ``corpus`` as ``fmt`` into ``out_dir``/{split}.{file_format}; each file appears complete or not
-    at all (written under a temporary name, renamed when done)."""
+                  progress: ProgressLine | None = None, allow_empty: bool = False) -> ExportReport:
+    """Write ``corpus`` as ``fmt`` into ``out_dir``/{split}.{file_format}; the files appear complete or not at
+    all (each written under a temporary name, every one renamed once all are done; on an error the temporary
+    files, and the directories made for them, are removed). An export without rows (an empty corpus, or every
+    conversation left out by the format) is refused, nothing written, unless ``allow_empty``."""
     if fmt not in FORMATS:
         raise CorpusError(f"unknown export format {fmt!r} (one of {', '.join(FORMATS)})")
     if file_format not in FILE_FORMATS:
         raise CorpusError(f"unknown file format {file_format!r} (one of {', '.join(FILE_FORMATS)})")
+    if not corpus.manifest.get("conversations") and not allow_empty:
+        raise CorpusError("the corpus holds no conversations: there is nothing to export", file=str(corpus.root))
     convert = _converter(fmt, token_rows)
-    out_dir.mkdir(parents=True, exist_ok=True)
     report = ExportReport(fmt, file_format, out_dir, re_rendered=None if fmt == "speculators-tokens"
                           else _re_rendered_turns(corpus))
     skipped: Counter[str] = Counter()
-    for split in sorted(corpus.manifest.get("splits") or {}):
-        path = out_dir / f"{split}.{file_format}"
-        partial = path.with_name(f".{path.name}.partial")
-        sink = (_ParquetSink(partial, SCHEMAS[fmt]) if file_format == "parquet"
-                else _JsonlSink(partial, file_format == "jsonl.zst"))
-        rows = conversations = 0
-        left_out = sum(skipped.values())
+    made = [directory for directory in (out_dir, *out_dir.parents) if not directory.exists()]
+    try:
         try:
-            for batch in corpus.iter_batches(split=split, batch_size=batch_size):
-                converted = list(convert(batch_to_conversations(batch), skipped))
-                conversations += batch.num_rows
-                rows += len(converted)
-                if converted:
-                    sink.write(converted)
-                if progress is not None:
-                    progress.advance(batch.num_rows)
-        finally:
-            sink.close()
-        os.replace(partial, path)
-        report.files[split] = {"path": str(path), "rows": rows, "conversations": conversations,
-                               "left_out": sum(skipped.values()) - left_out}
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CorpusError(f"cannot create the directory: {error.strerror or error}", file=str(out_dir)) from error
+        with ExitStack() as files:
+            for split, path in split_files(corpus, out_dir, file_format).items():
+                partial = files.enter_context(staged(path))
+                sink = (_ParquetSink(partial, SCHEMAS[fmt]) if file_format == "parquet"
+                        else _JsonlSink(partial, file_format == "jsonl.zst"))
+                rows = conversations = 0
+                left_out = sum(skipped.values())
+                try:
+                    for batch in corpus.iter_batches(split=split, batch_size=batch_size):
+                        converted = list(convert(batch_to_conversations(batch), skipped))
+                        conversations += batch.num_rows
+                        rows += len(converted)
+                        if converted:
+                            sink.write(converted)
+                        if progress is not None:
+                            progress.advance(batch.num_rows)
+                finally:
+                    sink.close()
+                report.files[split] = {"path": str(path), "rows": rows, "conversations": conversations,
+                                       "left_out": sum(skipped.values()) - left_out}
+            if not any(info["rows"] for info in report.files.values()) and not allow_empty:
+                reasons = "; ".join(f"{reason}: {count:,}" for reason, count in sorted(skipped.items()))
+                raise CorpusError(f"the {fmt} export would hold no rows: every conversation was left out ({reasons}); "
+                                  "nothing was written", file=str(out_dir))
+    except BaseException:
+        for directory in made:  # deepest first; a directory that holds anything else stays
+            with suppress(OSError):
+                directory.rmdir()
+        raise
     report.skipped = dict(skipped)
     if progress is not None:
         progress.finish()
@@ -318,15 +341,16 @@ def export_corpus(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str =
 
 
 def run_recipe_exports(recipe: Recipe, corpus_dir: Path, token_rows: TokenRows | None,
-                       stream: TextIO | None = None) -> list[ExportReport]:
+                       stream: TextIO | None = None, allow_empty: bool = False) -> list[ExportReport]:
     """The exports a recipe's output asks for, into ``corpus_dir``/exports/{format}/ (``token_rows``: the
-    build's own, on its one renderer), each with a progress line on ``stream``."""
+    build's own, on its one renderer), each with a progress line on ``stream``; ``allow_empty``: the build
+    was asked for an empty corpus, so its exports may be empty too."""
     if not recipe.output.exports:
         return []
     corpus = Corpus.open(corpus_dir)
     total = int(corpus.manifest["conversations"])
     return [export_corpus(corpus, spec.format, corpus_dir / EXPORTS_DIR / spec.format, file_format=spec.file_format,
-                          token_rows=token_rows,
+                          token_rows=token_rows, allow_empty=allow_empty,
                           progress=ProgressLine(f"export {spec.format}", total=total, unit="conversations",
                                                 stream=stream))
             for spec in recipe.output.exports]

@@ -25,17 +25,16 @@ import numpy as np
 
 from ..errors import CorpusError
 from ..layout import Corpus
+from ..outputs import check_output_path, staged
 from ..rows import batch_to_conversations
-from ..tokens import TokenRows, TurnRow
+from ..tokens import TurnRow
+from . import CorpusTokenRows, corpus_token_rows
 
 FILE_SUFFIXES = (".npy", ".json", ".pt")
 
 
 def _bincount(ids: list[int], size: int) -> np.ndarray:
-    counts = np.bincount(np.asarray(ids, dtype=np.int64), minlength=size)
-    if len(counts) > size:
-        raise CorpusError(f"token id {len(counts) - 1} is outside the tokenizer's {size} entries: the served ids "
-                          "come from another tokenizer than target.tokenizer")
+    counts: np.ndarray = np.bincount(np.asarray(ids, dtype=np.int64), minlength=size)  # CorpusTokenRows: ids < size
     return counts
 
 
@@ -72,7 +71,7 @@ class Frequencies:
         mine[1] += counts[1]
 
 
-def iter_token_rows(corpus: Corpus, token_rows: TokenRows,
+def iter_token_rows(corpus: Corpus, token_rows: CorpusTokenRows,
                     batch_size: int = 512) -> Iterator[tuple[str, list[TurnRow]]]:
     """(source, rows of one conversation) for every conversation of the corpus, both splits."""
     for batch in corpus.iter_batches(batch_size=batch_size):
@@ -80,9 +79,8 @@ def iter_token_rows(corpus: Corpus, token_rows: TokenRows,
             yield item.conversation.source, item.rows
 
 
-def count_frequencies(corpus: Corpus, token_rows: TokenRows) -> Frequencies:
-    size = token_rows.renderer.tokenizer.get_vocab_size(with_added_tokens=True)
-    frequencies = Frequencies.empty(size)
+def count_frequencies(corpus: Corpus, token_rows: CorpusTokenRows) -> Frequencies:
+    frequencies = Frequencies.empty(token_rows.vocab_size)
     pending: dict[str, list[TurnRow]] = {}
     pending_rows = 0
     for source, rows in iter_token_rows(corpus, token_rows):
@@ -129,28 +127,51 @@ def vocab_report(frequencies: Frequencies, size: int) -> dict[str, Any]:
     return report
 
 
-def write_frequencies(counts: np.ndarray, path: Path) -> None:
-    suffix = path.suffix
-    if suffix not in FILE_SUFFIXES:
+def _check_suffix(path: Path) -> None:
+    if path.suffix not in FILE_SUFFIXES:
         raise CorpusError(f"frequency file must end in one of {', '.join(FILE_SUFFIXES)}", file=str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    nonzero = np.flatnonzero(counts)
-    if suffix == ".npy":
-        with partial.open("wb") as handle:
-            np.save(handle, counts.astype(np.int64))
-    elif suffix == ".json":
-        import orjson
 
-        document = {"vocab_size": len(counts), "counts": {str(i): int(counts[i]) for i in nonzero}}
-        partial.write_bytes(orjson.dumps(document))
-    else:
-        try:
-            import torch
-        except ImportError:
-            raise CorpusError("writing .pt needs torch; write .npy or .json instead", file=str(path)) from None
-        torch.save({int(i): int(counts[i]) for i in nonzero}, partial)
-    partial.replace(path)
+
+def write_frequencies(counts: np.ndarray, path: Path) -> None:
+    """``counts`` as the frequency file ``path`` (its suffix says the format), complete or not at all."""
+    _check_suffix(path)
+    suffix = path.suffix
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nonzero = np.flatnonzero(counts)
+    with staged(path) as partial:
+        if suffix == ".npy":
+            with partial.open("wb") as handle:
+                np.save(handle, counts.astype(np.int64))
+        elif suffix == ".json":
+            import orjson
+
+            document = {"vocab_size": len(counts), "counts": {str(i): int(counts[i]) for i in nonzero}}
+            partial.write_bytes(orjson.dumps(document))
+        else:
+            try:
+                import torch
+            except ImportError:
+                raise CorpusError("writing .pt needs torch; write .npy or .json instead", file=str(path)) from None
+            torch.save({int(i): int(counts[i]) for i in nonzero}, partial)
+
+
+def corpus_vocab(corpus_dir: Path, out: Path, tokenizer: Path | None = None) -> Frequencies:
+    """`corpus vocab`: the supervised-token frequencies of the corpus in ``corpus_dir``, written to ``out``
+    (checked, as every output path, before the corpus is read); a corpus without any is refused."""
+    corpus = Corpus.open(corpus_dir)
+    token_rows = corpus_token_rows(corpus, tokenizer)
+    if token_rows is None:
+        raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
+                          file=str(corpus_dir))
+    check_output_path(out, what="--out", inputs=[corpus.root, token_rows.renderer.tokenizer_dir])
+    _check_suffix(out)
+    frequencies = count_frequencies(corpus, token_rows)
+    if not frequencies.total.any():
+        conversations = corpus.manifest.get("conversations", 0)
+        raise CorpusError(f"no supervised tokens to count (the corpus holds {conversations:,} conversations): nothing "
+                          f"was written to {out}", file=str(corpus.root))
+    write_frequencies(frequencies.total, out)
+    return frequencies
 
 
 def _share(value: float | None) -> str:

@@ -316,3 +316,32 @@ def test_the_batch_thinking_column_follows_the_conversation_rule() -> None:
     ]
     column = conversations_to_batch(conversations).column("thinking").to_pylist()
     assert column == [c.thinking for c in conversations] == [False, False, False, False, True, True, True]
+
+
+def test_a_build_that_drops_every_row_writes_nothing_unless_asked(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: empty\ntarget: {model: m}\nsources:\n  - {name: log, kind: replay, path: log.jsonl}\n"
+                      "output: {dir: out}\n")
+
+    def corpus_build(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), *flags],
+                              capture_output=True, text=True)
+
+    dropped = [{"messages": [{"role": "user", "content": f"a question alone {i}"}]} for i in range(3)]
+    write_rows(tmp_path / "log.jsonl", [*dropped, {"messages": "not a list"}, {"messages": []}])
+    failed = corpus_build()
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert f"{recipe}: the corpus would be empty: all 5 rows were dropped or skipped" in failed.stderr
+    assert "no_assistant_turn: 3 rows" in failed.stderr and "bad_messages: 2 rows" in failed.stderr
+    assert "--allow-empty" in failed.stderr and "wrote 0" not in failed.stderr
+    assert not (tmp_path / "out").exists()  # a first build: nothing at all
+    write_rows(tmp_path / "log.jsonl", [{"messages": [{"role": "user", "content": "hi"},
+                                                      {"role": "assistant", "content": "hello"}]}])
+    assert corpus_build().returncode == 0
+    before = (tmp_path / "out" / "manifest.json").read_bytes()
+    write_rows(tmp_path / "log.jsonl", dropped)
+    assert corpus_build().returncode == 1
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == before  # the earlier corpus stays as it was
+    allowed = corpus_build("--allow-empty")
+    assert allowed.returncode == 0 and "wrote 0 conversations" in allowed.stderr, allowed.stderr
+    assert Corpus.open(tmp_path / "out").manifest["conversations"] == 0

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import errno
+import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 
 from corpus_builder.build import build
-from corpus_builder.export import FILE_FORMATS, FORMATS, export
+from corpus_builder.build.pipeline import TargetTokens, write_corpus
+from corpus_builder.build.shards import LedgerWriter
+from corpus_builder.errors import CorpusError
+from corpus_builder.export import FILE_FORMATS, FORMATS, export, formats
 from corpus_builder.export.formats import specforge_problems
-from corpus_builder.layout import Corpus
+from corpus_builder.layout import LEDGER, Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation
 from corpus_builder.sources import iter_file
+from corpus_builder.tokens import TemplateRenderer
 from tests.support.chats import synthetic_chats
 
 RECIPE = """\
@@ -171,3 +178,136 @@ def test_recipe_exports_are_validated(tmp_path: Path) -> None:
     details = "\n".join(problem.value.details)
     assert "output.exports[0].format" in details and "set target.tokenizer" in details
     assert "output.exports[0].file_format" in details
+
+
+def corpus_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "corpus_builder", *args], capture_output=True, text=True)
+
+
+def test_export_refuses_an_out_that_is_a_file_an_input_or_inside_the_corpus(corpus: Corpus, tmp_path: Path,
+                                                                            tiny_model_dir: Path) -> None:
+    existing = tmp_path / "taken.jsonl"
+    existing.write_text("keep me")
+    refused = corpus_cli("export", str(corpus.root), "--format", "messages", "--out", str(existing))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"{existing}: --out: exists and is not a directory" in refused.stderr
+    assert existing.read_text() == "keep me"
+    tokenizer = tmp_path / "tokenizer"  # a copy: a missing guard must not write into the shared tiny model
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (tokenizer / name).write_bytes((tiny_model_dir / name).read_bytes())
+    before = {path: path.stat().st_mtime_ns for path in (*tokenizer.iterdir(), *corpus.root.rglob("*"))}
+    for out, problem in ((tokenizer, "this run reads"), (corpus.root / "exported", "inside the built corpus")):
+        with pytest.raises(CorpusError, match=problem):
+            export(corpus, "speculators-tokens", out, tokenizer=tokenizer)
+    # a file of a split that resolves into the corpus is refused too, not written through
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out/validation.jsonl").symlink_to(corpus.root / "manifest.json")
+    with pytest.raises(CorpusError, match=r"validation\.jsonl: --out: inside the built corpus"):
+        export(corpus, "messages", tmp_path / "out")
+    assert {path: path.stat().st_mtime_ns for path in (*tokenizer.iterdir(), *corpus.root.rglob("*"))} == before
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["validation.jsonl"]
+
+
+def test_an_export_that_fails_leaves_nothing_written(corpus: Corpus, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".validation.jsonl.partial").mkdir()  # in the way of the second split's file
+    with pytest.raises(CorpusError, match=re.escape(f"{out / 'validation.jsonl'}: cannot write")):
+        export(corpus, "messages", out)
+    assert [p.name for p in out.iterdir()] == [".validation.jsonl.partial"]  # train.jsonl neither half nor whole
+
+    def full_disk(self: object, rows: list) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(formats._JsonlSink, "write", full_disk)
+    fresh = tmp_path / "new" / "out"
+    with pytest.raises(CorpusError, match=re.escape(f"{fresh / 'train.jsonl'}: cannot write: No space left on device")):
+        export(corpus, "messages", fresh)
+    assert not (tmp_path / "new").exists()  # the directories the export made are gone with its files
+
+
+def as_generated(conversation: Conversation, renderer: TemplateRenderer) -> Conversation:
+    """``conversation`` as a generated row: each assistant turn with the ids the target's server would have
+    served (its prompt tokenized alone, then the turn's text through the end-of-turn token)."""
+    turns = []
+    for j, message in enumerate(conversation.messages):
+        if message.role == "assistant":
+            prompt = renderer.render_prompt(conversation, j)
+            turn = renderer.render_through(conversation, j)[len(prompt):]
+            turn = turn[:turn.index(renderer.eos_token) + len(renderer.eos_token)]
+            prompt_ids, turn_ids = renderer.encode([prompt, turn])
+            turns.append({"message_index": j, "endpoint": "http://127.0.0.1:1/v1", "finish_reason": "stop",
+                          "prompt_token_ids": prompt_ids, "token_ids": turn_ids})
+    generation = {"turns": turns, "enable_thinking": True}
+    return replace(conversation, origin="generated", provenance={"generation": generation})
+
+
+@pytest.fixture(scope="module")
+def generated_corpus(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Corpus:
+    """A corpus of generated rows whose served ids are the tiny model's tokenizer's."""
+    directory = tmp_path_factory.mktemp("generated")
+    (directory / "log.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in log_rows()[:6]))
+    (directory / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir))
+    recipe = load_recipe(directory / "recipe.yaml")
+    tokens = TargetTokens.for_recipe(recipe)
+    assert tokens.renderer is not None
+    rows = [as_generated(c, tokens.renderer) for c in iter_file(directory / "log.jsonl") if isinstance(c, Conversation)]
+    staging = directory / "corpus"
+    staging.mkdir()
+    write_corpus(iter(rows), recipe, staging, LedgerWriter(staging / LEDGER), tokens)
+    return Corpus.open(staging)
+
+
+def small_tokenizer(directory: Path, template_from: Path) -> Path:
+    """A byte-level BPE of about 300 entries with the tiny model's special tokens and chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(["question answer reasoning"] * 10, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer.add_special_tokens([AddedToken(text, special=True, normalized=False)
+                                  for text in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")])
+    tokenizer.add_tokens([AddedToken("<think>", normalized=False), AddedToken("</think>", normalized=False)])
+    directory.mkdir()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        (directory / name).write_bytes((template_from / name).read_bytes())
+    return directory
+
+
+def test_token_rows_on_another_tokenizer_than_the_served_ids_are_refused(generated_corpus: Corpus, tmp_path: Path,
+                                                                        tiny_model_dir: Path) -> None:
+    other = small_tokenizer(tmp_path / "small", tiny_model_dir)
+    served_size = TemplateRenderer(tiny_model_dir).tokenizer.get_vocab_size(with_added_tokens=True)
+    other_size = TemplateRenderer(other).tokenizer.get_vocab_size(with_added_tokens=True)
+    assert other_size < served_size
+    out = tmp_path / "out"
+    for command in (["export", "--format", "speculators-tokens", "--out", str(out)],
+                    ["vocab", "--out", str(tmp_path / "token_freq.npy")]):
+        refused = corpus_cli(command[0], str(generated_corpus.root), *command[1:], "--tokenizer", str(other))
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert "served token id" in refused.stderr and f"{other_size:,} entries of the tokenizer {other}" in \
+            refused.stderr and f"{tiny_model_dir.resolve()} ({served_size:,} entries)" in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]  # neither the export nor the file was written
+    export(generated_corpus, "speculators-tokens", out)  # on the target's own tokenizer: the served ids as they are
+    rows = [orjson.loads(line) for line in (out / "train.jsonl").read_bytes().splitlines()]
+    assert rows and max(max(row["input_ids"]) for row in rows) < served_size
+
+
+def test_an_empty_corpus_is_neither_exported_nor_counted(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "log.jsonl").write_bytes(b"".join(orjson.dumps({"messages": [{"role": "user", "content": f"q {i}"}]})
+                                                  + b"\n" for i in range(3)))  # no assistant turn: all dropped
+    (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir))
+    empty = build(load_recipe(tmp_path / "recipe.yaml"), allow_empty=True)  # asked for: its exports may be empty too
+    assert empty.manifest["conversations"] == 0 and len(empty.exports) == 2
+    out, frequencies = tmp_path / "exported", tmp_path / "token_freq.npy"
+    for command, problem in ((["export", "--format", "messages", "--out", str(out)],
+                              "the corpus holds no conversations"),
+                             (["vocab", "--out", str(frequencies)], "no supervised tokens to count")):
+        refused = corpus_cli(command[0], str(empty.out_dir), *command[1:])
+        assert refused.returncode == 2 and f"{empty.out_dir}: {problem}" in refused.stderr, refused.stderr
+    assert not out.exists() and not frequencies.exists()

@@ -6,6 +6,7 @@ the results; speculators-tokens rows are checked token for token against transfo
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from corpus_builder.audit import audit, audit_against
 from corpus_builder.build import build
+from corpus_builder.errors import CorpusError
 from corpus_builder.export import export
 from corpus_builder.export.formats import SPECFORGE_NO_TOOLS
 from corpus_builder.layout import Corpus
@@ -175,3 +177,16 @@ def test_specforge_leaves_tool_traffic_out_and_says_why(corpus_dir: Path, tmp_pa
     report = export(corpus_dir, "specforge", tmp_path)
     assert report.skipped == {SPECFORGE_NO_TOOLS: 5} and report.files["train"]["rows"] == 1
     assert f"left out: {SPECFORGE_NO_TOOLS}: 5 conversations" in report.describe()
+
+
+def test_a_specforge_export_that_leaves_every_row_out_writes_nothing(tmp_path: Path) -> None:
+    calling_tools = log_rows()[:3]
+    (tmp_path / "logs.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in calling_tools))
+    (tmp_path / "recipe.yaml").write_text("name: tools\ntarget: {model: m}\nsources:\n"
+                                          "  - {name: logs, kind: replay, path: logs.jsonl}\noutput: {dir: out}\n")
+    corpus = build(load_recipe(tmp_path / "recipe.yaml")).out_dir
+    out = tmp_path / "specforge"
+    with pytest.raises(CorpusError, match=r"the specforge export would hold no rows: every conversation was left out "
+                                          rf"\({re.escape(SPECFORGE_NO_TOOLS)}: 3\); nothing was written"):
+        export(corpus, "specforge", out)
+    assert not out.exists()

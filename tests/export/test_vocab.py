@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -11,6 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
+from corpus_builder.errors import CorpusError
 from corpus_builder.export import corpus_token_rows, export
 from corpus_builder.export.vocab import count_frequencies, top_k, vocab_report, write_frequencies
 from corpus_builder.layout import Corpus
@@ -73,3 +76,31 @@ def test_vocab_command(corpus: Corpus, tmp_path: Path) -> None:  # noqa: F811
     text = subprocess.run([sys.executable, "-m", "corpus_builder", "vocab", str(corpus.root), "--size", "50",
                            "--out", str(tmp_path / "f.json")], capture_output=True, text=True)
     assert text.returncode == 0 and "top 50 of" in text.stdout and "reasoning tokens" in text.stdout
+
+
+def test_vocab_refuses_an_out_inside_the_corpus_or_on_the_tokenizer(corpus: Corpus, tmp_path: Path,  # noqa: F811
+                                                                     tiny_model_dir: Path) -> None:
+    tokenizer = tmp_path / "tokenizer"  # a copy: a missing guard must not write into the shared tiny model
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (tokenizer / name).write_bytes((tiny_model_dir / name).read_bytes())
+    before = {path: path.read_bytes() for path in (*tokenizer.iterdir(), *corpus.root.rglob("*")) if path.is_file()}
+    for out, problem in ((corpus.root / "token_freq.npy", "inside the built corpus"),
+                         (tokenizer / "tokenizer.json", "this run reads"), (tmp_path, "a directory")):
+        completed = subprocess.run([sys.executable, "-m", "corpus_builder", "vocab", str(corpus.root), "--tokenizer",
+                                    str(tokenizer), "--out", str(out)], capture_output=True, text=True)
+        assert completed.returncode == 2 and f"{out}: --out: " in completed.stderr, completed.stderr
+        assert problem in completed.stderr and "Traceback" not in completed.stderr
+    after = {path: path.read_bytes() for path in (*tokenizer.iterdir(), *corpus.root.rglob("*")) if path.is_file()}
+    assert after == before
+
+
+def test_a_frequency_file_that_fails_to_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full_disk)
+    out = tmp_path / "token_freq.npy"
+    with pytest.raises(CorpusError, match=re.escape(f"{out}: cannot write: No space left on device")):
+        write_frequencies(np.array([0, 5], dtype=np.int64), out)
+    assert list(tmp_path.iterdir()) == []
