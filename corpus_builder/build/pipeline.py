@@ -39,7 +39,7 @@ from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from .checks import BatchStats, Checker
 from .collect import KeptRows, MixtureShort, collect
 from .decontaminate import Contamination
-from .dedup import describe_screening, load_contamination
+from .dedup import EvalSets, describe_screening, read_eval_sets
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
@@ -252,10 +252,14 @@ def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = 
     ``allow_partial`` overrides ``target.generation.allow_partial``, ``allow_short`` ``mixture.allow_short``."""
     out_dir = out if out is not None else recipe.output.dir
     check_output_path(out_dir)
+    stream = progress if progress is not None else sys.stderr
+    eval_sets = read_eval_sets(recipe.decontamination)  # a set that would check nothing stops the build here
+    for warning in eval_sets.warnings() if eval_sets is not None else ():
+        print(f"warning: {warning}", file=stream)
     created = not out_dir.exists()
     with filesystem_errors(out_dir), output_lock(out_dir):
         try:
-            return _build_locked(recipe, out_dir, progress if progress is not None else sys.stderr,
+            return _build_locked(recipe, out_dir, eval_sets, stream,
                                  recipe.target.generation.allow_partial if allow_partial is None else allow_partial,
                                  recipe.mixture.allow_short if allow_short is None else allow_short)
         except BaseException:
@@ -264,15 +268,15 @@ def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = 
             raise
 
 
-def _build_locked(recipe: Recipe, out_dir: Path, stream: TextIO, allow_partial: bool,
+def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, stream: TextIO, allow_partial: bool,
                   allow_short: bool) -> BuildResult:
     prepare_output(out_dir)
     staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}"
     staging.mkdir()
     try:
         tokens = TargetTokens.for_recipe(recipe)
-        contamination = load_contamination(recipe.decontamination)
-        screening = describe_screening(recipe, contamination)
+        contamination = eval_sets.index if eval_sets is not None else None
+        screening = describe_screening(recipe, eval_sets)
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
             stack.callback(ledger.close)  # write_corpus closes it too, but a build can fail before that
