@@ -4,6 +4,7 @@ the set it comes from, and real conversations are clean."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import subprocess
 import sys
@@ -16,6 +17,9 @@ from corpus_builder.build import build, format_plan, plan_build
 from corpus_builder.build.decontaminate import Contamination, EvalSetSummary
 from corpus_builder.build.near_dedup import conversation_text
 from corpus_builder.errors import CorpusError
+from corpus_builder.layout import MANIFEST
+from corpus_builder.publish.card import render_card
+from corpus_builder.publish.gate import CorpusDocuments
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
 from tests.support.real_data import write_chitchat, write_gsm8k
@@ -187,3 +191,18 @@ def test_bad_rows_of_an_eval_set_are_counted_and_a_mostly_unreadable_set_is_repo
                                                              "invalid_utf8": 1, "not_an_object": 1}
     assert gsm["skipped_rows"] == {}
 
+
+def test_the_card_lists_a_set_as_checked_only_with_the_texts_it_contributed(tmp_path: Path) -> None:
+    short = orjson.dumps({"turns": [f"{LONG} again", "Rewrite it.", "Shorter still."]})
+    recipe = load_recipe(write_decontaminated(tmp_path, "probe.jsonl", short + b"\n"))
+    out = build(recipe, progress=io.StringIO()).out_dir
+    card = render_card(CorpusDocuments.load(out))
+    assert re.search(r"^\| probe \| probe\.jsonl \| 1 \| 0 \|$", card, re.MULTILINE), card  # 1 of 3 texts used
+    manifest = json.loads((out / MANIFEST).read_text())
+    manifest["decontamination"]["eval_sets"][1].update(texts=3, too_short=3)  # a set that contributed nothing
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    card = render_card(CorpusDocuments.load(out))
+    assert not re.search(r"^\| probe \|", card, re.MULTILINE), card
+    gsm = manifest["decontamination"]["eval_sets"][0]
+    assert re.search(rf"^\| gsm \| gsm\.jsonl \| {gsm['texts'] - gsm['too_short']} \| 0 \|$", card, re.MULTILINE)
+    assert "Not checked: probe contributed no text" in card
