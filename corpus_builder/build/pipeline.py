@@ -12,7 +12,6 @@ and decides once between a journal-only rebuild and preflight-then-backend.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import sys
@@ -29,7 +28,19 @@ from ..generate import GenerationIncomplete
 from ..generate.journal import LOCK_NAME as JOURNAL_LOCK
 from ..generate.journal import SEGMENT_GLOB
 from ..generate.scheduler import UNFINISHED
-from ..layout import AUDIT, CORPUS_FILES, DATA, FORMAT_VERSION, JOURNAL, LEDGER, MANIFEST, RECIPE, write_json
+from ..layout import (
+    AUDIT,
+    BUILD_LOCK,
+    CORPUS_FILES,
+    DATA,
+    FORMAT_VERSION,
+    JOURNAL,
+    LEDGER,
+    MANIFEST,
+    RECIPE,
+    build_lock,
+    write_json,
+)
 from ..progress import ProgressLine
 from ..recipe import recipe_sha256, resolved_yaml
 from ..recipe.model import Recipe
@@ -47,7 +58,6 @@ from .stats import CorpusStats, corpus_problems, generation_targets, split_balan
 from .token_stats import TokenStats
 
 STAGING_PREFIX = ".staging-"
-LOCK = ".build.lock"  # held (flock) by the one build writing to the directory
 
 
 @dataclass
@@ -90,26 +100,6 @@ def check_output_path(out_dir: Path) -> None:
 
 
 @contextmanager
-def output_lock(out_dir: Path) -> Iterator[None]:
-    """Hold the output directory for one build (created if needed): a second build refuses at once."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise CorpusError(f"another corpus build (pid {holder}) is writing to this directory: wait for it to "
-                          "finish or build into another --out", file=str(out_dir)) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-@contextmanager
 def filesystem_errors(out_dir: Path) -> Iterator[None]:
     """A full disk, an unwritable or vanished path: a user-fixable error naming the file, not a traceback."""
     try:
@@ -124,7 +114,7 @@ def filesystem_errors(out_dir: Path) -> Iterator[None]:
 def prepare_output(out_dir: Path) -> None:
     """Refuse to write into a directory that is not ours; clear staging left by killed builds (safe: the
     output lock is held)."""
-    ours = (*CORPUS_FILES, JOURNAL, EXPORTS_DIR, LOCK)
+    ours = (*CORPUS_FILES, JOURNAL, EXPORTS_DIR, BUILD_LOCK)
     foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in ours and not p.name.startswith(STAGING_PREFIX))
     if foreign:
         raise CorpusError(f"output directory holds files that are not part of a corpus ({', '.join(foreign[:5])});"
@@ -141,8 +131,8 @@ def _remove_first_build(out_dir: Path) -> None:
         with suppress(OSError):
             journal.rmdir()
     shutil.rmtree(out_dir / EXPORTS_DIR, ignore_errors=True)
-    if {p.name for p in out_dir.iterdir()} <= {LOCK}:
-        (out_dir / LOCK).unlink(missing_ok=True)
+    if {p.name for p in out_dir.iterdir()} <= {BUILD_LOCK}:
+        (out_dir / BUILD_LOCK).unlink(missing_ok=True)
         with suppress(OSError):
             out_dir.rmdir()
 
@@ -257,7 +247,7 @@ def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = 
     for warning in eval_sets.warnings() if eval_sets is not None else ():
         print(f"warning: {warning}", file=stream)
     created = not out_dir.exists()
-    with filesystem_errors(out_dir), output_lock(out_dir):
+    with filesystem_errors(out_dir), build_lock(out_dir):
         try:
             return _build_locked(recipe, out_dir, eval_sets, stream,
                                  recipe.target.generation.allow_partial if allow_partial is None else allow_partial,
