@@ -41,8 +41,10 @@ from ..layout import (
     build_lock,
     write_json,
 )
+from ..outputs import check_output_path
 from ..progress import ProgressLine
 from ..recipe import recipe_sha256, resolved_yaml
+from ..recipe.crosscheck import match_source_pattern
 from ..recipe.model import Recipe
 from ..records import Conversation
 from ..sources import MeasuredRows, replay_stream
@@ -91,12 +93,27 @@ class TargetTokens:
         return self.rows.renderer if self.rows is not None else None
 
 
-def check_output_path(out_dir: Path) -> None:
-    """Refuse, before anything is touched, an output path that cannot be a corpus directory."""
-    if "\0" in str(out_dir):
-        raise CorpusError("output path contains a NUL byte", file=repr(str(out_dir)))
-    if out_dir.exists() and not out_dir.is_dir():
-        raise CorpusError("output path exists and is not a directory", file=str(out_dir))
+def recipe_inputs(recipe: Recipe) -> list[Path | None]:
+    """What a build of the recipe reads from disk: the recipe, the sources' files, the evaluation sets, the
+    tokenizer and the model directory it launches (None where the recipe names none)."""
+    launch = recipe.target.launch
+    return [recipe.path, recipe.target.tokenizer, launch.model_dir if launch is not None else None,
+            *(path for spec in recipe.sources for pattern in spec.paths
+              for path in match_source_pattern(recipe.base_dir, pattern)),
+            *(spec.path for spec in (recipe.decontamination.eval_sets if recipe.decontamination else ()))]
+
+
+def check_output_dir(recipe: Recipe, out_dir: Path, what: str) -> None:
+    """Refuse, before anything is touched, a path that cannot be the recipe's corpus directory: the output guard
+    (a directory or nothing yet, not an input nor inside one, not inside a corpus but the one it rebuilds),
+    then a directory that holds files of its own (the corpus would be mixed into them)."""
+    check_output_path(out_dir, what=what, inputs=recipe_inputs(recipe), directory=True, rebuilds_corpus=True)
+    ours = (*CORPUS_FILES, JOURNAL, EXPORTS_DIR, BUILD_LOCK)
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in ours
+                     and not p.name.startswith(STAGING_PREFIX)) if out_dir.is_dir() else []
+    if foreign:
+        raise CorpusError(f"{what}: the directory holds files that are not part of a corpus "
+                          f"({', '.join(foreign[:5])}); choose an empty or corpus directory", file=str(out_dir))
 
 
 @contextmanager
@@ -111,14 +128,8 @@ def filesystem_errors(out_dir: Path) -> Iterator[None]:
                           file=str(where)) from error
 
 
-def prepare_output(out_dir: Path) -> None:
-    """Refuse to write into a directory that is not ours; clear staging left by killed builds (safe: the
-    output lock is held)."""
-    ours = (*CORPUS_FILES, JOURNAL, EXPORTS_DIR, BUILD_LOCK)
-    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in ours and not p.name.startswith(STAGING_PREFIX))
-    if foreign:
-        raise CorpusError(f"output directory holds files that are not part of a corpus ({', '.join(foreign[:5])});"
-                          " choose an empty or corpus directory with --out", file=str(out_dir))
+def clear_staging(out_dir: Path) -> None:
+    """Remove the staging left by killed builds (safe: the output lock is held)."""
     for stale in out_dir.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
 
@@ -241,7 +252,8 @@ def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = 
     ``progress`` is where phase lines, the preflight and server notes go (default: standard error);
     ``allow_partial`` overrides ``target.generation.allow_partial``, ``allow_short`` ``mixture.allow_short``."""
     out_dir = out if out is not None else recipe.output.dir
-    check_output_path(out_dir)
+    with filesystem_errors(out_dir):  # a directory that cannot be listed
+        check_output_dir(recipe, out_dir, "--out" if out is not None else "output.dir")
     stream = progress if progress is not None else sys.stderr
     eval_sets = read_eval_sets(recipe.decontamination)  # a set that would check nothing stops the build here
     for warning in eval_sets.warnings() if eval_sets is not None else ():
@@ -260,7 +272,7 @@ def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = 
 
 def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, stream: TextIO, allow_partial: bool,
                   allow_short: bool) -> BuildResult:
-    prepare_output(out_dir)
+    clear_staging(out_dir)
     staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}"
     staging.mkdir()
     try:
