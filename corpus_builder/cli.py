@@ -8,6 +8,7 @@ must fix (bad recipe, unreadable file, bad arguments). Heavy modules are importe
 from __future__ import annotations
 
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,22 @@ def _print_json(value: object) -> None:
     import orjson
 
     click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
+
+
+class OutputPath(click.Path):
+    """A path a command writes. click's Path reads "" as "." (the current directory, which would be written
+    into): an empty value goes to the output guard as given instead, which refuses it."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path)
+
+    def convert(self, value: str | os.PathLike[str], param: click.Parameter | None, ctx: click.Context | None
+                ) -> str | bytes | os.PathLike[str]:
+        if isinstance(value, str) and not value.strip():
+            from .outputs import check_output_path
+
+            check_output_path(value, what=param.opts[0] if param is not None else "output")  # refuses it
+        return super().convert(value, param, ctx)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,7 +77,7 @@ def validate(recipe: Path) -> None:
 
 @cli.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), help="Output directory (overrides output.dir).")
+@click.option("--out", type=OutputPath(), help="Output directory (overrides output.dir).")
 @click.option("--dry-run", is_flag=True, help="Check the recipe, the sources and the endpoints; generate nothing.")
 @click.option("--allow-partial", is_flag=True,
               help="Write the corpus even when generated rows are unfinished (marked in the manifest and card).")

@@ -12,8 +12,11 @@ Layout of a corpus directory::
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ DATA = "data"
 JOURNAL = "journal"
 CORPUS_FILES = (DATA, AUDIT, RECIPE, LEDGER, MANIFEST)
 FORMAT_VERSION = 1
+BUILD_LOCK = ".build.lock"  # flock held by the one build writing the directory, its pid inside
 
 
 def file_sha256(path: Path) -> str:
@@ -44,6 +48,50 @@ def file_sha256(path: Path) -> str:
 def write_json(path: Path, value: Any) -> None:
     """The corpus's JSON files: indented, keys sorted, so the same content gives the same bytes."""
     path.write_bytes(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+
+
+def _flock_now(fd: int, operation: int) -> bool:
+    """Take the flock ``operation`` without waiting: False when another process holds a conflicting one."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _lock_holder(fd: int) -> str:
+    return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+
+
+@contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Hold ``directory`` (created if needed) for one build, exclusively: a second build refuses at once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / BUILD_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    if not _flock_now(fd, fcntl.LOCK_EX):
+        holder = _lock_holder(fd)
+        os.close(fd)
+        raise CorpusError(f"another corpus build (pid {holder}) is writing to this directory: wait for it to "
+                          "finish or build into another --out", file=str(directory))
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def writing_build(directory: Path) -> str | None:
+    """The pid ("unknown" until it is written) of the build writing ``directory`` now, or None when none is.
+    A shared probe of the build's lock, let go at once: a reader never holds a build up."""
+    try:
+        fd = os.open(directory / BUILD_LOCK, os.O_RDONLY)
+    except OSError:  # no lock file (no build ever wrote here) or no directory: nothing is writing
+        return None
+    try:
+        return None if _flock_now(fd, fcntl.LOCK_SH) else _lock_holder(fd)
+    finally:
+        os.close(fd)
 
 
 def iter_ledger(path: Path) -> Iterator[dict[str, Any]]:

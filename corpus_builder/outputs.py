@@ -49,13 +49,16 @@ def _within(path: Path, directory: Path) -> bool:
 
 
 def check_output_path(path: Path | str, *, what: str, inputs: Iterable[Path | str | None] = (),
-                      directory: bool = False) -> Path:
+                      directory: bool = False, rebuilds_corpus: bool = False) -> Path:
     """``path`` as given, once it is safe to write: a regular file (or, with ``directory``, a directory) or
     nothing yet, in an existing writable directory, not one of ``inputs`` nor inside one, and not inside a
-    built corpus. ``what`` names the option in the messages (e.g. "--html")."""
+    built corpus. ``what`` names the option in the messages (e.g. "--html"). With ``rebuilds_corpus`` (the
+    build's output directory) the path may be a built corpus's own directory: the build replaces that corpus."""
     text = str(path)
     if not text.strip():
         raise CorpusError(f"{what}: the output path is empty")
+    if "\0" in text:
+        raise CorpusError(f"{what}: the output path contains a NUL byte", file=repr(text))
     given = Path(text)
     kind = "directory" if directory else "file"
     if os.path.lexists(given):
@@ -67,7 +70,7 @@ def check_output_path(path: Path | str, *, what: str, inputs: Iterable[Path | st
             raise CorpusError(f"{what}: {found}; give the path of a {kind} to write", file=text)
     target = _resolved(given)
     corpus = enclosing_corpus(target)
-    if corpus is not None:
+    if corpus is not None and not (rebuilds_corpus and corpus == target):
         raise CorpusError(f"{what}: inside the built corpus {corpus}; writing there would corrupt it: "
                           f"choose a path outside it", file=text)
     for source in _input_paths(inputs):

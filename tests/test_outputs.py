@@ -93,3 +93,15 @@ def test_an_unwritable_directory_is_refused(tmp_path: Path) -> None:
         assert "not writable" in refused(locked / "report.html")
     finally:
         locked.chmod(0o700)
+
+
+def test_a_nul_byte_is_refused_not_a_traceback(tmp_path: Path) -> None:
+    assert "NUL byte" in refused(f"{tmp_path}/report\0.html")
+    assert "NUL byte" in refused(f"{tmp_path}/out\0", directory=True)
+
+
+def test_a_build_may_replace_the_corpus_it_rebuilds_but_nothing_inside_one(corpus_dir: Path) -> None:
+    assert check_output_path(corpus_dir, what="--out", directory=True, rebuilds_corpus=True) == corpus_dir
+    assert "inside the built corpus" in refused(corpus_dir / "data", directory=True, rebuilds_corpus=True)
+    assert "inside the built corpus" in refused(corpus_dir / "journal", directory=True, rebuilds_corpus=True)
+    assert "inside the built corpus" in refused(corpus_dir, directory=True)

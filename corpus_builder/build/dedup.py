@@ -9,23 +9,25 @@ replayed row is evicted (``Evicted``: the build drops it from its spool and ledg
 row kept. The keys of the index carry what an eviction needs: the row's thinking flag, source and id (the
 source gives its rank).
 
-``load_contamination`` reads the recipe's evaluation sets (local files or Hub datasets, with the sources'
-readers) into a ``Contamination`` index; a row matching any set is dropped as ``contaminated``, its detail
-naming the sets (``errors.contamination_detail``).
+``read_eval_sets`` reads the recipe's evaluation sets (local files or Hub datasets, with the sources'
+readers) into a ``Contamination`` index, counting the rows it skips; a set that contributes no text is an
+error, since it would check nothing. A row matching any set is dropped as ``contaminated``, its detail naming
+the sets (``errors.contamination_detail``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorpusError
+from ..errors import BadRow, CorpusError
 from ..recipe.model import Checks, Decontamination, EvalSet, Recipe
 from ..records import Conversation
 from ..sources.hub import hub_label, iter_hub_rows
 from ..sources.readers import detect_format, iter_rows
-from .decontaminate import Contamination
+from .decontaminate import Contamination, EvalSetSummary
 from .near_dedup import (
     ConversationText,
     Duplicate,
@@ -135,37 +137,123 @@ def _parse_key(key: str) -> tuple[bool, str, str]:
     return thinking == "1", source, row_id
 
 
-def load_contamination(decontamination: Decontamination | None) -> Contamination | None:
-    """The recipe's evaluation sets, read and indexed; a set that cannot be read is a CorpusError."""
+# Why an evaluation set's row gives no text, beside the readers' own reasons for a line that does not decode.
+NOT_AN_OBJECT = "not_an_object"
+FIELDS_ABSENT = "fields_absent"  # none of the set's ``fields`` is in the row
+# A set that skips more of its rows than this is reported: it is probably the wrong file, or fields.
+MOSTLY_SKIPPED = 0.5
+
+
+@dataclass
+class EvalSetRead:
+    """One evaluation set as it is read: its rows, and those skipped by reason (lines that do not decode,
+    rows that are not objects, rows with none of the fields named), for the error, the dry run and the manifest."""
+
+    spec: EvalSet
+    rows: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    keys: tuple[str, ...] = ()  # the keys of the first row read, to name what is there when the fields are not
+
+    @property
+    def where(self) -> str:
+        """The file, or the Hub dataset, the set is read from."""
+        if self.spec.path is not None:
+            return str(self.spec.path)
+        assert self.spec.hub is not None  # the recipe gives a set a path or a hub dataset
+        return f"hf://datasets/{hub_label(self.spec.hub)}"
+
+    def texts(self) -> Iterator[str]:
+        """Every text of the set, counting its rows as they go by; a file that cannot be read at all is a
+        CorpusError naming the set."""
+        spec = self.spec
+        try:
+            if spec.path is not None:
+                rows = (row for _, row in iter_rows(spec.path, detect_format(spec.path), str(spec.path)))
+            else:
+                assert spec.hub is not None
+                rows = (row for _, row in iter_hub_rows(spec.hub, f"eval set {spec.name}"))
+            for row in rows:
+                self.rows += 1
+                if isinstance(row, BadRow) or not isinstance(row, dict):
+                    self.skipped[row.reason if isinstance(row, BadRow) else NOT_AN_OBJECT] += 1
+                    continue
+                self.keys = self.keys or tuple(map(str, row))
+                if spec.fields and not any(name in row for name in spec.fields):
+                    self.skipped[FIELDS_ABSENT] += 1
+                    continue
+                yield from _strings([row.get(name) for name in spec.fields] if spec.fields else list(row.values()))
+        except CorpusError as error:
+            raise CorpusError(f"decontamination: eval set '{spec.name}': {error.problem}", file=error.file,
+                              line=error.line, details=error.details) from None
+
+    def describe_skipped(self) -> str:
+        """"3 of 10 rows skipped (invalid_json 2, not_an_object 1)", or "" when none was."""
+        if not self.skipped:
+            return ""
+        reasons = ", ".join(f"{reason} {count:,}" for reason, count in sorted(self.skipped.items()))
+        return f"{sum(self.skipped.values()):,} of {self.rows:,} rows skipped ({reasons})"
+
+    def unusable(self, summary: EvalSetSummary, min_words: int) -> CorpusError | None:
+        """Why the set contributes no text to the index (it would check nothing), or None when it does."""
+        if summary.texts > summary.ignored:
+            return None
+        undecoded = sum(count for reason, count in self.skipped.items() if reason != FIELDS_ABSENT)
+        if undecoded == self.rows:
+            why = f"no row of it can be read: {self.describe_skipped()}"
+        elif self.skipped[FIELDS_ABSENT] == self.rows - undecoded:
+            why = (f"none of its rows has the fields {', '.join(self.spec.fields)} (its rows have "
+                   f"{', '.join(self.keys) or 'no key'})")
+        elif summary.texts:
+            why = f"no text of at least {min_words} words: all its texts ({summary.texts:,}) are shorter"
+        else:
+            why = f"no text of at least {min_words} words: its rows hold no text at all"
+        return CorpusError(f"decontamination: eval set '{self.spec.name}': {why}; it would check nothing (fix its "
+                           "path or fields, or remove it)", file=self.where)
+
+    def warning(self) -> str | None:
+        """A note when most of the set's rows were skipped."""
+        skipped = sum(self.skipped.values())
+        if not self.rows or skipped <= self.rows * MOSTLY_SKIPPED:
+            return None
+        return (f"eval set '{self.spec.name}' ({self.where}): {self.describe_skipped()}; is this the right file "
+                "and fields?")
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSets:
+    """The recipe's evaluation sets, read and indexed."""
+
+    index: Contamination
+    reads: tuple[EvalSetRead, ...]
+
+    def warnings(self) -> list[str]:
+        return [warning for read in self.reads if (warning := read.warning()) is not None]
+
+
+def read_eval_sets(decontamination: Decontamination | None) -> EvalSets | None:
+    """The recipe's evaluation sets, read and indexed. A set that cannot be read, or that contributes no text
+    (no readable row, none of the fields named, no text of min_words words), is a CorpusError: the build and
+    the dry run call this before they write or generate anything."""
     if decontamination is None:
         return None
+    reads = tuple(EvalSetRead(spec) for spec in decontamination.eval_sets)
     try:
-        return Contamination(((spec.name, _eval_texts(spec)) for spec in decontamination.eval_sets),
-                             n=decontamination.ngram, min_words=decontamination.min_words)
+        index = Contamination(((read.spec.name, read.texts()) for read in reads), n=decontamination.ngram,
+                              min_words=decontamination.min_words)
     except ValueError as error:
         raise CorpusError(f"decontamination: {error}") from None
+    for read, summary in zip(reads, index.eval_sets, strict=True):
+        if (problem := read.unusable(summary, decontamination.min_words)) is not None:
+            raise problem
+    return EvalSets(index, reads)
 
 
-def describe_eval_sets(recipe: Recipe, index: Contamination) -> list[dict[str, Any]]:
+def describe_eval_sets(recipe: Recipe, eval_sets: EvalSets) -> list[dict[str, Any]]:
     """What the corpus was checked against, for the manifest and the card (paths as the recipe writes them)."""
-    read = {summary.name: summary for summary in index.eval_sets}
     written = recipe.document["decontamination"]["eval_sets"]
-    return [{"name": spec.name, "from": f"hf://datasets/{hub_label(spec.hub)}" if spec.hub is not None
-             else written[position]["path"], "texts": read[spec.name].texts, "too_short": read[spec.name].ignored}
-            for position, spec in enumerate(recipe.decontamination.eval_sets if recipe.decontamination else ())]
-
-
-def _eval_texts(spec: EvalSet) -> Iterator[str]:
-    if spec.path is not None:
-        rows = (row for _, row in iter_rows(spec.path, detect_format(spec.path), str(spec.path)))
-    else:
-        assert spec.hub is not None
-        rows = (row for _, row in iter_hub_rows(spec.hub, f"eval set {spec.name}"))
-    for row in rows:
-        if not isinstance(row, dict):
-            continue
-        values = [row.get(name) for name in spec.fields] if spec.fields else list(row.values())
-        yield from _strings(values)
+    return [{"name": read.spec.name, "from": read.where if read.spec.hub is not None else written[position]["path"],
+             "texts": summary.texts, "too_short": summary.ignored, "skipped_rows": dict(sorted(read.skipped.items()))}
+            for position, (read, summary) in enumerate(zip(eval_sets.reads, eval_sets.index.eval_sets, strict=True))]
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -181,7 +269,7 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
-def describe_screening(recipe: Recipe, contamination: Contamination | None) -> dict[str, Any]:
+def describe_screening(recipe: Recipe, eval_sets: EvalSets | None) -> dict[str, Any]:
     """How a build deduplicates and decontaminates, for the manifest and the card."""
     near = recipe.checks.near_duplicates
     ranks = recipe.dedup_ranks()
@@ -190,8 +278,8 @@ def describe_screening(recipe: Recipe, contamination: Contamination | None) -> d
         "near_duplicates": {"threshold": near.threshold, "num_perm": near.num_perm, "shingle": near.shingle}
         if near is not None else None,
         "priority": sorted(ranks, key=ranks.__getitem__)}}
-    if recipe.decontamination is not None and contamination is not None:
+    if recipe.decontamination is not None and eval_sets is not None:
         described["decontamination"] = {"ngram": recipe.decontamination.ngram,
                                         "min_words": recipe.decontamination.min_words,
-                                        "eval_sets": describe_eval_sets(recipe, contamination)}
+                                        "eval_sets": describe_eval_sets(recipe, eval_sets)}
     return described

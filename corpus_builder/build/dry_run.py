@@ -25,6 +25,7 @@ from ..recipe.model import Recipe
 from ..records import Conversation
 from ..sources import iter_source, prompt_stream
 from ..tokens import TemplateRenderer, TokenSettings
+from .dedup import EvalSets, read_eval_sets
 
 MEASURE_BATCH = 512
 
@@ -49,6 +50,7 @@ class BuildPlan:
     journal_cached_rows: int = 0
     prompt_lengths: Counter[int] = field(default_factory=Counter)  # first-turn prompt tokens -> prompts
     context_limit: int | None = None
+    eval_sets: EvalSets | None = None  # the decontamination's sets, read and indexed
     problems: list[str] = field(default_factory=list)  # the build would not start
     warnings: list[str] = field(default_factory=list)  # it starts, but should be looked at (an endpoint down)
 
@@ -124,7 +126,9 @@ class SourceCounter:
 
 def plan_build(recipe: Recipe, out: Path | None = None) -> BuildPlan:
     """The dry run: read every source once, probe the endpoints, measure first-turn prompts against the
-    context and count what the journal already holds. Sends no generation request, starts no server."""
+    context and count what the journal already holds. Sends no generation request, starts no server. An
+    evaluation set that would check nothing is a CorpusError, as it is for the build."""
+    eval_sets = read_eval_sets(recipe.decontamination)
     settings = TokenSettings.from_recipe(recipe)
     counter = SourceCounter(recipe, settings.renderer() if settings is not None else None)
     for spec in recipe.sources:
@@ -140,7 +144,10 @@ def plan_build(recipe: Recipe, out: Path | None = None) -> BuildPlan:
         else:
             for _ in prompts:
                 pass
-    return complete_plan(recipe, counter, ("replay", "prompts"), coverage)
+    plan = complete_plan(recipe, counter, ("replay", "prompts"), coverage)
+    plan.eval_sets = eval_sets
+    plan.warnings += eval_sets.warnings() if eval_sets is not None else []
+    return plan
 
 
 def _has_journal(journal_dir: Path) -> bool:
@@ -229,6 +236,14 @@ def format_plan(plan: BuildPlan) -> str:
             lines.append(f"prompt lengths: {plan.prompts_measured:,} first-turn prompts measured; "
                          f"{plan.prompts_over_context:,} leave less than max_tokens of the "
                          f"{plan.context_limit:,}-token context (the server will refuse them)")
+    if plan.eval_sets is not None:
+        lines += ["", f"decontamination against {len(plan.eval_sets.reads)} eval set(s), "
+                      f"{plan.eval_sets.index.n}-word runs:"]
+        for read, summary in zip(plan.eval_sets.reads, plan.eval_sets.index.eval_sets, strict=True):
+            skipped = read.describe_skipped()
+            lines.append(f"  {read.spec.name:<18} {read.where}  {summary.texts - summary.ignored:,} texts "
+                         f"({summary.ignored:,} shorter than {plan.eval_sets.index.min_words} words, left out)"
+                         f"{'; ' + skipped if skipped else ''}")
     if plan.warnings:
         lines += ["", "warnings:"] + [f"  {warning}" for warning in plan.warnings]
     if plan.problems:

@@ -12,7 +12,6 @@ and decides once between a journal-only rebuild and preflight-then-backend.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import sys
@@ -29,9 +28,23 @@ from ..generate import GenerationIncomplete
 from ..generate.journal import LOCK_NAME as JOURNAL_LOCK
 from ..generate.journal import SEGMENT_GLOB
 from ..generate.scheduler import UNFINISHED
-from ..layout import AUDIT, CORPUS_FILES, DATA, FORMAT_VERSION, JOURNAL, LEDGER, MANIFEST, RECIPE, write_json
+from ..layout import (
+    AUDIT,
+    BUILD_LOCK,
+    CORPUS_FILES,
+    DATA,
+    FORMAT_VERSION,
+    JOURNAL,
+    LEDGER,
+    MANIFEST,
+    RECIPE,
+    build_lock,
+    write_json,
+)
+from ..outputs import check_output_path
 from ..progress import ProgressLine
 from ..recipe import recipe_sha256, resolved_yaml
+from ..recipe.crosscheck import match_source_pattern
 from ..recipe.model import Recipe
 from ..records import Conversation
 from ..sources import MeasuredRows, replay_stream
@@ -39,7 +52,7 @@ from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from .checks import BatchStats, Checker
 from .collect import KeptRows, MixtureShort, collect
 from .decontaminate import Contamination
-from .dedup import describe_screening, load_contamination
+from .dedup import EvalSets, describe_screening, read_eval_sets
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
@@ -47,7 +60,6 @@ from .stats import CorpusStats, corpus_problems, generation_targets, split_balan
 from .token_stats import TokenStats
 
 STAGING_PREFIX = ".staging-"
-LOCK = ".build.lock"  # held (flock) by the one build writing to the directory
 
 
 class EmptyCorpus(CorpusError):
@@ -97,32 +109,27 @@ class TargetTokens:
         return self.rows.renderer if self.rows is not None else None
 
 
-def check_output_path(out_dir: Path) -> None:
-    """Refuse, before anything is touched, an output path that cannot be a corpus directory."""
-    if "\0" in str(out_dir):
-        raise CorpusError("output path contains a NUL byte", file=repr(str(out_dir)))
-    if out_dir.exists() and not out_dir.is_dir():
-        raise CorpusError("output path exists and is not a directory", file=str(out_dir))
+def recipe_inputs(recipe: Recipe) -> list[Path | None]:
+    """What a build of the recipe reads from disk: the recipe, the sources' files, the evaluation sets, the
+    tokenizer and the model directory it launches (None where the recipe names none)."""
+    launch = recipe.target.launch
+    return [recipe.path, recipe.target.tokenizer, launch.model_dir if launch is not None else None,
+            *(path for spec in recipe.sources for pattern in spec.paths
+              for path in match_source_pattern(recipe.base_dir, pattern)),
+            *(spec.path for spec in (recipe.decontamination.eval_sets if recipe.decontamination else ()))]
 
 
-@contextmanager
-def output_lock(out_dir: Path) -> Iterator[None]:
-    """Hold the output directory for one build (created if needed): a second build refuses at once."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise CorpusError(f"another corpus build (pid {holder}) is writing to this directory: wait for it to "
-                          "finish or build into another --out", file=str(out_dir)) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+def check_output_dir(recipe: Recipe, out_dir: Path, what: str) -> None:
+    """Refuse, before anything is touched, a path that cannot be the recipe's corpus directory: the output guard
+    (a directory or nothing yet, not an input nor inside one, not inside a corpus but the one it rebuilds),
+    then a directory that holds files of its own (the corpus would be mixed into them)."""
+    check_output_path(out_dir, what=what, inputs=recipe_inputs(recipe), directory=True, rebuilds_corpus=True)
+    ours = (*CORPUS_FILES, JOURNAL, EXPORTS_DIR, BUILD_LOCK)
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in ours
+                     and not p.name.startswith(STAGING_PREFIX)) if out_dir.is_dir() else []
+    if foreign:
+        raise CorpusError(f"{what}: the directory holds files that are not part of a corpus "
+                          f"({', '.join(foreign[:5])}); choose an empty or corpus directory", file=str(out_dir))
 
 
 @contextmanager
@@ -137,14 +144,8 @@ def filesystem_errors(out_dir: Path) -> Iterator[None]:
                           file=str(where)) from error
 
 
-def prepare_output(out_dir: Path) -> None:
-    """Refuse to write into a directory that is not ours; clear staging left by killed builds (safe: the
-    output lock is held)."""
-    ours = (*CORPUS_FILES, JOURNAL, EXPORTS_DIR, LOCK)
-    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in ours and not p.name.startswith(STAGING_PREFIX))
-    if foreign:
-        raise CorpusError(f"output directory holds files that are not part of a corpus ({', '.join(foreign[:5])});"
-                          " choose an empty or corpus directory with --out", file=str(out_dir))
+def clear_staging(out_dir: Path) -> None:
+    """Remove the staging left by killed builds (safe: the output lock is held)."""
     for stale in out_dir.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
 
@@ -157,8 +158,8 @@ def _remove_first_build(out_dir: Path) -> None:
         with suppress(OSError):
             journal.rmdir()
     shutil.rmtree(out_dir / EXPORTS_DIR, ignore_errors=True)
-    if {p.name for p in out_dir.iterdir()} <= {LOCK}:
-        (out_dir / LOCK).unlink(missing_ok=True)
+    if {p.name for p in out_dir.iterdir()} <= {BUILD_LOCK}:
+        (out_dir / BUILD_LOCK).unlink(missing_ok=True)
         with suppress(OSError):
             out_dir.rmdir()
 
@@ -268,11 +269,16 @@ def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = 
     ``allow_partial`` overrides ``target.generation.allow_partial``, ``allow_short`` ``mixture.allow_short``;
     a corpus without rows fails with EmptyCorpus, nothing written, unless ``allow_empty``."""
     out_dir = out if out is not None else recipe.output.dir
-    check_output_path(out_dir)
+    with filesystem_errors(out_dir):  # a directory that cannot be listed
+        check_output_dir(recipe, out_dir, "--out" if out is not None else "output.dir")
+    stream = progress if progress is not None else sys.stderr
+    eval_sets = read_eval_sets(recipe.decontamination)  # a set that would check nothing stops the build here
+    for warning in eval_sets.warnings() if eval_sets is not None else ():
+        print(f"warning: {warning}", file=stream)
     created = not out_dir.exists()
-    with filesystem_errors(out_dir), output_lock(out_dir):
+    with filesystem_errors(out_dir), build_lock(out_dir):
         try:
-            return _build_locked(recipe, out_dir, progress if progress is not None else sys.stderr,
+            return _build_locked(recipe, out_dir, eval_sets, stream,
                                  recipe.target.generation.allow_partial if allow_partial is None else allow_partial,
                                  recipe.mixture.allow_short if allow_short is None else allow_short, allow_empty)
         except BaseException:
@@ -281,15 +287,15 @@ def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = 
             raise
 
 
-def _build_locked(recipe: Recipe, out_dir: Path, stream: TextIO, allow_partial: bool, allow_short: bool,
-                  allow_empty: bool) -> BuildResult:
-    prepare_output(out_dir)
+def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, stream: TextIO, allow_partial: bool,
+                  allow_short: bool, allow_empty: bool) -> BuildResult:
+    clear_staging(out_dir)
     staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}"
     staging.mkdir()
     try:
         tokens = TargetTokens.for_recipe(recipe)
-        contamination = load_contamination(recipe.decontamination)
-        screening = describe_screening(recipe, contamination)
+        contamination = eval_sets.index if eval_sets is not None else None
+        screening = describe_screening(recipe, eval_sets)
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
             stack.callback(ledger.close)  # write_corpus closes it too, but a build can fail before that

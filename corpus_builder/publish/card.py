@@ -363,15 +363,21 @@ def _screening(docs: CorpusDocuments) -> list[str]:
                   "before generation. Of duplicates, the row kept is the one of the source first in: "
                   f"{', '.join(f'`{name}`' for name in priority)}.", ""]
     screened = mapping(docs.manifest.get("decontamination"))
-    eval_sets = [mapping(entry) for entry in screened.get("eval_sets") or () if mapping(entry)]
-    if not eval_sets:
+    # A set is shown as checked only with the texts it put in the index: those of at least min_words words.
+    listed = [(entry, _count(entry.get("texts")) - _count(entry.get("too_short")))
+              for entry in map(mapping, screened.get("eval_sets") or ()) if entry]
+    checked = [(entry, used) for entry, used in listed if used > 0]
+    unused = [_text(entry.get("name")) or "?" for entry, used in listed if used <= 0]
+    if not checked:
         return [*lines, "The corpus was not checked against evaluation sets.", ""]
     found = mapping(docs.audit.get("contaminated_by_eval_set"))
     lines += [f"Checked against evaluation sets, prompts before generation and every row after it: a row sharing a "
               f"{_count(screened.get('ngram'))}-word run with a set (normalised text) was dropped.", "",
               *_table(["evaluation set", "from", "texts", "rows dropped"],
-                      [[_text(entry.get("name")) or "", _text(entry.get("from")) or "", _figure(entry.get("texts")),
-                        _figure(found.get(_text(entry.get("name")) or "", 0))] for entry in eval_sets])]
+                      [[_text(entry.get("name")) or "", _text(entry.get("from")) or "", f"{used:,}",
+                        _figure(found.get(_text(entry.get("name")) or "", 0))] for entry, used in checked])]
+    if unused:
+        lines += [f"Not checked: {', '.join(unused)} contributed no text to the check.", ""]
     return lines
 
 

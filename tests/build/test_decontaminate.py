@@ -3,12 +3,24 @@ the set it comes from, and real conversations are clean."""
 
 from __future__ import annotations
 
+import io
+import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
+from corpus_builder.build import build, format_plan, plan_build
 from corpus_builder.build.decontaminate import Contamination, EvalSetSummary
 from corpus_builder.build.near_dedup import conversation_text
+from corpus_builder.errors import CorpusError
+from corpus_builder.layout import MANIFEST
+from corpus_builder.publish.card import render_card
+from corpus_builder.publish.gate import CorpusDocuments
+from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
 from tests.support.real_data import write_chitchat, write_gsm8k
 
@@ -98,3 +110,99 @@ def test_an_evaluation_set_is_named_once(gsm8k: list[str]) -> None:
         Contamination([("gsm8k", gsm8k), ("gsm8k", MT_BENCH)])
     with pytest.raises(ValueError, match="min_words"):
         Contamination([("gsm8k", gsm8k)], n=5, min_words=8)
+
+
+# A recipe that replays real chit-chat and checks it against a usable set and the set under test ("probe").
+DECONTAMINATED_RECIPE = """\
+name: decon
+target: {{model: tiny-target}}
+sources:
+  - {{name: chitchat, kind: replay, path: chitchat.jsonl}}
+decontamination:
+  eval_sets:
+    - {{name: gsm, path: gsm.jsonl}}
+    - {{name: probe, path: {probe}{fields}}}
+split: {{validation_fraction: 0.0}}
+output: {{dir: out}}
+"""
+GARBAGE = bytes(range(128, 256)) * 4 + b"\n\x00\xff{\x9c not json\n[1, 2, 3]\n"
+LONG = "Natalia sold clips to forty eight of her friends in April and then half as many in May"
+# eval set under test -> (file name, its bytes, fields, what the error says)
+UNUSABLE = {
+    "garbage bytes": ("probe.jsonl", GARBAGE, "", "no row of it can be read"),
+    "fields naming nothing present": ("probe.jsonl", orjson.dumps({"question": LONG, "answer": "72"}) + b"\n",
+                                      ", fields: [prompt, turns]", "none of its rows has the fields prompt, turns"),
+    "rows of numbers only": ("probe.jsonl", b'{"id": 1, "score": 0.5}\n{"id": 2, "score": [1, 2]}\n', "",
+                             "no text of at least 8 words"),
+    "texts too short": ("probe.jsonl", b'{"turns": ["Hi there.", "Rewrite it."]}\n', "",
+                        "no text of at least 8 words"),
+    "a parquet file of garbage": ("probe.parquet", GARBAGE, "", "cannot read parquet"),
+}
+
+
+def write_decontaminated(root: Path, probe: str, content: bytes, fields: str = "") -> Path:
+    write_chitchat(root / "chitchat.jsonl", 20)
+    write_gsm8k(root / "gsm.jsonl", 5, seed=1)
+    (root / probe).write_bytes(content)
+    recipe = root / "recipe.yaml"
+    recipe.write_text(DECONTAMINATED_RECIPE.format(probe=probe, fields=fields), encoding="utf-8")
+    return recipe
+
+
+@pytest.mark.parametrize("case", sorted(UNUSABLE))
+def test_an_eval_set_that_yields_no_usable_text_stops_the_build_and_the_dry_run(tmp_path: Path, case: str) -> None:
+    name, content, fields, why = UNUSABLE[case]
+    recipe = load_recipe(write_decontaminated(tmp_path, name, content, fields))
+    for attempt in (lambda: build(recipe, progress=io.StringIO()), lambda: plan_build(recipe)):
+        with pytest.raises(CorpusError) as caught:
+            attempt()
+        message = str(caught.value)
+        assert "eval set 'probe'" in message and str(tmp_path / name) in message and why in message, message
+        assert not (tmp_path / "out").exists()  # raised before anything is written
+
+
+def test_the_cli_exits_2_on_an_unusable_eval_set_before_writing_anything(tmp_path: Path) -> None:
+    recipe = write_decontaminated(tmp_path, "probe.jsonl", GARBAGE)
+    for dry_run in ((), ("--dry-run",)):
+        completed = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), *dry_run],
+                                   capture_output=True, text=True)
+        assert completed.returncode == 2, completed.stderr
+        assert completed.stderr.startswith("error: ") and "Traceback" not in completed.stderr
+        assert "eval set 'probe'" in completed.stderr and str(tmp_path / "probe.jsonl") in completed.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_bad_rows_of_an_eval_set_are_counted_and_a_mostly_unreadable_set_is_reported(tmp_path: Path) -> None:
+    good = [orjson.dumps({"turns": [f"{LONG} on day {day}"]}) for day in range(2)]
+    bad = [b"\xff\xfe not utf-8", b"{broken", b"{broken too", b"[1, 2]", b'{"question": "no turns field"}']
+    recipe_path = write_decontaminated(tmp_path, "probe.jsonl", b"\n".join([*good, *bad]) + b"\n",
+                                       ", fields: [turns]")
+    recipe = load_recipe(recipe_path)
+    plan = plan_build(recipe)
+    text = format_plan(plan)
+    assert re.search(r"probe\s.*probe\.jsonl\s.*2 texts", text), text
+    assert "5 of 7 rows skipped (fields_absent 1, invalid_json 2, invalid_utf8 1, not_an_object 1)" in text
+    assert any("probe" in warning and "5 of 7 rows" in warning for warning in plan.warnings), plan.warnings
+    progress = io.StringIO()
+    result = build(recipe, progress=progress)
+    assert "5 of 7 rows" in progress.getvalue()  # the build says so too
+    [gsm, probe] = result.manifest["decontamination"]["eval_sets"]
+    assert probe["texts"] == 2 and probe["skipped_rows"] == {"fields_absent": 1, "invalid_json": 2,
+                                                             "invalid_utf8": 1, "not_an_object": 1}
+    assert gsm["skipped_rows"] == {}
+
+
+def test_the_card_lists_a_set_as_checked_only_with_the_texts_it_contributed(tmp_path: Path) -> None:
+    short = orjson.dumps({"turns": [f"{LONG} again", "Rewrite it.", "Shorter still."]})
+    recipe = load_recipe(write_decontaminated(tmp_path, "probe.jsonl", short + b"\n"))
+    out = build(recipe, progress=io.StringIO()).out_dir
+    card = render_card(CorpusDocuments.load(out))
+    assert re.search(r"^\| probe \| probe\.jsonl \| 1 \| 0 \|$", card, re.MULTILINE), card  # 1 of 3 texts used
+    manifest = json.loads((out / MANIFEST).read_text())
+    manifest["decontamination"]["eval_sets"][1].update(texts=3, too_short=3)  # a set that contributed nothing
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    card = render_card(CorpusDocuments.load(out))
+    assert not re.search(r"^\| probe \|", card, re.MULTILINE), card
+    gsm = manifest["decontamination"]["eval_sets"][0]
+    assert re.search(rf"^\| gsm \| gsm\.jsonl \| {gsm['texts'] - gsm['too_short']} \| 0 \|$", card, re.MULTILINE)
+    assert "Not checked: probe contributed no text" in card

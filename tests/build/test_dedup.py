@@ -15,7 +15,7 @@ import pytest
 
 from corpus_builder.audit import audit, format_report
 from corpus_builder.build import build
-from corpus_builder.build.dedup import Dedup, load_contamination
+from corpus_builder.build.dedup import Dedup, read_eval_sets
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.publish.card import render_card
@@ -233,7 +233,8 @@ def test_eval_sets_are_read_from_local_files_and_hub_mirrors(tmp_path: Path, mon
                                        "not a row", {"turns": None}])
     screen = Decontamination((EvalSet("gsm", hub=HubRef("acme/gsm", split="test")),
                               EvalSet("mt", path=tmp_path / "mt.jsonl", fields=("turns",))))
-    index = load_contamination(screen)
+    eval_sets = read_eval_sets(screen)
+    index = eval_sets.index if eval_sets is not None else None
     assert index is not None and [(s.name, s.texts) for s in index.eval_sets] == [("gsm", 2), ("mt", 2)]
     assert index.matches([f"Please solve: {GSM_QUESTION.upper()}!", MT_TURN, "Rewrite your previous response"]) \
         == [("gsm",), ("mt",), ()]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -461,3 +464,64 @@ def test_fetching_a_tokenizer_from_another_endpoint_downloads_with_telemetry_off
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     assert fetch_tokenizer("Org/Model", "main", endpoint="http://127.0.0.1:9/") == tmp_path
     assert seen["endpoint"] == "http://127.0.0.1:9" and seen["telemetry_off"] is True
+
+
+# A second process holding the build's lock on a directory, as `corpus build` does while it writes there.
+HOLD_BUILD_LOCK = """
+import sys
+from pathlib import Path
+from corpus_builder.layout import build_lock
+with build_lock(Path(sys.argv[1])):
+    print("holding", flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextmanager
+def build_writing(directory: Path) -> Iterator[subprocess.Popen[str]]:
+    """A real second process holding the build's lock on ``directory`` until the block ends."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_BUILD_LOCK, str(directory)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n", holder.communicate()[0]
+        yield holder
+    finally:
+        holder.communicate(timeout=30)  # closes its stdin: the holder lets go and exits
+
+
+def test_publish_refuses_while_a_build_writes_the_directory_and_says_so(corpus: Path, hub: HubServer,
+                                                                         tmp_path: Path) -> None:
+    manifest = (corpus / "manifest.json").read_bytes()
+    with build_writing(corpus) as holder:
+        expected = f"a build is writing {corpus} now (pid {holder.pid}); wait for it to finish"
+        for rebuilding in (False, True):
+            if rebuilding:  # the build's commit step: the old corpus no longer looks complete
+                (corpus / "manifest.json").unlink()
+            dry = _corpus_cli("publish", str(corpus), "--repo", "org/tiny", "--endpoint", hub.url, "--dry-run",
+                              home=tmp_path / "home")
+            assert dry.returncode == 2 and expected in dry.stderr, dry.stderr
+            assert "re-run the build" not in dry.stderr and "Traceback" not in dry.stderr
+            with pytest.raises(CorpusError) as caught:
+                _publish(corpus, hub)
+            assert expected in str(caught.value) and not isinstance(caught.value, GateFailed)
+        assert hub.requests == []
+    (corpus / "manifest.json").write_bytes(manifest)
+    assert _publish(corpus, hub, dry_run=True).files  # the build finished: nothing in the way
+
+
+def test_a_build_that_starts_while_the_gate_reads_is_named_not_the_corpus(corpus: Path, hub: HubServer,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    publishing = sys.modules["corpus_builder.publish"]
+    real_gate = publishing.require_gate
+    holders: list[subprocess.Popen[str]] = []
+    with ExitStack() as later:
+        def gate_while_a_build_starts(corpus_dir: Path) -> Any:
+            holders.append(later.enter_context(build_writing(corpus)))
+            (corpus / "audit.json").write_text('{"conversations": 0}')  # half rewritten: the gate fails
+            return real_gate(corpus_dir)
+
+        monkeypatch.setattr(publishing, "require_gate", gate_while_a_build_starts)
+        with pytest.raises(CorpusError) as caught:
+            _publish(corpus, hub, dry_run=True)
+        assert f"a build is writing {corpus} now (pid {holders[0].pid})" in str(caught.value)
+        assert not isinstance(caught.value, GateFailed)
