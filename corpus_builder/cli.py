@@ -199,7 +199,7 @@ def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: 
 @click.option("--format", "fmt", required=True,
               type=click.Choice(["speculators", "speculators-tokens", "specforge", "messages", "sharegpt"]),
               help="Trainer format.")
-@click.option("--out", required=True, type=click.Path(path_type=Path),
+@click.option("--out", required=True, type=OutputPath(),
               help="Output directory: one file per split, OUT/{split}.{file format}.")
 @click.option("--file-format", type=click.Choice(["jsonl", "jsonl.zst", "parquet"]), default="jsonl",
               show_default=True)
@@ -216,7 +216,7 @@ def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: P
 @cli.command()
 @click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
 @click.option("--size", type=click.IntRange(min=1), default=32000, show_default=True, help="Draft vocabulary size.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("token_freq.npy"), show_default=True,
+@click.option("--out", type=OutputPath(), default=Path("token_freq.npy"), show_default=True,
               help="Frequency file: .npy (dense int64 by token id), .json, or .pt (speculators' token_freq.pt).")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory (default: the corpus recipe's target.tokenizer).")

@@ -261,6 +261,8 @@ def test_a_fresh_path_is_written(workspace: Workspace, key: tuple[str, str], cas
     above is the path's doing, not the arguments')."""
     option = OUTPUTS[key]
     out = workspace.corpus if case == "the corpus it rebuilds" else workspace.root / "new" / (option.file_name or "dir")
+    if option.kind == "file":  # a file is written into a directory that exists (a missing one is refused above)
+        out.parent.mkdir()
     before = workspace.snapshot()
     code, err = run_cli(option.args(workspace, str(out)), capsys, monkeypatch)
     assert code == 0, err
