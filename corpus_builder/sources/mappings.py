@@ -17,8 +17,8 @@ the legacy ``function_call``; ``tool`` turns with ``tool_call_id``; legacy ``fun
 ShareGPT variant of glaive/LLaMA-Factory dumps (``function_call`` turns holding the call's JSON, one call or a
 list of parallel ones, and ``observation`` turns holding the result); a row's ``tools`` is a list or a JSON
 string of function schemas, in OpenAI's form or bare (``records.normalise_tools``). Calls without an id get
-``call_N`` (the call's position among the row's calls) and results without one answer the calls before them
-in order, so a dump without ids reads the same way on every run.
+``call_N`` (the call's position among the row's calls; the next free N when the row already holds that id) and
+results without one answer the calls before them in order, so a dump without ids reads the same way on every run.
 
 A row whose turns break the role order, or hold an empty turn, is repaired by the source's repair rules
 (``records.repair_turns``; empty turns are dropped here, as they are read) and skipped only when no valid
@@ -364,15 +364,17 @@ def _tool_call_id(turn: dict[str, Any]) -> str | None:
 
 def _link_tool_results(messages: list[Message]) -> list[Message]:
     """Ids for calls and results that came without one, so results answer calls the same way on every read:
-    a call gets ``call_N`` (N: its position among the row's calls), a result the id of the first call of the
+    a call gets ``call_N`` (N: its position among the row's calls, or the next number whose ``call_N`` no call
+    of the row has: an assigned id never repeats one the row holds), a result the id of the first call of the
     assistant turn before it that is still unanswered. One ShareGPT ``observation`` after N > 1 parallel calls
     that holds a JSON list of N results is N results."""
     linked: list[Message] = []
     number = 0
+    taken = {call.id for message in messages for call in message.tool_calls if call.id}
     open_calls: list[str] = []
     for message in messages:
         if message.tool_calls:
-            message.tool_calls = tuple(call if call.id else replace(call, id=f"call_{number + offset}")
+            message.tool_calls = tuple(call if call.id else replace(call, id=_unused_call_id(number + offset, taken))
                                        for offset, call in enumerate(message.tool_calls))
             number += len(message.tool_calls)
             open_calls = [call.id for call in message.tool_calls]
@@ -389,6 +391,15 @@ def _link_tool_results(messages: list[Message]) -> list[Message]:
             open_calls = []
         linked.append(message)
     return linked
+
+
+def _unused_call_id(number: int, taken: set[str]) -> str:
+    """``call_N`` for the first N from ``number`` that no call of the row has; the id is then taken."""
+    while f"call_{number}" in taken:
+        number += 1
+    call_id = f"call_{number}"
+    taken.add(call_id)
+    return call_id
 
 
 def _parallel_results(message: Message, calls: int) -> list[Message]:

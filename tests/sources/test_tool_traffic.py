@@ -94,6 +94,24 @@ def test_sharegpt_function_call_dumps_read_as_the_same_traffic(tmp_path: Path) -
     assert [c.id for c in again] == [c.id for c in kept]  # assigned ids are the same on every read
 
 
+def test_assigned_call_ids_never_repeat_an_id_the_row_holds(tmp_path: Path) -> None:
+    """A call without an id in a turn (or a row) that also holds a recorded ``call_0``: the assigned id is another,
+    so each result answers one call."""
+    idless = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    same_turn = [say("user", "q"), calling(idless, call("call_0", "get_weather", {"city": "Rome"})),
+                 result("call_0", "rome"), {"role": "tool", "content": "oslo"}, say("assistant", "a")]
+    later_turn = [say("user", "q"), calling(idless), {"role": "tool", "content": "oslo"}, say("assistant", "a"),
+                  say("user", "q2"), calling(call("call_0", "get_weather", {"city": "Rome"})), result("call_0", "rome"),
+                  say("assistant", "b")]
+    kept, skipped = read_rows(tmp_path, [{"tools": [WEATHER], "messages": turns} for turns in (same_turn, later_turn)])
+    assert skipped == []
+    for row in kept:
+        ids = [c.id for m in row.messages for c in m.tool_calls]
+        assert len(set(ids)) == len(ids) and "call_0" in ids
+        oslo = next(c.id for m in row.messages for c in m.tool_calls if c.arguments == '{"city": "Oslo"}')
+        assert [m.tool_call_id for m in row.messages if m.content == "oslo"] == [oslo]
+
+
 @pytest.mark.parametrize(("turns", "detail"), [
     ([say("user", "q"), say("assistant", "a"), result("call_x", "r"), say("assistant", "b")], "expected user"),
     ([say("user", "q"), calling(call("c1", "get_weather", {})), result("c2", "r"), say("assistant", "a")],
