@@ -226,10 +226,11 @@ def carries_tool_traffic(messages: Sequence[Message], tools: Sequence[Any] | Non
 
 
 def check_role_order(messages: list[Message], *, need_assistant: bool, mid_system: bool = False) -> None:
-    """[system] user assistant user assistant ...; an assistant turn with tool calls is followed by one tool
-    turn per call (by ``tool_call_id``, in any order), then by the assistant again. Replayed rows must end on
-    an assistant turn (whose calls may then be unanswered: the row was logged before their results). With
-    ``mid_system`` a system turn may also stand between the others (repair ``mid_system: keep``)."""
+    """[system] user assistant user assistant ...; an assistant turn with tool calls (each id once: else its
+    results could not be told apart) is followed by one tool turn per call (by ``tool_call_id``, in any order),
+    then by the assistant again. Replayed rows must end on an assistant turn (whose calls may then be unanswered:
+    the row was logged before their results). With ``mid_system`` a system turn may also stand between the others
+    (repair ``mid_system: keep``)."""
     start = 1 if messages and messages[0].role == "system" else 0
     speakers = [(index, message) for index, message in enumerate(messages)
                 if index >= start and not (mid_system and message.role == "system")]
@@ -253,6 +254,10 @@ def check_role_order(messages: list[Message], *, need_assistant: bool, mid_syste
             raise BadRow("wrong_role_order", f"turn {index} is {role}, expected {expected}")
         if role == "assistant" and message.tool_calls:
             open_calls, expected = [call.id for call in message.tool_calls], "tool"
+            repeated = sorted({call_id for call_id in open_calls if open_calls.count(call_id) > 1})
+            if repeated:
+                raise BadRow("duplicate_tool_call_id", f"turn {index} makes several calls with id "
+                                                       f"{', '.join(map(repr, repeated))}")
         else:
             expected = "assistant" if role == "user" else "user"
     last = speakers[-1][1]

@@ -174,6 +174,22 @@ def test_bad_tool_shapes_are_skipped_by_reason(tmp_path: Path, row: dict[str, An
     assert kept == [] and [s.reason for s in skipped] == [reason]
 
 
+@pytest.mark.parametrize("kind", ["replay", "prompts"])
+def test_a_call_id_repeated_within_a_turn_skips_the_row_and_across_turns_does_not(tmp_path: Path, kind: str) -> None:
+    """Results answer the calls of the turn right before them by id: two calls of one turn with one id leave their
+    results ambiguous; one id in two turns does not (servers that number the calls of each answer reuse them)."""
+    twice = [say("user", "q"), calling(call("x", "get_weather", {"city": "A"}), call("x", "get_time", {"city": "A"})),
+             result("x", "a"), result("x", "b"), say("assistant", "a")]
+    in_two_turns = [say("user", "q"), calling(call("x", "get_weather", {"city": "A"})), result("x", "a"),
+                    say("assistant", "a"), say("user", "q2"), calling(call("x", "get_weather", {"city": "B"})),
+                    result("x", "b"), say("assistant", "b")]
+    kept, skipped = read_rows(tmp_path, [{"tools": [WEATHER], "messages": turns} for turns in (twice, in_two_turns)],
+                              kind)
+    assert [s.reason for s in skipped] == ["duplicate_tool_call_id"] and skipped[0].location.endswith(":1")
+    assert "turn 1" in skipped[0].detail and "'x'" in skipped[0].detail
+    assert [c.provenance["source_line"] for c in kept] == [2]
+
+
 def test_ids_of_rows_without_tools_are_what_they_were_and_tools_tell_rows_apart(tmp_path: Path) -> None:
     messages = [Message("user", "q"), Message("assistant", "a", "r")]
     # the canonical key of a conversation without tool traffic is the one from before tools existed
