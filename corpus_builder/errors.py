@@ -79,6 +79,8 @@ REASONS: dict[str, str] = {
     "bad_tool_call": "a tool call has no function name, or arguments that are neither a string nor an object",
     "duplicate_tool_call_id": "two calls of one assistant turn have the same id, so their results cannot be told "
                               "apart",
+    "unanswered_tool_call": "a tool call has no result, yet the conversation goes on after it (only a row's last "
+                            "turn may call without results: it was logged before they came back)",
     "no_assistant_turn": "a replayed conversation has no assistant turn",
     "duplicate": "the same conversation (normalised text) already kept: the detail names the row it duplicates",
     "near_duplicate": "a near duplicate (MinHash/LSH, checks.near_duplicates) of a kept row the detail names",

@@ -228,9 +228,10 @@ def carries_tool_traffic(messages: Sequence[Message], tools: Sequence[Any] | Non
 def check_role_order(messages: list[Message], *, need_assistant: bool, mid_system: bool = False) -> None:
     """[system] user assistant user assistant ...; an assistant turn with tool calls (each id once: else its
     results could not be told apart) is followed by one tool turn per call (by ``tool_call_id``, in any order),
-    then by the assistant again. Replayed rows must end on an assistant turn (whose calls may then be unanswered:
-    the row was logged before their results). With ``mid_system`` a system turn may also stand between the others
-    (repair ``mid_system: keep``)."""
+    then by the assistant again: a call left without its result while the row goes on, whether none or only some
+    of its turn's calls are answered, is ``unanswered_tool_call``. Replayed rows must end on an assistant turn
+    (whose calls may then be unanswered: the row was logged before their results). With ``mid_system`` a system
+    turn may also stand between the others (repair ``mid_system: keep``)."""
     start = 1 if messages and messages[0].role == "system" else 0
     speakers = [(index, message) for index, message in enumerate(messages)
                 if index >= start and not (mid_system and message.role == "system")]
@@ -242,8 +243,9 @@ def check_role_order(messages: list[Message], *, need_assistant: bool, mid_syste
         role = message.role
         if expected == "tool":
             if role != "tool":
-                raise BadRow("wrong_role_order", f"turn {index} is {role}, but tool call(s) "
-                                                 f"{', '.join(open_calls)} of the assistant turn before have no result")
+                raise BadRow("unanswered_tool_call", f"turn {index} is {role}, but tool call(s) "
+                                                     f"{', '.join(open_calls)} of the assistant turn before have no "
+                                                     "result")
             if message.tool_call_id not in open_calls:
                 raise BadRow("wrong_role_order", f"turn {index} answers tool call {message.tool_call_id!r}, which "
                                                  "the assistant turn before did not make (or was answered already)")
@@ -262,7 +264,7 @@ def check_role_order(messages: list[Message], *, need_assistant: bool, mid_syste
             expected = "assistant" if role == "user" else "user"
     last = speakers[-1][1]
     if expected == "tool" and last.role == "tool":
-        raise BadRow("wrong_role_order", f"tool call(s) {', '.join(open_calls)} have no result")
+        raise BadRow("unanswered_tool_call", f"tool call(s) {', '.join(open_calls)} have no result")
     if need_assistant and last.role != "assistant":
         raise BadRow("no_assistant_turn" if len(speakers) == 1 else "wrong_role_order",
                      "conversation does not end with an assistant turn")
@@ -338,10 +340,13 @@ def _is_speaker(message: Message) -> bool:
     return message.role != "system"
 
 
-def _repeats(message: Message, previous: str | None) -> bool:
+def _repeats(message: Message, previous: Message | None) -> bool:
     """A user or assistant turn right after a turn of its own speaker (tool results of parallel calls follow
-    each other by design)."""
-    return message.role == previous and message.role != "tool"
+    each other by design). Never the turn after one that calls tools: what follows a call is its results, so an
+    assistant turn there leaves the call unanswered (``unanswered_tool_call``), not said twice; merged, the
+    answer would come before the call."""
+    return (previous is not None and message.role == previous.role and message.role != "tool"
+            and not previous.tool_calls)
 
 
 def _join(first: Message, second: Message) -> Message:
@@ -354,7 +359,7 @@ def _split_at_repeated_speaker(turns: list[Message]) -> list[list[Message]]:
     """Cut before each user/assistant turn whose speaker also spoke the turn before; the system turns
     between the two open the new part (they came before the turn they preceded)."""
     parts: list[list[Message]] = [[]]
-    previous: str | None = None
+    previous: Message | None = None
     for message in turns:
         if _is_speaker(message):
             if _repeats(message, previous):
@@ -364,7 +369,7 @@ def _split_at_repeated_speaker(turns: list[Message]) -> list[list[Message]]:
                     cut -= 1
                 parts.append(current[cut:])
                 del current[cut:]
-            previous = message.role
+            previous = message
         parts[-1].append(message)
     return parts
 
@@ -385,7 +390,7 @@ def _merge_repeated_speaker(turns: list[Message]) -> list[Message] | None:
     last_speaker: int | None = None  # index in merged of the latest user/assistant turn
     for message in turns:
         if _is_speaker(message):
-            if last_speaker is not None and _repeats(message, merged[last_speaker].role):
+            if last_speaker is not None and _repeats(message, merged[last_speaker]):
                 message = _join(merged.pop(last_speaker), message)
             last_speaker = len(merged)
         merged.append(message)
