@@ -33,7 +33,8 @@ FLAG_UNCLOSED_THINK = "unclosed_think"
 FLAG_TRUNCATED = "truncated_generation"
 # A regenerated tool call whose result the source does not hold: the conversation was cut before it.
 FLAG_TOOL_RESULT_UNKNOWN = "tool_result_unknown"
-# A generated tool call that names no tool of the row or whose arguments do not fit the tool's schema.
+# A tool call whose arguments are not a JSON object (vLLM renders them as {}, not as the model emitted them), or a
+# generated one that names no tool of the row or whose arguments do not fit the tool's schema.
 FLAG_INVALID_TOOL_CALL = "invalid_tool_call"
 # A repaired row carries "repaired:RULE:POLICY" for every repair rule that changed it, named exactly as the
 # recipe setting that switches it (sources[].repair.RULE: POLICY), e.g. "repaired:leading_assistant:drop".
@@ -218,6 +219,12 @@ def openai_messages(messages: Sequence[Message], *, keep_history_reasoning: bool
             turn["tool_call_id"] = message.tool_call_id
         sent.append(turn)
     return sent
+
+
+def has_non_object_arguments(messages: Sequence[Message]) -> bool:
+    """Whether a turn calls a tool with arguments that are not a JSON object (not JSON, or a list, a number...):
+    vLLM and the token counts render them as ``{}``, so the row's text is not what the model emitted."""
+    return any(call.arguments_object() is None for message in messages for call in message.tool_calls)
 
 
 def carries_tool_traffic(messages: Sequence[Message], tools: Sequence[Any] | None) -> bool:

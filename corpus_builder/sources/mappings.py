@@ -36,6 +36,7 @@ import orjson
 from ..errors import BadRow, CorpusError
 from ..recipe.model import Mapping
 from ..records import (
+    FLAG_INVALID_TOOL_CALL,
     FLAG_UNCLOSED_THINK,
     REASONING_KEYS,
     Message,
@@ -43,6 +44,7 @@ from ..records import (
     ToolCall,
     carries_tool_traffic,
     check_role_order,
+    has_non_object_arguments,
     make_message,
     normalise_tools,
     repair_flag,
@@ -203,6 +205,9 @@ class RowNormaliser:
                      for part in repair_turns(messages, self.repair, replay=self.replay)]
             if not parts:
                 raise problem
+        if turn_traffic and self.replay:  # a prompt's recorded calls are regenerated, or flagged where kept
+            parts = [(part, [*flags, FLAG_INVALID_TOOL_CALL] if has_non_object_arguments(part) else flags)
+                     for part, flags in parts]
         return [NormalisedRow(part if self.replay else self._prompt(part, tooled and carries_tool_traffic(part, tools)),
                               flags, source_id, reference, index if _SPLIT in flags else None, tools)
                 for index, (part, flags) in enumerate(parts)]

@@ -162,6 +162,20 @@ def test_recorded_keeps_the_history_and_regenerates_only_the_final_turn(server: 
     assert [t["message_index"] for t in row.provenance["generation"]["turns"]] == [3]
 
 
+def test_a_kept_recorded_call_whose_arguments_are_not_an_object_is_flagged(server: FaultServer, tmp_path: Path) -> None:
+    """tool_results: recorded keeps the recorded calls in the row, and vLLM renders arguments that are not a JSON
+    object as {}: flagged as a replayed row is; a history whose calls are objects is not."""
+    def recorded(arguments: str) -> dict[str, Any]:
+        return {"tools": [LOOKUP], "messages": [say("user", f"Find {arguments}."),
+                                                calling(call("rec-1", "lookup", arguments)), result("rec-1", "r"),
+                                                say("assistant", "(recorded)")]}
+
+    rows = prompts(tmp_path, recorded("[1, 2]"), recorded("query=A"), recorded('{"query": "A"}'))
+    assert [row.flags for row in rows] == [[], [], []]  # the prompts: their calls may be regenerated
+    generated = run(server, tmp_path, rows, tool_results="recorded")
+    assert [row.flags for row in generated] == [[FLAG_INVALID_TOOL_CALL], [FLAG_INVALID_TOOL_CALL], []]
+
+
 def test_a_final_call_is_kept_and_an_invalid_one_flagged(server: FaultServer, tmp_path: Path) -> None:
     """The regenerated final turn may itself call a tool: nothing follows it, so no result is needed. The
     server's call does not fit the tool's schema (it sends a query, the tool takes a city): flagged."""

@@ -11,7 +11,15 @@ import orjson
 import pytest
 
 from corpus_builder.recipe.model import Mapping
-from corpus_builder.records import Conversation, Message, RepairRules, ToolCall, content_key, conversation_id
+from corpus_builder.records import (
+    FLAG_INVALID_TOOL_CALL,
+    Conversation,
+    Message,
+    RepairRules,
+    ToolCall,
+    content_key,
+    conversation_id,
+)
 from corpus_builder.sources import iter_source, mappings
 from corpus_builder.sources.mappings import NormalisedRow, RowNormaliser
 from tests.sources.test_sources import spec, split, write_lines
@@ -204,6 +212,20 @@ def test_a_call_id_repeated_within_a_turn_skips_the_row_and_across_turns_does_no
     assert [s.reason for s in skipped] == ["duplicate_tool_call_id"] and skipped[0].location.endswith(":1")
     assert "turn 1" in skipped[0].detail and "'x'" in skipped[0].detail
     assert [c.provenance["source_line"] for c in kept] == [2]
+
+
+@pytest.mark.parametrize("arguments", ["city=Paris", "[1, 2]", '"Paris"'], ids=["not-json", "a-list", "a-string"])
+def test_a_recorded_call_whose_arguments_are_not_an_object_is_flagged(tmp_path: Path, arguments: str) -> None:
+    """vLLM renders such arguments as {}: the row is not the text the model emitted. Replayed, it is flagged (the
+    arguments kept as they were); a prompt's recorded calls are regenerated (the generator flags a kept one)."""
+    rows = [{"tools": [WEATHER], "messages": [say("user", "q"), calling(call("c1", "get_weather", text)),
+                                              result("c1", "r"), say("assistant", "a")]}
+            for text in (arguments, '{"city": "Paris"}')]
+    kept, skipped = read_rows(tmp_path, rows)
+    assert skipped == [] and [row.flags for row in kept] == [[FLAG_INVALID_TOOL_CALL], []]
+    assert kept[0].messages[1].tool_calls[0].arguments == arguments
+    prompts, skipped = read_rows(tmp_path, rows, kind="prompts")
+    assert skipped == [] and [row.flags for row in prompts] == [[], []]
 
 
 def test_ids_of_rows_without_tools_are_what_they_were_and_tools_tell_rows_apart(tmp_path: Path) -> None:
