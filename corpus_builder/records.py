@@ -12,15 +12,19 @@ after it, and the assistant speaks again after them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .errors import BadRow
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -36,9 +40,15 @@ FLAG_TOOL_RESULT_UNKNOWN = "tool_result_unknown"
 # A tool call whose arguments are not a JSON object (vLLM renders them as {}, not as the model emitted them), or a
 # generated one that names no tool of the row or whose arguments do not fit the tool's schema.
 FLAG_INVALID_TOOL_CALL = "invalid_tool_call"
+# A tool of the row whose parameters are not a valid JSON Schema (the server cannot constrain a call to them).
+FLAG_INVALID_TOOL_SCHEMA = "invalid_tool_schema"
 # A repaired row carries "repaired:RULE:POLICY" for every repair rule that changed it, named exactly as the
 # recipe setting that switches it (sources[].repair.RULE: POLICY), e.g. "repaired:leading_assistant:drop".
 REPAIR_FLAG_PREFIX = "repaired:"
+
+# Distinct parameter schemas whose validators are kept: a run's rows share a few tool sets, and building a
+# validator (its schema checked against the metaschema first) costs far more than validating one call.
+_CACHED_VALIDATORS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +205,43 @@ def _served_tool(index: int, tool: Any) -> dict[str, Any]:
     if strict is not None:
         served["strict"] = strict
     return {"type": "function", "function": served}
+
+
+def invalid_tool_schemas(tools: Sequence[dict[str, Any]] | None) -> list[str]:
+    """The names of the tools whose parameters are not a valid JSON Schema (checked against its metaschema)."""
+    functions = [tool["function"] for tool in tools or ()]
+    return [function["name"] for function in functions
+            if function["parameters"] is not None and parameters_validator(function["parameters"]) is None]
+
+
+def parameters_validator(schema: dict[str, Any]) -> Validator | None:
+    """The validator of a tool's parameter schema, None when the schema is invalid; built once per distinct schema.
+    Keyed by the stdlib's JSON text, which keeps what orjson's would blur (NaN and infinities become null)
+    and reads back as the same schema."""
+    try:
+        key = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON text (keys of mixed types, a cycle): built each time
+        return _checked_validator(schema)
+    return _cached_validator(key)
+
+
+@functools.lru_cache(maxsize=_CACHED_VALIDATORS)
+def _cached_validator(schema_json: str) -> Validator | None:
+    schema: dict[str, Any] = json.loads(schema_json)
+    return _checked_validator(schema)
+
+
+def _checked_validator(schema: dict[str, Any]) -> Validator | None:
+    import jsonschema  # ~150 ms to import: only rows with tools pay for it
+
+    if not isinstance(schema.get("$schema", ""), str):
+        return None  # names no metaschema (jsonschema would fail to look it up)
+    validator_class = jsonschema.validators.validator_for(schema)
+    try:
+        validator_class.check_schema(schema)
+    except jsonschema.exceptions.SchemaError:
+        return None
+    return validator_class(schema)
 
 
 def openai_messages(messages: Sequence[Message], *, keep_history_reasoning: bool, current: int

@@ -16,9 +16,10 @@ Tool traffic comes as OpenAI chat messages (an assistant turn's ``tool_calls``, 
 the legacy ``function_call``; ``tool`` turns with ``tool_call_id``; legacy ``function`` results) or as the
 ShareGPT variant of glaive/LLaMA-Factory dumps (``function_call`` turns holding the call's JSON, one call or a
 list of parallel ones, and ``observation`` turns holding the result); a row's ``tools`` is a list or a JSON
-string of function schemas, in OpenAI's form or bare (``records.normalise_tools``). Calls without an id get
-``call_N`` (the call's position among the row's calls; the next free N when the row already holds that id) and
-results without one answer the calls before them in order, so a dump without ids reads the same way on every run.
+string of function schemas, in OpenAI's form or bare (``records.normalise_tools``; parameters that are not a
+valid JSON Schema flag the row ``invalid_tool_schema``). Calls without an id get ``call_N`` (the call's position
+among the row's calls; the next free N when the row already holds that id) and results without one answer the
+calls before them in order, so a dump without ids reads the same way on every run.
 
 A row whose turns break the role order, or hold an empty turn, is repaired by the source's repair rules
 (``records.repair_turns``; empty turns are dropped here, as they are read) and skipped only when no valid
@@ -37,6 +38,7 @@ from ..errors import BadRow, CorpusError
 from ..recipe.model import Mapping
 from ..records import (
     FLAG_INVALID_TOOL_CALL,
+    FLAG_INVALID_TOOL_SCHEMA,
     FLAG_UNCLOSED_THINK,
     REASONING_KEYS,
     Message,
@@ -45,6 +47,7 @@ from ..records import (
     carries_tool_traffic,
     check_role_order,
     has_non_object_arguments,
+    invalid_tool_schemas,
     make_message,
     normalise_tools,
     repair_flag,
@@ -184,6 +187,8 @@ class RowNormaliser:
         # A prompt's open block was in an assistant turn it discards (with tool traffic: that the target may
         # regenerate); the generated row is judged on its own turns.
         row_flags = [FLAG_UNCLOSED_THINK] if unclosed and self.replay else []
+        if tools is not None and invalid_tool_schemas(tools):  # served, and sent with a prompt's every request
+            row_flags.append(FLAG_INVALID_TOOL_SCHEMA)
         source_id = row.get(self.id_field)
         source_id = None if source_id is None else str(source_id)
         # Few distinct role sequences occur (they depend only on the length and a leading system turn), so

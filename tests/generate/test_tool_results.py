@@ -193,11 +193,12 @@ def test_invalid_calls_names_misfits_and_holds_no_unusable_schema_against_a_call
     broken = {"type": "function", "function": {"name": "broken", "parameters": {"type": 12}}}
     elsewhere = {"type": "function", "function": {"name": "elsewhere", "parameters": {
         "type": "object", "properties": {"city": {"$ref": "https://example.invalid/city.json"}}}}}
-    tools = [WEATHER, LOOKUP, broken, elsewhere]
+    no_metaschema = {"type": "function", "function": {"name": "no_metaschema", "parameters": {"$schema": [1]}}}
+    tools = [WEATHER, LOOKUP, broken, elsewhere, no_metaschema]
     calls = [ToolCall("1", "get_weather", '{"city": "Paris"}'), ToolCall("2", "get_weather", '{"query": "Paris"}'),
              ToolCall("3", "lookup", '{"query": 3}'), ToolCall("4", "lookup", "not json"),
              ToolCall("5", "broken", '{"anything": 1}'), ToolCall("6", "elsewhere", '{"city": "Paris"}'),
-             ToolCall("7", "unknown", "{}")]
+             ToolCall("7", "unknown", "{}"), ToolCall("8", "no_metaschema", "{}")]
     for _ in range(2):
         assert invalid_calls(calls, tools) == ["get_weather", "lookup", "lookup", "unknown"]
 

@@ -228,6 +228,21 @@ def test_a_recorded_call_whose_arguments_are_not_an_object_is_flagged(tmp_path: 
     assert skipped == [] and [row.flags for row in prompts] == [[], []]
 
 
+@pytest.mark.parametrize("kind", ["replay", "prompts"])
+@pytest.mark.parametrize("parameters", [{"type": "bogus"}, {"type": "object", "properties": {"n": {"type": "int"}}},
+                                        {"type": "object", "required": "n"}, {"$schema": ["draft"]}],
+                         ids=["unknown-type", "nested-unknown-type", "required-not-a-list", "schema-not-a-uri"])
+def test_a_tool_whose_parameters_are_not_a_valid_json_schema_flags_the_row(tmp_path: Path, kind: str,
+                                                                           parameters: dict[str, Any]) -> None:
+    broken = {"type": "function", "function": {"name": "broken", "parameters": parameters}}
+    no_schema = {"type": "function", "function": {"name": "free"}}
+    turns = [say("user", "q"), say("assistant", "a")]
+    kept, skipped = read_rows(tmp_path, [{"tools": [WEATHER, broken], "messages": turns},
+                                         {"tools": [WEATHER, no_schema], "messages": turns}], kind)
+    assert skipped == [] and [row.flags for row in kept] == [["invalid_tool_schema"], []]
+    assert kept[0].tools is not None and kept[0].tools[1]["function"]["parameters"] == parameters  # kept as served
+
+
 def test_ids_of_rows_without_tools_are_what_they_were_and_tools_tell_rows_apart(tmp_path: Path) -> None:
     messages = [Message("user", "q"), Message("assistant", "a", "r")]
     # the canonical key of a conversation without tool traffic is the one from before tools existed
