@@ -12,7 +12,7 @@ after it, and the assistant speaks again after them.
 
 from __future__ import annotations
 
-import functools
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -49,6 +49,8 @@ REPAIR_FLAG_PREFIX = "repaired:"
 # Distinct parameter schemas whose validators are kept: a run's rows share a few tool sets, and building a
 # validator (its schema checked against the metaschema first) costs far more than validating one call.
 _CACHED_VALIDATORS = 1024
+# orjson text of a schema -> (the schema, its validator or None when it is invalid), oldest first
+_validators: dict[bytes, tuple[dict[str, Any], Validator | None]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +72,15 @@ class ToolCall:
     def arguments_object(self) -> dict[str, Any] | None:
         """The arguments as the JSON object they should be; None when the text is not one (a model may emit
         anything, so nothing downstream trusts the text to parse). Decoded as vLLM decodes them before its
-        chat template renders a call (Python's json: NaN and integers of any size parse)."""
+        chat template renders a call (Python's json: NaN and integers of any size parse); orjson first, which
+        reads what it accepts the same way, several times faster (every replayed call is decoded)."""
         try:
-            value = json.loads(self.arguments)
-        except json.JSONDecodeError:
-            return None
+            value = orjson.loads(self.arguments)
+        except orjson.JSONDecodeError:
+            try:
+                value = json.loads(self.arguments)
+            except json.JSONDecodeError:
+                return None
         return value if isinstance(value, dict) else None
 
 
@@ -215,20 +221,22 @@ def invalid_tool_schemas(tools: Sequence[dict[str, Any]] | None) -> list[str]:
 
 
 def parameters_validator(schema: dict[str, Any]) -> Validator | None:
-    """The validator of a tool's parameter schema, None when the schema is invalid; built once per distinct schema.
-    Keyed by the stdlib's JSON text, which keeps what orjson's would blur (NaN and infinities become null)
-    and reads back as the same schema."""
+    """The validator of a tool's parameter schema, None when the schema is invalid; built once per distinct schema
+    (every row with tools asks). Keyed by orjson's text, fast, which blurs NaN and infinities into null: an entry
+    serves only a schema equal to its own (a schema holding NaN equals none, and is built each time)."""
     try:
-        key = json.dumps(schema, sort_keys=True)
-    except (TypeError, ValueError):  # not JSON text (keys of mixed types, a cycle): built each time
+        key = orjson.dumps(schema)
+    except orjson.JSONEncodeError:  # not JSON text (keys of other types than str, a cycle): built each time
         return _checked_validator(schema)
-    return _cached_validator(key)
-
-
-@functools.lru_cache(maxsize=_CACHED_VALIDATORS)
-def _cached_validator(schema_json: str) -> Validator | None:
-    schema: dict[str, Any] = json.loads(schema_json)
-    return _checked_validator(schema)
+    cached = _validators.get(key)
+    if cached is not None and cached[0] == schema:
+        return cached[1]
+    if len(_validators) >= _CACHED_VALIDATORS:
+        del _validators[next(iter(_validators))]
+    own = copy.deepcopy(schema)  # the validator keeps its schema: a row's later change cannot reach it
+    validator = _checked_validator(own)
+    _validators[key] = (own, validator)
+    return validator
 
 
 def _checked_validator(schema: dict[str, Any]) -> Validator | None:
@@ -310,8 +318,8 @@ def check_role_order(messages: list[Message], *, need_assistant: bool, mid_syste
             raise BadRow("wrong_role_order", f"turn {index} is {role}, expected {expected}")
         if role == "assistant" and message.tool_calls:
             open_calls, expected = [call.id for call in message.tool_calls], "tool"
-            repeated = sorted({call_id for call_id in open_calls if open_calls.count(call_id) > 1})
-            if repeated:
+            if len(set(open_calls)) < len(open_calls):
+                repeated = sorted({call_id for call_id in open_calls if open_calls.count(call_id) > 1})
                 raise BadRow("duplicate_tool_call_id", f"turn {index} makes several calls with id "
                                                        f"{', '.join(map(repr, repeated))}")
         else:

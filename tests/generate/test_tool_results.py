@@ -26,6 +26,7 @@ from corpus_builder.records import (
     Conversation,
     Message,
     ToolCall,
+    invalid_tool_schemas,
 )
 from corpus_builder.sources import iter_source
 from corpus_builder.testing.fault_server import FaultServer
@@ -201,6 +202,17 @@ def test_invalid_calls_names_misfits_and_holds_no_unusable_schema_against_a_call
              ToolCall("7", "unknown", "{}"), ToolCall("8", "no_metaschema", "{}")]
     for _ in range(2):
         assert invalid_calls(calls, tools) == ["get_weather", "lookup", "lookup", "unknown"]
+
+
+def test_schemas_that_only_json_text_blurs_keep_their_own_verdicts() -> None:
+    """The validators are cached by the schema's JSON text, where NaN reads as null: a NaN bound is a number (a
+    valid schema), a null one is not, whichever was asked first."""
+    def tool_with(bound: float | None) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": "t", "parameters": {"type": "number", "minimum": bound}}}
+
+    for first, second in ((None, float("nan")), (float("nan"), None)):
+        assert [invalid_tool_schemas([tool_with(bound)]) for bound in (first, second, first)] == (
+            [["t"], [], ["t"]] if first is None else [[], ["t"], []])
 
 
 def test_the_journal_is_keyed_by_the_tools_sent(server: FaultServer, tmp_path: Path) -> None:
