@@ -91,6 +91,8 @@ REASONS: dict[str, str] = {
     "generation_error": "the server refused the request (a 4xx refusal: it would fail the same way again)",
     "unfinished": "the request ran out of retries on transient faults (timeouts, resets, 429, 5xx); rerun to resume",
     "not_in_journal": "a journal-only rebuild found no cached generation for this row",
+    "tool_choice_undefined": "the source's tool_choice names a function the row's tools do not define (the server "
+                             "refuses such a request)",
     "tool_result_unknown": "the target's first turn called a tool differently from the recorded call, so no "
                            "result is known for it (sources[].tool_results: match); later cuts keep the row, flagged",
 }

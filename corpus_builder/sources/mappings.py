@@ -60,6 +60,7 @@ TURN_FIELDS = ("conversations", "messages")
 GSM8K_QUESTION, GSM8K_ANSWER = "question", "answer"
 PROMPT_FIELD = "prompt"
 TOOLS_FIELD = "tools"
+TOOL_CHOICE_UNDEFINED = "tool_choice_undefined"  # the Skipped reason of a row whose tools lack the named function
 
 # Speaker names seen in ShareGPT exports, chat datasets and chat logs, mapped to the four roles.
 ROLE_ALIASES = {
@@ -147,15 +148,18 @@ class RowNormaliser:
     keeps only the system and user turns (the target regenerates the rest) and adds ``system_prompt``
     when the row has no system turn. A prompt with tool traffic keeps its recorded assistant and tool turns:
     the tool-result policy (``sources[].tool_results``) needs the recorded calls and their results.
-    ``repair`` says which repairs may save a row that breaks the order.
+    ``repair`` says which repairs may save a row that breaks the order. ``tool_choice_function``, the function
+    a prompts source's tool_choice names, skips a row with tools that do not define it: the server refuses its
+    every request.
     """
 
     def __init__(self, mapping: Mapping, kind: str, system_prompt: str | None = None,
-                 repair: RepairRules = DEFAULT_REPAIRS) -> None:
+                 repair: RepairRules = DEFAULT_REPAIRS, tool_choice_function: str | None = None) -> None:
         self.mapping = mapping
         self.replay = kind == "replay"
         self.system_prompt = system_prompt
         self.repair = repair
+        self.tool_choice_function = tool_choice_function
         self.drop_empty_turns = repair.empty_turns == "drop"
         self.id_field = mapping.id_field or "id"
         self.layout: Layout | None = None
@@ -182,6 +186,10 @@ class RowNormaliser:
             messages, unclosed, empty, turn_traffic = self._turns(row, layout)
             reference = None
         tools = normalise_tools(row.get(TOOLS_FIELD))
+        named = self.tool_choice_function
+        if named is not None and tools is not None and all(tool["function"]["name"] != named for tool in tools):
+            raise BadRow(TOOL_CHOICE_UNDEFINED, f"tool_choice names {named!r}; the row's tools are "
+                                                f"{', '.join(tool['function']['name'] for tool in tools)}")
         # A prompt served with tools keeps its assistant turns, as one with tool turns does.
         tooled = turn_traffic or bool(tools)
         # A prompt's open block was in an assistant turn it discards (with tool traffic: that the target may

@@ -7,6 +7,8 @@ journal keyed by the tools sent."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -213,6 +215,30 @@ def test_schemas_that_only_json_text_blurs_keep_their_own_verdicts() -> None:
     for first, second in ((None, float("nan")), (float("nan"), None)):
         assert [invalid_tool_schemas([tool_with(bound)]) for bound in (first, second, first)] == (
             [["t"], [], ["t"]] if first is None else [[], ["t"], []])
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "build"])
+def test_a_named_tool_choice_no_row_defines_stops_the_build_before_any_request(server: FaultServer, tmp_path: Path,
+                                                                              dry_run: bool) -> None:
+    write_lines(tmp_path / "prompts.jsonl", [{"tools": [LOOKUP], "messages": [say("user", f"Find {n}.")]}
+                                             for n in range(3)])
+    (tmp_path / "recipe.yaml").write_text(f"""\
+name: r
+target: {{model: {MODEL}, endpoints: [{server.base_url}]}}
+sources:
+  - name: agent
+    kind: prompts
+    path: prompts.jsonl
+    tool_choice: {{type: function, function: {{name: get_weather}}}}
+output: {{dir: out}}
+""", encoding="utf-8")
+    command = [sys.executable, "-m", "corpus_builder", "build", str(tmp_path / "recipe.yaml"),
+               *(["--dry-run"] if dry_run else [])]
+    completed = subprocess.run(command, capture_output=True, text=True)  # from the checkout: its corpus_builder
+    assert completed.returncode == 2, completed.stderr
+    assert "source 'agent': tool_choice names the function 'get_weather'" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert server.chat_requests == [] and not (tmp_path / "out" / "manifest.json").exists()
 
 
 def test_the_journal_is_keyed_by_the_tools_sent(server: FaultServer, tmp_path: Path) -> None:

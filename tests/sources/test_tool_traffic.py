@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
+from corpus_builder.errors import CorpusError
 from corpus_builder.recipe.model import Mapping
 from corpus_builder.records import (
     FLAG_INVALID_TOOL_CALL,
@@ -241,6 +242,30 @@ def test_a_tool_whose_parameters_are_not_a_valid_json_schema_flags_the_row(tmp_p
                                          {"tools": [WEATHER, no_schema], "messages": turns}], kind)
     assert skipped == [] and [row.flags for row in kept] == [["invalid_tool_schema"], []]
     assert kept[0].tools is not None and kept[0].tools[1]["function"]["parameters"] == parameters  # kept as served
+
+
+NAMED_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_rows_whose_tools_lack_the_named_tool_choice_are_skipped_before_any_request(tmp_path: Path) -> None:
+    """The server refuses a named tool_choice the request's tools do not define: such a row is skipped as it is
+    read; rows that define it, and rows without tools (sent without a tool_choice), are kept."""
+    turns = [say("user", "q")]
+    write_lines(tmp_path / "rows.jsonl", [{"tools": [WEATHER, TIME], "messages": turns},
+                                          {"tools": [TIME, SEARCH], "messages": turns}, {"messages": turns}])
+    source = spec(kind="prompts", paths=("rows.jsonl",), tool_choice=NAMED_WEATHER)
+    kept, skipped = split(list(iter_source(source, tmp_path)))
+    assert [c.provenance["source_line"] for c in kept] == [1, 3]
+    assert [(s.reason, s.location) for s in skipped] == [("tool_choice_undefined", "rows.jsonl:2")]
+    assert "'get_weather'" in skipped[0].detail and "get_time, search" in skipped[0].detail
+
+
+def test_a_named_tool_choice_that_no_row_defines_is_an_error_naming_source_and_function(tmp_path: Path) -> None:
+    write_lines(tmp_path / "rows.jsonl", [{"tools": [TIME], "messages": [say("user", "q")]},
+                                          {"messages": [say("user", "q2")]}])
+    source = spec(name="agent", kind="prompts", paths=("rows.jsonl",), tool_choice=NAMED_WEATHER)
+    with pytest.raises(CorpusError, match=r"source 'agent': tool_choice names the function 'get_weather', which no "):
+        list(iter_source(source, tmp_path))
 
 
 def test_ids_of_rows_without_tools_are_what_they_were_and_tools_tell_rows_apart(tmp_path: Path) -> None:
