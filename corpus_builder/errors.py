@@ -77,6 +77,10 @@ REASONS: dict[str, str] = {
                         "calls answered by tool turns right after it)",
     "bad_tools": "the row's tools are not a list of function schemas",
     "bad_tool_call": "a tool call has no function name, or arguments that are neither a string nor an object",
+    "duplicate_tool_call_id": "two calls of one assistant turn have the same id, so their results cannot be told "
+                              "apart",
+    "unanswered_tool_call": "a tool call has no result, yet the conversation goes on after it (only a row's last "
+                            "turn may call without results: it was logged before they came back)",
     "no_assistant_turn": "a replayed conversation has no assistant turn",
     "duplicate": "the same conversation (normalised text) already kept: the detail names the row it duplicates",
     "near_duplicate": "a near duplicate (MinHash/LSH, checks.near_duplicates) of a kept row the detail names",
@@ -87,6 +91,8 @@ REASONS: dict[str, str] = {
     "generation_error": "the server refused the request (a 4xx refusal: it would fail the same way again)",
     "unfinished": "the request ran out of retries on transient faults (timeouts, resets, 429, 5xx); rerun to resume",
     "not_in_journal": "a journal-only rebuild found no cached generation for this row",
+    "tool_choice_undefined": "the source's tool_choice names a function the row's tools do not define (the server "
+                             "refuses such a request)",
     "tool_result_unknown": "the target's first turn called a tool differently from the recorded call, so no "
                            "result is known for it (sources[].tool_results: match); later cuts keep the row, flagged",
 }

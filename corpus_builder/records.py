@@ -12,15 +12,19 @@ after it, and the assistant speaks again after them.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .errors import BadRow
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -33,11 +37,20 @@ FLAG_UNCLOSED_THINK = "unclosed_think"
 FLAG_TRUNCATED = "truncated_generation"
 # A regenerated tool call whose result the source does not hold: the conversation was cut before it.
 FLAG_TOOL_RESULT_UNKNOWN = "tool_result_unknown"
-# A generated tool call that names no tool of the row or whose arguments do not fit the tool's schema.
+# A tool call whose arguments are not a JSON object (vLLM renders them as {}, not as the model emitted them), or a
+# generated one that names no tool of the row or whose arguments do not fit the tool's schema.
 FLAG_INVALID_TOOL_CALL = "invalid_tool_call"
+# A tool of the row whose parameters are not a valid JSON Schema (the server cannot constrain a call to them).
+FLAG_INVALID_TOOL_SCHEMA = "invalid_tool_schema"
 # A repaired row carries "repaired:RULE:POLICY" for every repair rule that changed it, named exactly as the
 # recipe setting that switches it (sources[].repair.RULE: POLICY), e.g. "repaired:leading_assistant:drop".
 REPAIR_FLAG_PREFIX = "repaired:"
+
+# Distinct parameter schemas whose validators are kept: a run's rows share a few tool sets, and building a
+# validator (its schema checked against the metaschema first) costs far more than validating one call.
+_CACHED_VALIDATORS = 1024
+# orjson text of a schema -> (the schema, its validator or None when it is invalid), oldest first
+_validators: dict[bytes, tuple[dict[str, Any], Validator | None]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +72,15 @@ class ToolCall:
     def arguments_object(self) -> dict[str, Any] | None:
         """The arguments as the JSON object they should be; None when the text is not one (a model may emit
         anything, so nothing downstream trusts the text to parse). Decoded as vLLM decodes them before its
-        chat template renders a call (Python's json: NaN and integers of any size parse)."""
+        chat template renders a call (Python's json: NaN and integers of any size parse); orjson first, which
+        reads what it accepts the same way, several times faster (every replayed call is decoded)."""
         try:
-            value = json.loads(self.arguments)
-        except json.JSONDecodeError:
-            return None
+            value = orjson.loads(self.arguments)
+        except orjson.JSONDecodeError:
+            try:
+                value = json.loads(self.arguments)
+            except json.JSONDecodeError:
+                return None
         return value if isinstance(value, dict) else None
 
 
@@ -196,6 +213,45 @@ def _served_tool(index: int, tool: Any) -> dict[str, Any]:
     return {"type": "function", "function": served}
 
 
+def invalid_tool_schemas(tools: Sequence[dict[str, Any]] | None) -> list[str]:
+    """The names of the tools whose parameters are not a valid JSON Schema (checked against its metaschema)."""
+    functions = [tool["function"] for tool in tools or ()]
+    return [function["name"] for function in functions
+            if function["parameters"] is not None and parameters_validator(function["parameters"]) is None]
+
+
+def parameters_validator(schema: dict[str, Any]) -> Validator | None:
+    """The validator of a tool's parameter schema, None when the schema is invalid; built once per distinct schema
+    (every row with tools asks). Keyed by orjson's text, fast, which blurs NaN and infinities into null: an entry
+    serves only a schema equal to its own (a schema holding NaN equals none, and is built each time)."""
+    try:
+        key = orjson.dumps(schema)
+    except orjson.JSONEncodeError:  # not JSON text (keys of other types than str, a cycle): built each time
+        return _checked_validator(schema)
+    cached = _validators.get(key)
+    if cached is not None and cached[0] == schema:
+        return cached[1]
+    if len(_validators) >= _CACHED_VALIDATORS:
+        del _validators[next(iter(_validators))]
+    own = copy.deepcopy(schema)  # the validator keeps its schema: a row's later change cannot reach it
+    validator = _checked_validator(own)
+    _validators[key] = (own, validator)
+    return validator
+
+
+def _checked_validator(schema: dict[str, Any]) -> Validator | None:
+    import jsonschema  # ~150 ms to import: only rows with tools pay for it
+
+    if not isinstance(schema.get("$schema", ""), str):
+        return None  # names no metaschema (jsonschema would fail to look it up)
+    validator_class = jsonschema.validators.validator_for(schema)
+    try:
+        validator_class.check_schema(schema)
+    except jsonschema.exceptions.SchemaError:
+        return None
+    return validator_class(schema)
+
+
 def openai_messages(messages: Sequence[Message], *, keep_history_reasoning: bool, current: int
                     ) -> list[dict[str, Any]]:
     """The turns as OpenAI chat messages, exactly as the generator sends them (and so as the target's template
@@ -220,16 +276,24 @@ def openai_messages(messages: Sequence[Message], *, keep_history_reasoning: bool
     return sent
 
 
+def has_non_object_arguments(messages: Sequence[Message]) -> bool:
+    """Whether a turn calls a tool with arguments that are not a JSON object (not JSON, or a list, a number...):
+    vLLM and the token counts render them as ``{}``, so the row's text is not what the model emitted."""
+    return any(call.arguments_object() is None for message in messages for call in message.tool_calls)
+
+
 def carries_tool_traffic(messages: Sequence[Message], tools: Sequence[Any] | None) -> bool:
     """Whether a conversation was served with tools, or holds a tool call or a tool's result."""
     return bool(tools) or any(m.tool_calls or m.role == "tool" for m in messages)
 
 
 def check_role_order(messages: list[Message], *, need_assistant: bool, mid_system: bool = False) -> None:
-    """[system] user assistant user assistant ...; an assistant turn with tool calls is followed by one tool
-    turn per call (by ``tool_call_id``, in any order), then by the assistant again. Replayed rows must end on
-    an assistant turn (whose calls may then be unanswered: the row was logged before their results). With
-    ``mid_system`` a system turn may also stand between the others (repair ``mid_system: keep``)."""
+    """[system] user assistant user assistant ...; an assistant turn with tool calls (each id once: else its
+    results could not be told apart) is followed by one tool turn per call (by ``tool_call_id``, in any order),
+    then by the assistant again: a call left without its result while the row goes on, whether none or only some
+    of its turn's calls are answered, is ``unanswered_tool_call``. Replayed rows must end on an assistant turn
+    (whose calls may then be unanswered: the row was logged before their results). With ``mid_system`` a system
+    turn may also stand between the others (repair ``mid_system: keep``)."""
     start = 1 if messages and messages[0].role == "system" else 0
     speakers = [(index, message) for index, message in enumerate(messages)
                 if index >= start and not (mid_system and message.role == "system")]
@@ -241,8 +305,9 @@ def check_role_order(messages: list[Message], *, need_assistant: bool, mid_syste
         role = message.role
         if expected == "tool":
             if role != "tool":
-                raise BadRow("wrong_role_order", f"turn {index} is {role}, but tool call(s) "
-                                                 f"{', '.join(open_calls)} of the assistant turn before have no result")
+                raise BadRow("unanswered_tool_call", f"turn {index} is {role}, but tool call(s) "
+                                                     f"{', '.join(open_calls)} of the assistant turn before have no "
+                                                     "result")
             if message.tool_call_id not in open_calls:
                 raise BadRow("wrong_role_order", f"turn {index} answers tool call {message.tool_call_id!r}, which "
                                                  "the assistant turn before did not make (or was answered already)")
@@ -253,11 +318,15 @@ def check_role_order(messages: list[Message], *, need_assistant: bool, mid_syste
             raise BadRow("wrong_role_order", f"turn {index} is {role}, expected {expected}")
         if role == "assistant" and message.tool_calls:
             open_calls, expected = [call.id for call in message.tool_calls], "tool"
+            if len(set(open_calls)) < len(open_calls):
+                repeated = sorted({call_id for call_id in open_calls if open_calls.count(call_id) > 1})
+                raise BadRow("duplicate_tool_call_id", f"turn {index} makes several calls with id "
+                                                       f"{', '.join(map(repr, repeated))}")
         else:
             expected = "assistant" if role == "user" else "user"
     last = speakers[-1][1]
     if expected == "tool" and last.role == "tool":
-        raise BadRow("wrong_role_order", f"tool call(s) {', '.join(open_calls)} have no result")
+        raise BadRow("unanswered_tool_call", f"tool call(s) {', '.join(open_calls)} have no result")
     if need_assistant and last.role != "assistant":
         raise BadRow("no_assistant_turn" if len(speakers) == 1 else "wrong_role_order",
                      "conversation does not end with an assistant turn")
@@ -333,10 +402,13 @@ def _is_speaker(message: Message) -> bool:
     return message.role != "system"
 
 
-def _repeats(message: Message, previous: str | None) -> bool:
+def _repeats(message: Message, previous: Message | None) -> bool:
     """A user or assistant turn right after a turn of its own speaker (tool results of parallel calls follow
-    each other by design)."""
-    return message.role == previous and message.role != "tool"
+    each other by design). Never the turn after one that calls tools: what follows a call is its results, so an
+    assistant turn there leaves the call unanswered (``unanswered_tool_call``), not said twice; merged, the
+    answer would come before the call."""
+    return (previous is not None and message.role == previous.role and message.role != "tool"
+            and not previous.tool_calls)
 
 
 def _join(first: Message, second: Message) -> Message:
@@ -349,7 +421,7 @@ def _split_at_repeated_speaker(turns: list[Message]) -> list[list[Message]]:
     """Cut before each user/assistant turn whose speaker also spoke the turn before; the system turns
     between the two open the new part (they came before the turn they preceded)."""
     parts: list[list[Message]] = [[]]
-    previous: str | None = None
+    previous: Message | None = None
     for message in turns:
         if _is_speaker(message):
             if _repeats(message, previous):
@@ -359,7 +431,7 @@ def _split_at_repeated_speaker(turns: list[Message]) -> list[list[Message]]:
                     cut -= 1
                 parts.append(current[cut:])
                 del current[cut:]
-            previous = message.role
+            previous = message
         parts[-1].append(message)
     return parts
 
@@ -380,7 +452,7 @@ def _merge_repeated_speaker(turns: list[Message]) -> list[Message] | None:
     last_speaker: int | None = None  # index in merged of the latest user/assistant turn
     for message in turns:
         if _is_speaker(message):
-            if last_speaker is not None and _repeats(message, merged[last_speaker].role):
+            if last_speaker is not None and _repeats(message, merged[last_speaker]):
                 message = _join(merged.pop(last_speaker), message)
             last_speaker = len(merged)
         merged.append(message)

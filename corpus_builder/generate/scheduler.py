@@ -41,6 +41,7 @@ from ..records import (
     Message,
     ToolCall,
     conversation_id,
+    has_non_object_arguments,
     make_message,
     openai_messages,
     trim_after_last_answer,
@@ -406,6 +407,8 @@ class Scheduler:
                 return False  # the final turn is generated: nothing else is
             job.messages += messages[:max(i for i, m in enumerate(messages) if m.role != "assistant") + 1]
             job.cursor = len(messages)
+            if has_non_object_arguments(job.messages) and FLAG_INVALID_TOOL_CALL not in job.flags:
+                job.flags.append(FLAG_INVALID_TOOL_CALL)  # the kept history renders such a call as {}
             return True
         if job.messages and job.messages[-1].role == "tool":
             return True

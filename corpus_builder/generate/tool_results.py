@@ -12,19 +12,10 @@ dropped: it is still what the target does).
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..records import ToolCall
-
-if TYPE_CHECKING:
-    from jsonschema.protocols import Validator
-
-# Distinct parameter schemas whose validators are kept: a run's rows share a few tool sets, and building a
-# validator (its schema checked against the metaschema first) costs far more than validating one call.
-_CACHED_VALIDATORS = 1024
+from ..records import ToolCall, parameters_validator
 
 
 def pair_calls(generated: Sequence[ToolCall], recorded: Sequence[ToolCall]) -> dict[str, str] | None:
@@ -64,7 +55,7 @@ def invalid_calls(calls: Sequence[ToolCall], tools: Sequence[dict[str, Any]] | N
         if not schema:
             continue
         try:
-            validator = _validator(schema)
+            validator = parameters_validator(schema)
             if validator is None:
                 continue
             fits = next(validator.iter_errors(arguments), None) is None
@@ -73,34 +64,6 @@ def invalid_calls(calls: Sequence[ToolCall], tools: Sequence[dict[str, Any]] | N
         if not fits:
             invalid.append(call.name)
     return invalid
-
-
-def _validator(schema: dict[str, Any]) -> Validator | None:
-    """The validator of a parameter schema, None when the schema is invalid; built once per distinct schema.
-    Keyed by the stdlib's JSON text, which keeps what orjson's would blur (NaN and infinities become null)
-    and reads back as the same schema."""
-    try:
-        key = json.dumps(schema, sort_keys=True)
-    except (TypeError, ValueError):  # not JSON text (keys of mixed types, a cycle): built each time
-        return _checked_validator(schema)
-    return _cached_validator(key)
-
-
-@functools.lru_cache(maxsize=_CACHED_VALIDATORS)
-def _cached_validator(schema_json: str) -> Validator | None:
-    schema: dict[str, Any] = json.loads(schema_json)
-    return _checked_validator(schema)
-
-
-def _checked_validator(schema: dict[str, Any]) -> Validator | None:
-    import jsonschema
-
-    validator_class = jsonschema.validators.validator_for(schema)
-    try:
-        validator_class.check_schema(schema)
-    except jsonschema.exceptions.SchemaError:
-        return None
-    return validator_class(schema)
 
 
 def describe(calls: Sequence[ToolCall]) -> str:

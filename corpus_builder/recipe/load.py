@@ -153,16 +153,23 @@ def _to_mixture(mixture: dict[str, Any]) -> Mixture:
     return Mixture(**plain, thinking_share=ThinkingShare(**thinking) if thinking is not None else None)
 
 
+def _openai_tool_choice(written: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """The one form a tool_choice is sent and recorded in, OpenAI's (vLLM takes it): a mode as it is, a named
+    function, written short (``{function: NAME}``) or as OpenAI's own, as ``{"type": "function", "function":
+    {"name": NAME}}``."""
+    if not isinstance(written, dict):
+        return written
+    function = written["function"]
+    return {"type": "function", "function": {"name": function if isinstance(function, str) else function["name"]}}
+
+
 def _to_source(source: dict[str, Any]) -> SourceSpec:
     written = source.get("path")
     plain = {k: v for k, v in source.items()
              if k not in ("path", "hub", "mapping", "take", "repair", "target", "tool_choice")}
-    choice = source.get("tool_choice")
     return SourceSpec(
         **plain,
-        # OpenAI's form: a mode, or {"type": "function", "function": {"name": ...}} for a named function
-        tool_choice={"type": "function", "function": {"name": choice["function"]}} if isinstance(choice, dict)
-        else choice,
+        tool_choice=_openai_tool_choice(source.get("tool_choice")),
         paths=(written,) if isinstance(written, str) else tuple(written or ()),
         hub=HubRef(**source["hub"]) if "hub" in source else None,
         mapping=Mapping(**source["mapping"]),

@@ -116,6 +116,11 @@ class SourceSpec:
     tool_results: str = "match"  # prompts with tool traffic: match | recorded
     target: SourceTarget | None = None  # rows in the final corpus, met after every drop (see Mixture)
 
+    @property
+    def tool_choice_function(self) -> str | None:
+        """The function a named tool_choice makes the target call (OpenAI's form, as loaded); None otherwise."""
+        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
+
 
 @dataclass(frozen=True, slots=True)
 class NearDuplicateSettings:

@@ -203,6 +203,15 @@ def _describe(error: Any) -> Iterator[tuple[KeyPath, str, bool]]:
         yield path, error.message, False
 
 
+def _wrong_type(error: Any, path: KeyPath) -> bool:
+    """An alternative that fails on the value's type itself: a ``type`` error, or an ``enum`` with no value of the
+    value's type (a mapping given where the alternatives are some words or a mapping is no misspelt word)."""
+    if len(error.absolute_path) > len(path):
+        return False
+    return error.validator == "type" or (error.validator == "enum" and not any(
+        type(allowed) is type(error.instance) for allowed in error.validator_value))
+
+
 def _describe_one_of(error: Any, path: KeyPath) -> Iterator[tuple[KeyPath, str, bool]]:
     from jsonschema.exceptions import best_match
 
@@ -221,7 +230,7 @@ def _describe_one_of(error: Any, path: KeyPath) -> Iterator[tuple[KeyPath, str, 
         return
     # Alternatives by type (a string or a list of strings): if the value has the right type for one of
     # them, what is wrong is inside it; otherwise the type itself is wrong.
-    inner = [e for e in error.context if e.validator != "type" or len(e.absolute_path) > len(path)]
+    inner = [e for e in error.context if not _wrong_type(e, path)]
     if inner:
         yield from _describe(best_match(inner))
     else:

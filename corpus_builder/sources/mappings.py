@@ -16,9 +16,10 @@ Tool traffic comes as OpenAI chat messages (an assistant turn's ``tool_calls``, 
 the legacy ``function_call``; ``tool`` turns with ``tool_call_id``; legacy ``function`` results) or as the
 ShareGPT variant of glaive/LLaMA-Factory dumps (``function_call`` turns holding the call's JSON, one call or a
 list of parallel ones, and ``observation`` turns holding the result); a row's ``tools`` is a list or a JSON
-string of function schemas, in OpenAI's form or bare (``records.normalise_tools``). Calls without an id get
-``call_N`` (the call's position among the row's calls) and results without one answer the calls before them
-in order, so a dump without ids reads the same way on every run.
+string of function schemas, in OpenAI's form or bare (``records.normalise_tools``; parameters that are not a
+valid JSON Schema flag the row ``invalid_tool_schema``). Calls without an id get ``call_N`` (the call's position
+among the row's calls; the next free N when the row already holds that id) and results without one answer the
+calls before them in order, so a dump without ids reads the same way on every run.
 
 A row whose turns break the role order, or hold an empty turn, is repaired by the source's repair rules
 (``records.repair_turns``; empty turns are dropped here, as they are read) and skipped only when no valid
@@ -36,6 +37,8 @@ import orjson
 from ..errors import BadRow, CorpusError
 from ..recipe.model import Mapping
 from ..records import (
+    FLAG_INVALID_TOOL_CALL,
+    FLAG_INVALID_TOOL_SCHEMA,
     FLAG_UNCLOSED_THINK,
     REASONING_KEYS,
     Message,
@@ -43,6 +46,8 @@ from ..records import (
     ToolCall,
     carries_tool_traffic,
     check_role_order,
+    has_non_object_arguments,
+    invalid_tool_schemas,
     make_message,
     normalise_tools,
     repair_flag,
@@ -55,6 +60,7 @@ TURN_FIELDS = ("conversations", "messages")
 GSM8K_QUESTION, GSM8K_ANSWER = "question", "answer"
 PROMPT_FIELD = "prompt"
 TOOLS_FIELD = "tools"
+TOOL_CHOICE_UNDEFINED = "tool_choice_undefined"  # the Skipped reason of a row whose tools lack the named function
 
 # Speaker names seen in ShareGPT exports, chat datasets and chat logs, mapped to the four roles.
 ROLE_ALIASES = {
@@ -142,15 +148,18 @@ class RowNormaliser:
     keeps only the system and user turns (the target regenerates the rest) and adds ``system_prompt``
     when the row has no system turn. A prompt with tool traffic keeps its recorded assistant and tool turns:
     the tool-result policy (``sources[].tool_results``) needs the recorded calls and their results.
-    ``repair`` says which repairs may save a row that breaks the order.
+    ``repair`` says which repairs may save a row that breaks the order. ``tool_choice_function``, the function
+    a prompts source's tool_choice names, skips a row with tools that do not define it: the server refuses its
+    every request.
     """
 
     def __init__(self, mapping: Mapping, kind: str, system_prompt: str | None = None,
-                 repair: RepairRules = DEFAULT_REPAIRS) -> None:
+                 repair: RepairRules = DEFAULT_REPAIRS, tool_choice_function: str | None = None) -> None:
         self.mapping = mapping
         self.replay = kind == "replay"
         self.system_prompt = system_prompt
         self.repair = repair
+        self.tool_choice_function = tool_choice_function
         self.drop_empty_turns = repair.empty_turns == "drop"
         self.id_field = mapping.id_field or "id"
         self.layout: Layout | None = None
@@ -177,11 +186,17 @@ class RowNormaliser:
             messages, unclosed, empty, turn_traffic = self._turns(row, layout)
             reference = None
         tools = normalise_tools(row.get(TOOLS_FIELD))
+        named = self.tool_choice_function
+        if named is not None and tools is not None and all(tool["function"]["name"] != named for tool in tools):
+            raise BadRow(TOOL_CHOICE_UNDEFINED, f"tool_choice names {named!r}; the row's tools are "
+                                                f"{', '.join(tool['function']['name'] for tool in tools)}")
         # A prompt served with tools keeps its assistant turns, as one with tool turns does.
         tooled = turn_traffic or bool(tools)
         # A prompt's open block was in an assistant turn it discards (with tool traffic: that the target may
         # regenerate); the generated row is judged on its own turns.
         row_flags = [FLAG_UNCLOSED_THINK] if unclosed and self.replay else []
+        if tools is not None and invalid_tool_schemas(tools):  # served, and sent with a prompt's every request
+            row_flags.append(FLAG_INVALID_TOOL_SCHEMA)
         source_id = row.get(self.id_field)
         source_id = None if source_id is None else str(source_id)
         # Few distinct role sequences occur (they depend only on the length and a leading system turn), so
@@ -203,6 +218,9 @@ class RowNormaliser:
                      for part in repair_turns(messages, self.repair, replay=self.replay)]
             if not parts:
                 raise problem
+        if turn_traffic and self.replay:  # a prompt's recorded calls are regenerated, or flagged where kept
+            parts = [(part, [*flags, FLAG_INVALID_TOOL_CALL] if has_non_object_arguments(part) else flags)
+                     for part, flags in parts]
         return [NormalisedRow(part if self.replay else self._prompt(part, tooled and carries_tool_traffic(part, tools)),
                               flags, source_id, reference, index if _SPLIT in flags else None, tools)
                 for index, (part, flags) in enumerate(parts)]
@@ -364,15 +382,17 @@ def _tool_call_id(turn: dict[str, Any]) -> str | None:
 
 def _link_tool_results(messages: list[Message]) -> list[Message]:
     """Ids for calls and results that came without one, so results answer calls the same way on every read:
-    a call gets ``call_N`` (N: its position among the row's calls), a result the id of the first call of the
+    a call gets ``call_N`` (N: its position among the row's calls, or the next number whose ``call_N`` no call
+    of the row has: an assigned id never repeats one the row holds), a result the id of the first call of the
     assistant turn before it that is still unanswered. One ShareGPT ``observation`` after N > 1 parallel calls
     that holds a JSON list of N results is N results."""
     linked: list[Message] = []
     number = 0
+    taken = {call.id for message in messages for call in message.tool_calls if call.id}
     open_calls: list[str] = []
     for message in messages:
         if message.tool_calls:
-            message.tool_calls = tuple(call if call.id else replace(call, id=f"call_{number + offset}")
+            message.tool_calls = tuple(call if call.id else replace(call, id=_unused_call_id(number + offset, taken))
                                        for offset, call in enumerate(message.tool_calls))
             number += len(message.tool_calls)
             open_calls = [call.id for call in message.tool_calls]
@@ -389,6 +409,15 @@ def _link_tool_results(messages: list[Message]) -> list[Message]:
             open_calls = []
         linked.append(message)
     return linked
+
+
+def _unused_call_id(number: int, taken: set[str]) -> str:
+    """``call_N`` for the first N from ``number`` that no call of the row has; the id is then taken."""
+    while f"call_{number}" in taken:
+        number += 1
+    call_id = f"call_{number}"
+    taken.add(call_id)
+    return call_id
 
 
 def _parallel_results(message: Message, calls: int) -> list[Message]:

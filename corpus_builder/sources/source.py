@@ -22,7 +22,7 @@ from ..recipe.model import Mapping, Recipe, SourceSpec
 from ..records import Conversation, conversation_id
 from ..secrets import redact_conversations
 from .hub import hub_label, hub_provenance, iter_hub_rows
-from .mappings import NormalisedRow, RowNormaliser, check_mapping
+from .mappings import TOOL_CHOICE_UNDEFINED, NormalisedRow, RowNormaliser, check_mapping
 from .readers import (
     LINE_FORMATS,
     PositionFilter,
@@ -77,7 +77,25 @@ def iter_source(spec: SourceSpec, base_dir: Path) -> Iterator[Conversation | Ski
     else:
         units = [_file_unit(path, spec.format, _label(path, base_dir))
                  for path in resolve_paths(spec, base_dir)]
-    return _select(spec, units)
+    rows = _select(spec, units)
+    return rows if spec.tool_choice_function is None else _tool_choice_defined(spec, rows)
+
+
+def _tool_choice_defined(spec: SourceSpec, rows: Iterator[Conversation | Skipped]) -> Iterator[Conversation | Skipped]:
+    """The rows, and at their end an error when the function the source's tool_choice names is defined by no
+    row's tools, though rows have tools: a misspelt name, or the wrong source (the rows it lacks from are skipped
+    as they come, ``tool_choice_undefined``; the build reads its prompt sources whole before the first request)."""
+    defined = undefined = 0
+    for row in rows:
+        if isinstance(row, Skipped):
+            undefined += row.reason == TOOL_CHOICE_UNDEFINED
+        elif row.tools:
+            defined += 1
+        yield row
+    if undefined and not defined:
+        raise CorpusError(f"source '{spec.name}': tool_choice names the function '{spec.tool_choice_function}', "
+                          f"which no row's tools define (rows with tools: {undefined:,}): the server would refuse "
+                          "every request; name a function the rows' tools define, or remove tool_choice")
 
 
 def prompt_stream(recipe: Recipe) -> Iterator[Conversation | Skipped]:
@@ -166,7 +184,7 @@ def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
 def _checked_rows(spec: SourceSpec, unit: _Unit,
                   keep: PositionFilter | None) -> Iterator[tuple[int, list[NormalisedRow] | Skipped]]:
     """Each row's conversations (several when a repair split it), or why it was skipped."""
-    normalise = RowNormaliser(spec.mapping, spec.kind, spec.system_prompt, spec.repair)
+    normalise = RowNormaliser(spec.mapping, spec.kind, spec.system_prompt, spec.repair, spec.tool_choice_function)
     name, label, separator = spec.name, unit.label, unit.separator
     for position, row in unit.rows(keep):
         checked: list[NormalisedRow] | Skipped

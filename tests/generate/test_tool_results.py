@@ -7,6 +7,8 @@ journal keyed by the tools sent."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from corpus_builder.records import (
     Conversation,
     Message,
     ToolCall,
+    invalid_tool_schemas,
 )
 from corpus_builder.sources import iter_source
 from corpus_builder.testing.fault_server import FaultServer
@@ -162,6 +165,20 @@ def test_recorded_keeps_the_history_and_regenerates_only_the_final_turn(server: 
     assert [t["message_index"] for t in row.provenance["generation"]["turns"]] == [3]
 
 
+def test_a_kept_recorded_call_whose_arguments_are_not_an_object_is_flagged(server: FaultServer, tmp_path: Path) -> None:
+    """tool_results: recorded keeps the recorded calls in the row, and vLLM renders arguments that are not a JSON
+    object as {}: flagged as a replayed row is; a history whose calls are objects is not."""
+    def recorded(arguments: str) -> dict[str, Any]:
+        return {"tools": [LOOKUP], "messages": [say("user", f"Find {arguments}."),
+                                                calling(call("rec-1", "lookup", arguments)), result("rec-1", "r"),
+                                                say("assistant", "(recorded)")]}
+
+    rows = prompts(tmp_path, recorded("[1, 2]"), recorded("query=A"), recorded('{"query": "A"}'))
+    assert [row.flags for row in rows] == [[], [], []]  # the prompts: their calls may be regenerated
+    generated = run(server, tmp_path, rows, tool_results="recorded")
+    assert [row.flags for row in generated] == [[FLAG_INVALID_TOOL_CALL], [FLAG_INVALID_TOOL_CALL], []]
+
+
 def test_a_final_call_is_kept_and_an_invalid_one_flagged(server: FaultServer, tmp_path: Path) -> None:
     """The regenerated final turn may itself call a tool: nothing follows it, so no result is needed. The
     server's call does not fit the tool's schema (it sends a query, the tool takes a city): flagged."""
@@ -179,13 +196,49 @@ def test_invalid_calls_names_misfits_and_holds_no_unusable_schema_against_a_call
     broken = {"type": "function", "function": {"name": "broken", "parameters": {"type": 12}}}
     elsewhere = {"type": "function", "function": {"name": "elsewhere", "parameters": {
         "type": "object", "properties": {"city": {"$ref": "https://example.invalid/city.json"}}}}}
-    tools = [WEATHER, LOOKUP, broken, elsewhere]
+    no_metaschema = {"type": "function", "function": {"name": "no_metaschema", "parameters": {"$schema": [1]}}}
+    tools = [WEATHER, LOOKUP, broken, elsewhere, no_metaschema]
     calls = [ToolCall("1", "get_weather", '{"city": "Paris"}'), ToolCall("2", "get_weather", '{"query": "Paris"}'),
              ToolCall("3", "lookup", '{"query": 3}'), ToolCall("4", "lookup", "not json"),
              ToolCall("5", "broken", '{"anything": 1}'), ToolCall("6", "elsewhere", '{"city": "Paris"}'),
-             ToolCall("7", "unknown", "{}")]
+             ToolCall("7", "unknown", "{}"), ToolCall("8", "no_metaschema", "{}")]
     for _ in range(2):
         assert invalid_calls(calls, tools) == ["get_weather", "lookup", "lookup", "unknown"]
+
+
+def test_schemas_that_only_json_text_blurs_keep_their_own_verdicts() -> None:
+    """The validators are cached by the schema's JSON text, where NaN reads as null: a NaN bound is a number (a
+    valid schema), a null one is not, whichever was asked first."""
+    def tool_with(bound: float | None) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": "t", "parameters": {"type": "number", "minimum": bound}}}
+
+    for first, second in ((None, float("nan")), (float("nan"), None)):
+        assert [invalid_tool_schemas([tool_with(bound)]) for bound in (first, second, first)] == (
+            [["t"], [], ["t"]] if first is None else [[], ["t"], []])
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "build"])
+def test_a_named_tool_choice_no_row_defines_stops_the_build_before_any_request(server: FaultServer, tmp_path: Path,
+                                                                              dry_run: bool) -> None:
+    write_lines(tmp_path / "prompts.jsonl", [{"tools": [LOOKUP], "messages": [say("user", f"Find {n}.")]}
+                                             for n in range(3)])
+    (tmp_path / "recipe.yaml").write_text(f"""\
+name: r
+target: {{model: {MODEL}, endpoints: [{server.base_url}]}}
+sources:
+  - name: agent
+    kind: prompts
+    path: prompts.jsonl
+    tool_choice: {{type: function, function: {{name: get_weather}}}}
+output: {{dir: out}}
+""", encoding="utf-8")
+    command = [sys.executable, "-m", "corpus_builder", "build", str(tmp_path / "recipe.yaml"),
+               *(["--dry-run"] if dry_run else [])]
+    completed = subprocess.run(command, capture_output=True, text=True)  # from the checkout: its corpus_builder
+    assert completed.returncode == 2, completed.stderr
+    assert "source 'agent': tool_choice names the function 'get_weather'" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert server.chat_requests == [] and not (tmp_path / "out" / "manifest.json").exists()
 
 
 def test_the_journal_is_keyed_by_the_tools_sent(server: FaultServer, tmp_path: Path) -> None:

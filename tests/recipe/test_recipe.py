@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -430,8 +431,31 @@ def test_tool_settings_of_prompts_sources(workspace: Path) -> None:
     problems = problems_of(write(workspace, edited("    license: MIT\n",
                                                    "    license: MIT\n    tool_choice: auto\n")))
     find(problems, "sources[0].tool_choice", "only prompts sources are generated")
-    problems = problems_of(write(workspace, edited("    task: math\n", "    task: math\n    tool_choice: always\n")))
-    assert any(p.path == "sources[1].tool_choice" for p in problems)
+
+
+@pytest.mark.parametrize(("written", "loaded"), [
+    ("{type: function, function: {name: lookup}}", {"type": "function", "function": {"name": "lookup"}}),
+    ("{function: lookup}", {"type": "function", "function": {"name": "lookup"}}),
+    ("auto", "auto"), ("none", "none"), ("required", "required"),
+], ids=["openai-named", "short-named", "auto", "none", "required"])
+def test_tool_choice_takes_openai_s_forms_and_the_short_one_as_openai_s(workspace: Path, written: str,
+                                                                        loaded: Any) -> None:
+    recipe = load_recipe(write(workspace, edited("    task: math\n", f"    task: math\n    tool_choice: {written}\n")))
+    assert recipe.sources[1].tool_choice == loaded
+
+
+@pytest.mark.parametrize(("written", "path", "fragment"), [
+    ("{type: tool, function: {name: lookup}}", "sources[1].tool_choice.type", "'function' was expected"),
+    ("{type: function, function: {}}", "sources[1].tool_choice.function", "missing required key 'name'"),
+    ("{type: function, function: {name: lookup, strict: true}}", "sources[1].tool_choice.function.strict",
+     "unknown key"),
+    ("{name: lookup}", "sources[1].tool_choice.name", "unknown key"),
+    ("always", "sources[1].tool_choice", "is not one of: auto, required, none"),
+], ids=["another-type", "no-name", "unknown-key", "no-function", "unknown-mode"])
+def test_tool_choice_refuses_what_is_neither_form_where_it_goes_wrong(workspace: Path, written: str, path: str,
+                                                                      fragment: str) -> None:
+    find(problems_of(write(workspace, edited("    task: math\n", f"    task: math\n    tool_choice: {written}\n"))),
+         path, fragment)
 
 
 def test_prompts_need_something_to_generate_with(workspace: Path) -> None:

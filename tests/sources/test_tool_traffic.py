@@ -10,8 +10,17 @@ from typing import Any
 import orjson
 import pytest
 
+from corpus_builder.errors import CorpusError
 from corpus_builder.recipe.model import Mapping
-from corpus_builder.records import Conversation, Message, ToolCall, content_key, conversation_id
+from corpus_builder.records import (
+    FLAG_INVALID_TOOL_CALL,
+    Conversation,
+    Message,
+    RepairRules,
+    ToolCall,
+    content_key,
+    conversation_id,
+)
 from corpus_builder.sources import iter_source, mappings
 from corpus_builder.sources.mappings import NormalisedRow, RowNormaliser
 from tests.sources.test_sources import spec, split, write_lines
@@ -94,19 +103,53 @@ def test_sharegpt_function_call_dumps_read_as_the_same_traffic(tmp_path: Path) -
     assert [c.id for c in again] == [c.id for c in kept]  # assigned ids are the same on every read
 
 
+def test_assigned_call_ids_never_repeat_an_id_the_row_holds(tmp_path: Path) -> None:
+    """A call without an id in a turn (or a row) that also holds a recorded ``call_0``: the assigned id is another,
+    so each result answers one call."""
+    idless = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    same_turn = [say("user", "q"), calling(idless, call("call_0", "get_weather", {"city": "Rome"})),
+                 result("call_0", "rome"), {"role": "tool", "content": "oslo"}, say("assistant", "a")]
+    later_turn = [say("user", "q"), calling(idless), {"role": "tool", "content": "oslo"}, say("assistant", "a"),
+                  say("user", "q2"), calling(call("call_0", "get_weather", {"city": "Rome"})), result("call_0", "rome"),
+                  say("assistant", "b")]
+    kept, skipped = read_rows(tmp_path, [{"tools": [WEATHER], "messages": turns} for turns in (same_turn, later_turn)])
+    assert skipped == []
+    for row in kept:
+        ids = [c.id for m in row.messages for c in m.tool_calls]
+        assert len(set(ids)) == len(ids) and "call_0" in ids
+        oslo = next(c.id for m in row.messages for c in m.tool_calls if c.arguments == '{"city": "Oslo"}')
+        assert [m.tool_call_id for m in row.messages if m.content == "oslo"] == [oslo]
+
+
 @pytest.mark.parametrize(("turns", "detail"), [
     ([say("user", "q"), say("assistant", "a"), result("call_x", "r"), say("assistant", "b")], "expected user"),
     ([say("user", "q"), calling(call("c1", "get_weather", {})), result("c2", "r"), say("assistant", "a")],
      "answers tool call 'c2'"),
-    ([say("user", "q"), calling(call("c1", "get_weather", {}), call("c2", "get_weather", {})), result("c1", "r"),
-      say("assistant", "a")], "c2 of the assistant turn before have no result"),
-    ([say("user", "q"), calling(call("c1", "get_weather", {})), say("user", "again?"), say("assistant", "a")],
-     "c1 of the assistant turn before have no result"),
-], ids=["result-without-call", "result-of-another-call", "a-call-left-unanswered", "user-before-the-result"])
+], ids=["result-without-call", "result-of-another-call"])
 def test_results_must_answer_the_calls_before_them(tmp_path: Path, turns: list[dict[str, Any]], detail: str) -> None:
     kept, skipped = read_turns(tmp_path, turns)
     assert kept == [] and [s.reason for s in skipped] == ["wrong_role_order"]
     assert detail in skipped[0].detail
+
+
+@pytest.mark.parametrize(("kind", "consecutive_turns"), [("replay", "merge"), ("replay", "split"),
+                                                        ("prompts", "merge")])
+@pytest.mark.parametrize(("turns", "detail"), [
+    ([say("user", "q"), calling(call("c1", "get_weather", {})), say("assistant", "a")], "c1 of"),
+    ([say("user", "q"), calling(call("c1", "get_weather", {}), call("c2", "get_weather", {})), result("c1", "r"),
+      say("assistant", "a")], "c2 of"),
+    ([say("user", "q"), calling(call("c1", "get_weather", {})), say("user", "again?"), say("assistant", "a")],
+     "c1 of"),
+], ids=["no-result-then-an-answer", "one-of-two-results-then-an-answer", "user-before-the-result"])
+def test_a_call_left_unanswered_while_the_row_goes_on_skips_it(tmp_path: Path, turns: list[dict[str, Any]],
+                                                                detail: str, kind: str, consecutive_turns: str) -> None:
+    """Whether none or some of a turn's calls are answered, the answer after them was made with results the row
+    does not hold: one reason, never repaired away (a merge would put the answer before the call)."""
+    write_lines(tmp_path / "rows.jsonl", [{"tools": [WEATHER], "messages": turns}])
+    source = spec(kind=kind, paths=("rows.jsonl",), repair=RepairRules(consecutive_turns=consecutive_turns))
+    kept, skipped = split(list(iter_source(source, tmp_path)))
+    assert kept == [] and [s.reason for s in skipped] == ["unanswered_tool_call"]
+    assert f"{detail} the assistant turn before have no result" in skipped[0].detail
 
 
 @pytest.mark.parametrize(("turns", "roles", "flags"), [
@@ -154,6 +197,75 @@ def test_prompts_with_tool_traffic_keep_their_recorded_calls_and_results(tmp_pat
 def test_bad_tool_shapes_are_skipped_by_reason(tmp_path: Path, row: dict[str, Any], reason: str) -> None:
     kept, skipped = read_rows(tmp_path, [row])
     assert kept == [] and [s.reason for s in skipped] == [reason]
+
+
+@pytest.mark.parametrize("kind", ["replay", "prompts"])
+def test_a_call_id_repeated_within_a_turn_skips_the_row_and_across_turns_does_not(tmp_path: Path, kind: str) -> None:
+    """Results answer the calls of the turn right before them by id: two calls of one turn with one id leave their
+    results ambiguous; one id in two turns does not (servers that number the calls of each answer reuse them)."""
+    twice = [say("user", "q"), calling(call("x", "get_weather", {"city": "A"}), call("x", "get_time", {"city": "A"})),
+             result("x", "a"), result("x", "b"), say("assistant", "a")]
+    in_two_turns = [say("user", "q"), calling(call("x", "get_weather", {"city": "A"})), result("x", "a"),
+                    say("assistant", "a"), say("user", "q2"), calling(call("x", "get_weather", {"city": "B"})),
+                    result("x", "b"), say("assistant", "b")]
+    kept, skipped = read_rows(tmp_path, [{"tools": [WEATHER], "messages": turns} for turns in (twice, in_two_turns)],
+                              kind)
+    assert [s.reason for s in skipped] == ["duplicate_tool_call_id"] and skipped[0].location.endswith(":1")
+    assert "turn 1" in skipped[0].detail and "'x'" in skipped[0].detail
+    assert [c.provenance["source_line"] for c in kept] == [2]
+
+
+@pytest.mark.parametrize("arguments", ["city=Paris", "[1, 2]", '"Paris"'], ids=["not-json", "a-list", "a-string"])
+def test_a_recorded_call_whose_arguments_are_not_an_object_is_flagged(tmp_path: Path, arguments: str) -> None:
+    """vLLM renders such arguments as {}: the row is not the text the model emitted. Replayed, it is flagged (the
+    arguments kept as they were); a prompt's recorded calls are regenerated (the generator flags a kept one)."""
+    rows = [{"tools": [WEATHER], "messages": [say("user", "q"), calling(call("c1", "get_weather", text)),
+                                              result("c1", "r"), say("assistant", "a")]}
+            for text in (arguments, '{"city": "Paris"}')]
+    kept, skipped = read_rows(tmp_path, rows)
+    assert skipped == [] and [row.flags for row in kept] == [[FLAG_INVALID_TOOL_CALL], []]
+    assert kept[0].messages[1].tool_calls[0].arguments == arguments
+    prompts, skipped = read_rows(tmp_path, rows, kind="prompts")
+    assert skipped == [] and [row.flags for row in prompts] == [[], []]
+
+
+@pytest.mark.parametrize("kind", ["replay", "prompts"])
+@pytest.mark.parametrize("parameters", [{"type": "bogus"}, {"type": "object", "properties": {"n": {"type": "int"}}},
+                                        {"type": "object", "required": "n"}, {"$schema": ["draft"]}],
+                         ids=["unknown-type", "nested-unknown-type", "required-not-a-list", "schema-not-a-uri"])
+def test_a_tool_whose_parameters_are_not_a_valid_json_schema_flags_the_row(tmp_path: Path, kind: str,
+                                                                           parameters: dict[str, Any]) -> None:
+    broken = {"type": "function", "function": {"name": "broken", "parameters": parameters}}
+    no_schema = {"type": "function", "function": {"name": "free"}}
+    turns = [say("user", "q"), say("assistant", "a")]
+    kept, skipped = read_rows(tmp_path, [{"tools": [WEATHER, broken], "messages": turns},
+                                         {"tools": [WEATHER, no_schema], "messages": turns}], kind)
+    assert skipped == [] and [row.flags for row in kept] == [["invalid_tool_schema"], []]
+    assert kept[0].tools is not None and kept[0].tools[1]["function"]["parameters"] == parameters  # kept as served
+
+
+NAMED_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_rows_whose_tools_lack_the_named_tool_choice_are_skipped_before_any_request(tmp_path: Path) -> None:
+    """The server refuses a named tool_choice the request's tools do not define: such a row is skipped as it is
+    read; rows that define it, and rows without tools (sent without a tool_choice), are kept."""
+    turns = [say("user", "q")]
+    write_lines(tmp_path / "rows.jsonl", [{"tools": [WEATHER, TIME], "messages": turns},
+                                          {"tools": [TIME, SEARCH], "messages": turns}, {"messages": turns}])
+    source = spec(kind="prompts", paths=("rows.jsonl",), tool_choice=NAMED_WEATHER)
+    kept, skipped = split(list(iter_source(source, tmp_path)))
+    assert [c.provenance["source_line"] for c in kept] == [1, 3]
+    assert [(s.reason, s.location) for s in skipped] == [("tool_choice_undefined", "rows.jsonl:2")]
+    assert "'get_weather'" in skipped[0].detail and "get_time, search" in skipped[0].detail
+
+
+def test_a_named_tool_choice_that_no_row_defines_is_an_error_naming_source_and_function(tmp_path: Path) -> None:
+    write_lines(tmp_path / "rows.jsonl", [{"tools": [TIME], "messages": [say("user", "q")]},
+                                          {"messages": [say("user", "q2")]}])
+    source = spec(name="agent", kind="prompts", paths=("rows.jsonl",), tool_choice=NAMED_WEATHER)
+    with pytest.raises(CorpusError, match=r"source 'agent': tool_choice names the function 'get_weather', which no "):
+        list(iter_source(source, tmp_path))
 
 
 def test_ids_of_rows_without_tools_are_what_they_were_and_tools_tell_rows_apart(tmp_path: Path) -> None:
