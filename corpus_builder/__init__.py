@@ -17,7 +17,7 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 # name -> module that defines it
 _API = {

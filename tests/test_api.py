@@ -45,7 +45,7 @@ def test_importing_the_package_loads_no_stage() -> None:
             "print('jsonschema' in sys.modules, 'pyarrow' in sys.modules)\n")
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=REPO).stdout.splitlines()
-    assert lines == ["['corpus_builder']", "False False"]
+    assert lines == ["['corpus_builder', 'corpus_builder._version']", "False False"]
 
 
 def readme_example() -> str:

@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "corpus_builder"
 # generate -> build -> audit / export -> publish; export (trainer formats and vocab, which read a written
 # corpus) sits below build because a build writes its recipe's exports as its last step.
 LAYERS: list[tuple[str, ...]] = [
+    ("_version",),  # __version__, the one place that holds it (pyproject.toml reads it too)
     ("errors",),
     ("records",),
     ("collector", "progress"),
@@ -83,6 +84,16 @@ def upward(name: str, is_package: bool, tree: ast.AST) -> list[str]:
             if RANK.get(unit(target), -1) > RANK[mine]]
 
 
+def root_imports(name: str, is_package: bool, tree: ast.AST) -> list[str]:
+    """Imports of a name from the package root (``from .. import __version__``, ``from corpus_builder import X``,
+    ``import corpus_builder``): the root is the lazy front door over every stage, so a module that imports from
+    it goes through the facade (and, from a stage, round a cycle) instead of to the module defining the name."""
+    units = {unit(module_name(path)) for path in modules()}
+    return [f"line {line}: imports {f'{target} from ' if target else ''}the package root corpus_builder"
+            for line, target in targets(name, is_package, ast.walk(tree))
+            if not target or ("." not in target and target not in units)]
+
+
 def test_every_module_is_in_a_layer() -> None:
     units = {unit(module_name(path)) for path in modules()}
     assert units <= set(RANK), f"add these to LAYERS: {sorted(units - set(RANK))}"
@@ -92,6 +103,26 @@ def test_every_module_is_in_a_layer() -> None:
 def test_imports_only_run_down_the_flow(path: Path) -> None:
     problems = upward(module_name(path), path.name == "__init__.py", ast.parse(path.read_text(encoding="utf-8")))
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", [path for path in modules() if path != PACKAGE / "__init__.py"],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_the_package_root(path: Path) -> None:
+    problems = root_imports(module_name(path), path.name == "__init__.py", ast.parse(path.read_text(encoding="utf-8")))
+    assert not problems, "\n".join(problems)
+
+
+def test_an_import_of_the_package_root_is_caught() -> None:
+    """The check itself: a name from the root, relative or absolute, or the root itself is reported; a module
+    of the package (the version's leaf among them) is not."""
+    assert root_imports("build.pipeline", False, ast.parse("from .. import __version__\n")) == [
+        "line 1: imports __version__ from the package root corpus_builder"]
+    assert root_imports("cli", False, ast.parse("def f():\n    from corpus_builder import build_corpus\n")) == [
+        "line 2: imports the package root corpus_builder"]
+    assert root_imports("audit", True, ast.parse("import corpus_builder\n")) != []
+    fine = "from . import errors\nfrom ._version import __version__\nimport corpus_builder.build.pipeline as p\n"
+    assert root_imports("cli", False, ast.parse(fine)) == []
+    assert root_imports("build", True, ast.parse("from . import pipeline\nfrom .pipeline import BuildResult\n")) == []
 
 
 def test_an_upward_import_is_caught() -> None:

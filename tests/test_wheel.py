@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from corpus_builder._version import __version__
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
@@ -95,6 +97,7 @@ def link_into(site_packages: Path, distribution: metadata.Distribution) -> None:
 
 def test_the_wheel_without_extras_imports_every_module_it_ships(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path)
+    assert wheel.name.startswith(f"corpus_builder-{__version__}-")  # pyproject.toml's version is the package's
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -120,3 +123,5 @@ def test_the_wheel_without_extras_imports_every_module_it_ships(tmp_path: Path) 
     for command in ([str(venv / "bin" / "corpus"), "--help"], [str(python), "-I", "-m", "corpus_builder", "--help"]):
         ran = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
         assert ran.returncode == 0 and "build" in ran.stdout, ran.stderr
+    shown = subprocess.run([str(venv / "bin" / "corpus"), "--version"], capture_output=True, text=True, cwd=tmp_path)
+    assert shown.stdout.split() == ["corpus,", "version", __version__], shown.stderr

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import __version__
+from .._version import __version__
 from ..errors import REASONS, CorpusError, Skipped
 from ..export import EXPORTS_DIR, ExportReport, run_recipe_exports
 from ..generate import GenerationIncomplete
