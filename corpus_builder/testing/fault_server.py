@@ -12,7 +12,8 @@ build: a prompt of more than ``max_model_len`` words gets vLLM's 400 context-len
 speculative-decoding counters too: each answered request adds drafts of ``speculative_tokens`` tokens of which
 the first ``accepted_per_draft`` are accepted (0 tokens: counters that never move). ``foreign`` (chat request
 index -> requests) counts requests of other clients as finished while that request is served (a server someone
-else uses too).
+else uses too). ``server_info`` is the ``vllm_config`` that ``/server_info`` tells, as vLLM's development mode does
+(without it the route is missing, as on a production server).
 
 Tool calls, like a server with ``--enable-auto-tool-choice``: a request with ``tools`` whose last turn is the
 user's (or any request with ``tool_choice`` "required" or a named function) is answered by calling each of its
@@ -98,7 +99,7 @@ class FaultServer:
                  stall_s: float = 30.0, version: str = "0.32.0-fault", port: int = 0,
                  die_after: int | None = None, fault_mix: dict[str, float] | None = None, seed: int = 0,
                  root: str | None = None, speculative_tokens: int | None = None, accepted_per_draft: int = 0,
-                 foreign: dict[int, int] | None = None) -> None:
+                 foreign: dict[int, int] | None = None, server_info: dict[str, Any] | None = None) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.by_index = dict(by_index or {})
@@ -115,6 +116,7 @@ class FaultServer:
         self.speculative_tokens = speculative_tokens
         self.accepted_per_draft = accepted_per_draft
         self.foreign = dict(foreign or {})
+        self.server_info = server_info
         self.counters = {"requests": 0, "tokens": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0}
         self.accepted_by_position = [0] * (speculative_tokens or 0)
         self.requests: list[Recorded] = []
@@ -193,6 +195,8 @@ class FaultServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/metrics", self._metrics)
+        if self.server_info is not None:
+            app.router.add_get("/server_info", self._server_info)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         await self._start_site()
@@ -307,6 +311,10 @@ class FaultServer:
             lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{position}"}} {count}.0'
                       for position, count in enumerate(self.accepted_by_position)]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        self._record(request, None)
+        return web.json_response({"vllm_config": self.server_info})
 
     def _mixed_fault(self) -> Fault | None:
         draw = self._mix_random.random()
