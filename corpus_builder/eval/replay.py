@@ -27,7 +27,14 @@ import orjson
 from ..errors import CorpusError
 from ..generate import check_served_model
 from ..generate.client import EndpointPool
-from ..generate.types import GenerationIncomplete, PermanentError, RetriesExhausted, TargetIdentity, TurnRequest
+from ..generate.types import (
+    GenerationIncomplete,
+    PermanentError,
+    RetriesExhausted,
+    TargetIdentity,
+    TurnRequest,
+    describe_identity,
+)
 from .figures import Window
 from .metrics import Counters, parse_metrics
 from .pack import Pack, PackPrompt
@@ -268,12 +275,13 @@ def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -
 
 def _check_same_target(servers: list[Server]) -> None:
     """Heads are compared on one target: every endpoint must report the same identity (served name, model,
-    quantization, dtype, engine version, and revision where the server tells)."""
-    identities = {orjson.dumps(server.describe()["identity"], option=orjson.OPT_SORT_KEYS) for server in servers}
-    if len(identities) > 1:
+    quantization, dtype, engine version), and the same revision where the servers tell."""
+    identities = {tuple(server.identity.fields().items()) for server in servers}
+    if len(identities) > 1 or len({server.revision for server in servers if server.revision is not None}) > 1:
         raise CorpusError("the endpoints serve different targets: heads are compared on one target (the same "
                           "model, revision, served name and engine version)",
-                          details=[f"{server.label} {server.url}: {server.identity.describe()}" for server in servers])
+                          details=[f"{server.label} {server.url}: {describe_identity(server.describe()['identity'])}"
+                                   for server in servers])
 
 
 async def _server_info(pool: EndpointPool) -> tuple[dict[str, Any], str | None]:

@@ -219,3 +219,24 @@ def test_a_corpus_pack_takes_the_corpus_recipe_and_saves_beside_the_corpus(tmp_p
     assert [(b["temperature"], b["max_tokens"], "seed" in b) for b in (r.body for r in server.chat_requests)] == \
         [(0, 9, False)] * 2
     assert not any("top_k" in note for note in result.run["notes"])  # greedy: top_k does not matter
+
+
+def test_the_speculator_and_revision_where_the_server_tells(pack: Path, tmp_path: Path) -> None:
+    """vLLM names its speculator and the target's revision on /server_info (development mode) only; revisions are
+    compared where both servers tell."""
+    def told(revision: str) -> dict[str, object]:
+        return {"speculative_config": {"method": "eagle3", "model": "/heads/h1", "num_speculative_tokens": K},
+                "model_config": {"model": "/models/fault-model", "revision": revision}}
+
+    with speculating(server_info=told("r1")) as a, speculating() as b:
+        run = evaluate(pack, [a.base_url, b.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path).run
+    assert run["endpoints"][0]["speculator"] == {"told_by": "/server_info", "method": "eagle3", "model": "/heads/h1",
+                                                 "num_speculative_tokens": K}
+    assert run["endpoints"][0]["identity"]["revision"] == "r1"
+    assert run["endpoints"][1]["speculator"] == {"told_by": None, "num_speculative_tokens": K}
+    assert [f["method"] for f in run["figures"] if f["group"] == "all"] == ["eagle3", None]
+    assert "eagle3 /heads/h1, 3 tokens (told by /server_info)" in format_run(run)
+    with speculating(server_info=told("r1")) as a, speculating(server_info=told("r2")) as b, \
+            pytest.raises(CorpusError, match="different targets") as error:
+        evaluate(pack, [a.base_url, b.base_url], temperature=0, save_dir=tmp_path)
+    assert "revision r2" in str(error.value)
