@@ -234,6 +234,59 @@ def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_jso
         click.echo(f"wrote {out}")
 
 
+
+@cli.command("eval")
+@click.argument("pack", required=False, type=click.Path(path_type=Path))
+@click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
+              help="A vLLM server serving the target with a speculator (repeat: head A, head B, ...).")
+@click.option("--mode", type=click.Choice(["thinking", "non-thinking", "both"]), default="both", show_default=True,
+              help="The template's enable_thinking.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Requests in flight per endpoint; above 1 the counters are read per phase only.")
+@click.option("--temperature", type=click.FloatRange(min=0),
+              help="Sampling temperature (0: greedy); default the recipe's, else the target's.")
+@click.option("--max-tokens", type=click.IntRange(min=1),
+              help="Output cap per request; default the recipe's, else 1024.")
+@click.option("--recipe", type=click.Path(path_type=Path),
+              help="Recipe whose target.generation settings apply (default: the corpus's, for a pack in a corpus).")
+@click.option("--model", help="Served model name (default: the recipe's target.model, else the one served).")
+@click.option("--save-dir", type=click.Path(path_type=Path),
+              help="Where the run is saved (default: eval/results/ beside the pack or the corpus).")
+@click.option("--compare", "runs", nargs=2, type=click.Path(path_type=Path), metavar="RUN_A RUN_B",
+              help="Put two saved runs side by side instead of running.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concurrency: int, temperature: float | None,
+                 max_tokens: int | None, recipe: Path | None, model: str | None, save_dir: Path | None,
+                 runs: tuple[Path, Path] | None, as_json: bool) -> None:
+    """Replay an eval pack (a conversations file, a directory of them, or a built corpus's eval/) against vLLM
+    servers with speculators: acceptance rate, mean acceptance length and acceptance by position from each server's
+    own counters, per mode, source and task; with two or more endpoints, head B / head A with a bootstrap interval.
+
+    Exit 2 when a server does not speculate, the endpoints serve different targets or others share a server; 3
+    when a server fails during the run (nothing is reported)."""
+    from . import eval as evaluation
+
+    if runs:
+        if pack is not None or endpoints:
+            raise click.UsageError("--compare takes two saved runs and nothing else")
+        comparison = evaluation.compare(*runs)
+        if as_json:
+            _print_json(comparison)
+        else:
+            click.echo(evaluation.format_comparison(comparison, (str(runs[0]), str(runs[1]))))
+        return
+    if pack is None or not endpoints:
+        raise click.UsageError("give a PACK and at least one --endpoint URL (or --compare RUN_A RUN_B)")
+    modes = ("thinking", "non-thinking") if mode == "both" else (mode,)
+    result = evaluation.evaluate(pack, endpoints, modes=modes, concurrency=concurrency, temperature=temperature,
+                                 max_tokens=max_tokens, recipe=recipe, model=model, save_dir=save_dir,
+                                 progress=lambda message: click.echo(message, err=True))
+    if as_json:
+        _print_json(result.run)
+    else:
+        click.echo(evaluation.format_run(result.run))
+    click.echo(f"saved {result.saved}", err=True)
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "corpus_builder"
 
 # Lowest first. A module may import from its own layer and from the layers before it. The leaves are shared
 # by every stage; the CLI and the package's lazy front door sit on top. The flow is recipe -> sources ->
-# generate -> build -> audit / export -> publish; export (trainer formats and vocab, which read a written
+# generate -> build -> audit / export -> eval -> publish; export (trainer formats and vocab, which read a written
 # corpus) sits below build because a build writes its recipe's exports as its last step.
 LAYERS: list[tuple[str, ...]] = [
     ("_version",),  # __version__, the one place that holds it (pyproject.toml reads it too)
@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("export",),
     ("build",),
     ("audit",),
+    ("eval",),
     ("publish",),
     ("testing",),
     ("cli", "__main__", "__init__"),

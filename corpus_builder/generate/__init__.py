@@ -39,8 +39,8 @@ from .types import (
 
 __all__ = [
     "Backend", "EndpointInfo", "FaultCounters", "GenerationIncomplete", "GenerationProgress", "Journal",
-    "JournalCoverage", "PermanentError", "RetriesExhausted", "RunSettings", "TurnRequest", "TurnResult", "generate",
-    "journal_coverage", "turn_key",
+    "JournalCoverage", "PermanentError", "RetriesExhausted", "RunSettings", "TurnRequest", "TurnResult",
+    "check_served_model", "generate", "journal_coverage", "turn_key",
 ]
 
 
@@ -73,7 +73,7 @@ def generate(prompts: Iterable[Conversation], recipe: Recipe, journal_dir: Path,
                 pool = _open_backend(recipe, endpoints, backend, api_key, engine_kwargs, alive)
                 loop.run_until_complete(pool.__aenter__())
                 try:
-                    served_model, infos = loop.run_until_complete(_check(pool, recipe.target.model))
+                    served_model, infos = loop.run_until_complete(check_served_model(pool, recipe.target.model))
                     settings = RunSettings.from_recipe(recipe, served_model, window=window)
                     if progress is not None:
                         progress.start(samples_per_prompt=settings.n, counters=pool.counters)
@@ -164,17 +164,18 @@ def _identities(infos: list[EndpointInfo], served_model: str, allow_mixed: bool)
     return identities
 
 
-async def _check(pool: Backend, model: str) -> tuple[str, list[EndpointInfo]]:
-    """Probe the endpoints; pick the served model name (the recipe's, or the one name every healthy
-    endpoint serves) and take endpoints that do not serve it out of the rotation."""
+async def check_served_model(pool: Backend, model: str | None) -> tuple[str, list[EndpointInfo]]:
+    """Probe the endpoints; pick the served model name (``model``, or the one name every healthy endpoint
+    serves) and take endpoints that do not serve it out of the rotation."""
     infos = await pool.check()
     healthy = [info for info in infos if info.healthy]
-    if any(model in info.models for info in healthy):
+    if model is not None and any(model in info.models for info in healthy):
         served = model
     else:
         names = {name for info in healthy for name in info.models}
         if len(names) != 1:
-            raise CorpusError(f"no endpoint serves the target model {model!r}",
+            raise CorpusError(f"no endpoint serves the target model {model!r}" if model is not None
+                              else "the endpoints serve more than one model: name the one to use",
                               details=[f"{info.url} serves {info.models}" for info in healthy])
         served = names.pop()
     if not all(served in info.models for info in healthy):

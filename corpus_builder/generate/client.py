@@ -61,8 +61,8 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 class _Endpoint:
     """Routing state of one server. ``url`` is the display base URL (``.../v1``, no credentials)."""
 
-    __slots__ = ("chat_url", "down_until", "failures", "headers", "health_url", "in_flight", "models_url",
-                 "retired", "up", "url", "version_url")
+    __slots__ = ("chat_url", "down_until", "failures", "headers", "health_url", "in_flight", "models_url", "origin",
+                 "prefix", "retired", "up", "url", "version_url")
 
     def __init__(self, raw_url: str, api_key: str | None) -> None:
         parsed = URL(raw_url.strip())
@@ -86,6 +86,7 @@ class _Endpoint:
         self.models_url = origin.with_path(f"{prefix}/v1/models")
         self.health_url = origin.with_path(f"{prefix}/health")
         self.version_url = origin.with_path(f"{prefix}/version")
+        self.origin, self.prefix = origin, prefix  # the server's other routes (/metrics, ...): see EndpointPool.fetch
         self.in_flight = 0
         self.failures = 0  # consecutive SERVER_FAULTS
         self.up = True
@@ -244,6 +245,13 @@ class EndpointPool:
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
             pass
         return None
+
+    async def fetch(self, route: str, query: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """GET another route of the server of a one-endpoint pool (e.g. "/metrics"), on the health checks'
+        connections: the status and the body. Connection errors and timeouts are the caller's to judge."""
+        assert self._single is not None, "fetch reads the server of a pool of one endpoint"
+        ep = self._single
+        return await self._get(ep, ep.origin.with_path(f"{ep.prefix}{route}").with_query(query or {}))
 
     async def _get(self, ep: _Endpoint, url: URL) -> tuple[int, bytes]:
         assert self._probe_session is not None, "use EndpointPool inside 'async with'"

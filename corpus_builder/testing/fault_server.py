@@ -8,6 +8,13 @@ text of its last user message, makes chosen requests fail in the ways real serve
 Tokens are whitespace-separated words (plus 4 per message for the template), so "too long" is easy to
 build: a prompt of more than ``max_model_len`` words gets vLLM's 400 context-length error.
 
+``/metrics`` holds vLLM's request and generated-token counters, and with ``speculative_tokens`` its
+speculative-decoding counters too: each answered request adds drafts of ``speculative_tokens`` tokens of which
+the first ``accepted_per_draft`` are accepted (0 tokens: counters that never move). ``foreign`` (chat request
+index -> requests) counts requests of other clients as finished while that request is served (a server someone
+else uses too). ``server_info`` is the ``vllm_config`` that ``/server_info`` tells, as vLLM's development mode does
+(without it the route is missing, as on a production server).
+
 Tool calls, like a server with ``--enable-auto-tool-choice``: a request with ``tools`` whose last turn is the
 user's (or any request with ``tool_choice`` "required" or a named function) is answered by calling each of its
 tools (only the named one) with ``{"query": <the last user turn>}``; a request whose last turn is a tool's
@@ -91,7 +98,8 @@ class FaultServer:
                  by_index: dict[int, Fault] | None = None, by_prompt: dict[str, Fault] | None = None,
                  stall_s: float = 30.0, version: str = "0.32.0-fault", port: int = 0,
                  die_after: int | None = None, fault_mix: dict[str, float] | None = None, seed: int = 0,
-                 root: str | None = None) -> None:
+                 root: str | None = None, speculative_tokens: int | None = None, accepted_per_draft: int = 0,
+                 foreign: dict[int, int] | None = None, server_info: dict[str, Any] | None = None) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.by_index = dict(by_index or {})
@@ -105,6 +113,12 @@ class FaultServer:
         # kind -> share of the other chat requests that get it (e.g. {"500": 0.1, "reset": 0.1}), seeded
         self.fault_mix = dict(fault_mix or {})
         self._mix_random = random.Random(seed)
+        self.speculative_tokens = speculative_tokens
+        self.accepted_per_draft = accepted_per_draft
+        self.foreign = dict(foreign or {})
+        self.server_info = server_info
+        self.counters = {"requests": 0, "tokens": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0}
+        self.accepted_by_position = [0] * (speculative_tokens or 0)
         self.requests: list[Recorded] = []
         self._port = port
         self._chat_count = 0
@@ -180,6 +194,9 @@ class FaultServer:
         app.router.add_get("/version", self._version)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/metrics", self._metrics)
+        if self.server_info is not None:
+            app.router.add_get("/server_info", self._server_info)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         await self._start_site()
@@ -260,7 +277,44 @@ class FaultServer:
         prompt_tokens = count_tokens(body["messages"])
         if kind == "overflow" or prompt_tokens > self.max_model_len:
             return _json(context_error(self.max_model_len, prompt_tokens), status=400)
-        return _json(self._completion(body, prompt, prompt_tokens, kind))
+        completion = self._completion(body, prompt, prompt_tokens, kind)
+        self._count(completion["usage"]["completion_tokens"], foreign=self.foreign.get(index, 0))
+        return _json(completion)
+
+    def _count(self, tokens: int, *, foreign: int) -> None:
+        """vLLM's counters after a request of ``tokens`` (and ``foreign`` requests of others, alike) finished."""
+        for _ in range(1 + foreign):
+            self.counters["requests"] += 1
+            self.counters["tokens"] += tokens
+            if self.speculative_tokens:
+                drafts = -(-tokens // (self.accepted_per_draft + 1))
+                self.counters["drafts"] += drafts
+                self.counters["draft_tokens"] += drafts * self.speculative_tokens
+                self.counters["accepted"] += drafts * self.accepted_per_draft
+                for position in range(self.accepted_per_draft):
+                    self.accepted_by_position[position] += drafts
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        self._record(request, None)
+        if self.dead:
+            return _reset(request)
+        labels = f'engine="0",model_name="{self.model}"'
+        counters = self.counters
+        lines = ["# TYPE vllm:request_success_total counter",
+                 f'vllm:request_success_total{{{labels},finished_reason="stop"}} {counters["requests"]}.0',
+                 f'vllm:request_success_total{{{labels},finished_reason="length"}} 0.0',
+                 f"vllm:generation_tokens_total{{{labels}}} {counters['tokens']}.0"]
+        if self.speculative_tokens is not None:  # 0: a speculator that never drafts
+            lines += [f"vllm:spec_decode_num_drafts_total{{{labels}}} {counters['drafts']}.0",
+                      f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {counters['draft_tokens']}.0",
+                      f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {counters['accepted']}.0"]
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{position}"}} {count}.0'
+                      for position, count in enumerate(self.accepted_by_position)]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        self._record(request, None)
+        return web.json_response({"vllm_config": self.server_info})
 
     def _mixed_fault(self) -> Fault | None:
         draw = self._mix_random.random()

@@ -215,11 +215,12 @@ def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
 
 
 def _set_weights(model: Any, token_ids: dict[str, int], vocab_size: int, real_vocab_size: int,
-                 whitespace_ids: list[int]) -> None:
-    """Fill every parameter: the think-block detector, the flag, the output layer, noise elsewhere."""
+                 whitespace_ids: list[int], seed: int) -> None:
+    """Fill every parameter: the think-block detector, the flag, the output layer, noise (drawn from ``seed``)
+    elsewhere."""
     import torch
 
-    generator = torch.Generator().manual_seed(SEED)
+    generator = torch.Generator().manual_seed(seed)
 
     def noise(*shape: int, std: float) -> torch.Tensor:
         return torch.randn(*shape, generator=generator) * std
@@ -299,7 +300,8 @@ def _set_weights(model: Any, token_ids: dict[str, int], vocab_size: int, real_vo
             fix_logit(token_id, SUPPRESSED_LOGIT, SUPPRESSED_LOGIT)
 
 
-def _write_model(out_dir: Path, token_ids: dict[str, int], real_vocab_size: int, whitespace_ids: list[int]) -> None:
+def _write_model(out_dir: Path, token_ids: dict[str, int], real_vocab_size: int, whitespace_ids: list[int],
+                 seed: int) -> None:
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -323,7 +325,7 @@ def _write_model(out_dir: Path, token_ids: dict[str, int], real_vocab_size: int,
     # every weight is overwritten by _set_weights; transformers leaves the constructor untyped and types .to()
     # through a decorator that loses its signature
     model = Qwen3ForCausalLM(config).to(torch.float32)  # type: ignore[no-untyped-call, arg-type]
-    _set_weights(model, token_ids, vocab_size, real_vocab_size, whitespace_ids)
+    _set_weights(model, token_ids, vocab_size, real_vocab_size, whitespace_ids, seed)
     model.save_pretrained(out_dir)
     GenerationConfig(  # type: ignore[no-untyped-call]  # transformers leaves it untyped
         bos_token_id=token_ids[IM_START],
@@ -336,8 +338,12 @@ def _write_model(out_dir: Path, token_ids: dict[str, int], real_vocab_size: int,
     ).save_pretrained(out_dir)
 
 
-def build_tiny_model(out_dir: Path) -> Path:
+def build_tiny_model(out_dir: Path, *, seed: int = SEED) -> Path:
     """Build the model into ``out_dir`` (replaced if present) and return it.
+
+    ``seed`` draws the random weights; the tokenizer and the hand-set control logits are the same for every
+    seed, so another seed gives a model that behaves alike but agrees with this one on almost no other token
+    (a draft model that vLLM accepts for the default one and whose drafts it rejects).
 
     The files are written to a sibling temporary directory first and moved into place at the end, so an
     interrupted build never leaves a directory that looks complete.
@@ -351,8 +357,8 @@ def build_tiny_model(out_dir: Path) -> Path:
                      for t in (IM_START, IM_END, END_OF_TEXT, THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)}
         _save_tokenizer(tokenizer, staging)
         whitespace_ids = [index for index in range(BASE_VOCAB_SIZE) if tokenizer.decode([index]).isspace()]
-        _write_model(staging, token_ids, tokenizer.get_vocab_size(with_added_tokens=True), whitespace_ids)
-        marker = {"builder_sha256": builder_hash(), "token_ids": token_ids,
+        _write_model(staging, token_ids, tokenizer.get_vocab_size(with_added_tokens=True), whitespace_ids, seed)
+        marker = {"builder_sha256": builder_hash(), "seed": seed, "token_ids": token_ids,
                   "default_system_prompt": DEFAULT_SYSTEM_PROMPT}
         (staging / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
         if out_dir.exists():

