@@ -15,7 +15,7 @@ import pytest
 from corpus_builder.errors import CorpusError
 from corpus_builder.publish import CorpusDocuments, GateFailed, check_corpus
 from corpus_builder.publish.gate import MAX_LISTED_PER_CHECK, GateReport, require_gate
-from tests.publish.conftest import edit_json, rewrite_shard
+from tests.publish.conftest import edit_json, rewrite_shard, seal_shard
 
 TRAIN = [f"data/train-0000{i}-of-00003.parquet" for i in range(3)]
 VALIDATION = "data/validation-00000-of-00001.parquet"
@@ -245,6 +245,27 @@ def test_long_integer_arrays_are_type_checked_before_they_are_sampled(corpus: Pa
 
 # --------------------------------------------------------------------------------------------------
 # File checks
+
+
+def test_a_shard_that_cannot_be_read_is_reported_not_raised(corpus: Path) -> None:
+    """A shard whose bytes are not parquet, sealed into the manifest: the file check cannot count its rows and
+    the row pass cannot read them; both say so, and the gate goes on to list every other failure."""
+    expected_counts = _counts_without(corpus, TRAIN[2], len(_rows(corpus, TRAIN[2])))
+    (corpus / TRAIN[2]).write_bytes(b"PAR1 not a parquet file PAR1")
+    seal_shard(corpus, TRAIN[2])
+    failures = check_corpus(corpus).failures
+    assert [line.split(": cannot read shard: ")[0] for line in failures[:2]] == [f"files: {TRAIN[2]}",
+                                                                                  f"rows: {TRAIN[2]}"]
+    assert failures[2:] == expected_counts
+
+
+def test_a_directory_where_a_shard_should_be_is_reported_not_raised(corpus: Path) -> None:
+    (corpus / VALIDATION).unlink()
+    (corpus / VALIDATION).mkdir()
+    failures = check_corpus(corpus).failures
+    assert [line for line in failures if line.startswith("files: ")][-1].startswith(
+        f"files: {VALIDATION}: cannot read shard: ")
+    assert not any(line.startswith("rows: ") for line in failures)
 
 
 @pytest.mark.parametrize("path", ["../outside.parquet", "data/sub/x.parquet", "data/x.jsonl", "/tmp/x.parquet"])
