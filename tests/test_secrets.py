@@ -473,6 +473,17 @@ def test_lists_and_tuples_in_provenance_are_walked_by_index() -> None:
     assert [f.field for f in findings] == ["provenance.turns[1].endpoint", "provenance.pair[1]"]
 
 
+def test_a_secret_used_as_an_object_key_is_found_and_never_named() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "description": None,
+                                               "parameters": {"properties": {TOKEN: {"note": TOKEN}}}}}]
+    findings = scan_row({"id": "r", "tools": tools, "provenance": {TOKEN: 1}})
+    properties = "tools[0].function.parameters.properties"
+    assert [(f.field, f.kind) for f in findings] == [
+        (f"{properties}.{R_HF}[key]", "hf_token"), (f"{properties}.{R_HF}.note", "hf_token"),
+        (f"provenance.{R_HF}[key]", "hf_token")]
+    assert not any(TOKEN[3:] in str(finding) for finding in findings)
+
+
 def test_scan_conversations_takes_rows_and_conversations_in_stream_order() -> None:
     conversation = Conversation(id="0123456789abcdef0123", source="chat", origin="replay",
                                 messages=[Message("user", TOKEN), Message("assistant", "ok")])
