@@ -46,6 +46,11 @@ def _recount(corpus: Path) -> dict[str, int]:
     return {"conversations": len(rows), "thinking_conversations": sum(map(_reasons, rows))}
 
 
+def _recount_present(corpus: Path) -> dict[str, int]:
+    rows = [row for path in SHARDS if (corpus / path).exists() for row in _rows(corpus, path)]
+    return {"conversations": len(rows), "thinking_conversations": sum(map(_reasons, rows))}
+
+
 def test_an_untouched_corpus_passes_and_the_report_counts_the_shards(corpus: Path) -> None:
     report = require_gate(corpus)
     assert report.failures == [] and report.findings == []
@@ -193,8 +198,10 @@ def _counts_without(corpus: Path, path: str, left_out: int = 1) -> list[str]:
     ("id", "not-a-row-id", "id: 'not-a-row-id' does not match '^[0-9a-f]{20}(-[0-9]+)?$'"),
     ("provenance", '{"source_line": "three"}', "provenance/source_line: 'three' is not of type 'integer'"),
     ("tools", '[{"type": "function"}]', "tools/0: 'function' is a required property"),
+    ("provenance", None, "provenance: None is not of type 'object'"),
+    ("provenance", "", "provenance: None is not of type 'object'"),  # empty: no provenance, not bad JSON
 ])
-def test_a_row_that_breaks_the_schema_is_named_and_not_counted(corpus: Path, column: str, value: str,
+def test_a_row_that_breaks_the_schema_is_named_and_not_counted(corpus: Path, column: str, value: str | None,
                                                                problem: str) -> None:
     path, index, row = _first(corpus, False)  # a plain row: leaving it out changes no thinking count
     expected_counts = _counts_without(corpus, path)
@@ -222,6 +229,20 @@ def test_a_schema_failure_of_the_whole_row_is_located_at_the_row(corpus: Path) -
     assert check_corpus(corpus).failures == [
         f"schema: {_where(path, index, row)}: (row): Additional properties are not allowed ('note' was unexpected)"
         for index, row in enumerate(rows)] + expected_counts
+
+
+def test_every_turn_of_a_long_generation_record_is_validated(corpus: Path) -> None:
+    """Only integer arrays are sampled: a list of many turns is validated whole."""
+    path, index, row = _first(corpus, False)
+    expected_counts = _counts_without(corpus, path)
+    turn = {"message_index": 1, "endpoint": "http://127.0.0.1:8000/v1", "finish_reason": "stop",
+            "prompt_token_ids": None, "token_ids": None}
+    turns = [turn] * 11 + [{key: value for key, value in turn.items() if key != "endpoint"}]
+    provenance = json.dumps({**json.loads(row["provenance"]), "generation": {"turns": turns}})
+    rewrite_shard(corpus, path, lambda rows: rows[index].update(provenance=provenance))
+    assert check_corpus(corpus).failures == [
+        f"schema: {_where(path, index, row)}: provenance/generation/turns/11: 'endpoint' is a required property",
+        *expected_counts]
 
 
 def test_long_integer_arrays_are_type_checked_before_they_are_sampled(corpus: Path) -> None:
@@ -277,11 +298,16 @@ def test_a_manifest_path_outside_data_is_refused_before_anything_is_read(corpus:
     assert not any(line.startswith("files: ") for line in failures[1:]) and "cannot read" not in str(failures)
 
 
-def test_a_missing_shard_is_reported_by_the_file_check_alone(corpus: Path) -> None:
-    (corpus / VALIDATION).unlink()
-    failures = check_corpus(corpus).failures
-    assert failures[0] == f"files: {VALIDATION}: shard listed in manifest.json is missing"
-    assert not any("cannot read" in line or line.startswith("rows: ") for line in failures)
+@pytest.mark.parametrize("missing", [TRAIN[2], VALIDATION], ids=["not the last", "the last"])
+def test_a_missing_shard_is_reported_by_the_file_check_and_the_others_are_still_read(corpus: Path,
+                                                                                     missing: str) -> None:
+    expected_counts = _counts_without(corpus, missing, len(_rows(corpus, missing)))
+    thinking = _recount(corpus)["thinking_conversations"]
+    (corpus / missing).unlink()
+    after = _recount_present(corpus)["thinking_conversations"]
+    audit = [f"audit.json: thinking_conversations is {thinking}, shards have {after} (re-run the build)"]
+    assert check_corpus(corpus).failures == [f"files: {missing}: shard listed in manifest.json is missing",
+                                             *expected_counts, *(audit if after != thinking else [])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -387,8 +413,19 @@ def test_secrets_in_rows_and_metadata_are_all_listed(corpus: Path) -> None:
     assert report.failures == [f"secrets: {finding}" for finding in report.findings]
 
 
-def test_an_unreadable_recipe_stops_the_gate_with_a_clear_error(corpus: Path) -> None:
-    (corpus / "recipe.yaml").write_text("sources: [unclosed\n")
+@pytest.mark.parametrize(("write", "problem"), [
+    (lambda path: path.unlink(), "file not found"),
+    (lambda path: (path.unlink(), path.mkdir()), "is a directory, not a recipe file"),
+    (lambda path: path.write_bytes(b"name: \xff\n"), "not valid UTF-8"),
+    (lambda path: path.write_text("# nothing\n"), "the recipe is empty"),
+    (lambda path: path.write_text("sources: [unclosed\n"), "YAML syntax error"),
+], ids=["missing", "a directory", "not UTF-8", "empty", "bad YAML"])
+def test_a_recipe_that_cannot_be_read_stops_the_gate_naming_the_file(corpus: Path, write: Any, problem: str) -> None:
+    path = corpus / "recipe.yaml"
+    write(path)
     with pytest.raises(CorpusError) as failure:
         check_corpus(corpus)
-    assert "cannot be read as a plain YAML mapping" in str(failure.value) and "recipe.yaml" in str(failure.value)
+    assert failure.value.problem == "the corpus recipe cannot be read as a plain YAML mapping"
+    assert failure.value.file == str(path) and not isinstance(failure.value, GateFailed)
+    [detail] = failure.value.details
+    assert detail.startswith(f"{path}") and problem in detail
