@@ -20,6 +20,7 @@ from corpus_builder.errors import CorpusError, Skipped
 from corpus_builder.records import Conversation, Message, ToolCall
 from corpus_builder.secrets import (
     KINDS,
+    _der_content,
     find_secrets,
     iter_corpus_rows,
     map_strings,
@@ -360,6 +361,11 @@ def test_a_der_key_body_is_found_whatever_its_first_base64_letters(make: Any) ->
     assert [(kind, length) for kind, _, length in find_secrets(f"key: {body}\n")] == [("der_private_key", len(body))]
 
 
+def test_the_der_length_of_a_truncated_element_is_nothing() -> None:
+    assert [_der_content(der) for der in (b"", b"\x30", b"\x30\x00", b"\x30\x01\x05")] == [b"", b"", b"", b"\x05"]
+    assert _der_content(b"\x30\x81\x05\x02") == b"\x02"
+
+
 def _der_text(der: bytes) -> str:
     """Base64 of a DER head, padded to the pattern's length with the base64 of zero bytes."""
     return base64.b64encode(der + bytes(48 - len(der))).decode()
@@ -465,6 +471,12 @@ def test_provenance_that_is_not_json_is_scanned_whole() -> None:
     assert (finding.field, finding.offset) == ("provenance", text.index(TOKEN))
     [finding] = scan_row({"id": "r", "provenance": text.encode()})
     assert (finding.field, finding.offset) == ("provenance", text.index(TOKEN))
+
+
+def test_provenance_bytes_that_are_not_utf8_are_scanned_with_replacements() -> None:
+    raw = b"\xff\xfe log line " + TOKEN.encode()
+    [finding] = scan_row({"id": "r", "provenance": raw})
+    assert (finding.field, finding.offset) == ("provenance", raw.decode(errors="replace").index(TOKEN))
 
 
 def test_lists_and_tuples_in_provenance_are_walked_by_index() -> None:
