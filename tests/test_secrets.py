@@ -6,7 +6,10 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from corpus_builder.records import Conversation, Message, ToolCall
 from corpus_builder.secrets import (
     KINDS,
     _der_content,
+    _is_der_private_key,
     find_secrets,
     iter_corpus_rows,
     map_strings,
@@ -361,9 +365,18 @@ def test_a_der_key_body_is_found_whatever_its_first_base64_letters(make: Any) ->
     assert [(kind, length) for kind, _, length in find_secrets(f"key: {body}\n")] == [("der_private_key", len(body))]
 
 
-def test_the_der_length_of_a_truncated_element_is_nothing() -> None:
+def test_the_content_of_a_truncated_or_malformed_der_element_is_nothing() -> None:
     assert [_der_content(der) for der in (b"", b"\x30", b"\x30\x00", b"\x30\x01\x05")] == [b"", b"", b"", b"\x05"]
     assert _der_content(b"\x30\x81\x05\x02") == b"\x02"
+    assert _der_content(b"\x30\x80\x02\x01") == b"" and _der_content(b"\x30\x84\x00\x00\x00\x05\x02") == b""
+
+
+def test_only_base64_of_a_der_sequence_is_confirmed_as_a_key() -> None:
+    """The confirmation on its own, for text its pattern never hands it: not base64, not a SEQUENCE."""
+    key = _der_key(_ED25519)
+    assert _is_der_private_key(key)
+    assert not _is_der_private_key(key[:4] + "----" + key[4:20])  # base64 once the dashes are dropped: not here
+    assert not _is_der_private_key(_der_text(b"\x31\x2e\x02\x01\x00\x30"))
 
 
 def _der_text(der: bytes) -> str:
@@ -462,7 +475,7 @@ def test_fields_that_are_not_text_are_skipped() -> None:
 ], ids=["JSON text", "JSON bytes", "object"])
 def test_provenance_is_scanned_inside_whatever_its_form(provenance: Any) -> None:
     [finding] = scan_row({"id": "r", "provenance": provenance})
-    assert (finding.field, finding.offset) == ("provenance.hub.note", 0)
+    assert (finding.field, finding.offset, finding.length) == ("provenance.hub.note", 0, len(TOKEN))
 
 
 def test_provenance_that_is_not_json_is_scanned_whole() -> None:
@@ -576,3 +589,16 @@ def test_redaction_covers_tools_and_keeps_their_keys() -> None:
                                                                  "parameters": None}}]
     assert tools[0]["function"]["description"] == f"key {TOKEN}"  # the input's value is not changed in place
     assert redact_value({"a": [TOKEN, 1]}) == {"a": [R_HF, 1]}
+
+
+def test_metadata_files_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """Offsets count characters of the UTF-8 text, also where the locale's encoding is ASCII."""
+    (tmp_path / "audit.json").write_text(json.dumps({"note": f"café {TOKEN}"}, ensure_ascii=False), encoding="utf-8")
+    [expected] = scan_corpus(tmp_path)
+    code = ("import sys; from pathlib import Path; from corpus_builder.secrets import scan_corpus; "
+            "print([f.offset for f in scan_corpus(Path(sys.argv[1]))])")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    completed = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                               check=True)
+    assert completed.stdout.strip() == f"[{expected.offset}]"
