@@ -42,11 +42,7 @@ def _first(corpus: Path, thinking: bool) -> tuple[str, int, dict[str, Any]]:
 
 
 def _recount(corpus: Path) -> dict[str, int]:
-    rows = [row for path in SHARDS for row in _rows(corpus, path)]
-    return {"conversations": len(rows), "thinking_conversations": sum(map(_reasons, rows))}
-
-
-def _recount_present(corpus: Path) -> dict[str, int]:
+    """The conversations and thinking ones of the shards present, counted from their turns."""
     rows = [row for path in SHARDS if (corpus / path).exists() for row in _rows(corpus, path)]
     return {"conversations": len(rows), "thinking_conversations": sum(map(_reasons, rows))}
 
@@ -304,7 +300,7 @@ def test_a_missing_shard_is_reported_by_the_file_check_and_the_others_are_still_
     expected_counts = _counts_without(corpus, missing, len(_rows(corpus, missing)))
     thinking = _recount(corpus)["thinking_conversations"]
     (corpus / missing).unlink()
-    after = _recount_present(corpus)["thinking_conversations"]
+    after = _recount(corpus)["thinking_conversations"]
     audit = [f"audit.json: thinking_conversations is {thinking}, shards have {after} (re-run the build)"]
     assert check_corpus(corpus).failures == [f"files: {missing}: shard listed in manifest.json is missing",
                                              *expected_counts, *(audit if after != thinking else [])]
