@@ -208,10 +208,14 @@ class Corpus:
                 continue
             if path.stat().st_size != entry["bytes"]:
                 problems.append(f"{entry['path']}: size {path.stat().st_size} != manifest {entry['bytes']}")
-            if file_sha256(path) != entry["sha256"]:
-                problems.append(f"{entry['path']}: sha256 does not match manifest.json")
+            try:
+                if file_sha256(path) != entry["sha256"]:
+                    problems.append(f"{entry['path']}: sha256 does not match manifest.json")
+                    continue
+                rows = pq.ParquetFile(path).metadata.num_rows
+            except (OSError, ValueError) as error:  # a directory, an unreadable file, bytes that are not parquet
+                problems.append(f"{entry['path']}: cannot read shard: {error}")
                 continue
-            rows = pq.ParquetFile(path).metadata.num_rows
             if rows != entry["rows"]:
                 problems.append(f"{entry['path']}: {rows} rows != manifest {entry['rows']}")
         return problems

@@ -190,13 +190,15 @@ def scan_metadata(text: str, name: str) -> list[Finding]:
 
 
 def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
-    """Every string inside a JSON-like value, keys included, with its field path."""
+    """Every string inside a JSON-like value, keys included, with its field path (a key that is a secret is
+    named redacted there: the path is shown with the finding)."""
     if isinstance(value, str):
         yield path, value
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield f"{path}.{key}[key]", str(key)
-            yield from _strings(item, f"{path}.{key}")
+            name = redact(str(key))
+            yield f"{path}.{name}[key]", str(key)
+            yield from _strings(item, f"{path}.{name}")
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             yield from _strings(item, f"{path}[{index}]")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from corpus_builder.build import build
@@ -58,3 +62,33 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[HubServer]:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file of the machine's user
     with HubServer(token=TOKEN) as server:
         yield server
+
+
+def edit_json(corpus: Path, name: str, edit: Callable[[dict[str, Any]], Any]) -> None:
+    """Change one of the corpus's JSON files (manifest.json, audit.json) in place."""
+    document = json.loads((corpus / name).read_text())
+    edit(document)
+    (corpus / name).write_text(json.dumps(document))
+
+
+def seal_shard(corpus: Path, path: str) -> None:
+    """Record a shard's present size and sha256 in the manifest, as whoever tampered with it would."""
+    shard = corpus / path
+
+    def update(manifest: dict[str, Any]) -> None:
+        for entry in manifest["files"]:
+            if entry["path"] == path:
+                entry.update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+
+    edit_json(corpus, "manifest.json", update)
+
+
+def rewrite_shard(corpus: Path, path: str, mutate: Callable[[list[dict[str, Any]]], None], *,
+                  keep_schema: bool = True) -> None:
+    """Change rows of a shard and update the manifest, so only the row-level check can object; with
+    keep_schema=False the columns are whatever the changed rows hold (an added column stays)."""
+    table = pq.read_table(corpus / path)
+    rows = table.to_pylist()
+    mutate(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema if keep_schema else None), corpus / path)
+    seal_shard(corpus, path)

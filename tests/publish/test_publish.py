@@ -21,7 +21,7 @@ from corpus_builder.hub import DEFAULT_ENDPOINT, download_corpus, fetch_tokenize
 from corpus_builder.publish import CorpusDocuments, GateFailed, check_corpus, publish, render_card
 from corpus_builder.publish.card import card_license, parse_front_matter
 from corpus_builder.testing.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
-from tests.publish.conftest import FAST, TOKEN
+from tests.publish.conftest import FAST, TOKEN, rewrite_shard
 
 
 def _publish(corpus: Path, hub: HubServer, **kwargs: Any) -> Any:
@@ -118,20 +118,6 @@ def test_token_never_leaves_the_authorization_header(corpus: Path, hub: HubServe
     assert TOKEN not in caplog.text
 
 
-def _rewrite_shard(corpus: Path, path: str, mutate: Callable[[list[dict[str, Any]]], None]) -> None:
-    """Change rows of a shard and update the manifest, so only the row-level check can object."""
-    shard = corpus / path
-    table = pq.read_table(shard)
-    rows = table.to_pylist()
-    mutate(rows)
-    pq.write_table(type(table).from_pylist(rows, schema=table.schema), shard)
-    manifest = json.loads((corpus / "manifest.json").read_text())
-    for entry in manifest["files"]:
-        if entry["path"] == path:
-            entry.update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
-    (corpus / "manifest.json").write_text(json.dumps(manifest))
-
-
 def _tamper_checksum(corpus: Path) -> None:
     with (corpus / "data/train-00000-of-00003.parquet").open("r+b") as handle:
         handle.seek(100)
@@ -148,7 +134,7 @@ def _bad_role(corpus: Path) -> None:
     def mutate(rows: list[dict[str, Any]]) -> None:
         rows[0]["messages"][0]["role"] = "narrator"
 
-    _rewrite_shard(corpus, "data/train-00001-of-00003.parquet", mutate)
+    rewrite_shard(corpus, "data/train-00001-of-00003.parquet", mutate)
 
 
 def _raise_minimum(corpus: Path) -> None:
@@ -160,7 +146,7 @@ def _plant_secret(corpus: Path) -> None:
     def mutate(rows: list[dict[str, Any]]) -> None:
         rows[1]["messages"][-1]["content"] += " my key is hf_" + "Zx9" * 12
 
-    _rewrite_shard(corpus, "data/train-00002-of-00003.parquet", mutate)
+    rewrite_shard(corpus, "data/train-00002-of-00003.parquet", mutate)
 
 
 GATE_CASES = {

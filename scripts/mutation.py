@@ -1,0 +1,202 @@
+"""Mutation testing with mutmut 3 ([tool.mutmut] in pyproject.toml), then the score of each module.
+
+    python scripts/mutation.py [MODULE ...] [--tests PATH ...] [--max-children N] [--survivors | --report]
+
+MODULE is a file of [tool.mutmut].only_mutate (default: every one); in the files FUNCTIONS lists, only those
+functions' mutants are run and scored. --tests narrows the tests mutmut maps to the mutated functions (default:
+the configured fast suite), e.g. to the tests that own a module. --survivors runs again only the mutants that
+survived the last run (after new tests), --report runs nothing; both then print the scores. mutmut keeps its
+state in mutants/ (git-ignored): a later run re-tests only the functions that changed; delete it to start over.
+
+A mutant is a one-line slip (a comparison, a constant, a dropped argument) in a copy of the tree; the tests
+that call the function must then fail. A survivor is either a promise no test holds or an equivalent mutant:
+one no behaviour can tell apart (only speed, or a message nobody reads). EQUIVALENT lists the ones judged so,
+each with a line of its diff (checked, so a renumbered mutant is judged again) and the reason. The score is
+killed / (total - equivalent); timeouts count as killed, as mutmut counts them. Needs the `mutation` extra
+(pip install -e '.[mutation]'). Exit 1 when a mutant that is not listed as equivalent survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib.util
+import os
+import sys
+import time
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Files where issue 19 names some functions only: their mutant-name globs (mutmut names a function's
+# mutants MODULE.x_NAME__mutmut_N, a method's MODULE.xǁCLASSǁNAME__mutmut_N).
+FUNCTIONS: dict[str, tuple[str, ...]] = {
+    # The comparison of the two sides and the suggestions drawn from it, and the --max-divergence verdict.
+    "corpus_builder/audit/traffic.py": (
+        "total_variation", "_divergence", "_frequency_tvd", "_curve", "_points", "_vocab_alone", "_vocab",
+        "compare", "_dropped_by_source", "_recipe", "_plan", "_split_rows", "_recipe_diff", "_token_suggestions",
+        "divergence_problems"),
+    # The tool-call handling of the row mappings.
+    "corpus_builder/sources/mappings.py": (
+        "_json_value", "_declares_calls", "_turn_calls", "_calls", "_tool_call_id", "_link_tool_results",
+        "_parallel_results"),
+}
+
+# Survivors judged equivalent: mutant name -> (a line its diff adds, why no behaviour tells it apart).
+EQUIVALENT: dict[str, tuple[str, str]] = {
+    "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_3": (
+        "len(value) >= 8", "an all-integer array of 8 validates the same whole or sampled: speed only"),
+    "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_4": (
+        "len(value) > 9", "an all-integer array of 9 validates the same whole or sampled: speed only"),
+    "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_6": (
+        "type(None) is int", "never sampling validates every array whole: the same verdicts, slower"),
+    "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_8": (
+        "return value[:2]", "a sample of two items of a type-checked integer array: the same verdict"),
+    "corpus_builder.publish.gate.x__check_rows__mutmut_24": (
+        "batch_size=2049", "the batch size of the row pass: memory and speed only"),
+    "corpus_builder.secrets.x__der_content__mutmut_1": (
+        "len(der) <= 2", "a two-byte element has no content either way"),
+    "corpus_builder.secrets.x__der_content__mutmut_2": (
+        "len(der) < 3", "a two-byte element has no content either way"),
+    "corpus_builder.secrets.x__may_contain_secret__mutmut_2": (
+        "prefix not in text", "a prefilter that lets more texts through: the same findings, slower"),
+    "corpus_builder.secrets.x_find_secrets__mutmut_6": (
+        '"XXsecretXX"', "every alternative of the pattern is a named group: lastgroup is never None"),
+    "corpus_builder.secrets.x_find_secrets__mutmut_7": (
+        '"SECRET"', "every alternative of the pattern is a named group: lastgroup is never None"),
+    "corpus_builder.secrets.x_iter_corpus_rows__mutmut_1": ("batch_size: int = 2049", "batching: memory only"),
+    "corpus_builder.secrets.x_iter_corpus_rows__mutmut_11": ("pre_buffer=None", "pyarrow's buffering: memory only"),
+    "corpus_builder.secrets.x_iter_corpus_rows__mutmut_13": (
+        "ParquetFile(shard, )", "pyarrow's buffering: memory only"),
+    "corpus_builder.secrets.x_iter_corpus_rows__mutmut_14": ("pre_buffer=True", "pyarrow's buffering: memory only"),
+    "corpus_builder.secrets.x_redact__mutmut_2": ("end = None", "text[None:i] is text[0:i]"),
+    "corpus_builder.secrets.x_redact__mutmut_10": (
+        "(pieces) or True", "with no secret the join is of text[0:] alone, which is text itself"),
+    "corpus_builder.secrets.x_scan_corpus__mutmut_24": ('encoding="UTF-8"', "the same codec under another name"),
+}
+
+SCORED = ("killed", "timeout")
+
+
+def _configured_modules() -> list[str]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mutmut"]
+    return list(config["only_mutate"])
+
+
+def _dotted(module: str) -> str:
+    return module.removesuffix(".py").replace("/", ".")
+
+
+def _patterns(module: str) -> list[str]:
+    dotted = _dotted(module)
+    functions = FUNCTIONS.get(module)
+    if functions is None:
+        return [f"{dotted}.*"]
+    return [f"{dotted}.{prefix}{name}__mutmut_*" for name in functions for prefix in ("x_", "xǁ*ǁ")]
+
+
+def _selected(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _statuses(module: str) -> dict[str, str]:
+    """The last run's status of each selected mutant of ``module`` (none before its first run)."""
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.stats import status_by_exit_code
+
+    data = SourceFileMutationData(path=module)
+    data.load()
+    patterns = _patterns(module)
+    return {name: status_by_exit_code[code] for name, code in data.exit_code_by_key.items()
+            if _selected(name, patterns)}
+
+
+def _run(patterns: list[str], tests: list[str] | None, max_children: int) -> None:
+    from mutmut import configuration
+
+    if tests:
+        configuration.config().pytest_add_cli_args_test_selection = tests
+    from mutmut.__main__ import cli
+
+    cli(["run", "--max-children", str(max_children), *patterns], standalone_mode=False)
+
+
+def _equivalent_holds(name: str, module: str, added: str) -> bool:
+    """Whether the mutant called ``name`` still adds the line it was judged on."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    diff = get_diff_for_mutant(name, path=module)
+    return any(line.startswith("+") and added in line for line in diff.splitlines())
+
+
+def _report(modules: list[str]) -> bool:
+    """Print the score of each module; whether every survivor is a listed equivalent."""
+    clean = True
+    print(f"\n{'module':<44} {'killed':>6} {'total':>6} {'equiv':>6} {'score':>7}  other")
+    for module in modules:
+        statuses = _statuses(module)
+        survivors = sorted(name for name, status in statuses.items() if status == "survived")
+        equivalent = [name for name in survivors if name in EQUIVALENT
+                      and _equivalent_holds(name, module, EQUIVALENT[name][0])]
+        counts = Counter(statuses.values())
+        counts["survived"] -= len(equivalent)
+        killed = sum(counts[status] for status in SCORED)
+        scored = len(statuses) - len(equivalent)
+        score = f"{100 * killed / scored:.1f}%" if scored else "-"
+        other = ", ".join(f"{count} {status}" for status, count in sorted(counts.items())
+                          if count and status not in SCORED)
+        print(f"{module:<44} {killed:>6} {len(statuses):>6} {len(equivalent):>6} {score:>7}  {other}")
+        for name in survivors:
+            if name not in equivalent:
+                clean = False
+                judged = " (listed as equivalent, but its diff changed: judge it again)" if name in EQUIVALENT else ""
+                print(f"    survived: {name}{judged}")
+        for name, status in sorted(statuses.items()):
+            if status not in (*SCORED, "survived"):
+                clean = False
+                print(f"    {status}: {name}")
+        stale = sorted(name for name in EQUIVALENT if name.startswith(f"{_dotted(module)}.")
+                       and statuses.get(name) != "survived")
+        for name in stale:
+            print(f"    listed as equivalent but {statuses.get(name, 'gone')}: {name} (update EQUIVALENT)")
+    return clean
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", metavar="MODULE", help="files of [tool.mutmut].only_mutate")
+    parser.add_argument("--tests", nargs="+", metavar="PATH", help="the tests to map and run (default: configured)")
+    parser.add_argument("--max-children", type=int, default=1, help="parallel mutant runs (default 1: 2 cores)")
+    parser.add_argument("--survivors", action="store_true", help="run only the last run's survivors again")
+    parser.add_argument("--report", action="store_true", help="print the last run's scores, run nothing")
+    args = parser.parse_args()
+    if importlib.util.find_spec("mutmut") is None:
+        parser.error("mutmut is not installed: pip install -e '.[mutation]'")
+    configured = _configured_modules()
+    unknown = sorted(set(args.modules) - set(configured))
+    if unknown:
+        parser.error(f"not in [tool.mutmut].only_mutate: {', '.join(unknown)}")
+    modules = args.modules or configured
+    os.chdir(REPO)  # mutmut works in the current directory (pyproject.toml, mutants/)
+    # The fast suite: the vLLM tests skipped (pytest_add_cli_args deselects them too); the tiny model the
+    # tests build is cached in the repository's .cache, not in the copy.
+    os.environ["CORPUS_SKIP_VLLM"] = "1"
+    os.environ.setdefault("CORPUS_TEST_CACHE", str(REPO / ".cache"))
+    started = time.monotonic()
+    if args.survivors:
+        patterns = [name for module in modules for name, status in _statuses(module).items()
+                    if status == "survived" and name not in EQUIVALENT]
+        if not patterns:
+            print("no survivors to run again")
+    else:
+        patterns = [pattern for module in modules for pattern in _patterns(module)]
+    if patterns and not args.report:
+        _run(patterns, args.tests, args.max_children)
+        print(f"\nmutmut run took {time.monotonic() - started:.0f} s")
+    return 0 if _report(modules) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
