@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .model import CANDIDATE_AT_THRESHOLD, band_layout, least_permutations
+from .schema import recipe_schema
 from .yaml_reader import KeyPath, Parsed, Problem
 
 
@@ -231,6 +233,7 @@ def _dedup_problems(document: dict[str, Any], source_names: dict[str, int], base
     if "near_duplicates" in checks and checks.get("dedup") == "none":
         problems.append(parsed.problem(("checks", "near_duplicates"), "near duplicates compare the text dedup "
                                        "compares: set checks.dedup to exact or prompt", at_key=True))
+    problems += _near_duplicate_problems(_section(checks, "near_duplicates"), parsed)
     decontamination = _section(document, "decontamination")
     ngram, min_words = decontamination.get("ngram", 13), decontamination.get("min_words", 8)
     if isinstance(ngram, int) and isinstance(min_words, int) and min_words > ngram:
@@ -251,6 +254,26 @@ def _dedup_problems(document: dict[str, Any], source_names: dict[str, int], base
             problems.append(parsed.problem(("decontamination", "eval_sets", index, "path"),
                                            f"file not found: {local_path(base_dir, path)}"))
     return problems
+
+
+def _near_duplicate_problems(near: dict[str, Any], parsed: Parsed) -> list[Problem]:
+    """Near-duplicate settings with no LSH band layout (the build's rule): checked within the schema's bounds of
+    num_perm, the schema reports the others."""
+    bounds = recipe_schema()["properties"]["checks"]["properties"]["near_duplicates"]["properties"]["num_perm"]
+    threshold, num_perm = near.get("threshold"), near.get("num_perm")
+    if not (isinstance(threshold, int | float) and 0 < threshold <= 1 and isinstance(num_perm, int)
+            and bounds["minimum"] <= num_perm <= bounds["maximum"]):
+        return []
+    try:
+        band_layout(threshold, num_perm)
+        return []
+    except ValueError:
+        least = least_permutations(threshold, bounds["maximum"])
+    fix = (f"this threshold needs num_perm >= {least:,}): raise num_perm or the threshold" if least is not None
+           else f"no num_perm up to {bounds['maximum']:,} has one): raise the threshold")
+    return [parsed.problem(("checks", "near_duplicates", "threshold"), (
+        f"no LSH band layout of {num_perm:,} permutations finds pairs at similarity {threshold:g} with "
+        f"probability {CANDIDATE_AT_THRESHOLD:g} ({fix}"))]
 
 
 def _mixture_problems(document: dict[str, Any], sources: list[Any], parsed: Parsed) -> list[Problem]:
