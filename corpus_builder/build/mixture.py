@@ -11,11 +11,15 @@ Prompt sources are generated in priority order and topped up from their remainin
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..recipe.model import Recipe
+from ..recipe.model import Recipe, ThinkingShare
 from ..sources.take import seeded_hash
 from .split import TRAIN, VALIDATION
 
@@ -62,6 +66,17 @@ class Available:
     def count(self, split: str | None = None, thinking: bool | None = None) -> int:
         return sum(len(cell.priorities) for (s, t), cell in self.cells.items()
                    if (split is None or s == split) and (thinking is None or t == thinking))
+
+    def best(self, rows: int, thinking: bool | None = None) -> dict[tuple[str, bool], int]:
+        """How many of the source's ``rows`` best-priority rows (of one kind, or of both) each cell holds: what
+        taking by priority alone gives."""
+        cells = {key: cell.ordered() for key, cell in self.cells.items() if thinking is None or key[1] == thinking}
+        if rows >= sum(len(priorities) for priorities in cells.values()):  # every row (a source with no target)
+            return {key: len(priorities) for key, priorities in cells.items()}
+        if rows <= 0:
+            return dict.fromkeys(cells, 0)
+        last = next(itertools.islice(heapq.merge(*cells.values()), rows - 1, None))
+        return {key: bisect.bisect_right(priorities, last) for key, priorities in cells.items()}
 
 
 @dataclass
@@ -143,104 +158,202 @@ def next_round(declared: int, kept: int, generated: int, pool_left: int) -> int:
 def plan_selection(recipe: Recipe, available: dict[str, Available], generated: dict[str, int]) -> Selection:
     """Decide how many rows of each (source, split, thinking) cell to take.
 
-    Each source's count is split across train and validation as its kept rows are (their split follows from
-    their ids); within a split, thinking rows are taken in the proportion their priorities give, unless a
-    thinking-share target asks otherwise: then the cells with room on the needed side give more (in recipe
-    order), within what each source has. Anything unmet is a shortfall, named."""
+    Each source's rows are taken by priority: its thinking and plain rows in the proportion that gives, each
+    kind split across train and validation as its best rows fall (so every (source, thinking) stratum is split
+    as its rows are). A thinking-share target moves rows between the kinds of the sources with room (in recipe
+    order) to the share, within what each source has; per split, when a split then misses it, rows also move
+    between the splits, the split sizes nearest these first, whenever any choice of the rows reaches every
+    split. Anything unmet is a shortfall, named."""
     counts = resolve_counts(recipe, {name: have.count() for name, have in available.items()})
     target = recipe.mixture.thinking_share
-    thresholds: dict[tuple[str, str, bool], int | None] = {}
     outcomes: dict[str, SourceOutcome] = {}
     shortfalls: list[str] = []
-    plan: dict[tuple[str, str], list[int]] = {}  # (source, split) -> [thinking rows, plain rows]
+    wants: dict[str, int] = {}
     for spec in recipe.sources:
         have = available[spec.name]
         declared = counts[spec.name]
         want = have.count() if declared is None else declared
-        outcome = SourceOutcome(counts[spec.name], spec.target.share if spec.target else None, have.count(),
-                                generated_requests=generated.get(spec.name, 0))
-        outcomes[spec.name] = outcome
+        outcomes[spec.name] = SourceOutcome(declared, spec.target.share if spec.target else None, have.count(),
+                                            generated_requests=generated.get(spec.name, 0))
         if have.count() < want:
             shortfalls.append(f"source '{spec.name}': {have.count():,} rows pass every check, {want:,} declared"
                               + (f" ({generated[spec.name]:,} generated, the pool is exhausted)"
                                  if spec.name in generated else ""))
             want = have.count()
-        for split, split_rows in _apportion(want, {s: have.count(split=s) for s in SPLITS}).items():
-            natural = _natural_thinking(have, split, split_rows)
-            plan[(spec.name, split)] = [natural, split_rows - natural]
+        wants[spec.name] = want
+    thinking = {name: sum(rows for (_, kind), rows in available[name].best(want).items() if kind)
+                for name, want in wants.items()}
     if target is not None:
-        if target.per_split:
-            for split in SPLITS:
-                _steer(plan, available, [key for key in plan if key[1] == split], target.target)
-        else:
-            _steer(plan, available, list(plan), target.target)
-    for (source, split), (thinking_rows, plain_rows) in plan.items():
-        have = available[source]
-        thresholds[(source, split, True)] = have.cells.get((split, True), Cell()).take(thinking_rows)
-        thresholds[(source, split, False)] = have.cells.get((split, False), Cell()).take(plain_rows)
-        outcomes[source].reached += thinking_rows + plain_rows
-        outcomes[source].thinking += thinking_rows
+        _steer(thinking, available, wants, target.target)
+    plan = {name: _cells(available[name], thinking[name], want) for name, want in wants.items()}
+    held = {split: any(available[name].count(split=split) for name, want in wants.items() if want)
+            for split in SPLITS}  # the splits the sources hold rows of
+    # Per split, rows move between splits when a split misses the share; the steering above is exact for the
+    # whole, so a whole that misses it means no split arrangement can meet every split.
+    if (target is not None and target.per_split and not _misses(sum(thinking.values()), sum(wants.values()), False,
+                                                                target)
+            and any(_misses(*rows, held[split], target) for split, rows in _by_split(plan).items())):
+        _meet_each_split(plan, available, wants, held, target)
+    thresholds: dict[tuple[str, str, bool], int | None] = {}
+    for name, cells in plan.items():
+        for (split, kind), rows in zip(CELLS, cells, strict=True):
+            thresholds[(name, split, kind)] = available[name].cells.get((split, kind), Cell()).take(rows)
+            outcomes[name].reached += rows
+            outcomes[name].thinking += rows if kind else 0
     total = sum(o.reached for o in outcomes.values())
-    share = sum(o.thinking for o in outcomes.values()) / total if total else 0.0
-    by_split = {}
-    for split in SPLITS:
-        rows = sum(sum(cells) for (_, s), cells in plan.items() if s == split)
-        by_split[split] = sum(cells[0] for (_, s), cells in plan.items() if s == split) / rows if rows else 0.0
+    thinking_total = sum(o.thinking for o in outcomes.values())
+    share = thinking_total / total if total else 0.0
+    splits = _by_split(plan)
+    by_split = {split: thinking_rows / rows if rows else 0.0 for split, (thinking_rows, rows) in splits.items()}
     if target is not None:
-        checked = {"all": share, **(by_split if target.per_split else {})}
-        for name, reached in checked.items():
-            rows = total if name == "all" else sum(sum(c) for (_, s), c in plan.items() if s == name)
-            if rows and abs(reached - target.target) > target.tolerance:
-                shortfalls.append(f"thinking share {'overall' if name == 'all' else f'of {name}'} "
-                                  f"{reached:.1%}, declared {target.target:.1%} +- {target.tolerance:.1%}: the sources "
-                                  "do not hold enough rows of the kind needed")
+        checked = {"overall": (thinking_total, total, False),
+                   **({f"of {split}": (*rows, held[split]) for split, rows in splits.items()} if target.per_split
+                      else {})}
+        shortfalls += [f"thinking share {where} {thinking_rows / rows if rows else 0:.1%} ({thinking_rows:,} of "
+                       f"{rows:,} rows), declared {target.target:.1%} +- {target.tolerance:.1%}: the sources do not "
+                       "hold enough rows of the kind needed"
+                       for where, (thinking_rows, rows, needed) in checked.items()
+                       if _misses(thinking_rows, rows, needed, target)]
     return Selection(thresholds, outcomes, share, by_split, shortfalls)
 
 
-def _apportion(rows: int, weights: dict[str, int]) -> dict[str, int]:
-    """``rows`` split in proportion to ``weights`` (largest remainders), never more than a weight."""
-    total = sum(weights.values())
-    if not total:
-        return dict.fromkeys(weights, 0)
-    exact = {k: rows * w / total for k, w in weights.items()}
-    shares = {k: min(weights[k], math.floor(v)) for k, v in exact.items()}
-    for k in sorted(exact, key=lambda k: exact[k] - math.floor(exact[k]), reverse=True):
-        if sum(shares.values()) >= rows:
-            break
-        if shares[k] < weights[k]:
-            shares[k] += 1
-    return shares
+# A source's plan: rows per (split, thinking) cell, in this order.
+CELLS = tuple((split, kind) for split in SPLITS for kind in (True, False))
 
 
-def _natural_thinking(have: Available, split: str, rows: int) -> int:
-    """How many of the ``rows`` best-priority rows of a split carry reasoning (what taking by priority gives)."""
-    thinking = have.cells.get((split, True), Cell()).ordered()
-    plain = have.cells.get((split, False), Cell()).ordered()
-    i = j = 0
-    while i + j < rows:
-        if j >= len(plain) or (i < len(thinking) and thinking[i] < plain[j]):
-            i += 1
-        else:
-            j += 1
-    return i
+def _cells(have: Available, thinking: int, rows: int) -> list[int]:
+    """The source's ``thinking`` best thinking rows and ``rows - thinking`` best plain rows, per cell."""
+    best = have.best(thinking, True) | have.best(rows - thinking, False)
+    return [best.get(cell, 0) for cell in CELLS]
 
 
-def _steer(plan: dict[tuple[str, str], list[int]], available: dict[str, Available],
-           keys: list[tuple[str, str]], share: float) -> None:
-    """Move rows between the thinking and plain sides of the given cells, keeping each (source, split) count,
-    until the thinking share is as close to ``share`` as the sources allow."""
-    rows = sum(sum(plan[key]) for key in keys)
-    need = round(share * rows) - sum(plan[key][0] for key in keys)
-    for key in keys:
-        if need == 0:
+def _by_split(plan: dict[str, list[int]]) -> dict[str, tuple[int, int]]:
+    """Per split: (thinking rows, rows)."""
+    counts = {}
+    for split in SPLITS:
+        thinking, plain = CELLS.index((split, True)), CELLS.index((split, False))
+        counts[split] = (sum(cells[thinking] for cells in plan.values()),
+                         sum(cells[thinking] + cells[plain] for cells in plan.values()))
+    return counts
+
+
+def _misses(thinking: int, rows: int, needed: bool, target: ThinkingShare) -> bool:
+    """Whether ``thinking`` of ``rows`` misses the share: outside the tolerance, or no rows at all where rows
+    are ``needed`` (a split the sources hold rows of)."""
+    low, high = _share_range(rows, target)
+    return (needed and not rows) or not low <= thinking <= high
+
+
+def _share_range(rows: int, target: ThinkingShare) -> tuple[int, int]:
+    """The thinking rows of ``rows`` within the target's tolerance, as (lowest, highest); none when lowest >
+    highest. One rule for steering and for the report."""
+    slack = target.tolerance + 1e-9  # the share is a float: a bound met exactly is met
+    return (max(0, math.ceil((target.target - slack) * rows)), min(rows, math.floor((target.target + slack) * rows)))
+
+
+def _steer(thinking: dict[str, int], available: dict[str, Available], wants: dict[str, int], share: float) -> None:
+    """Move rows of each source between its thinking and plain rows, keeping its count, until the thinking
+    share is as close to ``share`` as the sources allow (the nearest reachable count: exact)."""
+    need = round(share * sum(wants.values())) - sum(thinking.values())
+    for name, rows in thinking.items():
+        have = available[name]
+        least, most = max(0, wants[name] - have.count(thinking=False)), min(have.count(thinking=True), wants[name])
+        thinking[name] = min(max(rows + need, least), most)
+        need -= thinking[name] - rows
+
+
+def _meet_each_split(plan: dict[str, list[int]], available: dict[str, Available], wants: dict[str, int],
+                     held: dict[str, bool], target: ThinkingShare) -> None:
+    """Rows moved between the cells of the sources (each source's count kept) until every split is within the
+    tolerance, when any choice of the rows gets there: the validation sizes nearest the plan's first.
+
+    Which totals per cell the sources can give together is the transport bound: a demand is feasible when no
+    set of cells is asked for more than the sources can put in it, ``most[set]`` (each source gives a set at
+    most its count, at most what it holds there). Two splits and two kinds make that four cells, 15 sets."""
+    caps = {name: [available[name].count(split=split, thinking=kind) for split, kind in CELLS] for name in plan}
+    most = [sum(min(wants[name], sum(cap[cell] for cell in range(4) if subset >> cell & 1))
+                for name, cap in caps.items()) for subset in range(16)]
+    rows = sum(wants.values())
+    train_set, validation_set = 0b0011, 0b1100  # CELLS: train thinking, train plain, validation thinking, ...
+    planned = _by_split(plan)[VALIDATION][1]
+    lowest = max(rows - most[train_set], 1 if held[VALIDATION] else 0)
+    highest = min(most[validation_set], rows - (1 if held[TRAIN] else 0))
+    for validation in sorted(range(lowest, highest + 1), key=lambda size: abs(size - planned)):
+        demand = _split_demand(most, rows, validation, target)
+        if demand is not None:
+            _transport(plan, caps, demand)
             return
-        source, split = key
-        thinking_rows, plain_rows = plan[key]
-        have_thinking = available[source].count(split=split, thinking=True)
-        have_plain = available[source].count(split=split, thinking=False)
-        if need > 0:
-            move = min(need, plain_rows, have_thinking - thinking_rows)
-        else:
-            move = -min(-need, thinking_rows, have_plain - plain_rows)
-        plan[key] = [thinking_rows + move, plain_rows - move]
-        need -= move
+
+
+def _split_demand(most: list[int], rows: int, validation: int, target: ThinkingShare) -> list[int] | None:
+    """Rows per cell (CELLS order) with ``validation`` rows in validation, each split within the tolerance and
+    within the transport bound, the shares nearest the target; None when there are none.
+
+    With the split sizes fixed, the cells are two unknowns, A (train thinking) and V (validation thinking), and
+    each set of cells a bound a*A + v*V <= r with a and v in {-1, 0, 1}: eliminating A (its bounds pairwise)
+    leaves bounds on V alone, exact in integers as every coefficient of A is one."""
+    train = rows - validation
+    low_a, high_a = _share_range(train, target)
+    low_v, high_v = _share_range(validation, target)
+    bounds = [(-1, 0, -low_a), (1, 0, high_a), (0, -1, -low_v), (0, 1, high_v)]  # (a, v, r): a*A + v*V <= r
+    for subset in range(1, 16):
+        a, train_rows = _pair_terms(subset & 0b11, train)
+        v, validation_rows = _pair_terms(subset >> 2, validation)
+        bounds.append((a, v, most[subset] - train_rows - validation_rows))
+    lower = [(v, r) for a, v, r in bounds if a == -1]  # A >= v*V - r
+    upper = [(v, r) for a, v, r in bounds if a == 1]  # A <= r - v*V
+    least, greatest = 0, validation
+    for v, r in [(v, r) for a, v, r in bounds if a == 0] + [(v1 + v2, r1 + r2) for v1, r1 in lower for v2, r2 in upper]:
+        if v > 0:
+            greatest = min(greatest, r // v)
+        elif v < 0:
+            least = max(least, -(-r // v))
+        elif r < 0:
+            return None
+    if least > greatest:
+        return None
+    thinking_v = min(max(round(target.target * validation), least), greatest)
+    thinking_a = min(max(round(target.target * train), max(v * thinking_v - r for v, r in lower)),
+                     min(r - v * thinking_v for v, r in upper))
+    return [thinking_a, train - thinking_a, thinking_v, validation - thinking_v]
+
+
+def _pair_terms(cells: int, size: int) -> tuple[int, int]:
+    """The rows a set of one split's cells holds, as the coefficient of the split's thinking rows and a
+    constant: bit 0 is its thinking cell, bit 1 its plain cell (``size`` minus the thinking rows)."""
+    return (cells & 1) - (cells >> 1 & 1), size if cells & 2 else 0
+
+
+def _transport(plan: dict[str, list[int]], caps: dict[str, list[int]], demand: list[int]) -> None:
+    """Rows moved between the cells of each source (its count kept, within what each cell holds) until the
+    cells hold ``demand`` in all: along paths from a cell with too many rows, through sources with a row there
+    and room in the next cell, to one with too few (a demand within the transport bound always has one)."""
+    while True:
+        held = [sum(cells[cell] for cells in plan.values()) for cell in range(4)]
+        over = [cell for cell in range(4) if held[cell] > demand[cell]]
+        if not over:
+            return
+        came_from: dict[int, tuple[int, str] | None] = dict.fromkeys(over)
+        queue, end = deque(over), None
+        while queue and end is None:
+            cell = queue.popleft()
+            for name, cells in plan.items():
+                for other in range(4):
+                    if cells[cell] and other not in came_from and cells[other] < caps[name][other]:
+                        came_from[other] = (cell, name)
+                        queue.append(other)
+                        if held[other] < demand[other]:
+                            end = other
+                            break
+                if end is not None:
+                    break
+        assert end is not None, "a demand within the transport bound has a path"
+        steps, cell = [], end
+        while (step := came_from[cell]) is not None:
+            steps.append((step[0], step[1], cell))
+            cell = step[0]
+        amount = min(held[cell] - demand[cell], demand[end] - held[end],
+                     *(min(plan[name][source], caps[name][into] - plan[name][into]) for source, name, into in steps))
+        for source, name, into in steps:
+            plan[name][source] -= amount
+            plan[name][into] += amount

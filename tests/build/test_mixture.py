@@ -4,20 +4,28 @@ prompt pool, fewer or more replay rows), a thinking share within its tolerance, 
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import random
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from corpus_builder.build import build
 from corpus_builder.build.collect import MixtureShort
+from corpus_builder.build.mixture import Available, Selection, plan_selection
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
+from corpus_builder.recipe.model import Mixture, OutputSpec, Recipe, SourceSpec, SourceTarget, Target, ThinkingShare
 from corpus_builder.testing.fault_server import Fault, FaultServer
 from corpus_builder.testing.trials import shard_hashes
+from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_rows
 
 MODEL = "tiny-target"
@@ -189,3 +197,94 @@ def test_the_card_shows_declared_vs_reached_and_marks_a_short_corpus(tmp_path: P
     card = render_card(CorpusDocuments.load(result.out_dir))
     assert "> **Short of its recipe**" in card and "25 declared (30 generated, the pool is exhausted)" in card
     assert "## Declared and reached" in card and "| asks | 25 | 20 | 20 | 30 |" in card
+
+
+# --------------------------------------------------------------------------------------------------
+# The selection's arithmetic, on rows that passed the checks (no build): a thinking share is reached whenever
+# any choice of the rows reaches it, overall and per split, and reported short exactly when none does.
+
+CELL_KINDS = (("train", True), ("train", False), ("validation", True), ("validation", False))
+
+
+def _selection(sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float, per_split: bool,
+               priorities: Iterator[int]) -> tuple[Selection, list[list[int]]]:
+    """The plan for sources given as (rows per cell in CELL_KINDS order, count or None), and the rows taken
+    from each cell."""
+    recipe = Recipe("property", Target(model="m"), tuple(
+        SourceSpec(f"s{index}", "replay", target=SourceTarget(count=count) if count is not None else None)
+        for index, (_, count) in enumerate(sources)), OutputSpec(Path("out")),
+        mixture=Mixture(thinking_share=ThinkingShare(share, tolerance, per_split)))
+    available, rows = {}, {}
+    for index, (cells, _) in enumerate(sources):
+        have = available[f"s{index}"] = Available()
+        for (split, thinking), count in zip(CELL_KINDS, cells, strict=True):
+            for _ in range(count):
+                row_priority = next(priorities)
+                have.add(split, thinking, row_priority)
+                rows.setdefault(f"s{index}", []).append((split, thinking, row_priority))
+    selection = plan_selection(recipe, available, {})
+    taken = [[sum(selection.takes(name, split, thinking, row_priority) for split, thinking, row_priority in rows[name]
+                  if (split, thinking) == kind) for kind in CELL_KINDS] for name in available]
+    return selection, taken
+
+
+def _reachable(sources: list[tuple[tuple[int, ...], int]], share: float, tolerance: float, per_split: bool) -> bool:
+    """Whether any choice of rows (each source its count, each cell at most what it holds) reaches the share:
+    overall, or in every split the sources hold rows of (such a split may not be left empty)."""
+    totals = {(0, 0, 0, 0)}
+    for cells, count in sources:
+        choices = [c for c in itertools.product(*(range(n + 1) for n in cells)) if sum(c) == count]
+        totals = {tuple(a + b for a, b in zip(total, choice, strict=True)) for total in totals for choice in choices}
+
+    def within(thinking: int, rows: int) -> bool:
+        return abs(thinking / rows - share) <= tolerance + 1e-9
+
+    held = [any(cells[0] + cells[1] for cells, _ in sources), any(cells[2] + cells[3] for cells, _ in sources)]
+    for train_thinking, train_plain, validation_thinking, validation_plain in totals:
+        splits = [(train_thinking, train_thinking + train_plain), (validation_thinking,
+                                                                   validation_thinking + validation_plain)]
+        if per_split and all(within(*split) if split[1] else not needed for split, needed in zip(splits, held,
+                                                                                                 strict=True)):
+            return True
+        if not per_split and within(train_thinking + validation_thinking, sum(rows for _, rows in splits)):
+            return True
+    return False
+
+
+@st.composite
+def _declared_sources(draw: st.DrawFn) -> list[tuple[tuple[int, ...], int | None]]:
+    sources = []
+    for _ in range(draw(st.integers(1, 3))):
+        cells = tuple(draw(st.integers(0, 4)) for _ in CELL_KINDS)
+        assume(sum(cells) > 0)
+        sources.append((cells, draw(st.none() | st.integers(1, sum(cells)))))
+    return sources
+
+
+@given(sources=_declared_sources(), share=st.integers(0, 20).map(lambda n: n / 20),
+       tolerance=st.integers(0, 25).map(lambda n: n / 100), per_split=st.booleans(), seed=st.integers(0, 2**32))
+@fuzz_settings(300)
+def test_a_reachable_thinking_share_is_reached_and_an_unreachable_one_reported(
+        sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float, per_split: bool,
+        seed: int) -> None:
+    priorities = iter(random.Random(seed).sample(range(10**9), 100))
+    selection, taken = _selection(sources, share, tolerance, per_split, priorities)
+    wants = [(cells, sum(cells) if count is None else count) for cells, count in sources]
+    assert [sum(cells) for cells in taken] == [count for _, count in wants]  # each source its count, exactly
+    reported = [line for line in selection.shortfalls if line.startswith("thinking share")]
+    reachable = _reachable(wants, share, tolerance, per_split)
+    assert (not reported) == reachable, (reported, reachable)
+    if reachable:
+        in_all = [sum(cells[i] for cells in taken) for i in range(4)]
+        groups = [(in_all[0], in_all[0] + in_all[1]), (in_all[2], in_all[2] + in_all[3])] if per_split else [
+            (in_all[0] + in_all[2], sum(in_all))]
+        assert all(abs(thinking / rows - share) <= tolerance + 1e-9 for thinking, rows in groups if rows)
+
+
+def test_every_reasoning_row_wanted_with_a_validation_split() -> None:
+    """All 100 reasoning rows wanted and 100 exist, some of them in validation: met, overall and per split
+    (it was reported impossible whenever validation_fraction > 0: the split was apportioned first)."""
+    for per_split in (False, True):
+        selection, taken = _selection([((92, 280, 8, 20), 100)], 1.0, 0.0, per_split, itertools.count())
+        assert selection.shortfalls == [] and selection.thinking_share == 1.0
+        assert taken == [[92, 0, 8, 0]]
