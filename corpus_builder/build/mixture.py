@@ -89,10 +89,12 @@ class SourceOutcome:
     reached: int = 0
     thinking: int = 0
     generated_requests: int = 0  # prompts sources: rows asked for over every round
+    reached_share: float | None = None  # of the rows written, for a source with a share
 
     def to_dict(self) -> dict[str, Any]:
         return {"declared": self.declared, "declared_share": self.declared_share, "available": self.available,
-                "reached": self.reached, "thinking": self.thinking, "generated_rows": self.generated_requests}
+                "reached": self.reached, "reached_share": self.reached_share, "thinking": self.thinking,
+                "generated_rows": self.generated_requests}
 
 
 @dataclass
@@ -123,25 +125,52 @@ class Selection:
 
 
 def resolve_counts(recipe: Recipe, sizes: dict[str, int]) -> dict[str, int | None]:
-    """Rows each source must contribute: a declared count, a share of the total, or None (every kept row;
-    ``sizes`` says how many that is). Without ``mixture.total`` the total is what the sources with a count and
-    those with no target make up, over the share left for the others."""
+    """Rows each source must contribute: a declared count; a share of the total (the shares' rows allotted by
+    largest remainders, so that the parts add up to the total); for a source with no target every kept row
+    (None; ``sizes`` says how many that is), or with ``mixture.total`` its part of the rows the targets leave,
+    in proportion to ``sizes``. Without ``mixture.total`` the total is what the sources with a count and those
+    with no target make up, over the share left for the others."""
     counts: dict[str, int | None] = {}
-    shares = {spec.name: spec.target.share for spec in recipe.sources if spec.target and spec.target.share}
-    fixed = 0
+    shares: dict[str, float] = {}
+    open_sizes: dict[str, int] = {}  # the sources with no target
     for spec in recipe.sources:
         if spec.target is not None and spec.target.count is not None:
             counts[spec.name] = spec.target.count
-            fixed += spec.target.count
-        elif spec.name not in shares:
-            counts[spec.name] = None
-            fixed += sizes.get(spec.name, 0)
+        elif spec.target is not None and spec.target.share is not None:
+            shares[spec.name] = spec.target.share
+        else:
+            open_sizes[spec.name] = sizes.get(spec.name, 0)
+    fixed = sum(count for count in counts.values() if count is not None)
     total = recipe.mixture.total
-    if total is None and shares:
-        total = round(fixed / (1 - sum(shares.values())))
-    for name, share in shares.items():
-        counts[name] = round(share * (total or 0))
-    return counts
+    if total is None:
+        fixed += sum(open_sizes.values())
+        total = round(fixed / (1 - sum(shares.values()))) if shares else fixed
+        parts = _largest_remainder(total - fixed, [share * total for share in shares.values()])
+        return counts | dict.fromkeys(open_sizes) | dict(zip(shares, parts, strict=True))
+    quotas = [share * total for share in shares.values()]
+    if open_sizes:  # they fill what the counts and shares leave
+        quotas.append(max(0.0, total - fixed - sum(quotas)))
+    parts = _largest_remainder(max(0, total - fixed), quotas)
+    counts |= dict(zip(shares, parts[:len(shares)], strict=True))
+    return counts | (_apportion(parts[-1], open_sizes) if open_sizes else {})
+
+
+def _largest_remainder(rows: int, quotas: list[float]) -> list[int]:
+    """``rows`` in parts near ``quotas``: their floors, and one more for the largest remainders while rows are
+    left (in order on ties). When the quotas add up to ``rows`` within one, each part is within one of its
+    quota and the parts add up to ``rows``."""
+    parts = [math.floor(quota) for quota in quotas]
+    by_remainder = sorted(range(len(quotas)), key=lambda i: quotas[i] - parts[i], reverse=True)
+    for i in by_remainder[:max(0, rows - sum(parts))]:
+        parts[i] += 1
+    return parts
+
+
+def _apportion(rows: int, sizes: dict[str, int]) -> dict[str, int]:
+    """``rows`` in proportion to ``sizes`` (none when every size is zero)."""
+    total = sum(sizes.values())
+    parts = _largest_remainder(rows, [rows * size / total for size in sizes.values()]) if total else [0] * len(sizes)
+    return dict(zip(sizes, parts, strict=True))
 
 
 def next_round(declared: int, kept: int, generated: int, pool_left: int) -> int:
@@ -177,6 +206,7 @@ def plan_selection(recipe: Recipe, available: dict[str, Available], generated: d
                                             generated_requests=generated.get(spec.name, 0))
         if have.count() < want:
             shortfalls.append(f"source '{spec.name}': {have.count():,} rows pass every check, {want:,} declared"
+                              + (" (its part of mixture.total)" if spec.target is None else "")
                               + (f" ({generated[spec.name]:,} generated, the pool is exhausted)"
                                  if spec.name in generated else ""))
             want = have.count()
@@ -201,6 +231,15 @@ def plan_selection(recipe: Recipe, available: dict[str, Available], generated: d
             outcomes[name].reached += rows
             outcomes[name].thinking += rows if kind else 0
     total = sum(o.reached for o in outcomes.values())
+    for name, outcome in outcomes.items():  # a share is of the rows written, whatever else fell short
+        if outcome.declared_share is not None and total:
+            outcome.reached_share = round(outcome.reached / total, 6)
+            short = outcome.available < (outcome.declared or 0)  # its own shortfall says so already
+            if abs(outcome.reached - outcome.declared_share * total) >= 1 and not short:
+                shortfalls.append(f"source '{name}': {outcome.reached:,} rows, {outcome.reached / total:.1%} of the "
+                                  f"{total:,} written, {outcome.declared_share:.1%} declared")
+    if recipe.mixture.total is not None and total != recipe.mixture.total:
+        shortfalls.append(f"corpus: {total:,} rows reached, mixture.total declares {recipe.mixture.total:,}")
     thinking_total = sum(o.thinking for o in outcomes.values())
     share = thinking_total / total if total else 0.0
     splits = _by_split(plan)

@@ -298,11 +298,35 @@ def _mixture_problems(document: dict[str, Any], sources: list[Any], parsed: Pars
                 problems.append(parsed.problem(("sources", index, setting), "only prompts sources are generated: "
                                                "a replay source keeps the tool calls and results it recorded",
                                                at_key=True))
-    has_total = isinstance(_section(document, "mixture").get("total"), int)
+    total = _section(document, "mixture").get("total")
+    has_total = isinstance(total, int)
     if sum(shares) > 1 or (sum(shares) == 1 and not has_total) or (
             shares and not has_total and all(isinstance(s, dict) and isinstance(s.get("target"), dict)
                                              and "share" in s["target"] for s in sources)):
         problems.append(parsed.problem(("mixture",), f"the sources' shares add up to {sum(shares):g}: with every "
                                        "source a share, set mixture.total; shares cannot exceed 1", at_key=True))
+    elif isinstance(total, int):
+        problems += _total_problems(total, sources, shares, parsed)
     return problems
+
+
+def _total_problems(total: int, sources: list[Any], shares: list[float], parsed: Parsed) -> list[Problem]:
+    """``mixture.total`` against the targets: the counts and the shares' rows must leave room within it, and
+    with every source a target they must make it up (within the one row a share rounds to)."""
+    counts = [source["target"]["count"] for source in sources if isinstance(source, dict)
+              and isinstance(source.get("target"), dict) and isinstance(source["target"].get("count"), int)]
+    open_sources = [source for source in sources if isinstance(source, dict) and "target" not in source]
+    counted, share_rows = sum(counts), sum(shares) * total
+    left = total - counted - share_rows
+    if counted > total:
+        message = f"the sources' counts add up to {counted:,}, more than mixture.total ({total:,})"
+    elif left <= -1 + 1e-9:
+        message = (f"the sources' counts ({counted:,} rows) and shares ({sum(shares):g} of {total:,}: "
+                   f"{share_rows:,.1f} rows) add up to more than mixture.total ({total:,})")
+    elif left >= 1 - 1e-9 and not open_sources:
+        message = (f"every source has a target and they add up to {counted + share_rows:,.1f} rows, not "
+                   f"mixture.total ({total:,}): give a source no target to fill the rest, or change the total")
+    else:
+        return []
+    return [parsed.problem(("mixture", "total"), message)]
 

@@ -199,7 +199,8 @@ class Mixture:
     allow_short: bool = False
 
     def declared(self, sources: tuple[SourceSpec, ...]) -> bool:
-        return self.thinking_share is not None or any(spec.target is not None for spec in sources)
+        return (self.total is not None or self.thinking_share is not None
+                or any(spec.target is not None for spec in sources))
 
 
 @dataclass(frozen=True, slots=True)

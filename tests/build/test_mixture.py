@@ -187,6 +187,70 @@ def test_shares_without_room_are_refused(tmp_path: Path) -> None:
     assert completed.returncode == 2 and "set mixture.total" in completed.stderr
 
 
+@pytest.mark.parametrize(("targets", "total", "problem"), [
+    (("{count: 20}", "{count: 50}"), 60, "the sources' counts add up to 70, more than mixture.total (60)"),
+    (("{count: 20}", "{count: 50}"), 100, "every source has a target and they add up to 70.0 rows, not "
+                                          "mixture.total (100)"),
+    (("{share: 0.5}", "{count: 60}"), 100, "the sources' counts (60 rows) and shares (0.5 of 100: 50.0 rows) add "
+                                           "up to more than mixture.total (100)"),
+])
+def test_a_total_the_targets_contradict_is_refused_by_validate_where_written(
+        tmp_path: Path, targets: tuple[str, str], total: int, problem: str) -> None:
+    write_sources(tmp_path)
+    recipe = write_recipe(tmp_path, "http://127.0.0.1:9/v1", prompts_target=targets[0], replay_target=targets[1],
+                          mixture=f"{{total: {total}}}")
+    completed = subprocess.run([sys.executable, "-m", "corpus_builder", "validate", str(recipe)],
+                               capture_output=True, text=True)
+    lines = recipe.read_text().splitlines()
+    line = next(number for number, text in enumerate(lines, 1) if text.startswith("mixture:"))
+    column = lines[line - 1].index(str(total)) + 1
+    assert completed.returncode == 2 and f"{recipe}:{line}:{column}: mixture.total: {problem}" in completed.stderr
+
+
+def write_replay_recipe(root: Path, targets: dict[str, str], mixture: str) -> Path:
+    """Replay sources alone (no server): 'logs', 100 rows of which 40 reason, and 'chats', 300 plain rows."""
+    write_sources(root, prompts=0)
+    write_rows(root / "chats.jsonl", [{"messages": [{"role": "user", "content": f"hello {i}"},
+                                                    {"role": "assistant", "content": f"hi {i}"}]} for i in range(300)])
+    sources = "".join(f"  - {{name: {name}, kind: replay, path: {path}"
+                      + (f", target: {targets[name]}}}\n" if name in targets else "}\n")
+                      for name, path in (("logs", "replay.jsonl"), ("chats", "chats.jsonl")))
+    (root / "recipe.yaml").write_text(f"name: totals\ntarget: {{model: {MODEL}}}\nsources:\n{sources}mixture: "
+                                      f"{mixture}\nsplit: {{validation_fraction: 0.1}}\noutput: {{dir: out}}\n",
+                                      encoding="utf-8")
+    return root / "recipe.yaml"
+
+
+@pytest.mark.parametrize(("targets", "total", "written"), [
+    ({"logs": "{share: 0.25}"}, 200, {"logs": 50, "chats": 150}),  # the source with no target fills the rest
+    ({}, 120, {"logs": 30, "chats": 90}),  # no target at all: in proportion to their rows
+    ({"chats": "{count: 100}"}, 150, {"logs": 50, "chats": 100}),
+])
+def test_the_total_is_met_by_the_sources_with_no_target(tmp_path: Path, targets: dict[str, str], total: int,
+                                                         written: dict[str, int]) -> None:
+    result = build(load_recipe(write_replay_recipe(tmp_path, targets, f"{{total: {total}}}")),
+                   progress=io.StringIO())
+    assert Counter(row.source for row in Corpus.open(result.out_dir).iter_conversations()) == written
+    assert result.manifest["conversations"] == total and "short" not in result.manifest
+    for name, target in targets.items():
+        if "share" in target:
+            assert result.manifest["mixture"]["sources"][name]["reached_share"] == float(target[8:-1])
+
+
+def test_a_share_is_of_the_rows_written_and_reported_short_when_it_is_not(tmp_path: Path) -> None:
+    """'logs' holds 100 rows of the 150 it declares: the corpus has 250 rows, of which the 150 'chats' declared
+    as half are 60%; the share is not reported met."""
+    recipe = load_recipe(write_replay_recipe(tmp_path, {"logs": "{count: 150}", "chats": "{share: 0.5}"},
+                                             "{total: 300}"))
+    with pytest.raises(MixtureShort):
+        build(recipe, progress=io.StringIO())
+    result = build(recipe, progress=io.StringIO(), allow_short=True)
+    assert result.manifest["short"] == ["source 'logs': 100 rows pass every check, 150 declared",
+                                        "source 'chats': 150 rows, 60.0% of the 250 written, 50.0% declared",
+                                        "corpus: 250 rows reached, mixture.total declares 300"]
+    assert result.manifest["mixture"]["sources"]["chats"]["reached_share"] == 0.6
+
+
 def test_the_card_shows_declared_vs_reached_and_marks_a_short_corpus(tmp_path: Path) -> None:
     from corpus_builder.publish import CorpusDocuments, render_card
 
