@@ -6,7 +6,8 @@ that pass every check into per-source spools, with each row's priority (a seeded
 thinking flag; ``plan_selection`` then decides how many rows of each (source, split, thinking) cell to take,
 and rows are taken by priority within their cell: the same recipe and journal always take the same rows.
 Prompt sources are generated in priority order and topped up from their remaining pool while they fall short
-(``next_round``), so a drop costs about one more request, not a re-run by hand.
+(``next_round``), so a drop costs about one more request, not a re-run by hand. What the rows at hand certainly
+cannot meet (``certain_shortfalls``) is known before the first request, and reported then.
 """
 
 from __future__ import annotations
@@ -171,6 +172,80 @@ def _apportion(rows: int, sizes: dict[str, int]) -> dict[str, int]:
     total = sum(sizes.values())
     parts = _largest_remainder(rows, [rows * size / total for size in sizes.values()]) if total else [0] * len(sizes)
     return dict(zip(sizes, parts, strict=True))
+
+
+@dataclass(frozen=True)
+class RowBounds:
+    """The most rows one source can give the corpus, known before any request, and of them the most with and
+    the most without reasoning (a prompts source's generated rows may go either way)."""
+
+    rows: int
+    thinking: int
+    plain: int
+    counted: str  # what the bound is, for the report: "100 rows read", "a pool of 50 prompts x 1 sample"
+
+    @classmethod
+    def of_prompts(cls, prompts: int, samples: int) -> RowBounds:
+        rows = prompts * samples
+        return cls(rows, rows, rows, f"a pool of {prompts:,} prompts x {samples} sample{'s' * (samples != 1)}")
+
+    @classmethod
+    def of_rows(cls, rows: int, thinking: int, counted: str) -> RowBounds:
+        return cls(rows, thinking, rows - thinking, f"{rows:,} {counted}")
+
+
+def certain_shortfalls(recipe: Recipe, bounds: dict[str, RowBounds]) -> list[str]:
+    """What the declared corpus certainly misses, known from the most each source can give before any request:
+    a target above it, the rows ``mixture.total`` leaves to the sources with no target above theirs, or a
+    thinking share outside what any mix of the rows reaches, every generated row counted as reasoning (or as
+    not). A share of a total that the rows of the sources with no target make up is not judged: those rows
+    are known only after the checks."""
+    if not recipe.mixture.declared(recipe.sources):
+        return []
+    counts = resolve_counts(recipe, {name: bound.rows for name, bound in bounds.items()})
+    total = recipe.mixture.total
+    open_sources = [spec.name for spec in recipe.sources if spec.target is None]
+    shares_known = total is not None or not open_sources
+    shortfalls = []
+    wants: list[tuple[int, RowBounds]] = []  # the rows each target takes, with what its source can give
+    for spec in recipe.sources:
+        want = counts[spec.name]
+        if spec.target is None or want is None or (spec.target.share is not None and not shares_known):
+            continue
+        bound = bounds[spec.name]
+        wants.append((want, bound))
+        if bound.rows < want:
+            shortfalls.append(f"source '{spec.name}': at most {bound.rows:,} rows ({bound.counted}), {want:,} "
+                              "declared")
+    open_bounds = [bounds[name] for name in open_sources]
+    untargeted = RowBounds(sum(b.rows for b in open_bounds), sum(b.thinking for b in open_bounds),
+                          sum(b.plain for b in open_bounds), "")
+    if total is not None and open_sources:
+        rest = total - sum(want for want, _ in wants)
+        wants.append((rest, untargeted))
+        if untargeted.rows < rest:
+            names = ", ".join(f"'{name}'" for name in open_sources)
+            shortfalls.append(f"the sources with no target ({names}): at most {untargeted.rows:,} rows, {rest:,} "
+                              f"left to them by mixture.total ({total:,})")
+    target = recipe.mixture.thinking_share
+    if target is None or not shares_known:
+        return shortfalls
+    rows = sum(want for want, _ in wants)
+    most = sum(min(want, bound.thinking) for want, bound in wants)
+    least = sum(max(0, want - bound.plain) for want, bound in wants)
+    # Without a total, the sources with no target give every kept row, from none to all they hold: the
+    # extremes take all their thinking rows and none of the others, or the reverse.
+    kept = untargeted if total is None else RowBounds(0, 0, 0, "")
+    highest = max((t / n for t, n in ((most, rows), (most + kept.thinking, rows + kept.thinking)) if n), default=None)
+    lowest = min((t / n for t, n in ((least, rows), (least, rows + kept.plain)) if n), default=None)
+    declared = f"declared {target.target:.1%} +- {target.tolerance:.1%}"
+    if highest is not None and highest < target.target - target.tolerance - 1e-9:
+        shortfalls.append(f"thinking share: at most {highest:.1%} of the rows can reason (every generated row "
+                          f"counted as reasoning), {declared}")
+    if lowest is not None and lowest > target.target + target.tolerance + 1e-9:
+        shortfalls.append(f"thinking share: at least {lowest:.1%} of the rows reason (no generated row counted as "
+                          f"reasoning), {declared}")
+    return shortfalls
 
 
 def next_round(declared: int, kept: int, generated: int, pool_left: int) -> int:

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from corpus_builder.build import build
+from corpus_builder.build import build, plan_build
 from corpus_builder.build.collect import MixtureShort
-from corpus_builder.build.mixture import Available, Selection, plan_selection
+from corpus_builder.build.mixture import Available, RowBounds, Selection, certain_shortfalls, plan_selection
+from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.recipe.model import Mixture, OutputSpec, Recipe, SourceSpec, SourceTarget, Target, ThinkingShare
@@ -251,6 +252,45 @@ def test_a_share_is_of_the_rows_written_and_reported_short_when_it_is_not(tmp_pa
     assert result.manifest["mixture"]["sources"]["chats"]["reached_share"] == 0.6
 
 
+def test_a_pool_too_small_for_its_target_fails_before_any_request_and_in_the_dry_run(tmp_path: Path) -> None:
+    """30 prompts x 1 sample cannot give 100 rows: known before generating, so the dry run says so and the
+    build stops before the server is asked anything (exit 2); --allow-short builds it, marked short."""
+    write_sources(tmp_path, prompts=30)
+    problem = "source 'asks': at most 30 rows (a pool of 30 prompts x 1 sample), 100 declared"
+    with FaultServer(model=MODEL) as server:
+        recipe = write_recipe(tmp_path, server.base_url, prompts_target="{count: 100}")
+        dry = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--dry-run"],
+                             capture_output=True, text=True)
+        assert dry.returncode == 2 and f"declared corpus: {problem}" in dry.stdout
+        server.requests.clear()  # the dry run probes the endpoint; the build must not even do that
+        failed = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe)],
+                                capture_output=True, text=True)
+        assert failed.returncode == 2 and problem in failed.stderr and "Traceback" not in failed.stderr
+        assert server.requests == [] and not (tmp_path / "out").exists()
+        allowed = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--dry-run",
+                                  "--allow-short"], capture_output=True, text=True)
+        assert allowed.returncode == 0 and problem in allowed.stdout
+        result = build(load_recipe(recipe), progress=io.StringIO(), allow_short=True)
+    assert result.manifest["short"] == ["source 'asks': 30 rows pass every check, 100 declared (30 generated, the "
+                                        "pool is exhausted)"]
+
+
+def test_a_thinking_share_no_mix_reaches_fails_before_any_request(tmp_path: Path) -> None:
+    """100 plain replay rows and 20 generated rows: at most 16.7% can reason, even if every generated row does."""
+    write_sources(tmp_path, replay_thinking=0, replay_plain=100)
+    with FaultServer(model=MODEL) as server:
+        recipe = load_recipe(write_recipe(tmp_path, server.base_url, replay_target="{count: 100}",
+                                          mixture="{thinking_share: {target: 0.5}}"))
+        problem = "thinking share: at most 16.7% of the rows can reason"
+        assert any(problem in line for line in plan_build(recipe).problems)
+        server.requests.clear()
+        with pytest.raises(CorpusError) as stopped:
+            build(recipe, progress=io.StringIO())
+        assert not isinstance(stopped.value, MixtureShort)  # exit 2, not the exit 1 of a corpus found short
+        assert any(problem in line for line in stopped.value.details)
+        assert server.requests == []
+
+
 def test_the_card_shows_declared_vs_reached_and_marks_a_short_corpus(tmp_path: Path) -> None:
     from corpus_builder.publish import CorpusDocuments, render_card
 
@@ -270,14 +310,19 @@ def test_the_card_shows_declared_vs_reached_and_marks_a_short_corpus(tmp_path: P
 CELL_KINDS = (("train", True), ("train", False), ("validation", True), ("validation", False))
 
 
+def _recipe(sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float,
+            per_split: bool) -> Recipe:
+    return Recipe("property", Target(model="m"), tuple(
+        SourceSpec(f"s{index}", "replay", target=SourceTarget(count=count) if count is not None else None)
+        for index, (_, count) in enumerate(sources)), OutputSpec(Path("out")),
+        mixture=Mixture(thinking_share=ThinkingShare(share, tolerance, per_split)))
+
+
 def _selection(sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float, per_split: bool,
                priorities: Iterator[int]) -> tuple[Selection, list[list[int]]]:
     """The plan for sources given as (rows per cell in CELL_KINDS order, count or None), and the rows taken
     from each cell."""
-    recipe = Recipe("property", Target(model="m"), tuple(
-        SourceSpec(f"s{index}", "replay", target=SourceTarget(count=count) if count is not None else None)
-        for index, (_, count) in enumerate(sources)), OutputSpec(Path("out")),
-        mixture=Mixture(thinking_share=ThinkingShare(share, tolerance, per_split)))
+    recipe = _recipe(sources, share, tolerance, per_split)
     available, rows = {}, {}
     for index, (cells, _) in enumerate(sources):
         have = available[f"s{index}"] = Available()
@@ -338,6 +383,11 @@ def test_a_reachable_thinking_share_is_reached_and_an_unreachable_one_reported(
     reported = [line for line in selection.shortfalls if line.startswith("thinking share")]
     reachable = _reachable(wants, share, tolerance, per_split)
     assert (not reported) == reachable, (reported, reachable)
+    # what is reported before any request, from the rows each source holds, is certain: the plan falls short too
+    certain = certain_shortfalls(_recipe(sources, share, tolerance, per_split), {
+        f"s{index}": RowBounds.of_rows(sum(cells), cells[0] + cells[2], "rows") for index, (cells, _) in
+        enumerate(sources)})
+    assert not certain or not reachable, certain
     if reachable:
         in_all = [sum(cells[i] for cells in taken) for i in range(4)]
         groups = [(in_all[0], in_all[0] + in_all[1]), (in_all[2], in_all[2] + in_all[3])] if per_split else [
