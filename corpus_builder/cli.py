@@ -94,7 +94,7 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
     if dry_run:
         from .build import format_plan, plan_build
 
-        plan = plan_build(loaded, out)
+        plan = plan_build(loaded, out, allow_short=True if allow_short else None)
         click.echo(f"dry run of recipe '{loaded.name}': nothing is generated or written\n")
         click.echo(format_plan(plan))
         if plan.problems:

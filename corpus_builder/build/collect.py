@@ -23,7 +23,16 @@ from ..rows import RowSpool, batch_to_conversations
 from ..sources import MeasuredRows
 from .checks import BatchStats, Checker, row_location
 from .dedup import Evicted, Verdict
-from .mixture import Available, Selection, next_round, plan_selection, priority, resolve_counts
+from .mixture import (
+    Available,
+    RowBounds,
+    Selection,
+    certain_shortfalls,
+    next_round,
+    plan_selection,
+    priority,
+    resolve_counts,
+)
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter
 from .split import Splitter
@@ -91,13 +100,14 @@ class KeptRows:
 
 def collect(recipe: Recipe, checker: Checker, kept: KeptRows, ledger: LedgerWriter,
             replay: Iterable[Conversation | Skipped | MeasuredRows[BatchStats]],
-            session: GenerationSession | None) -> Selection:
+            session: GenerationSession | None, *, allow_short: bool = False) -> Selection:
     """Check every replay row and generate prompt sources in rounds until the declared corpus is met (or
-    cannot be); returns the selection of rows to write. Dropped rows go to the ledger as they are decided."""
+    cannot be); returns the selection of rows to write. Dropped rows go to the ledger as they are decided.
+    A declared corpus the rows certainly cannot meet stops before any request, unless ``allow_short``."""
     _absorb(checker.run(replay), kept, ledger)
     generated: dict[str, int] = {}
     if session is not None:
-        generated = _generate_in_rounds(recipe, checker, kept, ledger, session)
+        generated = _generate_in_rounds(recipe, checker, kept, ledger, session, allow_short)
     kept.close()
     return plan_selection(recipe, kept.available, generated)
 
@@ -111,13 +121,21 @@ def _absorb(items: Iterator[Conversation | Skipped], kept: KeptRows, ledger: Led
 
 
 def _generate_in_rounds(recipe: Recipe, checker: Checker, kept: KeptRows, ledger: LedgerWriter,
-                        session: GenerationSession) -> dict[str, int]:
+                        session: GenerationSession, allow_short: bool) -> dict[str, int]:
     """Rows asked for per prompts source, over every round."""
     samples = recipe.target.generation.n
     pools = _prompt_pools(recipe, session)
-    sizes = {name: kept.kept(name) for name in kept.available} | {name: len(pool) * samples
-                                                                  for name, pool in pools.items()}
-    counts = resolve_counts(recipe, sizes)
+    at_most = ({name: RowBounds.of_rows(have.count(), have.count(thinking=True), "rows pass every check")
+                for name, have in kept.available.items()}
+               | {name: RowBounds.of_prompts(len(pool), samples) for name, pool in pools.items()})
+    short = certain_shortfalls(recipe, at_most)
+    if short and not allow_short:
+        raise CorpusError("the corpus the recipe declares cannot be met, as the rows at hand show before any "
+                          "request: nothing was generated or written (--allow-short builds it anyway, marked "
+                          "short in the manifest and the card)", details=short)
+    for line in short:
+        print(f"declared corpus: {line} (--allow-short: building it short)", file=session.stream)
+    counts = resolve_counts(recipe, {name: bound.rows for name, bound in at_most.items()})
     asked = dict.fromkeys(pools, 0)  # prompts asked for so far, per source
     for _ in range(recipe.mixture.max_rounds):
         batch: dict[str, tuple[int, int]] = {}  # source -> [first, last) ranks of its pool to ask this round

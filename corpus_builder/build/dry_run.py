@@ -26,6 +26,7 @@ from ..records import Conversation
 from ..sources import iter_source, prompt_stream
 from ..tokens import TemplateRenderer, TokenSettings
 from .dedup import EvalSets, read_eval_sets
+from .mixture import RowBounds, certain_shortfalls
 
 MEASURE_BATCH = 512
 
@@ -35,6 +36,7 @@ class SourceCount:
     name: str
     kind: str
     rows: int = 0  # rows that will enter the pipeline (after take)
+    thinking: int = 0  # of them, rows with reasoning (replay sources)
     skipped: Counter[str] = field(default_factory=Counter)
     requests: int = 0  # assistant turns to generate (prompts sources): user turns x n
 
@@ -97,6 +99,7 @@ class SourceCounter:
                 count.skipped[item.reason] += 1
             else:
                 count.rows += 1
+                count.thinking += item.thinking
                 if count.kind == "prompts":
                     count.requests += sum(1 for m in item.messages if m.role == "user") * self.samples
                     if self.renderer is not None:
@@ -108,6 +111,12 @@ class SourceCounter:
         """One count per recipe source of the given kinds, in recipe order (zero for a source that gave none)."""
         return [self.counts.get(spec.name) or SourceCount(spec.name, spec.kind)
                 for spec in recipe.sources if spec.kind in kinds]
+
+    def bounds(self, recipe: Recipe) -> dict[str, RowBounds]:
+        """The most rows each source can give the corpus: the replay rows read, each prompt's samples."""
+        return {count.name: RowBounds.of_prompts(count.rows, self.samples) if count.kind == "prompts"
+                else RowBounds.of_rows(count.rows, count.thinking, "rows read")
+                for count in self.sources(recipe, ("replay", "prompts"))}
 
     def _measure(self, conversation: Conversation) -> None:
         """The prompt of the conversation's first assistant turn (its tools included), as the server renders it."""
@@ -124,10 +133,13 @@ class SourceCounter:
         self._first_prompts.clear()
 
 
-def plan_build(recipe: Recipe, out: Path | None = None) -> BuildPlan:
+def plan_build(recipe: Recipe, out: Path | None = None, *, allow_short: bool | None = None) -> BuildPlan:
     """The dry run: read every source once, probe the endpoints, measure first-turn prompts against the
     context and count what the journal already holds. Sends no generation request, starts no server. An
-    evaluation set that would check nothing is a CorpusError, as it is for the build."""
+    evaluation set that would check nothing is a CorpusError, as it is for the build.
+
+    What the declared corpus certainly misses with the rows read is a problem, or with ``allow_short``
+    (default: ``mixture.allow_short``) a warning: the build would write it short."""
     eval_sets = read_eval_sets(recipe.decontamination)
     settings = TokenSettings.from_recipe(recipe)
     counter = SourceCounter(recipe, settings.renderer() if settings is not None else None)
@@ -147,6 +159,12 @@ def plan_build(recipe: Recipe, out: Path | None = None) -> BuildPlan:
     plan = complete_plan(recipe, counter, ("replay", "prompts"), coverage)
     plan.eval_sets = eval_sets
     plan.warnings += eval_sets.warnings() if eval_sets is not None else []
+    allowed = recipe.mixture.allow_short if allow_short is None else allow_short
+    for line in certain_shortfalls(recipe, counter.bounds(recipe)):
+        if allowed:
+            plan.warnings.append(f"declared corpus: {line} (--allow-short: the build writes it short)")
+        else:
+            plan.problems.append(f"declared corpus: {line}")
     return plan
 
 

@@ -58,6 +58,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from ..recipe.model import band_layout
 from ..records import Conversation
 
 ConversationText = Literal["all", "prompt"]
@@ -66,9 +67,6 @@ Rule = Literal["exact", "near"]
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 
-# The probability with which a pair at exactly the threshold similarity becomes a candidate; the band layout
-# is the steepest one that keeps it.
-CANDIDATE_AT_THRESHOLD = 0.95
 # Rows are normalised and hashed a chunk of about this many bytes of text at a time: big enough that numpy's
 # per-call cost is small, small enough that the chunk's temporary arrays (8 bytes per byte of text, several
 # of them) stay in cache and a few MB (measured: 256-512 kB is faster than 2 MB, and ~100 MiB less RSS).
@@ -296,22 +294,6 @@ def normalised_chunks(texts: Sequence[str]) -> Iterator[NormalisedChunk]:
     """``texts`` normalised a chunk at a time (``text_chunks``): a caller holds one chunk's arrays at once."""
     for chunk in text_chunks(texts):
         yield NormalisedChunk(normalise_texts(texts[chunk]))
-
-
-def band_layout(threshold: float, num_perm: int) -> tuple[int, int]:
-    """(bands, rows per band) using at most ``num_perm`` MinHash values: the most rows per band for which a
-    pair at ``threshold`` becomes a candidate with probability >= CANDIDATE_AT_THRESHOLD."""
-    for rows in range(num_perm, 0, -1):
-        bands = num_perm // rows
-        if _candidate_probability(threshold, bands, rows) >= CANDIDATE_AT_THRESHOLD:
-            return bands, rows
-    raise ValueError(f"no band layout of {num_perm} permutations makes pairs at {threshold} candidates "
-                     f"with probability {CANDIDATE_AT_THRESHOLD}")
-
-
-def _candidate_probability(similarity: float, bands: int, rows: int) -> float:
-    """The probability that a pair whose shingle sets have this Jaccard similarity share a band."""
-    return 1.0 - (1.0 - similarity**rows) ** bands
 
 
 @dataclass(frozen=True, slots=True)

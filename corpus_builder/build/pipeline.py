@@ -328,7 +328,8 @@ def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextI
                if recipe.has_prompts else None)
     kept = KeptRows(recipe, staging, Splitter(recipe.split.validation_fraction, recipe.split.seed))
     checker = Checker.for_recipe(recipe, tokens.renderer, contamination, evict=kept.evict)
-    selection = collect(recipe, checker, kept, ledger, _replay_rows(recipe, checker, stream), session)
+    selection = collect(recipe, checker, kept, ledger, _replay_rows(recipe, checker, stream), session,
+                        allow_short=allow_short)
     declared = recipe.mixture.declared(recipe.sources)
     report = selection.report(recipe)
     if declared and selection.shortfalls and not allow_short:

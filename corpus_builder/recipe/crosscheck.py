@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .model import CANDIDATE_AT_THRESHOLD, band_layout, least_permutations
+from .schema import recipe_schema
 from .yaml_reader import KeyPath, Parsed, Problem
 
 
@@ -231,6 +233,7 @@ def _dedup_problems(document: dict[str, Any], source_names: dict[str, int], base
     if "near_duplicates" in checks and checks.get("dedup") == "none":
         problems.append(parsed.problem(("checks", "near_duplicates"), "near duplicates compare the text dedup "
                                        "compares: set checks.dedup to exact or prompt", at_key=True))
+    problems += _near_duplicate_problems(_section(checks, "near_duplicates"), parsed)
     decontamination = _section(document, "decontamination")
     ngram, min_words = decontamination.get("ngram", 13), decontamination.get("min_words", 8)
     if isinstance(ngram, int) and isinstance(min_words, int) and min_words > ngram:
@@ -251,6 +254,26 @@ def _dedup_problems(document: dict[str, Any], source_names: dict[str, int], base
             problems.append(parsed.problem(("decontamination", "eval_sets", index, "path"),
                                            f"file not found: {local_path(base_dir, path)}"))
     return problems
+
+
+def _near_duplicate_problems(near: dict[str, Any], parsed: Parsed) -> list[Problem]:
+    """Near-duplicate settings with no LSH band layout (the build's rule): checked within the schema's bounds of
+    num_perm, the schema reports the others."""
+    bounds = recipe_schema()["properties"]["checks"]["properties"]["near_duplicates"]["properties"]["num_perm"]
+    threshold, num_perm = near.get("threshold"), near.get("num_perm")
+    if not (isinstance(threshold, int | float) and 0 < threshold <= 1 and isinstance(num_perm, int)
+            and bounds["minimum"] <= num_perm <= bounds["maximum"]):
+        return []
+    try:
+        band_layout(threshold, num_perm)
+        return []
+    except ValueError:
+        least = least_permutations(threshold, bounds["maximum"])
+    fix = (f"this threshold needs num_perm >= {least:,}): raise num_perm or the threshold" if least is not None
+           else f"no num_perm up to {bounds['maximum']:,} has one): raise the threshold")
+    return [parsed.problem(("checks", "near_duplicates", "threshold"), (
+        f"no LSH band layout of {num_perm:,} permutations finds pairs at similarity {threshold:g} with "
+        f"probability {CANDIDATE_AT_THRESHOLD:g} ({fix}"))]
 
 
 def _mixture_problems(document: dict[str, Any], sources: list[Any], parsed: Parsed) -> list[Problem]:
@@ -275,11 +298,35 @@ def _mixture_problems(document: dict[str, Any], sources: list[Any], parsed: Pars
                 problems.append(parsed.problem(("sources", index, setting), "only prompts sources are generated: "
                                                "a replay source keeps the tool calls and results it recorded",
                                                at_key=True))
-    has_total = isinstance(_section(document, "mixture").get("total"), int)
+    total = _section(document, "mixture").get("total")
+    has_total = isinstance(total, int)
     if sum(shares) > 1 or (sum(shares) == 1 and not has_total) or (
             shares and not has_total and all(isinstance(s, dict) and isinstance(s.get("target"), dict)
                                              and "share" in s["target"] for s in sources)):
         problems.append(parsed.problem(("mixture",), f"the sources' shares add up to {sum(shares):g}: with every "
                                        "source a share, set mixture.total; shares cannot exceed 1", at_key=True))
+    elif isinstance(total, int):
+        problems += _total_problems(total, sources, shares, parsed)
     return problems
+
+
+def _total_problems(total: int, sources: list[Any], shares: list[float], parsed: Parsed) -> list[Problem]:
+    """``mixture.total`` against the targets: the counts and the shares' rows must leave room within it, and
+    with every source a target they must make it up (within the one row a share rounds to)."""
+    counts = [source["target"]["count"] for source in sources if isinstance(source, dict)
+              and isinstance(source.get("target"), dict) and isinstance(source["target"].get("count"), int)]
+    open_sources = [source for source in sources if isinstance(source, dict) and "target" not in source]
+    counted, share_rows = sum(counts), sum(shares) * total
+    left = total - counted - share_rows
+    if counted > total:
+        message = f"the sources' counts add up to {counted:,}, more than mixture.total ({total:,})"
+    elif left <= -1 + 1e-9:
+        message = (f"the sources' counts ({counted:,} rows) and shares ({sum(shares):g} of {total:,}: "
+                   f"{share_rows:,.1f} rows) add up to more than mixture.total ({total:,})")
+    elif left >= 1 - 1e-9 and not open_sources:
+        message = (f"every source has a target and they add up to {counted + share_rows:,.1f} rows, not "
+                   f"mixture.total ({total:,}): give a source no target to fill the rest, or change the total")
+    else:
+        return []
+    return [parsed.problem(("mixture", "total"), message)]
 

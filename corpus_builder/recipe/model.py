@@ -129,6 +129,35 @@ class NearDuplicateSettings:
     shingle: int = 5
 
 
+# The probability with which a pair at exactly the near-duplicate threshold becomes an LSH candidate
+# (build.near_dedup); the band layout is the steepest one that keeps it.
+CANDIDATE_AT_THRESHOLD = 0.95
+
+
+def band_layout(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(bands, rows per band) using at most ``num_perm`` MinHash values: the most rows per band for which a
+    pair at ``threshold`` becomes a candidate with probability >= CANDIDATE_AT_THRESHOLD. Here, not in the
+    build, so that `corpus validate` refuses settings that have none."""
+    for rows in range(num_perm, 0, -1):
+        bands = num_perm // rows
+        if _candidate_probability(threshold, bands, rows) >= CANDIDATE_AT_THRESHOLD:
+            return bands, rows
+    raise ValueError(f"no band layout of {num_perm} permutations makes pairs at {threshold} candidates "
+                     f"with probability {CANDIDATE_AT_THRESHOLD}")
+
+
+def least_permutations(threshold: float, most: int) -> int | None:
+    """The fewest permutations, up to ``most``, with a band layout at ``threshold`` (None: none up to it): one
+    value per band is the layout that makes the most candidates."""
+    return next((permutations for permutations in range(1, most + 1)
+                 if _candidate_probability(threshold, permutations, 1) >= CANDIDATE_AT_THRESHOLD), None)
+
+
+def _candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    """The probability that a pair whose shingle sets have this Jaccard similarity share a band."""
+    return 1.0 - (1.0 - similarity**rows) ** bands
+
+
 @dataclass(frozen=True, slots=True)
 class Checks:
     min_thinking_share: float | None = None
@@ -175,7 +204,8 @@ class Mixture:
     allow_short: bool = False
 
     def declared(self, sources: tuple[SourceSpec, ...]) -> bool:
-        return self.thinking_share is not None or any(spec.target is not None for spec in sources)
+        return (self.total is not None or self.thinking_share is not None
+                or any(spec.target is not None for spec in sources))
 
 
 @dataclass(frozen=True, slots=True)

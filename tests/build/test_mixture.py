@@ -4,20 +4,29 @@ prompt pool, fewer or more replay rows), a thinking share within its tolerance, 
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import random
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
-from corpus_builder.build import build
+from corpus_builder.build import build, plan_build
 from corpus_builder.build.collect import MixtureShort
+from corpus_builder.build.mixture import Available, RowBounds, Selection, certain_shortfalls, plan_selection
+from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
+from corpus_builder.recipe.model import Mixture, OutputSpec, Recipe, SourceSpec, SourceTarget, Target, ThinkingShare
 from corpus_builder.testing.fault_server import Fault, FaultServer
 from corpus_builder.testing.trials import shard_hashes
+from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_rows
 
 MODEL = "tiny-target"
@@ -179,6 +188,109 @@ def test_shares_without_room_are_refused(tmp_path: Path) -> None:
     assert completed.returncode == 2 and "set mixture.total" in completed.stderr
 
 
+@pytest.mark.parametrize(("targets", "total", "problem"), [
+    (("{count: 20}", "{count: 50}"), 60, "the sources' counts add up to 70, more than mixture.total (60)"),
+    (("{count: 20}", "{count: 50}"), 100, "every source has a target and they add up to 70.0 rows, not "
+                                          "mixture.total (100)"),
+    (("{share: 0.5}", "{count: 60}"), 100, "the sources' counts (60 rows) and shares (0.5 of 100: 50.0 rows) add "
+                                           "up to more than mixture.total (100)"),
+])
+def test_a_total_the_targets_contradict_is_refused_by_validate_where_written(
+        tmp_path: Path, targets: tuple[str, str], total: int, problem: str) -> None:
+    write_sources(tmp_path)
+    recipe = write_recipe(tmp_path, "http://127.0.0.1:9/v1", prompts_target=targets[0], replay_target=targets[1],
+                          mixture=f"{{total: {total}}}")
+    completed = subprocess.run([sys.executable, "-m", "corpus_builder", "validate", str(recipe)],
+                               capture_output=True, text=True)
+    lines = recipe.read_text().splitlines()
+    line = next(number for number, text in enumerate(lines, 1) if text.startswith("mixture:"))
+    column = lines[line - 1].index(str(total)) + 1
+    assert completed.returncode == 2 and f"{recipe}:{line}:{column}: mixture.total: {problem}" in completed.stderr
+
+
+def write_replay_recipe(root: Path, targets: dict[str, str], mixture: str) -> Path:
+    """Replay sources alone (no server): 'logs', 100 rows of which 40 reason, and 'chats', 300 plain rows."""
+    write_sources(root, prompts=0)
+    write_rows(root / "chats.jsonl", [{"messages": [{"role": "user", "content": f"hello {i}"},
+                                                    {"role": "assistant", "content": f"hi {i}"}]} for i in range(300)])
+    sources = "".join(f"  - {{name: {name}, kind: replay, path: {path}"
+                      + (f", target: {targets[name]}}}\n" if name in targets else "}\n")
+                      for name, path in (("logs", "replay.jsonl"), ("chats", "chats.jsonl")))
+    (root / "recipe.yaml").write_text(f"name: totals\ntarget: {{model: {MODEL}}}\nsources:\n{sources}mixture: "
+                                      f"{mixture}\nsplit: {{validation_fraction: 0.1}}\noutput: {{dir: out}}\n",
+                                      encoding="utf-8")
+    return root / "recipe.yaml"
+
+
+@pytest.mark.parametrize(("targets", "total", "written"), [
+    ({"logs": "{share: 0.25}"}, 200, {"logs": 50, "chats": 150}),  # the source with no target fills the rest
+    ({}, 120, {"logs": 30, "chats": 90}),  # no target at all: in proportion to their rows
+    ({"chats": "{count: 100}"}, 150, {"logs": 50, "chats": 100}),
+])
+def test_the_total_is_met_by_the_sources_with_no_target(tmp_path: Path, targets: dict[str, str], total: int,
+                                                         written: dict[str, int]) -> None:
+    result = build(load_recipe(write_replay_recipe(tmp_path, targets, f"{{total: {total}}}")),
+                   progress=io.StringIO())
+    assert Counter(row.source for row in Corpus.open(result.out_dir).iter_conversations()) == written
+    assert result.manifest["conversations"] == total and "short" not in result.manifest
+    for name, target in targets.items():
+        if "share" in target:
+            assert result.manifest["mixture"]["sources"][name]["reached_share"] == float(target[8:-1])
+
+
+def test_a_share_is_of_the_rows_written_and_reported_short_when_it_is_not(tmp_path: Path) -> None:
+    """'logs' holds 100 rows of the 150 it declares: the corpus has 250 rows, of which the 150 'chats' declared
+    as half are 60%; the share is not reported met."""
+    recipe = load_recipe(write_replay_recipe(tmp_path, {"logs": "{count: 150}", "chats": "{share: 0.5}"},
+                                             "{total: 300}"))
+    with pytest.raises(MixtureShort):
+        build(recipe, progress=io.StringIO())
+    result = build(recipe, progress=io.StringIO(), allow_short=True)
+    assert result.manifest["short"] == ["source 'logs': 100 rows pass every check, 150 declared",
+                                        "source 'chats': 150 rows, 60.0% of the 250 written, 50.0% declared",
+                                        "corpus: 250 rows reached, mixture.total declares 300"]
+    assert result.manifest["mixture"]["sources"]["chats"]["reached_share"] == 0.6
+
+
+def test_a_pool_too_small_for_its_target_fails_before_any_request_and_in_the_dry_run(tmp_path: Path) -> None:
+    """30 prompts x 1 sample cannot give 100 rows: known before generating, so the dry run says so and the
+    build stops before the server is asked anything (exit 2); --allow-short builds it, marked short."""
+    write_sources(tmp_path, prompts=30)
+    problem = "source 'asks': at most 30 rows (a pool of 30 prompts x 1 sample), 100 declared"
+    with FaultServer(model=MODEL) as server:
+        recipe = write_recipe(tmp_path, server.base_url, prompts_target="{count: 100}")
+        dry = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--dry-run"],
+                             capture_output=True, text=True)
+        assert dry.returncode == 2 and f"declared corpus: {problem}" in dry.stdout
+        server.requests.clear()  # the dry run probes the endpoint; the build must not even do that
+        failed = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe)],
+                                capture_output=True, text=True)
+        assert failed.returncode == 2 and problem in failed.stderr and "Traceback" not in failed.stderr
+        assert server.requests == [] and not (tmp_path / "out").exists()
+        allowed = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--dry-run",
+                                  "--allow-short"], capture_output=True, text=True)
+        assert allowed.returncode == 0 and problem in allowed.stdout
+        result = build(load_recipe(recipe), progress=io.StringIO(), allow_short=True)
+    assert result.manifest["short"] == ["source 'asks': 30 rows pass every check, 100 declared (30 generated, the "
+                                        "pool is exhausted)"]
+
+
+def test_a_thinking_share_no_mix_reaches_fails_before_any_request(tmp_path: Path) -> None:
+    """100 plain replay rows and 20 generated rows: at most 16.7% can reason, even if every generated row does."""
+    write_sources(tmp_path, replay_thinking=0, replay_plain=100)
+    with FaultServer(model=MODEL) as server:
+        recipe = load_recipe(write_recipe(tmp_path, server.base_url, replay_target="{count: 100}",
+                                          mixture="{thinking_share: {target: 0.5}}"))
+        problem = "thinking share: at most 16.7% of the rows can reason"
+        assert any(problem in line for line in plan_build(recipe).problems)
+        server.requests.clear()
+        with pytest.raises(CorpusError) as stopped:
+            build(recipe, progress=io.StringIO())
+        assert not isinstance(stopped.value, MixtureShort)  # exit 2, not the exit 1 of a corpus found short
+        assert any(problem in line for line in stopped.value.details)
+        assert server.requests == []
+
+
 def test_the_card_shows_declared_vs_reached_and_marks_a_short_corpus(tmp_path: Path) -> None:
     from corpus_builder.publish import CorpusDocuments, render_card
 
@@ -189,3 +301,104 @@ def test_the_card_shows_declared_vs_reached_and_marks_a_short_corpus(tmp_path: P
     card = render_card(CorpusDocuments.load(result.out_dir))
     assert "> **Short of its recipe**" in card and "25 declared (30 generated, the pool is exhausted)" in card
     assert "## Declared and reached" in card and "| asks | 25 | 20 | 20 | 30 |" in card
+
+
+# --------------------------------------------------------------------------------------------------
+# The selection's arithmetic, on rows that passed the checks (no build): a thinking share is reached whenever
+# any choice of the rows reaches it, overall and per split, and reported short exactly when none does.
+
+CELL_KINDS = (("train", True), ("train", False), ("validation", True), ("validation", False))
+
+
+def _recipe(sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float,
+            per_split: bool) -> Recipe:
+    return Recipe("property", Target(model="m"), tuple(
+        SourceSpec(f"s{index}", "replay", target=SourceTarget(count=count) if count is not None else None)
+        for index, (_, count) in enumerate(sources)), OutputSpec(Path("out")),
+        mixture=Mixture(thinking_share=ThinkingShare(share, tolerance, per_split)))
+
+
+def _selection(sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float, per_split: bool,
+               priorities: Iterator[int]) -> tuple[Selection, list[list[int]]]:
+    """The plan for sources given as (rows per cell in CELL_KINDS order, count or None), and the rows taken
+    from each cell."""
+    recipe = _recipe(sources, share, tolerance, per_split)
+    available, rows = {}, {}
+    for index, (cells, _) in enumerate(sources):
+        have = available[f"s{index}"] = Available()
+        for (split, thinking), count in zip(CELL_KINDS, cells, strict=True):
+            for _ in range(count):
+                row_priority = next(priorities)
+                have.add(split, thinking, row_priority)
+                rows.setdefault(f"s{index}", []).append((split, thinking, row_priority))
+    selection = plan_selection(recipe, available, {})
+    taken = [[sum(selection.takes(name, split, thinking, row_priority) for split, thinking, row_priority in rows[name]
+                  if (split, thinking) == kind) for kind in CELL_KINDS] for name in available]
+    return selection, taken
+
+
+def _reachable(sources: list[tuple[tuple[int, ...], int]], share: float, tolerance: float, per_split: bool) -> bool:
+    """Whether any choice of rows (each source its count, each cell at most what it holds) reaches the share:
+    overall, or in every split the sources hold rows of (such a split may not be left empty)."""
+    totals = {(0, 0, 0, 0)}
+    for cells, count in sources:
+        choices = [c for c in itertools.product(*(range(n + 1) for n in cells)) if sum(c) == count]
+        totals = {tuple(a + b for a, b in zip(total, choice, strict=True)) for total in totals for choice in choices}
+
+    def within(thinking: int, rows: int) -> bool:
+        return abs(thinking / rows - share) <= tolerance + 1e-9
+
+    held = [any(cells[0] + cells[1] for cells, _ in sources), any(cells[2] + cells[3] for cells, _ in sources)]
+    for train_thinking, train_plain, validation_thinking, validation_plain in totals:
+        splits = [(train_thinking, train_thinking + train_plain), (validation_thinking,
+                                                                   validation_thinking + validation_plain)]
+        if per_split and all(within(*split) if split[1] else not needed for split, needed in zip(splits, held,
+                                                                                                 strict=True)):
+            return True
+        if not per_split and within(train_thinking + validation_thinking, sum(rows for _, rows in splits)):
+            return True
+    return False
+
+
+@st.composite
+def _declared_sources(draw: st.DrawFn) -> list[tuple[tuple[int, ...], int | None]]:
+    sources = []
+    for _ in range(draw(st.integers(1, 3))):
+        cells = tuple(draw(st.integers(0, 4)) for _ in CELL_KINDS)
+        assume(sum(cells) > 0)
+        sources.append((cells, draw(st.none() | st.integers(1, sum(cells)))))
+    return sources
+
+
+@given(sources=_declared_sources(), share=st.integers(0, 20).map(lambda n: n / 20),
+       tolerance=st.integers(0, 25).map(lambda n: n / 100), per_split=st.booleans(), seed=st.integers(0, 2**32))
+@fuzz_settings(300)
+def test_a_reachable_thinking_share_is_reached_and_an_unreachable_one_reported(
+        sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float, per_split: bool,
+        seed: int) -> None:
+    priorities = iter(random.Random(seed).sample(range(10**9), 100))
+    selection, taken = _selection(sources, share, tolerance, per_split, priorities)
+    wants = [(cells, sum(cells) if count is None else count) for cells, count in sources]
+    assert [sum(cells) for cells in taken] == [count for _, count in wants]  # each source its count, exactly
+    reported = [line for line in selection.shortfalls if line.startswith("thinking share")]
+    reachable = _reachable(wants, share, tolerance, per_split)
+    assert (not reported) == reachable, (reported, reachable)
+    # what is reported before any request, from the rows each source holds, is certain: the plan falls short too
+    certain = certain_shortfalls(_recipe(sources, share, tolerance, per_split), {
+        f"s{index}": RowBounds.of_rows(sum(cells), cells[0] + cells[2], "rows") for index, (cells, _) in
+        enumerate(sources)})
+    assert not certain or not reachable, certain
+    if reachable:
+        in_all = [sum(cells[i] for cells in taken) for i in range(4)]
+        groups = [(in_all[0], in_all[0] + in_all[1]), (in_all[2], in_all[2] + in_all[3])] if per_split else [
+            (in_all[0] + in_all[2], sum(in_all))]
+        assert all(abs(thinking / rows - share) <= tolerance + 1e-9 for thinking, rows in groups if rows)
+
+
+def test_every_reasoning_row_wanted_with_a_validation_split() -> None:
+    """All 100 reasoning rows wanted and 100 exist, some of them in validation: met, overall and per split
+    (it was reported impossible whenever validation_fraction > 0: the split was apportioned first)."""
+    for per_split in (False, True):
+        selection, taken = _selection([((92, 280, 8, 20), 100)], 1.0, 0.0, per_split, itertools.count())
+        assert selection.shortfalls == [] and selection.thinking_share == 1.0
+        assert taken == [[92, 0, 8, 0]]

@@ -407,6 +407,19 @@ def test_semantic_problem(workspace: Path, old: str, new: str, path: str, fragme
     find(problems_of(write(workspace, edited(old, new))), path, fragment)
 
 
+def test_near_duplicate_settings_with_no_band_layout_are_refused_where_written(workspace: Path) -> None:
+    """A low threshold needs more permutations (the build's own layout rule): refused by validate, with the
+    position and the num_perm that would do, not at build time."""
+    near = "near_duplicates: {threshold: 0.85, num_perm: 128, shingle: 4}"
+    text = edited(near, "near_duplicates: {threshold: 0.01, num_perm: 8, shingle: 4}")
+    problem = find(problems_of(write(workspace, text)), "checks.near_duplicates.threshold", "needs num_perm >= 299")
+    line = next(number for number, written in enumerate(text.splitlines(), 1) if "threshold: 0.01" in written)
+    assert (problem.line, problem.column) == (line, text.splitlines()[line - 1].index("0.01") + 1)
+    assert check_recipe(write(workspace, text.replace("num_perm: 8", "num_perm: 299")))[1] == []
+    find(problems_of(write(workspace, text.replace("num_perm: 8", "num_perm: 298"))),
+         "checks.near_duplicates.threshold", "no LSH band layout of 298 permutations")
+
+
 def test_without_a_tokenizer_the_target_model_names_the_hub_tokenizer(workspace: Path) -> None:
     """The Hub default: target.model at target.revision, when the recipe counts in the target's tokens; a path
     whose first directory is here is a path (models/nope is a typo, not a Hub model)."""
