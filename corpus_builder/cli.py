@@ -8,8 +8,10 @@ must fix (bad recipe, unreadable file, bad arguments). Heavy modules are importe
 from __future__ import annotations
 
 import io
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -26,6 +28,22 @@ def _echo_to_user(text: str, *, err: bool = False) -> None:
     from .secrets import scrub_message
 
     click.echo(scrub_message(text), err=err)
+
+
+class Share(click.FloatRange):
+    """A share, 0 to 1. ``nan`` is refused: it passes every range check and fails no comparison, so a limit
+    of ``nan`` would never fail."""
+
+    name = "share"
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        share = super().convert(value, param, ctx)
+        if math.isnan(share):
+            self.fail(f"{value!r} is not a number from 0 to 1", param, ctx)
+        return share
 
 
 def _print_json(value: object) -> None:
@@ -96,13 +114,13 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
 @cli.command()
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--min-thinking-share", type=click.FloatRange(0, 1), help="Exit 1 when the share is below this.")
+@click.option("--min-thinking-share", type=Share(), help="Exit 1 when the share is below this.")
 @click.option("--endpoint", help="Hub endpoint for hf:// paths.")
 @click.option("--no-secrets", is_flag=True, help="Skip the secrets scan (Hub tokens, API keys, private keys...).")
 @click.option("--against", "traffic", metavar="TRAFFIC",
               help="Compare the corpus with serving traffic: a file or glob (.jsonl, .jsonl.zst, .json, .parquet), "
                    "a recipe .yaml (its sources and task tags) or hf://datasets/ORG/NAME[/SPLIT].")
-@click.option("--max-divergence", type=click.FloatRange(0, 1),
+@click.option("--max-divergence", type=Share(),
               help="With --against: exit 1 when any dimension's total variation distance exceeds this.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Write a self-contained HTML report (plots; corpus vs traffic with --against).")
