@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..errors import CorpusError
 from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES
 from .traffic import as_shares
 
@@ -216,8 +217,16 @@ def render(report: dict[str, Any], audit: dict[str, Any], title: str) -> str:
 
 
 def write_html_report(path: Path, report: dict[str, Any], audit: dict[str, Any], title: str) -> None:
-    """Write the page atomically (a reader never sees half a report)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the page atomically (a reader never sees half a report): a partial file beside it, renamed over it
+    once whole, and removed on any failure (a write error is a ``CorpusError`` naming the path)."""
+    page = render(report, audit, title)
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(render(report, audit, title), encoding="utf-8")
-    partial.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(page, encoding="utf-8")
+        partial.replace(path)
+    except BaseException as error:
+        partial.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise CorpusError(f"cannot write the HTML report: {error.strerror or error}", file=str(path)) from None
+        raise
