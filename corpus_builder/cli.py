@@ -122,7 +122,7 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
                    "a recipe .yaml (its sources and task tags) or hf://datasets/ORG/NAME[/SPLIT].")
 @click.option("--max-divergence", type=Share(),
               help="With --against: exit 1 when any dimension's total variation distance exceeds this.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path),
+@click.option("--html", "html_path", type=click.Path(),
               help="Write a self-contained HTML report (plots; corpus vs traffic with --against).")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory for the token dimensions (default: the corpus recipe's).")
@@ -133,22 +133,26 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
 @click.option("--draft-vocab-size", type=click.IntRange(min=1), default=32000, show_default=True,
               help="Draft vocabulary size whose coverage of the traffic is reported.")
 def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None, no_secrets: bool,
-          traffic: str | None, max_divergence: float | None, html_path: Path | None, tokenizer: Path | None,
+          traffic: str | None, max_divergence: float | None, html_path: str | None, tokenizer: Path | None,
           token_sample: int, copy_span_tokens: int, draft_vocab_size: int) -> None:
     """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME; with --against, how far a
     built corpus is from serving traffic, dimension by dimension, and the recipe changes that close the gap.
 
     Exit 1 when the thinking share is below --min-thinking-share, the secrets scan finds anything, or a
     divergence exceeds --max-divergence."""
-    from .audit import audited, corpus_problems, format_report
+    from .audit import audit_inputs, audited, corpus_problems, format_report
+    from .outputs import check_output_path
 
     if max_divergence is not None and traffic is None:
         raise click.UsageError("--max-divergence needs --against TRAFFIC")
+    # Checked before the (possibly long) audit: a path it must not write fails with nothing computed.
+    html = check_output_path(html_path, what="--html", inputs=audit_inputs(path, traffic, tokenizer)) \
+        if html_path is not None else None
     # The corpus stays open (downloaded, for hf://) while it is compared: read once for both.
     with audited(path, endpoint=endpoint, secrets=not no_secrets) as (report, files):
         problems = list(corpus_problems(report, min_thinking_share))
         comparison = None
-        if traffic is not None or html_path is not None:
+        if traffic is not None or html is not None:
             from .audit import AuditOptions, audit_against, describe_corpus, divergence_problems
 
             options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
@@ -165,12 +169,12 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
             from .audit import format_comparison
 
             click.echo("\n" + format_comparison(comparison))
-    if html_path is not None and comparison is not None:
+    if html is not None and comparison is not None:
         from .audit import write_html_report
 
-        write_html_report(html_path, comparison, report, f"corpus audit {path}" +
+        write_html_report(html, comparison, report, f"corpus audit {path}" +
                           (f" against {traffic}" if traffic is not None else ""))
-        click.echo(f"wrote {html_path}", err=True)
+        click.echo(f"wrote {html}", err=True)
     for problem in problems:
         click.echo(f"check failed: {problem}", err=True)
     if problems:

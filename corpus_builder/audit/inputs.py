@@ -103,6 +103,18 @@ def traffic_units(where: str) -> list[Unit]:
     return [_file_unit(path, path.name, TRAFFIC_SOURCE, None, Mapping(), RepairRules()) for path in paths]
 
 
+def traffic_inputs(where: str) -> list[str | Path]:
+    """The local paths reading ``where`` reads: a recipe and its sources' files, or the file or glob itself."""
+    if where.startswith("hf://") or not where.endswith((".yaml", ".yml")):
+        return [where]
+    from ..recipe import load_recipe
+    from ..sources import resolve_paths
+
+    recipe = load_recipe(Path(where))
+    files = [path for spec in recipe.sources if spec.hub is None for path in resolve_paths(spec, recipe.base_dir)]
+    return [where, *files]
+
+
 def _hub_ref(where: str) -> HubRef:
     parts = where.removeprefix("hf://").removeprefix("datasets/").strip("/").split("/")
     if len(parts) not in (2, 3) or not all(parts):
