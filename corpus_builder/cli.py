@@ -122,6 +122,11 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
                    "a recipe .yaml (its sources and task tags) or hf://datasets/ORG/NAME[/SPLIT].")
 @click.option("--max-divergence", type=Share(),
               help="With --against: exit 1 when any dimension's total variation distance exceeds this.")
+@click.option("--max-skipped-share", type=Share(), default=0.05, show_default=True,
+              help="With --against: past this share of unreadable traffic rows every figure is said to describe the "
+                   "readable part only, and --max-divergence fails.")
+@click.option("--allow-skipped", is_flag=True,
+              help="With --max-divergence: do not fail for traffic rows skipped past --max-skipped-share.")
 @click.option("--html", "html_path", type=click.Path(),
               help="Write a self-contained HTML report (plots; corpus vs traffic with --against).")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
@@ -133,13 +138,14 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
 @click.option("--draft-vocab-size", type=click.IntRange(min=1), default=32000, show_default=True,
               help="Draft vocabulary size whose coverage of the traffic is reported.")
 def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None, no_secrets: bool,
-          traffic: str | None, max_divergence: float | None, html_path: str | None, tokenizer: Path | None,
-          token_sample: int, copy_span_tokens: int, draft_vocab_size: int) -> None:
+          traffic: str | None, max_divergence: float | None, max_skipped_share: float, allow_skipped: bool,
+          html_path: str | None, tokenizer: Path | None, token_sample: int, copy_span_tokens: int,
+          draft_vocab_size: int) -> None:
     """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME; with --against, how far a
     built corpus is from serving traffic, dimension by dimension, and the recipe changes that close the gap.
 
     Exit 1 when the thinking share is below --min-thinking-share, the secrets scan finds anything, or a
-    divergence exceeds --max-divergence."""
+    divergence exceeds --max-divergence (or too many traffic rows were unreadable); 2 when no traffic row is."""
     from .audit import audit_inputs, audited, corpus_problems, format_report
     from .outputs import check_output_path
 
@@ -156,11 +162,12 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
             from .audit import AuditOptions, audit_against, describe_corpus, divergence_problems
 
             options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
-                                   draft_vocab_size=draft_vocab_size, endpoint=endpoint)
+                                   draft_vocab_size=draft_vocab_size, endpoint=endpoint,
+                                   max_skipped_share=max_skipped_share)
             compared = files if files is not None else path  # a raw file: the comparison refuses it by name
             comparison = (audit_against(compared, traffic, options) if traffic is not None
                           else describe_corpus(compared, options))
-            problems += divergence_problems(comparison, max_divergence)
+            problems += divergence_problems(comparison, max_divergence, allow_skipped=allow_skipped)
     if as_json:
         _print_json({**comparison, "audit": report} if traffic is not None and comparison is not None else report)
     else:

@@ -177,9 +177,11 @@ def _summary(report: dict[str, Any]) -> str:
     for role in ("corpus", "traffic"):
         side = report.get(role)
         if side:
-            rows.append([role, side["label"], f"{side['conversations']:,}", f"{side['thinking_share']:.1%}",
-                         f"{side['reasoning_share']:.1%}"])
-    parts = [_table(["", "input", "conversations", "thinking (mode)", "with reasoning"], rows)]
+            rows.append([role, side["label"], f"{side['conversations']:,}", f"{sum(side['skipped'].values()):,}",
+                         f"{side['thinking_share']:.1%}", f"{side['reasoning_share']:.1%}"])
+    readable = report.get("readable") or {}
+    parts = [f"<p><strong>{html.escape(readable['note'])}</strong></p>"] if readable.get("partial") else []
+    parts.append(_table(["", "input", "conversations", "rows skipped", "thinking (mode)", "with reasoning"], rows))
     if report.get("divergence"):
         parts.append("<h2>Divergence</h2>")
         parts.append(_table(["dimension", "TVD", "biggest gaps (bucket: corpus → traffic)"], (

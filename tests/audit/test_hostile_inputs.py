@@ -3,6 +3,7 @@ input, traffic with no readable rows, and the traffic reader taking exactly the 
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shutil
@@ -374,3 +375,87 @@ def test_the_cli_counts_the_traffic_as_the_plain_audit_does(corpus: Path, tmp_pa
     plain_report, traffic = json.loads(plain.stdout), json.loads(against.stdout)["traffic"]
     assert "duplicate" not in plain_report["skipped"]  # the build's checks, which the traffic is not put through
     assert (traffic["conversations"], traffic["skipped"]) == (plain_report["conversations"], plain_report["skipped"])
+
+
+# --- traffic with no readable rows, or too few --------------------------------------------------------------
+
+
+def unreadable(kind: str, directory: Path) -> tuple[Path, str]:
+    """Traffic of which no row is readable, and the skip reason the error names."""
+    if kind == "garbage":
+        path = directory / "garbage.jsonl"
+        path.write_bytes(bytes(range(128, 256)) * 20 + b"\n" + b"\xff\xfe{" * 50 + b"\n")
+        return path, "invalid_utf8 2"
+    if kind == "nulls":  # a block of them crashed pyarrow's reader
+        path = directory / "nulls.jsonl"
+        path.write_bytes(b"null\n" * 3)
+        return path, "not_an_object 3"
+    if kind == "null-content":
+        return write_jsonl(directory / "null-content.jsonl", MESSY_ROWS[1:2] * 4), "null_content 4"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = directory / "other-schema.parquet"
+    pq.write_table(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]}), path)
+    return path, "missing_messages 3"
+
+
+@pytest.mark.parametrize("kind", ["garbage", "nulls", "null-content", "other-schema"])
+def test_traffic_without_a_readable_row_is_an_error(corpus: Path, tmp_path: Path, kind: str) -> None:
+    """Not a report that passes --max-divergence and plans to delete a source: exit 2, the file and why."""
+    path, reasons = unreadable(kind, tmp_path)
+    completed = corpus_cli("audit", corpus, "--against", path, "--max-divergence", "0.01")
+    assert completed.returncode == 2, completed.stderr
+    assert f"error: {path}: no readable traffic rows: all " in completed.stderr and reasons in completed.stderr
+    assert completed.stdout == "" and "Traceback" not in completed.stderr
+
+
+def test_an_empty_traffic_file_is_an_error_as_for_the_readers(corpus: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_bytes(b"\n  \n")
+    completed = corpus_cli("audit", corpus, "--against", tmp_path / "empty.jsonl")
+    assert completed.returncode == 2 and "empty.jsonl: file has no rows" in completed.stderr
+
+
+@pytest.fixture
+def partly_readable(tmp_path: Path) -> Path:
+    """100 readable rows and 10 unreadable ones: 9.1% skipped, past the default 5%."""
+    return write_jsonl(tmp_path / "partial.jsonl", known_traffic(), extra=b"{not json\n" * 10)
+
+
+def test_traffic_mostly_skipped_is_said_to_be_described_in_part_everywhere(corpus: Path, partly_readable: Path,
+                                                                           tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    text = corpus_cli("audit", corpus, "--against", partly_readable, "--html", page)
+    assert text.returncode == 0, text.stderr  # without --max-divergence nothing fails: it is said
+    assert "traffic rows: 100 readable, 10 skipped (9.1%): every figure below describes the readable rows only" \
+        in text.stdout
+    note = "10 of the traffic's 110 rows (9.1%) were skipped, more than --max-skipped-share 0.05: every figure " \
+           "describes the 100 readable rows only"
+    assert f"note: {note}" in text.stdout
+    assert f"<p><strong>{html.escape(note)}</strong></p>" in page.read_text(encoding="utf-8")
+    report = json.loads(corpus_cli("audit", corpus, "--against", partly_readable, "--json").stdout)
+    assert report["readable"] == {"rows": 100, "skipped": 10, "skipped_share": round(10 / 110, 6),
+                                  "max_skipped_share": 0.05, "partial": True, "note": note}
+    assert note in report["notes"]
+
+
+def test_max_divergence_fails_on_mostly_skipped_traffic_unless_allowed(corpus: Path, partly_readable: Path) -> None:
+    failed = corpus_cli("audit", corpus, "--against", partly_readable, "--max-divergence", "0.99")
+    assert failed.returncode == 1, failed.stderr
+    assert ("check failed: 10 of the traffic's 110 rows (9.1%) were skipped, more than --max-skipped-share 0.05: "
+            "the divergences describe the readable rows only (--allow-skipped accepts that)") in failed.stderr
+    allowed = corpus_cli("audit", corpus, "--against", partly_readable, "--max-divergence", "0.99", "--allow-skipped")
+    assert allowed.returncode == 0, allowed.stderr
+    wider = corpus_cli("audit", corpus, "--against", partly_readable, "--max-divergence", "0.99",
+                       "--max-skipped-share", "0.1", "--json")
+    assert wider.returncode == 0, wider.stderr
+    assert json.loads(wider.stdout)["readable"]["partial"] is False
+    assert corpus_cli("audit", corpus, "--against", partly_readable, "--max-skipped-share", "nan").returncode == 2
+
+
+def test_the_skipped_share_limit_is_a_share() -> None:
+    from corpus_builder.audit import AuditOptions
+
+    for bad in (float("nan"), -0.1, 1.5):
+        with pytest.raises(CorpusError, match="max_skipped_share must be a share from 0 to 1"):
+            AuditOptions(max_skipped_share=bad)
