@@ -299,7 +299,16 @@ def _row_form(made: list[tuple[bool | None, Conversation]]) -> pl.DataFrame:
 
 
 def _line_chunks(blocks: Iterable[bytes], rows: TrafficRows) -> Iterator[Chunk]:
-    """Blocks of bytes -> chunks of whole lines (a line cut by a block's end waits for the next block); the
+    """Blocks of bytes -> chunks of whole lines, each line decoded on the read-ahead thread (orjson holds the
+    lock per line only, so it runs while pyarrow and polars work on the block before)."""
+    decoded = map(DecodedLines.of, _whole_lines(blocks))
+    for lines in _read_ahead(lambda: next(decoded, None)):
+        yield _lines_chunk(lines, rows)
+    rows.finish()
+
+
+def _whole_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """Blocks of bytes -> blocks of whole lines (a line cut by a block's end waits for the next block); the
     byte order mark an editor may put before the first line is not part of it."""
     pending = b""
     first = True
@@ -308,49 +317,62 @@ def _line_chunks(blocks: Iterable[bytes], rows: TrafficRows) -> Iterator[Chunk]:
             block, first = block.removeprefix(UTF8_BOM), False
         cut = block.rfind(b"\n") + 1
         if cut:
-            yield _lines_chunk(pending + block[:cut] if pending else block[:cut], rows)
+            yield pending + block[:cut] if pending else block[:cut]
             pending = block[cut:]
         else:
             pending += block
     if pending.strip():
-        yield _lines_chunk(pending + b"\n", rows)
-    rows.finish()
+        yield pending + b"\n"
 
 
-def _lines_chunk(data: bytes, rows: TrafficRows) -> Chunk:
-    """Whole lines (each ending in a newline), each decoded by the readers' decoder; the lines that hold an
-    object are parsed by pyarrow (1.5-4x faster than polars' parser, the same frame) for the facts. Lines are
-    views of the block and the decoded objects are not kept (memory, and the garbage collector's work): a row
-    the readers must judge is decoded again, and those are few."""
-    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
-    view = memoryview(data)
-    lines: list[memoryview] = []  # the lines that are rows (a blank line is none)
-    objects: list[int] = []
-    others: dict[int, Any] = {}  # the rows that are not objects: a BadRow, or another value
-    start = 0
-    for end in ends.tolist():
-        line, start = view[start:end], end + 1
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:  # the readers' verdict on the line: a BadRow, or no row (a blank line)
-            value = next(decode_lines([bytes(line)]), _BLANK)
-            if value is _BLANK:
-                continue
-        if isinstance(value, dict):
-            objects.append(len(lines))
-        else:
-            others[len(lines)] = value
-        lines.append(line)
-    if len(objects) == len(ends):  # every line an object: the block as it is
-        frame = _arrow_lines(data)
+@dataclass
+class DecodedLines:
+    """Whole lines (each ending in a newline), each decoded by the readers' decoder. Lines are views of the
+    block and the decoded objects are not kept (memory, and the garbage collector's work): a row the readers
+    must judge is decoded again, and those are few."""
+
+    data: bytes
+    lines: list[memoryview]  # the lines that are rows (a blank line is none)
+    objects: list[int]  # which of them hold an object
+    others: dict[int, Any]  # the rows that are not objects: a BadRow, or another value
+
+    @classmethod
+    def of(cls, data: bytes) -> DecodedLines:
+        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
+        view = memoryview(data)
+        decoded = cls(data, [], [], {})
+        start = 0
+        for end in ends.tolist():
+            line, start = view[start:end], end + 1
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError:  # the readers' verdict on the line: a BadRow, or no row (blank)
+                value = next(decode_lines([bytes(line)]), _BLANK)
+                if value is _BLANK:
+                    continue
+            if isinstance(value, dict):
+                decoded.objects.append(len(decoded.lines))
+            else:
+                decoded.others[len(decoded.lines)] = value
+            decoded.lines.append(line)
+        return decoded
+
+    def rows_at(self, indices: list[int]) -> list[Any]:
+        return [self.others[index] if index in self.others else orjson.loads(self.lines[index]) for index in indices]
+
+
+def _lines_chunk(decoded: DecodedLines, rows: TrafficRows) -> Chunk:
+    """The lines that hold an object parsed by pyarrow (1.5-4x faster than polars' parser, the same frame) for
+    the facts of the rows the readers take as they are."""
+    objects = decoded.objects
+    if len(objects) == decoded.data.count(b"\n"):  # every line an object: the block as it is
+        frame = _arrow_lines(decoded.data)
     else:
-        frame = _arrow_lines(b"".join(bytes(lines[index]) + b"\n" for index in objects)) if objects else None
+        frame = _arrow_lines(b"".join(bytes(decoded.lines[index]) + b"\n" for index in objects)) if objects else None
     if frame is not None and frame.height != len(objects):
         frame = None
-
-    def rows_at(indices: list[int]) -> list[Any]:
-        return [others[index] if index in others else orjson.loads(lines[index]) for index in indices]
-    return rows.chunk(len(lines), rows_at, frame, np.array(objects, dtype=np.int64), len(data))
+    return rows.chunk(len(decoded.lines), decoded.rows_at, frame, np.array(objects, dtype=np.int64),
+                      len(decoded.data))
 
 
 def _arrow_lines(data: bytes) -> pl.DataFrame | None:

@@ -10,7 +10,7 @@ import orjson
 import polars as pl
 
 from corpus_builder.audit.frames import RAW_SCHEMA, row_facts, scripts
-from corpus_builder.audit.inputs import TrafficRows, _arrow_lines, _lines_chunk
+from corpus_builder.audit.inputs import DecodedLines, TrafficRows, _arrow_lines, _lines_chunk
 from corpus_builder.recipe import Mapping
 from corpus_builder.records import RepairRules
 
@@ -67,7 +67,7 @@ def test_rows_without_turns_keep_the_others_aligned() -> None:
 def _chunk_facts(lines: list[bytes]) -> tuple[Counter[tuple[object, ...]], Counter[str]]:
     """The facts of a block's rows (as a multiset: the rows the readers take as they are come first) and its skips."""
     rows = TrafficRows("traffic.jsonl", Mapping(), RepairRules())
-    chunk = _lines_chunk(b"".join(line + b"\n" for line in lines), rows)
+    chunk = _lines_chunk(DecodedLines.of(b"".join(line + b"\n" for line in lines)), rows)
     facts = row_facts(chunk.frame, source="traffic", turns_field=chunk.turns_field)
     if chunk.normalised is not None:
         facts = pl.concat([facts, row_facts(chunk.normalised, source="traffic")])
