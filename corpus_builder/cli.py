@@ -8,9 +8,11 @@ must fix (bad recipe, unreadable file, bad arguments). Heavy modules are importe
 from __future__ import annotations
 
 import io
+import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -27,6 +29,22 @@ def _echo_to_user(text: str, *, err: bool = False) -> None:
     from .secrets import scrub_message
 
     click.echo(scrub_message(text), err=err)
+
+
+class Share(click.FloatRange):
+    """A share, 0 to 1. ``nan`` is refused: it passes every range check and fails no comparison, so a limit
+    of ``nan`` would never fail."""
+
+    name = "share"
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        share = super().convert(value, param, ctx)
+        if math.isnan(share):
+            self.fail(f"{value!r} is not a number from 0 to 1", param, ctx)
+        return share
 
 
 def _print_json(value: object) -> None:
@@ -116,15 +134,20 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
 @cli.command()
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--min-thinking-share", type=click.FloatRange(0, 1), help="Exit 1 when the share is below this.")
+@click.option("--min-thinking-share", type=Share(), help="Exit 1 when the share is below this.")
 @click.option("--endpoint", help="Hub endpoint for hf:// paths.")
 @click.option("--no-secrets", is_flag=True, help="Skip the secrets scan (Hub tokens, API keys, private keys...).")
 @click.option("--against", "traffic", metavar="TRAFFIC",
               help="Compare the corpus with serving traffic: a file or glob (.jsonl, .jsonl.zst, .json, .parquet), "
                    "a recipe .yaml (its sources and task tags) or hf://datasets/ORG/NAME[/SPLIT].")
-@click.option("--max-divergence", type=click.FloatRange(0, 1),
+@click.option("--max-divergence", type=Share(),
               help="With --against: exit 1 when any dimension's total variation distance exceeds this.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path),
+@click.option("--max-skipped-share", type=Share(), default=0.05, show_default=True,
+              help="With --against: past this share of unreadable traffic rows every figure is said to describe the "
+                   "readable part only, and --max-divergence fails.")
+@click.option("--allow-skipped", is_flag=True,
+              help="With --max-divergence: do not fail for traffic rows skipped past --max-skipped-share.")
+@click.option("--html", "html_path", type=click.Path(),
               help="Write a self-contained HTML report (plots; corpus vs traffic with --against).")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory for the token dimensions (default: the corpus recipe's).")
@@ -135,30 +158,36 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
 @click.option("--draft-vocab-size", type=click.IntRange(min=1), default=32000, show_default=True,
               help="Draft vocabulary size whose coverage of the traffic is reported.")
 def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None, no_secrets: bool,
-          traffic: str | None, max_divergence: float | None, html_path: Path | None, tokenizer: Path | None,
-          token_sample: int, copy_span_tokens: int, draft_vocab_size: int) -> None:
+          traffic: str | None, max_divergence: float | None, max_skipped_share: float, allow_skipped: bool,
+          html_path: str | None, tokenizer: Path | None, token_sample: int, copy_span_tokens: int,
+          draft_vocab_size: int) -> None:
     """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME; with --against, how far a
     built corpus is from serving traffic, dimension by dimension, and the recipe changes that close the gap.
 
     Exit 1 when the thinking share is below --min-thinking-share, the secrets scan finds anything, or a
-    divergence exceeds --max-divergence."""
-    from .audit import audited, corpus_problems, format_report
+    divergence exceeds --max-divergence (or too many traffic rows were unreadable); 2 when no traffic row is."""
+    from .audit import audit_inputs, audited, corpus_problems, format_report
+    from .outputs import check_output_path
 
     if max_divergence is not None and traffic is None:
         raise click.UsageError("--max-divergence needs --against TRAFFIC")
+    # Checked before the (possibly long) audit: a path it must not write fails with nothing computed.
+    html = check_output_path(html_path, what="--html", inputs=audit_inputs(path, traffic, tokenizer)) \
+        if html_path is not None else None
     # The corpus stays open (downloaded, for hf://) while it is compared: read once for both.
     with audited(path, endpoint=endpoint, secrets=not no_secrets) as (report, files):
         problems = list(corpus_problems(report, min_thinking_share))
         comparison = None
-        if traffic is not None or html_path is not None:
+        if traffic is not None or html is not None:
             from .audit import AuditOptions, audit_against, describe_corpus, divergence_problems
 
             options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
-                                   draft_vocab_size=draft_vocab_size, endpoint=endpoint)
+                                   draft_vocab_size=draft_vocab_size, endpoint=endpoint,
+                                   max_skipped_share=max_skipped_share)
             compared = files if files is not None else path  # a raw file: the comparison refuses it by name
             comparison = (audit_against(compared, traffic, options) if traffic is not None
                           else describe_corpus(compared, options))
-            problems += divergence_problems(comparison, max_divergence)
+            problems += divergence_problems(comparison, max_divergence, allow_skipped=allow_skipped)
     if as_json:
         _print_json({**comparison, "audit": report} if traffic is not None and comparison is not None else report)
     else:
@@ -167,12 +196,12 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
             from .audit import format_comparison
 
             click.echo("\n" + format_comparison(comparison))
-    if html_path is not None and comparison is not None:
+    if html is not None and comparison is not None:
         from .audit import write_html_report
 
-        write_html_report(html_path, comparison, report, f"corpus audit {path}" +
+        write_html_report(html, comparison, report, f"corpus audit {path}" +
                           (f" against {traffic}" if traffic is not None else ""))
-        click.echo(f"wrote {html_path}", err=True)
+        click.echo(f"wrote {html}", err=True)
     for problem in problems:
         click.echo(f"check failed: {problem}", err=True)
     if problems:

@@ -33,9 +33,9 @@ from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from ..tokens.settings import read_corpus_recipe
 from .report import format_report
 
-__all__ = ["AuditOptions", "CorpusFiles", "audit", "audit_against", "audit_conversations", "audit_corpus", "audited",
-           "corpus_problems", "describe_corpus", "divergence_problems", "format_comparison", "format_report",
-           "opened_corpus", "write_html_report"]
+__all__ = ["AuditOptions", "CorpusFiles", "audit", "audit_against", "audit_conversations", "audit_corpus",
+           "audit_inputs", "audited", "corpus_problems", "describe_corpus", "divergence_problems", "format_comparison",
+           "format_report", "opened_corpus", "write_html_report"]
 
 # The comparison's names, loaded on first use: they import polars (and plotly, for the page).
 _TRAFFIC_API = {"AuditOptions": "traffic", "audit_against": "traffic", "describe_corpus": "traffic",
@@ -210,6 +210,21 @@ def audited(path: str | Path, *, endpoint: str | None = None, secrets: bool = Tr
         report["secrets"] = _secrets_section(
             scan_conversations(item for item in iter_file(target) if isinstance(item, Conversation)))
     yield report, None
+
+
+def audit_inputs(path: str | Path, traffic: str | None = None, tokenizer: Path | None = None) -> list[str | Path]:
+    """The local paths an audit of ``path`` (against ``traffic``) reads, which nothing the same run writes may
+    overwrite: the corpus or file, the traffic (a recipe's own sources too) and the tokenizer (the one given,
+    else the corpus recipe's)."""
+    inputs: list[str | Path] = [path]
+    if traffic is not None:
+        from .inputs import traffic_inputs
+
+        inputs += traffic_inputs(traffic)
+    if tokenizer is None and not is_hub_path(path) and Path(path).is_dir():
+        settings = TokenSettings.from_corpus(Corpus.open(Path(path)))
+        tokenizer = settings.tokenizer if settings is not None else None
+    return inputs + ([tokenizer] if tokenizer is not None else [])
 
 
 def _secrets_section(findings: list[Finding]) -> dict[str, Any]:

@@ -7,12 +7,14 @@ readers' aliases, reasoning from a ``reasoning``/``reasoning_content``/``thinkin
 an assistant turn's content (``records.split_think``'s rule, pre-opened and unclosed forms included). A built
 corpus's shards and a raw serving log go through the same query, so the same rows give the same facts.
 
-The finer checks of the readers (role order, empty turns) are not repeated here: a row with a turns list
-counts. They apply to the rows the token pass normalises, whose skips are reported with the traffic.
+Which rows count is the readers' decision: ``plain_rows`` picks the rows of a raw frame that the readers take
+exactly as they are (most rows of a log), so their facts are read from the frame; ``audit.inputs`` gives every
+other row to the readers themselves and reads the facts of the conversations they make of it.
 """
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from collections.abc import Sequence
 from typing import Final
@@ -21,18 +23,20 @@ import numpy as np
 import polars as pl
 
 from ..records import REASONING_KEYS, THINK_CLOSE, THINK_OPEN
-from ..sources.mappings import CALL_SPEAKERS, ROLE_ALIASES, TURN_FIELDS
+from ..sources.mappings import CALL_SPEAKERS, ROLE_ALIASES, TURN_FIELDS, TURN_KEYS
 
 # What a raw row may hold that the audit reads; anything else on the row is not parsed into columns.
-# ``tool_calls`` is read for its length only, so the shape of one call does not matter.
+# ``tool_calls``, the legacy ``function_call`` and the row's ``tools`` are read for their presence only (a row
+# with any of them goes to the readers), so the shape of one call or tool does not matter.
 TURN_FIELD_TYPES: Final[dict[str, pl.DataType]] = {
     "role": pl.String(), "from": pl.String(), "content": pl.String(), "value": pl.String(),
     **{key: pl.String() for key in REASONING_KEYS},
-    "tool_calls": pl.List(pl.Struct({"id": pl.String})),
+    "tool_calls": pl.List(pl.Struct({"id": pl.String})), "function_call": pl.Struct({"name": pl.String}),
 }
 ROW_FIELD_TYPES: Final[dict[str, pl.DataType]] = {
     "task": pl.String(), "enable_thinking": pl.Boolean(),
     "chat_template_kwargs": pl.Struct({"enable_thinking": pl.Boolean}),
+    "tools": pl.List(pl.Struct({"type": pl.String})),
 }
 RAW_SCHEMA: Final = pl.Schema({**{name: pl.List(pl.Struct(TURN_FIELD_TYPES)) for name in TURN_FIELDS},
                                **ROW_FIELD_TYPES})
@@ -47,6 +51,9 @@ _SCRIPT_OF_NAME: Final = {"CJK": "han", "HIRAGANA": "kana", "KATAKANA": "kana", 
                           "CYRILLIC": "cyrillic", "ARABIC": "arabic", "DEVANAGARI": "devanagari", "THAI": "thai",
                           "GREEK": "greek", "HEBREW": "hebrew"}
 _WIDTH_WORDS: Final = ("HALFWIDTH", "FULLWIDTH")  # "HALFWIDTH KATAKANA LETTER A": the script is the next word
+# The speakers of the turns the readers take as they are (a tool's turns and calls are linked and checked).
+PLAIN_ROLES: Final = {speaker: role for speaker, role in ROLE_ALIASES.items()
+                      if role != "tool" and speaker not in CALL_SPEAKERS}
 OTHER_SCRIPT: Final = "other"
 NO_TASK: Final = "(none)"
 UNRECORDED: Final = "unrecorded"
@@ -55,8 +62,16 @@ UNRECORDED: Final = "unrecorded"
 FACT_KEYS: Final = ("source", "split", "task", "thinking", "reasoning", "served", "turns", "tool_calls", "script")
 
 
+@functools.cache
+def _not_whitespace() -> str:
+    """A character that is not whitespace as Python sees it (``str.strip``, ``isspace``: the readers' rule for an
+    empty turn or reasoning), which counts more characters as whitespace than the regex engine's ``\\s``. Every
+    whitespace character is in the Basic Multilingual Plane."""
+    return "[^" + "".join(f"\\x{{{code:x}}}" for code in range(0x10000) if chr(code).isspace()) + "]"
+
+
 def _nonblank(text: pl.Expr) -> pl.Expr:
-    return text.str.contains(r"\S").fill_null(False)  # stops at the first non-space: no copy of the text
+    return text.str.contains(_not_whitespace()).fill_null(False)  # stops at the first non-space: no copy of the text
 
 
 def _embedded_reasoning(content: pl.Expr) -> pl.Expr:
@@ -115,6 +130,61 @@ def _turns(frame: pl.DataFrame, turns_field: str | None) -> pl.Series | None:
     if not present:
         return None
     return present[0] if len(present) == 1 else pl.select(pl.coalesce(*map(pl.lit, present))).to_series()
+
+
+def plain_rows(frame: pl.DataFrame, style: str, field: str) -> np.ndarray:
+    """Which rows of a raw frame the readers (``RowNormaliser``, layout ``style`` on ``field``) take exactly as
+    they are, so their facts are the facts of the conversation the readers make of them: a non-empty list of
+    system, user and assistant turns in the strict order (``[system] user assistant ...``, ending on an
+    assistant turn), each with text content that is not blank and has no other turn's keys, no think tag, tool
+    call or legacy function call in an assistant turn, and no tools on the row. A row this cannot prove plain
+    (a column of another type, a null) is left to the readers, which may take it all the same."""
+    rows = frame.height
+    dtype = frame.schema.get(field)
+    role_key, content_key = TURN_KEYS[style]
+    fields = {part.name: part.dtype for part in dtype.inner.fields} \
+        if isinstance(dtype, pl.List) and isinstance(dtype.inner, pl.Struct) else {}
+    other_keys = [key for key in TURN_KEYS["messages" if style == "sharegpt" else "sharegpt"] if key in fields]
+    if fields.get(role_key) != pl.String or fields.get(content_key) != pl.String or any(
+            fields.get(key, pl.String) != pl.String for key in (*REASONING_KEYS, *other_keys)):
+        return np.zeros(rows, dtype=bool)
+    turns = frame.get_column(field)
+    lengths = turns.list.len().fill_null(0).to_numpy()
+    turn = (turns.filter(pl.Series(lengths > 0)) if (lengths == 0).any() else turns).explode().struct.unnest()
+    content = pl.col(content_key)
+    assistant = (pl.col("role") == "assistant").fill_null(False)
+    risky = content.str.contains("think>", literal=True).fill_null(False)  # a think tag, or a call of a tool:
+    if "tool_calls" in fields:
+        risky |= ((pl.col("tool_calls").list.len() > 0).fill_null(False) if isinstance(fields["tool_calls"], pl.List)
+                  else pl.col("tool_calls").is_not_null())
+    if "function_call" in fields:
+        risky |= pl.col("function_call").is_not_null()
+    judged = turn.with_columns(role=pl.col(role_key).replace_strict(PLAIN_ROLES, default=None,
+                                                                    return_dtype=pl.String)).select(
+        code=pl.col("role").replace_strict({"system": 0, "user": 1, "assistant": 2}, default=-1,
+                                           return_dtype=pl.Int8),
+        fit=_nonblank(content) & ~(assistant & risky)
+        & pl.all_horizontal(pl.lit(True), *(pl.col(key).is_null() for key in other_keys)))
+    code = judged.get_column("code").to_numpy()
+    parent = np.repeat(np.arange(rows), lengths)
+    first = np.cumsum(lengths) - lengths  # each row's first turn among the flattened turns
+    leading_system = np.zeros(rows, dtype=np.int64)
+    spoken = lengths > 0
+    leading_system[spoken] = code[first[spoken]] == 0
+    # The strict order: after a leading system turn, user on even steps and assistant on odd ones.
+    step = np.arange(len(code)) - np.repeat(first + leading_system, lengths)
+    expected = np.where(step < 0, 0, np.where(step % 2 == 0, 1, 2))
+    misfit = (code != expected) | ~judged.get_column("fit").to_numpy()
+    speakers = lengths - leading_system
+    plain: np.ndarray = (spoken & (speakers >= 2) & (speakers % 2 == 0)
+                         & (np.bincount(parent[misfit], minlength=rows) == 0))
+    tools = frame.schema.get("tools")
+    if tools is not None:
+        absent = frame.get_column("tools").is_null()
+        if isinstance(tools, pl.List):
+            absent = absent | (frame.get_column("tools").list.len() == 0)
+        plain &= absent.to_numpy()
+    return plain
 
 
 def _served(schema: pl.Schema) -> pl.Expr:

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..outputs import staged
 from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES
 from .traffic import as_shares
 
@@ -176,9 +177,11 @@ def _summary(report: dict[str, Any]) -> str:
     for role in ("corpus", "traffic"):
         side = report.get(role)
         if side:
-            rows.append([role, side["label"], f"{side['conversations']:,}", f"{side['thinking_share']:.1%}",
-                         f"{side['reasoning_share']:.1%}"])
-    parts = [_table(["", "input", "conversations", "thinking (mode)", "with reasoning"], rows)]
+            rows.append([role, side["label"], f"{side['conversations']:,}", f"{sum(side['skipped'].values()):,}",
+                         f"{side['thinking_share']:.1%}", f"{side['reasoning_share']:.1%}"])
+    readable = report.get("readable") or {}
+    parts = [f"<p><strong>{html.escape(readable['note'])}</strong></p>"] if readable.get("partial") else []
+    parts.append(_table(["", "input", "conversations", "rows skipped", "thinking (mode)", "with reasoning"], rows))
     if report.get("divergence"):
         parts.append("<h2>Divergence</h2>")
         parts.append(_table(["dimension", "TVD", "biggest gaps (bucket: corpus → traffic)"], (
@@ -216,8 +219,8 @@ def render(report: dict[str, Any], audit: dict[str, Any], title: str) -> str:
 
 
 def write_html_report(path: Path, report: dict[str, Any], audit: dict[str, Any], title: str) -> None:
-    """Write the page atomically (a reader never sees half a report)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(render(report, audit, title), encoding="utf-8")
-    partial.replace(path)
+    """Write the page atomically (a reader never sees half a report): staged beside it, renamed over it once
+    whole, removed on any failure (a write error is a ``CorpusError`` naming the path)."""
+    page = render(report, audit, title)
+    with staged(path) as partial:
+        partial.write_text(page, encoding="utf-8")

@@ -133,7 +133,9 @@ def read_profile(label: str, units: Sequence[Unit], meter: TokenMeter | None, *,
         offset = 0
         for chunk in unit.chunks():
             profile.skipped.update(chunk.skipped)
-            facts = row_facts(chunk.frame, source=unit.source, task=unit.task, turns_field=unit.turns_field)
+            facts = row_facts(chunk.frame, source=unit.source, task=unit.task, turns_field=chunk.turns_field)
+            if chunk.normalised is not None:
+                facts = pl.concat([facts, row_facts(chunk.normalised, source=unit.source, task=unit.task)])
             valid = facts.get_column("conversation")
             if not valid.all():
                 profile.skipped.update(_why_not(chunk.conversations(np.flatnonzero(~valid.to_numpy()))))

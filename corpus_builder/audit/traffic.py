@@ -46,6 +46,7 @@ from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES, Profile, rea
 from .token_pass import DEFAULT_SPAN_TOKENS, TokenMeter
 
 DEFAULT_TOKEN_SAMPLE: Final = 100_000
+DEFAULT_MAX_SKIPPED_SHARE: Final = 0.05
 DEFAULT_DRAFT_VOCAB: Final = 32_000
 GAPS_SHOWN: Final = 3
 TURN_BUCKETS: Final = ("0", "1", "2", "3", "4-5", "6-10", "11+")
@@ -65,6 +66,13 @@ class AuditOptions:
     draft_vocab_size: int = DEFAULT_DRAFT_VOCAB
     seed: int = 0
     endpoint: str | None = None  # Hub endpoint for an hf:// corpus
+    # Past this share of skipped traffic rows the figures describe only the readable part: said everywhere, and
+    # a failure of --max-divergence unless allowed.
+    max_skipped_share: float = DEFAULT_MAX_SKIPPED_SHARE
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_skipped_share <= 1:  # nan too
+            raise CorpusError(f"max_skipped_share must be a share from 0 to 1, not {self.max_skipped_share!r}")
 
 
 @contextmanager
@@ -104,7 +112,18 @@ def audit_against(corpus: str | Path | CorpusFiles, traffic: str, options: Audit
         corpus_profile, meter = profile_corpus(files, options)
         traffic_profile = read_profile(traffic, traffic_units(traffic), meter, token_sample=options.token_sample,
                                        seed=options.seed)
+        _require_readable(traffic_profile)
         return compare(files, corpus_profile, traffic_profile, options, meter)
+
+
+def _require_readable(profile: Profile) -> None:
+    """Traffic with no row the readers take has nothing to compare: an error, not a report of a distance to nothing."""
+    if profile.rows_read:
+        return
+    skipped = sum(profile.skipped.values())
+    reasons = ", ".join(f"{reason} {count:,}" for reason, count in sorted(profile.skipped.items()) if count)
+    raise CorpusError("no readable traffic rows: " + (f"all {skipped:,} skipped ({reasons})" if skipped
+                                                       else "it holds no rows"), file=profile.label)
 
 
 def describe_corpus(corpus: str | Path | CorpusFiles, options: AuditOptions | None = None) -> dict[str, Any]:
@@ -365,11 +384,30 @@ def _vocab(corpus: np.ndarray, traffic: np.ndarray, draft: int) -> dict[str, Any
     }
 
 
+def _too_many_skipped(readable: dict[str, Any]) -> str:
+    return (f"{readable['skipped']:,} of the traffic's {readable['rows'] + readable['skipped']:,} rows "
+            f"({readable['skipped_share']:.1%}) were skipped, more than --max-skipped-share "
+            f"{readable['max_skipped_share']:g}")
+
+
+def _readable(side: dict[str, Any], limit: float) -> dict[str, Any]:
+    """How much of the traffic the figures describe: rows read (conversations) and rows skipped."""
+    read, skipped = side["conversations"], sum(side["skipped"].values())
+    share = round(skipped / (read + skipped), 6) if read + skipped else 0.0
+    return {"rows": read, "skipped": skipped, "skipped_share": share, "max_skipped_share": limit,
+            "partial": share > limit}
+
+
 def compare(files: CorpusFiles, corpus_profile: Profile, traffic_profile: Profile, options: AuditOptions,
             meter: TokenMeter | None) -> dict[str, Any]:
     corpus_side = describe(corpus_profile)
     traffic_side = describe(traffic_profile)
-    report: dict[str, Any] = {"corpus": corpus_side, "traffic": traffic_side, "divergence": {}}
+    readable = _readable(traffic_side, options.max_skipped_share)
+    report: dict[str, Any] = {"corpus": corpus_side, "traffic": traffic_side, "readable": readable, "divergence": {}}
+    if readable["partial"]:
+        readable["note"] = f"{_too_many_skipped(readable)}: every figure describes the {readable['rows']:,} " \
+                           "readable rows only"
+        report["notes"] = [readable["note"]]
     _note_tokens(report, meter)
     for name in (*FACT_DIMENSIONS, *TOKEN_DIMENSIONS):
         mine, theirs = corpus_side["shares"].get(name), traffic_side["shares"].get(name)
@@ -559,11 +597,15 @@ def _token_suggestions(report: dict[str, Any], files: CorpusFiles) -> list[str]:
 def format_comparison(report: dict[str, Any]) -> str:
     """The comparison as people read it (``--json`` gives the machine form)."""
     corpus, traffic = report["corpus"], report["traffic"]
+    readable = report["readable"]
     lines = [f"corpus   {corpus['label']}: {corpus['conversations']:,} conversations, "
              f"{corpus['thinking_share']:.1%} thinking",
              f"traffic  {traffic['label']}: {traffic['conversations']:,} conversations, "
              f"{traffic['thinking_share']:.1%} thinking (served: " +
-             ", ".join(f"{k} {v:,}" for k, v in sorted(traffic["served"].items())) + ")"]
+             ", ".join(f"{k} {v:,}" for k, v in sorted(traffic["served"].items())) + ")",
+             f"  traffic rows: {readable['rows']:,} readable, {readable['skipped']:,} skipped "
+             f"({readable['skipped_share']:.1%})" + (": every figure below describes the readable rows only"
+                                                     if readable["partial"] else "")]
     for side in (corpus, traffic):
         sample = side.get("token_sample")
         if sample and sample["conversations"] < sample["of"]:
@@ -603,9 +645,15 @@ def format_comparison(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def divergence_problems(report: dict[str, Any], limit: float | None) -> list[str]:
-    """The dimensions whose divergence exceeds ``--max-divergence``."""
+def divergence_problems(report: dict[str, Any], limit: float | None, *, allow_skipped: bool = False) -> list[str]:
+    """The dimensions whose divergence exceeds ``--max-divergence``, and a traffic whose skipped share is past
+    ``max_skipped_share`` (its divergences describe only its readable part) unless ``allow_skipped``."""
     if limit is None:
         return []
-    return [f"{name}: total variation distance {section['tvd']:.3f} exceeds --max-divergence {limit:g}"
-            for name, section in report["divergence"].items() if section["tvd"] > limit]
+    problems = [f"{name}: total variation distance {section['tvd']:.3f} exceeds --max-divergence {limit:g}"
+                for name, section in report["divergence"].items() if section["tvd"] > limit]
+    readable = report.get("readable")
+    if readable and readable["partial"] and not allow_skipped:
+        problems.append(f"{_too_many_skipped(readable)}: the divergences describe the readable rows only "
+                        "(--allow-skipped accepts that)")
+    return problems

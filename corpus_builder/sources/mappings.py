@@ -80,7 +80,7 @@ ROLE_ALIASES = {
     "ipython": "tool",  # Llama 3's tool result
 }
 CALL_SPEAKERS = frozenset({"function_call"})  # speakers whose value is the JSON of the call(s), not text
-_TURN_KEYS = {"sharegpt": ("from", "value"), "messages": ("role", "content")}
+TURN_KEYS = {"sharegpt": ("from", "value"), "messages": ("role", "content")}
 _DETAIL_CHARS = 80
 _ROLE = attrgetter("role")
 _EMPTY_TURNS_DROPPED = repair_flag("empty_turns", "drop")
@@ -122,7 +122,7 @@ def detect_layout(row: dict[str, Any], mapping: Mapping) -> Layout | None:
         return Layout("gsm8k", GSM8K_QUESTION)
     if style == "field":
         return Layout("field", mapping.field or PROMPT_FIELD)
-    if style in _TURN_KEYS:
+    if style in TURN_KEYS:
         if mapping.field:
             return Layout(style, mapping.field)
         present = next((name for name in TURN_FIELDS if name in row), None)
@@ -253,7 +253,7 @@ class RowNormaliser:
             raise BadRow("missing_messages", f"no '{layout.field}' field")
         if not isinstance(turns, list) or not turns:
             raise BadRow("bad_messages", f"'{layout.field}' is {_describe(turns)}")
-        role_key, content_key = _TURN_KEYS[layout.style]
+        role_key, content_key = TURN_KEYS[layout.style]
         check_assistant = self.replay  # prompts discard assistant turns, so their content is not checked
         messages: list[Message] = []
         unclosed = tool_traffic = False

@@ -217,6 +217,13 @@ def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_lin
     return any_row
 
 
+def decode_lines(lines: Iterable[bytes]) -> Iterator[Any]:
+    """The rows of ``lines`` as ``iter_rows`` decodes a line format's (a value, or a ``BadRow``; a blank line is
+    no row), for a reader that cuts the lines itself. No byte order mark is removed: a file's first line is the
+    caller's."""
+    return (row for _, row in _decode_lines(lines, None, first_line=2))  # not line 1: no mark is removed
+
+
 def _without_bom(lines: Iterable[bytes]) -> Iterator[bytes]:
     """The lines of a file with the byte order mark its first line may start with removed; the rest are
     handed on by ``chain`` (in C), so the per-line path gains no layer."""

@@ -10,7 +10,7 @@ import orjson
 import polars as pl
 
 from corpus_builder.audit.frames import RAW_SCHEMA, row_facts, scripts
-from corpus_builder.audit.inputs import _arrow_lines, _lines_chunk
+from corpus_builder.audit.inputs import DecodedLines, TrafficRows, _arrow_lines, _lines_chunk
 from corpus_builder.recipe import Mapping
 from corpus_builder.records import RepairRules
 
@@ -64,34 +64,45 @@ def test_rows_without_turns_keep_the_others_aligned() -> None:
     assert facts.get_column("script").to_list() == ["latin", "other", "other", "han"]
 
 
-def _chunk_facts(lines: list[bytes]) -> tuple[pl.DataFrame, Counter[str]]:
-    chunk = _lines_chunk(b"".join(line + b"\n" for line in lines), Mapping(), RepairRules())
-    return row_facts(chunk.frame, source="traffic"), chunk.skipped
+def _chunk_facts(lines: list[bytes]) -> tuple[Counter[tuple[object, ...]], Counter[str]]:
+    """The facts of a block's rows (as a multiset: the rows the readers take as they are come first) and its skips."""
+    rows = TrafficRows("traffic.jsonl", Mapping(), RepairRules())
+    chunk = _lines_chunk(DecodedLines.of(b"".join(line + b"\n" for line in lines)), rows)
+    facts = row_facts(chunk.frame, source="traffic", turns_field=chunk.turns_field)
+    if chunk.normalised is not None:
+        facts = pl.concat([facts, row_facts(chunk.normalised, source="traffic")])
+    return Counter(facts.drop("conversation").iter_rows()), chunk.skipped
 
 
-def test_blocks_pyarrow_refuses_are_read_by_polars_or_line_by_line() -> None:
-    """pyarrow parses a clean block; a value of another type, bad UTF-8 or a line that is not an object sends
-    the block to polars and then line by line: every readable row is still judged, and judged alike."""
-    good = [orjson.dumps(_chat("Hi", "<think>hm</think>Hello", name="bot")) + b"  ",
-            orjson.dumps({"conversations": [{"from": "human", "value": "你好"}, {"from": "gpt", "value": "嗨"}],
+def test_blocks_pyarrow_refuses_are_read_by_the_readers_alike() -> None:
+    """pyarrow parses a clean block; a value of another type or a line that is not an object makes it refuse the
+    block, whose rows the readers' normaliser then reads: every readable row is judged alike, every other line
+    skipped for the readers' reason."""
+    good = [orjson.dumps(_chat("Hi", "Hello", name="bot")) + b"  ",
+            orjson.dumps({"messages": [{"role": "user", "content": "你好"},
+                                       {"role": "assistant", "content": "<think>hm</think>嗨"}],
                           "model": "m", "usage": {"tokens": 3}}),
             b"   ",  # blank: not a row
             orjson.dumps({"task": "math", "messages": [{"role": "user", "content": "1+1"},
                                                        {"role": "assistant", "content": "2",
                                                         "reasoning_content": "one and one"}]})]
-    clean = _lines_chunk(b"".join(line + b"\n" for line in good), Mapping(), RepairRules())
-    assert _arrow_lines(b"".join(line + b"\n" for line in good)) is not None
-    assert clean.frame.equals(pl.read_ndjson(b"\n".join(good), schema=RAW_SCHEMA))
-    expected, _ = _chunk_facts(good)
-    assert expected.get_column("reasoning").to_list() == [True, False, True]
-    assert expected.get_column("script").to_list() == ["latin", "han", "latin"]
-    assert expected.get_column("task").to_list() == ["(none)", "(none)", "math"]
-    # The odd line is a row without turns (polars reads it so) or a line counted by the readers' reason.
-    for odd, skipped in ((b'{"task": 7, "messages": []}', {}), (b"[1, 2]", {}),
-                         (b'{"task": "chat", "messages": [{"role": "user", "content": "\xff"}]}', {"invalid_utf8": 1}),
-                         (b"{not json", {"invalid_json": 1})):
+    data = b"".join(line + b"\n" for line in good)
+    frame = _arrow_lines(data)
+    assert frame is not None and frame.equals(pl.read_ndjson(b"\n".join(good), schema=RAW_SCHEMA))
+    expected, skipped = _chunk_facts(good)
+    assert not skipped
+    by_script = {(fact[2], fact[8]): fact[4] for fact in expected}  # task and script: reasoning
+    assert by_script == {("(none)", "latin"): False, ("(none)", "han"): True, ("math", "latin"): True}
+    for odd, reason in ((b'{"task": 7, "messages": []}', "bad_messages"), (b"[1, 2]", "not_an_object"),
+                        (b'{"task": "chat", "messages": [{"role": "user", "content": "\xff"}]}', "invalid_utf8"),
+                        (b"{not json", "invalid_json")):
         assert _arrow_lines(odd + b"\n") is None, odd
         facts, counted = _chunk_facts([*good, odd])
-        assert facts.head(3).equals(expected), odd
-        assert facts.get_column("conversation").to_list()[3:] == ([] if skipped else [False]), odd
-        assert counted == Counter(skipped), odd
+        assert facts == expected, odd
+        assert counted == Counter({reason: 1}), odd
+    # pyarrow takes these (a block of bare nulls crashes it): the readers' decoder refuses them, never pyarrow sees them
+    for odd, reason in ((b"null", "not_an_object"), (b"NaN", "invalid_json"),
+                        (good[0] + b" " + good[0], "invalid_json")):
+        facts, counted = _chunk_facts([*good, odd])
+        assert facts == expected, odd
+        assert counted == Counter({reason: 1}), odd
