@@ -60,6 +60,10 @@ def check_output_path(path: Path | str, *, what: str, inputs: Iterable[Path | st
     if "\0" in text:
         raise CorpusError(f"{what}: the output path contains a NUL byte", file=repr(text))
     given = Path(text)
+    # "missing/../x" names x, but creating it would make "missing" first: refuse what no directory backs
+    for index, part in enumerate(given.parts):
+        if part == ".." and not Path(*given.parts[:index]).is_dir():
+            raise CorpusError(f"{what}: '..' after {Path(*given.parts[:index])}, which is not a directory", file=text)
     kind = "directory" if directory else "file"
     if os.path.lexists(given):
         mode = os.stat(given).st_mode if given.exists() else 0

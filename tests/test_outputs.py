@@ -105,3 +105,10 @@ def test_a_build_may_replace_the_corpus_it_rebuilds_but_nothing_inside_one(corpu
     assert "inside the built corpus" in refused(corpus_dir / "data", directory=True, rebuilds_corpus=True)
     assert "inside the built corpus" in refused(corpus_dir / "journal", directory=True, rebuilds_corpus=True)
     assert "inside the built corpus" in refused(corpus_dir, directory=True)
+
+
+def test_a_parent_step_after_a_missing_directory_is_refused(tmp_path: Path) -> None:
+    assert "not a directory" in refused(tmp_path / "missing" / ".." / "report.html")
+    assert "not a directory" in refused(tmp_path / "missing" / ".." / "out", directory=True)
+    (tmp_path / "there").mkdir()
+    assert check_output_path(tmp_path / "there" / ".." / "report.html", what="--html")
