@@ -279,7 +279,7 @@ def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_jso
 @click.option("--recipe", type=click.Path(path_type=Path),
               help="Recipe whose target.generation settings apply (default: the corpus's, for a pack in a corpus).")
 @click.option("--model", help="Served model name (default: the recipe's target.model, else the one served).")
-@click.option("--save-dir", type=click.Path(path_type=Path),
+@click.option("--save-dir", type=OutputPath(),
               help="Where the run is saved (default: eval/results/ beside the pack or the corpus).")
 @click.option("--compare", "runs", nargs=2, type=click.Path(path_type=Path), metavar="RUN_A RUN_B",
               help="Put two saved runs side by side instead of running.")

@@ -20,7 +20,7 @@ import stat
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,6 +35,7 @@ from corpus_builder.build import build
 from corpus_builder.cli import cli, main
 from corpus_builder.layout import LEDGER, MANIFEST, Corpus
 from corpus_builder.recipe import load_recipe
+from corpus_builder.testing.fault_server import FaultServer
 from tests.support.chats import synthetic_chats
 from tests.support.fuzz import fuzz_settings
 
@@ -159,6 +160,10 @@ OUTPUTS: dict[tuple[str, str], OutputOption] = {
         "directory", lambda ws, out: ["export", str(ws.corpus), "--format", "speculators-tokens", "--out", out,
                                       "--tokenizer", str(ws.tokenizer)],
         lambda ws: {"the tokenizer directory": ws.tokenizer}),
+    ("eval", "--save-dir"): OutputOption(
+        "directory", lambda ws, out: ["eval", str(ws.traffic), "--endpoint", SPECULATING["url"], "--mode",
+                                      "non-thinking", "--temperature", "0", "--save-dir", out],
+        lambda ws: {"the pack": ws.traffic}),
     ("vocab", "--out"): OutputOption(
         "file", lambda ws, out: ["vocab", str(ws.corpus), "--size", "10", "--out", out, "--tokenizer",
                                  str(ws.tokenizer)],
@@ -167,7 +172,17 @@ OUTPUTS: dict[tuple[str, str], OutputOption] = {
 # Path-typed parameters that are read, never written.
 INPUTS = frozenset({("validate", "recipe"), ("build", "recipe"), ("audit", "--tokenizer"), ("export", "corpus_dir"),
                     ("export", "--tokenizer"), ("vocab", "corpus_dir"), ("vocab", "--tokenizer"),
-                    ("publish", "corpus_dir")})
+                    ("publish", "corpus_dir"), ("eval", "pack"), ("eval", "--recipe"), ("eval", "--compare")})
+# The speculating endpoint `corpus eval` replays its pack against (a scripted server on 127.0.0.1).
+SPECULATING: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def speculating_server() -> Iterator[None]:
+    with FaultServer(speculative_tokens=3, accepted_per_draft=2) as server:
+        SPECULATING["url"] = server.base_url
+        yield
+    SPECULATING.clear()
 
 # Hostile values, by what they are; each a function of the workspace (the empty string as it is).
 Value = Callable[[Workspace], "Path | str"]
