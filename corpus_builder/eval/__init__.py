@@ -21,7 +21,7 @@ import orjson
 
 from ..outputs import check_output_path, enclosing_corpus
 from .pack import Pack, read_pack
-from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay
+from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import compare_runs, format_comparison, format_run, load_run, run_document, save_run
 
 __all__ = ["MODES", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "compare", "evaluate", "format_comparison",
@@ -58,7 +58,7 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
         max_tokens=max_tokens or (DEFAULT_MAX_TOKENS if cap is None else int(cap)), model=model or target_model,
         timeout_s=DEFAULT_TIMEOUT_S if timeout is None else timeout,
         max_retries=DEFAULT_MAX_RETRIES if retries is None else int(retries))
-    replayed = replay(pack, endpoints, settings, progress=progress)
+    replayed = replay_pack(pack, endpoints, settings, progress=progress)
     record = _settings_record(settings, temperature_from, replayed, generation)
     run = run_document(pack, [server.describe() for server in replayed.servers],
                        [window for server in replayed.servers for window in server.windows], record,

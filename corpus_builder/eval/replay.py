@@ -108,8 +108,8 @@ class Replay:
     read_seconds: float = 0.0
 
 
-def replay(pack: Pack, endpoints: Sequence[str], settings: EvalSettings, *,
-           progress: Callable[[str], None] | None = None) -> Replay:
+def replay_pack(pack: Pack, endpoints: Sequence[str], settings: EvalSettings, *,
+                progress: Callable[[str], None] | None = None) -> Replay:
     """Replay ``pack`` against ``endpoints`` (each a vLLM server with a speculator) in every mode of
     ``settings``; raises CorpusError for a server that does not speculate, serves another target than the
     others, or is shared with other traffic, and EvalIncomplete when a server fails."""
