@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from corpus_builder.build import build
+from corpus_builder.build import build_corpus
 from corpus_builder.layout import iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import FaultServer
@@ -46,7 +46,7 @@ split: {{validation_fraction: 0.0}}
 output: {{dir: out-{seed}}}
 """, encoding="utf-8")
         progress = io.StringIO()
-        result = build(load_recipe(work / "recipe.yaml"), progress=progress)
+        result = build_corpus(load_recipe(work / "recipe.yaml"), progress=progress)
         requests = len(server.chat_requests)
     dropped = sum(record["reason"] == "unclosed_think" for record in iter_ledger(result.out_dir / "ledger.jsonl.zst"))
     rounds = sum(line.startswith("generate ") and "(100.0%)" in line for line in progress.getvalue().splitlines())

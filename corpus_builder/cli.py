@@ -119,10 +119,10 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
             sys.exit(EXIT_USAGE)
         return
     from .audit import format_report
-    from .build import build as run_build
+    from .build import build_corpus
 
-    result = run_build(loaded, out, allow_partial=True if allow_partial else None,
-                       allow_short=True if allow_short else None, allow_empty=allow_empty)
+    result = build_corpus(loaded, out, allow_partial=True if allow_partial else None,
+                          allow_short=True if allow_short else None, allow_empty=allow_empty)
     click.echo(format_report(result.audit), err=True)
     click.echo(f"\nwrote {result.manifest['conversations']:,} conversations to {result.out_dir}", err=True)
     if result.problems:
@@ -217,9 +217,9 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
 @click.option("--dry-run", is_flag=True, help="Print what would be uploaded and the card; send nothing.")
 def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: str | None, dry_run: bool) -> None:
     """Gate a built corpus, then upload it in one commit (token from HF_TOKEN or the Hub's token file)."""
-    from .publish import publish as run_publish
+    from .publish import publish_corpus
 
-    report = run_publish(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint, dry_run=dry_run)
+    report = publish_corpus(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint, dry_run=dry_run)
     click.echo(report.describe())
 
 
@@ -236,9 +236,9 @@ def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: 
               help="Target tokenizer directory (default: the corpus recipe's target.tokenizer).")
 def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: Path | None) -> None:
     """Write a built corpus in a trainer's format (rows of one conversation stay in its split's file)."""
-    from .export import export as run_export
+    from .export import export_corpus
 
-    report = run_export(corpus_dir, fmt, out, file_format=file_format, tokenizer=tokenizer)
+    report = export_corpus(corpus_dir, fmt, out, file_format=file_format, tokenizer=tokenizer)
     click.echo(report.describe())
 
 

@@ -3,39 +3,95 @@
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import corpus_builder
 
 REPO = Path(__file__).resolve().parents[1]
 EXPORTED = ["BuildPlan", "BuildResult", "Conversation", "Corpus", "CorpusError", "Message", "Recipe", "ToolCall",
-            "audit", "audit_against", "build", "check_recipe", "export", "load_recipe", "plan_build", "publish"]
+            "audit_against", "audit_corpus", "build_corpus", "check_recipe", "export_corpus", "load_recipe",
+            "plan_build", "publish_corpus"]
+STAGES = ["audit", "build", "export", "publish"]
+
+# Imports each module named on the command line in the `import a.b.c as m` form, each in a namespace of its own,
+# and prints those that fail or bind anything but the module itself.
+IMPORT_AS = """
+import json, sys
+failures = {}
+for name in sys.argv[1:]:
+    namespace = {}
+    try:
+        exec(f"import {name} as m", namespace)
+    except Exception as error:
+        failures[name] = f"{type(error).__name__}: {error}"
+    else:
+        if namespace["m"] is not sys.modules[name]:
+            failures[name] = f"bound {namespace['m']!r}"
+print(json.dumps(failures))
+"""
+
+
+def package_modules() -> list[str]:
+    """Every module of the package (``__main__`` runs the CLI when imported)."""
+    return sorted(module.name for module in pkgutil.walk_packages(corpus_builder.__path__, "corpus_builder.")
+                  if not module.name.endswith("__main__"))
 
 
 def test_all_is_the_public_api() -> None:
     assert corpus_builder.__all__ == EXPORTED
 
 
-def test_every_name_resolves_even_after_every_subpackage_is_imported() -> None:
-    """Four stages share their name with their entry function: importing the subpackage must not shadow it."""
-    for module in pkgutil.walk_packages(corpus_builder.__path__, "corpus_builder."):
-        if not module.name.endswith("__main__"):
-            importlib.import_module(module.name)
-    importlib.import_module("corpus_builder.build.pipeline")
+def test_every_module_imports_as_a_b_c_as_m_in_a_fresh_interpreter() -> None:
+    """`import corpus_builder.build.pipeline as m` binds the module: no name on the way is a function."""
+    modules = package_modules()
+    assert "corpus_builder.build.pipeline" in modules
+    ran = subprocess.run([sys.executable, "-c", IMPORT_AS, *modules], capture_output=True, text=True, cwd=REPO)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == {}
 
+
+def test_every_module_imports_by_importlib_and_as_m_here() -> None:
+    for name in package_modules():
+        module = importlib.import_module(name)
+        namespace: dict[str, object] = {}
+        exec(f"import {name} as m", namespace)
+        assert namespace["m"] is module is sys.modules[name], name
+
+
+def test_a_stage_module_is_patched_by_its_dotted_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from corpus_builder.build import pipeline
+
+    monkeypatch.setattr("corpus_builder.build.pipeline.STAGING_PREFIX", ".patched-")
+    assert pipeline.STAGING_PREFIX == ".patched-"
+
+
+def test_every_name_resolves_and_no_package_exports_a_name_of_its_own_modules() -> None:
+    """After every module is imported, each exported name is still what it names, the stages are the
+    subpackages (no function shadows them), and no package's ``__all__`` holds the name of one of its modules."""
+    for name in package_modules():
+        importlib.import_module(name)
     for name in EXPORTED:
         value = getattr(corpus_builder, name)
         assert callable(value), name
         assert value.__module__.startswith("corpus_builder."), name
-    assert corpus_builder.build.__module__ == "corpus_builder.build.pipeline"
-    assert corpus_builder.audit.__module__ == "corpus_builder.audit"
-    assert corpus_builder.export.__module__ == "corpus_builder.export"
-    assert corpus_builder.publish.__module__ == "corpus_builder.publish"
-    assert "build" in dir(corpus_builder)
+    assert corpus_builder.build_corpus.__module__ == "corpus_builder.build.pipeline"
+    assert corpus_builder.audit_corpus.__module__ == "corpus_builder.audit"
+    assert corpus_builder.export_corpus.__module__ == "corpus_builder.export"
+    assert corpus_builder.publish_corpus.__module__ == "corpus_builder.publish"
+    for stage in STAGES:
+        assert getattr(corpus_builder, stage) is sys.modules[f"corpus_builder.{stage}"], stage
+    assert "build_corpus" in dir(corpus_builder)
+    for package in [corpus_builder, *(sys.modules[name] for name in package_modules())]:
+        if hasattr(package, "__path__"):
+            children = {child.name for child in pkgutil.iter_modules(package.__path__)}
+            assert not set(getattr(package, "__all__", ())) & children, package.__name__
 
 
 def test_importing_the_package_loads_no_stage() -> None:

@@ -31,7 +31,7 @@ import pytest
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from corpus_builder.build import build
+from corpus_builder.build import build_corpus
 from corpus_builder.cli import cli, main
 from corpus_builder.layout import LEDGER, MANIFEST, Corpus
 from corpus_builder.recipe import load_recipe
@@ -110,7 +110,7 @@ def template(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
     (root / "src" / "log.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     (root / "traffic.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows[:6]))
     (root / "src" / "recipe.yaml").write_text(RECIPE, encoding="utf-8")
-    build(load_recipe(root / "src" / "recipe.yaml"))
+    build_corpus(load_recipe(root / "src" / "recipe.yaml"))
     (root / "a-directory").mkdir()
     (root / "plain.txt").write_text("a plain file\n")
     return root

@@ -33,7 +33,7 @@ from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from ..tokens.settings import read_corpus_recipe
 from .report import format_report
 
-__all__ = ["AuditOptions", "CorpusFiles", "audit", "audit_against", "audit_conversations", "audit_corpus",
+__all__ = ["AuditOptions", "CorpusFiles", "audit_against", "audit_conversations", "audit_corpus", "audit_corpus_files",
            "audit_inputs", "audited", "corpus_problems", "describe_corpus", "divergence_problems", "format_comparison",
            "format_report", "opened_corpus", "write_html_report"]
 
@@ -144,7 +144,7 @@ class CorpusFiles:
         return settings.renderer() if settings is not None else None
 
 
-def audit_corpus(corpus: Corpus | CorpusFiles) -> dict[str, Any]:
+def audit_corpus_files(corpus: Corpus | CorpusFiles) -> dict[str, Any]:
     """Audit a corpus from its files: the shards its manifest lists, plus the ledger; token statistics when
     the target's tokenizer named by its recipe is at hand."""
     files = corpus if isinstance(corpus, CorpusFiles) else CorpusFiles(corpus)
@@ -173,7 +173,7 @@ def opened_corpus(where: str | Path, endpoint: str | None = None) -> Iterator[Co
     yield Corpus.open(Path(where))
 
 
-def audit(path: str | Path, *, endpoint: str | None = None, secrets: bool = True) -> dict[str, Any]:
+def audit_corpus(path: str | Path, *, endpoint: str | None = None, secrets: bool = True) -> dict[str, Any]:
     """Statistics of a built corpus directory, a raw source file, or ``hf://datasets/ORG/NAME`` (downloaded
     first). With ``secrets`` a local corpus or file is also scanned for credentials (``report["secrets"]``;
     a published corpus passed that scan at publish)."""
@@ -184,14 +184,14 @@ def audit(path: str | Path, *, endpoint: str | None = None, secrets: bool = True
 @contextmanager
 def audited(path: str | Path, *, endpoint: str | None = None, secrets: bool = True
             ) -> Iterator[tuple[dict[str, Any], CorpusFiles | None]]:
-    """``audit``'s report, with the built corpus it read (None for a raw file) kept open, downloaded for
+    """``audit_corpus``'s report, with the built corpus it read (None for a raw file) kept open, downloaded for
     hf://, for the duration: a comparison with traffic then reuses its download, recipe, drops and renderer."""
     where = str(path)
     target = Path(where)
     if is_hub_path(where) or target.is_dir():
         with opened_corpus(where, endpoint) as corpus:
             files = CorpusFiles(corpus)
-            report = audit_corpus(files)
+            report = audit_corpus_files(files)
             if secrets and not is_hub_path(where):
                 report["secrets"] = _secrets_section(scan_corpus(target))
             yield report, files

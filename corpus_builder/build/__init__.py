@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 # name -> the module that defines it, imported on first use: a stage that needs one leaf of the build
 # (the publish gate's corpus_problems, the audit's stats) does not load the orchestrator and what it pulls in.
 _EXPORTS = {"BuildPlan": "dry_run", "format_plan": "dry_run", "plan_build": "dry_run",
-            "BuildResult": "pipeline", "build": "pipeline"}
+            "BuildResult": "pipeline", "build_corpus": "pipeline"}
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .dry_run import format_plan as format_plan
     from .dry_run import plan_build as plan_build
     from .pipeline import BuildResult as BuildResult
-    from .pipeline import build as build
+    from .pipeline import build_corpus as build_corpus
 
 
 def __getattr__(name: str) -> Any:

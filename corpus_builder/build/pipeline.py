@@ -261,8 +261,9 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
     return BuildResult(staging, manifest, audit, problems)
 
 
-def build(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = None,
-          allow_partial: bool | None = None, allow_short: bool | None = None, allow_empty: bool = False) -> BuildResult:
+def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = None,
+                 allow_partial: bool | None = None, allow_short: bool | None = None,
+                 allow_empty: bool = False) -> BuildResult:
     """Build the corpus a recipe describes into ``out`` (default: the recipe's output.dir).
 
     ``progress`` is where phase lines, the preflight and server notes go (default: standard error);

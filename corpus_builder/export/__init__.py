@@ -11,10 +11,10 @@ from ..layout import Corpus
 from ..outputs import check_output_path
 from ..records import Conversation
 from ..tokens import ConversationTokens, TemplateRenderer, TokenRows, TokenSettings, TurnRow
-from .formats import EXPORTS_DIR, FILE_FORMATS, FORMATS, ExportReport, export_corpus, run_recipe_exports, split_files
+from .formats import EXPORTS_DIR, FILE_FORMATS, FORMATS, ExportReport, run_recipe_exports, split_files, write_export
 
-__all__ = ["EXPORTS_DIR", "FILE_FORMATS", "FORMATS", "CorpusTokenRows", "ExportReport", "corpus_token_rows", "export",
-           "export_corpus", "run_recipe_exports"]
+__all__ = ["EXPORTS_DIR", "FILE_FORMATS", "FORMATS", "CorpusTokenRows", "ExportReport", "corpus_token_rows",
+           "export_corpus", "run_recipe_exports", "write_export"]
 
 
 class CorpusTokenRows(TokenRows):
@@ -56,8 +56,8 @@ def corpus_token_rows(corpus: Corpus, tokenizer: Path | None = None) -> CorpusTo
     return CorpusTokenRows(settings.renderer(), corpus) if settings is not None else None
 
 
-def export(corpus: Corpus | Path | str, fmt: str, out_dir: Path | str, *, file_format: str = "jsonl",
-           tokenizer: Path | None = None) -> ExportReport:
+def export_corpus(corpus: Corpus | Path | str, fmt: str, out_dir: Path | str, *, file_format: str = "jsonl",
+                  tokenizer: Path | None = None) -> ExportReport:
     """Write a built corpus as ``fmt`` into ``out_dir``/{split}.{file_format} (one file per split; every row
     of a conversation in its conversation's split). ``out_dir`` and every file written in it are checked first:
     none may be the corpus, the tokenizer or inside a built corpus."""
@@ -68,4 +68,4 @@ def export(corpus: Corpus | Path | str, fmt: str, out_dir: Path | str, *, file_f
     if out.is_dir():  # files in a directory yet to be made cannot be anything the run reads
         for path in split_files(opened, out, file_format).values():
             check_output_path(path, what="--out", inputs=inputs)
-    return export_corpus(opened, fmt, out, file_format=file_format, token_rows=token_rows)
+    return write_export(opened, fmt, out, file_format=file_format, token_rows=token_rows)

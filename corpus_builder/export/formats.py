@@ -282,9 +282,9 @@ def split_files(corpus: Corpus, out_dir: Path, file_format: str) -> dict[str, Pa
     return {split: out_dir / f"{split}.{file_format}" for split in sorted(corpus.manifest.get("splits") or {})}
 
 
-def export_corpus(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = "jsonl",
-                  token_rows: TokenRows | None = None, batch_size: int = 512,
-                  progress: ProgressLine | None = None, allow_empty: bool = False) -> ExportReport:
+def write_export(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = "jsonl",
+                 token_rows: TokenRows | None = None, batch_size: int = 512,
+                 progress: ProgressLine | None = None, allow_empty: bool = False) -> ExportReport:
     """Write ``corpus`` as ``fmt`` into ``out_dir``/{split}.{file_format}; the files appear complete or not at
     all (each written under a temporary name, every one renamed once all are done; on an error the temporary
     files, and the directories made for them, are removed). An export without rows (an empty corpus, or every
@@ -349,8 +349,8 @@ def run_recipe_exports(recipe: Recipe, corpus_dir: Path, token_rows: TokenRows |
         return []
     corpus = Corpus.open(corpus_dir)
     total = int(corpus.manifest["conversations"])
-    return [export_corpus(corpus, spec.format, corpus_dir / EXPORTS_DIR / spec.format, file_format=spec.file_format,
-                          token_rows=token_rows, allow_empty=allow_empty,
-                          progress=ProgressLine(f"export {spec.format}", total=total, unit="conversations",
-                                                stream=stream))
+    return [write_export(corpus, spec.format, corpus_dir / EXPORTS_DIR / spec.format, file_format=spec.file_format,
+                         token_rows=token_rows, allow_empty=allow_empty,
+                         progress=ProgressLine(f"export {spec.format}", total=total, unit="conversations",
+                                               stream=stream))
             for spec in recipe.output.exports]

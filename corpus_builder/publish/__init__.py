@@ -1,7 +1,7 @@
 """``corpus publish``: gate a built corpus, render its card and upload it to a Hub in one commit.
 
-    publish(corpus_dir, "org/name")            private dataset repository, one commit, verified read-back
-    publish(..., dry_run=True)                 what would be uploaded and the card; no network at all
+    publish_corpus(corpus_dir, "org/name")     private dataset repository, one commit, verified read-back
+    publish_corpus(..., dry_run=True)          what would be uploaded and the card; no network at all
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .gate import CorpusDocuments, GateFailed, GateReport, check_corpus, require
 from .upload import UploadFile, commit_files
 
 __all__ = [
-    "CorpusDocuments", "GateFailed", "GateReport", "PublishReport", "check_corpus", "prepare_upload", "publish",
+    "CorpusDocuments", "GateFailed", "GateReport", "PublishReport", "check_corpus", "prepare_upload", "publish_corpus",
     "render_card", "require_gate",
 ]
 
@@ -123,9 +123,9 @@ def _no_build_writing(corpus_dir: Path) -> Iterator[None]:
         raise
 
 
-def publish(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revision: str = "main",
-            endpoint: str | None = None, token: str | None = None, dry_run: bool = False,
-            retry: RetryPolicy | None = None) -> PublishReport:
+def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revision: str = "main",
+                   endpoint: str | None = None, token: str | None = None, dry_run: bool = False,
+                   retry: RetryPolicy | None = None) -> PublishReport:
     """Gate, then upload a corpus as ONE commit to a dataset repository (private unless ``public``).
 
     Raises GateFailed (every failing check) before any network use, CorpusError for Hub errors (token

@@ -165,13 +165,13 @@ def fault_storm(workdir: Path, *, seed: int, prompts: int, max_retries: int = 8)
     workdir.mkdir(parents=True, exist_ok=True)
     write_prompts(workdir / "prompts.jsonl", prompts)
     outcome = FaultOutcome(seed)
-    from ..build import build
+    from ..build import build_corpus
     from ..recipe import load_recipe
 
     with FaultServer(model=MODEL) as clean:
-        reference = build(load_recipe(write_recipe(workdir / "reference.yaml", prompts=workdir / "prompts.jsonl",
-                                                   endpoints=[clean.base_url], out=workdir / "reference")),
-                          progress=io.StringIO())
+        reference = build_corpus(load_recipe(write_recipe(workdir / "reference.yaml", prompts=workdir / "prompts.jsonl",
+                                                          endpoints=[clean.base_url], out=workdir / "reference")),
+                                 progress=io.StringIO())
     with FaultServer(model=MODEL, fault_mix=FAULT_MIX, seed=seed, stall_s=3.0) as a, \
             FaultServer(model=MODEL, fault_mix=FAULT_MIX, seed=seed + 1000, stall_s=3.0) as b:
         recipe = load_recipe(write_recipe(workdir / "storm.yaml", prompts=workdir / "prompts.jsonl",
@@ -181,7 +181,7 @@ def fault_storm(workdir: Path, *, seed: int, prompts: int, max_retries: int = 8)
         killer = threading.Thread(target=_kill_and_restart, args=(a, prompts // 2, revived_at), daemon=True)
         killer.start()
         try:
-            build(recipe, progress=io.StringIO())
+            build_corpus(recipe, progress=io.StringIO())
             outcome.completed_first_time = True
         except GenerationIncomplete as error:
             outcome.failed_loudly = str(error).splitlines()[0]
@@ -193,7 +193,7 @@ def fault_storm(workdir: Path, *, seed: int, prompts: int, max_retries: int = 8)
         if not outcome.completed_first_time:
             a.fault_mix.clear()
             b.fault_mix.clear()
-            build(recipe, progress=io.StringIO())  # the rerun after a loud failure
+            build_corpus(recipe, progress=io.StringIO())  # the rerun after a loud failure
     if corpus_rows(workdir / "storm") != corpus_rows(reference.out_dir):
         outcome.problems.append("the rows differ from a fault-free build")
     if outcome.max_attempts > max_retries + 1:

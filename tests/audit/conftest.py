@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from .fixtures import build_corpus, known_traffic, write_jsonl
+from .fixtures import build_traffic_corpus, known_traffic, write_jsonl
 
 
 @pytest.fixture(scope="session")
 def corpus(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_corpus(tmp_path_factory.mktemp("traffic-corpus"), tiny_model_dir)
+    return build_traffic_corpus(tmp_path_factory.mktemp("traffic-corpus"), tiny_model_dir)
 
 
 @pytest.fixture

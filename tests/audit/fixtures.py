@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from corpus_builder import build, load_recipe
+from corpus_builder import build_corpus, load_recipe
 
 CHATS, DOCS = 60, 40
 
@@ -47,7 +47,7 @@ def corpus_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             [summary_row(i, thinking=i % 2 == 0) for i in range(DOCS)])
 
 
-def build_corpus(root: Path, tokenizer: Path) -> Path:
+def build_traffic_corpus(root: Path, tokenizer: Path) -> Path:
     chats, docs = corpus_rows()
     write_jsonl(root / "chat.jsonl", chats)
     write_jsonl(root / "docs.jsonl", docs)
@@ -60,7 +60,7 @@ sources:
 split: {{validation_fraction: 0.1}}
 output: {{dir: out}}
 """, encoding="utf-8")
-    return build(load_recipe(root / "recipe.yaml")).out_dir
+    return build_corpus(load_recipe(root / "recipe.yaml")).out_dir
 
 
 def known_traffic() -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from corpus_builder.build import build
+from corpus_builder.build import build_corpus
 from corpus_builder.build.split import Splitter, within_tolerance
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
@@ -87,7 +87,7 @@ def read_rows(corpus_dir: Path) -> list[dict]:
 
 def test_build_writes_a_complete_verified_corpus(tmp_path: Path, data_dir: Path) -> None:
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", data_dir))
-    result = build(recipe)
+    result = build_corpus(recipe)
     out = tmp_path / "out"
     assert result.out_dir == out and result.passed
     assert sorted(p.name for p in out.iterdir()) == [".build.lock", "audit.json", "data", "ledger.jsonl.zst",
@@ -140,8 +140,8 @@ def test_build_writes_a_complete_verified_corpus(tmp_path: Path, data_dir: Path)
 
 def test_rebuild_is_deterministic(tmp_path: Path, data_dir: Path) -> None:
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", data_dir))
-    first = build(recipe, tmp_path / "a").manifest
-    second = build(recipe, tmp_path / "b").manifest
+    first = build_corpus(recipe, tmp_path / "a").manifest
+    second = build_corpus(recipe, tmp_path / "b").manifest
     assert first == second  # same shard bytes (sha256), same counts, same recipe hash
 
 
@@ -157,7 +157,7 @@ def test_thinking_share_below_minimum_fails_the_build(tmp_path: Path, data_dir: 
 
 def test_failed_build_leaves_no_complete_corpus_and_keeps_the_previous_one(tmp_path: Path, data_dir: Path) -> None:
     good = load_recipe(write_recipe(tmp_path / "recipe.yaml", data_dir))
-    build(good)
+    build_corpus(good)
     before = (tmp_path / "out" / "manifest.json").read_bytes()
     broken = tmp_path / "broken.jsonl.zst"
     payload = zstandard.ZstdCompressor().compress(b'{"messages": []}\n' * 2000)
@@ -165,7 +165,7 @@ def test_failed_build_leaves_no_complete_corpus_and_keeps_the_previous_one(tmp_p
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", data_dir,
                                       extra_source=f"  - {{name: broken, kind: replay, path: {broken}}}\n"))
     with pytest.raises(CorpusError, match=r"broken\.jsonl\.zst"):
-        build(recipe)
+        build_corpus(recipe)
     out = tmp_path / "out"
     assert (out / "manifest.json").read_bytes() == before
     assert Corpus.open(out).verify_files() == []
@@ -179,7 +179,7 @@ def test_failed_first_build_leaves_nothing(tmp_path: Path, data_dir: Path) -> No
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", data_dir,
                                       extra_source=f"  - {{name: broken, kind: replay, path: {broken}}}\n"))
     with pytest.raises(CorpusError, match="truncated zstd"):
-        build(recipe)
+        build_corpus(recipe)
     assert not (tmp_path / "out").exists()
 
 
@@ -196,12 +196,12 @@ def test_killed_build_never_looks_complete(tmp_path: Path, data_dir: Path) -> No
         "    result = real(*args, **kwargs)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "pipeline.write_corpus = dying\n"
-        f"pipeline.build(load_recipe(Path({str(recipe_path)!r})))\n")])
+        f"pipeline.build_corpus(load_recipe(Path({str(recipe_path)!r})))\n")])
     assert process.wait() == -9
     assert not (out / "manifest.json").exists()
     with pytest.raises(CorpusError, match=r"manifest\.json is missing"):
         Corpus.open(out)
-    build(load_recipe(recipe_path))  # a re-run cleans the staging left behind and completes
+    build_corpus(load_recipe(recipe_path))  # a re-run cleans the staging left behind and completes
     assert [p.name for p in out.iterdir() if p.name.startswith(".staging")] == []
     assert Corpus.open(out).verify_files() == []
 
@@ -210,7 +210,7 @@ def test_refuses_an_output_directory_that_is_not_a_corpus(tmp_path: Path, data_d
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
     with pytest.raises(CorpusError, match="not part of a corpus"):
-        build(load_recipe(write_recipe(tmp_path / "recipe.yaml", data_dir)))
+        build_corpus(load_recipe(write_recipe(tmp_path / "recipe.yaml", data_dir)))
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
 
@@ -266,7 +266,7 @@ def test_parallel_parsing_gives_the_same_corpus_as_a_sequential_read(tmp_path: P
     manifests = {}
     for workers in ("1", "3"):
         monkeypatch.setenv("CORPUS_WORKERS", workers)
-        result = build(load_recipe(recipe_path), tmp_path / f"out-{workers}")
+        result = build_corpus(load_recipe(recipe_path), tmp_path / f"out-{workers}")
         manifests[workers] = result.manifest
         ledger = sorted((r["location"], r["reason"]) for r in iter_ledger(result.out_dir / "ledger.jsonl.zst"))
         if ("big.jsonl:" + str(3 * len(rows) + 1), "invalid_json") not in ledger:  # sampled out by take
@@ -290,9 +290,9 @@ def test_redaction_step_removes_secrets_before_they_reach_the_corpus(tmp_path: P
     body = ("name: redact\ntarget: {model: m}\nsources:\n  - {name: log, kind: replay, path: log.jsonl}\n"
             "split: {validation_fraction: 0}\noutput: {dir: out}\n")
     recipe.write_text(body)
-    assert any("secrets" in failure for failure in check_corpus(build(load_recipe(recipe)).out_dir).failures)
+    assert any("secrets" in failure for failure in check_corpus(build_corpus(load_recipe(recipe)).out_dir).failures)
     recipe.write_text(body + "checks: {redact_secrets: true}\n")
-    out = build(load_recipe(recipe)).out_dir
+    out = build_corpus(load_recipe(recipe)).out_dir
     texts = json.dumps(read_rows(out))
     assert token not in texts and key not in texts
     assert "[REDACTED:hf_token]" in texts and "[REDACTED:openai_key]" in texts

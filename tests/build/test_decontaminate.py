@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from corpus_builder.build import build, format_plan, plan_build
+from corpus_builder.build import build_corpus, format_plan, plan_build
 from corpus_builder.build.decontaminate import Contamination, EvalSetSummary
 from corpus_builder.build.near_dedup import conversation_text
 from corpus_builder.errors import CorpusError
@@ -153,7 +153,7 @@ def write_decontaminated(root: Path, probe: str, content: bytes, fields: str = "
 def test_an_eval_set_that_yields_no_usable_text_stops_the_build_and_the_dry_run(tmp_path: Path, case: str) -> None:
     name, content, fields, why = UNUSABLE[case]
     recipe = load_recipe(write_decontaminated(tmp_path, name, content, fields))
-    for attempt in (lambda: build(recipe, progress=io.StringIO()), lambda: plan_build(recipe)):
+    for attempt in (lambda: build_corpus(recipe, progress=io.StringIO()), lambda: plan_build(recipe)):
         with pytest.raises(CorpusError) as caught:
             attempt()
         message = str(caught.value)
@@ -184,7 +184,7 @@ def test_bad_rows_of_an_eval_set_are_counted_and_a_mostly_unreadable_set_is_repo
     assert "5 of 7 rows skipped (fields_absent 1, invalid_json 2, invalid_utf8 1, not_an_object 1)" in text
     assert any("probe" in warning and "5 of 7 rows" in warning for warning in plan.warnings), plan.warnings
     progress = io.StringIO()
-    result = build(recipe, progress=progress)
+    result = build_corpus(recipe, progress=progress)
     assert "5 of 7 rows" in progress.getvalue()  # the build says so too
     [gsm, probe] = result.manifest["decontamination"]["eval_sets"]
     assert probe["texts"] == 2 and probe["skipped_rows"] == {"fields_absent": 1, "invalid_json": 2,
@@ -195,7 +195,7 @@ def test_bad_rows_of_an_eval_set_are_counted_and_a_mostly_unreadable_set_is_repo
 def test_the_card_lists_a_set_as_checked_only_with_the_texts_it_contributed(tmp_path: Path) -> None:
     short = orjson.dumps({"turns": [f"{LONG} again", "Rewrite it.", "Shorter still."]})
     recipe = load_recipe(write_decontaminated(tmp_path, "probe.jsonl", short + b"\n"))
-    out = build(recipe, progress=io.StringIO()).out_dir
+    out = build_corpus(recipe, progress=io.StringIO()).out_dir
     card = render_card(CorpusDocuments.load(out))
     assert re.search(r"^\| probe \| probe\.jsonl \| 1 \| 0 \|$", card, re.MULTILINE), card  # 1 of 3 texts used
     manifest = json.loads((out / MANIFEST).read_text())

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from corpus_builder.audit import audit, format_report
-from corpus_builder.build import build
+from corpus_builder.audit import audit_corpus, format_report
+from corpus_builder.build import build_corpus
 from corpus_builder.build.dedup import Dedup, read_eval_sets
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
@@ -120,7 +120,7 @@ output: {{dir: out}}
 def built(tmp_path: Path) -> tuple[Path, list[str]]:
     write_sources(tmp_path)
     with FaultServer(model=MODEL) as server:
-        build(load_recipe(write_recipe(tmp_path, server.base_url)), progress=io.StringIO())
+        build_corpus(load_recipe(write_recipe(tmp_path, server.base_url)), progress=io.StringIO())
         prompts = [request.body["messages"][-1]["content"] for request in server.chat_requests]
     return tmp_path / "out", prompts
 
@@ -185,7 +185,7 @@ def test_the_audit_manifest_and_card_count_by_source_rule_and_eval_set(built: tu
     assert report["skipped_by_source"]["logs-a"] == {"contaminated": 1, "duplicate": 2, "near_duplicate": 1}
     assert report["skipped_by_source"]["asks-2"] == {"duplicate": 1}
     assert report["contaminated_by_eval_set"] == {"gsm-test": 2, "mt-bench": 1}
-    assert audit(out, secrets=False)["skipped_by_source"] == report["skipped_by_source"]  # from the files
+    assert audit_corpus(out, secrets=False)["skipped_by_source"] == report["skipped_by_source"]  # from the files
     manifest = corpus.manifest
     assert manifest["dedup"] == {"rule": "exact", "near_duplicates": {"threshold": 0.8, "num_perm": 64, "shingle": 5},
                                  "priority": ["asks-1", "logs-b", "logs-a", "asks-2"]}
@@ -200,10 +200,10 @@ def test_same_recipe_and_journal_give_the_same_bytes(tmp_path: Path) -> None:
     write_sources(tmp_path)
     with FaultServer(model=MODEL) as server:
         recipe = load_recipe(write_recipe(tmp_path, server.base_url))
-        first = build(recipe, progress=io.StringIO())
+        first = build_corpus(recipe, progress=io.StringIO())
         shards = {f["path"]: f["sha256"] for f in first.manifest["files"]}
         asked = len(server.chat_requests)
-        again = build(recipe, progress=io.StringIO())
+        again = build_corpus(recipe, progress=io.StringIO())
         assert len(server.chat_requests) == asked
     assert {f["path"]: f["sha256"] for f in again.manifest["files"]} == shards
 
@@ -215,7 +215,7 @@ def test_a_raw_file_audit_counts_exact_and_near_duplicates(tmp_path: Path) -> No
     for row, row_id in zip(rows, ["x1", "x2", "x3", "x4", "x4"], strict=True):
         row["id"] = row_id  # the last row repeats its id: a chat cut into chunks
     write_rows(tmp_path / "dump.jsonl", rows)
-    report = audit(tmp_path / "dump.jsonl", secrets=False)
+    report = audit_corpus(tmp_path / "dump.jsonl", secrets=False)
     assert report["conversations"] == 4 and report["skipped"] == {"duplicate": 1}
     assert report["flags"] == {"repeated_source_id": 1}
     assert report["near_duplicates"] == {"threshold": 0.8, "rows": 1, "by_source": {"dump.jsonl": 1}}
@@ -252,8 +252,8 @@ def test_the_audit_table_shows_drops_by_source_and_rule(built: tuple[Path, list[
     assert re.search(r"^asks-1\s+0\s+0\s+2$", text, re.MULTILINE)
     assert "contaminated rows by eval set: gsm-test 2, mt-bench 1" in text
     write_rows(tmp_path / "dump.jsonl", [chat("Q: " + prose(5), "a"), chat("Q: " + edited(prose(5), 0.02, 2), "a")])
-    assert re.search(r"^near duplicates\s+1\s+\(similarity >= 0.8", format_report(audit(tmp_path / "dump.jsonl")),
-                     re.MULTILINE)
+    assert re.search(r"^near duplicates\s+1\s+\(similarity >= 0.8",
+                     format_report(audit_corpus(tmp_path / "dump.jsonl")), re.MULTILINE)
 
 
 def test_a_replay_only_build_keeps_the_row_of_the_source_first_in_priority(tmp_path: Path) -> None:
@@ -271,7 +271,7 @@ checks: {dedup_priority: [logs-b]}
 split: {validation_fraction: 0.0}
 output: {dir: out}
 """, encoding="utf-8")
-    result = build(load_recipe(tmp_path / "recipe.yaml"), progress=io.StringIO())
+    result = build_corpus(load_recipe(tmp_path / "recipe.yaml"), progress=io.StringIO())
     rows = by_text(result.out_dir)
     assert sorted(rows) == ["only in a", "only in b", "q " + text.upper()]
     [dropped] = iter_ledger(result.out_dir / "ledger.jsonl.zst")

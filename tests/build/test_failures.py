@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_builder.build import build
+from corpus_builder.build import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.generate import GenerationIncomplete, Journal
 from corpus_builder.layout import Corpus, iter_ledger
@@ -50,12 +50,13 @@ output: {{dir: {out}}}
 
 def test_a_server_that_dies_mid_build_fails_it_and_a_rerun_completes_it(tmp_path: Path) -> None:
     with FaultServer(model=MODEL) as steady:
-        reference = build(load_recipe(write_recipe(tmp_path / "reference", steady.base_url)), progress=io.StringIO())
+        reference = build_corpus(load_recipe(write_recipe(tmp_path / "reference", steady.base_url)),
+                                 progress=io.StringIO())
     with FaultServer(model=MODEL, die_after=15) as dying:
         recipe = load_recipe(write_recipe(tmp_path / "run", dying.base_url))
         started = time.monotonic()
         with pytest.raises(GenerationIncomplete) as stopped:
-            build(recipe, progress=io.StringIO())
+            build_corpus(recipe, progress=io.StringIO())
         assert time.monotonic() - started < 30  # stopped by the outage bound, not after every row's retries
         message = str(stopped.value)
         assert "no endpoint has answered" in message and "rerun to resume" in message
@@ -68,7 +69,7 @@ def test_a_server_that_dies_mid_build_fails_it_and_a_rerun_completes_it(tmp_path
         dying.die_after = None
         dying.revive()
         before = len(dying.chat_requests)
-        result = build(recipe, progress=io.StringIO())
+        result = build_corpus(recipe, progress=io.StringIO())
         assert len(dying.chat_requests) - before == PROMPTS - kept  # only what never finished
     assert corpus_rows(result.out_dir) == corpus_rows(reference.out_dir)  # none lost, none duplicated
     assert "partial" not in result.manifest
@@ -78,17 +79,17 @@ def test_rows_out_of_retries_fail_the_build_unless_a_partial_corpus_is_accepted(
     with FaultServer(model=MODEL, by_prompt={"question 7?": Fault("500", times=100)}) as server:
         recipe = load_recipe(write_recipe(tmp_path, server.base_url, retries=1, outage_s=60))
         with pytest.raises(GenerationIncomplete, match="1 generated rows are unfinished"):
-            build(recipe, progress=io.StringIO())
+            build_corpus(recipe, progress=io.StringIO())
         assert not (tmp_path / "out" / "manifest.json").exists()
-        result = build(recipe, progress=io.StringIO(), allow_partial=True)
+        result = build_corpus(recipe, progress=io.StringIO(), allow_partial=True)
         assert result.manifest["partial"] == {"unfinished_rows": 1}
         assert Corpus.open(result.out_dir).manifest["partial"] == {"unfinished_rows": 1}
         ledger = [r for r in iter_ledger(result.out_dir / "ledger.jsonl.zst") if r["reason"] == "unfinished"]
         assert len(ledger) == 1 and "HTTP 500" in ledger[0]["detail"] and ledger[0]["location"] == "prompts.jsonl:8"
         # The recipe can accept it too; the other 39 rows come from the journal.
         before = len(server.chat_requests)
-        again = build(load_recipe(write_recipe(tmp_path, server.base_url, retries=1, outage_s=60,
-                                               extra=", allow_partial: true")), progress=io.StringIO())
+        again = build_corpus(load_recipe(write_recipe(tmp_path, server.base_url, retries=1, outage_s=60,
+                                                      extra=", allow_partial: true")), progress=io.StringIO())
         assert again.manifest["partial"] == {"unfinished_rows": 1} and len(server.chat_requests) - before == 2
     from corpus_builder.publish import CorpusDocuments, render_card
 
@@ -116,7 +117,7 @@ def test_a_second_build_on_the_same_directory_refuses_at_once(tmp_path: Path) ->
                 assert first.poll() is None, first.stdout.read() if first.stdout else ""
             started = time.monotonic()
             with pytest.raises(CorpusError, match=r"another corpus build \(pid \d+\) is writing to this directory"):
-                build(load_recipe(recipe_path), progress=io.StringIO())
+                build_corpus(load_recipe(recipe_path), progress=io.StringIO())
             assert time.monotonic() - started < 1.0
             output = first.communicate(timeout=120)[0]
         finally:
@@ -130,7 +131,7 @@ def test_a_second_build_on_the_same_directory_refuses_at_once(tmp_path: Path) ->
 def test_a_failed_first_build_leaves_nothing_behind(tmp_path: Path) -> None:
     recipe = load_recipe(write_recipe(tmp_path, server_url_unreachable(), outage_s=60))
     with pytest.raises(CorpusError, match="preflight failed"):
-        build(recipe, progress=io.StringIO())
+        build_corpus(recipe, progress=io.StringIO())
     assert not (tmp_path / "out").exists()
 
 
@@ -143,7 +144,7 @@ def test_an_output_path_that_cannot_be_written_is_a_user_error(tmp_path: Path, w
     (tmp_path / "recipe.yaml").write_text((tmp_path / "recipe.yaml").read_text().replace(
         "  - {name: prompts, kind: prompts, path: prompts.jsonl}\n", ""))
     with pytest.raises(CorpusError):
-        build(load_recipe(recipe_path), out, progress=io.StringIO())
+        build_corpus(load_recipe(recipe_path), out, progress=io.StringIO())
     if where != "a NUL byte":
         completed = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe_path), "--out",
                                     str(out)], capture_output=True, text=True)
@@ -183,17 +184,17 @@ def test_a_full_disk_mid_build_is_a_clean_error_and_a_rerun_with_space_completes
                                                              {"role": "assistant", "content": os.urandom(1000).hex()}]}
                                                for i in range(4000)])
         recipe = load_recipe(recipe_path)
-        reference = build(recipe, tmp_path / "reference", progress=io.StringIO())
+        reference = build_corpus(recipe, tmp_path / "reference", progress=io.StringIO())
         requests = len(server.chat_requests)
         with pytest.raises(CorpusError, match="No space left on device") as caught:
-            build(recipe, progress=io.StringIO())
+            build_corpus(recipe, progress=io.StringIO())
         assert "rerun" in str(caught.value) and "Traceback" not in str(caught.value)
         out = small_disk / "out"
         assert not (out / "manifest.json").exists() and not (out / "data").exists()
         with Journal(out / "journal") as journal:  # it loads, whole: every generation of the failed run
             assert len(journal) == PROMPTS
         grow(small_disk)
-        result = build(recipe, progress=io.StringIO())
+        result = build_corpus(recipe, progress=io.StringIO())
         assert len(server.chat_requests) == 2 * requests  # the rerun asked for nothing: all journaled
     assert shard_hashes(result.out_dir) == shard_hashes(reference.out_dir)
 
@@ -207,7 +208,7 @@ def test_a_commit_cut_short_never_leaves_a_directory_that_looks_complete(tmp_pat
     recipe_path = write_recipe(tmp_path, server_url_unreachable())
     (tmp_path / "recipe.yaml").write_text((tmp_path / "recipe.yaml").read_text().replace(
         "  - {name: prompts, kind: prompts, path: prompts.jsonl}\n", ""))
-    build(load_recipe(recipe_path), progress=io.StringIO())
+    build_corpus(load_recipe(recipe_path), progress=io.StringIO())
     earlier = corpus_rows(tmp_path / "out")
     write_chitchat(tmp_path / "replay.jsonl", 25)  # the next build differs
     real_replace = os.replace
@@ -220,16 +221,16 @@ def test_a_commit_cut_short_never_leaves_a_directory_that_looks_complete(tmp_pat
         real_replace(source, destination)  # type: ignore[arg-type]
 
     monkeypatch.setattr(pipeline.os, "replace", replace)
-    build(load_recipe(recipe_path), tmp_path / "count", progress=io.StringIO())
+    build_corpus(load_recipe(recipe_path), tmp_path / "count", progress=io.StringIO())
     moves = calls["n"]
     assert moves >= 7  # two shards (train, validation) and five corpus files
     for failing in range(1, moves + 1):
         calls.update(n=0, failing=failing)
         with pytest.raises(CorpusError, match="No space left on device"):
-            build(load_recipe(recipe_path), progress=io.StringIO())
+            build_corpus(load_recipe(recipe_path), progress=io.StringIO())
         out = tmp_path / "out"
         if (out / "manifest.json").exists():
             assert Corpus.open(out).verify_files() == [] and corpus_rows(out) == earlier, f"move {failing} of {moves}"
     calls.update(n=0, failing=0)
-    build(load_recipe(recipe_path), progress=io.StringIO())  # a rerun completes
+    build_corpus(load_recipe(recipe_path), progress=io.StringIO())  # a rerun completes
     assert Corpus.open(tmp_path / "out").verify_files() == [] and corpus_rows(tmp_path / "out") != earlier

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from corpus_builder.build import build, plan_build
+from corpus_builder.build import build_corpus, plan_build
 from corpus_builder.build.collect import MixtureShort
 from corpus_builder.build.mixture import Available, RowBounds, Selection, certain_shortfalls, plan_selection
 from corpus_builder.errors import CorpusError
@@ -71,9 +71,9 @@ def test_drops_are_topped_up_from_the_pool_and_a_rerun_asks_for_nothing(tmp_path
     write_sources(tmp_path)
     with FaultServer(model=MODEL, by_prompt=unclosed_every(4, 60)) as server:  # a quarter of the pool is dropped
         recipe = load_recipe(write_recipe(tmp_path, server.base_url))
-        result = build(recipe, progress=io.StringIO())
+        result = build_corpus(recipe, progress=io.StringIO())
         asked = len(server.chat_requests)
-        again = build(recipe, progress=io.StringIO())
+        again = build_corpus(recipe, progress=io.StringIO())
         assert len(server.chat_requests) == asked  # every round is in the journal
     rows = list(Corpus.open(result.out_dir).iter_conversations())
     generated = [row for row in rows if row.source == "asks"]
@@ -92,7 +92,7 @@ def test_an_exhausted_pool_fails_before_writing_unless_short_is_allowed(tmp_path
     with FaultServer(model=MODEL, by_prompt=unclosed_every(3, 30)) as server:
         recipe_path = write_recipe(tmp_path, server.base_url, prompts_target="{count: 25}")
         with pytest.raises(MixtureShort) as short:
-            build(load_recipe(recipe_path), progress=io.StringIO())
+            build_corpus(load_recipe(recipe_path), progress=io.StringIO())
         message = str(short.value)
         assert "source 'asks': 20 rows pass every check, 25 declared (30 generated, the pool is exhausted)" in message
         assert "asks: 20 rows reached of 25 declared" in message
@@ -117,9 +117,10 @@ def test_a_thinking_share_is_met_with_thinking_off_prompts_in_the_mix(tmp_path: 
     write_sources(tmp_path, prompts=90, replay_thinking=120, replay_plain=180)
     mixture = f"{{thinking_share: {{target: 0.45, tolerance: 0.02, per_split: {str(per_split).lower()}}}, seed: 2}}"
     with FaultServer(model=MODEL) as server:
-        result = build(load_recipe(write_recipe(tmp_path, server.base_url, prompts_target="{count: 60}",
-                                                replay_target="{count: 140}", mixture=mixture, thinking_off=0.33)),
-                       progress=io.StringIO())
+        result = build_corpus(load_recipe(write_recipe(tmp_path, server.base_url, prompts_target="{count: 60}",
+                                                       replay_target="{count: 140}", mixture=mixture,
+                                                       thinking_off=0.33)),
+                              progress=io.StringIO())
     rows = list(Corpus.open(result.out_dir).iter_conversations())
     assert len(rows) == 200 and Counter(row.source for row in rows) == {"replay": 140, "asks": 60}
     share = sum(row.thinking for row in rows) / len(rows)
@@ -137,9 +138,9 @@ def test_a_thinking_share_is_met_with_thinking_off_prompts_in_the_mix(tmp_path: 
 def test_shares_of_the_final_corpus(tmp_path: Path) -> None:
     write_sources(tmp_path, prompts=40)
     with FaultServer(model=MODEL) as server:
-        result = build(load_recipe(write_recipe(tmp_path, server.base_url, prompts_target="{share: 0.25}",
-                                                replay_target="{share: 0.75}", mixture="{total: 80}")),
-                       progress=io.StringIO())
+        result = build_corpus(load_recipe(write_recipe(tmp_path, server.base_url, prompts_target="{share: 0.25}",
+                                                       replay_target="{share: 0.75}", mixture="{total: 80}")),
+                              progress=io.StringIO())
         assert len(server.chat_requests) == 20  # no more asked than the share needs
     assert Counter(row.source for row in Corpus.open(result.out_dir).iter_conversations()) == {"replay": 60,
                                                                                                 "asks": 20}
@@ -148,10 +149,10 @@ def test_shares_of_the_final_corpus(tmp_path: Path) -> None:
 def test_a_top_up_moves_no_other_row_across_the_split(tmp_path: Path) -> None:
     write_sources(tmp_path)
     with FaultServer(model=MODEL) as server:
-        first = build(load_recipe(write_recipe(tmp_path, server.base_url)), progress=io.StringIO())
+        first = build_corpus(load_recipe(write_recipe(tmp_path, server.base_url)), progress=io.StringIO())
         before = {row.id: row.split for row in Corpus.open(first.out_dir).iter_conversations()}
-        more = build(load_recipe(write_recipe(tmp_path, server.base_url, prompts_target="{count: 25}")),
-                     progress=io.StringIO())
+        more = build_corpus(load_recipe(write_recipe(tmp_path, server.base_url, prompts_target="{count: 25}")),
+                            progress=io.StringIO())
     after = {row.id: row.split for row in Corpus.open(more.out_dir).iter_conversations()}
     assert set(before) < set(after) and all(after[row_id] == split for row_id, split in before.items())
 
@@ -229,8 +230,8 @@ def write_replay_recipe(root: Path, targets: dict[str, str], mixture: str) -> Pa
 ])
 def test_the_total_is_met_by_the_sources_with_no_target(tmp_path: Path, targets: dict[str, str], total: int,
                                                          written: dict[str, int]) -> None:
-    result = build(load_recipe(write_replay_recipe(tmp_path, targets, f"{{total: {total}}}")),
-                   progress=io.StringIO())
+    result = build_corpus(load_recipe(write_replay_recipe(tmp_path, targets, f"{{total: {total}}}")),
+                          progress=io.StringIO())
     assert Counter(row.source for row in Corpus.open(result.out_dir).iter_conversations()) == written
     assert result.manifest["conversations"] == total and "short" not in result.manifest
     for name, target in targets.items():
@@ -244,8 +245,8 @@ def test_a_share_is_of_the_rows_written_and_reported_short_when_it_is_not(tmp_pa
     recipe = load_recipe(write_replay_recipe(tmp_path, {"logs": "{count: 150}", "chats": "{share: 0.5}"},
                                              "{total: 300}"))
     with pytest.raises(MixtureShort):
-        build(recipe, progress=io.StringIO())
-    result = build(recipe, progress=io.StringIO(), allow_short=True)
+        build_corpus(recipe, progress=io.StringIO())
+    result = build_corpus(recipe, progress=io.StringIO(), allow_short=True)
     assert result.manifest["short"] == ["source 'logs': 100 rows pass every check, 150 declared",
                                         "source 'chats': 150 rows, 60.0% of the 250 written, 50.0% declared",
                                         "corpus: 250 rows reached, mixture.total declares 300"]
@@ -270,7 +271,7 @@ def test_a_pool_too_small_for_its_target_fails_before_any_request_and_in_the_dry
         allowed = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--dry-run",
                                   "--allow-short"], capture_output=True, text=True)
         assert allowed.returncode == 0 and problem in allowed.stdout
-        result = build(load_recipe(recipe), progress=io.StringIO(), allow_short=True)
+        result = build_corpus(load_recipe(recipe), progress=io.StringIO(), allow_short=True)
     assert result.manifest["short"] == ["source 'asks': 30 rows pass every check, 100 declared (30 generated, the "
                                         "pool is exhausted)"]
 
@@ -285,7 +286,7 @@ def test_a_thinking_share_no_mix_reaches_fails_before_any_request(tmp_path: Path
         assert any(problem in line for line in plan_build(recipe).problems)
         server.requests.clear()
         with pytest.raises(CorpusError) as stopped:
-            build(recipe, progress=io.StringIO())
+            build_corpus(recipe, progress=io.StringIO())
         assert not isinstance(stopped.value, MixtureShort)  # exit 2, not the exit 1 of a corpus found short
         assert any(problem in line for line in stopped.value.details)
         assert server.requests == []
@@ -296,8 +297,8 @@ def test_the_card_shows_declared_vs_reached_and_marks_a_short_corpus(tmp_path: P
 
     write_sources(tmp_path, prompts=30)
     with FaultServer(model=MODEL, by_prompt=unclosed_every(3, 30)) as server:
-        result = build(load_recipe(write_recipe(tmp_path, server.base_url, prompts_target="{count: 25}")),
-                       progress=io.StringIO(), allow_short=True)
+        result = build_corpus(load_recipe(write_recipe(tmp_path, server.base_url, prompts_target="{count: 25}")),
+                              progress=io.StringIO(), allow_short=True)
     card = render_card(CorpusDocuments.load(result.out_dir))
     assert "> **Short of its recipe**" in card and "25 declared (30 generated, the pool is exhausted)" in card
     assert "## Declared and reached" in card and "| asks | 25 | 20 | 20 | 30 |" in card

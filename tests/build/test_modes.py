@@ -7,7 +7,7 @@ import io
 from collections import Counter
 from pathlib import Path
 
-from corpus_builder.build import build
+from corpus_builder.build import build_corpus
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import FaultServer
@@ -39,10 +39,10 @@ output: {{dir: out}}
 def test_thinking_off_share_and_sampling_mixture_per_row(tmp_path: Path) -> None:
     with FaultServer(model=MODEL) as server:
         recipe = load_recipe(write_recipe(tmp_path, server.base_url))
-        result = build(recipe, progress=io.StringIO())
+        result = build_corpus(recipe, progress=io.StringIO())
         sent = {r.body["messages"][-1]["content"]: r.body for r in server.chat_requests}
         asked = len(server.chat_requests)
-        again = build(recipe, progress=io.StringIO())
+        again = build_corpus(recipe, progress=io.StringIO())
         assert len(server.chat_requests) == asked  # every mode and sampling is in the journal key
     rows = list(Corpus.open(result.out_dir).iter_conversations())
     assert len(rows) == 200

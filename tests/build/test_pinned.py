@@ -20,7 +20,7 @@ import orjson
 import pyarrow
 import pyarrow.parquet as pq
 
-from corpus_builder.build import build
+from corpus_builder.build import build_corpus
 from corpus_builder.recipe import load_recipe
 
 DATA = Path(__file__).resolve().parents[2] / "recipes" / "data"
@@ -47,7 +47,7 @@ checks: {{dedup: exact}}
 split: {{validation_fraction: 0.2, seed: 7}}
 output: {{dir: out, rows_per_shard: 20}}
 """, encoding="utf-8")
-    result = build(load_recipe(recipe))
+    result = build_corpus(load_recipe(recipe))
     written = {entry["path"]: hashlib.sha256((result.out_dir / entry["path"]).read_bytes()).hexdigest()
                for entry in result.manifest["files"]}
     rows = hashlib.sha256()

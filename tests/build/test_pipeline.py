@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_builder.build import build, plan_build
+from corpus_builder.build import build_corpus, plan_build
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.sources import source
@@ -82,7 +82,7 @@ def test_a_build_reads_prompts_once_and_loads_the_renderer_once(tmp_path: Path, 
     opened, renderers = counted
     recipe = load_recipe(write_recipe(tmp_path, server.base_url, tiny_model_dir))
     stream = io.StringIO()
-    result = build(recipe, progress=stream)
+    result = build_corpus(recipe, progress=stream)
     assert opened == {"replay.jsonl": 1, "prompts.jsonl": 1}
     assert sum(renderers.values()) == 1  # checks, token statistics and the speculators-tokens export share it
     assert len(server.chat_requests) == 24  # two user turns per prompt, each answered once
@@ -100,14 +100,14 @@ def test_a_rebuild_from_a_complete_journal_sends_nothing_and_still_reads_once(
         tmp_path: Path, tiny_model_dir: Path, server: FaultServer, counted) -> None:
     opened, renderers = counted
     recipe = load_recipe(write_recipe(tmp_path, server.base_url, tiny_model_dir))
-    first = build(recipe, progress=io.StringIO())
+    first = build_corpus(recipe, progress=io.StringIO())
     shards = {f["path"]: f["sha256"] for f in first.manifest["files"]}
     requests, health = len(server.chat_requests), len(server.requests)
     opened.clear()
     renderers.clear()
     server.dead = True  # a rebuild needs no server: none is probed, none is asked
     stream = io.StringIO()
-    again = build(recipe, progress=stream)
+    again = build_corpus(recipe, progress=stream)
     assert opened == {"replay.jsonl": 1, "prompts.jsonl": 1} and sum(renderers.values()) == 1
     assert len(server.chat_requests) == requests and len(server.requests) == health
     assert {f["path"]: f["sha256"] for f in again.manifest["files"]} == shards
@@ -119,7 +119,7 @@ def test_the_dry_run_reads_every_source_once(tmp_path: Path, tiny_model_dir: Pat
                                               counted) -> None:
     opened, renderers = counted
     recipe = load_recipe(write_recipe(tmp_path, server.base_url, tiny_model_dir))
-    build(recipe, progress=io.StringIO())
+    build_corpus(recipe, progress=io.StringIO())
     opened.clear()
     renderers.clear()
     plan = plan_build(recipe)

@@ -12,7 +12,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_builder.build import build
+from corpus_builder.build import build_corpus
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
@@ -60,13 +60,13 @@ def written(out: Path) -> list[dict]:
 
 
 def test_unclosed_think_is_dropped_by_default_and_every_ledger_field_is_right(tmp_path: Path) -> None:
-    result = build(load_recipe(write_recipe(tmp_path)), progress=io.StringIO())
+    result = build_corpus(load_recipe(write_recipe(tmp_path)), progress=io.StringIO())
     rows = written(result.out_dir)
     assert [row["messages"][0]["content"] for row in rows] == ["first question", "third question"]
     # The ids the ledger names are the ids those rows get when they are kept (the checks off).
     keep = tmp_path / "keep"
     keep.mkdir()
-    kept = build(load_recipe(write_recipe(keep, checks="on_unclosed_think: keep")), progress=io.StringIO())
+    kept = build_corpus(load_recipe(write_recipe(keep, checks="on_unclosed_think: keep")), progress=io.StringIO())
     ids = {row["messages"][0]["content"]: row["id"] for row in written(kept.out_dir)}
     ledger = list(iter_ledger(result.out_dir / "ledger.jsonl.zst"))
     assert [(r["source"], r["reason"], r["location"]) for r in ledger] == [
@@ -82,8 +82,8 @@ def test_a_generated_turn_ending_inside_its_think_block_is_dropped_by_default(tm
     (tmp_path / "prompts.jsonl").write_bytes(b"".join(orjson.dumps(turns(("user", f"ask {i}"))) + b"\n"
                                                       for i in range(4)))
     with FaultServer(model=MODEL, by_prompt={"ask 2": Fault("unclosed")}) as server:
-        result = build(load_recipe(write_recipe(tmp_path, endpoint=server.base_url, prompts=True)),
-                       progress=io.StringIO())
+        result = build_corpus(load_recipe(write_recipe(tmp_path, endpoint=server.base_url, prompts=True)),
+                              progress=io.StringIO())
     generated = [row for row in written(result.out_dir) if row["origin"] == "generated"]
     assert sorted(row["messages"][-2]["content"] for row in generated) == ["ask 0", "ask 1", "ask 3"]
     (dropped,) = [r for r in iter_ledger(result.out_dir / "ledger.jsonl.zst") if r["source"] == "asks"]
@@ -94,8 +94,8 @@ def test_a_generated_turn_ending_inside_its_think_block_is_dropped_by_default(tm
 def test_secrets_in_prompt_sources_are_redacted_before_the_target_sees_them(tmp_path: Path) -> None:
     (tmp_path / "prompts.jsonl").write_bytes(orjson.dumps(turns(("user", f"my key is {AWS_KEY}, keep it"))) + b"\n")
     with FaultServer(model=MODEL) as server:
-        result = build(load_recipe(write_recipe(tmp_path, endpoint=server.base_url, prompts=True,
-                                                checks="redact_secrets: true")), progress=io.StringIO())
+        result = build_corpus(load_recipe(write_recipe(tmp_path, endpoint=server.base_url, prompts=True,
+                                                       checks="redact_secrets: true")), progress=io.StringIO())
         sent = b"".join(orjson.dumps(r.body) for r in server.chat_requests)
     assert AWS_KEY.encode() not in sent and b"[REDACTED:aws_access_key]" in sent
     corpus_text = b"".join(f.read_bytes() for f in (result.out_dir / "data").glob("*.parquet"))
@@ -106,8 +106,8 @@ def test_audit_fields_beyond_counts_match_the_rows_written(tmp_path: Path) -> No
     (tmp_path / "prompts.jsonl").write_bytes(b"".join(orjson.dumps(turns(("user", f"ask {i}"))) + b"\n"
                                                       for i in range(3)))
     with FaultServer(model=MODEL, by_prompt={"ask 1": Fault("length")}) as server:
-        result = build(load_recipe(write_recipe(tmp_path, endpoint=server.base_url, prompts=True,
-                                                checks="dedup: none")), progress=io.StringIO())
+        result = build_corpus(load_recipe(write_recipe(tmp_path, endpoint=server.base_url, prompts=True,
+                                                       checks="dedup: none")), progress=io.StringIO())
     rows = written(result.out_dir)
     audit = Corpus.open(result.out_dir).audit()
     characters = sum(len(m["content"]) + len(m["reasoning"] or "") for row in rows for m in row["messages"])
@@ -128,10 +128,10 @@ def test_audit_fields_beyond_counts_match_the_rows_written(tmp_path: Path) -> No
 
 
 def test_a_raw_file_audit_and_a_default_build_agree_on_every_count(tmp_path: Path) -> None:
-    from corpus_builder.audit import audit
+    from corpus_builder.audit import audit_corpus
 
-    result = build(load_recipe(write_recipe(tmp_path)), progress=io.StringIO())
-    raw = audit(tmp_path / "log.jsonl", secrets=False)
+    result = build_corpus(load_recipe(write_recipe(tmp_path)), progress=io.StringIO())
+    raw = audit_corpus(tmp_path / "log.jsonl", secrets=False)
     built = result.audit
     for key in ("conversations", "thinking_conversations", "thinking_share", "turns", "characters",
                 "reasoning_char_share", "skipped", "flags"):

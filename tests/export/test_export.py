@@ -12,11 +12,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from corpus_builder.build import build
+from corpus_builder.build import build_corpus
 from corpus_builder.build.pipeline import TargetTokens, write_corpus
 from corpus_builder.build.shards import LedgerWriter
 from corpus_builder.errors import CorpusError
-from corpus_builder.export import FILE_FORMATS, FORMATS, export, formats
+from corpus_builder.export import FILE_FORMATS, FORMATS, export_corpus, formats
 from corpus_builder.export.formats import specforge_problems
 from corpus_builder.layout import LEDGER, Corpus
 from corpus_builder.recipe import load_recipe
@@ -51,7 +51,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Co
     directory = tmp_path_factory.mktemp("export")
     (directory / "log.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in log_rows()))
     (directory / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir))
-    result = build(load_recipe(directory / "recipe.yaml"))
+    result = build_corpus(load_recipe(directory / "recipe.yaml"))
     assert [(e.format, e.file_format) for e in result.exports] == [("speculators-tokens", "parquet"),
                                                                    ("sharegpt", "jsonl.zst")]
     return Corpus.open(result.out_dir)
@@ -76,7 +76,7 @@ def test_every_export_loads_with_datasets(corpus: Corpus, tmp_path: Path, fmt: s
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    report = export(corpus, fmt, tmp_path / fmt, file_format=file_format)
+    report = export_corpus(corpus, fmt, tmp_path / fmt, file_format=file_format)
     assert set(report.files) == {"train", "validation"}
     ids_by_split = {}
     for split, info in report.files.items():
@@ -105,7 +105,7 @@ def test_every_export_loads_with_datasets(corpus: Corpus, tmp_path: Path, fmt: s
 
 def test_conversation_formats_carry_reasoning_apart(corpus: Corpus, tmp_path: Path) -> None:
     by_id = {c.id: c for c in corpus.iter_conversations()}
-    export(corpus, "speculators", tmp_path / "s")
+    export_corpus(corpus, "speculators", tmp_path / "s")
     for line in (tmp_path / "s/train.jsonl").read_bytes().splitlines():
         row = orjson.loads(line)
         source = by_id[row["id"]]
@@ -114,14 +114,14 @@ def test_conversation_formats_carry_reasoning_apart(corpus: Corpus, tmp_path: Pa
             assert turn["content"] == message.content and "<think>" not in turn["content"]
             assert turn["reasoning_content"] == message.reasoning
             assert turn["reasoning_content"] is None or turn["role"] == "assistant"
-    export(corpus, "messages", tmp_path / "m")
+    export_corpus(corpus, "messages", tmp_path / "m")
     first = orjson.loads((tmp_path / "m/train.jsonl").read_bytes().splitlines()[0])
     assert set(first) == {"id", "source", "messages", "tools"} and first["source"] == "log"
     assert first["tools"] is None and all(turn["tool_calls"] is None for turn in first["messages"])
 
 
 def test_sharegpt_round_trips_through_the_readers(corpus: Corpus, tmp_path: Path) -> None:
-    export(corpus, "sharegpt", tmp_path, file_format="jsonl.zst")
+    export_corpus(corpus, "sharegpt", tmp_path, file_format="jsonl.zst")
     back = [c for c in iter_file(tmp_path / "train.jsonl.zst") if isinstance(c, Conversation)]
     original = {tuple((m.role, m.content, m.reasoning) for m in c.messages)
                 for c in corpus.iter_conversations(split="train")}
@@ -129,7 +129,7 @@ def test_sharegpt_round_trips_through_the_readers(corpus: Corpus, tmp_path: Path
 
 
 def test_specforge_export_passes_its_rules(corpus: Corpus, tmp_path: Path) -> None:
-    report = export(corpus, "specforge", tmp_path)
+    report = export_corpus(corpus, "specforge", tmp_path)
     assert report.skipped == {}
     rows = [orjson.loads(line) for split in report.files for line in (tmp_path / f"{split}.jsonl").read_bytes()
             .splitlines()]
@@ -199,12 +199,12 @@ def test_export_refuses_an_out_that_is_a_file_an_input_or_inside_the_corpus(corp
     before = {path: path.stat().st_mtime_ns for path in (*tokenizer.iterdir(), *corpus.root.rglob("*"))}
     for out, problem in ((tokenizer, "this run reads"), (corpus.root / "exported", "inside the built corpus")):
         with pytest.raises(CorpusError, match=problem):
-            export(corpus, "speculators-tokens", out, tokenizer=tokenizer)
+            export_corpus(corpus, "speculators-tokens", out, tokenizer=tokenizer)
     # a file of a split that resolves into the corpus is refused too, not written through
     (tmp_path / "out").mkdir()
     (tmp_path / "out/validation.jsonl").symlink_to(corpus.root / "manifest.json")
     with pytest.raises(CorpusError, match=r"validation\.jsonl: --out: inside the built corpus"):
-        export(corpus, "messages", tmp_path / "out")
+        export_corpus(corpus, "messages", tmp_path / "out")
     assert {path: path.stat().st_mtime_ns for path in (*tokenizer.iterdir(), *corpus.root.rglob("*"))} == before
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["validation.jsonl"]
 
@@ -215,7 +215,7 @@ def test_an_export_that_fails_leaves_nothing_written(corpus: Corpus, tmp_path: P
     out.mkdir()
     (out / ".validation.jsonl.partial").mkdir()  # in the way of the second split's file
     with pytest.raises(CorpusError, match=re.escape(f"{out / 'validation.jsonl'}: cannot write")):
-        export(corpus, "messages", out)
+        export_corpus(corpus, "messages", out)
     assert [p.name for p in out.iterdir()] == [".validation.jsonl.partial"]  # train.jsonl neither half nor whole
 
     def full_disk(self: object, rows: list) -> None:
@@ -224,7 +224,7 @@ def test_an_export_that_fails_leaves_nothing_written(corpus: Corpus, tmp_path: P
     monkeypatch.setattr(formats._JsonlSink, "write", full_disk)
     fresh = tmp_path / "new" / "out"
     with pytest.raises(CorpusError, match=re.escape(f"{fresh / 'train.jsonl'}: cannot write: No space left on device")):
-        export(corpus, "messages", fresh)
+        export_corpus(corpus, "messages", fresh)
     assert not (tmp_path / "new").exists()  # the directories the export made are gone with its files
 
 
@@ -293,7 +293,7 @@ def test_token_rows_on_another_tokenizer_than_the_served_ids_are_refused(generat
         assert "served token id" in refused.stderr and f"{other_size:,} entries of the tokenizer {other}" in \
             refused.stderr and f"{tiny_model_dir.resolve()} ({served_size:,} entries)" in refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]  # neither the export nor the file was written
-    export(generated_corpus, "speculators-tokens", out)  # on the target's own tokenizer: the served ids as they are
+    export_corpus(generated_corpus, "speculators-tokens", out)  # on the target's own tokenizer: the served ids as is
     rows = [orjson.loads(line) for line in (out / "train.jsonl").read_bytes().splitlines()]
     assert rows and max(max(row["input_ids"]) for row in rows) < served_size
 
@@ -302,7 +302,7 @@ def test_an_empty_corpus_is_neither_exported_nor_counted(tmp_path: Path, tiny_mo
     (tmp_path / "log.jsonl").write_bytes(b"".join(orjson.dumps({"messages": [{"role": "user", "content": f"q {i}"}]})
                                                   + b"\n" for i in range(3)))  # no assistant turn: all dropped
     (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir))
-    empty = build(load_recipe(tmp_path / "recipe.yaml"), allow_empty=True)  # asked for: its exports may be empty too
+    empty = build_corpus(load_recipe(tmp_path / "recipe.yaml"), allow_empty=True)  # asked for: its exports may be empty
     assert empty.manifest["conversations"] == 0 and len(empty.exports) == 2
     out, frequencies = tmp_path / "exported", tmp_path / "token_freq.npy"
     for command, problem in ((["export", "--format", "messages", "--out", str(out)],

@@ -17,8 +17,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from corpus_builder.build import build
-from corpus_builder.export import export
+from corpus_builder.build import build_corpus
+from corpus_builder.export import export_corpus
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from tests.conftest import SERVED_MODEL, SERVER_ARGS, ServedModel
@@ -114,7 +114,7 @@ def corpus_dir(render_server: ServedModel, tmp_path_factory: pytest.TempPathFact
     recipe = directory / "recipe.yaml"
     recipe.write_text(RECIPE.format(model=render_server.model, tokenizer=render_server.model_dir,
                                     endpoint=render_server.base_url))
-    result = build(load_recipe(recipe))
+    result = build_corpus(load_recipe(recipe))
     assert result.manifest["conversations"] == 26
     return result.out_dir
 
@@ -184,7 +184,7 @@ def test_prepare_data_on_conversations_trains_on_the_re_render_not_the_served_id
             re_rendered += row["input_ids"][:-1] != target
     mismatches = corpus.audit()["tokens"]["mismatches"]["turns"]
     assert re_rendered == sum(f"{m['id']}/{m['message_index']}" in generated_turns for m in mismatches)
-    report = export(corpus_dir, "speculators", tmp_path / "again")  # what `corpus export` reports
+    report = export_corpus(corpus_dir, "speculators", tmp_path / "again")  # what `corpus export` reports
     assert report.re_rendered == (len(mismatches), corpus.audit()["tokens"]["mismatches"]["checked_turns"])
     assert ("re-render differently" in report.describe()) is bool(mismatches)
 

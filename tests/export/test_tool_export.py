@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 import pytest
 
-from corpus_builder.audit import audit, audit_against
-from corpus_builder.build import build
+from corpus_builder.audit import audit_against, audit_corpus
+from corpus_builder.build import build_corpus
 from corpus_builder.errors import CorpusError
-from corpus_builder.export import export
+from corpus_builder.export import export_corpus
 from corpus_builder.export.formats import SPECFORGE_NO_TOOLS
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
@@ -47,7 +47,7 @@ def corpus_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     for name, rows in (("logs.jsonl", log_rows()), ("glaive.jsonl", glaive_rows())):
         (directory / name).write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     (directory / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir))
-    result = build(load_recipe(directory / "recipe.yaml"))
+    result = build_corpus(load_recipe(directory / "recipe.yaml"))
     assert result.manifest["conversations"] == 6 and result.manifest["splits"] == {"train": {"rows": 6, "shards": 1}}
     return result.out_dir
 
@@ -63,11 +63,11 @@ def test_the_publish_gate_validates_the_tool_rows_against_the_row_schema(corpus_
 
 
 def test_the_audit_counts_tool_calling_conversations(corpus_dir: Path, tmp_path: Path) -> None:
-    report = audit(corpus_dir)
+    report = audit_corpus(corpus_dir)
     assert (report["tool_call_conversations"], report["conversations"]) == (5, 6)
     assert report["by_source"]["logs"]["tool_call_conversations"] == 3
     assert report["by_source"]["glaive"]["tool_call_share"] == 1.0
-    assert audit(corpus_dir.parent / "logs.jsonl")["tool_call_conversations"] == 3  # a raw dump, before a build
+    assert audit_corpus(corpus_dir.parent / "logs.jsonl")["tool_call_conversations"] == 3  # a raw dump, before a build
     # The traffic comparison reads the corpus's own tool_calls field: the logs hold 3 of 4 rows with calls.
     compared = audit_against(corpus_dir, str(corpus_dir.parent / "logs.jsonl"))
     assert compared["corpus"]["shares"]["tool_calls"] == {"with tool calls": pytest.approx(5 / 6),
@@ -137,7 +137,7 @@ def as_transformers_input(conversation: Conversation) -> list[dict[str, Any]]:
 
 
 def test_messages_export_is_openai_chat_with_its_tools(corpus_dir: Path, tmp_path: Path) -> None:
-    export(corpus_dir, "messages", tmp_path)
+    export_corpus(corpus_dir, "messages", tmp_path)
     rows = lines(tmp_path / "train.jsonl")
     one = next(row for row in rows if row["messages"][0]["content"] == "What is the weather in Paris?")
     assert json.loads(one["tools"])[0]["function"]["name"] == "get_weather"
@@ -150,7 +150,7 @@ def test_sharegpt_export_reads_back_as_the_same_traffic(corpus_dir: Path, tmp_pa
     """glaive/LLaMA-Factory's form: function_call and observation turns, tools as a JSON string. Read back, the
     calls, arguments and results are the same; ids are the readers' (call_N), and an assistant's text or
     reasoning before its calls, a gpt turn of its own there, is merged back into the call turn (flagged)."""
-    export(corpus_dir, "sharegpt", tmp_path)
+    export_corpus(corpus_dir, "sharegpt", tmp_path)
     rows = lines(tmp_path / "train.jsonl")
     parallel = next(row for row in rows if any(t["value"] == "Weather and local time in Rome?"
                                                for t in row["conversations"]))
@@ -174,7 +174,7 @@ def canonical(arguments: str) -> str:
 
 
 def test_specforge_leaves_tool_traffic_out_and_says_why(corpus_dir: Path, tmp_path: Path) -> None:
-    report = export(corpus_dir, "specforge", tmp_path)
+    report = export_corpus(corpus_dir, "specforge", tmp_path)
     assert report.skipped == {SPECFORGE_NO_TOOLS: 5} and report.files["train"]["rows"] == 1
     assert f"left out: {SPECFORGE_NO_TOOLS}: 5 conversations" in report.describe()
 
@@ -184,9 +184,9 @@ def test_a_specforge_export_that_leaves_every_row_out_writes_nothing(tmp_path: P
     (tmp_path / "logs.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in calling_tools))
     (tmp_path / "recipe.yaml").write_text("name: tools\ntarget: {model: m}\nsources:\n"
                                           "  - {name: logs, kind: replay, path: logs.jsonl}\noutput: {dir: out}\n")
-    corpus = build(load_recipe(tmp_path / "recipe.yaml")).out_dir
+    corpus = build_corpus(load_recipe(tmp_path / "recipe.yaml")).out_dir
     out = tmp_path / "specforge"
     with pytest.raises(CorpusError, match=r"the specforge export would hold no rows: every conversation was left out "
                                           rf"\({re.escape(SPECFORGE_NO_TOOLS)}: 3\); nothing was written"):
-        export(corpus, "specforge", out)
+        export_corpus(corpus, "specforge", out)
     assert not out.exists()

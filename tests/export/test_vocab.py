@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from corpus_builder.errors import CorpusError
-from corpus_builder.export import corpus_token_rows, export
+from corpus_builder.export import corpus_token_rows, export_corpus
 from corpus_builder.export.vocab import count_frequencies, top_k, vocab_report, write_frequencies
 from corpus_builder.layout import Corpus
 from tests.export.test_export import corpus  # noqa: F401  (the module-scoped built corpus fixture)
@@ -22,7 +22,7 @@ from tests.export.test_export import corpus  # noqa: F401  (the module-scoped bu
 
 def by_hand(built: Corpus, tmp_path: Path) -> Counter[int]:
     """Frequencies from the speculators-tokens export: the ids under the loss mask."""
-    export(built, "speculators-tokens", tmp_path)
+    export_corpus(built, "speculators-tokens", tmp_path)
     counts: Counter[int] = Counter()
     for split in ("train", "validation"):
         for line in (tmp_path / f"{split}.jsonl").read_bytes().splitlines():

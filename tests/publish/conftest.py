@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_builder.build import build
+from corpus_builder.build import build_corpus
 from corpus_builder.hub import RetryPolicy
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.hub_server import HubServer
@@ -45,7 +45,7 @@ def built_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in math))
     (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
     (root / "recipe.yaml").write_text(RECIPE)
-    result = build(load_recipe(root / "recipe.yaml"))
+    result = build_corpus(load_recipe(root / "recipe.yaml"))
     assert result.passed
     return result.out_dir
 

@@ -18,14 +18,14 @@ import pytest
 
 from corpus_builder.errors import CorpusError
 from corpus_builder.hub import DEFAULT_ENDPOINT, download_corpus, fetch_tokenizer, hub_endpoint
-from corpus_builder.publish import CorpusDocuments, GateFailed, check_corpus, publish, render_card
+from corpus_builder.publish import CorpusDocuments, GateFailed, check_corpus, publish_corpus, render_card
 from corpus_builder.publish.card import card_license, parse_front_matter
 from corpus_builder.testing.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
 from tests.publish.conftest import FAST, TOKEN, rewrite_shard
 
 
 def _publish(corpus: Path, hub: HubServer, **kwargs: Any) -> Any:
-    return publish(corpus, "org/tiny", endpoint=hub.url, token=TOKEN, retry=FAST, **kwargs)
+    return publish_corpus(corpus, "org/tiny", endpoint=hub.url, token=TOKEN, retry=FAST, **kwargs)
 
 
 def _commits(hub: HubServer) -> list[Any]:
@@ -104,7 +104,7 @@ def test_token_never_leaves_the_authorization_header(corpus: Path, hub: HubServe
     # A server error that echoes the token must not bring it into the exception text.
     hub.fail("POST", "/api/repos/create", 400, message=f"bad request for token {TOKEN}")
     with pytest.raises(CorpusError) as failure:
-        publish(corpus, "org/other", endpoint=hub.url, token=TOKEN, retry=FAST)
+        publish_corpus(corpus, "org/other", endpoint=hub.url, token=TOKEN, retry=FAST)
     assert TOKEN not in str(failure.value) and "***" in str(failure.value)
     assert TOKEN not in report.describe() and TOKEN not in json.dumps(report.to_dict())
     token = TOKEN.encode()
@@ -213,7 +213,7 @@ def test_stale_shards_are_deleted_in_the_same_commit(corpus: Path, hub: HubServe
 
 
 def test_dry_run_sends_nothing_and_needs_no_token(corpus: Path, hub: HubServer) -> None:
-    report = publish(corpus, "org/tiny", endpoint=hub.url, dry_run=True)
+    report = publish_corpus(corpus, "org/tiny", endpoint=hub.url, dry_run=True)
     assert hub.requests == [] and hub.repos == {}
     text = report.describe()
     manifest = json.loads((corpus / "manifest.json").read_text())
@@ -262,7 +262,7 @@ def test_published_repository_downloads_and_passes_the_gate(corpus: Path, hub: H
 
 def test_missing_token_is_a_clear_error(corpus: Path, hub: HubServer) -> None:
     with pytest.raises(CorpusError, match="no Hub token"):
-        publish(corpus, "org/tiny", endpoint=hub.url)
+        publish_corpus(corpus, "org/tiny", endpoint=hub.url)
     assert hub.requests == []
 
 
@@ -318,7 +318,7 @@ def test_the_read_back_catches_a_file_the_hub_stored_wrong(corpus: Path, hub: Hu
 def _build_with_secrets(tmp_path: Path, redact: bool) -> Path:
     """A corpus whose rows carry secrets where a dump has them: a token in a row's own id, a PEM key and a
     URL login in the turns."""
-    from corpus_builder.build import build
+    from corpus_builder.build import build_corpus
     from corpus_builder.recipe import load_recipe
 
     token = "hf_" + "RowIdTokenOfAServingLog0123456789"
@@ -333,7 +333,7 @@ def _build_with_secrets(tmp_path: Path, redact: bool) -> Path:
         "name: leaky\ntarget: {model: m}\nsources:\n  - {name: log, kind: replay, path: log.jsonl}\n"
         f"checks: {{redact_secrets: {str(redact).lower()}}}\nsplit: {{validation_fraction: 0}}\n"
         f"output: {{dir: out-{redact}}}\n")
-    return build(load_recipe(tmp_path / "recipe.yaml")).out_dir
+    return build_corpus(load_recipe(tmp_path / "recipe.yaml")).out_dir
 
 
 def test_secrets_in_row_ids_and_multi_line_keys_are_redacted_so_the_gate_passes(tmp_path: Path) -> None:
@@ -377,7 +377,7 @@ ODD_RECIPES: dict[str, Callable[[dict[str, Any]], Any]] = {
 @pytest.mark.parametrize("case", sorted(ODD_RECIPES))
 def test_a_corpus_recipe_with_odd_fields_still_gets_a_card(corpus: Path, case: str) -> None:
     _edit_recipe(corpus, ODD_RECIPES[case])
-    report = publish(corpus, "org/tiny", dry_run=True)
+    report = publish_corpus(corpus, "org/tiny", dry_run=True)
     assert validate_card_metadata(report.card) == []
     assert all(isinstance(name, str) for name in parse_front_matter(report.card)["source_datasets"])
 
@@ -393,7 +393,7 @@ def test_a_corpus_recipe_that_cannot_be_trusted_is_a_clear_error(corpus: Path, t
                                                                  message: str) -> None:
     (corpus / "recipe.yaml").write_text(recipe)
     with pytest.raises(CorpusError) as failure:
-        publish(corpus, "org/tiny", dry_run=True)
+        publish_corpus(corpus, "org/tiny", dry_run=True)
     assert message in str(failure.value)
     completed = _corpus_cli("publish", str(corpus), "--repo", "org/tiny", "--dry-run", home=tmp_path / "home")
     assert completed.returncode in (1, 2) and "Traceback" not in completed.stderr
@@ -414,7 +414,7 @@ def test_the_card_summarises_token_statistics_and_never_lists_token_ids(corpus: 
                        "turns": [{"id": f"row-{i}", "served": served, "rendered": served[::-1]} for i in range(300)]},
     }
     (corpus / "audit.json").write_text(json.dumps(audit))
-    card = publish(corpus, "org/tiny", dry_run=True).card
+    card = publish_corpus(corpus, "org/tiny", dry_run=True).card
     section = card[card.index("## Token statistics"):card.index("## Target model")]
     assert "| tokens per conversation (p50 / p90 / p99 / max) | 1,800 / 3,900 / 4,090 / 4,096 |" in section
     assert "| generated turns whose re-render differs from the served token ids | 300 of 900 |" in section

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from corpus_builder.errors import CorpusError
-from corpus_builder.publish import publish
+from corpus_builder.publish import publish_corpus
 from corpus_builder.testing.hub_server import HubServer
 from tests.publish.conftest import FAST, TOKEN
 
@@ -102,7 +102,7 @@ def test_every_fault_schedule_ends_in_one_verified_commit_and_no_token_anywhere(
             report = None
             for _ in range(1 + RERUNS):
                 try:
-                    report = publish(corpus, REPO, endpoint=hub.url, token=TOKEN, retry=FAST)
+                    report = publish_corpus(corpus, REPO, endpoint=hub.url, token=TOKEN, retry=FAST)
                     break
                 except CorpusError as error:
                     errors.append(str(error))

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
-from corpus_builder.audit import audit
-from corpus_builder.build import build
+from corpus_builder.audit import audit_corpus
+from corpus_builder.build import build_corpus
 from corpus_builder.errors import REASONS, CorpusError, Skipped
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import FLAG_UNCLOSED_THINK, Conversation, RepairRules
@@ -289,7 +289,7 @@ checks: {dedup: none}  # some shapes repair to the same turns
 split: {validation_fraction: 0}
 output: {dir: out}
 """, encoding="utf-8")
-    result = build(load_recipe(recipe))
+    result = build_corpus(load_recipe(recipe))
     expected = Counter(flag for _, _, _, flags in SHAPES for flag in flags)
     expected[MID_DROPPED] = expected.pop(MID_KEPT)
     report = json.loads((result.out_dir / "audit.json").read_text())
@@ -297,7 +297,7 @@ output: {dir: out}
     assert report["by_source"]["clean"]["flags"] == {}
     assert report["flags"] == report["by_source"]["dump"]["flags"]
     assert report["by_source"]["dump"]["conversations"] == len(SHAPES)
-    assert audit(result.out_dir, secrets=False)["by_source"] == report["by_source"]
+    assert audit_corpus(result.out_dir, secrets=False)["by_source"] == report["by_source"]
 
 
 # --- the messy real dump ------------------------------------------------------------------------------
@@ -387,7 +387,7 @@ def test_a_messy_real_sharegpt_dump_keeps_every_row_with_an_exchange(tmp_path: P
     # `corpus audit FILE` shows the same before any build, after the build's default checks: copies of a kept
     # conversation (its words, whatever the case, punctuation and spacing) are counted as duplicates (the first
     # one stays)
-    report = audit(path, secrets=False)
+    report = audit_corpus(path, secrets=False)
     firsts: dict[str, Conversation] = {}
     for conversation in kept:
         firsts.setdefault(_words(conversation), conversation)

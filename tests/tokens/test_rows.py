@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from corpus_builder.audit import audit, format_report
-from corpus_builder.build import build
+from corpus_builder.audit import audit_corpus, format_report
+from corpus_builder.build import build_corpus
 from corpus_builder.build.checks import FLAG_TRUNCATED_TO_BUDGET, Checker
 from corpus_builder.build.pipeline import TargetTokens, write_corpus
 from corpus_builder.build.shards import LedgerWriter
@@ -212,7 +212,7 @@ def test_budget_drops_or_truncates_and_counts_in_the_ledger(tmp_path: Path, tiny
     limit = int(np.percentile(lengths, 60))
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=limit, policy=policy))
-    result = build(load_recipe(recipe_path))
+    result = build_corpus(load_recipe(recipe_path))
     kept = list(Corpus.open(result.out_dir).iter_conversations())
     kept_lengths = [length(c) for c in kept]
     assert max(kept_lengths) <= limit
@@ -232,7 +232,7 @@ def test_budget_drops_or_truncates_and_counts_in_the_ledger(tmp_path: Path, tiny
     assert set(tokens["by_split"]) == {"train", "validation"} and set(tokens["by_source"]) == {"log"}
     assert 0 < tokens["reasoning_token_share"] < 1
     # `corpus audit` recomputes the same statistics from the files.
-    assert audit(str(result.out_dir))["tokens"] == tokens
+    assert audit_corpus(str(result.out_dir))["tokens"] == tokens
 
 
 def test_audit_without_tokenizer_has_no_token_section(tmp_path: Path) -> None:
@@ -240,8 +240,8 @@ def test_audit_without_tokenizer_has_no_token_section(tmp_path: Path) -> None:
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(RECIPE.replace("tokenizer: {tokenizer}", "").replace(
         "checks: {{max_seq_len: {limit}, on_over_length: {policy}, dedup: none}}\n", "").format())
-    result = build(load_recipe(recipe_path))
-    assert "tokens" not in result.audit and "tokens" not in audit(str(result.out_dir))
+    result = build_corpus(load_recipe(recipe_path))
+    assert "tokens" not in result.audit and "tokens" not in audit_corpus(str(result.out_dir))
 
 
 @pytest.mark.parametrize("policy", ["warn", "fail"])
@@ -288,7 +288,7 @@ def test_a_turn_without_reasoning_has_no_reasoning_tokens(renderer: TemplateRend
                                         {"role": "assistant", "content": f"a {i}"}] for i in range(5)])
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(RECIPE.format(tokenizer=renderer.tokenizer_dir, limit=4096, policy="drop"))
-    tokens = build(load_recipe(recipe_path)).audit["tokens"]
+    tokens = build_corpus(load_recipe(recipe_path)).audit["tokens"]
     assert tokens["reasoning_tokens"] == 0 and tokens["reasoning_token_share"] == 0.0
 
 
@@ -309,7 +309,7 @@ def test_a_row_far_over_the_budget_is_never_tokenized_whole(tmp_path: Path, tiny
     monkeypatch.setattr(TemplateRenderer, "count_tokens", counting)
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=4096, policy="truncate"))
-    result = build(load_recipe(recipe_path))
+    result = build_corpus(load_recipe(recipe_path))
     assert max(seen) < 1000  # only the short row was counted
     (dropped,) = [r for r in iter_ledger(result.out_dir / "ledger.jsonl.zst") if r["reason"] == "over_length"]
     assert dropped["detail"].startswith("at least ") and dropped["detail"].endswith("tokens > 4096")
@@ -338,7 +338,7 @@ def test_a_tool_row_over_the_budget_loses_whole_exchanges(tmp_path: Path, tiny_m
     limit = len(hf_ids(hf, as_hf, tools)) + 8  # the first exchange fits, with a few tokens to spare
     (tmp_path / "log.jsonl").write_bytes(orjson.dumps({"messages": first + second, "tools": tools}) + b"\n")
     (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=limit, policy="truncate"))
-    result = build(load_recipe(tmp_path / "recipe.yaml"))
+    result = build_corpus(load_recipe(tmp_path / "recipe.yaml"))
     [row] = Corpus.open(result.out_dir).iter_conversations()
     assert [m.role for m in row.messages] == ["user", "assistant", "tool", "assistant"]
     assert row.messages[3].content == "It is sunny."
