@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 import random
 import subprocess
 import sys
@@ -80,7 +81,10 @@ def test_drops_are_topped_up_from_the_pool_and_a_rerun_asks_for_nothing(tmp_path
     assert len(generated) == 20  # the declared count, after the drops
     dropped = Counter(r["reason"] for r in _ledger(result.out_dir) if r["source"] == "asks")
     assert dropped["unclosed_think"] == asked - 20  # every extra request replaced a drop, none wasted
-    assert asked <= 20 + -(-dropped["unclosed_think"] * 11 // 10)
+    # Independent of the run: the faults drop 15 of the 60 prompts, so a top-up that knew the rate would ask
+    # 20 * 15/45 more on average; the rounds may overshoot that by 10%.
+    drop_rate = len(unclosed_every(4, 60)) / 60
+    assert asked <= 20 + math.ceil(1.1 * 20 * drop_rate / (1 - drop_rate))
     declared = result.manifest["mixture"]["sources"]["asks"]
     assert (declared["declared"], declared["reached"], declared["generated_rows"]) == (20, 20, asked)
     assert result.manifest["mixture"]["sources"]["replay"]["reached"] == 100  # no target: every kept row
