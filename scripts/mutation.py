@@ -3,8 +3,9 @@
     python scripts/mutation.py [MODULE ...] [--tests PATH ...] [--max-children N] [--survivors | --report]
 
 MODULE is a file of [tool.mutmut].only_mutate (default: every one); in the files FUNCTIONS lists, only those
-functions' mutants are run and scored. --tests narrows the tests mutmut maps to the mutated functions (default:
-the configured fast suite), e.g. to the tests that own a module. --survivors runs again only the mutants that
+functions' mutants are run and scored. The tests mutmut maps to the mutated functions are the fast tests that
+own the chosen modules (OWNING_TESTS; --tests names others): the suite's end-to-end tests call every stage,
+and would make each mutant run them all. --survivors runs again only the mutants that
 survived the last run (after new tests), --report runs nothing; both then print the scores. mutmut keeps its
 state in mutants/ (git-ignored): a later run re-tests only the functions that changed; delete it to start over.
 
@@ -42,6 +43,19 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "corpus_builder/sources/mappings.py": (
         "_json_value", "_declares_calls", "_turn_calls", "_calls", "_tool_call_id", "_link_tool_results",
         "_parallel_results"),
+}
+
+# The fast tests that own each module: a mutant runs those of them that call its function.
+OWNING_TESTS: dict[str, tuple[str, ...]] = {
+    "corpus_builder/publish/gate.py": ("tests/publish",),
+    "corpus_builder/build/mixture.py": ("tests/build/test_mixture.py",),
+    "corpus_builder/audit/traffic.py": ("tests/audit",),
+    "corpus_builder/build/dedup.py": ("tests/build/test_dedup.py", "tests/build/test_near_dedup.py"),
+    "corpus_builder/build/near_dedup.py": ("tests/build/test_dedup.py", "tests/build/test_near_dedup.py"),
+    "corpus_builder/build/decontaminate.py": ("tests/build/test_decontaminate.py", "tests/build/test_dedup.py"),
+    "corpus_builder/sources/mappings.py": ("tests/sources",),
+    "corpus_builder/generate/tool_results.py": ("tests/generate/test_tool_results.py", "tests/sources"),
+    "corpus_builder/secrets.py": ("tests/test_secrets.py", "tests/publish"),
 }
 
 # Survivors judged equivalent: mutant name -> (a line its diff adds, why no behaviour tells it apart).
@@ -113,11 +127,10 @@ def _statuses(module: str) -> dict[str, str]:
             if _selected(name, patterns)}
 
 
-def _run(patterns: list[str], tests: list[str] | None, max_children: int) -> None:
+def _run(patterns: list[str], tests: list[str], max_children: int) -> None:
     from mutmut import configuration
 
-    if tests:
-        configuration.config().pytest_add_cli_args_test_selection = tests
+    configuration.config().pytest_add_cli_args_test_selection = tests
     from mutmut.__main__ import cli
 
     cli(["run", "--max-children", str(max_children), *patterns], standalone_mode=False)
@@ -167,7 +180,7 @@ def _report(modules: list[str]) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", metavar="MODULE", help="files of [tool.mutmut].only_mutate")
-    parser.add_argument("--tests", nargs="+", metavar="PATH", help="the tests to map and run (default: configured)")
+    parser.add_argument("--tests", nargs="+", metavar="PATH", help="the tests to map and run (default: owners)")
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutant runs (default 1: 2 cores)")
     parser.add_argument("--survivors", action="store_true", help="run only the last run's survivors again")
     parser.add_argument("--report", action="store_true", help="print the last run's scores, run nothing")
@@ -193,7 +206,8 @@ def main() -> int:
     else:
         patterns = [pattern for module in modules for pattern in _patterns(module)]
     if patterns and not args.report:
-        _run(patterns, args.tests, args.max_children)
+        tests = args.tests or sorted({path for module in modules for path in OWNING_TESTS[module]})
+        _run(patterns, tests, args.max_children)
         print(f"\nmutmut run took {time.monotonic() - started:.0f} s")
     return 0 if _report(modules) else 1
 
