@@ -2,12 +2,13 @@
 
 The public API, loaded lazily so that ``import corpus_builder`` (and ``corpus --help``) stays light::
 
-    from corpus_builder import load_recipe, plan_build, build_corpus, audit_corpus, export_corpus, publish_corpus
+    from corpus_builder import load_recipe, plan_build, build_corpus, audit_corpus, check_corpus, export_corpus, ...
 
     recipe = load_recipe("recipes/quickstart.yaml")   # CorpusError listing every problem, located
     result = build_corpus(recipe)                     # BuildResult: out_dir, manifest, audit, problems
     report = audit_corpus(result.out_dir)             # the statistics, recomputed from the files
     compared = audit_against(result.out_dir, "logs/*.jsonl.zst")  # divergences from serving traffic
+    outcome = check_corpus(result.out_dir, against="logs/*.jsonl.zst", max_divergence=0.1)  # `corpus audit`
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ _API = {
     "BuildPlan": "corpus_builder.build",
     "audit_corpus": "corpus_builder.audit",
     "audit_against": "corpus_builder.audit",
+    "check_corpus": "corpus_builder.audit",
+    "AuditOutcome": "corpus_builder.audit",
+    "AuditOptions": "corpus_builder.audit",
     "export_corpus": "corpus_builder.export",
+
     "publish_corpus": "corpus_builder.publish",
     "Corpus": "corpus_builder.layout",
     "Conversation": "corpus_builder.records",
@@ -39,8 +44,11 @@ _API = {
 __all__ = sorted(_API)
 
 if TYPE_CHECKING:
+    from .audit import AuditOptions as AuditOptions
+    from .audit import AuditOutcome as AuditOutcome
     from .audit import audit_against as audit_against
     from .audit import audit_corpus as audit_corpus
+    from .audit import check_corpus as check_corpus
     from .build import BuildPlan as BuildPlan
     from .build import BuildResult as BuildResult
     from .build import build_corpus as build_corpus

@@ -166,45 +166,22 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
 
     Exit 1 when the thinking share is below --min-thinking-share, the secrets scan finds anything, or a
     divergence exceeds --max-divergence (or too many traffic rows were unreadable); 2 when no traffic row is."""
-    from .audit import audit_inputs, audited, corpus_problems, format_report
-    from .outputs import check_output_path
+    from .audit import AuditOptions, check_corpus
 
-    if max_divergence is not None and traffic is None:
-        raise click.UsageError("--max-divergence needs --against TRAFFIC")
-    # Checked before the (possibly long) audit: a path it must not write fails with nothing computed.
-    html = check_output_path(html_path, what="--html", inputs=audit_inputs(path, traffic, tokenizer)) \
-        if html_path is not None else None
-    # The corpus stays open (downloaded, for hf://) while it is compared: read once for both.
-    with audited(path, endpoint=endpoint, secrets=not no_secrets) as (report, files):
-        problems = list(corpus_problems(report, min_thinking_share))
-        comparison = None
-        if traffic is not None or html is not None:
-            from .audit import AuditOptions, audit_against, describe_corpus, divergence_problems
-
-            options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
-                                   draft_vocab_size=draft_vocab_size, endpoint=endpoint,
-                                   max_skipped_share=max_skipped_share)
-            compared = files if files is not None else path  # a raw file: the comparison refuses it by name
-            comparison = (audit_against(compared, traffic, options) if traffic is not None
-                          else describe_corpus(compared, options))
-            problems += divergence_problems(comparison, max_divergence, allow_skipped=allow_skipped)
+    options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
+                           draft_vocab_size=draft_vocab_size, endpoint=endpoint, max_skipped_share=max_skipped_share)
+    outcome = check_corpus(path, against=traffic, html=html_path, options=options,
+                           min_thinking_share=min_thinking_share, max_divergence=max_divergence,
+                           allow_skipped=allow_skipped, secrets=not no_secrets)
     if as_json:
-        _print_json({**comparison, "audit": report} if traffic is not None and comparison is not None else report)
+        _print_json(outcome.to_json())
     else:
-        click.echo(format_report(report))
-        if traffic is not None and comparison is not None:
-            from .audit import format_comparison
-
-            click.echo("\n" + format_comparison(comparison))
-    if html is not None and comparison is not None:
-        from .audit import write_html_report
-
-        write_html_report(html, comparison, report, f"corpus audit {path}" +
-                          (f" against {traffic}" if traffic is not None else ""))
-        click.echo(f"wrote {html}", err=True)
-    for problem in problems:
+        click.echo(outcome.describe())
+    if outcome.html is not None:
+        click.echo(f"wrote {outcome.html}", err=True)
+    for problem in outcome.problems:
         click.echo(f"check failed: {problem}", err=True)
-    if problems:
+    if outcome.problems:
         sys.exit(EXIT_CHECKS_FAILED)
 
 

@@ -15,9 +15,10 @@ import pytest
 import corpus_builder
 
 REPO = Path(__file__).resolve().parents[1]
-EXPORTED = ["BuildPlan", "BuildResult", "Conversation", "Corpus", "CorpusError", "Message", "Recipe", "ToolCall",
-            "audit_against", "audit_corpus", "build_corpus", "check_recipe", "export_corpus", "load_recipe",
-            "plan_build", "publish_corpus"]
+EXPORTED = ["AuditOptions", "AuditOutcome", "BuildPlan", "BuildResult", "Conversation", "Corpus", "CorpusError",
+            "Message", "Recipe", "ToolCall", "audit_against", "audit_corpus", "build_corpus",
+            "check_corpus", "check_recipe", "export_corpus", "load_recipe", "plan_build",
+            "publish_corpus"]
 STAGES = ["audit", "build", "export", "publish"]
 
 # Imports each module named on the command line in the `import a.b.c as m` form, each in a namespace of its own,

@@ -14,6 +14,7 @@ import importlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,20 +26,22 @@ from ..build.stats import CorpusStats, corpus_problems
 from ..build.token_stats import TokenStats
 from ..errors import CorpusError, DropCounts, Skipped
 from ..layout import LEDGER, Corpus
+from ..outputs import check_output_path
 from ..recipe.model import Checks, NearDuplicateSettings
 from ..records import Conversation
 from ..rows import batch_to_conversations, conversations_to_batch
 from ..secrets import Finding, scan_conversations, scan_corpus
 from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from ..tokens.settings import read_corpus_recipe
+from .options import AuditOptions
 from .report import format_report
 
-__all__ = ["AuditOptions", "CorpusFiles", "audit_against", "audit_conversations", "audit_corpus", "audit_corpus_files",
-           "audit_inputs", "audited", "corpus_problems", "describe_corpus", "divergence_problems", "format_comparison",
-           "format_report", "opened_corpus", "write_html_report"]
+__all__ = ["AuditOptions", "AuditOutcome", "CorpusFiles", "audit_against", "audit_conversations", "audit_corpus",
+           "audit_corpus_files", "audit_inputs", "audited", "check_corpus", "corpus_problems", "describe_corpus",
+           "divergence_problems", "format_comparison", "format_report", "opened_corpus", "write_html_report"]
 
 # The comparison's names, loaded on first use: they import polars (and plotly, for the page).
-_TRAFFIC_API = {"AuditOptions": "traffic", "audit_against": "traffic", "describe_corpus": "traffic",
+_TRAFFIC_API = {"audit_against": "traffic", "describe_corpus": "traffic",
                 "divergence_problems": "traffic", "format_comparison": "traffic", "write_html_report": "html"}
 
 SECRET_EXAMPLES = 20
@@ -47,7 +50,7 @@ HUB_PREFIX = "hf://"
 
 if TYPE_CHECKING:
     from .html import write_html_report
-    from .traffic import AuditOptions, audit_against, describe_corpus, divergence_problems, format_comparison
+    from .traffic import audit_against, describe_corpus, divergence_problems, format_comparison
 
 
 def __getattr__(name: str) -> Any:
@@ -210,6 +213,66 @@ def audited(path: str | Path, *, endpoint: str | None = None, secrets: bool = Tr
         report["secrets"] = _secrets_section(
             scan_conversations(item for item in iter_file(target) if isinstance(item, Conversation)))
     yield report, None
+
+
+@dataclass(frozen=True)
+class AuditOutcome:
+    """What ``corpus audit`` finds: the corpus's statistics, the comparison (with traffic; or the corpus side alone
+    when only the page was asked for), and the checks that failed (the CLI's exit 1)."""
+
+    report: dict[str, Any]
+    comparison: dict[str, Any] | None
+    problems: list[str]
+    against: str | None = None
+    html: Path | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``corpus audit --json``: the comparison with the statistics under ``audit``, or the statistics."""
+        if self.against is not None and self.comparison is not None:
+            return {**self.comparison, "audit": self.report}
+        return self.report
+
+    def describe(self) -> str:
+        """The tables ``corpus audit`` prints."""
+        text = format_report(self.report)
+        if self.against is not None and self.comparison is not None:
+            from .traffic import format_comparison
+
+            text += "\n\n" + format_comparison(self.comparison)
+        return text
+
+
+def check_corpus(path: str | Path, *, against: str | None = None, html: str | Path | None = None,
+                 options: AuditOptions | None = None, min_thinking_share: float | None = None,
+                 max_divergence: float | None = None, allow_skipped: bool = False, secrets: bool = True
+                 ) -> AuditOutcome:
+    """``corpus audit``: the statistics of ``path`` (a built corpus, a raw file or ``hf://datasets/ORG/NAME``),
+    compared with the serving traffic ``against`` when given, with the checks that fail: a thinking share below
+    ``min_thinking_share``, a secret found, a divergence past ``max_divergence`` (or too much unreadable traffic
+    unless ``allow_skipped``). With ``html`` the self-contained page is written there, its path checked first:
+    one that must not be written fails before anything is computed."""
+    options = options or AuditOptions()
+    if max_divergence is not None and against is None:
+        raise CorpusError("--max-divergence needs --against TRAFFIC")
+    page = check_output_path(html, what="--html", inputs=audit_inputs(path, against, options.tokenizer)) \
+        if html is not None else None
+    # The corpus stays open (downloaded, for hf://) while it is compared: read once for both.
+    with audited(path, endpoint=options.endpoint, secrets=secrets) as (report, files):
+        problems = list(corpus_problems(report, min_thinking_share))
+        comparison = None
+        if against is not None or page is not None:
+            from .traffic import audit_against, describe_corpus, divergence_problems
+
+            compared = files if files is not None else path  # a raw file: the comparison refuses it by name
+            comparison = audit_against(compared, against, options) if against is not None \
+                else describe_corpus(compared, options)
+            problems += divergence_problems(comparison, max_divergence, allow_skipped=allow_skipped)
+    if page is not None and comparison is not None:
+        from .html import write_html_report
+
+        write_html_report(page, comparison, report, f"corpus audit {path}" +
+                          (f" against {against}" if against is not None else ""))
+    return AuditOutcome(report, comparison, problems, against, page)
 
 
 def audit_inputs(path: str | Path, traffic: str | None = None, tokenizer: Path | None = None) -> list[str | Path]:

@@ -31,8 +31,8 @@ import polars as pl
 from ..errors import CorpusError
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation
 from ..tokens import TemplateRenderer, TemplateWithoutTools, common_prefix, served_turns
+from .options import DEFAULT_SPAN_TOKENS
 
-DEFAULT_SPAN_TOKENS = 8  # a response stretch of 8+ tokens copied from the context: prompt lookup drafts it whole
 _HASH_BASE = np.uint64(0x100000001B3)
 _VIEW_SALT = np.uint64(0x9E3779B97F4A7C15)
 GUARD_TEXTS = 256  # texts of the first batch also encoded with ``tokenizers``, id for id

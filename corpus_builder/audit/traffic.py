@@ -29,7 +29,6 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,12 +41,10 @@ from ..layout import Corpus
 from . import CorpusFiles, is_hub_path, opened_corpus
 from .frames import NO_TASK
 from .inputs import corpus_units, traffic_units
+from .options import AuditOptions
 from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES, Profile, read_profile
-from .token_pass import DEFAULT_SPAN_TOKENS, TokenMeter
+from .token_pass import TokenMeter
 
-DEFAULT_TOKEN_SAMPLE: Final = 100_000
-DEFAULT_MAX_SKIPPED_SHARE: Final = 0.05
-DEFAULT_DRAFT_VOCAB: Final = 32_000
 GAPS_SHOWN: Final = 3
 TURN_BUCKETS: Final = ("0", "1", "2", "3", "4-5", "6-10", "11+")
 COVERAGE_POINTS: Final = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000)
@@ -56,23 +53,6 @@ THINKING_TOLERANCE: Final = 0.02  # a task's thinking share this close to the tr
 PERCENTILES: Final = (50, 90, 99)
 FACT_DIMENSIONS: Final = ("thinking", "task", "task_thinking", "turns", "tool_calls", "script")
 TOKEN_DIMENSIONS: Final = (*LENGTH_MEASURES, "copy_share", "token_frequencies")
-
-
-@dataclass(frozen=True)
-class AuditOptions:
-    tokenizer: Path | None = None  # the target's tokenizer directory (default: the corpus recipe's)
-    token_sample: int = DEFAULT_TOKEN_SAMPLE  # conversations per side measured in tokens (0: all)
-    span_tokens: int = DEFAULT_SPAN_TOKENS
-    draft_vocab_size: int = DEFAULT_DRAFT_VOCAB
-    seed: int = 0
-    endpoint: str | None = None  # Hub endpoint for an hf:// corpus
-    # Past this share of skipped traffic rows the figures describe only the readable part: said everywhere, and
-    # a failure of --max-divergence unless allowed.
-    max_skipped_share: float = DEFAULT_MAX_SKIPPED_SHARE
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.max_skipped_share <= 1:  # nan too
-            raise CorpusError(f"max_skipped_share must be a share from 0 to 1, not {self.max_skipped_share!r}")
 
 
 @contextmanager
