@@ -9,6 +9,7 @@ The public API, loaded lazily so that ``import corpus_builder`` (and ``corpus --
     report = audit_corpus(result.out_dir)             # the statistics, recomputed from the files
     compared = audit_against(result.out_dir, "logs/*.jsonl.zst")  # divergences from serving traffic
     outcome = check_corpus(result.out_dir, against="logs/*.jsonl.zst", max_divergence=0.1)  # `corpus audit`
+    vocab = draft_vocab(result.out_dir, "token_freq.npy", size=32000)  # `corpus vocab`
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ _API = {
     "AuditOutcome": "corpus_builder.audit",
     "AuditOptions": "corpus_builder.audit",
     "export_corpus": "corpus_builder.export",
-
+    "draft_vocab": "corpus_builder.export",
+    "VocabReport": "corpus_builder.export",
     "publish_corpus": "corpus_builder.publish",
     "Corpus": "corpus_builder.layout",
     "Conversation": "corpus_builder.records",
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     from .build import build_corpus as build_corpus
     from .build import plan_build as plan_build
     from .errors import CorpusError as CorpusError
+    from .export import VocabReport as VocabReport
+    from .export import draft_vocab as draft_vocab
     from .export import export_corpus as export_corpus
     from .layout import Corpus as Corpus
     from .publish import publish_corpus as publish_corpus

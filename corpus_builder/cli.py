@@ -229,15 +229,14 @@ def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: P
 @click.option("--json", "as_json", is_flag=True, help="Print the coverage report as one JSON object.")
 def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_json: bool) -> None:
     """Supervised-token frequencies for choosing a draft vocabulary, and the coverage of the top SIZE."""
-    from .export.vocab import corpus_vocab, format_vocab_report, vocab_report
+    from .export import draft_vocab
 
-    frequencies = corpus_vocab(corpus_dir, out, tokenizer)
-    report = {**vocab_report(frequencies, size), "file": str(out)}
+    report = draft_vocab(corpus_dir, out, size=size, tokenizer=tokenizer)
     if as_json:
-        _print_json(report)
+        _print_json(report.to_json())
     else:
-        click.echo(format_vocab_report(report))
-        click.echo(f"wrote {out}")
+        click.echo(report.describe())
+        click.echo(f"wrote {report.file}")
 
 
 

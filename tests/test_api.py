@@ -16,8 +16,8 @@ import corpus_builder
 
 REPO = Path(__file__).resolve().parents[1]
 EXPORTED = ["AuditOptions", "AuditOutcome", "BuildPlan", "BuildResult", "Conversation", "Corpus", "CorpusError",
-            "Message", "Recipe", "ToolCall", "audit_against", "audit_corpus", "build_corpus",
-            "check_corpus", "check_recipe", "export_corpus", "load_recipe", "plan_build",
+            "Message", "Recipe", "ToolCall", "VocabReport", "audit_against", "audit_corpus", "build_corpus",
+            "check_corpus", "check_recipe", "draft_vocab", "export_corpus", "load_recipe", "plan_build",
             "publish_corpus"]
 STAGES = ["audit", "build", "export", "publish"]
 

@@ -28,7 +28,7 @@ from ..layout import Corpus
 from ..outputs import check_output_path, staged
 from ..rows import batch_to_conversations
 from ..tokens import TurnRow
-from . import CorpusTokenRows, corpus_token_rows
+from .token_rows import CorpusTokenRows, corpus_token_rows
 
 FILE_SUFFIXES = (".npy", ".json", ".pt")
 
@@ -155,23 +155,40 @@ def write_frequencies(counts: np.ndarray, path: Path) -> None:
             torch.save({int(i): int(counts[i]) for i in nonzero}, partial)
 
 
-def corpus_vocab(corpus_dir: Path, out: Path, tokenizer: Path | None = None) -> Frequencies:
+@dataclass(frozen=True)
+class VocabReport:
+    """What ``corpus vocab`` wrote (``file``) and how much its top ``draft_vocab_size`` tokens cover
+    (``coverage``: overall, of reasoning and answer tokens, and by source)."""
+
+    file: Path
+    coverage: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.coverage, "file": str(self.file)}
+
+    def describe(self) -> str:
+        return format_vocab_report(self.coverage)
+
+
+def draft_vocab(corpus_dir: Path | str, out: Path | str, *, size: int = 32000, tokenizer: Path | None = None
+                ) -> VocabReport:
     """`corpus vocab`: the supervised-token frequencies of the corpus in ``corpus_dir``, written to ``out``
-    (checked, as every output path, before the corpus is read); a corpus without any is refused."""
-    corpus = Corpus.open(corpus_dir)
+    (checked, as every output path, before the corpus is read), and the coverage of their top ``size``; a
+    corpus without any supervised token is refused."""
+    corpus = Corpus.open(Path(corpus_dir))
     token_rows = corpus_token_rows(corpus, tokenizer)
     if token_rows is None:
         raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
                           file=str(corpus_dir))
-    check_output_path(out, what="--out", inputs=[corpus.root, token_rows.renderer.tokenizer_dir])
-    _check_suffix(out)
+    path = check_output_path(out, what="--out", inputs=[corpus.root, token_rows.renderer.tokenizer_dir])
+    _check_suffix(path)
     frequencies = count_frequencies(corpus, token_rows)
     if not frequencies.total.any():
         conversations = corpus.manifest.get("conversations", 0)
         raise CorpusError(f"no supervised tokens to count (the corpus holds {conversations:,} conversations): nothing "
                           f"was written to {out}", file=str(corpus.root))
-    write_frequencies(frequencies.total, out)
-    return frequencies
+    write_frequencies(frequencies.total, path)
+    return VocabReport(Path(out), vocab_report(frequencies, size))
 
 
 def _share(value: float | None) -> str:

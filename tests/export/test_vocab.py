@@ -13,6 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
+from corpus_builder import draft_vocab
 from corpus_builder.errors import CorpusError
 from corpus_builder.export import corpus_token_rows, export_corpus
 from corpus_builder.export.vocab import count_frequencies, top_k, vocab_report, write_frequencies
@@ -76,6 +77,10 @@ def test_vocab_command(corpus: Corpus, tmp_path: Path) -> None:  # noqa: F811
     text = subprocess.run([sys.executable, "-m", "corpus_builder", "vocab", str(corpus.root), "--size", "50",
                            "--out", str(tmp_path / "f.json")], capture_output=True, text=True)
     assert text.returncode == 0 and "top 50 of" in text.stdout and "reasoning tokens" in text.stdout
+    called = draft_vocab(corpus.root, tmp_path / "api.npy", size=50)  # the command is parse, call, print
+    assert {**called.to_json(), "file": str(out)} == report and called.file == tmp_path / "api.npy"
+    assert np.array_equal(np.load(called.file), np.load(out))
+    assert text.stdout == f"{called.describe()}\nwrote {tmp_path / 'f.json'}\n"
 
 
 def test_vocab_refuses_an_out_inside_the_corpus_or_on_the_tokenizer(corpus: Corpus, tmp_path: Path,  # noqa: F811
