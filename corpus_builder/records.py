@@ -138,6 +138,25 @@ class Conversation:
         }
 
 
+def hub_location(hub: dict[str, Any]) -> str:
+    """A Hub split as locations name it, from its provenance: ``ORG/NAME[/CONFIG]/SPLIT``."""
+    config = f"/{hub['config']}" if hub.get("config") else ""
+    return f"{hub['id']}{config}/{hub['split']}"
+
+
+def row_location(conversation: Conversation) -> str:
+    """Where a row came from, as the ledger and every message name it: ``file:line``, ``file#row``, a Hub split's
+    ``ORG/NAME[/CONFIG]/SPLIT#row`` (as its reader names the rows it skips), else the source."""
+    provenance = conversation.provenance
+    hub = provenance.get("hub")
+    where = provenance.get("source_file") or (hub_location(hub) if hub else conversation.source)
+    if "source_line" in provenance:
+        return f"{where}:{provenance['source_line']}"
+    if "source_row" in provenance:
+        return f"{where}#{provenance['source_row']}"
+    return str(where)
+
+
 def split_think(text: str) -> tuple[str, str | None, bool]:
     """Move a think block out of ``text``: returns (content, reasoning, unclosed).
 

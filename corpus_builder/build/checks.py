@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import CONTAMINATED, Skipped, contamination_detail
 from ..recipe.model import Checks, Recipe
-from ..records import FLAG_UNCLOSED_THINK, Conversation
+from ..records import FLAG_UNCLOSED_THINK, Conversation, row_location
 from ..sources import MeasuredRows
 from ..tokens import TemplateRenderer
 from .decontaminate import Contamination
@@ -198,14 +198,3 @@ class Checker:
             new_id = f"{row_id}-{copy}"
         self._seen_ids[hash(new_id)] = None
         return new_id
-
-
-def row_location(conversation: Conversation) -> str:
-    """Where a row came from, as the ledger names it (file:line, file#row, or the source)."""
-    provenance = conversation.provenance
-    file = provenance.get("source_file") or provenance.get("hub", {}).get("id", conversation.source)
-    if "source_line" in provenance:
-        return f"{file}:{provenance['source_line']}"
-    if "source_row" in provenance:
-        return f"{file}#{provenance['source_row']}"
-    return str(file)

@@ -18,10 +18,10 @@ import pyarrow as pa
 
 from ..errors import CorpusError, Skipped
 from ..recipe.model import Recipe
-from ..records import Conversation
+from ..records import Conversation, row_location
 from ..rows import RowSpool, batch_to_conversations
 from ..sources import MeasuredRows
-from .checks import BatchStats, Checker, row_location
+from .checks import BatchStats, Checker
 from .dedup import Evicted, Verdict
 from .mixture import (
     Available,

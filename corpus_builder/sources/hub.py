@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import CorpusError, MissingDependency
 from ..recipe.model import HubRef
+from ..records import hub_location
 from .readers import PositionFilter
 
 MIRROR_ENV = "CORPUS_HUB_MIRROR"
@@ -29,8 +30,7 @@ MIRROR_ENV = "CORPUS_HUB_MIRROR"
 
 def hub_label(ref: HubRef) -> str:
     """How a hub split is named in locations (``ORG/NAME[/CONFIG]/SPLIT#row``)."""
-    config = f"/{ref.config}" if ref.config else ""
-    return f"{ref.id}{config}/{ref.split}"
+    return hub_location(hub_provenance(ref))
 
 
 def hub_provenance(ref: HubRef) -> dict[str, Any]:
