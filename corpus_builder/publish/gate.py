@@ -21,7 +21,7 @@ import orjson
 from ..build.stats import corpus_problems
 from ..errors import CorpusError
 from ..layout import AUDIT, MANIFEST, RECIPE, Corpus, open_parquet
-from ..recipe.yaml_reader import parse_yaml, read_recipe_text
+from ..recipe.yaml_reader import read_corpus_recipe_file
 from ..secrets import Finding, scan_metadata, scan_row
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "conversation.schema.json"
@@ -63,16 +63,8 @@ class CorpusDocuments:
     @classmethod
     def load(cls, root: Path) -> CorpusDocuments:
         corpus = Corpus.open(Path(root))
-        path = corpus.root / RECIPE
-        # The recipes' own safe reader: a corpus may come from anywhere (a download, a hand edit), and its
-        # recipe.yaml must not expand aliases, build Python objects or be read whole when it is huge.
-        recipe_text, problems = read_recipe_text(path, str(path))
-        parsed = parse_yaml(recipe_text, str(path)) if recipe_text is not None else None
-        if parsed is None or parsed.data is None or parsed.problems:
-            raise CorpusError("the corpus recipe cannot be read as a plain YAML mapping", file=str(path),
-                              details=[str(problem) for problem in (parsed.problems if parsed else problems)])
-        assert recipe_text is not None  # parsed exists
-        return cls(corpus.root, corpus.manifest, mapping(corpus.audit()), parsed.data, recipe_text)
+        recipe_text, recipe = read_corpus_recipe_file(corpus.root / RECIPE)
+        return cls(corpus.root, corpus.manifest, mapping(corpus.audit()), recipe, recipe_text)
 
     def setting(self, *keys: str) -> Any:
         """recipe[k1][k2]... when each step is a mapping, else None."""

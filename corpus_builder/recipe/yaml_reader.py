@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ..errors import CorpusError
 from ..secrets import scrub_message
 
 # A recipe is a page of settings; anything far bigger is a wrong file (or an attempt to exhaust memory).
@@ -79,7 +80,8 @@ def read_recipe_text(path: Path, file: str) -> tuple[str | None, list[Problem]]:
         return None, [Problem(file, line, column, "", message)]
 
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as handle:  # one byte past the bound tells a huge file without reading it whole
+            raw = handle.read(MAX_RECIPE_BYTES + 1)
     except FileNotFoundError:
         return fail("file not found")
     except IsADirectoryError:
@@ -87,7 +89,7 @@ def read_recipe_text(path: Path, file: str) -> tuple[str | None, list[Problem]]:
     except OSError as error:
         return fail(f"cannot read the file: {error.strerror or error}")
     if len(raw) > MAX_RECIPE_BYTES:
-        return fail(f"file is {len(raw):,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,} bytes")
+        return fail(f"file is over {MAX_RECIPE_BYTES:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,} bytes")
     try:
         return raw.decode("utf-8-sig"), []
     except UnicodeDecodeError as error:
@@ -97,6 +99,18 @@ def read_recipe_text(path: Path, file: str) -> tuple[str | None, list[Problem]]:
             raw.count(b"\n", 0, error.start) + 1,
             error.start - line_start + 1,
         )
+
+
+def read_corpus_recipe_file(path: Path) -> tuple[str, dict[str, Any]]:
+    """A built corpus's recipe.yaml, by the recipes' own reader: a corpus may come from anywhere (a download, a
+    hand edit), and its recipe must not expand aliases, build Python objects or be read whole when it is huge.
+    Its text and mapping, or a ``CorpusError`` naming the file with every problem."""
+    text, problems = read_recipe_text(path, str(path))
+    parsed = parse_yaml(text, str(path)) if text is not None else None
+    if text is None or parsed is None or parsed.data is None or parsed.problems:
+        raise CorpusError("the corpus recipe cannot be read as a plain YAML mapping", file=str(path),
+                          details=[str(problem) for problem in (parsed.problems if parsed else problems)])
+    return text, parsed.data
 
 
 @dataclass

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorpusError
 from ..hub import fetch_tokenizer
 from ..layout import AUDIT, RECIPE, Corpus
 from ..recipe.model import Recipe
+from ..recipe.yaml_reader import read_corpus_recipe_file
 from .template import TemplateRenderer
 
 
@@ -67,17 +67,13 @@ class TokenSettings:
                                 history_reasoning=self.history_reasoning)
 
 
-def read_corpus_recipe(corpus: Corpus) -> Any:
-    """The corpus's recipe.yaml as parsed YAML, whatever its shape; None when the corpus has none."""
-    import yaml
-
+def read_corpus_recipe(corpus: Corpus) -> dict[str, Any] | None:
+    """The corpus's recipe.yaml, read by the recipes' safe, bounded reader (``read_corpus_recipe_file``); None
+    when the corpus has none."""
     path = corpus.root / RECIPE
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return None
-    except yaml.YAMLError as error:
-        raise CorpusError(f"not valid YAML: {error}", file=str(path)) from None
+    return read_corpus_recipe_file(path)[1]
 
 
 def _find_tokenizer(root: Path, recorded: str | None, written: str | None) -> Path | None:
