@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from .errors import Skipped, scrub_url_credentials
+from .layout import AUDIT, DATA, MANIFEST, RECIPE, open_parquet
 from .records import Conversation
 
 # A run of base64 as keys are written: chunks of the base64 alphabet separated by line breaks, real or
@@ -254,21 +255,17 @@ def scan_conversations(rows: Iterable[Conversation | dict[str, Any]]) -> list[Fi
 
 def iter_corpus_rows(corpus_dir: Path, batch_size: int = 2048) -> Iterator[tuple[str, dict[str, Any]]]:
     """(shard path, row dict) for every row of every parquet shard under ``data/``."""
-    import pyarrow.parquet as pq
-
-    for shard in sorted((corpus_dir / "data").glob("*.parquet")):
-        # Opened as layout.open_parquet does (that module sits above this one): without pre-buffering, which
-        # keeps every row group read, so memory would grow with the shard.
-        for batch in pq.ParquetFile(shard, pre_buffer=False).iter_batches(batch_size=batch_size):
+    for shard in sorted((corpus_dir / DATA).glob("*.parquet")):
+        for batch in open_parquet(shard).iter_batches(batch_size=batch_size):
             for row in batch.to_pylist():
-                yield f"data/{shard.name}", row
+                yield f"{DATA}/{shard.name}", row
 
 
 def scan_corpus(corpus_dir: Path) -> list[Finding]:
     """Findings in every shard row and in the metadata files a publish uploads."""
     corpus_dir = Path(corpus_dir)
     findings = scan_conversations(row for _, row in iter_corpus_rows(corpus_dir))
-    for name in ("recipe.yaml", "manifest.json", "audit.json"):
+    for name in (RECIPE, MANIFEST, AUDIT):
         path = corpus_dir / name
         if path.is_file():
             findings.extend(scan_metadata(path.read_text(encoding="utf-8", errors="replace"), name))
