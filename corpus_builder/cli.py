@@ -18,6 +18,7 @@ import click
 
 from ._version import __version__
 from .errors import CorpusError
+from .trainer_formats import EXPORT_FORMATS, FILE_FORMATS
 
 EXIT_CHECKS_FAILED = 1
 EXIT_USAGE = 2
@@ -203,11 +204,11 @@ def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: 
 @cli.command()
 @click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", required=True,
-              type=click.Choice(["speculators", "speculators-tokens", "specforge", "messages", "sharegpt"]),
+              type=click.Choice(EXPORT_FORMATS),
               help="Trainer format.")
 @click.option("--out", required=True, type=OutputPath(),
               help="Output directory: one file per split, OUT/{split}.{file format}.")
-@click.option("--file-format", type=click.Choice(["jsonl", "jsonl.zst", "parquet"]), default="jsonl",
+@click.option("--file-format", type=click.Choice(FILE_FORMATS), default="jsonl",
               show_default=True)
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory (default: the corpus recipe's target.tokenizer).")

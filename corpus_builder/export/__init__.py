@@ -7,11 +7,12 @@ from pathlib import Path
 
 from ..layout import Corpus
 from ..outputs import check_output_path
-from .formats import EXPORTS_DIR, FILE_FORMATS, FORMATS, ExportReport, run_recipe_exports, split_files, write_export
+from ..trainer_formats import EXPORT_FORMATS, FILE_FORMATS
+from .formats import EXPORTS_DIR, ExportReport, run_recipe_exports, split_files, write_export
 from .token_rows import CorpusTokenRows, corpus_token_rows
 from .vocab import VocabReport, draft_vocab
 
-__all__ = ["EXPORTS_DIR", "FILE_FORMATS", "FORMATS", "CorpusTokenRows", "ExportReport", "VocabReport",
+__all__ = ["EXPORTS_DIR", "EXPORT_FORMATS", "FILE_FORMATS", "CorpusTokenRows", "ExportReport", "VocabReport",
            "corpus_token_rows", "draft_vocab", "export_corpus", "run_recipe_exports", "write_export"]
 
 

@@ -59,9 +59,8 @@ from ..recipe.model import Recipe
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
 from ..rows import batch_to_conversations, tools_json
 from ..tokens import TokenRows
+from ..trainer_formats import EXPORT_FORMATS, FILE_FORMATS
 
-FORMATS = ("speculators", "speculators-tokens", "specforge", "messages", "sharegpt")
-FILE_FORMATS = ("jsonl", "jsonl.zst", "parquet")
 EXPORTS_DIR = "exports"  # a build's recipe exports: OUT/exports/{format}/
 
 _TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
@@ -289,8 +288,8 @@ def write_export(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = 
     all (each written under a temporary name, every one renamed once all are done; on an error the temporary
     files, and the directories made for them, are removed). An export without rows (an empty corpus, or every
     conversation left out by the format) is refused, nothing written, unless ``allow_empty``."""
-    if fmt not in FORMATS:
-        raise CorpusError(f"unknown export format {fmt!r} (one of {', '.join(FORMATS)})")
+    if fmt not in EXPORT_FORMATS:
+        raise CorpusError(f"unknown export format {fmt!r} (one of {', '.join(EXPORT_FORMATS)})")
     if file_format not in FILE_FORMATS:
         raise CorpusError(f"unknown file format {file_format!r} (one of {', '.join(FILE_FORMATS)})")
     if not corpus.manifest.get("conversations") and not allow_empty:

@@ -16,7 +16,7 @@ from corpus_builder.build import build_corpus
 from corpus_builder.build.pipeline import TargetTokens, write_corpus
 from corpus_builder.build.shards import LedgerWriter
 from corpus_builder.errors import CorpusError
-from corpus_builder.export import FILE_FORMATS, FORMATS, export_corpus, formats
+from corpus_builder.export import EXPORT_FORMATS, FILE_FORMATS, export_corpus, formats
 from corpus_builder.export.formats import specforge_problems
 from corpus_builder.layout import LEDGER, Corpus
 from corpus_builder.recipe import load_recipe
@@ -69,7 +69,7 @@ def assistant_turns(conversations: list[Conversation]) -> int:
 
 
 @pytest.mark.parametrize("file_format", FILE_FORMATS)
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXPORT_FORMATS)
 def test_every_export_loads_with_datasets(corpus: Corpus, tmp_path: Path, fmt: str, file_format: str,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from datasets import List, Value
