@@ -17,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
@@ -364,11 +364,11 @@ TURN_SEPARATOR = "\n\n"  # between the texts of merged turns: each stays its own
 class RepairRules:
     """The policy of each repair rule (recipe ``sources[].repair``; schemas/recipe.schema.json documents them)."""
 
-    leading_assistant: str = "drop"  # drop | skip
-    consecutive_turns: str = "merge"  # merge | split | skip
-    trailing_user: str = "trim"  # trim | skip (replay rows only: a prompt's last user turn is the one answered)
-    empty_turns: str = "drop"  # drop | skip (applied by the reader, which sees the turns one by one)
-    mid_system: str = "keep"  # keep | move | drop | skip
+    leading_assistant: Literal["drop", "skip"] = "drop"
+    consecutive_turns: Literal["merge", "split", "skip"] = "merge"
+    trailing_user: Literal["trim", "skip"] = "trim"  # (replay rows only: a prompt's last user turn is the one answered)
+    empty_turns: Literal["drop", "skip"] = "drop"  # (applied by the reader, which sees the turns one by one)
+    mid_system: Literal["keep", "move", "drop", "skip"] = "keep"
 
 
 def repair_flag(rule: str, policy: str) -> str:

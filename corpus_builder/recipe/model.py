@@ -5,9 +5,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..records import RepairRules
+from ..trainer_formats import ExportFormat, FileFormat
+
+# The recipe's closed choices, as the schema's enums spell them (tests/recipe/test_model.py ties the two).
+HistoryReasoning = Literal["keep", "drop"]
+OnLength = Literal["drop", "keep", "retry"]
+Backend = Literal["server", "engine"]
+MappingStyle = Literal["auto", "sharegpt", "messages", "gsm8k", "field"]
+SourceKind = Literal["replay", "prompts"]
+SourceFormat = Literal["auto", "jsonl", "jsonl.zst", "json", "parquet"]
+ToolResults = Literal["match", "recorded"]
+OnOverLength = Literal["drop", "truncate"]
+OnUnclosedThink = Literal["drop", "keep"]
+DedupMode = Literal["exact", "prompt", "none"]
+TokenMismatch = Literal["warn", "fail"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,8 +33,8 @@ class GenerationSettings:
     max_tokens: int = 2048
     seed: int | None = None
     n: int = 1
-    history_reasoning: str = "keep"  # keep | drop
-    on_length: str = "drop"  # drop | keep | retry
+    history_reasoning: HistoryReasoning = "keep"
+    on_length: OnLength = "drop"
     retry_max_tokens: int | None = None
     concurrency: int = 64
     timeout_s: float = 600.0
@@ -63,7 +77,7 @@ class Target:
     trust_remote_code: bool = False
     endpoints: tuple[str, ...] = ()
     launch: LaunchSpec | None = None
-    backend: str = "server"  # server | engine
+    backend: Backend = "server"
     allow_mixed_targets: bool = False
     generation: GenerationSettings = field(default_factory=GenerationSettings)
 
@@ -78,7 +92,7 @@ class HubRef:
 
 @dataclass(frozen=True, slots=True)
 class Mapping:
-    style: str = "auto"  # auto | sharegpt | messages | gsm8k | field
+    style: MappingStyle = "auto"
     field: str | None = None
     id_field: str | None = None
 
@@ -101,10 +115,10 @@ class SourceTarget:
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
     name: str
-    kind: str  # replay | prompts
+    kind: SourceKind
     paths: tuple[str, ...] = ()  # as written (globs allowed), resolved against Recipe.base_dir
     hub: HubRef | None = None
-    format: str = "auto"
+    format: SourceFormat = "auto"
     mapping: Mapping = field(default_factory=Mapping)
     take: Take | None = None
     repair: RepairRules = field(default_factory=RepairRules)
@@ -113,7 +127,7 @@ class SourceSpec:
     license: str | None = None
     thinking_off_share: float = 0.0  # prompts: share of rows regenerated with thinking off
     tool_choice: str | dict[str, Any] | None = None  # prompts: sent as OpenAI's tool_choice with rows that have tools
-    tool_results: str = "match"  # prompts with tool traffic: match | recorded
+    tool_results: ToolResults = "match"  # prompts with tool traffic
     target: SourceTarget | None = None  # rows in the final corpus, met after every drop (see Mixture)
 
     @property
@@ -162,12 +176,12 @@ def _candidate_probability(similarity: float, bands: int, rows: int) -> float:
 class Checks:
     min_thinking_share: float | None = None
     max_seq_len: int | None = None
-    on_over_length: str = "drop"
-    on_unclosed_think: str = "drop"
-    dedup: str = "exact"  # exact | prompt | none
+    on_over_length: OnOverLength = "drop"
+    on_unclosed_think: OnUnclosedThink = "drop"
+    dedup: DedupMode = "exact"
     near_duplicates: NearDuplicateSettings | None = None
     dedup_priority: tuple[str, ...] = ()  # source names first kept first; the others follow in recipe order
-    token_mismatch: str = "warn"  # warn | fail
+    token_mismatch: TokenMismatch = "warn"
     redact_secrets: bool = False
 
 
@@ -216,8 +230,8 @@ class SplitSpec:
 
 @dataclass(frozen=True, slots=True)
 class ExportSpec:
-    format: str  # speculators | speculators-tokens | specforge | messages | sharegpt
-    file_format: str = "jsonl"  # jsonl | jsonl.zst | parquet
+    format: ExportFormat
+    file_format: FileFormat = "jsonl"
 
 
 @dataclass(frozen=True, slots=True)

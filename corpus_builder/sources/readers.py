@@ -15,14 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import chain, pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 
 from ..errors import BadRow, CorpusError
 from ..layout import open_parquet
+from ..recipe.model import SourceFormat
 
-FORMATS = ("jsonl", "jsonl.zst", "json", "parquet")
+FORMATS = tuple(fmt for fmt in get_args(SourceFormat) if fmt != "auto")  # "auto": from the file name
 LINE_FORMATS = frozenset({"jsonl", "jsonl.zst"})
 # A .json document that is an object keeps its rows in a list under one of these keys.
 JSON_ROW_KEYS = ("data", "rows")

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe import match_source_pattern
-from ..recipe.model import Mapping, Recipe, SourceSpec
+from ..recipe.model import Mapping, Recipe, SourceFormat, SourceKind, SourceSpec
 from ..records import Conversation, conversation_id
 from ..secrets import redact_conversations
 from .hub import hub_label, hub_provenance, iter_hub_rows
@@ -129,7 +129,7 @@ def source_parts(spec: SourceSpec, base_dir: Path, parts: int) -> list[Callable[
     return thunks
 
 
-def iter_file(path: Path, *, source: str | None = None, kind: str = "replay", fmt: str = "auto",
+def iter_file(path: Path, *, source: str | None = None, kind: SourceKind = "replay", fmt: SourceFormat = "auto",
               mapping: Mapping = DEFAULT_MAPPING) -> Iterator[Conversation | Skipped]:
     """One raw file, as ``corpus audit FILE`` reads it; rows are named by the file's name."""
     path = Path(path)
