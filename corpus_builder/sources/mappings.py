@@ -370,7 +370,7 @@ def _calls(value: Any, index: int) -> tuple[ToolCall, ...]:
                 raise BadRow("bad_tool_call", f"turn {index}: the arguments of {name} are a "
                                               f"{type(arguments).__name__}")
             arguments = orjson.dumps(arguments).decode()
-        call_id = call.get("id") if isinstance(call, dict) else None
+        call_id = call.get("id")  # an object: anything else has no function name, refused above
         calls.append(ToolCall(call_id if isinstance(call_id, str) else "", name, arguments))
     return tuple(calls)
 

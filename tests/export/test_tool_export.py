@@ -25,7 +25,7 @@ from corpus_builder.records import Conversation
 from corpus_builder.sources import iter_file
 from corpus_builder.testing.tiny_model import IM_END, TOOL_CALL_OPEN
 from tests.support.hf_template import hf_ids, mask_start, through_end_of_turn
-from tests.support.tool_chats import glaive_rows, log_rows
+from tests.support.tool_chats import WEATHER, call, calling, glaive_rows, log_rows, result, say
 
 RECIPE = """\
 name: tools
@@ -190,3 +190,22 @@ def test_a_specforge_export_that_leaves_every_row_out_writes_nothing(tmp_path: P
                                           rf"\({re.escape(SPECFORGE_NO_TOOLS)}: 3\); nothing was written"):
         export_corpus(corpus, "specforge", out)
     assert not out.exists()
+
+
+def test_specforge_leaves_out_tools_without_calls_and_calls_without_tools(tmp_path: Path) -> None:
+    """Either side of tool traffic alone is left out: a row served with tools that calls none (the tools are in its
+    prompt) and a row whose calls came without a tools list; the rows without either are exported."""
+    rows = [{"tools": [WEATHER], "messages": [say("user", "Hello?"), say("assistant", "Hi.")]},
+            {"messages": [say("user", "Weather in Oslo?"), calling(call("c1", "get_weather", {"city": "Oslo"})),
+                          result("c1", "3 °C"), say("assistant", "3 °C.")]},
+            *({"messages": [say("user", f"Say {word}."), say("assistant", f"{word}!")]} for word in ("one", "two"))]
+    (tmp_path / "rows.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    (tmp_path / "recipe.yaml").write_text("name: r\ntarget: {model: m}\nsources:\n"
+                                          "  - {name: rows, kind: replay, path: rows.jsonl}\n"
+                                          "split: {validation_fraction: 0}\noutput: {dir: out}\n")
+    corpus = build_corpus(load_recipe(tmp_path / "recipe.yaml")).out_dir
+    report = export_corpus(corpus, "specforge", tmp_path / "specforge")
+    assert report.skipped == {SPECFORGE_NO_TOOLS: 2} and report.files["train"]["rows"] == 2
+    exported = lines(tmp_path / "specforge" / "train.jsonl")
+    assert sorted(turn["content"] for row in exported for turn in row["conversations"]) == [
+        "Say one.", "Say two.", "one!", "two!"]

@@ -7,6 +7,7 @@ journal keyed by the tools sent."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,12 +16,14 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corpus_builder.errors import REASONS, CorpusError, Skipped
 from corpus_builder.generate import TurnRequest, generate, turn_key
 from corpus_builder.generate.client import _parse_completion
 from corpus_builder.generate.engine import EnginePool
-from corpus_builder.generate.tool_results import invalid_calls
+from corpus_builder.generate.tool_results import describe, invalid_calls, pair_calls
 from corpus_builder.recipe import Recipe, SourceSpec
 from corpus_builder.records import (
     FLAG_INVALID_TOOL_CALL,
@@ -204,6 +207,74 @@ def test_invalid_calls_names_misfits_and_holds_no_unusable_schema_against_a_call
              ToolCall("7", "unknown", "{}"), ToolCall("8", "no_metaschema", "{}")]
     for _ in range(2):
         assert invalid_calls(calls, tools) == ["get_weather", "lookup", "lookup", "unknown"]
+
+
+# Calls a target makes: two functions, small arguments (so that equal calls occur).
+CALLS = st.lists(st.tuples(st.sampled_from(["lookup", "translate"]),
+                           st.dictionaries(st.sampled_from(["query", "lang"]), st.integers(0, 2), max_size=2)),
+                 min_size=1, max_size=4)
+
+
+def as_calls(prefix: str, made: list[tuple[str, dict[str, Any]]], *, respelled: bool = False) -> list[ToolCall]:
+    """The calls with ids ``prefix-N``; ``respelled``: their arguments with keys sorted and no spaces."""
+    def text(arguments: dict[str, Any]) -> str:
+        return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode() if respelled else json.dumps(
+            arguments, indent=1)
+
+    return [ToolCall(f"{prefix}-{n}", name, text(arguments)) for n, (name, arguments) in enumerate(made)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(CALLS, st.randoms(use_true_random=False))
+def test_calls_pair_with_their_recorded_twins_all_of_them_in_any_order(made: list[tuple[str, dict[str, Any]]],
+                                                                       rng: Any) -> None:
+    """The same calls in another order and spelling pair one to one, every recorded call with a regenerated one that
+    makes the same call; one call fewer, one more, or one other, and there is no pairing."""
+    recorded = as_calls("rec", made)
+    generated = as_calls("gen", made, respelled=True)
+    rng.shuffle(generated)
+    pairs = pair_calls(generated, recorded)
+    assert pairs is not None and sorted(pairs) == sorted(c.id for c in recorded)
+    assert sorted(pairs.values()) == sorted(c.id for c in generated)
+    by_id = {c.id: c for c in generated}
+    for old in recorded:
+        new = by_id[pairs[old.id]]
+        assert (new.name, new.arguments_object()) == (old.name, old.arguments_object())
+    assert pair_calls(generated[1:], recorded) is None and pair_calls(generated, recorded[1:]) is None
+    assert pair_calls([*generated, generated[0]], [*recorded, ToolCall("rec-x", "other", "{}")]) is None
+    other = replace(generated[0], arguments='{"query": 3}')  # no recorded call has a 3
+    assert pair_calls([other, *generated[1:]], recorded) is None
+
+
+def test_a_recorded_call_pairs_once_and_arguments_that_are_not_an_object_never_pair() -> None:
+    paris, rome = (ToolCall(f"r{n}", "lookup", orjson.dumps({"query": city}).decode())
+                   for n, city in enumerate(("Paris", "Rome")))
+    assert pair_calls([replace(paris, id="g0"), replace(paris, id="g1")], [paris, rome]) is None
+    assert pair_calls([replace(paris, id="g0"), replace(rome, id="g1")], [paris, paris]) is None
+    assert pair_calls([replace(rome, id="g0"), replace(paris, id="g1")], [paris, rome]) == {"r0": "g1", "r1": "g0"}
+    assert pair_calls([replace(paris, id="g0", name="translate")], [paris]) is None
+    assert pair_calls([], []) is None  # no call: nothing to reuse a result for
+    for text in ("query=Paris", "[1, 2]", '"Paris"', "null"):
+        same = ToolCall("r", "lookup", text)
+        assert pair_calls([replace(same, id="g")], [same]) is None
+
+
+@pytest.mark.parametrize("parameters", [None, {}, {"type": "object"}, {"type": 12}],
+                         ids=["none", "empty", "any-object", "invalid"])
+@pytest.mark.parametrize("arguments", ["query=Paris", "[1]", '"Paris"', "", "{"], ids=repr)
+def test_arguments_that_are_not_a_json_object_are_invalid_whatever_the_schema(parameters: dict[str, Any] | None,
+                                                                              arguments: str) -> None:
+    function: dict[str, Any] = {"name": "lookup", **({} if parameters is None else {"parameters": parameters})}
+    tools = [{"type": "function", "function": function}, TRANSLATE]
+    calls = [ToolCall("1", "lookup", "{}"), ToolCall("2", "lookup", arguments), ToolCall("3", "translate", arguments)]
+    assert invalid_calls(calls, tools) == ["lookup", "translate"]  # a call the schema lets through checks on
+
+
+def test_with_no_tools_every_call_is_invalid_and_describe_cuts_the_arguments_short() -> None:
+    calls = [ToolCall("1", "lookup", '{"query": "' + "x" * 100 + '"}'), ToolCall("2", "translate", "{}")]
+    assert invalid_calls(calls, None) == invalid_calls(calls, []) == ["lookup", "translate"]
+    assert describe(calls) == f'lookup({calls[0].arguments[:80]}), translate({{}})'
+    assert len(calls[0].arguments[:80]) == 80 and describe([]) == ""
 
 
 def test_schemas_that_only_json_text_blurs_keep_their_own_verdicts() -> None:

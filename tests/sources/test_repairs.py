@@ -180,6 +180,32 @@ def test_move_makes_a_leading_system_turn_when_there_is_none(tmp_path: Path) -> 
     assert roles_and_texts(kept[0]) == [("system", "now in French"), *MID_ROW[1:3], *MID_ROW[4:]]
 
 
+@pytest.mark.parametrize("leading", [[("system", "s0")], []], ids=["with-a-leading-system-turn", "without"])
+def test_move_joins_the_system_turns_in_the_order_they_came(tmp_path: Path, leading: Turns) -> None:
+    row = [*leading, ("user", "q1"), ("assistant", "a1"), ("system", "s1"), ("user", "q2"), ("assistant", "a2"),
+           ("system", "s2"), ("system", "s3"), ("user", "q3"), ("assistant", "a3")]
+    kept, _ = read_one(tmp_path, row, mid_system="move")
+    said = [text for _, text in leading]
+    assert roles_and_texts(kept[0]) == [("system", "\n\n".join([*said, "s1", "s2", "s3"])), ("user", "q1"),
+                                        ("assistant", "a1"), ("user", "q2"), ("assistant", "a2"), ("user", "q3"),
+                                        ("assistant", "a3")]
+    assert kept[0].flags == [MID_MOVED]
+
+
+@pytest.mark.parametrize(("row_turns", "detail"), [
+    ([("user", "q"), ("user", " "), ("assistant", ""), ("user", "")], "turn 1 (user) is empty"),
+    ([("system", "s"), ("user", "q"), ("assistant", "\n"), ("user", "q2"), ("assistant", " ")],
+     "turn 2 (assistant) is empty"),
+], ids=["after-a-kept-turn", "after-a-system-turn"])
+@pytest.mark.parametrize("policy", ["drop", "skip"])
+def test_a_skip_for_empty_turns_names_the_first_empty_turn_at_its_place_in_the_row(
+        tmp_path: Path, row_turns: Turns, detail: str, policy: str) -> None:
+    """Dropped, the empty turns leave no exchange, or the rule skips the row at once: either way the skip names the
+    row's first empty turn, numbered as in the row (a system turn before it counted)."""
+    kept, skipped = read_one(tmp_path, row_turns, empty_turns=policy)
+    assert kept == [] and [(s.reason, s.detail) for s in skipped] == [("empty_content", detail)]
+
+
 # --- each rule switched off: skipped as before --------------------------------------------------------
 
 @pytest.mark.parametrize(("rule", "row_turns", "reason"), [

@@ -4,13 +4,16 @@ turns, the repairs around them, prompts that keep their recorded calls, and the 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from corpus_builder.errors import CorpusError
+from corpus_builder.errors import BadRow, CorpusError
 from corpus_builder.recipe.model import Mapping
 from corpus_builder.records import (
     FLAG_INVALID_TOOL_CALL,
@@ -319,3 +322,211 @@ def test_rows_with_tools_but_no_calls_take_the_checked_sequence_way_with_the_sam
     assert through_warm[4] == [NormalisedRow(
         [Message("system", "s"), Message("user", "q5"), Message("assistant", "a5")], [], "t4",
         tools=[served(SEARCH)])]
+
+
+# --- the readers' own shapes of a call, one by one (RowNormaliser, no file) -----------------------------
+
+def normalise(row: dict[str, Any], kind: str = "replay", **rules: str) -> list[NormalisedRow]:
+    return RowNormaliser(Mapping(), kind, repair=RepairRules(**rules))(row)
+
+
+def refused(row: dict[str, Any], kind: str = "replay", **rules: str) -> BadRow:
+    with pytest.raises(BadRow) as raised:
+        normalise(row, kind, **rules)
+    return raised.value
+
+
+def idless(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": orjson.dumps(arguments).decode()}}
+
+
+def unlinked(content: str) -> dict[str, Any]:
+    """A tool's result without the id of the call it answers."""
+    return {"role": "tool", "content": content}
+
+
+# One exchange of a generated row: the recorded ids of its parallel calls (None: the call came without one).
+EXCHANGES = st.lists(st.lists(st.sampled_from([None, None, "call_0", "call_1", "call_2", "call_4", "x"]),
+                              min_size=1, max_size=3).filter(lambda ids: len({i for i in ids if i}) ==
+                                                             sum(1 for i in ids if i)),
+                     min_size=1, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(EXCHANGES)
+def test_assigned_call_ids_are_unique_in_the_row_and_the_results_answer_their_calls(
+        exchanges: list[list[str | None]]) -> None:
+    """Whatever ids a row's calls came with (some ``call_N`` the readers would assign, one id in several turns),
+    an id-less call gets ``call_N`` for its position among the row's calls, or the next N whose ``call_N`` neither a
+    call of the row nor an earlier assignment has; and each id-less result answers the next id-less call of the
+    turn before it, while the recorded ones answer theirs in any order."""
+    turns: list[dict[str, Any]] = []
+    for number, ids in enumerate(exchanges):
+        made = [call(call_id, "get_weather", {"city": f"{number}-{slot}"}) if call_id else
+                idless("get_weather", {"city": f"{number}-{slot}"}) for slot, call_id in enumerate(ids)]
+        turns += [say("user", f"q{number}"), calling(*made)]
+        turns += [result(call_id, f"{number}-{slot}") for slot, call_id in reversed(list(enumerate(ids))) if call_id]
+        turns += [unlinked(f"{number}-{slot}") for slot, call_id in enumerate(ids) if not call_id]
+        turns.append(say("assistant", f"a{number}"))
+    (row,) = normalise({"tools": [WEATHER], "messages": turns})
+    recorded = {call_id for ids in exchanges for call_id in ids if call_id}
+    calls = [made for message in row.messages for made in message.tool_calls]
+    taken, expected = set(recorded), []
+    for position, call_id in enumerate(call_id for ids in exchanges for call_id in ids):
+        if call_id is None:
+            call_id = next(f"call_{n}" for n in itertools.count(position) if f"call_{n}" not in taken)
+            taken.add(call_id)
+        expected.append(call_id)
+    assert [made.id for made in calls] == expected
+    assigned = [made.id for made, call_id in zip(calls, (i for ids in exchanges for i in ids), strict=True)
+                if call_id is None]
+    assert len(set(assigned)) == len(assigned) and not set(assigned) & recorded
+    answered = {made.arguments: made.id for made in calls}
+    assert all(message.tool_call_id == answered[orjson.dumps({"city": message.content}).decode()]
+               for message in row.messages if message.role == "tool")
+
+
+@pytest.mark.parametrize(("turn", "call_id"), [
+    ({"role": "assistant", "tool_calls": [call("c1", "get_weather", '{"city": "Oslo"}')]}, "c1"),
+    ({"role": "assistant", "function_call": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}, "call_0"),
+    ({"role": "assistant", "content": None, "tool_calls": None,
+      "function_call": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}, "call_0"),
+], ids=["tool-calls-without-content", "legacy-function-call-without-content", "legacy-function-call-tool-calls-null"])
+def test_an_assistant_turn_that_only_calls_may_leave_its_content_out(turn: dict[str, Any], call_id: str) -> None:
+    """OpenAI logs leave out (or null) the content of a turn that calls tools, the legacy ``function_call`` too;
+    the legacy call has no id (it gets ``call_0``), and its ``function`` result answers it."""
+    legacy_result = {"role": "function", "name": "get_weather", "content": "cold"}
+    (row,) = normalise({"tools": [WEATHER], "messages": [say("user", "q"), turn, legacy_result, say("assistant", "a")]})
+    made = ToolCall(call_id, "get_weather", '{"city": "Oslo"}')
+    assert row.messages[1:3] == [Message("assistant", "", None, (made,)), Message("tool", "cold", tool_call_id=call_id)]
+
+
+@pytest.mark.parametrize("turn", [{"role": "assistant"}, {"role": "assistant", "tool_calls": []},
+                                  {"role": "assistant", "tool_calls": None, "function_call": None}],
+                         ids=["nothing", "no-calls", "null-calls"])
+def test_an_assistant_turn_without_content_or_calls_has_no_content(turn: dict[str, Any]) -> None:
+    problem = refused({"messages": [say("user", "q"), turn]})
+    assert (problem.reason, problem.detail) == ("null_content", "turn 1 (assistant) has no content")
+
+
+def test_an_empty_list_of_calls_is_a_turn_without_calls() -> None:
+    (row,) = normalise({"messages": [say("user", "q"), {"role": "assistant", "content": "a", "tool_calls": []}]})
+    assert row.messages == [Message("user", "q"), Message("assistant", "a")] and row.flags == []
+
+
+@pytest.mark.parametrize(("turn", "detail"), [
+    ({"role": "assistant", "content": None, "tool_calls": "get_weather()"}, "turn 1: tool_calls is a str, not a list"),
+    ({"role": "assistant", "content": None, "tool_calls": {"name": "f"}}, "turn 1: tool_calls is a dict, not a list"),
+    ({"role": "assistant", "content": None, "function_call": "f()"}, "turn 1: a tool call has no function name"),
+    (calling({"function": {"arguments": "{}"}}), "turn 1: a tool call has no function name"),
+    (calling({"function": {"name": "", "arguments": "{}"}}), "turn 1: a tool call has no function name"),
+    (calling({"function": {"name": 7, "arguments": "{}"}}), "turn 1: a tool call has no function name"),
+    (calling({"function": "get_weather"}), "turn 1: a tool call has no function name"),
+    (calling({"name": "f", "arguments": 3}), "turn 1: the arguments of f are a int"),
+    (calling({"name": "f", "arguments": True}), "turn 1: the arguments of f are a bool"),
+    ({"from": "function_call", "value": "get_weather(city=Oslo)"}, "turn 1: the function call is not JSON"),
+    ({"from": "function_call", "value": '["get_weather"]'}, "turn 1: a tool call has no function name"),
+], ids=["tool-calls-a-string", "tool-calls-an-object", "legacy-call-a-string", "no-name", "empty-name",
+        "name-not-a-string", "function-not-an-object", "arguments-a-number", "arguments-a-bool", "value-not-json",
+        "value-a-list-of-strings"])
+def test_a_call_that_cannot_be_read_names_its_turn_and_problem(turn: dict[str, Any], detail: str) -> None:
+    if "from" in turn:
+        row = {"conversations": [{"from": "human", "value": "q"}, turn, {"from": "gpt", "value": "a"}]}
+    else:
+        row = {"messages": [say("user", "q"), turn, say("assistant", "a")]}
+    problem = refused(row)
+    assert (problem.reason, problem.detail) == ("bad_tool_call", detail)
+
+
+@pytest.mark.parametrize(("made", "expected"), [
+    ({"name": "f", "arguments": '{"a": 1}'}, ToolCall("call_0", "f", '{"a": 1}')),  # bare, as glaive writes it
+    ({"name": "f", "parameters": {"a": 1}}, ToolCall("call_0", "f", '{"a":1}')),  # some dumps say parameters
+    ({"name": "f", "arguments": '{"a": 1}', "parameters": {"b": 2}}, ToolCall("call_0", "f", '{"a": 1}')),
+    ({"name": "f"}, ToolCall("call_0", "f", "{}")),
+    ({"name": "f", "arguments": None}, ToolCall("call_0", "f", "{}")),
+    ({"function": {"name": "f", "arguments": [1, "b"]}}, ToolCall("call_0", "f", '[1,"b"]')),
+    ({"id": 5, "function": {"name": "f", "arguments": "{}"}}, ToolCall("call_0", "f", "{}")),
+    ({"id": "c9", "function": {"name": "f", "arguments": "{}"}, "name": "g"}, ToolCall("c9", "f", "{}")),
+], ids=["bare", "parameters", "arguments-win", "no-arguments", "null-arguments", "decoded-list", "id-not-a-string",
+        "function-wins"])
+def test_each_shape_of_a_call_reads_as_one_call(made: dict[str, Any], expected: ToolCall) -> None:
+    for row in ({"messages": [say("user", "q"), calling(made), unlinked("r"), say("assistant", "a")]},
+                {"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": made},
+                                   {"from": "observation", "value": "r"}, {"from": "gpt", "value": "a"}]}):
+        (read,) = normalise(row)
+        assert read.messages[1].tool_calls == (expected,)
+        assert read.messages[2].tool_call_id == expected.id
+
+
+@pytest.mark.parametrize("recorded", ["", 7, None], ids=["empty", "a-number", "null"])
+def test_a_result_whose_call_id_is_empty_or_not_a_string_answers_the_open_call(recorded: Any) -> None:
+    (row,) = normalise({"messages": [say("user", "q"), calling(call("c1", "f", {})),
+                                     {"role": "tool", "content": "r", "tool_call_id": recorded},
+                                     say("assistant", "a")]})
+    assert row.messages[2] == Message("tool", "r", tool_call_id="c1")
+
+
+def test_an_id_less_result_after_a_system_turn_still_answers_the_call_before_it() -> None:
+    """A system turn between a call and its result does not speak: the result answers the call."""
+    (row,) = normalise({"messages": [say("user", "q"), calling(idless("f", {})), say("system", "be brief"),
+                                     unlinked("r"), say("assistant", "a")]})
+    assert [(m.role, m.tool_call_id) for m in row.messages] == [("user", None), ("assistant", None), ("system", None),
+                                                                 ("tool", "call_0"), ("assistant", None)]
+
+
+@pytest.mark.parametrize(("observation", "calls", "results"), [
+    # N results for N calls: one each, in order, a result that is not a string as its JSON
+    ('[{"temp_c": 25}, "14:05", 3]', 3, ['{"temp_c":25}', "14:05", "3"]),
+    ('["a", "b"]', 2, ["a", "b"]),
+    # anything else is one result, of the first call (the observations after it answer the others)
+    ('["a", "b"]', 3, None),
+    ('["a", "b", "c"]', 2, None),
+    ("[not json", 2, None),
+    ('{"0": "a", "1": "b"}', 2, None),
+    (' ["a", "b"]', 2, None),
+    ('["a", "b"]', 1, None),  # one call: its result is the list, whatever its length
+    ('["a"]', 1, None),
+], ids=["three-each", "two-each", "too-few", "too-many", "not-json", "an-object", "not-at-the-start", "one-call",
+        "one-call-a-list-of-one"])
+def test_one_observation_after_parallel_calls_is_a_result_per_call_only_when_it_lists_one_each(
+        observation: str, calls: int, results: list[str] | None) -> None:
+    made = [{"name": "f", "arguments": {"n": n}} for n in range(calls)]
+    later = [] if results else [f"r{n}" for n in range(1, calls)]
+    row = {"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": made},
+                             {"from": "observation", "value": observation},
+                             *({"from": "observation", "value": text} for text in later),
+                             {"from": "gpt", "value": "a"}]}
+    (read,) = normalise(row)
+    assert [(m.role, m.content, m.tool_call_id) for m in read.messages[2:-1]] == [
+        ("tool", text, f"call_{n}") for n, text in enumerate(results or [observation, *later])]
+
+
+@pytest.mark.parametrize("kind", ["replay", "prompts"])
+def test_a_merge_keeps_the_calls_and_texts_of_every_turn_it_joins(kind: str) -> None:
+    """An assistant's words and reasoning logged as turns of their own before its parallel calls join the call turn:
+    every call stays, in its order, with the results answering them; a call turn is never joined to the turn after
+    it (that answer would come before the call)."""
+    weather, time = call("c1", "get_weather", {"city": "Rome"}), call("c2", "get_time", {"city": "Rome"})
+    turns = [say("user", "q"), say("assistant", "Let me see.", "Two tools."), say("assistant", "Both, then."),
+             calling(weather, time, content="Calling.", reasoning="Go."), result("c2", "14:05"), result("c1", "25"),
+             say("assistant", "25 at 14:05.")]
+    (row,) = normalise({"tools": [WEATHER, TIME], "messages": turns}, kind)
+    assert row.flags == [MERGED]
+    assert row.messages[1] == Message("assistant", "Let me see.\n\nBoth, then.\n\nCalling.", "Two tools.\n\nGo.", (
+        ToolCall("c1", "get_weather", '{"city":"Rome"}'), ToolCall("c2", "get_time", '{"city":"Rome"}')))
+    assert [(m.role, m.tool_call_id) for m in row.messages[2:]] == [("tool", "c2"), ("tool", "c1"), ("assistant", None)]
+    glaive = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "Let me see."},
+                                {"from": "function_call", "value": [{"name": "get_weather", "arguments": {"c": 1}},
+                                                                    {"name": "get_time", "arguments": {"c": 2}}]},
+                                {"from": "observation", "value": '["25", "14:05"]'}, {"from": "gpt", "value": "ok"}]}
+    (read,) = normalise(glaive, kind)
+    assert read.messages[1] == Message("assistant", "Let me see.", None, (ToolCall("call_0", "get_weather", '{"c":1}'),
+                                                                         ToolCall("call_1", "get_time", '{"c":2}')))
+    assert [(m.content, m.tool_call_id) for m in read.messages[2:4]] == [("25", "call_0"), ("14:05", "call_1")]
+
+
+def test_a_result_that_names_its_call_is_one_result_whatever_it_holds() -> None:
+    """Only an id-less observation is read as the results of parallel calls: one with its call's id is that call's."""
+    (row,) = normalise({"messages": [say("user", "q"), calling(call("c1", "f", {}), call("c2", "g", {})),
+                                     result("c1", ["a", "b"]), result("c2", "r"), say("assistant", "a")]})
+    assert [(m.content, m.tool_call_id) for m in row.messages[2:4]] == [('["a","b"]', "c1"), ("r", "c2")]
