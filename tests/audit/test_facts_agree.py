@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 import polars as pl
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from corpus_builder import build_corpus, load_recipe
@@ -286,8 +286,17 @@ def check_traffic_side(log: Path, meter: TokenMeter, token_rows: TokenRows) -> N
     assert profile_figures(profile) == Figures.of(build_rows(made, conversations_to_batch(made), token_rows))
 
 
+def chat(*answers: dict[str, Any]) -> dict[str, Any]:
+    """A log row: a question and the assistant turns given."""
+    return {"messages": [{"role": "user", "content": "What is 2+2?"}, *({"role": "assistant", **a} for a in answers)]}
+
+
 @fuzz_settings(30)
 @given(rows=logs())
+# What the readers leave in a turn's content after moving its think block out is content: a close tag there is no
+# pre-opened block (the audit's engine once split it again and counted reasoning the row does not have).
+@example(rows=[chat({"content": "</think>4</think> is the answer"}),
+               chat({"content": "<think> </think>4</think>", "reasoning_content": None})])
 def test_the_audits_facts_and_the_builds_statistics_agree_on_any_rows(
         tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, rows: list[dict[str, Any]]) -> None:
     root = tmp_path_factory.mktemp("facts")
