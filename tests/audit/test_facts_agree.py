@@ -2,8 +2,8 @@
 the build's statistics (``build.stats``, ``build.token_stats`` over ``tokens.TokenRows``) count; on the same rows,
 whatever they are, the two agree row by row and in total (issue 20, item 4).
 
-Each example is a few conversations written as an OpenAI-style log (reasoning in one of the reasoning fields or
-as a think block in the content, tool calls with and without results, tools), built into a corpus by a real
+Each example is a few conversations written as a log (OpenAI-style or ShareGPT; reasoning in one of the reasoning
+fields or as a think block in the content, tool calls with and without results, tools), built into a corpus by a real
 build, and read three ways: the build's own statistics (audit.json, and ``CorpusStats``/``TokenRows`` per row of
 the shards), the audit's engine over the corpus's shards, and the audit's engine over the log itself as traffic
 (``traffic_units``), against the build's statistics of the conversations the readers make of the log.
@@ -50,9 +50,10 @@ from corpus_builder.audit.token_pass import Measured, TokenMeter
 from corpus_builder.audit.traffic import describe, profile_corpus
 from corpus_builder.build.stats import CorpusStats
 from corpus_builder.layout import Corpus
-from corpus_builder.records import REASONING_KEYS, THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
+from corpus_builder.records import REASONING_KEYS, ROLES, THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
 from corpus_builder.rows import batch_to_conversations, conversations_to_batch
 from corpus_builder.sources import iter_file
+from corpus_builder.sources.mappings import CALL_SPEAKERS, ROLE_ALIASES
 from corpus_builder.tokens import TokenRows
 from tests.support.fuzz import fuzz_settings
 
@@ -69,6 +70,8 @@ ARGUMENTS = st.sampled_from(['{}', '{"q": "x"}', '{"city": "Paris", "days": 3}',
 TOOLS = [{"type": "function", "function": {"name": name, "description": f"the {name} tool",
                                            "parameters": {"type": "object", "properties": {}}}}
          for name in TOOL_NAMES]
+SPEAKERS = {role: [speaker for speaker, named in ROLE_ALIASES.items() if named == role and speaker not in CALL_SPEAKERS]
+            for role in ROLES}
 # How an assistant turn's reasoning is written in the log: in one of the readers' fields (or in a later one, the
 # first one empty: the readers take the first that is set), or in its content as a closed think block, a
 # pre-opened one (``r</think>c``) or an unclosed one (``c<think>r``).
@@ -140,15 +143,30 @@ def log_turn(message: Message, form: str, null_content: bool) -> dict[str, Any]:
     return turn
 
 
+def sharegpt_turn(turn: dict[str, Any], speaker: str) -> dict[str, Any]:
+    """An OpenAI-style turn as a ShareGPT dump writes it: ``from``/``value``, a turn that calls tools as the JSON of
+    its calls (its text is lost: the dump holds none), a tool's result without the id of its call."""
+    if "tool_calls" in turn:
+        return {"from": next(iter(CALL_SPEAKERS)),
+                "value": orjson.dumps([call["function"] for call in turn["tool_calls"]]).decode()}
+    shared = {key: value for key, value in turn.items() if key not in ("role", "content", "tool_call_id")}
+    return {"from": speaker, "value": turn["content"], **shared}
+
+
 @st.composite
 def logs(draw: st.DrawFn) -> list[dict[str, Any]]:
-    """One to four rows of an OpenAI-style log, each a conversation of ``conversations``."""
+    """One to four rows of a log, each a conversation of ``conversations``: OpenAI-style ``messages``, or ShareGPT
+    ``conversations`` under any of the readers' speaker names (one layout a file: its first row fixes it)."""
+    sharegpt = draw(st.booleans())
     rows = []
     for plain in draw(st.lists(st.booleans(), min_size=1, max_size=4)):
         conversation = draw(conversations(plain))
         forms = st.sampled_from(FIELD_FORMS if plain else FORMS)  # a think block would make a plain row the readers'
         turns = [log_turn(message, draw(forms), draw(st.booleans())) for message in conversation.messages]
-        rows.append({"messages": turns, **({"tools": conversation.tools} if conversation.tools else {})})
+        if sharegpt:
+            turns = [sharegpt_turn(turn, draw(st.sampled_from(SPEAKERS[turn["role"]]))) for turn in turns]
+        rows.append({"conversations" if sharegpt else "messages": turns,
+                     **({"tools": conversation.tools} if conversation.tools else {})})
     return rows
 
 
