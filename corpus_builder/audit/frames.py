@@ -3,9 +3,11 @@
 ``row_facts`` turns a frame of rows into one row of facts per conversation: task, thinking mode, reasoning
 present, thinking as served, assistant turns, tool calls and script. It reads the rows the way the
 source readers do (``sources.mappings``): the turns of ``conversations`` or ``messages``, roles by the
-readers' aliases, reasoning from a ``reasoning``/``reasoning_content``/``thinking`` field or a think block in
-an assistant turn's content (``records.split_think``'s rule, pre-opened and unclosed forms included). A built
-corpus's shards and a raw serving log go through the same query, so the same rows give the same facts.
+readers' aliases, reasoning from the first ``reasoning``/``reasoning_content``/``thinking`` field that is set.
+A think block in an assistant turn's content is the readers' to move out (``records.split_think``), once: a raw
+row with one is never plain, and what the split leaves in a conversation's content is content (a second
+``</think>`` there is text, not a pre-opened block). A built corpus's shards and a raw serving log go through
+the same query, so the same rows give the same facts.
 
 Which rows count is the readers' decision: ``plain_rows`` picks the rows of a raw frame that the readers take
 exactly as they are (most rows of a log), so their facts are read from the frame; ``audit.inputs`` gives every
@@ -22,7 +24,7 @@ from typing import Final
 import numpy as np
 import polars as pl
 
-from ..records import REASONING_KEYS, THINK_CLOSE, THINK_OPEN
+from ..records import REASONING_KEYS
 from ..sources.mappings import CALL_SPEAKERS, ROLE_ALIASES, TURN_FIELDS, TURN_KEYS
 
 # What a raw row may hold that the audit reads; anything else on the row is not parsed into columns.
@@ -72,14 +74,6 @@ def _not_whitespace() -> str:
 
 def _nonblank(text: pl.Expr) -> pl.Expr:
     return text.str.contains(_not_whitespace()).fill_null(False)  # stops at the first non-space: no copy of the text
-
-
-def _embedded_reasoning(content: pl.Expr) -> pl.Expr:
-    """The reasoning ``records.split_think`` moves out of a turn's content (pre-opened and unclosed forms too)."""
-    before_close = pl.when(content.str.contains(THINK_CLOSE, literal=True)).then(
-        content.str.split(THINK_CLOSE).list.first())
-    after_open = pl.coalesce(before_close, content).str.splitn(THINK_OPEN, 2).struct.field("field_1")
-    return pl.coalesce(after_open, before_close)
 
 
 def _first_nonblank(names: Sequence[str], present: set[str]) -> pl.Expr:
@@ -211,8 +205,8 @@ def row_facts(frame: pl.DataFrame, *, source: str | None = None, task: str | Non
     ``task`` is the task tag of rows whose own ``task`` field is empty (a recipe source's tag).
     ``thinking`` is the mode: as served where the row records it, else whether it carries reasoning.
 
-    The turns are flattened and judged one by one; the think-tag rule runs only on the assistant turns that
-    hold a tag, and per-row verdicts are bincounts of the turns'.
+    The turns are flattened and judged one by one (the tool-call tag is looked for in assistant turns only), and
+    per-row verdicts are bincounts of the turns'.
     """
     rows = frame.height
     turns = _turns(frame, turns_field)
@@ -284,13 +278,6 @@ def _judge_turns(turn: pl.DataFrame) -> tuple[np.ndarray, pl.Series, np.ndarray,
     assistant = judged.get_column("assistant").to_numpy()
     reasoned = assistant & judged.get_column("field_reasoning").to_numpy()
     tooled = (assistant & judged.get_column("called").to_numpy()) | judged.get_column("tool_role").to_numpy()
-    # Tags count in assistant turns only: one multi-pattern scan of those, then each tag on the few that hit.
     spoken = np.flatnonzero(assistant)
-    hits = spoken[content.gather(spoken).str.contains_any(["think>", TOOL_CALL_TAG]).fill_null(False).to_numpy()]
-    if len(hits):
-        tagged_content = content.gather(hits)
-        thought = tagged_content.str.contains("think>", literal=True).to_numpy()
-        embedded = pl.select(_nonblank(_embedded_reasoning(pl.lit(tagged_content.filter(thought))))).to_series()
-        reasoned[hits[thought]] |= embedded.to_numpy()
-        tooled[hits] |= tagged_content.str.contains(TOOL_CALL_TAG, literal=True).to_numpy()
+    tooled[spoken] |= content.gather(spoken).str.contains(TOOL_CALL_TAG, literal=True).fill_null(False).to_numpy()
     return judged.get_column("user").to_numpy(), content, assistant, reasoned, tooled

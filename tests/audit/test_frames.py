@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from corpus_builder.audit.frames import RAW_SCHEMA, row_facts, scripts
+from corpus_builder.audit.frames import FACT_KEYS, RAW_SCHEMA, row_facts, scripts
 from corpus_builder.audit.inputs import DecodedLines, TrafficRows, _arrow_lines, _lines_chunk
 from corpus_builder.recipe import Mapping
 from corpus_builder.records import RepairRules
@@ -36,32 +36,42 @@ def test_scripts_name_the_first_non_latin_letter_unless_latin_letters_are_most()
     assert scripts(pl.Series(texts, dtype=pl.String)).to_list() == expected
 
 
-def test_tags_count_in_assistant_turns_only() -> None:
+def test_tool_call_tags_count_in_assistant_turns_only() -> None:
     rows = [
-        _chat("What is 2+2?", "<think>2 plus 2 is 4</think>The answer is 4."),
-        _chat("What is 2+2?", "<think>\n\n</think>\n\nThe answer is 4."),  # an empty think block: no reasoning
         _chat("Explain the <think> tag and <tool_call> blocks", "They are markup."),  # tags in the prompt
         _chat("Weather?", '<tool_call>\n{"name": "weather", "arguments": {}}\n</tool_call>'),
         _chat("Hi", "Hello!", reasoning_content="The user greets me."),
-        {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hi</think>Hello"}]},
+        _chat("Hi", "Hello!", reasoning=" \n", reasoning_content="shadowed"),  # the first field set: blank
         {"messages": []},
     ]
     facts = row_facts(_frame(rows), source="traffic")
-    assert facts.get_column("reasoning").to_list() == [True, False, False, False, True, True, False]
-    assert facts.get_column("tool_calls").to_list() == [False, False, False, True, False, False, False]
-    assert facts.get_column("turns").to_list() == [1, 1, 1, 1, 1, 1, 0]
-    assert facts.get_column("conversation").to_list() == [True] * 6 + [False]
-    assert facts.get_column("served").to_list() == ["unrecorded"] * 7
+    assert facts.get_column("reasoning").to_list() == [False, False, True, False, False]
+    assert facts.get_column("tool_calls").to_list() == [False, True, False, False, False]
+    assert facts.get_column("turns").to_list() == [1, 1, 1, 1, 0]
+    assert facts.get_column("conversation").to_list() == [True] * 4 + [False]
+    assert facts.get_column("served").to_list() == ["unrecorded"] * 5
 
 
-def test_rows_without_turns_keep_the_others_aligned() -> None:
-    """An empty turns list and a missing one, between rows that have turns (polars explodes them unlike)."""
-    rows = [_chat("Hi", "Hello!"), {"messages": []}, {"task": "chat"},
-            _chat("你好", "<think>greeting</think>你好！")]
-    facts = row_facts(_frame(rows), source="traffic")
-    assert facts.get_column("conversation").to_list() == [True, False, False, True]
-    assert facts.get_column("reasoning").to_list() == [False, False, False, True]
-    assert facts.get_column("script").to_list() == ["latin", "other", "other", "han"]
+def test_think_blocks_are_split_by_the_readers_once() -> None:
+    """A think block in a log's assistant turn makes the row the readers' (never read from the frame): its facts
+    are those of the conversation their split makes, whose content holds no reasoning, a close tag left there
+    included (split again, it once read as a pre-opened block: reasoning the row does not have)."""
+    messages = [_chat("What is 2+2?", "<think>2 plus 2 is 4</think>The answer is 4."),
+                _chat("What is 2+2?", "<think>\n\n</think>\n\nThe answer is 4."),  # an empty think block: none
+                _chat("Hi", "greeting</think>Hello"),  # pre-opened
+                _chat("Hi", "</think>Hello</think> again")]  # pre-opened and empty; the second close is content
+    sharegpt = [{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hi</think>Hello"}]}]
+    for rows, expected in ((messages, {True: 2, False: 2}), (sharegpt, {True: 1})):
+        lines = [orjson.dumps(row) for row in rows]
+        chunk = _lines_chunk(DecodedLines.of(b"".join(line + b"\n" for line in lines)),
+                             TrafficRows("traffic.jsonl", Mapping(), RepairRules()))
+        assert chunk.frame.is_empty()
+        facts, skipped = _chunk_facts(lines)
+        assert not skipped
+        reasoning: Counter[bool] = Counter()
+        for fact, count in facts.items():
+            reasoning[fact[FACT_KEYS.index("reasoning")]] += count
+        assert reasoning == expected, rows
 
 
 def _chunk_facts(lines: list[bytes]) -> tuple[Counter[tuple[object, ...]], Counter[str]]:
