@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from corpus_builder.build import near_dedup
@@ -17,6 +18,7 @@ from corpus_builder.build.near_dedup import (
     Duplicate,
     ExactDuplicates,
     NearDuplicates,
+    Signatures,
     WordRuns,
     band_layout,
     conversation_text,
@@ -280,3 +282,48 @@ def test_state_is_bytes_not_python_objects() -> None:
 def test_offer_needs_one_key_per_text() -> None:
     with pytest.raises(ValueError, match="2 keys for 1 texts"):
         NearDuplicates().offer(["a", "b"], ["text"])
+
+
+# Planted signatures, for the rules of decide apart from MinHash's chances. A text is (its exact hash, its
+# hash of each band or None when it has no words, the value of every field of its sketch): texts of one
+# sketch value are confirmed against each other through any band they share, texts of two are not.
+Planted = tuple[int, tuple[int, ...] | None, int]
+
+
+def planted_signatures(index: NearDuplicates, texts: list[Planted]) -> Signatures:
+    hashes = np.zeros((len(texts), 1 + index.bands), dtype=np.uint64)
+    present = np.ones(hashes.shape, dtype=bool)
+    for row, (exact, bands, _) in enumerate(texts):
+        hashes[row, 0] = exact
+        if bands is None:
+            present[row, 1:] = False
+        else:  # the band's number in the high bits too: hashes differ by band, as the salts make them
+            hashes[row, 1:] = [(value * index.bands + band + 1) << 32 for band, value in enumerate(bands)]
+    words = -(-index.num_perm // 16)
+    sketches = np.array([[sketch * 0x1111111111111111] * words for _, _, sketch in texts], dtype=np.uint64)
+    return Signatures(hashes, present, sketches)
+
+
+def alone(band: int, value: int, *, row: int, bands: int = 10) -> tuple[int, ...]:
+    """Band hashes of a text that shares band ``band`` (its value ``value``) and no other."""
+    return tuple(value if b == band else 1000 + 10 * row + b for b in range(bands))
+
+
+def decide_in_batches(texts: list[Planted], batches: list[int]) -> list[Duplicate | None]:
+    """Decisions for the planted texts offered in order (keys t0, t1, ...), in batches of the given sizes."""
+    index = NearDuplicates()
+    signatures = planted_signatures(index, texts)
+    decisions: list[Duplicate | None] = []
+    for size in batches:
+        rows = list(range(len(decisions), len(decisions) + size))
+        decisions += index.decide([f"t{row}" for row in rows], signatures.rows(rows))
+    return decisions
+
+
+def test_a_row_near_duplicates_the_earliest_kept_row_it_is_confirmed_against_whatever_the_batches() -> None:
+    """t2 shares band 5 with t0 and band 1 with t1 (t0 and t1 share none) and is confirmed against both."""
+    texts: list[Planted] = [(1, alone(5, 7, row=0), 0), (2, alone(1, 8, row=1), 0),
+                            (3, tuple(7 if b == 5 else 8 if b == 1 else 2000 + b for b in range(10)), 0)]
+    expected = [None, None, Duplicate("t0", "near")]
+    for batches in ([3], [1, 1, 1], [2, 1], [1, 2]):
+        assert decide_in_batches(texts, batches) == expected, batches
