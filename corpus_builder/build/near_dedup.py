@@ -606,7 +606,8 @@ class ExactDuplicates:
         for row in np.flatnonzero(earlier[:, 0] >= 0).tolist():
             decisions[row] = Duplicate(self._keys[int(earlier[row, 0])], "exact")
         self._decide_near_to_kept(earlier, sketches, decisions)
-        self._decide_within(keys, hashes, present, sketches, decisions)
+        # A hash a row kept before holds is owned by that row, which _decide_near_to_kept compared already.
+        self._decide_within(keys, hashes, present & (earlier < 0), sketches, decisions)
         kept_rows = np.flatnonzero(np.array([decision is None for decision in decisions], dtype=bool))
         ordinals = (len(self._keys) + np.arange(len(kept_rows))).astype(np.uint32)
         for table, columns in self._tables:

@@ -327,3 +327,13 @@ def test_a_row_near_duplicates_the_earliest_kept_row_it_is_confirmed_against_wha
     expected = [None, None, Duplicate("t0", "near")]
     for batches in ([3], [1, 1, 1], [2, 1], [1, 2]):
         assert decide_in_batches(texts, batches) == expected, batches
+
+
+def test_a_band_hash_is_owned_by_the_first_kept_row_that_has_it() -> None:
+    """t0 and t1 are kept with band 5 alike (not confirmed: other sketches); t2 has t1's sketch and t3 t0's,
+    and band 5 alike: only the owner of the hash, t0, is compared, so t2 is kept and t3 near-duplicates t0."""
+    texts: list[Planted] = [(row + 1, alone(5, 7, row=row), sketch) for row, sketch in enumerate([0, 1, 1, 0])]
+    expected = [None, None, None, Duplicate("t0", "near")]
+    for batches in ([4], [1, 1, 1, 1], [2, 2], [3, 1], [1, 3]):
+        assert decide_in_batches(texts, batches) == expected, batches
+
