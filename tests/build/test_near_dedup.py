@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corpus_builder.build import near_dedup
 from corpus_builder.build.near_dedup import (
@@ -26,6 +28,7 @@ from corpus_builder.build.near_dedup import (
     normalise_texts,
 )
 from corpus_builder.records import Conversation, Message
+from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_chitchat
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -337,3 +340,47 @@ def test_a_band_hash_is_owned_by_the_first_kept_row_that_has_it() -> None:
     for batches in ([4], [1, 1, 1, 1], [2, 2], [3, 1], [1, 3]):
         assert decide_in_batches(texts, batches) == expected, batches
 
+
+def first_kept(texts: list[Planted]) -> list[Duplicate | None]:
+    """The rules of decide, one row at a time: an exact duplicate of the kept row that owns the exact hash
+    (the first kept with it), else a near duplicate of the earliest owner of one of its band hashes it is
+    confirmed against (the same sketch); else kept, owning the hashes no kept row has yet."""
+    owners: dict[tuple[int, int], int] = {}
+    decisions: list[Duplicate | None] = []
+    for row, (exact, bands, sketch) in enumerate(texts):
+        hashes = [(0, exact), *((1 + band, value) for band, value in enumerate(bands or ()))]
+        if (0, exact) in owners:
+            decisions.append(Duplicate(f"t{owners[0, exact]}", "exact"))
+            continue
+        confirmed = [owners[column] for column in hashes[1:] if column in owners
+                     and texts[owners[column]][2] == sketch]
+        decisions.append(Duplicate(f"t{min(confirmed)}", "near") if confirmed else None)
+        if not confirmed:
+            for column in hashes:
+                owners.setdefault(column, row)
+    return decisions
+
+
+@st.composite
+def planted_rows(draw: st.DrawFn) -> tuple[list[Planted], list[int]]:
+    """Rows of a few distinct texts (a text repeated is an exact copy) that may share their first three bands
+    (of two values each; the other bands are the text's alone), of two sketches; and the batches they are
+    offered in."""
+    distinct: list[Planted] = []
+    for text in range(draw(st.integers(1, 6))):
+        values = draw(st.lists(st.integers(0, 2), min_size=3, max_size=3))
+        bands = None if draw(st.integers(0, 7)) == 0 else tuple(
+            values[band] if band < 3 and values[band] < 2 else 1000 + 10 * text + band for band in range(10))
+        distinct.append((text + 1, bands, draw(st.integers(0, 3)) // 3))
+    rows = [distinct[i] for i in draw(st.lists(st.integers(0, len(distinct) - 1), min_size=1, max_size=10))]
+    batches: list[int] = []
+    while sum(batches) < len(rows):
+        batches.append(min(draw(st.integers(1, 3)), len(rows) - sum(batches)))
+    return rows, batches
+
+
+@given(planted_rows())
+@fuzz_settings(200)
+def test_decisions_follow_the_first_kept_rules_in_any_batches(case: tuple[list[Planted], list[int]]) -> None:
+    texts, batches = case
+    assert decide_in_batches(texts, batches) == first_kept(texts)
