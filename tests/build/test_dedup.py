@@ -15,12 +15,14 @@ import pytest
 
 from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.build import build_corpus
-from corpus_builder.build.dedup import Dedup, read_eval_sets
+from corpus_builder.build.dedup import Dedup, Evicted, Verdict, read_eval_sets
+from corpus_builder.build.split import Splitter
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.publish.card import render_card
 from corpus_builder.publish.gate import CorpusDocuments
 from corpus_builder.recipe import Checks, Decontamination, EvalSet, HubRef, NearDuplicateSettings, load_recipe
+from corpus_builder.records import Conversation, Message
 from corpus_builder.sources.hub import MIRROR_ENV
 from corpus_builder.testing.fault_server import FaultServer
 from tests.support.real_data import write_rows
@@ -178,6 +180,24 @@ def test_a_generated_row_evicts_the_replayed_duplicate_of_a_lower_priority_sourc
     assert Corpus.open(out).manifest["conversations"] == len(rows) == 9
 
 
+def test_an_evicted_row_leaves_the_split_it_was_kept_in(tmp_path: Path) -> None:
+    """Half the rows in validation: the evicted thinking row of logs-a is the only one of its source's
+    (validation, thinking) cell, which the eviction empties; the build counts each split as written."""
+    write_sources(tmp_path)
+    with FaultServer(model=MODEL) as server:
+        recipe = write_recipe(tmp_path, server.base_url)
+        recipe.write_text(recipe.read_text().replace("validation_fraction: 0.0", "validation_fraction: 0.5"))
+        out = build_corpus(load_recipe(recipe), progress=io.StringIO()).out_dir
+    [evicted] = [r for r in iter_ledger(out / "ledger.jsonl.zst") if r["location"].endswith("logs-a.jsonl:4")]
+    assert Splitter(0.5, 0).assign_id(evicted["id"]) == "validation"
+    rows = list(Corpus.open(out).iter_conversations())
+    kept_instead = next(r for r in rows if r.messages[0].content == EVICTED_PROMPT)
+    assert evicted["detail"] == f"duplicate of {kept_instead.id} (source asks-1)"
+    assert not any(r.source == "logs-a" and r.split == "validation" and r.thinking for r in rows)
+    assert {split: counts["rows"] for split, counts in Corpus.open(out).manifest["splits"].items()} == Counter(
+        r.split for r in rows)
+
+
 def test_the_audit_manifest_and_card_count_by_source_rule_and_eval_set(built: tuple[Path, list[str]]) -> None:
     out, _ = built
     corpus = Corpus.open(out)
@@ -277,3 +297,55 @@ output: {dir: out}
     [dropped] = iter_ledger(result.out_dir / "ledger.jsonl.zst")
     assert (dropped["source"], dropped["reason"], dropped["location"]) == ("logs-a", "duplicate", "logs-a.jsonl:1")
     assert dropped["detail"] == f"duplicate of {rows['q ' + text.upper()][1]} (source logs-b)"
+
+
+def row(source: str, text: str, *, thinking: bool = False) -> Conversation:
+    return Conversation(f"{source}-row", source, "replay", [
+        Message("user", text), Message("assistant", "Sure.", "Let me see." if thinking else None)])
+
+
+def test_an_eviction_names_the_kept_row_with_its_thinking_flag_and_the_row_kept_instead() -> None:
+    """Ranks: top 0, high 1, low 2. The kept row's id and thinking flag are what the build discards from its
+    split and cell; a chain of evictions follows the row kept last. Prompts compared: the rows' reasoning
+    differs."""
+    evicted: list[Evicted] = []
+
+    def decide(source: str, row_id: str, thinking: bool) -> Verdict | None:
+        conversation = row(source, "The same question, again", thinking=thinking)
+        [verdict] = dedup.decide([conversation], [row_id], dedup.signatures([conversation]), evicted.append)
+        return verdict
+
+    for thinking in (False, True):
+        evicted.clear()
+        dedup = Dedup(Checks(), {"top": 0, "high": 1, "low": 2}, turns="prompt")
+        assert decide("low", "l1", thinking) is None
+        assert decide("high", "h1", not thinking) is None  # outranks the kept row: kept, and that one evicted
+        assert evicted == [Evicted("low", "l1", thinking, of="h1", of_source="high", rule="exact")]
+        assert decide("low", "l2", thinking) == Verdict("h1", "high", "exact")  # the row kept now
+        assert decide("high", "h2", thinking) == Verdict("h1", "high", "exact")  # the same rank: first kept stays
+        assert decide("top", "t1", thinking) is None
+        assert evicted[1:] == [Evicted("high", "h1", not thinking, of="t1", of_source="top", rule="exact")]
+        assert decide("unranked", "u1", thinking) == Verdict("t1", "top", "exact")  # rank 0 ties with top
+    evicted.clear()
+    for (first, first_id), (second, second_id), callback, expected in [
+            (("high", "h3"), ("top", "t3"), None, Verdict("h3", "high", "exact")),  # no eviction without evict
+            (("unranked", "u4"), ("top", "t4"), evicted.append, Verdict("u4", "unranked", "exact")),  # a tie at 0
+            (("high", "h5"), ("unranked", "u5"), evicted.append, None)]:  # an unranked source ranks 0
+        rows = [row(first, f"A question for {first_id}"), row(second, f"a question for {first_id}")]
+        assert [dedup.decide([r], [i], dedup.signatures([r]), callback)[0]
+                for r, i in zip(rows, [first_id, second_id], strict=True)] == [None, expected]
+    assert evicted == [Evicted("high", "h5", False, of="u5", of_source="unranked", rule="exact")]
+
+
+def test_an_eviction_by_a_near_duplicate_names_its_rule() -> None:
+    text = prose(9)
+    dedup = Dedup(Checks(near_duplicates=NearDuplicateSettings()), {"high": 0, "low": 1})
+    evicted: list[Evicted] = []
+    rows = [row("low", text), row("high", edited(text, 0.02, 3))]
+    verdicts = dedup.decide(rows, ["l1", "h1"], dedup.signatures(rows), evicted.append)
+    assert verdicts == [None, None]
+    assert evicted == [Evicted("low", "l1", False, of="h1", of_source="high", rule="near")]
+    assert Verdict("h1", "high", "near").detail == "near duplicate of h1 (source high)"
+    assert (Verdict("h1", "high", "near").reason, Verdict("h1", "high", "exact").reason) == (
+        "near_duplicate", "duplicate")
+
