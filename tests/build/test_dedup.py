@@ -16,13 +16,14 @@ import pytest
 from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.build import build_corpus
 from corpus_builder.build.dedup import Dedup, Evicted, Verdict, read_eval_sets
+from corpus_builder.build.near_dedup import conversation_text
 from corpus_builder.build.split import Splitter
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.publish.card import render_card
 from corpus_builder.publish.gate import CorpusDocuments
 from corpus_builder.recipe import Checks, Decontamination, EvalSet, HubRef, NearDuplicateSettings, load_recipe
-from corpus_builder.records import Conversation, Message
+from corpus_builder.records import Conversation, Message, ToolCall
 from corpus_builder.sources.hub import MIRROR_ENV
 from corpus_builder.testing.fault_server import FaultServer
 from tests.support.real_data import write_rows
@@ -349,3 +350,29 @@ def test_an_eviction_by_a_near_duplicate_names_its_rule() -> None:
     assert (Verdict("h1", "high", "near").reason, Verdict("h1", "high", "exact").reason) == (
         "near_duplicate", "duplicate")
 
+
+def calling(arguments: str, *, tools: list[dict[str, Any]] | None = None, result: str = "12 degrees") -> Conversation:
+    return Conversation("c", "agent", "replay", [
+        Message("user", "What is the weather in Oslo and in Bergen?"),
+        Message("assistant", "Checking.", "Two cities: two calls.", (
+            ToolCall("call-1", "weather", arguments), ToolCall("call-2", "weather", '{"city": "Bergen"}'))),
+        Message("tool", result, tool_call_id="call-1"), Message("tool", "9 degrees", tool_call_id="call-2"),
+        Message("assistant", "Oslo is warmer.")], tools=tools)
+
+
+def test_tool_calls_are_part_of_the_dedup_text_and_tool_schemas_are_not() -> None:
+    """Every call's name and arguments follow the turn's content; tool results are prompt turns; the schemas
+    the row was served with are left out."""
+    oslo = calling('{"city": "Oslo"}')
+    assert conversation_text(oslo) == ("What is the weather in Oslo and in Bergen?\nTwo cities: two calls.\n"
+                                       'Checking.\nweather {"city": "Oslo"}\nweather {"city": "Bergen"}\n'
+                                       "12 degrees\n9 degrees\nOslo is warmer.")
+    assert conversation_text(oslo, "prompt") == "What is the weather in Oslo and in Bergen?\n12 degrees\n9 degrees"
+    schema = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    rows = [oslo, calling('{"city": "Trondheim"}'), calling('{"city": "Oslo"}', tools=schema),
+            calling('{"city": "Trondheim"}', result="3 degrees")]
+    verdicts = [Dedup(Checks(), turns=turns).decide(rows, ["a", "b", "c", "d"],
+                                                    Dedup(Checks(), turns=turns).signatures(rows), None)
+                for turns in ("all", "prompt")]
+    assert verdicts[0] == [None, None, Verdict("a", "agent", "exact"), None]  # other arguments: other rows
+    assert verdicts[1] == [None, Verdict("a", "agent", "exact"), Verdict("a", "agent", "exact"), None]
