@@ -12,6 +12,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corpus_builder.build import build_corpus, format_plan, plan_build
 from corpus_builder.build.decontaminate import Contamination, EvalSetSummary
@@ -22,6 +24,7 @@ from corpus_builder.publish.card import render_card
 from corpus_builder.publish.gate import CorpusDocuments
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
+from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_chitchat, write_gsm8k
 
 # MT-Bench-style prompts: first turns and the short second turns that follow them.
@@ -206,3 +209,43 @@ def test_the_card_lists_a_set_as_checked_only_with_the_texts_it_contributed(tmp_
     gsm = manifest["decontamination"]["eval_sets"][0]
     assert re.search(rf"^\| gsm \| gsm\.jsonl \| {gsm['texts'] - gsm['too_short']} \| 0 \|$", card, re.MULTILINE)
     assert "Not checked: probe contributed no text" in card
+
+
+def words(count: int, start: int = 0) -> str:
+    return " ".join(f"word{i}" for i in range(start, start + count))
+
+
+def test_an_evaluation_text_of_exactly_min_words_words_counts() -> None:
+    """The defaults (13-word runs, min_words 8): an evaluation text of 8 words contaminates a text holding
+    it whole, one of 7 words is ignored; a text of 13 words is one run, of 14 two."""
+    index = Contamination([("set", [words(8), words(7, start=100), words(13, start=200), words(14, start=300)])])
+    assert index.eval_sets == (EvalSetSummary("set", texts=4, ignored=1),)
+    assert index.contaminated(f"before {words(8)} after") == ("set",)
+    assert index.contaminated(f"before {words(7, start=100)} after") == ()
+    assert index.contaminated(words(7)) == ()  # the 8-word text, cut short
+    assert index.contaminated(f"x {words(13, start=200)}") == ("set",)
+    assert index.contaminated(words(12, start=200)) == ()
+    assert index.contaminated(words(13, start=301)) == ("set",)  # the second run of the 14 words
+    assert index.contaminated(words(12, start=301)) == ()
+
+
+@given(n=st.integers(1, 16), data=st.data())
+@fuzz_settings(150)
+def test_an_evaluation_text_contaminates_exactly_when_it_has_min_words_words(n: int, data: st.DataObject) -> None:
+    """An evaluation text of k words contaminates a text holding it whole iff k >= min_words; a text holding
+    it but its last word iff that leaves an n-word run of it (k - 1 >= n); shorter texts are counted ignored."""
+    min_words = data.draw(st.integers(1, n), label="min_words")
+    k = data.draw(st.integers(1, n + 2), label="words")
+    index = Contamination([("set", [words(k)])], n=n, min_words=min_words)
+    assert index.eval_sets == (EvalSetSummary("set", texts=1, ignored=int(k < min_words)),)
+    assert index.contaminated(f"alpha {words(k)} omega") == (("set",) if k >= min_words else ())
+    assert index.contaminated(f"alpha {words(k - 1)} omega") == (("set",) if k - 1 >= n else ())
+    assert index.contaminated(f"alpha {words(k, start=1)} omega") == (("set",) if k - 1 >= n else ())
+
+
+def test_min_words_lies_between_one_and_the_run_length() -> None:
+    assert Contamination([("set", [words(5)])], n=5, min_words=5).contaminated(words(5)) == ("set",)
+    assert Contamination([("set", [words(1)])], n=5, min_words=1).contaminated(f"a {words(1)} b") == ("set",)
+    for min_words, n in ((0, 5), (6, 5)):
+        with pytest.raises(ValueError, match=f"not min_words={min_words}, n={n}"):
+            Contamination([("set", [words(5)])], n=n, min_words=min_words)
