@@ -15,7 +15,14 @@ import pytest
 
 from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.build import build_corpus
-from corpus_builder.build.dedup import Dedup, Evicted, Verdict, read_eval_sets
+from corpus_builder.build.dedup import (
+    Dedup,
+    EvalSetRead,
+    Evicted,
+    Verdict,
+    describe_screening,
+    read_eval_sets,
+)
 from corpus_builder.build.near_dedup import conversation_text
 from corpus_builder.build.split import Splitter
 from corpus_builder.errors import CorpusError
@@ -376,3 +383,100 @@ def test_tool_calls_are_part_of_the_dedup_text_and_tool_schemas_are_not() -> Non
                 for turns in ("all", "prompt")]
     assert verdicts[0] == [None, None, Verdict("a", "agent", "exact"), None]  # other arguments: other rows
     assert verdicts[1] == [None, Verdict("a", "agent", "exact"), Verdict("a", "agent", "exact"), None]
+
+
+def test_the_recipe_chooses_what_dedup_compares(tmp_path: Path) -> None:
+    """checks.dedup: none builds no index; prompt compares the prompts (the same question with other answers
+    is a duplicate), exact every turn; a caller may ask for the prompts of an exact-dedup recipe."""
+    write_rows(tmp_path / "logs.jsonl", [chat("q", "a")])
+    recipes = {}
+    for mode in ("none", "prompt", "exact"):
+        (tmp_path / f"{mode}.yaml").write_text(f"""\
+name: modes
+target: {{model: m}}
+sources: [{{name: logs, kind: replay, path: logs.jsonl}}]
+checks: {{dedup: {mode}}}
+output: {{dir: out}}
+""", encoding="utf-8")
+        recipes[mode] = load_recipe(tmp_path / f"{mode}.yaml")
+    assert Dedup.for_recipe(recipes["none"]) is None
+    rows = [row("logs", "How far is the moon?"), row("logs", "how far is the moon")]
+    rows[1].messages[1].content = "Far."
+
+    def verdicts(dedup: Dedup | None) -> list[Verdict | None]:
+        assert dedup is not None
+        return dedup.decide(rows, ["a", "b"], dedup.signatures(rows), None)
+
+    duplicate = [None, Verdict("a", "logs", "exact")]
+    assert verdicts(Dedup.for_recipe(recipes["prompt"])) == duplicate
+    assert verdicts(Dedup.for_recipe(recipes["exact"])) == [None, None]
+    assert verdicts(Dedup.for_recipe(recipes["exact"], "prompt")) == duplicate
+
+
+def test_the_shingle_length_of_the_near_rule_is_the_recipe_s() -> None:
+    """One-word shingles make a text with its words reordered a near duplicate; five-word ones do not."""
+    words = prose(10, words=80).split()
+    rows = [row("logs", " ".join(words)), row("logs", " ".join(words[1::2] + words[::2]))]
+    for shingle, expected in ((1, [None, Verdict("a", "logs", "near")]), (5, [None, None])):
+        dedup = Dedup(Checks(near_duplicates=NearDuplicateSettings(shingle=shingle)))
+        assert dedup.decide(rows, ["a", "b"], dedup.signatures(rows), None) == expected
+
+
+def test_decide_needs_one_id_per_row() -> None:
+    dedup = Dedup(Checks())
+    rows = [row("logs", "one")]
+    with pytest.raises(ValueError):
+        dedup.decide(rows, ["a", "b"], dedup.signatures(rows), None)
+
+
+def test_sources_and_ids_of_any_characters_come_back_whole_in_an_eviction() -> None:
+    """The index's key joins the thinking flag, the source and the id with a control character: whitespace,
+    and that character itself, in a source or an id stay where they are."""
+    dedup = Dedup(Checks(), {"top source": 0, "logs b": 1}, turns="prompt")
+    evicted: list[Evicted] = []
+    for source, row_id in (("logs b", "id 1\x1fpart two"), ("top source", "id\x1f2")):
+        conversation = row(source, "The same question", thinking=True)
+        dedup.decide([conversation], [row_id], dedup.signatures([conversation]), evicted.append)
+    assert evicted == [Evicted("logs b", "id 1\x1fpart two", True, of="id\x1f2", of_source="top source",
+                               rule="exact")]
+
+
+def test_an_eval_set_is_reported_when_more_than_half_of_its_rows_are_skipped() -> None:
+    spec = EvalSet("probe", path=Path("probe.jsonl"))
+    assert EvalSetRead(spec, rows=4, skipped=Counter(invalid_json=2)).warning() is None  # half: not more
+    assert EvalSetRead(spec, rows=4, skipped=Counter(invalid_json=3)).warning() == (
+        "eval set 'probe' (probe.jsonl): 3 of 4 rows skipped (invalid_json 3); is this the right file and fields?")
+    assert EvalSetRead(spec, rows=0).warning() is None
+    assert EvalSetRead(spec, rows=4).describe_skipped() == ""
+
+
+def test_the_screening_names_local_and_hub_eval_sets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "mirror" / "acme" / "gsm" / "data"
+    data.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"question": GSM_QUESTION, "answer": "144"}]), data / "test-00000.parquet")
+    monkeypatch.setenv(MIRROR_ENV, str(tmp_path / "mirror"))
+    write_rows(tmp_path / "logs.jsonl", [chat("q", "a")])
+    write_rows(tmp_path / "mt.jsonl", [{"turns": [MT_TURN, "Rewrite it."]}])
+    (tmp_path / "recipe.yaml").write_text("""\
+name: screened
+target: {model: m}
+sources: [{name: logs, kind: replay, path: logs.jsonl}]
+decontamination:
+  ngram: 12
+  min_words: 6
+  eval_sets:
+    - {name: gsm, hub: {id: acme/gsm, split: test}}
+    - {name: mt, path: mt.jsonl, fields: [turns]}
+output: {dir: out}
+""", encoding="utf-8")
+    recipe = load_recipe(tmp_path / "recipe.yaml")
+    eval_sets = read_eval_sets(recipe.decontamination)
+    assert eval_sets is not None
+    screening = describe_screening(recipe, eval_sets)
+    assert screening["decontamination"] == {"ngram": 12, "min_words": 6, "eval_sets": [
+        {"name": "gsm", "from": "hf://datasets/acme/gsm/test", "texts": 2, "too_short": 1, "skipped_rows": {}},
+        {"name": "mt", "from": "mt.jsonl", "texts": 2, "too_short": 1, "skipped_rows": {}}]}
+    assert "decontamination" not in describe_screening(recipe, None)  # nothing read: nothing to describe
