@@ -384,3 +384,30 @@ def planted_rows(draw: st.DrawFn) -> tuple[list[Planted], list[int]]:
 def test_decisions_follow_the_first_kept_rules_in_any_batches(case: tuple[list[Planted], list[int]]) -> None:
     texts, batches = case
     assert decide_in_batches(texts, batches) == first_kept(texts)
+
+
+def test_signatures_of_no_texts_and_of_rows_picked_or_replaced() -> None:
+    """Signatures cross from the reading processes: none for no texts, a row's the same wherever it is picked
+    from or put, and of the same types, so that parts concatenate."""
+    index = NearDuplicates()
+    texts = ["one two three four five six", "seven eight nine ten eleven", "twelve thirteen"]
+    full, empty = index.signatures(texts), index.signatures([])
+    assert len(empty) == 0 and index.decide([], empty) == []
+    replaced = full.replaced([1], index.signatures(["other words"]))
+    for got, wanted in ((Signatures.concat([empty, full]), full), (full.rows([]), empty),
+                        (full.rows([2, 0]), index.signatures([texts[2], texts[0]])),
+                        (replaced, index.signatures([texts[0], "other words", texts[2]]))):
+        for part in ("hashes", "present", "sketches"):
+            assert getattr(got, part).dtype == getattr(wanted, part).dtype
+            assert np.array_equal(getattr(got, part), getattr(wanted, part)), part
+    assert np.array_equal(full.hashes[1], index.signatures([texts[1]]).hashes[0])  # replaced a copy only
+    exact = ExactDuplicates().signatures([])
+    assert (exact.hashes.shape, exact.present.shape, exact.sketches.shape) == ((0, 1), (0, 1), (0, 0))
+    assert (empty.hashes.shape, empty.sketches.shape) == ((0, 1 + index.bands), (0, 4))
+
+
+def test_a_first_batch_with_no_words_hashes_to_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The power tables as a process starts them serve a batch of no bytes at all."""
+    monkeypatch.setattr(near_dedup, "_POWERS", near_dedup._Powers())
+    hashes, offsets = WordRuns(normalise_texts([""])).hashes(5, whole_if_shorter=True)
+    assert len(hashes) == 0 and offsets.tolist() == [0, 0]
