@@ -411,3 +411,20 @@ def test_a_first_batch_with_no_words_hashes_to_nothing(monkeypatch: pytest.Monke
     monkeypatch.setattr(near_dedup, "_POWERS", near_dedup._Powers())
     hashes, offsets = WordRuns(normalise_texts([""])).hashes(5, whole_if_shorter=True)
     assert len(hashes) == 0 and offsets.tolist() == [0, 0]
+
+
+@given(lengths=st.lists(st.integers(0, 30), max_size=20), chunk=st.integers(1, 40))
+@fuzz_settings(150)
+def test_texts_are_chunked_in_order_until_a_chunk_reaches_chunk_bytes(lengths: list[int], chunk: int) -> None:
+    texts = ["x" * length for length in lengths]
+    original = near_dedup.CHUNK_BYTES
+    near_dedup.CHUNK_BYTES = chunk
+    try:
+        slices = list(near_dedup.text_chunks(texts))
+    finally:
+        near_dedup.CHUNK_BYTES = original
+    assert [i for part in slices for i in range(len(texts))[part]] == list(range(len(texts)))
+    for position, part in enumerate(slices):
+        sizes = lengths[part]
+        assert sizes and sum(sizes[:-1]) < chunk  # at least one text; none added once the chunk is full
+        assert position == len(slices) - 1 or sum(sizes) >= chunk  # only the last chunk is short
