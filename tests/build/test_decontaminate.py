@@ -249,3 +249,34 @@ def test_min_words_lies_between_one_and_the_run_length() -> None:
     for min_words, n in ((0, 5), (6, 5)):
         with pytest.raises(ValueError, match=f"not min_words={min_words}, n={n}"):
             Contamination([("set", [words(5)])], n=n, min_words=min_words)
+
+
+def runs_of(words: list[str], length: int) -> set[tuple[str, ...]]:
+    return {tuple(words[i:i + length]) for i in range(len(words) - length + 1)}
+
+
+@given(n=st.integers(1, 5), data=st.data())
+@fuzz_settings(150)
+def test_a_text_matches_the_sets_it_shares_a_run_of_words_with(n: int, data: st.DataObject) -> None:
+    """Against word-by-word containment, on a vocabulary of three words (many shared runs, runs repeated within
+    and across sets): a set matches a text when one of its texts of at least min_words words shares an n-word
+    run with it, or, shorter than n words, lies in it whole."""
+    min_words = data.draw(st.integers(1, n), label="min_words")
+    sentence = st.lists(st.sampled_from(["ant", "bee", "cat"]), max_size=8)
+    sets = data.draw(st.lists(st.lists(sentence, max_size=3), min_size=1, max_size=4), label="sets")
+    texts = data.draw(st.lists(sentence, max_size=6), label="texts")
+    index = Contamination([(f"set{i}", [" ".join(text) for text in texts_of]) for i, texts_of in enumerate(sets)],
+                          n=n, min_words=min_words)
+
+    def shares(words: list[str], text: list[str]) -> bool:
+        if len(text) < min_words:
+            return False
+        if len(text) < n:
+            return tuple(text) in runs_of(words, len(text))
+        return bool(runs_of(text, n) & runs_of(words, n))
+
+    assert index.matches([" ".join(words) for words in texts]) == [
+        tuple(f"set{i}" for i, texts_of in enumerate(sets) if any(shares(words, text) for text in texts_of))
+        for words in texts]
+    assert index.eval_sets == tuple(EvalSetSummary(f"set{i}", len(texts_of), sum(len(t) < min_words for t in texts_of))
+                                    for i, texts_of in enumerate(sets))
