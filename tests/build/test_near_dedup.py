@@ -428,3 +428,15 @@ def test_texts_are_chunked_in_order_until_a_chunk_reaches_chunk_bytes(lengths: l
         sizes = lengths[part]
         assert sizes and sum(sizes[:-1]) < chunk  # at least one text; none added once the chunk is full
         assert position == len(slices) - 1 or sum(sizes) >= chunk  # only the last chunk is short
+
+
+@pytest.mark.parametrize("num_perm", [48, 64, 128])
+def test_a_near_copy_of_a_row_kept_in_an_earlier_batch_is_found_with_any_sketch_width(num_perm: int) -> None:
+    """48 permutations make 24-byte sketches, which do not tile a memory page: the kept ones are still read."""
+    rng = random.Random(num_perm)
+    words = [f"w{rng.randrange(10**6)}" for _ in range(300)]
+    index = NearDuplicates(num_perm=num_perm)
+    index.offer([f"k{i}" for i in range(3)], [" ".join(rng.sample(words, 200)) for _ in range(3)])
+    index.offer(["original"], [" ".join(words)])
+    words[150] = "zebra"
+    assert index.offer(["copy"], [" ".join(words)]) == [Duplicate("original", "near")]
