@@ -216,6 +216,7 @@ def test_same_answers_in_another_process(planted: tuple[list[Conversation], dict
     ("", ""),
     (" \n\t ", ""),
     ("a\x00b", "a b"),  # a NUL in a text cannot split it in a batch
+    ("@AZ[\\]^_`az{|}~\x7f\x1f!", "@az \\ ^_ az | ~"),  # edges: letters, dropped punctuation, controls
 ])
 def test_normalisation(text: str, normalised: str) -> None:
     assert normalise_text(text) == normalised
