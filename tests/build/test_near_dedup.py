@@ -396,7 +396,7 @@ def test_signatures_of_no_texts_and_of_rows_picked_or_replaced() -> None:
     assert len(empty) == 0 and index.decide([], empty) == []
     replaced = full.replaced([1], index.signatures(["other words"]))
     for got, wanted in ((Signatures.concat([empty, full]), full), (full.rows([]), empty),
-                        (full.rows([2, 0]), index.signatures([texts[2], texts[0]])),
+                        (full.replaced([], empty), full), (full.rows([2, 0]), index.signatures([texts[2], texts[0]])),
                         (replaced, index.signatures([texts[0], "other words", texts[2]]))):
         for part in ("hashes", "present", "sketches"):
             assert getattr(got, part).dtype == getattr(wanted, part).dtype
