@@ -280,3 +280,10 @@ def test_a_text_matches_the_sets_it_shares_a_run_of_words_with(n: int, data: st.
         for words in texts]
     assert index.eval_sets == tuple(EvalSetSummary(f"set{i}", len(texts_of), sum(len(t) < min_words for t in texts_of))
                                     for i, texts_of in enumerate(sets))
+
+
+def test_the_index_holds_ten_bytes_a_distinct_run_of_each_set() -> None:
+    """A 64-bit hash and a 16-bit set number a run; a run repeated within a set is held once, one in two sets
+    twice."""
+    assert Contamination([("a", [words(14)])]).nbytes == 2 * 10
+    assert Contamination([("a", [words(13), words(13)]), ("b", [words(13), words(8, start=50)])]).nbytes == 3 * 10
