@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corpus_builder.build import build_corpus, format_plan, plan_build
+from corpus_builder.build import build_corpus, format_plan, near_dedup, plan_build
 from corpus_builder.build.decontaminate import Contamination, EvalSetSummary
 from corpus_builder.build.near_dedup import conversation_text
 from corpus_builder.errors import CorpusError
@@ -287,3 +287,16 @@ def test_the_index_holds_ten_bytes_a_distinct_run_of_each_set() -> None:
     twice."""
     assert Contamination([("a", [words(14)])]).nbytes == 2 * 10
     assert Contamination([("a", [words(13), words(13)]), ("b", [words(13), words(8, start=50)])]).nbytes == 3 * 10
+    assert Contamination([("a", [words(16), words(16, start=1)])]).nbytes == 5 * 10  # runs 0-12 .. 4-16
+
+
+def test_eval_sets_and_texts_of_many_chunks(gsm8k: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The texts of a set, and the texts checked, are read a chunk at a time: the counts and the matches are
+    those of one chunk."""
+    texts = [gsm8k[3], "nothing here at all", "x " + gsm8k[5].lower(), MT_BENCH[1]]
+    sets = [("gsm8k", gsm8k), ("mt-bench", MT_BENCH[::-1])]  # the short text first: its chunk is not the last
+    whole = Contamination(sets)
+    monkeypatch.setattr(near_dedup, "CHUNK_BYTES", 60)
+    chunked = Contamination(sets)
+    assert chunked.eval_sets == whole.eval_sets == (EvalSetSummary("gsm8k", 40, 0), EvalSetSummary("mt-bench", 5, 1))
+    assert chunked.matches(texts) == whole.matches(texts) == [("gsm8k",), (), ("gsm8k",), ("mt-bench",)]
