@@ -45,18 +45,32 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
         "_parallel_results"),
 }
 
+_SCREENING_TESTS = ("tests/build/test_dedup.py", "tests/build/test_near_dedup.py", "tests/build/test_decontaminate.py")
+
 # The fast tests that own each module: a mutant runs those of them that call its function.
 OWNING_TESTS: dict[str, tuple[str, ...]] = {
     "corpus_builder/publish/gate.py": ("tests/publish",),
     "corpus_builder/build/mixture.py": ("tests/build/test_mixture.py",),
     "corpus_builder/audit/traffic.py": ("tests/audit",),
-    "corpus_builder/build/dedup.py": ("tests/build/test_dedup.py", "tests/build/test_near_dedup.py"),
-    "corpus_builder/build/near_dedup.py": ("tests/build/test_dedup.py", "tests/build/test_near_dedup.py"),
-    "corpus_builder/build/decontaminate.py": ("tests/build/test_decontaminate.py", "tests/build/test_dedup.py"),
+    # Dedup and decontamination share their tests (dedup.py reads the eval sets, decontaminate.py runs on
+    # near_dedup's word runs), and one set for the three keeps mutmut's verdicts when they are run one at a time.
+    "corpus_builder/build/dedup.py": _SCREENING_TESTS,
+    "corpus_builder/build/near_dedup.py": _SCREENING_TESTS,
+    "corpus_builder/build/decontaminate.py": _SCREENING_TESTS,
     "corpus_builder/sources/mappings.py": ("tests/sources",),
     "corpus_builder/generate/tool_results.py": ("tests/generate/test_tool_results.py", "tests/sources"),
     "corpus_builder/secrets.py": ("tests/test_secrets.py", "tests/publish"),
 }
+
+# Reasons shared by several mutants of one module (dedup, near_dedup, decontaminate).
+_ALL_TURNS = 'conversation_text reads every value of turns but "prompt" as all turns'
+_ONE_PER_KEY = "keys are one per row (a strict zip) and index.decide answers one per key or raises"
+_ONE_PER_SET = "the index sums up each set read, in order: one summary per read"
+_FIRST_TABLE = "the first table serves only a batch of no bytes, whose prefix sums multiply nothing by it"
+_TABLE_OF_TWO = "a first table of two serves batches of at most one byte, which read its first power (1) alone"
+_UINT64_BASES = "numpy infers uint64 for either base (both exceed 2^63): the same powers"
+_SHORTER = ("a text shorter than the runs looked up hashes fewer words than every entry of that length: no match "
+            "either way")
 
 # Survivors judged equivalent: mutant name -> (a line its diff adds, why no behaviour tells it apart).
 EQUIVALENT: dict[str, tuple[str, str]] = {
@@ -89,6 +103,43 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.secrets.x_redact__mutmut_10": (
         "(pieces) or True", "with no secret the join is of text[0:] alone, which is text itself"),
     "corpus_builder.secrets.x_scan_corpus__mutmut_24": ('encoding="UTF-8"', "the same codec under another name"),
+    # corpus_builder/build/dedup.py
+    "corpus_builder.build.dedup.xǁDedupǁ__init____mutmut_1": ('"XXallXX") -> None', _ALL_TURNS),
+    "corpus_builder.build.dedup.xǁDedupǁ__init____mutmut_2": ('"ALL") -> None', _ALL_TURNS),
+    "corpus_builder.build.dedup.xǁDedupǁfor_recipe__mutmut_19": ('else "XXallXX"', _ALL_TURNS),
+    "corpus_builder.build.dedup.xǁDedupǁfor_recipe__mutmut_20": ('else "ALL"', _ALL_TURNS),
+    "corpus_builder.build.dedup.xǁDedupǁdecide__mutmut_6": (
+        '"XX0XX"', '_parse_key reads the flag as thinking when it is "1", as not thinking otherwise'),
+    "corpus_builder.build.dedup.xǁDedupǁdecide__mutmut_18": ("signatures), strict=None)", _ONE_PER_KEY),
+    "corpus_builder.build.dedup.xǁDedupǁdecide__mutmut_22": ("self.index.decide(keys, signatures), )", _ONE_PER_KEY),
+    "corpus_builder.build.dedup.xǁDedupǁdecide__mutmut_27": ("signatures), strict=False)", _ONE_PER_KEY),
+    "corpus_builder.build.dedup.x_describe_eval_sets__mutmut_26": (
+        "eval_sets.index.eval_sets, strict=None)", _ONE_PER_SET),
+    "corpus_builder.build.dedup.x_describe_eval_sets__mutmut_29": ("eval_sets.index.eval_sets, ))", _ONE_PER_SET),
+    "corpus_builder.build.dedup.x_describe_eval_sets__mutmut_30": (
+        "eval_sets.index.eval_sets, strict=False)", _ONE_PER_SET),
+    # corpus_builder/build/near_dedup.py
+    "corpus_builder.build.near_dedup.xǁ_Powersǁ__init____mutmut_3": (
+        "self._forward: U64 = np.ones(1, dtype=None)", _FIRST_TABLE),
+    "corpus_builder.build.near_dedup.xǁ_Powersǁ__init____mutmut_5": ("self._forward: U64 = np.ones(1, )", _FIRST_TABLE),
+    "corpus_builder.build.near_dedup.xǁ_Powersǁ__init____mutmut_6": (
+        "self._forward: U64 = np.ones(2, dtype=np.uint64)", _TABLE_OF_TWO),
+    "corpus_builder.build.near_dedup.xǁ_Powersǁ__init____mutmut_12": (
+        "self._inverse: U64 = np.ones(2, dtype=np.uint64)", _TABLE_OF_TWO),
+    "corpus_builder.build.near_dedup.x__powers_of__mutmut_12": ("base, dtype=None)", _UINT64_BASES),
+    "corpus_builder.build.near_dedup.x__powers_of__mutmut_15": ("np.full(size - 1, base, )", _UINT64_BASES),
+    "corpus_builder.build.near_dedup.xǁ_Pagesǁgather__mutmut_19": (
+        ".reshape(-2, width)", "numpy reads any negative size as the one to infer"),
+    "corpus_builder.build.near_dedup.xǁ_Keysǁ__getitem____mutmut_3": (
+        "if (index) or True else 0", 'for index 0 the slice [-8:0] is empty, and int.from_bytes(b"") is 0'),
+    "corpus_builder.build.near_dedup.xǁ_Sketchesǁsimilar__mutmut_6": (
+        "for shift in range(SKETCH_BITS):", "a shift of 0 ors the differing bits into themselves"),
+    # corpus_builder/build/decontaminate.py
+    "corpus_builder.build.decontaminate.xǁContaminationǁchunk_matches__mutmut_5": ("whole_if_shorter=None)", _SHORTER),
+    "corpus_builder.build.decontaminate.xǁContaminationǁchunk_matches__mutmut_8": (
+        "runs.hashes(length, whole_if_shorter=True)", _SHORTER),
+    "corpus_builder.build.decontaminate.xǁContaminationǁchunk_matches__mutmut_17": (
+        "hashes[order], )", "side=\"left\" is searchsorted's default"),
 }
 
 SCORED = ("killed", "timeout")

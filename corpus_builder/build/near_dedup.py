@@ -606,7 +606,8 @@ class ExactDuplicates:
         for row in np.flatnonzero(earlier[:, 0] >= 0).tolist():
             decisions[row] = Duplicate(self._keys[int(earlier[row, 0])], "exact")
         self._decide_near_to_kept(earlier, sketches, decisions)
-        self._decide_within(keys, hashes, present, sketches, decisions)
+        # A hash a row kept before holds is owned by that row, which _decide_near_to_kept compared already.
+        self._decide_within(keys, hashes, present & (earlier < 0), sketches, decisions)
         kept_rows = np.flatnonzero(np.array([decision is None for decision in decisions], dtype=bool))
         ordinals = (len(self._keys) + np.arange(len(kept_rows))).astype(np.uint32)
         for table, columns in self._tables:
@@ -636,8 +637,10 @@ class ExactDuplicates:
     def _decide_within(self, keys: Sequence[str], hashes: U64, present: npt.NDArray[np.bool_], sketches: U64,
                        decisions: list[Duplicate | None]) -> None:
         """Rows of the batch still undecided that share a hash: only they can duplicate each other, decided
-        in order (a row is a duplicate only of an earlier row that was kept). Column 0 is the exact rule's,
-        column 1 + b band b's."""
+        in order (a row is a duplicate only of an earlier row that was kept), as ``_decide_near_to_kept``
+        decides against the rows kept before: an exact duplicate of the row that owns its hash, else a near
+        duplicate of the earliest owner of one of its bands it is confirmed against. Column 0 is the exact
+        rule's, column 1 + b band b's."""
         undecided = np.array([decision is None for decision in decisions], dtype=bool)
         shared = np.zeros_like(present)
         for column in range(hashes.shape[1]):
@@ -647,21 +650,22 @@ class ExactDuplicates:
         owners: list[dict[int, int]] = [{} for _ in range(hashes.shape[1])]  # hash -> the kept row that has it
         for row in np.flatnonzero(shared.any(axis=1)).tolist():
             columns = np.flatnonzero(shared[row]).tolist()
-            for column in columns:
-                owner = owners[column].get(int(hashes[row, column]))
-                if owner is None:
-                    continue
-                if column == 0:
-                    decisions[row] = Duplicate(keys[owner], "exact")
-                    break
+            owned = {column: owner for column in columns
+                     if (owner := owners[column].get(int(hashes[row, column]))) is not None}
+            if 0 in owned:
+                decisions[row] = Duplicate(keys[owned[0]], "exact")
+                continue
+            if owned:
                 assert self._sketches is not None
-                band = np.array([column - 1])
-                if self._sketches.similar(sketches[[row]], sketches[[owner]], band)[0]:
-                    decisions[row] = Duplicate(keys[owner], "near")
-                    break
-            else:
-                for column in columns:
-                    owners[column].setdefault(int(hashes[row, column]), row)
+                candidates = np.array(list(owned.values()))
+                bands = np.array(list(owned)) - 1
+                confirmed = candidates[self._sketches.similar(sketches[[row] * len(candidates)],
+                                                              sketches[candidates], bands)]
+                if len(confirmed):
+                    decisions[row] = Duplicate(keys[int(confirmed.min())], "near")
+                    continue
+            for column in columns:
+                owners[column].setdefault(int(hashes[row, column]), row)
 
 
 class NearDuplicates(ExactDuplicates):

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from corpus_builder.build import build_corpus, format_plan, plan_build
+from corpus_builder.build import build_corpus, format_plan, near_dedup, plan_build
 from corpus_builder.build.decontaminate import Contamination, EvalSetSummary
 from corpus_builder.build.near_dedup import conversation_text
 from corpus_builder.errors import CorpusError
@@ -22,6 +24,7 @@ from corpus_builder.publish.card import render_card
 from corpus_builder.publish.gate import CorpusDocuments
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
+from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_chitchat, write_gsm8k
 
 # MT-Bench-style prompts: first turns and the short second turns that follow them.
@@ -206,3 +209,94 @@ def test_the_card_lists_a_set_as_checked_only_with_the_texts_it_contributed(tmp_
     gsm = manifest["decontamination"]["eval_sets"][0]
     assert re.search(rf"^\| gsm \| gsm\.jsonl \| {gsm['texts'] - gsm['too_short']} \| 0 \|$", card, re.MULTILINE)
     assert "Not checked: probe contributed no text" in card
+
+
+def words(count: int, start: int = 0) -> str:
+    return " ".join(f"word{i}" for i in range(start, start + count))
+
+
+def test_an_evaluation_text_of_exactly_min_words_words_counts() -> None:
+    """The defaults (13-word runs, min_words 8): an evaluation text of 8 words contaminates a text holding
+    it whole, one of 7 words is ignored; a text of 13 words is one run, of 14 two."""
+    index = Contamination([("set", [words(8), words(7, start=100), words(13, start=200), words(14, start=300)])])
+    assert index.eval_sets == (EvalSetSummary("set", texts=4, ignored=1),)
+    assert index.contaminated(f"before {words(8)} after") == ("set",)
+    assert index.contaminated(f"before {words(7, start=100)} after") == ()
+    assert index.contaminated(words(7)) == ()  # the 8-word text, cut short
+    assert index.contaminated(f"x {words(13, start=200)}") == ("set",)
+    assert index.contaminated(words(12, start=200)) == ()
+    assert index.contaminated(words(13, start=301)) == ("set",)  # the second run of the 14 words
+    assert index.contaminated(words(12, start=301)) == ()
+
+
+@given(n=st.integers(1, 16), data=st.data())
+@fuzz_settings(150)
+def test_an_evaluation_text_contaminates_exactly_when_it_has_min_words_words(n: int, data: st.DataObject) -> None:
+    """An evaluation text of k words contaminates a text holding it whole iff k >= min_words; a text holding
+    it but its last word iff that leaves an n-word run of it (k - 1 >= n); shorter texts are counted ignored."""
+    min_words = data.draw(st.integers(1, n), label="min_words")
+    k = data.draw(st.integers(1, n + 2), label="words")
+    index = Contamination([("set", [words(k)])], n=n, min_words=min_words)
+    assert index.eval_sets == (EvalSetSummary("set", texts=1, ignored=int(k < min_words)),)
+    assert index.contaminated(f"alpha {words(k)} omega") == (("set",) if k >= min_words else ())
+    assert index.contaminated(f"alpha {words(k - 1)} omega") == (("set",) if k - 1 >= n else ())
+    assert index.contaminated(f"alpha {words(k, start=1)} omega") == (("set",) if k - 1 >= n else ())
+
+
+def test_min_words_lies_between_one_and_the_run_length() -> None:
+    assert Contamination([("set", [words(5)])], n=5, min_words=5).contaminated(words(5)) == ("set",)
+    assert Contamination([("set", [words(1)])], n=5, min_words=1).contaminated(f"a {words(1)} b") == ("set",)
+    for min_words, n in ((0, 5), (6, 5)):
+        with pytest.raises(ValueError, match=f"not min_words={min_words}, n={n}"):
+            Contamination([("set", [words(5)])], n=n, min_words=min_words)
+
+
+def runs_of(words: list[str], length: int) -> set[tuple[str, ...]]:
+    return {tuple(words[i:i + length]) for i in range(len(words) - length + 1)}
+
+
+@given(n=st.integers(1, 5), data=st.data())
+@fuzz_settings(150)
+def test_a_text_matches_the_sets_it_shares_a_run_of_words_with(n: int, data: st.DataObject) -> None:
+    """Against word-by-word containment, on a vocabulary of three words (many shared runs, runs repeated within
+    and across sets): a set matches a text when one of its texts of at least min_words words shares an n-word
+    run with it, or, shorter than n words, lies in it whole."""
+    min_words = data.draw(st.integers(1, n), label="min_words")
+    sentence = st.lists(st.sampled_from(["ant", "bee", "cat"]), max_size=8)
+    sets = data.draw(st.lists(st.lists(sentence, max_size=3), min_size=1, max_size=4), label="sets")
+    texts = data.draw(st.lists(sentence, max_size=6), label="texts")
+    index = Contamination([(f"set{i}", [" ".join(text) for text in texts_of]) for i, texts_of in enumerate(sets)],
+                          n=n, min_words=min_words)
+
+    def shares(words: list[str], text: list[str]) -> bool:
+        if len(text) < min_words:
+            return False
+        if len(text) < n:
+            return tuple(text) in runs_of(words, len(text))
+        return bool(runs_of(text, n) & runs_of(words, n))
+
+    assert index.matches([" ".join(words) for words in texts]) == [
+        tuple(f"set{i}" for i, texts_of in enumerate(sets) if any(shares(words, text) for text in texts_of))
+        for words in texts]
+    assert index.eval_sets == tuple(EvalSetSummary(f"set{i}", len(texts_of), sum(len(t) < min_words for t in texts_of))
+                                    for i, texts_of in enumerate(sets))
+
+
+def test_the_index_holds_ten_bytes_a_distinct_run_of_each_set() -> None:
+    """A 64-bit hash and a 16-bit set number a run; a run repeated within a set is held once, one in two sets
+    twice."""
+    assert Contamination([("a", [words(14)])]).nbytes == 2 * 10
+    assert Contamination([("a", [words(13), words(13)]), ("b", [words(13), words(8, start=50)])]).nbytes == 3 * 10
+    assert Contamination([("a", [words(16), words(16, start=1)])]).nbytes == 5 * 10  # runs 0-12 .. 4-16
+
+
+def test_eval_sets_and_texts_of_many_chunks(gsm8k: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The texts of a set, and the texts checked, are read a chunk at a time: the counts and the matches are
+    those of one chunk."""
+    texts = [gsm8k[3], "nothing here at all", "x " + gsm8k[5].lower(), MT_BENCH[1]]
+    sets = [("gsm8k", gsm8k), ("mt-bench", MT_BENCH[::-1])]  # the short text first: its chunk is not the last
+    whole = Contamination(sets)
+    monkeypatch.setattr(near_dedup, "CHUNK_BYTES", 60)
+    chunked = Contamination(sets)
+    assert chunked.eval_sets == whole.eval_sets == (EvalSetSummary("gsm8k", 40, 0), EvalSetSummary("mt-bench", 5, 1))
+    assert chunked.matches(texts) == whole.matches(texts) == [("gsm8k",), (), ("gsm8k",), ("mt-bench",)]

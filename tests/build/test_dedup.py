@@ -15,12 +15,22 @@ import pytest
 
 from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.build import build_corpus
-from corpus_builder.build.dedup import Dedup, read_eval_sets
+from corpus_builder.build.dedup import (
+    Dedup,
+    EvalSetRead,
+    Evicted,
+    Verdict,
+    describe_screening,
+    read_eval_sets,
+)
+from corpus_builder.build.near_dedup import conversation_text
+from corpus_builder.build.split import Splitter
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.publish.card import render_card
 from corpus_builder.publish.gate import CorpusDocuments
 from corpus_builder.recipe import Checks, Decontamination, EvalSet, HubRef, NearDuplicateSettings, load_recipe
+from corpus_builder.records import Conversation, Message, ToolCall
 from corpus_builder.sources.hub import MIRROR_ENV
 from corpus_builder.testing.fault_server import FaultServer
 from tests.support.real_data import write_rows
@@ -178,6 +188,24 @@ def test_a_generated_row_evicts_the_replayed_duplicate_of_a_lower_priority_sourc
     assert Corpus.open(out).manifest["conversations"] == len(rows) == 9
 
 
+def test_an_evicted_row_leaves_the_split_it_was_kept_in(tmp_path: Path) -> None:
+    """Half the rows in validation: the evicted thinking row of logs-a is the only one of its source's
+    (validation, thinking) cell, which the eviction empties; the build counts each split as written."""
+    write_sources(tmp_path)
+    with FaultServer(model=MODEL) as server:
+        recipe = write_recipe(tmp_path, server.base_url)
+        recipe.write_text(recipe.read_text().replace("validation_fraction: 0.0", "validation_fraction: 0.5"))
+        out = build_corpus(load_recipe(recipe), progress=io.StringIO()).out_dir
+    [evicted] = [r for r in iter_ledger(out / "ledger.jsonl.zst") if r["location"].endswith("logs-a.jsonl:4")]
+    assert Splitter(0.5, 0).assign_id(evicted["id"]) == "validation"
+    rows = list(Corpus.open(out).iter_conversations())
+    kept_instead = next(r for r in rows if r.messages[0].content == EVICTED_PROMPT)
+    assert evicted["detail"] == f"duplicate of {kept_instead.id} (source asks-1)"
+    assert not any(r.source == "logs-a" and r.split == "validation" and r.thinking for r in rows)
+    assert {split: counts["rows"] for split, counts in Corpus.open(out).manifest["splits"].items()} == Counter(
+        r.split for r in rows)
+
+
 def test_the_audit_manifest_and_card_count_by_source_rule_and_eval_set(built: tuple[Path, list[str]]) -> None:
     out, _ = built
     corpus = Corpus.open(out)
@@ -277,3 +305,178 @@ output: {dir: out}
     [dropped] = iter_ledger(result.out_dir / "ledger.jsonl.zst")
     assert (dropped["source"], dropped["reason"], dropped["location"]) == ("logs-a", "duplicate", "logs-a.jsonl:1")
     assert dropped["detail"] == f"duplicate of {rows['q ' + text.upper()][1]} (source logs-b)"
+
+
+def row(source: str, text: str, *, thinking: bool = False) -> Conversation:
+    return Conversation(f"{source}-row", source, "replay", [
+        Message("user", text), Message("assistant", "Sure.", "Let me see." if thinking else None)])
+
+
+def test_an_eviction_names_the_kept_row_with_its_thinking_flag_and_the_row_kept_instead() -> None:
+    """Ranks: top 0, high 1, low 2. The kept row's id and thinking flag are what the build discards from its
+    split and cell; a chain of evictions follows the row kept last. Prompts compared: the rows' reasoning
+    differs."""
+    evicted: list[Evicted] = []
+
+    def decide(source: str, row_id: str, thinking: bool) -> Verdict | None:
+        conversation = row(source, "The same question, again", thinking=thinking)
+        [verdict] = dedup.decide([conversation], [row_id], dedup.signatures([conversation]), evicted.append)
+        return verdict
+
+    for thinking in (False, True):
+        evicted.clear()
+        dedup = Dedup(Checks(), {"top": 0, "high": 1, "low": 2}, turns="prompt")
+        assert decide("low", "l1", thinking) is None
+        assert decide("high", "h1", not thinking) is None  # outranks the kept row: kept, and that one evicted
+        assert evicted == [Evicted("low", "l1", thinking, of="h1", of_source="high", rule="exact")]
+        assert decide("low", "l2", thinking) == Verdict("h1", "high", "exact")  # the row kept now
+        assert decide("high", "h2", thinking) == Verdict("h1", "high", "exact")  # the same rank: first kept stays
+        assert decide("top", "t1", thinking) is None
+        assert evicted[1:] == [Evicted("high", "h1", not thinking, of="t1", of_source="top", rule="exact")]
+        assert decide("unranked", "u1", thinking) == Verdict("t1", "top", "exact")  # rank 0 ties with top
+    evicted.clear()
+    for (first, first_id), (second, second_id), callback, expected in [
+            (("high", "h3"), ("top", "t3"), None, Verdict("h3", "high", "exact")),  # no eviction without evict
+            (("unranked", "u4"), ("top", "t4"), evicted.append, Verdict("u4", "unranked", "exact")),  # a tie at 0
+            (("high", "h5"), ("unranked", "u5"), evicted.append, None)]:  # an unranked source ranks 0
+        rows = [row(first, f"A question for {first_id}"), row(second, f"a question for {first_id}")]
+        assert [dedup.decide([r], [i], dedup.signatures([r]), callback)[0]
+                for r, i in zip(rows, [first_id, second_id], strict=True)] == [None, expected]
+    assert evicted == [Evicted("high", "h5", False, of="u5", of_source="unranked", rule="exact")]
+
+
+def test_an_eviction_by_a_near_duplicate_names_its_rule() -> None:
+    text = prose(9)
+    dedup = Dedup(Checks(near_duplicates=NearDuplicateSettings()), {"high": 0, "low": 1})
+    evicted: list[Evicted] = []
+    rows = [row("low", text), row("high", edited(text, 0.02, 3))]
+    verdicts = dedup.decide(rows, ["l1", "h1"], dedup.signatures(rows), evicted.append)
+    assert verdicts == [None, None]
+    assert evicted == [Evicted("low", "l1", False, of="h1", of_source="high", rule="near")]
+    assert Verdict("h1", "high", "near").detail == "near duplicate of h1 (source high)"
+    assert (Verdict("h1", "high", "near").reason, Verdict("h1", "high", "exact").reason) == (
+        "near_duplicate", "duplicate")
+
+
+def calling(arguments: str, *, tools: list[dict[str, Any]] | None = None, result: str = "12 degrees") -> Conversation:
+    return Conversation("c", "agent", "replay", [
+        Message("user", "What is the weather in Oslo and in Bergen?"),
+        Message("assistant", "Checking.", "Two cities: two calls.", (
+            ToolCall("call-1", "weather", arguments), ToolCall("call-2", "weather", '{"city": "Bergen"}'))),
+        Message("tool", result, tool_call_id="call-1"), Message("tool", "9 degrees", tool_call_id="call-2"),
+        Message("assistant", "Oslo is warmer.")], tools=tools)
+
+
+def test_tool_calls_are_part_of_the_dedup_text_and_tool_schemas_are_not() -> None:
+    """Every call's name and arguments follow the turn's content; tool results are prompt turns; the schemas
+    the row was served with are left out."""
+    oslo = calling('{"city": "Oslo"}')
+    assert conversation_text(oslo) == ("What is the weather in Oslo and in Bergen?\nTwo cities: two calls.\n"
+                                       'Checking.\nweather {"city": "Oslo"}\nweather {"city": "Bergen"}\n'
+                                       "12 degrees\n9 degrees\nOslo is warmer.")
+    assert conversation_text(oslo, "prompt") == "What is the weather in Oslo and in Bergen?\n12 degrees\n9 degrees"
+    schema = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    rows = [oslo, calling('{"city": "Trondheim"}'), calling('{"city": "Oslo"}', tools=schema),
+            calling('{"city": "Trondheim"}', result="3 degrees")]
+    verdicts = [Dedup(Checks(), turns=turns).decide(rows, ["a", "b", "c", "d"],
+                                                    Dedup(Checks(), turns=turns).signatures(rows), None)
+                for turns in ("all", "prompt")]
+    assert verdicts[0] == [None, None, Verdict("a", "agent", "exact"), None]  # other arguments: other rows
+    assert verdicts[1] == [None, Verdict("a", "agent", "exact"), Verdict("a", "agent", "exact"), None]
+
+
+def test_the_recipe_chooses_what_dedup_compares(tmp_path: Path) -> None:
+    """checks.dedup: none builds no index; prompt compares the prompts (the same question with other answers
+    is a duplicate), exact every turn; a caller may ask for the prompts of an exact-dedup recipe."""
+    write_rows(tmp_path / "logs.jsonl", [chat("q", "a")])
+    recipes = {}
+    for mode in ("none", "prompt", "exact"):
+        (tmp_path / f"{mode}.yaml").write_text(f"""\
+name: modes
+target: {{model: m}}
+sources: [{{name: logs, kind: replay, path: logs.jsonl}}]
+checks: {{dedup: {mode}}}
+output: {{dir: out}}
+""", encoding="utf-8")
+        recipes[mode] = load_recipe(tmp_path / f"{mode}.yaml")
+    assert Dedup.for_recipe(recipes["none"]) is None
+    rows = [row("logs", "How far is the moon?"), row("logs", "how far is the moon")]
+    rows[1].messages[1].content = "Far."
+
+    def verdicts(dedup: Dedup | None) -> list[Verdict | None]:
+        assert dedup is not None
+        return dedup.decide(rows, ["a", "b"], dedup.signatures(rows), None)
+
+    duplicate = [None, Verdict("a", "logs", "exact")]
+    assert verdicts(Dedup.for_recipe(recipes["prompt"])) == duplicate
+    assert verdicts(Dedup.for_recipe(recipes["exact"])) == [None, None]
+    assert verdicts(Dedup.for_recipe(recipes["exact"], "prompt")) == duplicate
+
+
+def test_the_shingle_length_of_the_near_rule_is_the_recipe_s() -> None:
+    """One-word shingles make a text with its words reordered a near duplicate; five-word ones do not."""
+    words = prose(10, words=80).split()
+    rows = [row("logs", " ".join(words)), row("logs", " ".join(words[1::2] + words[::2]))]
+    for shingle, expected in ((1, [None, Verdict("a", "logs", "near")]), (5, [None, None])):
+        dedup = Dedup(Checks(near_duplicates=NearDuplicateSettings(shingle=shingle)))
+        assert dedup.decide(rows, ["a", "b"], dedup.signatures(rows), None) == expected
+
+
+def test_decide_needs_one_id_per_row() -> None:
+    dedup = Dedup(Checks())
+    rows = [row("logs", "one")]
+    with pytest.raises(ValueError):
+        dedup.decide(rows, ["a", "b"], dedup.signatures(rows), None)
+
+
+def test_sources_and_ids_of_any_characters_come_back_whole_in_an_eviction() -> None:
+    """The index's key joins the thinking flag, the source and the id with a control character: whitespace,
+    and that character itself, in a source or an id stay where they are."""
+    dedup = Dedup(Checks(), {"top source": 0, "logs b": 1}, turns="prompt")
+    evicted: list[Evicted] = []
+    for source, row_id in (("logs b", "id 1\x1fpart two"), ("top source", "id\x1f2")):
+        conversation = row(source, "The same question", thinking=True)
+        dedup.decide([conversation], [row_id], dedup.signatures([conversation]), evicted.append)
+    assert evicted == [Evicted("logs b", "id 1\x1fpart two", True, of="id\x1f2", of_source="top source",
+                               rule="exact")]
+
+
+def test_an_eval_set_is_reported_when_more_than_half_of_its_rows_are_skipped() -> None:
+    spec = EvalSet("probe", path=Path("probe.jsonl"))
+    assert EvalSetRead(spec, rows=4, skipped=Counter(invalid_json=2)).warning() is None  # half: not more
+    assert EvalSetRead(spec, rows=4, skipped=Counter(invalid_json=3)).warning() == (
+        "eval set 'probe' (probe.jsonl): 3 of 4 rows skipped (invalid_json 3); is this the right file and fields?")
+    assert EvalSetRead(spec, rows=0).warning() is None
+    assert EvalSetRead(spec, rows=4).describe_skipped() == ""
+
+
+def test_the_screening_names_local_and_hub_eval_sets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "mirror" / "acme" / "gsm" / "data"
+    data.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"question": GSM_QUESTION, "answer": "144"}]), data / "test-00000.parquet")
+    monkeypatch.setenv(MIRROR_ENV, str(tmp_path / "mirror"))
+    write_rows(tmp_path / "logs.jsonl", [chat("q", "a")])
+    write_rows(tmp_path / "mt.jsonl", [{"turns": [MT_TURN, "Rewrite it."]}])
+    (tmp_path / "recipe.yaml").write_text("""\
+name: screened
+target: {model: m}
+sources: [{name: logs, kind: replay, path: logs.jsonl}]
+decontamination:
+  ngram: 12
+  min_words: 6
+  eval_sets:
+    - {name: gsm, hub: {id: acme/gsm, split: test}}
+    - {name: mt, path: mt.jsonl, fields: [turns]}
+output: {dir: out}
+""", encoding="utf-8")
+    recipe = load_recipe(tmp_path / "recipe.yaml")
+    eval_sets = read_eval_sets(recipe.decontamination)
+    assert eval_sets is not None
+    screening = describe_screening(recipe, eval_sets)
+    assert screening["decontamination"] == {"ngram": 12, "min_words": 6, "eval_sets": [
+        {"name": "gsm", "from": "hf://datasets/acme/gsm/test", "texts": 2, "too_short": 1, "skipped_rows": {}},
+        {"name": "mt", "from": "mt.jsonl", "texts": 2, "too_short": 1, "skipped_rows": {}}]}
+    assert "decontamination" not in describe_screening(recipe, None)  # nothing read: nothing to describe

@@ -10,13 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corpus_builder.build import near_dedup
 from corpus_builder.build.near_dedup import (
     Duplicate,
     ExactDuplicates,
     NearDuplicates,
+    Signatures,
     WordRuns,
     band_layout,
     conversation_text,
@@ -24,6 +28,7 @@ from corpus_builder.build.near_dedup import (
     normalise_texts,
 )
 from corpus_builder.records import Conversation, Message
+from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_chitchat
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -211,6 +216,7 @@ def test_same_answers_in_another_process(planted: tuple[list[Conversation], dict
     ("", ""),
     (" \n\t ", ""),
     ("a\x00b", "a b"),  # a NUL in a text cannot split it in a batch
+    ("@AZ[\\]^_`az{|}~\x7f\x1f!", "@az \\ ^_ az | ~"),  # edges: letters, dropped punctuation, controls
 ])
 def test_normalisation(text: str, normalised: str) -> None:
     assert normalise_text(text) == normalised
@@ -280,3 +286,158 @@ def test_state_is_bytes_not_python_objects() -> None:
 def test_offer_needs_one_key_per_text() -> None:
     with pytest.raises(ValueError, match="2 keys for 1 texts"):
         NearDuplicates().offer(["a", "b"], ["text"])
+
+
+# Planted signatures, for the rules of decide apart from MinHash's chances. A text is (its exact hash, its
+# hash of each band or None when it has no words, the value of every field of its sketch): texts of one
+# sketch value are confirmed against each other through any band they share, texts of two are not.
+Planted = tuple[int, tuple[int, ...] | None, int]
+
+
+def planted_signatures(index: NearDuplicates, texts: list[Planted]) -> Signatures:
+    hashes = np.zeros((len(texts), 1 + index.bands), dtype=np.uint64)
+    present = np.ones(hashes.shape, dtype=bool)
+    for row, (exact, bands, _) in enumerate(texts):
+        hashes[row, 0] = exact
+        if bands is None:
+            present[row, 1:] = False
+        else:  # the band's number in the high bits too: hashes differ by band, as the salts make them
+            hashes[row, 1:] = [(value * index.bands + band + 1) << 32 for band, value in enumerate(bands)]
+    words = -(-index.num_perm // 16)
+    sketches = np.array([[sketch * 0x1111111111111111] * words for _, _, sketch in texts], dtype=np.uint64)
+    return Signatures(hashes, present, sketches)
+
+
+def alone(band: int, value: int, *, row: int, bands: int = 10) -> tuple[int, ...]:
+    """Band hashes of a text that shares band ``band`` (its value ``value``) and no other."""
+    return tuple(value if b == band else 1000 + 10 * row + b for b in range(bands))
+
+
+def decide_in_batches(texts: list[Planted], batches: list[int]) -> list[Duplicate | None]:
+    """Decisions for the planted texts offered in order (keys t0, t1, ...), in batches of the given sizes."""
+    index = NearDuplicates()
+    signatures = planted_signatures(index, texts)
+    decisions: list[Duplicate | None] = []
+    for size in batches:
+        rows = list(range(len(decisions), len(decisions) + size))
+        decisions += index.decide([f"t{row}" for row in rows], signatures.rows(rows))
+    return decisions
+
+
+def test_a_row_near_duplicates_the_earliest_kept_row_it_is_confirmed_against_whatever_the_batches() -> None:
+    """t2 shares band 5 with t0 and band 1 with t1 (t0 and t1 share none) and is confirmed against both."""
+    texts: list[Planted] = [(1, alone(5, 7, row=0), 0), (2, alone(1, 8, row=1), 0),
+                            (3, tuple(7 if b == 5 else 8 if b == 1 else 2000 + b for b in range(10)), 0)]
+    expected = [None, None, Duplicate("t0", "near")]
+    for batches in ([3], [1, 1, 1], [2, 1], [1, 2]):
+        assert decide_in_batches(texts, batches) == expected, batches
+
+
+def test_a_band_hash_is_owned_by_the_first_kept_row_that_has_it() -> None:
+    """t0 and t1 are kept with band 5 alike (not confirmed: other sketches); t2 has t1's sketch and t3 t0's,
+    and band 5 alike: only the owner of the hash, t0, is compared, so t2 is kept and t3 near-duplicates t0."""
+    texts: list[Planted] = [(row + 1, alone(5, 7, row=row), sketch) for row, sketch in enumerate([0, 1, 1, 0])]
+    expected = [None, None, None, Duplicate("t0", "near")]
+    for batches in ([4], [1, 1, 1, 1], [2, 2], [3, 1], [1, 3]):
+        assert decide_in_batches(texts, batches) == expected, batches
+
+
+def first_kept(texts: list[Planted]) -> list[Duplicate | None]:
+    """The rules of decide, one row at a time: an exact duplicate of the kept row that owns the exact hash
+    (the first kept with it), else a near duplicate of the earliest owner of one of its band hashes it is
+    confirmed against (the same sketch); else kept, owning the hashes no kept row has yet."""
+    owners: dict[tuple[int, int], int] = {}
+    decisions: list[Duplicate | None] = []
+    for row, (exact, bands, sketch) in enumerate(texts):
+        hashes = [(0, exact), *((1 + band, value) for band, value in enumerate(bands or ()))]
+        if (0, exact) in owners:
+            decisions.append(Duplicate(f"t{owners[0, exact]}", "exact"))
+            continue
+        confirmed = [owners[column] for column in hashes[1:] if column in owners
+                     and texts[owners[column]][2] == sketch]
+        decisions.append(Duplicate(f"t{min(confirmed)}", "near") if confirmed else None)
+        if not confirmed:
+            for column in hashes:
+                owners.setdefault(column, row)
+    return decisions
+
+
+@st.composite
+def planted_rows(draw: st.DrawFn) -> tuple[list[Planted], list[int]]:
+    """Rows of a few distinct texts (a text repeated is an exact copy) that may share their first three bands
+    (of two values each; the other bands are the text's alone), of two sketches; and the batches they are
+    offered in."""
+    distinct: list[Planted] = []
+    for text in range(draw(st.integers(1, 6))):
+        values = draw(st.lists(st.integers(0, 2), min_size=3, max_size=3))
+        bands = None if draw(st.integers(0, 7)) == 0 else tuple(
+            values[band] if band < 3 and values[band] < 2 else 1000 + 10 * text + band for band in range(10))
+        distinct.append((text + 1, bands, draw(st.integers(0, 3)) // 3))
+    rows = [distinct[i] for i in draw(st.lists(st.integers(0, len(distinct) - 1), min_size=1, max_size=10))]
+    batches: list[int] = []
+    while sum(batches) < len(rows):
+        batches.append(min(draw(st.integers(1, 3)), len(rows) - sum(batches)))
+    return rows, batches
+
+
+@given(planted_rows())
+@fuzz_settings(200)
+def test_decisions_follow_the_first_kept_rules_in_any_batches(case: tuple[list[Planted], list[int]]) -> None:
+    texts, batches = case
+    assert decide_in_batches(texts, batches) == first_kept(texts)
+
+
+def test_signatures_of_no_texts_and_of_rows_picked_or_replaced() -> None:
+    """Signatures cross from the reading processes: none for no texts, a row's the same wherever it is picked
+    from or put, and of the same types, so that parts concatenate."""
+    index = NearDuplicates()
+    texts = ["one two three four five six", "seven eight nine ten eleven", "twelve thirteen"]
+    full, empty = index.signatures(texts), index.signatures([])
+    assert len(empty) == 0 and index.decide([], empty) == []
+    replaced = full.replaced([1], index.signatures(["other words"]))
+    for got, wanted in ((Signatures.concat([empty, full]), full), (full.rows([]), empty),
+                        (full.replaced([], empty), full), (full.rows([2, 0]), index.signatures([texts[2], texts[0]])),
+                        (replaced, index.signatures([texts[0], "other words", texts[2]]))):
+        for part in ("hashes", "present", "sketches"):
+            assert getattr(got, part).dtype == getattr(wanted, part).dtype
+            assert np.array_equal(getattr(got, part), getattr(wanted, part)), part
+    assert np.array_equal(full.hashes[1], index.signatures([texts[1]]).hashes[0])  # replaced a copy only
+    exact = ExactDuplicates().signatures([])
+    assert (exact.hashes.shape, exact.present.shape, exact.sketches.shape) == ((0, 1), (0, 1), (0, 0))
+    assert (empty.hashes.shape, empty.sketches.shape) == ((0, 1 + index.bands), (0, 4))
+
+
+def test_a_first_batch_with_no_words_hashes_to_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The power tables as a process starts them serve a batch of no bytes at all."""
+    monkeypatch.setattr(near_dedup, "_POWERS", near_dedup._Powers())
+    hashes, offsets = WordRuns(normalise_texts([""])).hashes(5, whole_if_shorter=True)
+    assert len(hashes) == 0 and offsets.tolist() == [0, 0]
+
+
+@given(lengths=st.lists(st.integers(0, 30), max_size=20), chunk=st.integers(1, 40))
+@fuzz_settings(150)
+def test_texts_are_chunked_in_order_until_a_chunk_reaches_chunk_bytes(lengths: list[int], chunk: int) -> None:
+    texts = ["x" * length for length in lengths]
+    original = near_dedup.CHUNK_BYTES
+    near_dedup.CHUNK_BYTES = chunk
+    try:
+        slices = list(near_dedup.text_chunks(texts))
+    finally:
+        near_dedup.CHUNK_BYTES = original
+    assert [i for part in slices for i in range(len(texts))[part]] == list(range(len(texts)))
+    for position, part in enumerate(slices):
+        sizes = lengths[part]
+        assert sizes and sum(sizes[:-1]) < chunk  # at least one text; none added once the chunk is full
+        assert position == len(slices) - 1 or sum(sizes) >= chunk  # only the last chunk is short
+
+
+@pytest.mark.parametrize("num_perm", [48, 64, 128])
+def test_a_near_copy_of_a_row_kept_in_an_earlier_batch_is_found_with_any_sketch_width(num_perm: int) -> None:
+    """48 permutations make 24-byte sketches, which do not tile a memory page: the kept ones are still read."""
+    rng = random.Random(num_perm)
+    words = [f"w{rng.randrange(10**6)}" for _ in range(300)]
+    index = NearDuplicates(num_perm=num_perm)
+    index.offer([f"k{i}" for i in range(3)], [" ".join(rng.sample(words, 200)) for _ in range(3)])
+    index.offer(["original"], [" ".join(words)])
+    words[150] = "zebra"
+    assert index.offer(["copy"], [" ".join(words)]) == [Duplicate("original", "near")]
