@@ -1,5 +1,6 @@
-"""manifest.json is read and written by one type: what a build writes reads back as it was, and a manifest edited
-into another shape is refused naming its key, never its value, before any stage relies on it."""
+"""manifest.json and audit.json have their types: what a build writes reads back as it was, a manifest edited into
+another shape is refused naming its key, never its value, before any stage relies on it, and audit.json holds the
+keys its type declares."""
 
 from __future__ import annotations
 
@@ -87,3 +88,15 @@ def test_the_gate_refuses_an_edited_manifest_with_a_clear_error_not_a_traceback(
                                    env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
         assert completed.returncode == 2 and "Traceback" not in completed.stderr, completed.stderr
         assert f"{copy / MANIFEST}" in completed.stderr and "splits.train is not a mapping" in completed.stderr
+
+
+def test_audit_json_holds_the_keys_its_type_declares(corpus: Path) -> None:
+    from corpus_builder.build.stats import AuditReport, SourceReport, TotalsReport
+
+    written = orjson.loads((corpus / "audit.json").read_bytes())
+    declared = AuditReport.__required_keys__ | AuditReport.__optional_keys__
+    assert AuditReport.__required_keys__ <= set(written) <= declared
+    for source in written["by_source"].values():
+        assert set(source) == SourceReport.__required_keys__
+    for section in (*written["by_split"].values(), *written["by_origin"].values()):
+        assert set(section) == TotalsReport.__required_keys__

@@ -57,7 +57,7 @@ from .dedup import EvalSets, describe_screening, read_eval_sets
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
-from .stats import CorpusStats, corpus_problems, generation_targets, split_balance
+from .stats import AuditReport, CorpusStats, corpus_problems, generation_targets, split_balance
 from .token_stats import TokenStats
 
 STAGING_PREFIX = ".staging-"
@@ -70,8 +70,8 @@ class EmptyCorpus(CorpusError):
     exit_code = 1
 
     @classmethod
-    def from_audit(cls, audit: dict[str, Any], recipe: Recipe) -> EmptyCorpus:
-        skipped: dict[str, int] = audit.get("skipped") or {}
+    def from_audit(cls, audit: AuditReport, recipe: Recipe) -> EmptyCorpus:
+        skipped = audit["skipped"]
         found = f"all {sum(skipped.values()):,} rows were dropped or skipped" if skipped else "the sources gave no rows"
         reasons = [f"{reason}: {count:,} rows ({REASONS.get(reason, reason)})"
                    for reason, count in sorted(skipped.items(), key=lambda item: -item[1])]
@@ -83,7 +83,7 @@ class EmptyCorpus(CorpusError):
 class BuildResult:
     out_dir: Path
     manifest: Manifest
-    audit: dict[str, Any]
+    audit: AuditReport
     problems: list[str] = field(default_factory=list)  # corpus-level check failures
     exports: list[ExportReport] = field(default_factory=list)  # the recipe's output.exports, written
 
