@@ -60,7 +60,7 @@ MUTANTS = [
     Mutant("ledger detail lost", "corpus_builder/build/shards.py",
            '"detail": skipped.detail, "id": skipped.id}', '"detail": "", "id": skipped.id}',
            ("tests/build/test_row_checks.py",)),
-    Mutant("audit characters without reasoning", "corpus_builder/build/stats.py",
+    Mutant("audit characters without reasoning", "corpus_builder/stats/corpus.py",
            '"characters": _per_row_sums(offsets, content_len + reasoning_len),',
            '"characters": _per_row_sums(offsets, content_len),',
            ("tests/build/test_row_checks.py",)),

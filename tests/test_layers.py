@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("recipe",),
     ("sources",),
     ("tokens",),
+    ("stats",),
     ("generate",),
     ("export",),
     ("build",),

@@ -91,7 +91,7 @@ def test_the_gate_refuses_an_edited_manifest_with_a_clear_error_not_a_traceback(
 
 
 def test_audit_json_holds_the_keys_its_type_declares(corpus: Path) -> None:
-    from corpus_builder.build.stats import AuditReport, SourceReport, TotalsReport
+    from corpus_builder.stats.corpus import AuditReport, SourceReport, TotalsReport
 
     written = orjson.loads((corpus / "audit.json").read_bytes())
     declared = AuditReport.__required_keys__ | AuditReport.__optional_keys__

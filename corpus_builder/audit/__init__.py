@@ -1,7 +1,7 @@
 """The audit stage: statistics of what was written (a built corpus), or of a raw source file or dump.
 
 It reads files, never the pipeline's memory, with the same statistics the build computes while writing
-(``build.stats``); ``report`` is the table people read. ``audit_against`` compares a built corpus with
+(``stats``); ``report`` is the table people read. ``audit_against`` compares a built corpus with
 serving traffic (``traffic``, on the polars engine of ``frames``/``inputs``/``profile`` and the token
 measures of ``token_pass``); ``write_html_report`` writes the self-contained report (``html``). The
 comparison's modules, polars and plotly load only when one of those is called. ``audited`` keeps the corpus
@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, Any
 from ..build.checks import Checker
 from ..build.dedup import Dedup
 from ..build.near_dedup import NearDuplicates, conversation_text
-from ..build.stats import AuditReport, CorpusStats, SecretsReport, corpus_problems
-from ..build.token_stats import TokenStats
 from ..errors import CorpusError, DropCounts, Skipped
 from ..layout import LEDGER, Corpus
 from ..outputs import check_output_path
@@ -31,6 +29,8 @@ from ..recipe.model import Checks, NearDuplicateSettings
 from ..records import Conversation
 from ..rows import batch_to_conversations, conversations_to_batch
 from ..secrets import Finding, scan_conversations, scan_corpus
+from ..stats.corpus import AuditReport, CorpusStats, SecretsReport, corpus_problems
+from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from ..tokens.settings import read_corpus_recipe
 from .options import AuditOptions

@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..build.stats import AuditReport
 from ..outputs import staged
+from ..stats.corpus import AuditReport
 from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES
 from .traffic import as_shares
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..build.stats import AuditReport, TotalsReport
-from ..build.token_stats import TokenReport, TokenTotalsReport
+from ..stats.corpus import AuditReport, TotalsReport
+from ..stats.tokens import TokenReport, TokenTotalsReport
 
 MISMATCHES_SHOWN = 5
 

@@ -49,6 +49,8 @@ from ..recipe.crosscheck import match_source_pattern
 from ..recipe.model import Recipe
 from ..records import Conversation
 from ..sources import MeasuredRows, replay_stream
+from ..stats.corpus import AuditReport, CorpusStats, corpus_problems, generation_targets
+from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from .checks import BatchStats, Checker
 from .collect import KeptRows, MixtureShort, collect
@@ -56,9 +58,7 @@ from .decontaminate import Contamination
 from .dedup import EvalSets, describe_screening, read_eval_sets
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
-from .split import Splitter
-from .stats import AuditReport, CorpusStats, corpus_problems, generation_targets, split_balance
-from .token_stats import TokenStats
+from .split import Splitter, split_balance
 
 STAGING_PREFIX = ".staging-"
 

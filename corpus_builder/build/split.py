@@ -42,3 +42,15 @@ def within_tolerance(rows: int, validation: int, fraction: float) -> bool:
     """Whether a stratum's validation count is what the fraction gives, within the stated tolerance."""
     expected = rows * fraction
     return abs(validation - expected) <= STRATUM_TOLERANCE_SIGMAS * math.sqrt(expected * (1 - fraction)) + 1
+
+
+def split_balance(strata: dict[str, dict[str, dict[str, int]]], fraction: float) -> list[str]:
+    """The strata whose validation share is outside the split's stated tolerance."""
+    outside = []
+    for source, by_thinking in strata.items():
+        for thinking, splits in by_thinking.items():
+            rows, validation = sum(splits.values()), splits.get(VALIDATION, 0)
+            if not within_tolerance(rows, validation, fraction):
+                outside.append(f"{source} ({thinking}): {validation:,} of {rows:,} rows in validation, "
+                               f"expected {rows * fraction:,.1f}")
+    return outside

@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 
-from ..build.stats import corpus_problems
 from ..errors import CorpusError
 from ..layout import AUDIT, MANIFEST, RECIPE, Corpus, Manifest, open_parquet
 from ..recipe.yaml_reader import read_corpus_recipe_file
 from ..secrets import Finding, scan_metadata, scan_row
+from ..stats.corpus import corpus_problems
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "conversation.schema.json"
 SHARD_PATH_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.parquet$")

@@ -19,8 +19,7 @@ import pyarrow.compute as pc
 
 from ..errors import DropCounts
 from ..records import Conversation
-from .split import VALIDATION, within_tolerance
-from .token_stats import TokenReport, TokenStats, mismatch_problem
+from .tokens import TokenReport, TokenStats, mismatch_problem
 
 GROUPINGS = ("source", "split", "origin")
 # What the audit groups generated rows by: the target that made them and how it was asked.
@@ -266,18 +265,6 @@ def generation_targets(audit: AuditReport) -> list[dict[str, Any]]:
 
 def _share(value: float) -> str:
     return f"{100 * value:.1f}%"
-
-
-def split_balance(strata: dict[str, dict[str, dict[str, int]]], fraction: float) -> list[str]:
-    """The strata whose validation share is outside the split's stated tolerance (build.split)."""
-    outside = []
-    for source, by_thinking in strata.items():
-        for thinking, splits in by_thinking.items():
-            rows, validation = sum(splits.values()), splits.get(VALIDATION, 0)
-            if not within_tolerance(rows, validation, fraction):
-                outside.append(f"{source} ({thinking}): {validation:,} of {rows:,} rows in validation, "
-                               f"expected {rows * fraction:,.1f}")
-    return outside
 
 
 def corpus_problems(report: Mapping[str, Any], min_thinking_share: float | None) -> Iterator[str]:

@@ -7,23 +7,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+import numpy as np
+
 from ..records import Conversation
 from ..tokens import ConversationTokens, TokenRows, TokenSettings
+from . import nearest_rank
 
 GROUPINGS = ("source", "split")
 PERCENTILES = (50, 90, 99)
-
-
-def percentile(lengths: Counter[int], share: float) -> int:
-    """Nearest-rank percentile of a length histogram."""
-    total = sum(lengths.values())
-    rank = max(1, -(-total * share // 100))
-    seen = 0
-    for length in sorted(lengths):
-        seen += lengths[length]
-        if seen >= rank:
-            return length
-    return 0
 
 
 class TokenTotalsReport(TypedDict):
@@ -76,7 +67,9 @@ class _Totals:
 
     def report(self, budgeted: bool) -> TokenTotalsReport:
         conversations = sum(self.lengths.values())
-        p50, p90, p99 = (percentile(self.lengths, share) if conversations else 0 for share in PERCENTILES)
+        lengths = np.array(sorted(self.lengths), dtype=np.int64)
+        counts = np.array([self.lengths[length] for length in lengths.tolist()], dtype=np.int64)
+        p50, p90, p99 = (nearest_rank(lengths, counts, share) if conversations else 0 for share in PERCENTILES)
         return {"conversations": conversations, "tokens": self.tokens, "p50": p50, "p90": p90, "p99": p99,
                 "max": max(self.lengths, default=0), "supervised_tokens": self.supervised,
                 "reasoning_tokens": self.reasoning,
