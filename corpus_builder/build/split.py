@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import math
 
+from ..draws import split_draw
 from ..records import Conversation
-from ..sources.take import seeded_hash
 
 TRAIN = "train"
 VALIDATION = "validation"
 STRATUM_TOLERANCE_SIGMAS = 3.0
-_SPAN = float(1 << 64)
 
 
 class Splitter:
@@ -34,8 +33,7 @@ class Splitter:
     def assign_id(self, row_id: str) -> str:
         if self.fraction <= 0:
             return TRAIN
-        draw = seeded_hash(b"corpus-split", self.seed, row_id) / _SPAN
-        return VALIDATION if draw < self.fraction else TRAIN
+        return VALIDATION if split_draw(self.seed, row_id) < self.fraction else TRAIN
 
 
 def within_tolerance(rows: int, validation: int, fraction: float) -> bool:
