@@ -125,7 +125,7 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
     result = build_corpus(loaded, out, allow_partial=True if allow_partial else None,
                           allow_short=True if allow_short else None, allow_empty=allow_empty)
     click.echo(format_report(result.audit), err=True)
-    click.echo(f"\nwrote {result.manifest['conversations']:,} conversations to {result.out_dir}", err=True)
+    click.echo(f"\nwrote {result.manifest.conversations:,} conversations to {result.out_dir}", err=True)
     if result.problems:
         for problem in result.problems:
             click.echo(f"check failed: {problem}", err=True)

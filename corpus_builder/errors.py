@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 # The userinfo of a URL (``user:password@`` or ``token@`` right after ``scheme://``). It lives in this,
 # the lowest leaf, because every error message is scrubbed of it and nothing here may import secrets.py
@@ -122,6 +122,12 @@ def contaminated_sets(detail: str) -> list[str]:
     return detail.removeprefix(_EVAL_SETS).split(", ") if detail.startswith(_EVAL_SETS) else []
 
 
+class DropReport(TypedDict):
+    skipped: dict[str, int]
+    skipped_by_source: dict[str, dict[str, int]]
+    contaminated_by_eval_set: dict[str, int]
+
+
 @dataclass
 class DropCounts:
     """Rows skipped or dropped: by reason, by source and reason, and contaminated rows by evaluation set."""
@@ -142,7 +148,7 @@ class DropCounts:
             self.by_source.setdefault(source, Counter()).update(counts)
         self.by_eval_set.update(other.by_eval_set)
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> DropReport:
         """The audit's fields: ``skipped`` (by reason), ``skipped_by_source``, ``contaminated_by_eval_set``."""
         return {"skipped": dict(sorted(self.by_reason.items())),
                 "skipped_by_source": {source: dict(sorted(counts.items()))

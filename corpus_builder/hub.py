@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import CorpusError, MissingDependency
+from .layout import AUDIT, MANIFEST, RECIPE, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -183,11 +184,12 @@ def fetch_corpus(repo_id: str, destination: Path, *, endpoint: str | None = None
         return Path(session.call(f"download {path_in_repo}", lambda: session.api.hf_hub_download(
             repo_id, path_in_repo, repo_type=REPO_TYPE, revision=commit, local_dir=destination)))
 
-    manifest = orjson.loads(fetch("manifest.json").read_bytes())
-    for name in ("audit.json", "recipe.yaml", "README.md"):
+    manifest_path = fetch(MANIFEST)
+    manifest = Manifest.from_json(orjson.loads(manifest_path.read_bytes()), f"{repo_id}/{MANIFEST}")
+    for name in (AUDIT, RECIPE, "README.md"):
         fetch(name)
-    for entry in manifest.get("files") or ():
-        fetch(entry["path"])
+    for entry in manifest.files:
+        fetch(entry.path)
     return destination
 
 

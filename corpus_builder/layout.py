@@ -17,7 +17,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,117 @@ JOURNAL = "journal"
 CORPUS_FILES = (DATA, AUDIT, RECIPE, LEDGER, MANIFEST)
 FORMAT_VERSION = 1
 BUILD_LOCK = ".build.lock"  # flock held by the one build writing the directory, its pid inside
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard as the manifest lists it."""
+
+    path: str  # relative to the corpus directory, e.g. data/train-00000-of-00002.parquet
+    split: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "split": self.split, "rows": self.rows, "bytes": self.bytes,
+                "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class SplitCount:
+    rows: int
+    shards: int
+
+
+# The manifest's sections that only some builds write, each a JSON object or list as the build describes it.
+_SECTIONS: dict[str, type] = {"dedup": dict, "decontamination": dict, "mixture": dict, "short": list,
+                              "partial": dict, "targets": list}
+_FIELDS = ("format_version", "tool", "name", "recipe_sha256", "conversations", "splits", "files",
+           "thinking_conversations", "checks")
+
+
+@dataclass
+class Manifest:
+    """``manifest.json``, typed: what a build wrote (its shards, split counts, conversations) and how (the corpus
+    checks, and the sections some builds add: dedup and decontamination, the declared mixture and its
+    shortfalls, an accepted partial generation, the targets that generated rows). A build writes every field;
+    ``from_json`` needs the format version and the shards only (the rest defaults, the count to the shards'
+    rows) and checks every field it reads, so a hand-edited or foreign manifest is refused naming the key;
+    ``to_json`` writes it."""
+
+    files: list[ShardInfo]
+    conversations: int
+    name: str | None = None
+    recipe_sha256: str | None = None
+    thinking_conversations: int | None = None
+    splits: dict[str, SplitCount] = field(default_factory=dict)
+    checks: dict[str, Any] = field(default_factory=dict)
+    tool: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    sections: dict[str, Any] = field(default_factory=dict)  # the optional sections present (and unknown keys)
+
+    def section(self, key: str) -> Any:
+        """An optional section (``_SECTIONS``), or None when the build did not write it."""
+        return self.sections.get(key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format_version": self.format_version, "tool": self.tool, "name": self.name,
+                "recipe_sha256": self.recipe_sha256, "conversations": self.conversations,
+                "splits": {split: {"rows": count.rows, "shards": count.shards} for split, count in self.splits.items()},
+                "files": [info.to_dict() for info in self.files], "thinking_conversations": self.thinking_conversations,
+                "checks": self.checks, **self.sections}
+
+    @classmethod
+    def from_json(cls, document: Any, file: str) -> Manifest:
+        def fail(key: str, problem: str) -> CorpusError:
+            return CorpusError(f"not a corpus manifest: {key} {problem}", file=file)
+
+        def typed(value: Any, kind: type | tuple[type, ...], key: str, what: str) -> Any:
+            # bool is an int to Python, never a count or a name in a manifest
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+                raise fail(key, f"is not {what}")  # never the value: a hand edit may have put anything there
+            return value
+
+        def count(value: Any, key: str) -> int:
+            number: int = typed(value, int, key, "a count")
+            if number < 0:
+                raise fail(key, "is negative, not a count")
+            return number
+
+        if not isinstance(document, dict):
+            raise CorpusError("not a corpus manifest: the file holds no JSON object", file=file)
+        if document.get("format_version") != FORMAT_VERSION:
+            raise CorpusError(f"unsupported corpus format_version {document.get('format_version')!r}", file=file)
+        if "files" not in document:
+            raise fail("files", "is missing")
+        files = []
+        for i, entry in enumerate(typed(document["files"], list, "files", "a list of shards")):
+            where = f"files[{i}]"
+            typed(entry, dict, where, "a shard entry")
+            for key in ("path", "split", "sha256"):
+                typed(entry.get(key), str, f"{where}.{key}", "a string")
+            files.append(ShardInfo(entry["path"], entry["split"], count(entry.get("rows"), f"{where}.rows"),
+                                   count(entry.get("bytes"), f"{where}.bytes"), entry["sha256"]))
+        splits = {}
+        for split, entry in typed(document.get("splits", {}), dict, "splits", "a mapping of splits").items():
+            typed(entry, dict, f"splits.{split}", "a mapping of rows and shards")
+            splits[split] = SplitCount(count(entry.get("rows"), f"splits.{split}.rows"),
+                                       count(entry.get("shards"), f"splits.{split}.shards"))
+        # Keys of neither kind (a later version's, a hand edit's) are kept as they are: the publish gate scans them.
+        sections = {key: value for key, value in document.items() if key not in _FIELDS}
+        for key, kind in _SECTIONS.items():
+            if key in sections:
+                typed(sections[key], kind, key, "a JSON object" if kind is dict else "a list")
+        def optional(key: str, kind: type, what: str) -> Any:
+            return typed(document[key], kind, key, what) if document.get(key) is not None else None
+
+        thinking = document.get("thinking_conversations")
+        return cls(files, count(document.get("conversations", sum(info.rows for info in files)), "conversations"),
+                   optional("name", str, "a string"), optional("recipe_sha256", str, "a string"),
+                   count(thinking, "thinking_conversations") if thinking is not None else None, splits,
+                   optional("checks", dict, "a JSON object") or {}, optional("tool", dict, "a JSON object") or {},
+                   FORMAT_VERSION, sections)
 
 
 def file_sha256(path: Path) -> str:
@@ -132,7 +243,7 @@ def _read_json(path: Path) -> Any:
 @dataclass(frozen=True)
 class Corpus:
     root: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @classmethod
     def open(cls, root: Path) -> Corpus:
@@ -145,20 +256,15 @@ class Corpus:
         if not (root / MANIFEST).exists():
             raise CorpusError("not a complete corpus: manifest.json is missing (interrupted or failed build?)",
                               file=str(root))
-        manifest = _read_json(root / MANIFEST)
-        if not isinstance(manifest, dict):
-            raise CorpusError("not a corpus manifest: the file holds no JSON object", file=str(root / MANIFEST))
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise CorpusError(f"unsupported corpus format_version {manifest.get('format_version')!r}",
-                              file=str(root / MANIFEST))
+        manifest = Manifest.from_json(_read_json(root / MANIFEST), str(root / MANIFEST))
         return cls(root, manifest)
 
     @property
-    def files(self) -> list[dict[str, Any]]:
-        return list(self.manifest["files"])
+    def files(self) -> list[ShardInfo]:
+        return list(self.manifest.files)
 
     def shard_paths(self, split: str | None = None) -> list[Path]:
-        return [self.root / f["path"] for f in self.files if split is None or f["split"] == split]
+        return [self.root / f.path for f in self.files if split is None or f.split == split]
 
     def iter_batches(self, *, split: str | None = None, columns: list[str] | None = None,
                      batch_size: int = 4096) -> Iterator[Any]:
@@ -197,25 +303,25 @@ class Corpus:
         import pyarrow.parquet as pq
 
         problems = []
-        listed = {f["path"] for f in self.files}
+        listed = {f.path for f in self.files}
         data_dir = self.root / DATA
         present = {f"{DATA}/{p.name}" for p in data_dir.glob("*.parquet")} if data_dir.is_dir() else set()
         problems += [f"{path}: shard not listed in manifest.json" for path in sorted(present - listed)]
         for entry in self.files:
-            path = self.root / entry["path"]
+            path = self.root / entry.path
             if not path.exists():
-                problems.append(f"{entry['path']}: shard listed in manifest.json is missing")
+                problems.append(f"{entry.path}: shard listed in manifest.json is missing")
                 continue
-            if path.stat().st_size != entry["bytes"]:
-                problems.append(f"{entry['path']}: size {path.stat().st_size} != manifest {entry['bytes']}")
+            if path.stat().st_size != entry.bytes:
+                problems.append(f"{entry.path}: size {path.stat().st_size} != manifest {entry.bytes}")
             try:
-                if file_sha256(path) != entry["sha256"]:
-                    problems.append(f"{entry['path']}: sha256 does not match manifest.json")
+                if file_sha256(path) != entry.sha256:
+                    problems.append(f"{entry.path}: sha256 does not match manifest.json")
                     continue
                 rows = pq.ParquetFile(path).metadata.num_rows
             except (OSError, ValueError) as error:  # a directory, an unreadable file, bytes that are not parquet
-                problems.append(f"{entry['path']}: cannot read shard: {error}")
+                problems.append(f"{entry.path}: cannot read shard: {error}")
                 continue
-            if rows != entry["rows"]:
-                problems.append(f"{entry['path']}: {rows} rows != manifest {entry['rows']}")
+            if rows != entry.rows:
+                problems.append(f"{entry.path}: {rows} rows != manifest {entry.rows}")
         return problems

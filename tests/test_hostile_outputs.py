@@ -78,7 +78,7 @@ class Workspace:
 
     @property
     def shard(self) -> Path:
-        return self.corpus / Corpus.open(self.corpus).files[0]["path"]
+        return self.corpus / Corpus.open(self.corpus).files[0].path
 
     @property
     def null_device(self) -> Path:

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "corpus_builder"
 # generate -> build -> audit / export -> eval -> publish; export (trainer formats and vocab, which read a written
 # corpus) sits below build because a build writes its recipe's exports as its last step.
 LAYERS: list[tuple[str, ...]] = [
-    ("_version", "trainer_formats"),  # __version__ (pyproject.toml reads it too); the export format names
+    ("_version", "trainer_formats", "draws"),  # __version__ (pyproject.toml reads it too); the export format names
     ("errors",),
     ("records",),
     ("collector", "progress"),
@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("recipe",),
     ("sources",),
     ("tokens",),
+    ("stats",),
     ("generate",),
     ("export",),
     ("build",),

@@ -1,7 +1,7 @@
 """The audit stage: statistics of what was written (a built corpus), or of a raw source file or dump.
 
 It reads files, never the pipeline's memory, with the same statistics the build computes while writing
-(``build.stats``); ``report`` is the table people read. ``audit_against`` compares a built corpus with
+(``stats``); ``report`` is the table people read. ``audit_against`` compares a built corpus with
 serving traffic (``traffic``, on the polars engine of ``frames``/``inputs``/``profile`` and the token
 measures of ``token_pass``); ``write_html_report`` writes the self-contained report (``html``). The
 comparison's modules, polars and plotly load only when one of those is called. ``audited`` keeps the corpus
@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, Any
 from ..build.checks import Checker
 from ..build.dedup import Dedup
 from ..build.near_dedup import NearDuplicates, conversation_text
-from ..build.stats import CorpusStats, corpus_problems
-from ..build.token_stats import TokenStats
 from ..errors import CorpusError, DropCounts, Skipped
 from ..layout import LEDGER, Corpus
 from ..outputs import check_output_path
@@ -31,6 +29,8 @@ from ..recipe.model import Checks, NearDuplicateSettings
 from ..records import Conversation
 from ..rows import batch_to_conversations, conversations_to_batch
 from ..secrets import Finding, scan_conversations, scan_corpus
+from ..stats.corpus import AuditReport, CorpusStats, SecretsReport, corpus_problems
+from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from ..tokens.settings import read_corpus_recipe
 from .options import AuditOptions
@@ -63,7 +63,7 @@ def __getattr__(name: str) -> Any:
 
 
 def audit_conversations(items: Iterable[Conversation | Skipped], batch_size: int = 4096,
-                        near: NearDuplicateSettings | None = None) -> dict[str, Any]:
+                        near: NearDuplicateSettings | None = None) -> AuditReport:
     """Audit a stream (e.g. a raw source file read by the source readers). Rows whose own id (``source_id``)
     an earlier row had are counted in ``flags``; with ``near``, the rows that near-duplicate an earlier one
     are counted (``near_duplicates``), not dropped."""
@@ -147,7 +147,7 @@ class CorpusFiles:
         return settings.renderer() if settings is not None else None
 
 
-def audit_corpus_files(corpus: Corpus | CorpusFiles) -> dict[str, Any]:
+def audit_corpus_files(corpus: Corpus | CorpusFiles) -> AuditReport:
     """Audit a corpus from its files: the shards its manifest lists, plus the ledger; token statistics when
     the target's tokenizer named by its recipe is at hand."""
     files = corpus if isinstance(corpus, CorpusFiles) else CorpusFiles(corpus)
@@ -176,7 +176,7 @@ def opened_corpus(where: str | Path, endpoint: str | None = None) -> Iterator[Co
     yield Corpus.open(Path(where))
 
 
-def audit_corpus(path: str | Path, *, endpoint: str | None = None, secrets: bool = True) -> dict[str, Any]:
+def audit_corpus(path: str | Path, *, endpoint: str | None = None, secrets: bool = True) -> AuditReport:
     """Statistics of a built corpus directory, a raw source file, or ``hf://datasets/ORG/NAME`` (downloaded
     first). With ``secrets`` a local corpus or file is also scanned for credentials (``report["secrets"]``;
     a published corpus passed that scan at publish)."""
@@ -186,7 +186,7 @@ def audit_corpus(path: str | Path, *, endpoint: str | None = None, secrets: bool
 
 @contextmanager
 def audited(path: str | Path, *, endpoint: str | None = None, secrets: bool = True
-            ) -> Iterator[tuple[dict[str, Any], CorpusFiles | None]]:
+            ) -> Iterator[tuple[AuditReport, CorpusFiles | None]]:
     """``audit_corpus``'s report, with the built corpus it read (None for a raw file) kept open, downloaded for
     hf://, for the duration: a comparison with traffic then reuses its download, recipe, drops and renderer."""
     where = str(path)
@@ -220,13 +220,13 @@ class AuditOutcome:
     """What ``corpus audit`` finds: the corpus's statistics, the comparison (with traffic; or the corpus side alone
     when only the page was asked for), and the checks that failed (the CLI's exit 1)."""
 
-    report: dict[str, Any]
+    report: AuditReport
     comparison: dict[str, Any] | None
     problems: list[str]
     against: str | None = None
     html: Path | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any] | AuditReport:
         """``corpus audit --json``: the comparison with the statistics under ``audit``, or the statistics."""
         if self.against is not None and self.comparison is not None:
             return {**self.comparison, "audit": self.report}
@@ -290,7 +290,7 @@ def audit_inputs(path: str | Path, traffic: str | None = None, tokenizer: Path |
     return inputs + ([tokenizer] if tokenizer is not None else [])
 
 
-def _secrets_section(findings: list[Finding]) -> dict[str, Any]:
+def _secrets_section(findings: list[Finding]) -> SecretsReport:
     """Counts by kind and the first findings by row id and field, never the secret itself."""
     by_kind: dict[str, int] = {}
     for finding in findings:

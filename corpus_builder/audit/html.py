@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..outputs import staged
+from ..stats.corpus import AuditReport
 from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES
 from .traffic import as_shares
 
@@ -100,7 +101,7 @@ def _thinking_plot(sides: list[tuple[str, dict[str, Any], str]]) -> Any:
     return _bars("thinking share by source and split", series, keys, y_title="thinking share")
 
 
-def _reasons_plot(audit: dict[str, Any], sides: list[tuple[str, dict[str, Any], str]]) -> Any:
+def _reasons_plot(audit: AuditReport, sides: list[tuple[str, dict[str, Any], str]]) -> Any:
     series: list[tuple[str, dict[str, float], str | None]] = []
     corpus_reasons = {f"dropped: {k}": float(v) for k, v in (audit.get("skipped") or {}).items()}
     corpus_reasons |= {f"flag: {k}": float(v) for k, v in (audit.get("flags") or {}).items()}
@@ -202,7 +203,7 @@ def _summary(report: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def render(report: dict[str, Any], audit: dict[str, Any], title: str) -> str:
+def render(report: dict[str, Any], audit: AuditReport, title: str) -> str:
     """The page: ``report`` is ``audit_against``'s (corpus and traffic) or ``describe_corpus``'s (corpus only);
     ``audit`` is the corpus's plain audit (its drop reasons and flags)."""
     from plotly.offline import get_plotlyjs
@@ -218,7 +219,7 @@ def render(report: dict[str, Any], audit: dict[str, Any], title: str) -> str:
             f"<h1>{html.escape(title)}</h1>{_summary(report)}<h2>Plots</h2>{body}</body></html>")
 
 
-def write_html_report(path: Path, report: dict[str, Any], audit: dict[str, Any], title: str) -> None:
+def write_html_report(path: Path, report: dict[str, Any], audit: AuditReport, title: str) -> None:
     """Write the page atomically (a reader never sees half a report): staged beside it, renamed over it once
     whole, removed on any failure (a write error is a ``CorpusError`` naming the path)."""
     page = render(report, audit, title)

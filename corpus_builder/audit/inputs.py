@@ -89,7 +89,7 @@ def corpus_units(corpus: Corpus) -> list[Unit]:
         batches = corpus.iter_batches(batch_size=PARQUET_BATCH_ROWS)
         for batch in _read_ahead(lambda: next(batches, None)):
             yield Chunk(pl.from_arrow(batch), _corpus_rows(batch))  # type: ignore[arg-type]
-    return [Unit(str(corpus.root), None, None, chunks, rows=int(corpus.manifest["conversations"]))]
+    return [Unit(str(corpus.root), None, None, chunks, rows=corpus.manifest.conversations)]
 
 
 def _corpus_rows(batch: Any) -> RowsAt:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from ..build.stats import GROUPINGS
+from ..stats.corpus import AuditReport, TotalsReport
+from ..stats.tokens import TokenReport, TokenTotalsReport
 
 MISMATCHES_SHOWN = 5
 
@@ -16,7 +18,7 @@ def _share(value: float) -> str:
 SCREENING_REASONS = ("duplicate", "near_duplicate", "contaminated")
 
 
-def _format_screening(report: dict[str, Any]) -> list[str]:
+def _format_screening(report: AuditReport) -> list[str]:
     """Dedup and decontamination drops by source and rule, contamination by evaluation set, and (raw files)
     near duplicates counted but not dropped."""
     lines: list[str] = []
@@ -38,7 +40,7 @@ def _format_screening(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_report(report: AuditReport) -> str:
     """A readable table for people; `--json` gives the machine form."""
     lines = [
         f"conversations        {report['conversations']:>10,}",
@@ -50,8 +52,9 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("tool_call_conversations"):
         lines.insert(2, f"tool calls           {report['tool_call_conversations']:>10,}  "
                         f"({_share(report['tool_call_share'])})")
-    for grouping in GROUPINGS:
-        section = report.get(f"by_{grouping}") or {}
+    sections: list[tuple[str, Mapping[str, TotalsReport]]] = [
+        ("source", report["by_source"]), ("split", report["by_split"]), ("origin", report["by_origin"])]
+    for grouping, section in sections:
         if not section:
             continue
         width = max(len(grouping), *(len(k) for k in section))
@@ -108,11 +111,13 @@ def _format_mixture(mixture: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _format_tokens(tokens: dict[str, Any]) -> list[str]:
+def _format_tokens(tokens: TokenReport) -> list[str]:
     budget = tokens["max_seq_len"]
     lines = [f"target tokens per conversation (as served; budget {budget if budget is not None else 'none'})"]
-    sections = {"all": tokens, **{f"{grouping} {key}": section for grouping in ("source", "split")
-                                  for key, section in tokens[f"by_{grouping}"].items()}}
+    sections: dict[str, TokenTotalsReport] = {
+        "all": tokens, **{f"{grouping} {key}": section for grouping, by in (("source", tokens["by_source"]),
+                                                                            ("split", tokens["by_split"]))
+                          for key, section in by.items()}}
     width = max(len(name) for name in sections)
     lines.append(f"  {'':<{width}}  {'p50':>7}  {'p90':>7}  {'p99':>7}  {'max':>7}  {'reasoning':>9}  {'over':>6}")
     for name, section in sections.items():

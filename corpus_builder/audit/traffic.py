@@ -38,6 +38,7 @@ import polars as pl
 from ..errors import CorpusError
 from ..export.vocab import top_k
 from ..layout import Corpus
+from ..stats import nearest_rank
 from . import CorpusFiles, is_hub_path, opened_corpus
 from .frames import NO_TASK
 from .inputs import corpus_units, traffic_units
@@ -212,12 +213,10 @@ def _percentiles(profile: Profile) -> dict[str, dict[str, int | float]]:
             continue
         values = mine.get_column("tokens").to_numpy()
         counts = mine.get_column("count").to_numpy().astype(np.int64)
-        cumulative = np.cumsum(counts)
-        total = int(cumulative[-1])
+        total = int(counts.sum())
         section: dict[str, int | float] = {"count": total, "mean": round(float((values * counts).sum() / total), 1)}
         for share in PERCENTILES:
-            rank = max(1, math.ceil(total * share / 100))  # nearest rank
-            section[f"p{share}"] = int(values[np.searchsorted(cumulative, rank)])
+            section[f"p{share}"] = nearest_rank(values, counts, share)
         section["max"] = int(values[-1])
         out[measure] = section
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
 from ..recipe.model import Recipe
 from ..records import Conversation, row_location
@@ -30,7 +31,6 @@ from .mixture import (
     certain_shortfalls,
     next_round,
     plan_selection,
-    priority,
     resolve_counts,
 )
 from .prompt_stage import GenerationSession
@@ -58,7 +58,7 @@ class KeptRows:
 
     def add(self, conversation: Conversation) -> None:
         conversation.split = self.splitter.assign(conversation)
-        row_priority = priority(self.recipe.mixture.seed, conversation.id)
+        row_priority = mixture_priority(self.recipe.mixture.seed, conversation.id)
         self.available[conversation.source].add(conversation.split, conversation.thinking, row_priority)
         spool = self._spools.get(conversation.source)
         if spool is None:
@@ -68,7 +68,7 @@ class KeptRows:
     def evict(self, evicted: Evicted) -> None:
         """A kept row a later row of a higher-priority source duplicates: out of the selection, into the ledger
         when the selection is read."""
-        row_priority = priority(self.recipe.mixture.seed, evicted.id)
+        row_priority = mixture_priority(self.recipe.mixture.seed, evicted.id)
         self.available[evicted.source].discard(self.splitter.assign_id(evicted.id), evicted.thinking, row_priority)
         self._evicted.setdefault(evicted.source, {})[row_priority] = evicted
 
@@ -89,7 +89,7 @@ class KeptRows:
             evicted = self._evicted.get(spec.name, {})
             for row in spool:
                 assert row.split is not None
-                row_priority = priority(self.recipe.mixture.seed, row.id)
+                row_priority = mixture_priority(self.recipe.mixture.seed, row.id)
                 dropped = evicted.get(row_priority)
                 if dropped is not None:
                     verdict = Verdict(dropped.of, dropped.of_source, dropped.rule)
@@ -159,7 +159,7 @@ def _generate_in_rounds(recipe: Recipe, checker: Checker, kept: KeptRows, ledger
             for batch in session.spool.batches():
                 in_round = [index for index, (source, row_id) in enumerate(_sources_and_ids(batch))
                             if source in bounds
-                            and bounds[source][0] <= priority(recipe.mixture.seed, row_id) <= bounds[source][1]]
+                            and bounds[source][0] <= mixture_priority(recipe.mixture.seed, row_id) <= bounds[source][1]]
                 if in_round:
                     yield from batch_to_conversations(batch.take(in_round))
 
@@ -173,7 +173,7 @@ def _prompt_pools(recipe: Recipe, session: GenerationSession) -> dict[str, list[
     pools: dict[str, list[int]] = {spec.name: [] for spec in recipe.sources if spec.kind == "prompts"}
     for batch in session.spool.batches():
         for source, row_id in _sources_and_ids(batch):
-            pools[source].append(priority(recipe.mixture.seed, row_id))
+            pools[source].append(mixture_priority(recipe.mixture.seed, row_id))
     for pool in pools.values():
         pool.sort()
     return pools

@@ -21,15 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..recipe.model import Recipe, ThinkingShare
-from ..sources.take import seeded_hash
 from .split import TRAIN, VALIDATION
 
 SPLITS = (TRAIN, VALIDATION)
-
-
-def priority(seed: int, row_id: str) -> int:
-    """The order rows of a source are taken and prompts generated in: seeded, by the row's own id."""
-    return seeded_hash(b"corpus-mixture", seed, row_id)
 
 
 @dataclass

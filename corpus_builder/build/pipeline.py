@@ -33,11 +33,12 @@ from ..layout import (
     BUILD_LOCK,
     CORPUS_FILES,
     DATA,
-    FORMAT_VERSION,
     JOURNAL,
     LEDGER,
     MANIFEST,
     RECIPE,
+    Manifest,
+    SplitCount,
     build_lock,
     write_json,
 )
@@ -48,6 +49,8 @@ from ..recipe.crosscheck import match_source_pattern
 from ..recipe.model import Recipe
 from ..records import Conversation
 from ..sources import MeasuredRows, replay_stream
+from ..stats.corpus import AuditReport, CorpusStats, corpus_problems, generation_targets
+from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from .checks import BatchStats, Checker
 from .collect import KeptRows, MixtureShort, collect
@@ -55,9 +58,7 @@ from .decontaminate import Contamination
 from .dedup import EvalSets, describe_screening, read_eval_sets
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
-from .split import Splitter
-from .stats import CorpusStats, corpus_problems, generation_targets, split_balance
-from .token_stats import TokenStats
+from .split import Splitter, split_balance
 
 STAGING_PREFIX = ".staging-"
 
@@ -69,8 +70,8 @@ class EmptyCorpus(CorpusError):
     exit_code = 1
 
     @classmethod
-    def from_audit(cls, audit: dict[str, Any], recipe: Recipe) -> EmptyCorpus:
-        skipped: dict[str, int] = audit.get("skipped") or {}
+    def from_audit(cls, audit: AuditReport, recipe: Recipe) -> EmptyCorpus:
+        skipped = audit["skipped"]
         found = f"all {sum(skipped.values()):,} rows were dropped or skipped" if skipped else "the sources gave no rows"
         reasons = [f"{reason}: {count:,} rows ({REASONS.get(reason, reason)})"
                    for reason, count in sorted(skipped.items(), key=lambda item: -item[1])]
@@ -81,8 +82,8 @@ class EmptyCorpus(CorpusError):
 @dataclass
 class BuildResult:
     out_dir: Path
-    manifest: dict[str, Any]
-    audit: dict[str, Any]
+    manifest: Manifest
+    audit: AuditReport
     problems: list[str] = field(default_factory=list)  # corpus-level check failures
     exports: list[ExportReport] = field(default_factory=list)  # the recipe's output.exports, written
 
@@ -222,20 +223,10 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
             "partial corpus with --allow-partial (target.generation.allow_partial)", unfinished_rows=unfinished)
     shard_infos = shards.close()
     (staging / RECIPE).write_text(resolved_yaml(recipe), encoding="utf-8")
-    splits: dict[str, dict[str, int]] = {}
+    splits: dict[str, SplitCount] = {}
     for info in shard_infos:
-        split = splits.setdefault(info.split, {"rows": 0, "shards": 0})
-        split["rows"] += info.rows
-        split["shards"] += 1
-    manifest: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "tool": {"name": "corpus-builder", "version": __version__},
-        "name": recipe.name,
-        "recipe_sha256": recipe_sha256(recipe),
-        "conversations": sum(info.rows for info in shard_infos),
-        "splits": splits,
-        "files": [info.to_dict() for info in shard_infos],
-    }
+        split = splits.get(info.split, SplitCount(0, 0))
+        splits[info.split] = SplitCount(split.rows + info.rows, split.shards + 1)
     auditor.add_skipped(ledger.drops)
     audit = auditor.report()
     problems = list(corpus_problems(audit, recipe.checks.min_thinking_share))
@@ -243,21 +234,24 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
         "min_thinking_share": recipe.checks.min_thinking_share, "passed": not problems, "problems": problems,
         "split_outside_tolerance": split_balance(audit["strata"], recipe.split.validation_fraction)}
     audit["checks"] = checks
-    manifest["thinking_conversations"] = audit["thinking_conversations"]
-    manifest["checks"] = checks
+    sections: dict[str, Any] = {}
     if unfinished:
-        manifest["partial"] = {"unfinished_rows": unfinished}
+        sections["partial"] = {"unfinished_rows": unfinished}
     targets = generation_targets(audit)
     if targets:
-        manifest["targets"] = targets
+        sections["targets"] = targets
     if screening is not None:
-        manifest.update(screening)
+        sections.update(screening)
     if mixture is not None:
-        checks["mixture"] = manifest["mixture"] = mixture
+        checks["mixture"] = sections["mixture"] = mixture
         if mixture["shortfalls"]:
-            manifest["short"] = mixture["shortfalls"]
+            sections["short"] = mixture["shortfalls"]
+    manifest = Manifest(name=recipe.name, recipe_sha256=recipe_sha256(recipe),
+                        conversations=sum(info.rows for info in shard_infos),
+                        thinking_conversations=audit["thinking_conversations"], splits=splits, files=shard_infos,
+                        checks=checks, tool={"name": "corpus-builder", "version": __version__}, sections=sections)
     write_json(staging / AUDIT, audit)
-    write_json(staging / MANIFEST, manifest)
+    write_json(staging / MANIFEST, manifest.to_json())
     return BuildResult(staging, manifest, audit, problems)
 
 
@@ -307,7 +301,7 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
                 checker = Checker.for_recipe(recipe, tokens.renderer, contamination)
                 result = write_corpus(checker.run(_replay_rows(recipe, checker, stream)), recipe, staging, ledger,
                                       tokens, allow_partial=allow_partial, screening=screening)
-        if not result.manifest["conversations"] and not allow_empty:
+        if not result.manifest.conversations and not allow_empty:
             raise EmptyCorpus.from_audit(result.audit, recipe)
         _commit(staging, out_dir)
     finally:

@@ -10,7 +10,6 @@ import os
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +19,12 @@ import pyarrow.parquet as pq
 import zstandard
 
 from ..errors import DropCounts, Skipped
-from ..layout import DATA, file_sha256
+from ..layout import DATA, ShardInfo, file_sha256
 from ..records import Conversation
 from ..rows import ARROW_SCHEMA, conversations_to_batch
 
 # Sees every row group as it is handed to the writer: the conversations and their Arrow form.
 RowGroupObserver = Callable[[list[Conversation], pa.RecordBatch], None]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardInfo:
-    path: str  # relative to the corpus directory, e.g. data/train-00000-of-00002.parquet
-    split: str
-    rows: int
-    bytes: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "split": self.split, "rows": self.rows, "bytes": self.bytes,
-                "sha256": self.sha256}
 
 
 class ShardWriter:

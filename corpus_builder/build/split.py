@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import math
 
+from ..draws import split_draw
 from ..records import Conversation
-from ..sources.take import seeded_hash
 
 TRAIN = "train"
 VALIDATION = "validation"
 STRATUM_TOLERANCE_SIGMAS = 3.0
-_SPAN = float(1 << 64)
 
 
 class Splitter:
@@ -34,11 +33,22 @@ class Splitter:
     def assign_id(self, row_id: str) -> str:
         if self.fraction <= 0:
             return TRAIN
-        draw = seeded_hash(b"corpus-split", self.seed, row_id) / _SPAN
-        return VALIDATION if draw < self.fraction else TRAIN
+        return VALIDATION if split_draw(self.seed, row_id) < self.fraction else TRAIN
 
 
 def within_tolerance(rows: int, validation: int, fraction: float) -> bool:
     """Whether a stratum's validation count is what the fraction gives, within the stated tolerance."""
     expected = rows * fraction
     return abs(validation - expected) <= STRATUM_TOLERANCE_SIGMAS * math.sqrt(expected * (1 - fraction)) + 1
+
+
+def split_balance(strata: dict[str, dict[str, dict[str, int]]], fraction: float) -> list[str]:
+    """The strata whose validation share is outside the split's stated tolerance."""
+    outside = []
+    for source, by_thinking in strata.items():
+        for thinking, splits in by_thinking.items():
+            rows, validation = sum(splits.values()), splits.get(VALIDATION, 0)
+            if not within_tolerance(rows, validation, fraction):
+                outside.append(f"{source} ({thinking}): {validation:,} of {rows:,} rows in validation, "
+                               f"expected {rows * fraction:,.1f}")
+    return outside

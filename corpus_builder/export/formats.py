@@ -278,7 +278,7 @@ def _converter(fmt: str, token_rows: TokenRows | None) -> Converter:
 
 def split_files(corpus: Corpus, out_dir: Path, file_format: str) -> dict[str, Path]:
     """The file each split of ``corpus`` is exported to: ``out_dir``/{split}.{file_format}."""
-    return {split: out_dir / f"{split}.{file_format}" for split in sorted(corpus.manifest.get("splits") or {})}
+    return {split: out_dir / f"{split}.{file_format}" for split in sorted(corpus.manifest.splits)}
 
 
 def write_export(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = "jsonl",
@@ -292,7 +292,7 @@ def write_export(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = 
         raise CorpusError(f"unknown export format {fmt!r} (one of {', '.join(EXPORT_FORMATS)})")
     if file_format not in FILE_FORMATS:
         raise CorpusError(f"unknown file format {file_format!r} (one of {', '.join(FILE_FORMATS)})")
-    if not corpus.manifest.get("conversations") and not allow_empty:
+    if not corpus.manifest.conversations and not allow_empty:
         raise CorpusError("the corpus holds no conversations: there is nothing to export", file=str(corpus.root))
     convert = _converter(fmt, token_rows)
     report = ExportReport(fmt, file_format, out_dir, re_rendered=None if fmt == "speculators-tokens"
@@ -347,7 +347,7 @@ def run_recipe_exports(recipe: Recipe, corpus_dir: Path, token_rows: TokenRows |
     if not recipe.output.exports:
         return []
     corpus = Corpus.open(corpus_dir)
-    total = int(corpus.manifest["conversations"])
+    total = corpus.manifest.conversations
     return [write_export(corpus, spec.format, corpus_dir / EXPORTS_DIR / spec.format, file_format=spec.file_format,
                          token_rows=token_rows, allow_empty=allow_empty,
                          progress=ProgressLine(f"export {spec.format}", total=total, unit="conversations",

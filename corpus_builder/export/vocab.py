@@ -184,7 +184,7 @@ def draft_vocab(corpus_dir: Path | str, out: Path | str, *, size: int = 32000, t
     _check_suffix(path)
     frequencies = count_frequencies(corpus, token_rows)
     if not frequencies.total.any():
-        conversations = corpus.manifest.get("conversations", 0)
+        conversations = corpus.manifest.conversations
         raise CorpusError(f"no supervised tokens to count (the corpus holds {conversations:,} conversations): nothing "
                           f"was written to {out}", file=str(corpus.root))
     write_frequencies(frequencies.total, path)

@@ -87,7 +87,7 @@ def _metadata_file(path_in_repo: str, path: Path) -> UploadFile:
 def prepare_upload(docs: CorpusDocuments, repo_id: str | None = None) -> tuple[list[UploadFile], str]:
     """(files in commit order, card text): the shards as they are, the card and the scrubbed metadata."""
     card = render_card(docs, repo_id)
-    files = [UploadFile.from_path(entry["path"], docs.root / entry["path"]) for entry in docs.manifest["files"]]
+    files = [UploadFile.from_path(entry.path, docs.root / entry.path) for entry in docs.manifest.files]
     files.append(UploadFile.from_bytes(CARD, card.encode("utf-8")))
     files += [_metadata_file(name, docs.root / name) for name in (RECIPE, MANIFEST, AUDIT)]
     return files, card
@@ -170,8 +170,7 @@ def _gate_and_upload(corpus_dir: Path, repo_id: str, *, public: bool, revision: 
         if not changed and not stale:
             return head, sent
         report.uploaded, report.deleted = [f.path_in_repo for f in changed], stale
-        message = f"Publish {docs.manifest.get('name', 'corpus')} ({docs.manifest.get('conversations', 0):,} " \
-                  f"conversations)"
+        message = f"Publish {docs.manifest.name or 'corpus'} ({docs.manifest.conversations:,} conversations)"
         sent = True
         return commit_files(session, repo_id, revision, head, changed, stale, message), True
 

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from ..errors import REASONS, URL_USERINFO_RE
+from ..layout import Manifest
 from ..secrets import map_strings
 from .gate import CorpusDocuments, mapping
 
@@ -140,10 +141,10 @@ def card_license(docs: CorpusDocuments) -> tuple[str, list[str]]:
     return "other", distinct
 
 
-def _data_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def _data_files(manifest: Manifest) -> list[dict[str, Any]]:
     by_split: dict[str, list[str]] = {}
-    for entry in manifest.get("files") or ():  # the gate has checked every entry
-        by_split.setdefault(entry["split"], []).append(entry["path"])
+    for entry in manifest.files:  # the gate has checked every entry
+        by_split.setdefault(entry.split, []).append(entry.path)
     order = sorted(by_split, key=lambda split: (split != "train", split))
     return [{"split": split, "path": sorted(by_split[split])} for split in order]
 
@@ -157,7 +158,7 @@ def card_metadata(docs: CorpusDocuments) -> dict[str, Any]:
         tags += ["synthetic", "on-policy"]
     if docs.audit.get("thinking_conversations"):
         tags.append("reasoning")
-    conversations = _count(docs.manifest.get("conversations"))  # the gate has matched it with the shards
+    conversations = docs.manifest.conversations  # the gate has matched it with the shards
     return {
         "pretty_name": _corpus_name(docs),
         "license": license_id,
@@ -172,7 +173,7 @@ def card_metadata(docs: CorpusDocuments) -> dict[str, Any]:
 
 
 def _corpus_name(docs: CorpusDocuments) -> str:
-    return _text(docs.manifest.get("name")) or _text(docs.recipe.get("name")) or "corpus"
+    return docs.manifest.name or _text(docs.recipe.get("name")) or "corpus"
 
 
 def _pct(value: Any) -> str:
@@ -275,7 +276,7 @@ def _generation(docs: CorpusDocuments) -> list[str]:
             *([f"  - served as: {served}"] if served else []),
             f"  - sampling: `{json.dumps(setting.get('sampling') or {}, sort_keys=True)}`",
         ]
-    targets = docs.manifest.get("targets")
+    targets = docs.manifest.section("targets")
     if isinstance(targets, list) and len(targets) > 1:
         lines.append(f"- **{len(targets)} different served targets** generated rows of this corpus (the recipe "
                      "accepted the mix: `target.allow_mixed_targets`); each row's provenance names its own.")
@@ -292,11 +293,11 @@ _SERVED = (("served_model", "name"), ("model_root", "model"), ("quantization", "
 def _completeness(docs: CorpusDocuments) -> list[str]:
     """A corpus written although it is incomplete says so first."""
     lines = []
-    partial = mapping(docs.manifest.get("partial"))
+    partial = mapping(docs.manifest.section("partial"))
     if partial:
         lines += [f"> **Partial corpus**: {_figure(partial.get('unfinished_rows'))} generated rows are missing "
                   "(their requests ran out of retries; the build was told to write it anyway).", ""]
-    short = docs.manifest.get("short")
+    short = docs.manifest.section("short")
     if isinstance(short, list) and short:
         lines += ["> **Short of its recipe**: the corpus misses what the recipe declares (written anyway):", ""]
         lines += [f"> - {_text(item) or item}" for item in short] + [""]
@@ -305,7 +306,7 @@ def _completeness(docs: CorpusDocuments) -> list[str]:
 
 def _declared(docs: CorpusDocuments) -> list[str]:
     """Declared vs reached, when the recipe declares the corpus (mixture)."""
-    mixture = mapping(docs.manifest.get("mixture"))
+    mixture = mapping(docs.manifest.section("mixture"))
     if not mixture:
         return []
     rows = []
@@ -344,7 +345,7 @@ def _drops(docs: CorpusDocuments) -> list[str]:
 
 def _screening(docs: CorpusDocuments) -> list[str]:
     """How rows were deduplicated, and which evaluation sets the corpus was checked against."""
-    dedup = mapping(docs.manifest.get("dedup"))
+    dedup = mapping(docs.manifest.section("dedup"))
     if not dedup:
         return []
     rule = _text(dedup.get("rule"))
@@ -362,7 +363,7 @@ def _screening(docs: CorpusDocuments) -> list[str]:
         lines += [f"Duplicates dropped across sources: {method}; prompt sources were deduplicated on their prompts "
                   "before generation. Of duplicates, the row kept is the one of the source first in: "
                   f"{', '.join(f'`{name}`' for name in priority)}.", ""]
-    screened = mapping(docs.manifest.get("decontamination"))
+    screened = mapping(docs.manifest.section("decontamination"))
     # A set is shown as checked only with the texts it put in the index: those of at least min_words words.
     listed = [(entry, _count(entry.get("texts")) - _count(entry.get("too_short")))
               for entry in map(mapping, screened.get("eval_sets") or ()) if entry]
@@ -413,13 +414,12 @@ def _usage(repo_id: str | None, splits: list[str]) -> list[str]:
 def render_card(docs: CorpusDocuments, repo_id: str | None = None) -> str:
     """README.md for the corpus: YAML front matter the Hub validates, then the mixture card body."""
     manifest = docs.manifest
-    total = _count(manifest.get("conversations"))  # the gate has matched it with the shards and audit.json
-    tool = mapping(manifest.get("tool"))
-    created = _text(manifest.get("created"))
+    total = manifest.conversations  # the gate has matched it with the shards and audit.json
+    tool = manifest.tool
+    created = _text(manifest.section("created"))
     description = (_text(docs.recipe.get("description")) or "").strip()
     splits = [entry["split"] for entry in _data_files(manifest)]
-    split_rows = [[split, _figure(info.get("rows")), _figure(info.get("shards"))]
-                  for split, info in _entries(manifest.get("splits"))]
+    split_rows = [[split, _figure(info.rows), _figure(info.shards)] for split, info in manifest.splits.items()]
     body = [
         f"# {_corpus_name(docs)}", "",
         *([description, ""] if description else []),
@@ -439,7 +439,7 @@ def render_card(docs: CorpusDocuments, repo_id: str | None = None) -> str:
         *_table(["split", "conversations", "shards"], split_rows),
         "`manifest.json` lists every shard with its row count, size and sha256; `audit.json` holds the full "
         "statistics; `recipe.yaml` is the recipe the corpus was built from "
-        f"(sha256 of the resolved recipe: `{_text(manifest.get('recipe_sha256')) or 'n/a'}`).", "",
+        f"(sha256 of the resolved recipe: `{manifest.recipe_sha256 or 'n/a'}`).", "",
         *_usage(repo_id, splits),
         *_license_section(docs),
         "## Recipe", "", "```yaml", scrub_local_paths(docs.recipe_text).rstrip(), "```", "",

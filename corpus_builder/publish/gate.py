@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 
-from ..build.stats import corpus_problems
 from ..errors import CorpusError
-from ..layout import AUDIT, MANIFEST, RECIPE, Corpus, open_parquet
+from ..layout import AUDIT, MANIFEST, RECIPE, Corpus, Manifest, open_parquet
 from ..recipe.yaml_reader import read_corpus_recipe_file
 from ..secrets import Finding, scan_metadata, scan_row
+from ..stats.corpus import corpus_problems
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "conversation.schema.json"
 SHARD_PATH_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.parquet$")
@@ -55,7 +55,7 @@ class CorpusDocuments:
     """The metadata files of a built corpus, parsed: what the card is rendered from."""
 
     root: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     audit: dict[str, Any]
     recipe: dict[str, Any]
     recipe_text: str
@@ -155,14 +155,14 @@ def _check_rows(corpus: Corpus, report: GateReport) -> list[_CheckLog]:
     schema_log, consistency_log = _CheckLog("schema"), _CheckLog("rows")
     seen_ids: set[str] = set()
     for entry in corpus.files:
-        path = corpus.root / entry["path"]
-        if not SHARD_PATH_RE.match(entry["path"]) or not path.is_file():
+        path = corpus.root / entry.path
+        if not SHARD_PATH_RE.match(entry.path) or not path.is_file():
             continue  # reported by the file checks
         try:
             batches = open_parquet(path).iter_batches(batch_size=2048)
             rows = (row for batch in batches for row in batch.to_pylist())
             for index, row in enumerate(rows):
-                where = f"{entry['path']}#{index} (id {row.get('id')})"
+                where = f"{entry.path}#{index} (id {row.get('id')})"
                 document = dict(row)
                 try:
                     provenance = orjson.loads(row["provenance"]) if row.get("provenance") else None
@@ -184,16 +184,16 @@ def _check_rows(corpus: Corpus, report: GateReport) -> list[_CheckLog]:
                 thinking = _assistant_reasons(row)
                 if row["thinking"] != thinking:
                     consistency_log.add(f"{where}: thinking column says {row['thinking']}, turns say {thinking}")
-                if row["split"] != entry["split"]:
-                    consistency_log.add(f"{where}: split {row['split']!r} in a {entry['split']!r} shard")
+                if row["split"] != entry.split:
+                    consistency_log.add(f"{where}: split {row['split']!r} in a {entry.split!r} shard")
                 if row["id"] in seen_ids:
                     consistency_log.add(f"{where}: duplicate id")
                 seen_ids.add(row["id"])
                 report.overall.add(thinking)
-                report.by_split.setdefault(entry["split"], _Counts()).add(thinking)
+                report.by_split.setdefault(entry.split, _Counts()).add(thinking)
                 report.findings.extend(scan_row(row))
         except (OSError, ValueError) as error:
-            consistency_log.add(f"{entry['path']}: cannot read shard: {error}")
+            consistency_log.add(f"{entry.path}: cannot read shard: {error}")
     return [schema_log, consistency_log]
 
 
@@ -205,8 +205,8 @@ def check_corpus(corpus_dir: Path) -> GateReport:
 
     files_log = _CheckLog("files")
     for entry in corpus.files:
-        if not SHARD_PATH_RE.match(str(entry.get("path"))):
-            files_log.add(f"{entry.get('path')!r}: manifest path is not data/<name>.parquet")
+        if not SHARD_PATH_RE.match(entry.path):
+            files_log.add(f"{entry.path!r}: manifest path is not data/<name>.parquet")
     if not files_log.count:
         for problem in corpus.verify_files():
             files_log.add(problem)
@@ -214,12 +214,12 @@ def check_corpus(corpus_dir: Path) -> GateReport:
 
     manifest_log = _CheckLog("manifest")
     rows_by_split = Counter({split: counts.conversations for split, counts in report.by_split.items()})
-    for split, declared in (documents.manifest.get("splits") or {}).items():
-        if declared.get("rows") != rows_by_split.get(split, 0):
-            manifest_log.add(f"split {split!r} declares {declared.get('rows')} rows, shards have "
+    for split, declared in documents.manifest.splits.items():
+        if declared.rows != rows_by_split.get(split, 0):
+            manifest_log.add(f"split {split!r} declares {declared.rows} rows, shards have "
                              f"{rows_by_split.get(split, 0)}")
-    if documents.manifest.get("conversations") != report.overall.conversations:
-        manifest_log.add(f"declares {documents.manifest.get('conversations')} conversations, shards have "
+    if documents.manifest.conversations != report.overall.conversations:
+        manifest_log.add(f"declares {documents.manifest.conversations} conversations, shards have "
                          f"{report.overall.conversations}")
     logs.append(manifest_log)
 
@@ -241,7 +241,7 @@ def check_corpus(corpus_dir: Path) -> GateReport:
         share_log.add(problem)
     logs.append(share_log)
 
-    for name, text in ((RECIPE, documents.recipe_text), (MANIFEST, orjson.dumps(documents.manifest).decode()),
+    for name, text in ((RECIPE, documents.recipe_text), (MANIFEST, orjson.dumps(documents.manifest.to_json()).decode()),
                        (AUDIT, orjson.dumps(documents.audit).decode())):
         report.findings.extend(scan_metadata(text, name))
     secrets_log = _CheckLog("secrets")

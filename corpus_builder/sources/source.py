@@ -16,6 +16,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from ..draws import take_priority
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe import match_source_pattern
 from ..recipe.model import Mapping, Recipe, SourceFormat, SourceKind, SourceSpec
@@ -32,7 +33,7 @@ from .readers import (
     line_ranges,
     position_key,
 )
-from .take import CountSelection, fraction_filter, priority
+from .take import CountSelection, fraction_filter
 
 ORIGIN = {"replay": "replay", "prompts": "prompt"}
 DEFAULT_MAPPING = Mapping()
@@ -176,7 +177,7 @@ def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
             if isinstance(item, Skipped):
                 yield item
             else:
-                selection.offer(priority(seed, spec.name, unit.label, position), index, position)
+                selection.offer(take_priority(seed, spec.name, unit.label, position), index, position)
     for index, positions in sorted(selection.chosen().items()):
         yield from _normalise(spec, units[index], positions.__contains__)
 

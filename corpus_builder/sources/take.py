@@ -8,33 +8,20 @@ Both depend only on the seed and where a row sits, never on the order in which f
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 
+from ..draws import SPAN, take_priority
 from ..recipe.model import Take
 from .readers import PositionFilter
-
-_SPAN = 1 << 64
-
-
-def seeded_hash(purpose: bytes, seed: int, *parts: str | int) -> int:
-    """A 64-bit hash of (seed, parts), their text joined by \\x1f, for one ``purpose`` (BLAKE2b's
-    personalisation, at most 16 bytes): draws for different purposes are independent even from the same key."""
-    key = "\x1f".join([str(seed), *map(str, parts)]).encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=purpose).digest(), "big")
-
-
-def priority(seed: int, source: str, label: str, position: int) -> int:
-    return seeded_hash(b"corpus-take", seed, source, label, position)
 
 
 def fraction_filter(take: Take | None, source: str, label: str) -> PositionFilter | None:
     """A streaming Bernoulli filter for one file, or None when every row is kept."""
     if take is None or take.fraction is None or take.fraction >= 1:
         return None
-    threshold = int(take.fraction * _SPAN)
+    threshold = int(take.fraction * SPAN)
     seed = take.seed
-    return lambda position: priority(seed, source, label, position) < threshold
+    return lambda position: take_priority(seed, source, label, position) < threshold
 
 
 class CountSelection:

@@ -68,7 +68,7 @@ def corpus_rows(out: Path) -> list[tuple[str, str | None, list[tuple[str, str, s
 
 
 def shard_hashes(out: Path) -> dict[str, str]:
-    return {f["path"]: f["sha256"] for f in Corpus.open(out).manifest["files"]}
+    return {f.path: f.sha256 for f in Corpus.open(out).manifest.files}
 
 
 def run_build(recipe: Path, *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

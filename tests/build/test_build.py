@@ -267,7 +267,7 @@ def test_parallel_parsing_gives_the_same_corpus_as_a_sequential_read(tmp_path: P
     for workers in ("1", "3"):
         monkeypatch.setenv("CORPUS_WORKERS", workers)
         result = build_corpus(load_recipe(recipe_path), tmp_path / f"out-{workers}")
-        manifests[workers] = result.manifest
+        manifests[workers] = result.manifest.to_json()
         ledger = sorted((r["location"], r["reason"]) for r in iter_ledger(result.out_dir / "ledger.jsonl.zst"))
         if ("big.jsonl:" + str(3 * len(rows) + 1), "invalid_json") not in ledger:  # sampled out by take
             assert not any(location.startswith("big.jsonl") and reason == "invalid_json"
@@ -344,4 +344,4 @@ def test_a_build_that_drops_every_row_writes_nothing_unless_asked(tmp_path: Path
     assert (tmp_path / "out" / "manifest.json").read_bytes() == before  # the earlier corpus stays as it was
     allowed = corpus_build("--allow-empty")
     assert allowed.returncode == 0 and "wrote 0 conversations" in allowed.stderr, allowed.stderr
-    assert Corpus.open(tmp_path / "out").manifest["conversations"] == 0
+    assert Corpus.open(tmp_path / "out").manifest.conversations == 0

@@ -189,7 +189,7 @@ def test_bad_rows_of_an_eval_set_are_counted_and_a_mostly_unreadable_set_is_repo
     progress = io.StringIO()
     result = build_corpus(recipe, progress=progress)
     assert "5 of 7 rows" in progress.getvalue()  # the build says so too
-    [gsm, probe] = result.manifest["decontamination"]["eval_sets"]
+    [gsm, probe] = result.manifest.section("decontamination")["eval_sets"]
     assert probe["texts"] == 2 and probe["skipped_rows"] == {"fields_absent": 1, "invalid_json": 2,
                                                              "invalid_utf8": 1, "not_an_object": 1}
     assert gsm["skipped_rows"] == {}

@@ -185,7 +185,7 @@ def test_a_generated_row_evicts_the_replayed_duplicate_of_a_lower_priority_sourc
     [evicted] = [r for r in iter_ledger(out / "ledger.jsonl.zst") if r["source"] == "logs-a"
                  and r["detail"] == f"duplicate of {row_id} (source asks-1)"]
     assert evicted["reason"] == "duplicate" and evicted["location"].endswith("logs-a.jsonl:4")
-    assert Corpus.open(out).manifest["conversations"] == len(rows) == 9
+    assert Corpus.open(out).manifest.conversations == len(rows) == 9
 
 
 def test_an_evicted_row_leaves_the_split_it_was_kept_in(tmp_path: Path) -> None:
@@ -215,10 +215,11 @@ def test_the_audit_manifest_and_card_count_by_source_rule_and_eval_set(built: tu
     assert report["contaminated_by_eval_set"] == {"gsm-test": 2, "mt-bench": 1}
     assert audit_corpus(out, secrets=False)["skipped_by_source"] == report["skipped_by_source"]  # from the files
     manifest = corpus.manifest
-    assert manifest["dedup"] == {"rule": "exact", "near_duplicates": {"threshold": 0.8, "num_perm": 64, "shingle": 5},
-                                 "priority": ["asks-1", "logs-b", "logs-a", "asks-2"]}
-    assert [(s["name"], s["texts"]) for s in manifest["decontamination"]["eval_sets"]] == [("gsm-test", 2),
-                                                                                          ("mt-bench", 2)]
+    assert manifest.section("dedup") == {
+        "rule": "exact", "near_duplicates": {"threshold": 0.8, "num_perm": 64, "shingle": 5},
+        "priority": ["asks-1", "logs-b", "logs-a", "asks-2"]}
+    assert [(s["name"], s["texts"]) for s in manifest.section("decontamination")["eval_sets"]] == [
+        ("gsm-test", 2), ("mt-bench", 2)]
     card = render_card(CorpusDocuments.load(out), repo_id="me/dedup")
     assert "gsm-test" in card and "mt-bench" in card and "13-word" in card
     assert "near duplicates (MinHash/LSH, threshold 0.8, 5-word shingles)" in card
@@ -229,11 +230,11 @@ def test_same_recipe_and_journal_give_the_same_bytes(tmp_path: Path) -> None:
     with FaultServer(model=MODEL) as server:
         recipe = load_recipe(write_recipe(tmp_path, server.base_url))
         first = build_corpus(recipe, progress=io.StringIO())
-        shards = {f["path"]: f["sha256"] for f in first.manifest["files"]}
+        shards = {f.path: f.sha256 for f in first.manifest.files}
         asked = len(server.chat_requests)
         again = build_corpus(recipe, progress=io.StringIO())
         assert len(server.chat_requests) == asked
-    assert {f["path"]: f["sha256"] for f in again.manifest["files"]} == shards
+    assert {f.path: f.sha256 for f in again.manifest.files} == shards
 
 
 def test_a_raw_file_audit_counts_exact_and_near_duplicates(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def test_a_server_that_dies_mid_build_fails_it_and_a_rerun_completes_it(tmp_path
         result = build_corpus(recipe, progress=io.StringIO())
         assert len(dying.chat_requests) - before == PROMPTS - kept  # only what never finished
     assert corpus_rows(result.out_dir) == corpus_rows(reference.out_dir)  # none lost, none duplicated
-    assert "partial" not in result.manifest
+    assert result.manifest.section("partial") is None
 
 
 def test_rows_out_of_retries_fail_the_build_unless_a_partial_corpus_is_accepted(tmp_path: Path) -> None:
@@ -82,15 +82,15 @@ def test_rows_out_of_retries_fail_the_build_unless_a_partial_corpus_is_accepted(
             build_corpus(recipe, progress=io.StringIO())
         assert not (tmp_path / "out" / "manifest.json").exists()
         result = build_corpus(recipe, progress=io.StringIO(), allow_partial=True)
-        assert result.manifest["partial"] == {"unfinished_rows": 1}
-        assert Corpus.open(result.out_dir).manifest["partial"] == {"unfinished_rows": 1}
+        assert result.manifest.section("partial") == {"unfinished_rows": 1}
+        assert Corpus.open(result.out_dir).manifest.section("partial") == {"unfinished_rows": 1}
         ledger = [r for r in iter_ledger(result.out_dir / "ledger.jsonl.zst") if r["reason"] == "unfinished"]
         assert len(ledger) == 1 and "HTTP 500" in ledger[0]["detail"] and ledger[0]["location"] == "prompts.jsonl:8"
         # The recipe can accept it too; the other 39 rows come from the journal.
         before = len(server.chat_requests)
         again = build_corpus(load_recipe(write_recipe(tmp_path, server.base_url, retries=1, outage_s=60,
                                                       extra=", allow_partial: true")), progress=io.StringIO())
-        assert again.manifest["partial"] == {"unfinished_rows": 1} and len(server.chat_requests) - before == 2
+        assert again.manifest.section("partial") == {"unfinished_rows": 1} and len(server.chat_requests) - before == 2
     from corpus_builder.publish import CorpusDocuments, render_card
 
     assert "> **Partial corpus**: 1 generated rows are missing" in render_card(CorpusDocuments.load(again.out_dir))
@@ -125,7 +125,7 @@ def test_a_second_build_on_the_same_directory_refuses_at_once(tmp_path: Path) ->
                 first.kill()
         assert first.returncode == 0, output
     corpus = Corpus.open(tmp_path / "out")
-    assert corpus.verify_files() == [] and corpus.manifest["conversations"] > PROMPTS - 5
+    assert corpus.verify_files() == [] and corpus.manifest.conversations > PROMPTS - 5
 
 
 def test_a_failed_first_build_leaves_nothing_behind(tmp_path: Path) -> None:

@@ -85,9 +85,9 @@ def test_drops_are_topped_up_from_the_pool_and_a_rerun_asks_for_nothing(tmp_path
     # 20 * 15/45 more on average; the rounds may overshoot that by 10%.
     drop_rate = len(unclosed_every(4, 60)) / 60
     assert asked <= 20 + math.ceil(1.1 * 20 * drop_rate / (1 - drop_rate))
-    declared = result.manifest["mixture"]["sources"]["asks"]
+    declared = result.manifest.section("mixture")["sources"]["asks"]
     assert (declared["declared"], declared["reached"], declared["generated_rows"]) == (20, 20, asked)
-    assert result.manifest["mixture"]["sources"]["replay"]["reached"] == 100  # no target: every kept row
+    assert result.manifest.section("mixture")["sources"]["replay"]["reached"] == 100  # no target: every kept row
     assert shard_hashes(again.out_dir) == shard_hashes(result.out_dir)  # same recipe and journal: the same bytes
 
 
@@ -136,7 +136,7 @@ def test_a_thinking_share_is_met_with_thinking_off_prompts_in_the_mix(tmp_path: 
         for split in ("train", "validation"):
             in_split = [row for row in rows if row.split == split]
             assert abs(sum(row.thinking for row in in_split) / len(in_split) - 0.45) <= 0.02, split
-    assert result.manifest["mixture"]["thinking_share"]["reached"] == pytest.approx(share, abs=1e-6)
+    assert result.manifest.section("mixture")["thinking_share"]["reached"] == pytest.approx(share, abs=1e-6)
 
 
 def test_shares_of_the_final_corpus(tmp_path: Path) -> None:
@@ -237,10 +237,10 @@ def test_the_total_is_met_by_the_sources_with_no_target(tmp_path: Path, targets:
     result = build_corpus(load_recipe(write_replay_recipe(tmp_path, targets, f"{{total: {total}}}")),
                           progress=io.StringIO())
     assert Counter(row.source for row in Corpus.open(result.out_dir).iter_conversations()) == written
-    assert result.manifest["conversations"] == total and "short" not in result.manifest
+    assert result.manifest.conversations == total and result.manifest.section("short") is None
     for name, target in targets.items():
         if "share" in target:
-            assert result.manifest["mixture"]["sources"][name]["reached_share"] == float(target[8:-1])
+            assert result.manifest.section("mixture")["sources"][name]["reached_share"] == float(target[8:-1])
 
 
 def test_a_share_is_of_the_rows_written_and_reported_short_when_it_is_not(tmp_path: Path) -> None:
@@ -251,10 +251,10 @@ def test_a_share_is_of_the_rows_written_and_reported_short_when_it_is_not(tmp_pa
     with pytest.raises(MixtureShort):
         build_corpus(recipe, progress=io.StringIO())
     result = build_corpus(recipe, progress=io.StringIO(), allow_short=True)
-    assert result.manifest["short"] == ["source 'logs': 100 rows pass every check, 150 declared",
+    assert result.manifest.section("short") == ["source 'logs': 100 rows pass every check, 150 declared",
                                         "source 'chats': 150 rows, 60.0% of the 250 written, 50.0% declared",
                                         "corpus: 250 rows reached, mixture.total declares 300"]
-    assert result.manifest["mixture"]["sources"]["chats"]["reached_share"] == 0.6
+    assert result.manifest.section("mixture")["sources"]["chats"]["reached_share"] == 0.6
 
 
 def test_a_pool_too_small_for_its_target_fails_before_any_request_and_in_the_dry_run(tmp_path: Path) -> None:
@@ -276,8 +276,8 @@ def test_a_pool_too_small_for_its_target_fails_before_any_request_and_in_the_dry
                                   "--allow-short"], capture_output=True, text=True)
         assert allowed.returncode == 0 and problem in allowed.stdout
         result = build_corpus(load_recipe(recipe), progress=io.StringIO(), allow_short=True)
-    assert result.manifest["short"] == ["source 'asks': 30 rows pass every check, 100 declared (30 generated, the "
-                                        "pool is exhausted)"]
+    assert result.manifest.section("short") == [
+        "source 'asks': 30 rows pass every check, 100 declared (30 generated, the pool is exhausted)"]
 
 
 def test_a_thinking_share_no_mix_reaches_fails_before_any_request(tmp_path: Path) -> None:

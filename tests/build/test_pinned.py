@@ -48,13 +48,13 @@ split: {{validation_fraction: 0.2, seed: 7}}
 output: {{dir: out, rows_per_shard: 20}}
 """, encoding="utf-8")
     result = build_corpus(load_recipe(recipe))
-    written = {entry["path"]: hashlib.sha256((result.out_dir / entry["path"]).read_bytes()).hexdigest()
-               for entry in result.manifest["files"]}
+    written = {entry.path: hashlib.sha256((result.out_dir / entry.path).read_bytes()).hexdigest()
+               for entry in result.manifest.files}
     rows = hashlib.sha256()
-    for entry in result.manifest["files"]:
-        for row in pq.read_table(result.out_dir / entry["path"]).to_pylist():
+    for entry in result.manifest.files:
+        for row in pq.read_table(result.out_dir / entry.path).to_pylist():
             rows.update(orjson.dumps(row, option=orjson.OPT_SORT_KEYS) + b"\n")
-    assert result.manifest["conversations"] == 84
+    assert result.manifest.conversations == 84
     assert rows.hexdigest() == ROWS
     if pyarrow.__version__ == PYARROW:
         assert written == SHARDS

@@ -86,12 +86,12 @@ def test_a_build_reads_prompts_once_and_loads_the_renderer_once(tmp_path: Path, 
     assert opened == {"replay.jsonl": 1, "prompts.jsonl": 1}
     assert sum(renderers.values()) == 1  # checks, token statistics and the speculators-tokens export share it
     assert len(server.chat_requests) == 24  # two user turns per prompt, each answered once
-    assert result.manifest["conversations"] > 0 and [e.format for e in result.exports] == ["speculators-tokens",
+    assert result.manifest.conversations > 0 and [e.format for e in result.exports] == ["speculators-tokens",
                                                                                             "messages"]
     lines = stream.getvalue().splitlines()
     assert any(line.startswith("read replay 30 rows") for line in lines)
     assert any(line.startswith("generate 12/12 rows (100.0%)") for line in lines)
-    kept = result.manifest["conversations"]
+    kept = result.manifest.conversations
     assert any(line.startswith(f"export speculators-tokens {kept}/{kept} conversations (100.0%)") for line in lines)
     assert any(line.startswith("endpoint ") and "healthy" in line for line in lines)  # the preflight ran
 
@@ -101,7 +101,7 @@ def test_a_rebuild_from_a_complete_journal_sends_nothing_and_still_reads_once(
     opened, renderers = counted
     recipe = load_recipe(write_recipe(tmp_path, server.base_url, tiny_model_dir))
     first = build_corpus(recipe, progress=io.StringIO())
-    shards = {f["path"]: f["sha256"] for f in first.manifest["files"]}
+    shards = {f.path: f.sha256 for f in first.manifest.files}
     requests, health = len(server.chat_requests), len(server.requests)
     opened.clear()
     renderers.clear()
@@ -110,7 +110,7 @@ def test_a_rebuild_from_a_complete_journal_sends_nothing_and_still_reads_once(
     again = build_corpus(recipe, progress=stream)
     assert opened == {"replay.jsonl": 1, "prompts.jsonl": 1} and sum(renderers.values()) == 1
     assert len(server.chat_requests) == requests and len(server.requests) == health
-    assert {f["path"]: f["sha256"] for f in again.manifest["files"]} == shards
+    assert {f.path: f.sha256 for f in again.manifest.files} == shards
     assert "endpoint " not in stream.getvalue()  # no preflight: the journal answered everything
     assert Corpus.open(again.out_dir).verify_files() == []
 

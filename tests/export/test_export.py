@@ -133,7 +133,7 @@ def test_specforge_export_passes_its_rules(corpus: Corpus, tmp_path: Path) -> No
     assert report.skipped == {}
     rows = [orjson.loads(line) for split in report.files for line in (tmp_path / f"{split}.jsonl").read_bytes()
             .splitlines()]
-    assert len(rows) == corpus.manifest["conversations"]
+    assert len(rows) == corpus.manifest.conversations
     assert all(specforge_problems(row) == [] for row in rows)
 
 
@@ -303,7 +303,7 @@ def test_an_empty_corpus_is_neither_exported_nor_counted(tmp_path: Path, tiny_mo
                                                   + b"\n" for i in range(3)))  # no assistant turn: all dropped
     (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir))
     empty = build_corpus(load_recipe(tmp_path / "recipe.yaml"), allow_empty=True)  # asked for: its exports may be empty
-    assert empty.manifest["conversations"] == 0 and len(empty.exports) == 2
+    assert empty.manifest.conversations == 0 and len(empty.exports) == 2
     out, frequencies = tmp_path / "exported", tmp_path / "token_freq.npy"
     for command, problem in ((["export", "--format", "messages", "--out", str(out)],
                               "the corpus holds no conversations"),

@@ -115,7 +115,7 @@ def corpus_dir(render_server: ServedModel, tmp_path_factory: pytest.TempPathFact
     recipe.write_text(RECIPE.format(model=render_server.model, tokenizer=render_server.model_dir,
                                     endpoint=render_server.base_url))
     result = build_corpus(load_recipe(recipe))
-    assert result.manifest["conversations"] == 26
+    assert result.manifest.conversations == 26
     return result.out_dir
 
 

@@ -19,7 +19,7 @@ from corpus_builder.build import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.export import export_corpus
 from corpus_builder.export.formats import SPECFORGE_NO_TOOLS
-from corpus_builder.layout import Corpus
+from corpus_builder.layout import Corpus, SplitCount
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation
 from corpus_builder.sources import iter_file
@@ -48,7 +48,7 @@ def corpus_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         (directory / name).write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     (directory / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir))
     result = build_corpus(load_recipe(directory / "recipe.yaml"))
-    assert result.manifest["conversations"] == 6 and result.manifest["splits"] == {"train": {"rows": 6, "shards": 1}}
+    assert result.manifest.conversations == 6 and result.manifest.splits == {"train": SplitCount(rows=6, shards=1)}
     return result.out_dir
 
 

@@ -47,7 +47,7 @@ def test_rows_record_the_served_identity_and_the_manifest_summarises_it(tmp_path
         MODEL, str(tiny_model_dir), "0.32.0")
     assert generation["dtype"] == (config.get("dtype") or config.get("torch_dtype"))
     assert generation["quantization"] is None  # the tiny model is not quantized
-    (target,) = result.manifest["targets"]
+    (target,) = result.manifest.section("targets")
     assert target["model_root"] == str(tiny_model_dir) and target["conversations"] == 10
 
 
@@ -76,7 +76,7 @@ def test_the_flag_accepts_the_mix_and_records_each_target(tmp_path: Path) -> Non
     with FaultServer(model=MODEL, root="/models/Target-BF16") as second:
         result = build_corpus(load_recipe(write_recipe(tmp_path, [second.base_url], allow_mixed=True, prompts=11)),
                               progress=io.StringIO())
-    targets = {t["model_root"]: t["conversations"] for t in result.manifest["targets"]}
+    targets = {t["model_root"]: t["conversations"] for t in result.manifest.section("targets")}
     assert targets == {"/models/Target-FP8": 10, "/models/Target-BF16": 1}
 
 
@@ -92,7 +92,7 @@ def test_the_flag_also_holds_when_the_journal_alone_rebuilds_a_mix(tmp_path: Pat
     mixed = load_recipe(write_recipe(tmp_path, gone, allow_mixed=True, prompts=11))
     assert plan_build(mixed).journal_cached_rows == 11
     result = build_corpus(mixed, progress=io.StringIO())
-    targets = {t["model_root"]: t["conversations"] for t in result.manifest["targets"]}
+    targets = {t["model_root"]: t["conversations"] for t in result.manifest.section("targets")}
     assert targets == {"/models/Target-FP8": 10, "/models/Target-BF16": 1}
     unflagged = load_recipe(write_recipe(tmp_path, gone, prompts=11))
     for rebuild in (plan_build, lambda recipe: build_corpus(recipe, progress=io.StringIO())):

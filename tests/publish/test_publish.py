@@ -81,7 +81,7 @@ def test_card_license_single_and_size_category(corpus: Path) -> None:
         source["license"] = "Apache-2.0"
     single = replace(docs, recipe=recipe)
     assert card_license(single) == ("apache-2.0", ["Apache-2.0"])
-    big = replace(docs, manifest={**docs.manifest, "conversations": 250_000})
+    big = replace(docs, manifest=replace(docs.manifest, conversations=250_000))
     assert parse_front_matter(render_card(big))["size_categories"] == ["100K<n<1M"]
 
 

@@ -313,7 +313,7 @@ def test_a_row_far_over_the_budget_is_never_tokenized_whole(tmp_path: Path, tiny
     assert max(seen) < 1000  # only the short row was counted
     (dropped,) = [r for r in iter_ledger(result.out_dir / "ledger.jsonl.zst") if r["reason"] == "over_length"]
     assert dropped["detail"].startswith("at least ") and dropped["detail"].endswith("tokens > 4096")
-    assert result.manifest["conversations"] == 1
+    assert result.manifest.conversations == 1
 
 
 def test_a_tool_row_over_the_budget_loses_whole_exchanges(tmp_path: Path, tiny_model_dir: Path, hf: Any) -> None:

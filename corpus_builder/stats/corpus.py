@@ -8,9 +8,9 @@ own ``conversations_to_batch``, so a serving log and a built corpus are measured
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import orjson
@@ -19,13 +19,66 @@ import pyarrow.compute as pc
 
 from ..errors import DropCounts
 from ..records import Conversation
-from .split import VALIDATION, within_tolerance
-from .token_stats import TokenStats, mismatch_problem
+from .tokens import TokenReport, TokenStats, mismatch_problem
 
 GROUPINGS = ("source", "split", "origin")
 # What the audit groups generated rows by: the target that made them and how it was asked.
 TARGET_FIELDS = ("model", "served_model", "model_revision", "model_root", "quantization", "dtype", "engine_version")
 GENERATION_SETTINGS = (*TARGET_FIELDS, "enable_thinking", "history_reasoning", "sampling")
+
+
+class TotalsReport(TypedDict):
+    """The figures of a corpus, or of one source, split or origin of it (audit.json)."""
+
+    conversations: int
+    thinking_conversations: int
+    thinking_share: float
+    turns: int
+    characters: int
+    reasoning_char_share: float
+    tool_call_conversations: int
+    tool_call_share: float
+
+
+class SourceReport(TotalsReport):
+    """A source's figures (``by_source``), with what its rows say of it and their flags."""
+
+    origin: str | None
+    license: str | None
+    task: str | None
+    flags: dict[str, int]
+
+
+class SecretsReport(TypedDict):
+    findings: int
+    by_kind: dict[str, int]
+    examples: list[str]
+
+
+class _AddedSections(TypedDict, total=False):
+    """The sections of audit.json added by whoever knows them: the token statistics (a tokenizer at hand), the
+    corpus checks (a build), the secrets scan and the near duplicates (an audit of a raw file)."""
+
+    tokens: TokenReport
+    checks: dict[str, Any]
+    secrets: SecretsReport
+    near_duplicates: dict[str, Any]
+
+
+class AuditReport(TotalsReport, _AddedSections):
+    """audit.json and ``corpus audit --json``: the statistics of a corpus (what its rows hold, what was dropped),
+    computed by ``CorpusStats`` from the rows a build writes and again by the audit from the files."""
+
+    strata: dict[str, dict[str, dict[str, int]]]  # conversations per source, thinking or not, and split
+    skipped: dict[str, int]
+    skipped_by_source: dict[str, dict[str, int]]
+    contaminated_by_eval_set: dict[str, int]
+    flags: dict[str, int]
+    by_source: dict[str, SourceReport]
+    by_split: dict[str, TotalsReport]
+    by_origin: dict[str, TotalsReport]
+    generation: list[dict[str, Any]] | None
+    finish_reasons: dict[str, int] | None
 
 
 @dataclass(slots=True)
@@ -47,7 +100,7 @@ class Totals:
         self.reasoning_characters += other.reasoning_characters
         self.tool_call_conversations += other.tool_call_conversations
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> TotalsReport:
         reasoning_and_answer = self.assistant_characters + self.reasoning_characters
         return {
             "conversations": self.conversations,
@@ -161,27 +214,36 @@ class CorpusStats:
     def add_skipped(self, drops: DropCounts) -> None:
         self.skipped.update(drops)
 
-    def report(self) -> dict[str, Any]:
-        report = self.overall.report()
+    def report(self) -> AuditReport:
         strata: dict[str, dict[str, dict[str, int]]] = {}
         for (source, thinking, split), count in sorted(self.strata.items(), key=str):
             stratum = strata.setdefault(source, {}).setdefault("thinking" if thinking else "no_thinking", {})
             stratum[split or ""] = count
-        report["strata"] = strata  # conversations per source, thinking or not, and split
-        report.update(self.skipped.report())  # skipped, skipped_by_source, contaminated_by_eval_set
-        report["flags"] = dict(sorted(self.flags.items()))
-        for grouping in GROUPINGS:
-            section = {}
-            for key, totals in sorted(self.groups[grouping].items()):
-                section[key] = totals.report()
-                if grouping == "source":
-                    section[key].update(self.source_info.get(key, {}))
-                    section[key]["flags"] = dict(sorted(self.flags_by_source.get(key, Counter()).items()))
-            report[f"by_{grouping}"] = section
-        report["generation"] = [
-            {**orjson.loads(settings), "conversations": count} for settings, count in self.generation.most_common()
-        ] or None
-        report["finish_reasons"] = dict(sorted(self.finish_reasons.items())) or None
+        dropped = self.skipped.report()
+
+        def grouped(grouping: str) -> dict[str, TotalsReport]:
+            return {key: totals.report() for key, totals in sorted(self.groups[grouping].items())}
+
+        by_source: dict[str, SourceReport] = {}
+        for key, totals in sorted(self.groups["source"].items()):
+            info = self.source_info.get(key, {})
+            by_source[key] = {**totals.report(), "origin": info.get("origin"), "license": info.get("license"),
+                              "task": info.get("task"),
+                              "flags": dict(sorted(self.flags_by_source.get(key, Counter()).items()))}
+        overall = self.overall.report()
+        report: AuditReport = {
+            "conversations": overall["conversations"], "thinking_conversations": overall["thinking_conversations"],
+            "thinking_share": overall["thinking_share"], "turns": overall["turns"], "characters": overall["characters"],
+            "reasoning_char_share": overall["reasoning_char_share"],
+            "tool_call_conversations": overall["tool_call_conversations"],
+            "tool_call_share": overall["tool_call_share"],
+            "strata": strata, "skipped": dropped["skipped"],
+            "skipped_by_source": dropped["skipped_by_source"],
+            "contaminated_by_eval_set": dropped["contaminated_by_eval_set"], "flags": dict(sorted(self.flags.items())),
+            "by_source": by_source, "by_split": grouped("split"), "by_origin": grouped("origin"),
+            "generation": [{**orjson.loads(settings), "conversations": count}
+                           for settings, count in self.generation.most_common()] or None,
+            "finish_reasons": dict(sorted(self.finish_reasons.items())) or None}
         if self.tokens is not None:
             report["tokens"] = self.tokens.report()
         return report
@@ -189,7 +251,7 @@ class CorpusStats:
 
 
 
-def generation_targets(audit: dict[str, Any]) -> list[dict[str, Any]]:
+def generation_targets(audit: AuditReport) -> list[dict[str, Any]]:
     """The targets that generated rows of a corpus (its audit's generation settings grouped by target), with
     their row counts: one entry for a corpus built as it should be."""
     targets: dict[bytes, dict[str, Any]] = {}
@@ -205,19 +267,7 @@ def _share(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def split_balance(strata: dict[str, dict[str, dict[str, int]]], fraction: float) -> list[str]:
-    """The strata whose validation share is outside the split's stated tolerance (build.split)."""
-    outside = []
-    for source, by_thinking in strata.items():
-        for thinking, splits in by_thinking.items():
-            rows, validation = sum(splits.values()), splits.get(VALIDATION, 0)
-            if not within_tolerance(rows, validation, fraction):
-                outside.append(f"{source} ({thinking}): {validation:,} of {rows:,} rows in validation, "
-                               f"expected {rows * fraction:,.1f}")
-    return outside
-
-
-def corpus_problems(report: dict[str, Any], min_thinking_share: float | None) -> Iterator[str]:
+def corpus_problems(report: Mapping[str, Any], min_thinking_share: float | None) -> Iterator[str]:
     """Corpus-level check failures, shared by `corpus build`, `corpus audit` and the publish gate."""
     problem = mismatch_problem(report.get("tokens"))
     if problem is not None:

@@ -5,25 +5,49 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+import numpy as np
 
 from ..records import Conversation
 from ..tokens import ConversationTokens, TokenRows, TokenSettings
+from . import nearest_rank
 
 GROUPINGS = ("source", "split")
 PERCENTILES = (50, 90, 99)
 
 
-def percentile(lengths: Counter[int], share: float) -> int:
-    """Nearest-rank percentile of a length histogram."""
-    total = sum(lengths.values())
-    rank = max(1, -(-total * share // 100))
-    seen = 0
-    for length in sorted(lengths):
-        seen += lengths[length]
-        if seen >= rank:
-            return length
-    return 0
+class TokenTotalsReport(TypedDict):
+    """Lengths in target tokens of a corpus or a part of it: nearest-rank percentiles of the conversations'
+    lengths, the supervised (loss-masked) tokens and the reasoning share of them."""
+
+    conversations: int
+    tokens: int
+    p50: int
+    p90: int
+    p99: int
+    max: int
+    supervised_tokens: int
+    reasoning_tokens: int
+    reasoning_token_share: float
+    over_budget: int | None  # None: the recipe sets no max_seq_len
+
+
+class MismatchReport(TypedDict):
+    count: int
+    checked_turns: int
+    turns: list[dict[str, Any]]
+
+
+class TokenReport(TokenTotalsReport):
+    """audit.json's ``tokens``: the token statistics, by source and split, and the served-ids check."""
+
+    tokenizer: str
+    max_seq_len: int | None
+    token_mismatch: str
+    by_source: dict[str, TokenTotalsReport]
+    by_split: dict[str, TokenTotalsReport]
+    mismatches: MismatchReport
 
 
 @dataclass
@@ -41,17 +65,16 @@ class _Totals:
         self.reasoning += sum(row.reasoning for row in item.rows)
         self.over_budget += over
 
-    def report(self, budgeted: bool) -> dict[str, Any]:
+    def report(self, budgeted: bool) -> TokenTotalsReport:
         conversations = sum(self.lengths.values())
-        report: dict[str, Any] = {"conversations": conversations, "tokens": self.tokens}
-        for share in PERCENTILES:
-            report[f"p{share}"] = percentile(self.lengths, share) if conversations else 0
-        report["max"] = max(self.lengths, default=0)
-        report["supervised_tokens"] = self.supervised
-        report["reasoning_tokens"] = self.reasoning
-        report["reasoning_token_share"] = round(self.reasoning / self.supervised, 6) if self.supervised else 0.0
-        report["over_budget"] = self.over_budget if budgeted else None
-        return report
+        lengths = np.array(sorted(self.lengths), dtype=np.int64)
+        counts = np.array([self.lengths[length] for length in lengths.tolist()], dtype=np.int64)
+        p50, p90, p99 = (nearest_rank(lengths, counts, share) if conversations else 0 for share in PERCENTILES)
+        return {"conversations": conversations, "tokens": self.tokens, "p50": p50, "p90": p90, "p99": p99,
+                "max": max(self.lengths, default=0), "supervised_tokens": self.supervised,
+                "reasoning_tokens": self.reasoning,
+                "reasoning_token_share": round(self.reasoning / self.supervised, 6) if self.supervised else 0.0,
+                "over_budget": self.over_budget if budgeted else None}
 
 
 class TokenStats:
@@ -81,20 +104,17 @@ class TokenStats:
             self.checked_turns += item.checked_turns
             self.mismatches += [m.to_dict() for m in item.mismatches]
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> TokenReport:
         budgeted = self.settings.max_seq_len is not None
-        report = {
-            "tokenizer": str(self.settings.tokenizer),
-            "max_seq_len": self.settings.max_seq_len,
-            "token_mismatch": self.settings.mismatch_policy,
-            **self.overall.report(budgeted),
-        }
-        for grouping in GROUPINGS:
-            report[f"by_{grouping}"] = {key: totals.report(budgeted)
-                                        for key, totals in sorted(self.groups[grouping].items())}
-        report["mismatches"] = {"count": len(self.mismatches), "checked_turns": self.checked_turns,
-                                "turns": self.mismatches}
-        return report
+
+        def grouped(grouping: str) -> dict[str, TokenTotalsReport]:
+            return {key: totals.report(budgeted) for key, totals in sorted(self.groups[grouping].items())}
+
+        return {"tokenizer": str(self.settings.tokenizer), "max_seq_len": self.settings.max_seq_len,
+                "token_mismatch": self.settings.mismatch_policy, **self.overall.report(budgeted),
+                "by_source": grouped("source"), "by_split": grouped("split"),
+                "mismatches": {"count": len(self.mismatches), "checked_turns": self.checked_turns,
+                               "turns": self.mismatches}}
 
 
 def mismatch_problem(tokens: dict[str, Any] | None) -> str | None:

@@ -1,0 +1,32 @@
+"""Seeded draws: every seeded choice of the pipeline is a 64-bit hash of the seed and a row's identity, under a
+purpose of its own, so that draws for different purposes are independent even from the same key, and each
+purpose is written once, here. A source's ``take`` draws by where a row sits (its file and position), the
+mixture and the split by the row's own id, so none of them depends on the order rows are read in."""
+
+from __future__ import annotations
+
+import hashlib
+
+SPAN = 1 << 64  # the draws' range
+
+
+def seeded_hash(purpose: bytes, seed: int, *parts: str | int) -> int:
+    """A 64-bit hash of (seed, parts), their text joined by \\x1f, for one ``purpose`` (BLAKE2b's
+    personalisation, at most 16 bytes)."""
+    key = "\x1f".join([str(seed), *map(str, parts)]).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=purpose).digest(), "big")
+
+
+def take_priority(seed: int, source: str, label: str, position: int) -> int:
+    """The order a source's ``take`` keeps rows in: by the row's file and position in it."""
+    return seeded_hash(b"corpus-take", seed, source, label, position)
+
+
+def mixture_priority(seed: int, row_id: str) -> int:
+    """The order rows of a source are taken and prompts generated in by a declared mixture: by the row's id."""
+    return seeded_hash(b"corpus-mixture", seed, row_id)
+
+
+def split_draw(seed: int, row_id: str) -> float:
+    """Where a conversation falls in [0, 1) for the train/validation split: by its id."""
+    return seeded_hash(b"corpus-split", seed, row_id) / SPAN
