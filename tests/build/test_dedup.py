@@ -202,7 +202,7 @@ def test_an_evicted_row_leaves_the_split_it_was_kept_in(tmp_path: Path) -> None:
     kept_instead = next(r for r in rows if r.messages[0].content == EVICTED_PROMPT)
     assert evicted["detail"] == f"duplicate of {kept_instead.id} (source asks-1)"
     assert not any(r.source == "logs-a" and r.split == "validation" and r.thinking for r in rows)
-    assert {split: counts["rows"] for split, counts in Corpus.open(out).manifest["splits"].items()} == Counter(
+    assert {split: counts.rows for split, counts in Corpus.open(out).manifest.splits.items()} == Counter(
         r.split for r in rows)
 
 
