@@ -16,7 +16,7 @@ is over planted copies (near and normalisation), a hit counting when the row it 
 of the same family (the original or another copy of it); precision is over every flagged row. The exact
 shingle Jaccard similarity of every planted pair is measured to show where the copies lie.
 
-Engines: ``corpus`` (corpus_builder.build.near_dedup.NearDuplicates, defaults) and ``datasketch``, the same
+Engines: ``corpus`` (corpus_builder.screen.near_dedup.NearDuplicates, defaults) and ``datasketch``, the same
 library the plain way, as the anchor: one ``MinHash(num_perm=128)`` per conversation over the same shingles
 (``update_batch``), ``MinHashLSH(threshold=0.8)`` queried then inserted per row. It is slow, so it runs on the
 first ``--anchor-size`` rows, and so does ``corpus`` beside it.
@@ -42,15 +42,10 @@ import numpy as np
 import psutil
 from bench_build_replay import peak_rss
 
-from corpus_builder.build.decontaminate import Contamination
-from corpus_builder.build.near_dedup import (
-    NearDuplicates,
-    WordRuns,
-    conversation_text,
-    normalise_text,
-    normalise_texts,
-)
 from corpus_builder.records import Conversation, Message
+from corpus_builder.screen.decontaminate import Contamination
+from corpus_builder.screen.near_dedup import NearDuplicates
+from corpus_builder.screen.normalise import WordRuns, conversation_text, normalise_text, normalise_texts
 
 FRESH, NEAR, NORMALISATION, RELATED = 0, 1, 2, 3
 KIND_NAMES = {FRESH: "fresh", NEAR: "near", NORMALISATION: "normalisation", RELATED: "related"}

@@ -45,7 +45,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
         "_parallel_results"),
 }
 
-_SCREENING_TESTS = ("tests/build/test_dedup.py", "tests/build/test_near_dedup.py", "tests/build/test_decontaminate.py")
+_SCREENING_TESTS = ("tests/screen",)
 
 # The fast tests that own each module: a mutant runs those of them that call its function.
 OWNING_TESTS: dict[str, tuple[str, ...]] = {
@@ -54,9 +54,10 @@ OWNING_TESTS: dict[str, tuple[str, ...]] = {
     "corpus_builder/audit/traffic.py": ("tests/audit",),
     # Dedup and decontamination share their tests (dedup.py reads the eval sets, decontaminate.py runs on
     # near_dedup's word runs), and one set for the three keeps mutmut's verdicts when they are run one at a time.
-    "corpus_builder/build/dedup.py": _SCREENING_TESTS,
-    "corpus_builder/build/near_dedup.py": _SCREENING_TESTS,
-    "corpus_builder/build/decontaminate.py": _SCREENING_TESTS,
+    "corpus_builder/screen/dedup.py": _SCREENING_TESTS,
+    "corpus_builder/screen/near_dedup.py": _SCREENING_TESTS,
+    "corpus_builder/screen/normalise.py": _SCREENING_TESTS,
+    "corpus_builder/screen/decontaminate.py": _SCREENING_TESTS,
     "corpus_builder/sources/mappings.py": ("tests/sources",),
     "corpus_builder/generate/tool_results.py": ("tests/generate/test_tool_results.py", "tests/sources"),
     "corpus_builder/secrets.py": ("tests/test_secrets.py", "tests/publish"),
@@ -103,42 +104,43 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.secrets.x_redact__mutmut_10": (
         "(pieces) or True", "with no secret the join is of text[0:] alone, which is text itself"),
     "corpus_builder.secrets.x_scan_corpus__mutmut_24": ('encoding="UTF-8"', "the same codec under another name"),
-    # corpus_builder/build/dedup.py
-    "corpus_builder.build.dedup.xǁDedupǁ__init____mutmut_1": ('"XXallXX") -> None', _ALL_TURNS),
-    "corpus_builder.build.dedup.xǁDedupǁ__init____mutmut_2": ('"ALL") -> None', _ALL_TURNS),
-    "corpus_builder.build.dedup.xǁDedupǁfor_recipe__mutmut_19": ('else "XXallXX"', _ALL_TURNS),
-    "corpus_builder.build.dedup.xǁDedupǁfor_recipe__mutmut_20": ('else "ALL"', _ALL_TURNS),
-    "corpus_builder.build.dedup.xǁDedupǁdecide__mutmut_6": (
+    # corpus_builder/screen/dedup.py
+    "corpus_builder.screen.dedup.xǁDedupǁ__init____mutmut_1": ('"XXallXX") -> None', _ALL_TURNS),
+    "corpus_builder.screen.dedup.xǁDedupǁ__init____mutmut_2": ('"ALL") -> None', _ALL_TURNS),
+    "corpus_builder.screen.dedup.xǁDedupǁfor_recipe__mutmut_19": ('else "XXallXX"', _ALL_TURNS),
+    "corpus_builder.screen.dedup.xǁDedupǁfor_recipe__mutmut_20": ('else "ALL"', _ALL_TURNS),
+    "corpus_builder.screen.dedup.xǁDedupǁdecide__mutmut_6": (
         '"XX0XX"', '_parse_key reads the flag as thinking when it is "1", as not thinking otherwise'),
-    "corpus_builder.build.dedup.xǁDedupǁdecide__mutmut_18": ("signatures), strict=None)", _ONE_PER_KEY),
-    "corpus_builder.build.dedup.xǁDedupǁdecide__mutmut_22": ("self.index.decide(keys, signatures), )", _ONE_PER_KEY),
-    "corpus_builder.build.dedup.xǁDedupǁdecide__mutmut_27": ("signatures), strict=False)", _ONE_PER_KEY),
-    "corpus_builder.build.dedup.x_describe_eval_sets__mutmut_26": (
+    "corpus_builder.screen.dedup.xǁDedupǁdecide__mutmut_18": ("signatures), strict=None)", _ONE_PER_KEY),
+    "corpus_builder.screen.dedup.xǁDedupǁdecide__mutmut_22": ("self.index.decide(keys, signatures), )", _ONE_PER_KEY),
+    "corpus_builder.screen.dedup.xǁDedupǁdecide__mutmut_27": ("signatures), strict=False)", _ONE_PER_KEY),
+    "corpus_builder.screen.dedup.x_describe_eval_sets__mutmut_26": (
         "eval_sets.index.eval_sets, strict=None)", _ONE_PER_SET),
-    "corpus_builder.build.dedup.x_describe_eval_sets__mutmut_29": ("eval_sets.index.eval_sets, ))", _ONE_PER_SET),
-    "corpus_builder.build.dedup.x_describe_eval_sets__mutmut_30": (
+    "corpus_builder.screen.dedup.x_describe_eval_sets__mutmut_29": ("eval_sets.index.eval_sets, ))", _ONE_PER_SET),
+    "corpus_builder.screen.dedup.x_describe_eval_sets__mutmut_30": (
         "eval_sets.index.eval_sets, strict=False)", _ONE_PER_SET),
-    # corpus_builder/build/near_dedup.py
-    "corpus_builder.build.near_dedup.xǁ_Powersǁ__init____mutmut_3": (
+    # corpus_builder/screen/near_dedup.py
+    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_3": (
         "self._forward: U64 = np.ones(1, dtype=None)", _FIRST_TABLE),
-    "corpus_builder.build.near_dedup.xǁ_Powersǁ__init____mutmut_5": ("self._forward: U64 = np.ones(1, )", _FIRST_TABLE),
-    "corpus_builder.build.near_dedup.xǁ_Powersǁ__init____mutmut_6": (
+    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_5": (
+        "self._forward: U64 = np.ones(1, )", _FIRST_TABLE),
+    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_6": (
         "self._forward: U64 = np.ones(2, dtype=np.uint64)", _TABLE_OF_TWO),
-    "corpus_builder.build.near_dedup.xǁ_Powersǁ__init____mutmut_12": (
+    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_12": (
         "self._inverse: U64 = np.ones(2, dtype=np.uint64)", _TABLE_OF_TWO),
-    "corpus_builder.build.near_dedup.x__powers_of__mutmut_12": ("base, dtype=None)", _UINT64_BASES),
-    "corpus_builder.build.near_dedup.x__powers_of__mutmut_15": ("np.full(size - 1, base, )", _UINT64_BASES),
-    "corpus_builder.build.near_dedup.xǁ_Pagesǁgather__mutmut_19": (
+    "corpus_builder.screen.normalise.x__powers_of__mutmut_12": ("base, dtype=None)", _UINT64_BASES),
+    "corpus_builder.screen.normalise.x__powers_of__mutmut_15": ("np.full(size - 1, base, )", _UINT64_BASES),
+    "corpus_builder.screen.near_dedup.xǁ_Pagesǁgather__mutmut_19": (
         ".reshape(-2, width)", "numpy reads any negative size as the one to infer"),
-    "corpus_builder.build.near_dedup.xǁ_Keysǁ__getitem____mutmut_3": (
+    "corpus_builder.screen.near_dedup.xǁ_Keysǁ__getitem____mutmut_3": (
         "if (index) or True else 0", 'for index 0 the slice [-8:0] is empty, and int.from_bytes(b"") is 0'),
-    "corpus_builder.build.near_dedup.xǁ_Sketchesǁsimilar__mutmut_6": (
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁsimilar__mutmut_6": (
         "for shift in range(SKETCH_BITS):", "a shift of 0 ors the differing bits into themselves"),
-    # corpus_builder/build/decontaminate.py
-    "corpus_builder.build.decontaminate.xǁContaminationǁchunk_matches__mutmut_5": ("whole_if_shorter=None)", _SHORTER),
-    "corpus_builder.build.decontaminate.xǁContaminationǁchunk_matches__mutmut_8": (
+    # corpus_builder/screen/decontaminate.py
+    "corpus_builder.screen.decontaminate.xǁContaminationǁchunk_matches__mutmut_5": ("whole_if_shorter=None)", _SHORTER),
+    "corpus_builder.screen.decontaminate.xǁContaminationǁchunk_matches__mutmut_8": (
         "runs.hashes(length, whole_if_shorter=True)", _SHORTER),
-    "corpus_builder.build.decontaminate.xǁContaminationǁchunk_matches__mutmut_17": (
+    "corpus_builder.screen.decontaminate.xǁContaminationǁchunk_matches__mutmut_17": (
         "hashes[order], )", "side=\"left\" is searchsorted's default"),
 }
 

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sources",),
     ("tokens",),
     ("stats",),
+    ("screen",),
     ("generate",),
     ("export",),
     ("build",),
@@ -50,7 +51,7 @@ def unit(module: str) -> str:
 
 
 def module_name(path: Path) -> str:
-    """corpus_builder/build/checks.py -> "build.checks"; corpus_builder/build/__init__.py -> "build"."""
+    """corpus_builder/screen/checks.py -> "build.checks"; corpus_builder/build/__init__.py -> "build"."""
     parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

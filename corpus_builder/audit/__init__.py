@@ -19,15 +19,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..build.checks import Checker
-from ..build.dedup import Dedup
-from ..build.near_dedup import NearDuplicates, conversation_text
 from ..errors import CorpusError, DropCounts, Skipped
 from ..layout import LEDGER, Corpus
 from ..outputs import check_output_path
 from ..recipe.model import Checks, NearDuplicateSettings
 from ..records import Conversation
 from ..rows import batch_to_conversations, conversations_to_batch
+from ..screen.checks import Checker
+from ..screen.dedup import Dedup
+from ..screen.near_dedup import NearDuplicates
+from ..screen.normalise import conversation_text
 from ..secrets import Finding, scan_conversations, scan_corpus
 from ..stats.corpus import AuditReport, CorpusStats, SecretsReport, corpus_problems
 from ..stats.tokens import TokenStats

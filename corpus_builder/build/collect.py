@@ -21,9 +21,9 @@ from ..errors import CorpusError, Skipped
 from ..recipe.model import Recipe
 from ..records import Conversation, row_location
 from ..rows import RowSpool, batch_to_conversations
+from ..screen.checks import BatchStats, Checker
+from ..screen.dedup import Evicted, Verdict
 from ..sources import MeasuredRows
-from .checks import BatchStats, Checker
-from .dedup import Evicted, Verdict
 from .mixture import (
     Available,
     RowBounds,

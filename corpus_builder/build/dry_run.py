@@ -23,9 +23,9 @@ from ..generate import EndpointInfo, JournalCoverage, journal_coverage
 from ..layout import JOURNAL
 from ..recipe.model import Recipe
 from ..records import Conversation
+from ..screen.dedup import EvalSets, read_eval_sets
 from ..sources import iter_source, prompt_stream
 from ..tokens import TemplateRenderer, TokenSettings
-from .dedup import EvalSets, read_eval_sets
 from .mixture import RowBounds, certain_shortfalls
 
 MEASURE_BATCH = 512

@@ -48,14 +48,14 @@ from ..recipe import recipe_sha256, resolved_yaml
 from ..recipe.crosscheck import match_source_pattern
 from ..recipe.model import Recipe
 from ..records import Conversation
+from ..screen.checks import BatchStats, Checker
+from ..screen.decontaminate import Contamination
+from ..screen.dedup import EvalSets, describe_screening, read_eval_sets
 from ..sources import MeasuredRows, replay_stream
 from ..stats.corpus import AuditReport, CorpusStats, corpus_problems, generation_targets
 from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenRows, TokenSettings
-from .checks import BatchStats, Checker
 from .collect import KeptRows, MixtureShort, collect
-from .decontaminate import Contamination
-from .dedup import EvalSets, describe_screening, read_eval_sets
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter, split_balance

@@ -24,9 +24,9 @@ from ..generate.journal import SEGMENT_GLOB
 from ..recipe.model import Recipe
 from ..records import Conversation
 from ..rows import RowSpool
+from ..screen.checks import Checker
 from ..sources import prompt_stream
 from ..tokens import TemplateRenderer
-from .checks import Checker
 from .dry_run import SourceCounter, complete_plan, format_plan
 from .shards import LedgerWriter
 

@@ -144,7 +144,7 @@ class NearDuplicateSettings:
 
 
 # The probability with which a pair at exactly the near-duplicate threshold becomes an LSH candidate
-# (build.near_dedup); the band layout is the steepest one that keeps it.
+# (screen.near_dedup); the band layout is the steepest one that keeps it.
 CANDIDATE_AT_THRESHOLD = 0.95
 
 

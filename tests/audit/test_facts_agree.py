@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 import polars as pl
 import pytest
+from corpus_builder.build.stats import CorpusStats
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -48,7 +49,6 @@ from corpus_builder.audit.options import AuditOptions
 from corpus_builder.audit.profile import LENGTH_MEASURES, Profile, read_profile
 from corpus_builder.audit.token_pass import Measured, TokenMeter
 from corpus_builder.audit.traffic import describe, profile_corpus
-from corpus_builder.build.stats import CorpusStats
 from corpus_builder.layout import Corpus
 from corpus_builder.records import REASONING_KEYS, ROLES, THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
 from corpus_builder.rows import batch_to_conversations, conversations_to_batch

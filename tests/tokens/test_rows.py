@@ -12,12 +12,12 @@ import pytest
 
 from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.build import build_corpus
-from corpus_builder.build.checks import FLAG_TRUNCATED_TO_BUDGET, Checker
 from corpus_builder.build.pipeline import TargetTokens, write_corpus
 from corpus_builder.build.shards import LedgerWriter
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
+from corpus_builder.screen.checks import FLAG_TRUNCATED_TO_BUDGET, Checker
 from corpus_builder.testing.tiny_model import DEFAULT_SYSTEM_PROMPT
 from corpus_builder.tokens import TemplateRenderer, TokenRows, served_turns
 from tests.support.hf_template import hf_ids

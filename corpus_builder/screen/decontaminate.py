@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .near_dedup import NormalisedChunk, WordRuns, normalised_chunks
+from .normalise import NormalisedChunk, WordRuns, normalised_chunks
 
 DEFAULT_NGRAM = 13
 DEFAULT_MIN_WORDS = 8

@@ -15,15 +15,6 @@ import pytest
 
 from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.build import build_corpus
-from corpus_builder.build.dedup import (
-    Dedup,
-    EvalSetRead,
-    Evicted,
-    Verdict,
-    describe_screening,
-    read_eval_sets,
-)
-from corpus_builder.build.near_dedup import conversation_text
 from corpus_builder.build.split import Splitter
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
@@ -31,6 +22,15 @@ from corpus_builder.publish.card import render_card
 from corpus_builder.publish.gate import CorpusDocuments
 from corpus_builder.recipe import Checks, Decontamination, EvalSet, HubRef, NearDuplicateSettings, load_recipe
 from corpus_builder.records import Conversation, Message, ToolCall
+from corpus_builder.screen.dedup import (
+    Dedup,
+    EvalSetRead,
+    Evicted,
+    Verdict,
+    describe_screening,
+    read_eval_sets,
+)
+from corpus_builder.screen.normalise import conversation_text
 from corpus_builder.sources.hub import MIRROR_ENV
 from corpus_builder.testing.fault_server import FaultServer
 from tests.support.real_data import write_rows

@@ -28,16 +28,8 @@ from ..records import Conversation
 from ..sources.hub import hub_label, iter_hub_rows
 from ..sources.readers import detect_format, iter_rows
 from .decontaminate import Contamination, EvalSetSummary
-from .near_dedup import (
-    ConversationText,
-    Duplicate,
-    ExactDuplicates,
-    NearDuplicates,
-    NormalisedChunk,
-    Rule,
-    Signatures,
-    conversation_text,
-)
+from .near_dedup import Duplicate, ExactDuplicates, NearDuplicates, Rule, Signatures
+from .normalise import ConversationText, NormalisedChunk, conversation_text
 
 DUPLICATE = "duplicate"
 NEAR_DUPLICATE = "near_duplicate"

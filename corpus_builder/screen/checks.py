@@ -16,7 +16,8 @@ from ..sources import MeasuredRows
 from ..tokens import TemplateRenderer
 from .decontaminate import Contamination
 from .dedup import Dedup, Evicted
-from .near_dedup import ConversationText, Signatures, conversation_text, normalised_chunks
+from .near_dedup import Signatures
+from .normalise import ConversationText, conversation_text, normalised_chunks
 
 FLAG_TRUNCATED_TO_BUDGET = "truncated_to_budget"
 # What contamination is checked on: the whole conversation (a response that reproduces a reference answer is

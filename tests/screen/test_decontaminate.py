@@ -15,15 +15,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corpus_builder.build import build_corpus, format_plan, near_dedup, plan_build
-from corpus_builder.build.decontaminate import Contamination, EvalSetSummary
-from corpus_builder.build.near_dedup import conversation_text
+from corpus_builder.build import build_corpus, format_plan, plan_build
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import MANIFEST
 from corpus_builder.publish.card import render_card
 from corpus_builder.publish.gate import CorpusDocuments
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
+from corpus_builder.screen import normalise
+from corpus_builder.screen.decontaminate import Contamination, EvalSetSummary
+from corpus_builder.screen.normalise import conversation_text
 from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_chitchat, write_gsm8k
 
@@ -296,7 +297,7 @@ def test_eval_sets_and_texts_of_many_chunks(gsm8k: list[str], monkeypatch: pytes
     texts = [gsm8k[3], "nothing here at all", "x " + gsm8k[5].lower(), MT_BENCH[1]]
     sets = [("gsm8k", gsm8k), ("mt-bench", MT_BENCH[::-1])]  # the short text first: its chunk is not the last
     whole = Contamination(sets)
-    monkeypatch.setattr(near_dedup, "CHUNK_BYTES", 60)
+    monkeypatch.setattr(normalise, "CHUNK_BYTES", 60)
     chunked = Contamination(sets)
     assert chunked.eval_sets == whole.eval_sets == (EvalSetSummary("gsm8k", 40, 0), EvalSetSummary("mt-bench", 5, 1))
     assert chunked.matches(texts) == whole.matches(texts) == [("gsm8k",), (), ("gsm8k",), ("mt-bench",)]

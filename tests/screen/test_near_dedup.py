@@ -15,19 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corpus_builder.build import near_dedup
-from corpus_builder.build.near_dedup import (
-    Duplicate,
-    ExactDuplicates,
-    NearDuplicates,
-    Signatures,
-    WordRuns,
-    band_layout,
-    conversation_text,
-    normalise_text,
-    normalise_texts,
-)
 from corpus_builder.records import Conversation, Message
+from corpus_builder.screen import near_dedup, normalise
+from corpus_builder.screen.near_dedup import Duplicate, ExactDuplicates, NearDuplicates, Signatures, band_layout
+from corpus_builder.screen.normalise import WordRuns, conversation_text, normalise_text, normalise_texts
 from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_chitchat
 
@@ -109,7 +100,7 @@ def test_answers_do_not_depend_on_batches_chunks_or_runs(planted: tuple[list[Con
     rows, expected = planted
     assert decide(NearDuplicates(), rows, batch=1) == expected
     assert decide(NearDuplicates(), rows, batch=7) == expected
-    monkeypatch.setattr(near_dedup, "CHUNK_BYTES", 500)  # many chunks inside one batch
+    monkeypatch.setattr(normalise, "CHUNK_BYTES", 500)  # many chunks inside one batch
     assert decide(NearDuplicates(), rows, batch=len(rows)) == expected
     monkeypatch.setattr(near_dedup, "RUN_ENTRIES", 64)  # many capped runs in every table
     assert decide(NearDuplicates(), rows, batch=3) == expected
@@ -191,7 +182,7 @@ def test_same_answers_in_another_process(planted: tuple[list[Conversation], dict
     rows, expected = planted
     data = tmp_path / "rows.json"
     data.write_text(json.dumps([[r.id, conversation_text(r)] for r in rows]))
-    script = ("import json, sys\nfrom corpus_builder.build.near_dedup import NearDuplicates\n"
+    script = ("import json, sys\nfrom corpus_builder.screen.near_dedup import NearDuplicates\n"
               "rows = json.load(open(sys.argv[1]))\n"
               "found = NearDuplicates().offer([k for k, _ in rows], [t for _, t in rows])\n"
               "print(json.dumps([[d.of, d.rule] if d else None for d in found]))\n")
@@ -234,8 +225,8 @@ def test_word_runs_hash_alike_wherever_they_are(monkeypatch: pytest.MonkeyPatch)
 
     alone = hashes([text], 0)
     assert hashes(["some other words first", "and more", text], 2) == alone
-    monkeypatch.setattr(near_dedup, "_POWERS", near_dedup._Powers())
-    monkeypatch.setattr(near_dedup._Powers, "KEPT", 64)
+    monkeypatch.setattr(normalise, "_POWERS", normalise._Powers())
+    monkeypatch.setattr(normalise._Powers, "KEPT", 64)
     assert hashes([text], 0) == alone
     assert hashes(["a b c d e f"], 0) == hashes(["x y", "a b c d e f"], 1)
 
@@ -409,7 +400,7 @@ def test_signatures_of_no_texts_and_of_rows_picked_or_replaced() -> None:
 
 def test_a_first_batch_with_no_words_hashes_to_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The power tables as a process starts them serve a batch of no bytes at all."""
-    monkeypatch.setattr(near_dedup, "_POWERS", near_dedup._Powers())
+    monkeypatch.setattr(normalise, "_POWERS", normalise._Powers())
     hashes, offsets = WordRuns(normalise_texts([""])).hashes(5, whole_if_shorter=True)
     assert len(hashes) == 0 and offsets.tolist() == [0, 0]
 
@@ -418,12 +409,12 @@ def test_a_first_batch_with_no_words_hashes_to_nothing(monkeypatch: pytest.Monke
 @fuzz_settings(150)
 def test_texts_are_chunked_in_order_until_a_chunk_reaches_chunk_bytes(lengths: list[int], chunk: int) -> None:
     texts = ["x" * length for length in lengths]
-    original = near_dedup.CHUNK_BYTES
-    near_dedup.CHUNK_BYTES = chunk
+    original = normalise.CHUNK_BYTES
+    normalise.CHUNK_BYTES = chunk
     try:
-        slices = list(near_dedup.text_chunks(texts))
+        slices = list(normalise.text_chunks(texts))
     finally:
-        near_dedup.CHUNK_BYTES = original
+        normalise.CHUNK_BYTES = original
     assert [i for part in slices for i in range(len(texts))[part]] == list(range(len(texts)))
     for position, part in enumerate(slices):
         sizes = lengths[part]
