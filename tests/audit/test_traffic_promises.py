@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -26,8 +27,17 @@ from hypothesis import strategies as st
 from corpus_builder import build_corpus, load_recipe
 from corpus_builder.audit import AuditOptions, CorpusFiles, audit_against
 from corpus_builder.audit.frames import NO_TASK
-from corpus_builder.audit.profile import COPY_BUCKETS, GROUP_KEYS, LENGTH_BUCKETS, LENGTH_EDGES, TokenTables
-from corpus_builder.audit.token_pass import Measured
+from corpus_builder.audit.inputs import traffic_units
+from corpus_builder.audit.profile import (
+    COPY_BUCKETS,
+    GROUP_KEYS,
+    LENGTH_BUCKETS,
+    LENGTH_EDGES,
+    Profile,
+    TokenTables,
+    read_profile,
+)
+from corpus_builder.audit.token_pass import Measured, TokenMeter
 from corpus_builder.audit.traffic import (
     COVERAGE_POINTS,
     FACT_DIMENSIONS,
@@ -46,11 +56,13 @@ from corpus_builder.audit.traffic import (
     _vocab,
     _vocab_alone,
     as_shares,
+    compare,
     divergence_problems,
     total_variation,
 )
 from corpus_builder.errors import DropCounts
 from corpus_builder.layout import LEDGER, Corpus
+from corpus_builder.tokens import TemplateRenderer
 from tests.support.fuzz import fuzz_settings
 
 from .fixtures import (
@@ -58,9 +70,11 @@ from .fixtures import (
     PLAIN_DUPLICATES,
     REASONED_FRACTION,
     TURN_EDGES,
+    chat_row,
     dialogue_row,
     mixed_sources,
     mixed_traffic,
+    summary_row,
     write_jsonl,
 )
 
@@ -429,13 +443,28 @@ class _Files:
     drops: DropCounts = field(default_factory=DropCounts)
 
 
-def _patched(document: Any, diff: str, tmp_path: Path) -> Any:
-    """The recipe with the diff applied, as ``patch recipe.yaml`` applies it."""
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100), encoding="utf-8")
-    patched = subprocess.run(["patch", "-s", str(recipe)], input=diff, text=True, capture_output=True)
-    assert patched.returncode == 0, patched.stdout + patched.stderr
-    return yaml.safe_load(recipe.read_text(encoding="utf-8"))
+def _applied(text: str, diff: str) -> str:
+    """``text`` with a unified diff applied as ``patch`` applies it: every hunk's context and removed lines must
+    be where the hunk says."""
+    lines, out, at = text.splitlines(keepends=True), [], 0
+    hunks = re.split(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@.*\n", diff, flags=re.MULTILINE)
+    for start, body in zip(hunks[1::2], hunks[2::2], strict=True):
+        first = int(start) - 1
+        out += lines[at:first]
+        at = first
+        for line in body.splitlines(keepends=True):
+            if line[0] in " -":
+                assert lines[at] == line[1:], (lines[at], line)
+                at += 1
+            if line[0] in " +":
+                out.append(line[1:])
+    return "".join(out + lines[at:])
+
+
+def _patched(document: Any, diff: str) -> Any:
+    """The recipe, as the build writes it (``recipe.load.resolved_yaml``), with the diff applied."""
+    text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100)
+    return yaml.safe_load(_applied(text, diff))
 
 
 @st.composite
@@ -462,14 +491,13 @@ LONG_LINE = " ".join(f"word{i}" for i in range(29))
 @given(sources=st.lists(_diffed_source(), min_size=1, max_size=4), ledger=st.booleans())
 @fuzz_settings(80)
 def test_the_recipe_diff_sets_each_take_to_give_the_target_rows(
-        sources: list[tuple[dict[str, Any] | None, int, int, int]], ledger: bool, tmp_path_factory:
-        pytest.TempPathFactory) -> None:
+        sources: list[tuple[dict[str, Any] | None, int, int, int]], ledger: bool) -> None:
     """A count is the target scaled by rows read over rows kept (the ledger's drops; none without a ledger), a
     fraction the target over rows kept (at most 1), a target of 0 removes the source; the seed is kept (0 when
     none)."""
-    specs = [{"name": f"s{i}", "kind": "replay", **({"take": take} if take is not None else {})}
+    specs = [{"name": f"s{i}", "kind": "replay", "note": f"récit {LONG_LINE}", **({"take": take} if take else {})}
              for i, (take, _, _, _) in enumerate(sources)]
-    document = {"name": "récit", "description": LONG_LINE, "sources": specs}
+    document = {"name": "traffic", "sources": specs}
     drops = DropCounts()
     for i, (_, _, dropped, _) in enumerate(sources):
         for _ in range(dropped):
@@ -485,7 +513,7 @@ def test_the_recipe_diff_sets_each_take_to_give_the_target_rows(
         assert diff is None
         return
     assert diff is not None
-    edited = {spec["name"]: spec for spec in _patched(document, diff, tmp_path_factory.mktemp("diff"))["sources"]}
+    edited = {spec["name"]: spec for spec in _patched(document, diff)["sources"]}
     assert list(edited) == [spec["name"] for spec, _, _ in remaining]
     expected_notes = []
     for spec, entry, dropped in remaining:
@@ -516,6 +544,11 @@ def test_a_recipe_diff_needs_a_recipe_and_a_plan() -> None:
     assert _recipe_diff(cast(CorpusFiles, _Files({"name": "no sources"})), plan) == (None, [])
     # A plan entry of a source the recipe does not list (or lists without a name) changes nothing.
     assert _recipe_diff(cast(CorpusFiles, _Files({"sources": [{"name": "t"}, "odd"]})), plan) == (None, [])
+
+
+def _patched_file(corpus: Path, diff: str) -> Any:
+    """The corpus's recipe.yaml, as written, with the diff applied."""
+    return yaml.safe_load(_applied((corpus / "recipe.yaml").read_text(encoding="utf-8"), diff))
 
 
 def _planned(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -550,8 +583,7 @@ def test_the_mixed_corpus_diff_scales_counts_by_rows_read_over_rows_kept(mixed_c
     dropped = {source: sum(reasons.values()) for source, reasons in Corpus.open(mixed_corpus).ledger_drops()
                .by_source.items()}
     assert dropped["plain"] == PLAIN_DUPLICATES and plan["plain"]["rows"] == PLAIN and dropped["docs"] > 0
-    resolved = yaml.safe_load((mixed_corpus / "recipe.yaml").read_text(encoding="utf-8"))
-    takes = {spec["name"]: spec.get("take") for spec in _patched(resolved, report["recipe_diff"], tmp_path)["sources"]}
+    takes = {spec["name"]: spec.get("take") for spec in _patched_file(mixed_corpus, report["recipe_diff"])["sources"]}
     for name in ("plain", "halfway", "docs"):  # a count: the target's rows read at the drop rate of last time
         entry = plan[name]
         assert entry["change"] != 0
@@ -571,8 +603,7 @@ def test_without_a_ledger_the_counts_are_not_scaled(mixed_corpus: Path, tmp_path
     report = audit_against(copy, str(write_jsonl(tmp_path / "traffic.jsonl", mixed_traffic())))
     assert report["corpus"]["skipped"]  # audit.json still counts the drops
     plan = _planned(report)
-    resolved = yaml.safe_load((copy / "recipe.yaml").read_text(encoding="utf-8"))
-    takes = {spec["name"]: spec.get("take") for spec in _patched(resolved, report["recipe_diff"], tmp_path)["sources"]}
+    takes = {spec["name"]: spec.get("take") for spec in _patched_file(copy, report["recipe_diff"])["sources"]}
     assert takes["plain"] == {"count": plan["plain"]["target_rows"], "seed": 0}
 
 
@@ -583,8 +614,7 @@ def test_the_recipe_diff_applied_moves_the_audit_towards_the_traffic(mixed_corpu
     again.mkdir()
     for name, rows in mixed_sources().items():
         write_jsonl(again / f"{name}.jsonl", rows)
-    resolved = yaml.safe_load((mixed_corpus / "recipe.yaml").read_text(encoding="utf-8"))
-    yaml_text = yaml.safe_dump(_patched(resolved, before["recipe_diff"], tmp_path), sort_keys=False)
+    yaml_text = yaml.safe_dump(_patched_file(mixed_corpus, before["recipe_diff"]), sort_keys=False)
     (again / "recipe.yaml").write_text(yaml_text, encoding="utf-8")
     rebuilt = build_corpus(load_recipe(again / "recipe.yaml")).out_dir
     after = audit_against(rebuilt, str(traffic))
@@ -726,3 +756,73 @@ def test_mostly_skipped_traffic_is_noted_in_the_report(mixed_corpus: Path, tmp_p
     assert report["notes"] == [note]
     allowed = audit_against(mixed_corpus, str(traffic), AuditOptions(max_skipped_share=0.06))
     assert "notes" not in allowed and not allowed["readable"]["partial"]
+
+
+def test_an_empty_corpus_has_no_divergence_and_every_traffic_task_to_add(tmp_path: Path,
+                                                                       tiny_model_dir: Path) -> None:
+    """A corpus built with --allow-empty: nothing to compare (no worst dimension), a source to add per task."""
+    write_jsonl(tmp_path / "none.jsonl", [chat_row(i, thinking=False) for i in range(3)])  # each past max_seq_len
+    (tmp_path / "recipe.yaml").write_text(f"""
+name: empty
+target: {{model: tiny/target, tokenizer: {tiny_model_dir}}}
+sources:
+  - {{name: none, kind: replay, path: none.jsonl, task: chat, license: MIT}}
+checks: {{max_seq_len: 8}}
+output: {{dir: out}}
+""", encoding="utf-8")
+    empty = build_corpus(load_recipe(tmp_path / "recipe.yaml"), allow_empty=True).out_dir
+    report = audit_against(empty, str(write_jsonl(tmp_path / "traffic.jsonl", mixed_traffic())))
+    assert report["corpus"]["conversations"] == 0
+    assert report["divergence"] == {} and report["max_divergence"] is None
+    assert report["plan"] == [] and report["recipe_diff"] is None
+    assert [note.split(":")[0] for note in report["suggestions"][:3]] == ["task chat", "task code",
+                                                                          "task summarization"]
+
+
+def _profile(path: Path, rows: list[dict[str, Any]], meter: TokenMeter | None = None) -> Profile:
+    write_jsonl(path, rows)
+    return read_profile(str(path), traffic_units(str(path)), meter, token_sample=0)
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_compare_puts_the_sides_their_divergences_and_the_plan_together(tmp_path: Path, tiny_model_dir: Path,
+                                                                        measured: bool) -> None:
+    """``compare`` on two profiles read from files (no build): what it reports, from the parts it is made of."""
+    meter = TokenMeter(TemplateRenderer(tiny_model_dir)) if measured else None
+    mine = _profile(tmp_path / "mine.jsonl", [chat_row(i, thinking=False) for i in range(30)]
+                    + [summary_row(i, thinking=True) for i in range(10)], meter)
+    theirs = _profile(tmp_path / "theirs.jsonl", mixed_traffic(), meter)
+    files = cast(CorpusFiles, _Files(None))
+    report = compare(files, mine, theirs, AuditOptions(draft_vocab_size=100), meter)
+    assert set(report) == {"corpus", "traffic", "readable", "divergence", "notes" if not measured else "vocab",
+                           "tokenizer", "max_divergence", "plan", "recipe_diff", "suggestions"}
+    corpus_side, traffic_side = report["corpus"], report["traffic"]
+    assert (corpus_side["conversations"], traffic_side["conversations"]) == (40, 100)
+    expected = [*FACT_DIMENSIONS, *(TOKEN_DIMENSIONS if measured else ())]
+    assert list(report["divergence"]) == expected
+    for name in expected[:-1] if measured else expected:
+        assert report["divergence"][name] == _divergence(corpus_side["shares"][name], traffic_side["shares"][name])
+    if measured:
+        assert report["divergence"]["token_frequencies"] == {"tvd": _frequency_tvd(
+            mine.tokens.frequencies, theirs.tokens.frequencies), "gaps": []}  # type: ignore[union-attr]
+        assert report["vocab"] == _vocab(mine.tokens.frequencies, theirs.tokens.frequencies, 100)  # type: ignore
+        assert report["tokenizer"] == str(meter.renderer.tokenizer_dir)  # type: ignore[union-attr]
+    else:
+        assert report["tokenizer"] is None and report["notes"] == [
+            "token dimensions left out: no target tokenizer found for the corpus (give --tokenizer DIR)"]
+    worst = max(report["divergence"], key=lambda name: report["divergence"][name]["tvd"])
+    assert report["max_divergence"] == {"dimension": worst, "tvd": report["divergence"][worst]["tvd"]}
+    plan, notes = _plan(corpus_side, traffic_side)
+    assert report["plan"] == plan and report["recipe_diff"] is None  # no recipe to edit
+    assert report["suggestions"] == notes + _token_suggestions(report, files)
+    # Partial traffic: said first; traffic naming no task: no task dimensions, and said.
+    theirs.skipped["invalid_json"] += 10
+    untasked = _profile(tmp_path / "untasked.jsonl", [{"messages": row["messages"]} for row in mixed_traffic()])
+    untasked.skipped["invalid_json"] += 10
+    partial = compare(files, mine, untasked, AuditOptions(), None)
+    assert partial["readable"]["partial"] and partial["notes"] == [
+        partial["readable"]["note"], "token dimensions left out: no target tokenizer found for the corpus (give "
+        "--tokenizer DIR)", "task mix left out: the traffic's rows name no task (a `task` field, or --against a "
+        "recipe whose sources carry task tags)"]
+    assert partial["readable"]["note"].startswith("10 of the traffic's 110 rows (9.1%) were skipped")
+    assert "task" not in partial["divergence"] and "task_thinking" not in partial["divergence"]
