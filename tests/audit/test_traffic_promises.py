@@ -368,8 +368,10 @@ def test_the_plan_follows_the_traffic_task_mix_at_the_corpus_size(sources: dict[
                        and f"~{wanted:,} rows" in note for note in notes)
             continue
         assert abs(sum(entry["target_rows"] for entry in members) - wanted) <= len(members) / 2
-        removed = any(note.startswith(f"task {task}: none of the traffic") for note in notes)
-        assert removed == (wanted == 0)
+        removal = (f"task {task}: none of the traffic; the diff removes its sources "
+                   f"({', '.join(entry['source'] for entry in members)}): keep them if the draft should keep that "
+                   "coverage")
+        assert (removal in notes) == (wanted == 0)
         told = any(note.startswith(f"task {task}: the traffic is") for note in notes)
         if wanted == 0:
             assert all(entry["target_rows"] == 0 for entry in members) and not told
@@ -406,6 +408,17 @@ def test_a_thinking_share_exactly_the_tolerance_away_needs_no_move() -> None:
     assert _plan(corpus_side, traffic_side)[1] == [
         "task chat: the traffic is 0% thinking, its sources reach 4% at most: add a prompts source for it "
         "generated with thinking off (target.generation.enable_thinking: false)"]
+
+
+def test_a_move_never_takes_more_rows_than_the_least_thinking_source_gives() -> None:
+    """Of 2 rows wanted all thinking, the never-thinking source's 0.2 is all that moves (not the 0.7 the gap
+    asks), even where that is under a row."""
+    sources = {"never": {"conversations": 1, "thinking_share": 0.0},
+               "half": {"conversations": 5, "thinking_share": 0.5},
+               "always": {"conversations": 4, "thinking_share": 1.0}}
+    assert _split_rows(2, 1.0, sources) == {"never": 0, "half": 1, "always": 1}
+    assert _split_rows(20, 1.0, sources) == {"never": 0, "half": 10, "always": 10}
+    assert _split_rows(20, 0.0, sources) == {"never": 10, "half": 10, "always": 0}
 
 
 def test_traffic_without_tasks_plans_the_whole_corpus_on_its_thinking_share() -> None:
@@ -476,9 +489,9 @@ def _diffed_source(draw: st.DrawFn) -> tuple[dict[str, Any] | None, int, int, in
     seed = draw(st.sampled_from([{}, {"seed": 7}]))
     take = draw(st.one_of(
         st.none(),
-        st.builds(lambda count: {"count": count, **seed}, st.one_of(
+        st.builds(lambda count, spare: {"count": count, **seed, **spare}, st.one_of(
             st.integers(1, 400), st.sampled_from([kept + dropped - 1, kept + dropped, kept + dropped + 1]).filter(
-                lambda count: count >= 1))),
+                lambda count: count >= 1)), st.sampled_from([{}, {"fraction": None}])),  # a count's fraction gives way
         st.builds(lambda share: {"fraction": share / 20, **seed}, st.integers(1, 20))))
     target = draw(st.one_of(st.integers(0, 400), st.sampled_from([0, 1, kept - 1, kept, kept + 1])))
     return take, kept, dropped, max(target, 0)
@@ -512,7 +525,7 @@ def test_the_recipe_diff_sets_each_take_to_give_the_target_rows(
     if all(not entry["change"] for entry in plan) or not remaining:
         assert diff is None
         return
-    assert diff is not None
+    assert diff is not None and diff.startswith("--- recipe.yaml\n+++ recipe.yaml (matched to the traffic)\n")
     edited = {spec["name"]: spec for spec in _patched(document, diff)["sources"]}
     assert list(edited) == [spec["name"] for spec, _, _ in remaining]
     expected_notes = []
@@ -523,7 +536,7 @@ def test_the_recipe_diff_sets_each_take_to_give_the_target_rows(
             continue
         kept, target = entry["rows"], entry["target_rows"]
         read = kept + (dropped if ledger else 0)
-        if "fraction" in take:
+        if take.get("fraction") is not None:
             assert edited[spec["name"]]["take"] == {"fraction": round(min(1.0, take["fraction"] * target / kept), 6),
                                                     "seed": take.get("seed", 0)}
         else:
@@ -534,6 +547,21 @@ def test_the_recipe_diff_sets_each_take_to_give_the_target_rows(
             expected_notes.append(f"source {spec['name']}: all {read:,} of its rows are read already: find "
                                   f"{entry['change']:,} more rows of task chat (or a prompts source to generate them)")
     assert notes == expected_notes
+
+
+def test_a_count_of_exactly_the_rows_read_is_not_all_of_the_source() -> None:
+    """Rows read (10 kept, 2 dropped) equal to the count asked: the source may have more; fewer read than asked:
+    every row is read already, and the note says so."""
+    plan = [{"source": "s", "task": "chat", "rows": 10, "target_rows": 20, "change": 10}]
+    drops = DropCounts()
+    drops.add("s", "duplicate")
+    drops.add("s", "empty_turn")
+    for count, whole in ((12, False), (13, True)):
+        files = _Files({"sources": [{"name": "s", "take": {"count": count}}]}, drops=drops)
+        diff, notes = _recipe_diff(cast(CorpusFiles, files), plan)
+        assert notes == (["source s: all 12 of its rows are read already: find 10 more rows of task chat (or a "
+                          "prompts source to generate them)"] if whole else [])
+        assert diff is not None and _patched(files.recipe, diff)["sources"][0]["take"] == {"count": 24, "seed": 0}
 
 
 def test_a_recipe_diff_needs_a_recipe_and_a_plan() -> None:
@@ -683,18 +711,19 @@ def test_coverage_points_are_the_standard_ones_below_the_vocabulary_and_the_draf
 
 def test_the_vocabulary_coverage_is_of_the_corpus_top_k_on_the_traffic() -> None:
     corpus = np.array([0, 5, 3, 3, 0, 1], dtype=np.int64)  # top ids: 1, 2, 3 (ties to the lower id), 5
-    traffic = np.array([4, 2, 0, 2, 0, 0], dtype=np.int64)  # top ids: 0, 1, 3
+    traffic = np.array([4, 2, 0, 1, 0, 2], dtype=np.int64)  # top ids: 0, 1, 5; thirds and ninths (6 digits kept)
     vocab = _vocab(corpus, traffic, 3)
     assert vocab == {
         "draft_vocab_size": 3, "target_vocab_size": 6,
-        "traffic_coverage": 0.5, "traffic_outside": 0.5, "traffic_oracle_coverage": 1.0,
-        "corpus_coverage": round(11 / 12, 6), "traffic_tokens_unseen_in_corpus": 0.5,
-        "curve": [{"k": 3, "corpus": round(11 / 12, 6), "traffic": 0.5, "traffic_own": 1.0},
+        "traffic_coverage": round(3 / 9, 6), "traffic_outside": round(6 / 9, 6),
+        "traffic_oracle_coverage": round(8 / 9, 6), "corpus_coverage": round(11 / 12, 6),
+        "traffic_tokens_unseen_in_corpus": round(4 / 9, 6),
+        "curve": [{"k": 3, "corpus": round(11 / 12, 6), "traffic": round(3 / 9, 6), "traffic_own": round(8 / 9, 6)},
                   {"k": 6, "corpus": 1.0, "traffic": 1.0, "traffic_own": 1.0}]}
     assert _vocab(corpus, np.zeros(6, dtype=np.int64), 3)["traffic_coverage"] is None
     nothing = _vocab(np.zeros(6, dtype=np.int64), traffic, 3)
     assert nothing["corpus_coverage"] is None and nothing["curve"][0]["corpus"] is None
-    assert nothing["traffic_tokens_unseen_in_corpus"] == 1.0
+    assert nothing["traffic_tokens_unseen_in_corpus"] == 1.0 and nothing["traffic_coverage"] == round(6 / 9, 6)
     assert _vocab_alone(corpus, 3) == {"draft_vocab_size": 3, "target_vocab_size": 6, "curve": [
         {"k": 3, "corpus": round(11 / 12, 6)}, {"k": 6, "corpus": 1.0}]}
     assert _vocab_alone(corpus, 10)["draft_vocab_size"] == 6
@@ -815,14 +844,27 @@ def test_compare_puts_the_sides_their_divergences_and_the_plan_together(tmp_path
     plan, notes = _plan(corpus_side, traffic_side)
     assert report["plan"] == plan and report["recipe_diff"] is None  # no recipe to edit
     assert report["suggestions"] == notes + _token_suggestions(report, files)
+    recipe = _Files({"sources": [{"name": name} for name in corpus_side["by_source"]]})
+    edited = compare(cast(CorpusFiles, recipe), mine, theirs, AuditOptions(draft_vocab_size=100), meter)
+    assert edited["recipe_diff"] is not None and edited["recipe_diff"] == _recipe_diff(cast(CorpusFiles, recipe),
+                                                                                       plan)[0]
     # Partial traffic: said first; traffic naming no task: no task dimensions, and said.
-    theirs.skipped["invalid_json"] += 10
-    untasked = _profile(tmp_path / "untasked.jsonl", [{"messages": row["messages"]} for row in mixed_traffic()])
+    task_note = ("task mix left out: the traffic's rows name no task (a `task` field, or --against a recipe whose "
+                 "sources carry task tags)")
+    untasked = _profile(tmp_path / "untasked.jsonl", [{"messages": row["messages"]} for row in mixed_traffic()],
+                        meter)
+    if measured:
+        alone = compare(files, mine, untasked, AuditOptions(), meter)
+        assert alone["notes"] == [task_note] and not {"task", "task_thinking"} & set(alone["divergence"])
+        return
     untasked.skipped["invalid_json"] += 10
     partial = compare(files, mine, untasked, AuditOptions(), None)
-    assert partial["readable"]["partial"] and partial["notes"] == [
-        partial["readable"]["note"], "token dimensions left out: no target tokenizer found for the corpus (give "
-        "--tokenizer DIR)", "task mix left out: the traffic's rows name no task (a `task` field, or --against a "
-        "recipe whose sources carry task tags)"]
-    assert partial["readable"]["note"].startswith("10 of the traffic's 110 rows (9.1%) were skipped")
+    note = ("10 of the traffic's 110 rows (9.1%) were skipped, more than --max-skipped-share 0.05: every figure "
+            "describes the 100 readable rows only")
+    assert partial["readable"]["partial"] and partial["readable"]["note"] == note
+    assert partial["notes"] == [note, "token dimensions left out: no target tokenizer found for the corpus (give "
+                                "--tokenizer DIR)", task_note]
     assert "task" not in partial["divergence"] and "task_thinking" not in partial["divergence"]
+    # A corpus without a row: nothing to compare, no worst dimension.
+    empty = compare(files, read_profile("empty", [], None, token_sample=0), untasked, AuditOptions(), None)
+    assert empty["divergence"] == {} and empty["max_divergence"] is None and task_note in empty["notes"]
