@@ -142,6 +142,48 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "runs.hashes(length, whole_if_shorter=True)", _SHORTER),
     "corpus_builder.screen.decontaminate.xǁContaminationǁchunk_matches__mutmut_17": (
         "hashes[order], )", "side=\"left\" is searchsorted's default"),
+    # corpus_builder/audit/traffic.py
+    "corpus_builder.audit.traffic.x__plan__mutmut_54": (
+        "targets.get(task, (0.0, 1.0))", "a task the traffic lacks wants 0 rows: its thinking share moves nothing"),
+    "corpus_builder.audit.traffic.x__plan__mutmut_57": (
+        "groups.get(task, None)", "members is read only after the empty check: None and [] are both empty"),
+    "corpus_builder.audit.traffic.x__plan__mutmut_59": (
+        "groups.get(task, )", "members is read only after the empty check: None and [] are both empty"),
+    "corpus_builder.audit.traffic.x__plan__mutmut_87": (
+        "if wanted else 1.0", "reached is read only when rows are wanted"),
+    "corpus_builder.audit.traffic.x__plan__mutmut_97": (
+        "thinking >= reached", "the mode is chosen only when the shares differ by more than the tolerance"),
+    "corpus_builder.audit.traffic.x__points__mutmut_2": (
+        "k <= size", "size is always a point: a standard point equal to it adds nothing to the set"),
+    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_9": (
+        "changed = None", "only its truth is read: falsy either way"),
+    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_74": (
+        'take.get("fraction", 2)', "the default is read only without a fraction: 1 and 2 both mean the whole source"),
+    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_82": (
+        'take.get("count") or 1)', "rows read count the kept rows (at least 1): read < 1 is false as read < 0 is"),
+    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_86": (
+        'entry["change"] >= 0', "an entry without a change was skipped before: the change is never 0 here"),
+    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_151": ("sort_keys=None", "None is falsy: the order kept"),
+    "corpus_builder.audit.traffic.x__split_rows__mutmut_48": (
+        "if move >= 0 else", "a move is made only past the tolerance, so it is never 0"),
+    "corpus_builder.audit.traffic.x__vocab__mutmut_9": (
+        "top_k(corpus, None)", "top_k slices its order: [:None] and [:size] are the whole of it"),
+    "corpus_builder.audit.traffic.x__vocab__mutmut_14": (
+        "top_k(traffic, None)", "top_k slices its order: [:None] and [:size] are the whole of it"),
+    "corpus_builder.audit.traffic.x__vocab__mutmut_27": (
+        "points), strict=None)", "_curve gives one value per point: the zipped lengths always agree"),
+    "corpus_builder.audit.traffic.x__vocab__mutmut_32": (
+        "_curve(by_traffic, traffic, points), )", "_curve gives one value per point: the zipped lengths always agree"),
+    "corpus_builder.audit.traffic.x__vocab__mutmut_51": (
+        "points), strict=False)", "_curve gives one value per point: the zipped lengths always agree"),
+    "corpus_builder.audit.traffic.x__vocab_alone__mutmut_9": (
+        "top_k(counts, None)", "top_k slices its order: [:None] and [:size] are the whole of it"),
+    "corpus_builder.audit.traffic.x__vocab_alone__mutmut_28": (
+        "points), strict=None)]}", "_curve gives one value per point: the zipped lengths always agree"),
+    "corpus_builder.audit.traffic.x__vocab_alone__mutmut_31": (
+        "counts, points), )]}", "_curve gives one value per point: the zipped lengths always agree"),
+    "corpus_builder.audit.traffic.x__vocab_alone__mutmut_38": (
+        "points), strict=False)]}", "_curve gives one value per point: the zipped lengths always agree"),
 }
 
 SCORED = ("killed", "timeout")
