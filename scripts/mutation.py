@@ -51,7 +51,8 @@ _SCREENING_TESTS = ("tests/screen",)
 OWNING_TESTS: dict[str, tuple[str, ...]] = {
     "corpus_builder/publish/gate.py": ("tests/publish",),
     "corpus_builder/build/mixture.py": ("tests/build/test_mixture.py",),
-    "corpus_builder/audit/traffic.py": ("tests/audit",),
+    # the comparison's properties and profiles read from files: the tests that build a corpus take minutes each
+    "corpus_builder/audit/traffic.py": ("tests/audit/test_traffic_promises.py",),
     # Dedup and decontamination share their tests (dedup.py reads the eval sets, decontaminate.py runs on
     # near_dedup's word runs), and one set for the three keeps mutmut's verdicts when they are run one at a time.
     "corpus_builder/screen/dedup.py": _SCREENING_TESTS,
