@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from corpus_builder.recipe.model import HubRef
 from corpus_builder.records import Conversation, Message, row_location
 from corpus_builder.sources.hub import hub_label, hub_provenance
@@ -22,3 +24,15 @@ def test_a_hub_row_is_named_as_its_reader_names_the_rows_it_skips() -> None:
         located = row_location(row({"hub": hub_provenance(ref), "source_row": 12}))
         assert located == f"{hub_label(ref)}#12"
     assert hub_label(HubRef(id="org/chats", split="test", config="en")) == "org/chats/en/test"
+
+
+def test_the_origins_are_the_schemas_and_a_prompt_row_is_no_corpus_row() -> None:
+    """A prompt source's row is typed as such but never written: the corpus row schema leaves it out."""
+    import json
+    from typing import get_args
+
+    from corpus_builder.records import Origin
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "corpus_builder" / "schemas" /
+                         "conversation.schema.json").read_text(encoding="utf-8"))
+    assert set(schema["properties"]["origin"]["enum"]) == set(get_args(Origin)) - {"prompt"}

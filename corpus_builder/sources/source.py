@@ -20,7 +20,7 @@ from ..draws import take_priority
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe import match_source_pattern
 from ..recipe.model import Mapping, Recipe, SourceFormat, SourceKind, SourceSpec
-from ..records import Conversation, conversation_id
+from ..records import Conversation, Origin, conversation_id
 from ..secrets import redact_conversations
 from .hub import hub_label, hub_provenance, iter_hub_rows
 from .mappings import TOOL_CHOICE_UNDEFINED, NormalisedRow, RowNormaliser, check_mapping
@@ -35,7 +35,7 @@ from .readers import (
 )
 from .take import CountSelection, fraction_filter
 
-ORIGIN = {"replay": "replay", "prompts": "prompt"}
+ORIGIN: dict[str, Origin] = {"replay": "replay", "prompts": "prompt"}
 DEFAULT_MAPPING = Mapping()
 
 
