@@ -1,5 +1,5 @@
 """The audit's polars engine (``audit.frames``, ``audit.profile``, ``audit.token_pass``) computes in its own way what
-the build's statistics (``build.stats``, ``build.token_stats`` over ``tokens.TokenRows``) count; on the same rows,
+the build's statistics (``stats.corpus``, ``stats.tokens`` over ``tokens.TokenRows``) count; on the same rows,
 whatever they are, the two agree row by row and in total (issue 20, item 4).
 
 Each example is a few conversations written as a log (OpenAI-style or ShareGPT; reasoning in one of the reasoning
@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 import polars as pl
 import pytest
-from corpus_builder.build.stats import CorpusStats
+from corpus_builder.stats.corpus import CorpusStats
 from hypothesis import example, given
 from hypothesis import strategies as st
 
