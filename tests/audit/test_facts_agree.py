@@ -37,7 +37,6 @@ from typing import Any
 import orjson
 import polars as pl
 import pytest
-from corpus_builder.stats.corpus import CorpusStats
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -54,6 +53,7 @@ from corpus_builder.records import REASONING_KEYS, ROLES, THINK_CLOSE, THINK_OPE
 from corpus_builder.rows import batch_to_conversations, conversations_to_batch
 from corpus_builder.sources import iter_file
 from corpus_builder.sources.mappings import CALL_SPEAKERS, ROLE_ALIASES
+from corpus_builder.stats.corpus import CorpusStats
 from corpus_builder.tokens import TokenRows
 from tests.support.fuzz import fuzz_settings
 
