@@ -255,8 +255,11 @@ def next_round(declared: int, kept: int, generated: int, pool_left: int) -> int:
     missing = declared - kept
     if missing <= 0 or pool_left <= 0:
         return 0
-    keep_rate = max(kept, 1) / generated if generated else 1.0
-    return min(pool_left, max(1, math.ceil(missing / keep_rate)))
+    if not generated:
+        return min(pool_left, missing)
+    # missing over the keep rate max(kept, 1) / generated, rounded up in integers: the float quotient of an exact
+    # multiple can land just above it (21 / 0.7 is 30.000000000000004) and ask one row more
+    return min(pool_left, -(-missing * generated // max(kept, 1)))
 
 
 def plan_selection(recipe: Recipe, available: dict[str, Available], generated: dict[str, int]) -> Selection:

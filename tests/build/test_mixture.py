@@ -15,12 +15,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from corpus_builder.build import build_corpus, plan_build
 from corpus_builder.build.collect import MixtureShort
-from corpus_builder.build.mixture import Available, RowBounds, Selection, certain_shortfalls, plan_selection
+from corpus_builder.build.mixture import (
+    Available,
+    RowBounds,
+    Selection,
+    certain_shortfalls,
+    next_round,
+    plan_selection,
+)
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
@@ -407,3 +414,24 @@ def test_every_reasoning_row_wanted_with_a_validation_split() -> None:
         selection, taken = _selection([((92, 280, 8, 20), 100)], 1.0, 0.0, per_split, itertools.count())
         assert selection.shortfalls == [] and selection.thinking_share == 1.0
         assert taken == [[92, 0, 8, 0]]
+
+
+@given(declared=st.integers(0, 400), so_far=st.integers(0, 800).flatmap(lambda n: st.tuples(st.integers(0, n),
+                                                                                         st.just(n))),
+       pool_left=st.integers(0, 800))
+@example(declared=28, so_far=(7, 10), pool_left=100)  # 21 / 0.7 is 30.000000000000004 in floats: 31 were asked
+@fuzz_settings(200)
+def test_a_top_up_asks_for_the_shortfall_over_the_keep_rate_and_no_more(declared: int, so_far: tuple[int, int],
+                                                                       pool_left: int) -> None:
+    """A round asks for what is missing over the rate rows were kept at so far (each drop replaced once), at
+    least one row, at most the pool; nothing once the source has its rows or the pool is empty."""
+    kept, generated = so_far
+    asked = next_round(declared, kept, generated, pool_left)
+    missing = declared - kept
+    if missing <= 0 or pool_left == 0:
+        assert asked == 0
+        return
+    assert 1 <= asked <= pool_left
+    kept_of, generated_of = (max(kept, 1), generated) if generated else (1, 1)  # nothing asked yet: all kept
+    if asked < pool_left:  # kept at the rate so far, the rows asked make up the shortfall; one fewer would not
+        assert asked * kept_of >= missing * generated_of > (asked - 1) * kept_of, (asked, missing)
