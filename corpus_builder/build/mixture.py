@@ -230,9 +230,12 @@ def certain_shortfalls(recipe: Recipe, bounds: dict[str, RowBounds]) -> list[str
     target = recipe.mixture.thinking_share
     if target is None or not shares_known:
         return shortfalls
-    rows = sum(want for want, _ in wants)
-    most = sum(min(want, bound.thinking) for want, bound in wants)
-    least = sum(max(0, want - bound.plain) for want, bound in wants)
+    # a target above what its source can give takes every row it has (reported above): of those, not of rows
+    # that do not exist, is the share
+    takes = [(min(want, bound.rows), bound) for want, bound in wants]
+    rows = sum(take for take, _ in takes)
+    most = sum(min(take, bound.thinking) for take, bound in takes)
+    least = sum(max(0, take - bound.plain) for take, bound in takes)
     # Without a total, the sources with no target give every kept row, from none to all they hold: the
     # extremes take all their thinking rows and none of the others, or the reverse.
     kept = untargeted if total is None else RowBounds(0, 0, 0, "")

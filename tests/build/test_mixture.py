@@ -11,7 +11,7 @@ import random
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -316,104 +316,152 @@ def test_the_card_shows_declared_vs_reached_and_marks_a_short_corpus(tmp_path: P
 
 
 # --------------------------------------------------------------------------------------------------
-# The selection's arithmetic, on rows that passed the checks (no build): a thinking share is reached whenever
-# any choice of the rows reaches it, overall and per split, and reported short exactly when none does.
+# The selection's arithmetic, on rows that passed the checks (no build): each source its count, never more than
+# it holds; a thinking share reached whenever any choice of the rows reaches it, overall and per split, the
+# nearest one reported short when none does.
 
 CELL_KINDS = (("train", True), ("train", False), ("validation", True), ("validation", False))
+Sources = list[tuple[tuple[int, ...], int | None]]  # per source: rows per cell in CELL_KINDS order, count or None
 
 
-def _recipe(sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float,
-            per_split: bool) -> Recipe:
+def _recipe(sources: Sources, share: float, tolerance: float, per_split: bool) -> Recipe:
     return Recipe("property", Target(model="m"), tuple(
         SourceSpec(f"s{index}", "replay", target=SourceTarget(count=count) if count is not None else None)
         for index, (_, count) in enumerate(sources)), OutputSpec(Path("out")),
         mixture=Mixture(thinking_share=ThinkingShare(share, tolerance, per_split)))
 
 
-def _selection(sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float, per_split: bool,
-               priorities: Iterator[int]) -> tuple[Selection, list[list[int]]]:
-    """The plan for sources given as (rows per cell in CELL_KINDS order, count or None), and the rows taken
-    from each cell."""
+def _selection(sources: Sources, share: float, tolerance: float, per_split: bool,
+               priorities: Iterable[int]) -> tuple[Selection, list[list[int]]]:
+    """The plan, and the rows taken from each cell of each source; the rows a cell gives are its best (lowest)
+    priorities."""
     recipe = _recipe(sources, share, tolerance, per_split)
     available, rows = {}, {}
+    drawn = iter(priorities)
     for index, (cells, _) in enumerate(sources):
         have = available[f"s{index}"] = Available()
-        for (split, thinking), count in zip(CELL_KINDS, cells, strict=True):
-            for _ in range(count):
-                row_priority = next(priorities)
-                have.add(split, thinking, row_priority)
-                rows.setdefault(f"s{index}", []).append((split, thinking, row_priority))
+        for kind, count in zip(CELL_KINDS, cells, strict=True):
+            rows[(f"s{index}", kind)] = [next(drawn) for _ in range(count)]
+            for row_priority in rows[(f"s{index}", kind)]:
+                have.add(*kind, row_priority)
     selection = plan_selection(recipe, available, {})
-    taken = [[sum(selection.takes(name, split, thinking, row_priority) for split, thinking, row_priority in rows[name]
-                  if (split, thinking) == kind) for kind in CELL_KINDS] for name in available]
+    taken = []
+    for name in available:
+        taken.append([])
+        for kind in CELL_KINDS:
+            took = sorted(row for row in rows[(name, kind)] if selection.takes(name, *kind, row))
+            assert took == sorted(rows[(name, kind)])[:len(took)], (name, kind)  # by priority within the cell
+            taken[-1].append(len(took))
     return selection, taken
 
 
-def _reachable(sources: list[tuple[tuple[int, ...], int]], share: float, tolerance: float, per_split: bool) -> bool:
-    """Whether any choice of rows (each source its count, each cell at most what it holds) reaches the share:
-    overall, or in every split the sources hold rows of (such a split may not be left empty)."""
+def _choices(wants: list[tuple[tuple[int, ...], int]]) -> set[tuple[int, ...]]:
+    """Rows per cell (CELL_KINDS order) of every choice of rows: each source its count, each cell at most what
+    it holds."""
     totals = {(0, 0, 0, 0)}
-    for cells, count in sources:
+    for cells, count in wants:
         choices = [c for c in itertools.product(*(range(n + 1) for n in cells)) if sum(c) == count]
         totals = {tuple(a + b for a, b in zip(total, choice, strict=True)) for total in totals for choice in choices}
+    return totals
 
-    def within(thinking: int, rows: int) -> bool:
-        return abs(thinking / rows - share) <= tolerance + 1e-9
 
-    held = [any(cells[0] + cells[1] for cells, _ in sources), any(cells[2] + cells[3] for cells, _ in sources)]
-    for train_thinking, train_plain, validation_thinking, validation_plain in totals:
-        splits = [(train_thinking, train_thinking + train_plain), (validation_thinking,
-                                                                   validation_thinking + validation_plain)]
-        if per_split and all(within(*split) if split[1] else not needed for split, needed in zip(splits, held,
-                                                                                                 strict=True)):
-            return True
-        if not per_split and within(train_thinking + validation_thinking, sum(rows for _, rows in splits)):
-            return True
-    return False
+def _within(thinking: int, rows: int, share: float, tolerance: float) -> bool:
+    return abs(thinking / rows - share) <= tolerance + 1e-9
+
+
+def _meets(cells: tuple[int, ...] | list[int], held: list[bool], share: float, tolerance: float,
+           per_split: bool) -> bool:
+    """Whether rows per cell meet the share: overall, or in every split the sources hold rows of (such a split
+    may not be left empty)."""
+    if not per_split:
+        return _within(cells[0] + cells[2], sum(cells), share, tolerance)
+    splits = [(cells[0], cells[0] + cells[1]), (cells[2], cells[2] + cells[3])]
+    return all(_within(*split, share, tolerance) if split[1] else not needed
+               for split, needed in zip(splits, held, strict=True))
 
 
 @st.composite
-def _declared_sources(draw: st.DrawFn) -> list[tuple[tuple[int, ...], int | None]]:
+def _declared_sources(draw: st.DrawFn) -> Sources:
     sources = []
     for _ in range(draw(st.integers(1, 3))):
         cells = tuple(draw(st.integers(0, 4)) for _ in CELL_KINDS)
         assume(sum(cells) > 0)
-        sources.append((cells, draw(st.none() | st.integers(1, sum(cells)))))
+        sources.append((cells, draw(st.none() | st.integers(1, sum(cells) + 2))))  # a count may exceed the rows
     return sources
 
 
 @given(sources=_declared_sources(), share=st.integers(0, 20).map(lambda n: n / 20),
        tolerance=st.integers(0, 25).map(lambda n: n / 100), per_split=st.booleans(), seed=st.integers(0, 2**32))
+# one row for the two declared: the share was judged before any request as if the missing row reasoned
+@example(sources=[((0, 0, 0, 1), 2)], share=0.0, tolerance=0.0, per_split=False, seed=0)
 @fuzz_settings(300)
 def test_a_reachable_thinking_share_is_reached_and_an_unreachable_one_reported(
-        sources: list[tuple[tuple[int, ...], int | None]], share: float, tolerance: float, per_split: bool,
-        seed: int) -> None:
-    priorities = iter(random.Random(seed).sample(range(10**9), 100))
+        sources: Sources, share: float, tolerance: float, per_split: bool, seed: int) -> None:
+    priorities = random.Random(seed).sample(range(10**9), 100)
     selection, taken = _selection(sources, share, tolerance, per_split, priorities)
-    wants = [(cells, sum(cells) if count is None else count) for cells, count in sources]
-    assert [sum(cells) for cells in taken] == [count for _, count in wants]  # each source its count, exactly
+    wants = [(cells, sum(cells) if count is None else min(count, sum(cells))) for cells, count in sources]
+    # each source its count, or every row it holds when it holds fewer (reported): no cell gives more than it has
+    assert [sum(cells) for cells in taken] == [want for _, want in wants]
+    assert all(took <= held for cells, (held_cells, _) in zip(taken, sources, strict=True)
+               for took, held in zip(cells, held_cells, strict=True))
+    assert [line for line in selection.shortfalls if line.startswith("source")] == [
+        f"source 's{index}': {sum(cells)} rows pass every check, {count} declared"
+        for index, (cells, count) in enumerate(sources) if count is not None and count > sum(cells)]
+    held = [any(cells[0] + cells[1] for cells, _ in sources), any(cells[2] + cells[3] for cells, _ in sources)]
+    choices = _choices(wants)
+    reachable = any(_meets(choice, held, share, tolerance, per_split) for choice in choices)
     reported = [line for line in selection.shortfalls if line.startswith("thinking share")]
-    reachable = _reachable(wants, share, tolerance, per_split)
     assert (not reported) == reachable, (reported, reachable)
-    # what is reported before any request, from the rows each source holds, is certain: the plan falls short too
+    in_all = [sum(cells[i] for cells in taken) for i in range(4)]
+    rows, thinking = sum(in_all), in_all[0] + in_all[2]
+    assert selection.thinking_share == thinking / rows
+    assert selection.thinking_by_split == {"train": in_all[0] / (in_all[0] + in_all[1]) if in_all[0] + in_all[1]
+                                           else 0.0,
+                                           "validation": in_all[2] / (in_all[2] + in_all[3]) if in_all[2] + in_all[3]
+                                           else 0.0}
+    if not per_split:  # steered to the nearest share any choice gives: met, or missed by as little as can be
+        assert abs(thinking - share * rows) <= min(abs(c[0] + c[2] - share * rows) for c in choices) + 1e-9
+    elif reachable:
+        assert _meets(in_all, held, share, tolerance, True)
+        _, whole = _selection(sources, share, tolerance, False, priorities)
+        planned = [sum(cells[i] for cells in whole) for i in range(4)]
+        if _meets(planned, held, share, tolerance, True):  # the plan for the whole meets every split: kept
+            assert taken == whole
+        else:  # moved across the splits: the validation size nearest the plan's, then the shares nearest the target
+            feasible = [c for c in choices if _meets(c, held, share, tolerance, True)]
+            validation = in_all[2] + in_all[3]
+            assert abs(validation - planned[2] - planned[3]) == min(abs(c[2] + c[3] - planned[2] - planned[3])
+                                                                    for c in feasible)
+            sized = [c for c in feasible if c[2] + c[3] == validation]
+            assert abs(in_all[2] - share * validation) <= min(abs(c[2] - share * validation) for c in sized) + 1e-9
+            train = rows - validation
+            alike = [c for c in sized if c[2] == in_all[2]]
+            assert abs(in_all[0] - share * train) <= min(abs(c[0] - share * train) for c in alike) + 1e-9
+    # what is reported before any request, from the rows each source holds, is certain: the plan falls short too;
+    # with every source a count it holds and one share for the whole, it is exact
     certain = certain_shortfalls(_recipe(sources, share, tolerance, per_split), {
         f"s{index}": RowBounds.of_rows(sum(cells), cells[0] + cells[2], "rows") for index, (cells, _) in
         enumerate(sources)})
-    assert not certain or not reachable, certain
-    if reachable:
-        in_all = [sum(cells[i] for cells in taken) for i in range(4)]
-        groups = [(in_all[0], in_all[0] + in_all[1]), (in_all[2], in_all[2] + in_all[3])] if per_split else [
-            (in_all[0] + in_all[2], sum(in_all))]
-        assert all(abs(thinking / rows - share) <= tolerance + 1e-9 for thinking, rows in groups if rows)
+    assert [line for line in certain if line.startswith("source")] == [
+        f"source 's{index}': at most {sum(cells)} rows ({sum(cells)} rows), {count} declared"
+        for index, (cells, count) in enumerate(sources) if count is not None and count > sum(cells)]
+    certain_share = [line for line in certain if line.startswith("thinking share")]
+    assert not certain_share or not reachable, certain
+    if all(count is not None for _, count in sources):  # the rows are known: every share outside the range is
+        shares = [(c[0] + c[2]) / rows for c in choices]
+        below, above = max(shares) < share - tolerance - 1e-9, min(shares) > share + tolerance + 1e-9
+        assert [line.split(" ")[2:4] for line in certain_share] == [["at", "most"]] * below + [["at", "least"]] * above
+        for line, nearest in zip(certain_share, [max(shares)] * below + [min(shares)] * above, strict=True):
+            assert f"{nearest:.1%} of the rows" in line, line
 
 
-def test_every_reasoning_row_wanted_with_a_validation_split() -> None:
+@pytest.mark.parametrize("per_split", [False, True])
+def test_every_reasoning_row_wanted_with_a_validation_split(per_split: bool) -> None:
     """All 100 reasoning rows wanted and 100 exist, some of them in validation: met, overall and per split
     (it was reported impossible whenever validation_fraction > 0: the split was apportioned first)."""
-    for per_split in (False, True):
-        selection, taken = _selection([((92, 280, 8, 20), 100)], 1.0, 0.0, per_split, itertools.count())
-        assert selection.shortfalls == [] and selection.thinking_share == 1.0
-        assert taken == [[92, 0, 8, 0]]
+    selection, taken = _selection([((92, 280, 8, 20), 100)], 1.0, 0.0, per_split, itertools.count())
+    assert selection.shortfalls == [] and selection.thinking_share == 1.0
+    assert taken == [[92, 0, 8, 0]]
 
 
 @given(declared=st.integers(0, 400), so_far=st.integers(0, 800).flatmap(lambda n: st.tuples(st.integers(0, n),
