@@ -27,6 +27,7 @@ from corpus_builder.build.mixture import (
     certain_shortfalls,
     next_round,
     plan_selection,
+    resolve_counts,
 )
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus
@@ -96,6 +97,24 @@ def test_drops_are_topped_up_from_the_pool_and_a_rerun_asks_for_nothing(tmp_path
     assert (declared["declared"], declared["reached"], declared["generated_rows"]) == (20, 20, asked)
     assert result.manifest["mixture"]["sources"]["replay"]["reached"] == 100  # no target: every kept row
     assert shard_hashes(again.out_dir) == shard_hashes(result.out_dir)  # same recipe and journal: the same bytes
+
+
+def test_a_top_up_with_several_samples_per_prompt_counts_the_keep_rate_in_rows(tmp_path: Path) -> None:
+    """2 samples per prompt, one request in four dropped, two rounds at most: the first asks the 20 declared rows
+    (10 prompts) and keeps 15; the top-up asks the 5 missing over the 15 of 20 kept, 7 rows, so 4 prompts, and
+    keeps 6 of their 8 rows. A keep rate of rows over prompts would ask too few and fall short."""
+    write_sources(tmp_path)
+    with FaultServer(model=MODEL, by_index={i: Fault("unclosed") for i in range(0, 400, 4)}) as server:
+        recipe_path = write_recipe(tmp_path, server.base_url, mixture="{max_rounds: 2}")
+        # the fault server answers both samples of a prompt alike: no dedup, or one of each pair is a duplicate
+        recipe_path.write_text(recipe_path.read_text().replace("max_retries: 1}", "max_retries: 1, n: 2}")
+                               + "checks: {dedup: none}\n")
+        result = build_corpus(load_recipe(recipe_path), progress=io.StringIO())
+        asked = len(server.chat_requests)
+    assert asked == 20 + 8 and "short" not in result.manifest
+    assert Counter(row.source for row in Corpus.open(result.out_dir).iter_conversations())["asks"] == 20
+    assert result.manifest["mixture"]["sources"]["asks"]["generated_rows"] == asked
+    assert Counter(r["source"] for r in _ledger(result.out_dir))["asks"] == 7
 
 
 def test_an_exhausted_pool_fails_before_writing_unless_short_is_allowed(tmp_path: Path) -> None:
@@ -264,6 +283,25 @@ def test_a_share_is_of_the_rows_written_and_reported_short_when_it_is_not(tmp_pa
     assert result.manifest["mixture"]["sources"]["chats"]["reached_share"] == 0.6
 
 
+def test_a_thinking_share_the_kept_rows_miss_fails_the_build_unless_short_is_allowed(tmp_path: Path) -> None:
+    """Every 'logs' row (40 of its 100 reason) and 20 'chats' rows are declared: at least 33.3% reason, 10% +- 2%
+    declared. Replay rows are known only after the checks: the corpus is found short, nothing is written."""
+    recipe = load_recipe(write_replay_recipe(tmp_path, {"logs": "{count: 100}", "chats": "{count: 20}"},
+                                             "{thinking_share: {target: 0.1}}"))
+    problem = ("thinking share overall 33.3% (40 of 120 rows), declared 10.0% +- 2.0%: the sources do not hold "
+               "enough rows of the kind needed")
+    with pytest.raises(MixtureShort) as short:
+        build_corpus(recipe, progress=io.StringIO())
+    assert problem in str(short.value) and not (tmp_path / "out" / "manifest.json").exists()
+    result = build_corpus(recipe, progress=io.StringIO(), allow_short=True)
+    assert result.manifest["short"] == [problem]
+    rows = list(Corpus.open(result.out_dir).iter_conversations())
+    by_split = {split: [row.thinking for row in rows if row.split == split] for split in ("train", "validation")}
+    assert result.manifest["mixture"]["thinking_share"] == {
+        "target": 0.1, "tolerance": 0.02, "reached": round(40 / 120, 6),
+        "by_split": {split: round(sum(flags) / len(flags), 6) for split, flags in by_split.items()}}
+
+
 def test_a_pool_too_small_for_its_target_fails_before_any_request_and_in_the_dry_run(tmp_path: Path) -> None:
     """30 prompts x 1 sample cannot give 100 rows: known before generating, so the dry run says so and the
     build stops before the server is asked anything (exit 2); --allow-short builds it, marked short."""
@@ -287,19 +325,26 @@ def test_a_pool_too_small_for_its_target_fails_before_any_request_and_in_the_dry
                                         "pool is exhausted)"]
 
 
-def test_a_thinking_share_no_mix_reaches_fails_before_any_request(tmp_path: Path) -> None:
-    """100 plain replay rows and 20 generated rows: at most 16.7% can reason, even if every generated row does."""
-    write_sources(tmp_path, replay_thinking=0, replay_plain=100)
+@pytest.mark.parametrize(("replay_thinking", "share", "problem"), [
+    (0, 0.5, "thinking share: at most 16.7% of the rows can reason (every generated row counted as reasoning), "
+             "declared 50.0% +- 2.0%"),
+    (90, 0.5, "thinking share: at least 75.0% of the rows reason (no generated row counted as reasoning), "
+              "declared 50.0% +- 2.0%"),
+])
+def test_a_thinking_share_no_mix_reaches_fails_before_any_request(tmp_path: Path, replay_thinking: int, share: float,
+                                                                  problem: str) -> None:
+    """100 replay rows and 20 generated rows: with no replay row reasoning at most 16.7% can reason, even if every
+    generated row does; with 90 of them, at least 75% reason, even if no generated row does."""
+    write_sources(tmp_path, replay_thinking=replay_thinking, replay_plain=100 - replay_thinking)
     with FaultServer(model=MODEL) as server:
         recipe = load_recipe(write_recipe(tmp_path, server.base_url, replay_target="{count: 100}",
-                                          mixture="{thinking_share: {target: 0.5}}"))
-        problem = "thinking share: at most 16.7% of the rows can reason"
-        assert any(problem in line for line in plan_build(recipe).problems)
+                                          mixture=f"{{thinking_share: {{target: {share}}}}}"))
+        assert f"declared corpus: {problem}" in plan_build(recipe).problems
         server.requests.clear()
         with pytest.raises(CorpusError) as stopped:
             build_corpus(recipe, progress=io.StringIO())
         assert not isinstance(stopped.value, MixtureShort)  # exit 2, not the exit 1 of a corpus found short
-        assert any(problem in line for line in stopped.value.details)
+        assert stopped.value.details == [problem]
         assert server.requests == []
 
 
@@ -464,6 +509,28 @@ def test_every_reasoning_row_wanted_with_a_validation_split(per_split: bool) -> 
     assert taken == [[92, 0, 8, 0]]
 
 
+@pytest.mark.parametrize(("sources", "share", "per_split", "shortfalls"), [
+    # too few reasoning rows: 3 of the 10 rows reason, whatever is taken
+    ([((2, 6, 1, 1), None)], 0.6, False, ["thinking share overall 30.0% (3 of 10 rows), declared 60.0% +- 5.0%"]),
+    # too many: 8 of the 10 rows that must be taken reason
+    ([((6, 1, 2, 1), 10), ((0, 0, 0, 1), None)], 0.2, False,
+     ["thinking share overall 72.7% (8 of 11 rows), declared 20.0% +- 5.0%"]),
+    # the whole is met, but train holds only plain rows and validation only reasoning ones
+    ([((0, 5, 5, 0), None)], 0.5, True, ["thinking share of train 0.0% (0 of 5 rows), declared 50.0% +- 5.0%",
+                                         "thinking share of validation 100.0% (5 of 5 rows), declared 50.0% +- "
+                                         "5.0%"]),
+    # validation is met only when left empty, but the source holds rows there: it may not be
+    ([((1, 1, 0, 1), 2)], 0.5, True, ["thinking share of validation 0.0% (0 of 0 rows), declared 50.0% +- 5.0%"]),
+])
+def test_a_thinking_share_outside_its_tolerance_fails_too_low_too_high_and_per_split(
+        sources: Sources, share: float, per_split: bool, shortfalls: list[str]) -> None:
+    selection, _ = _selection(sources, share, 0.05, per_split, itertools.count())
+    because = ": the sources do not hold enough rows of the kind needed"
+    assert selection.shortfalls == [line + because for line in shortfalls]
+    if per_split:  # the same rows with one share for the whole corpus: met
+        assert _selection(sources, share, 0.05, False, itertools.count())[0].shortfalls == []
+
+
 @given(declared=st.integers(0, 400), so_far=st.integers(0, 800).flatmap(lambda n: st.tuples(st.integers(0, n),
                                                                                          st.just(n))),
        pool_left=st.integers(0, 800))
@@ -483,3 +550,95 @@ def test_a_top_up_asks_for_the_shortfall_over_the_keep_rate_and_no_more(declared
     kept_of, generated_of = (max(kept, 1), generated) if generated else (1, 1)  # nothing asked yet: all kept
     if asked < pool_left:  # kept at the rate so far, the rows asked make up the shortfall; one fewer would not
         assert asked * kept_of >= missing * generated_of > (asked - 1) * kept_of, (asked, missing)
+
+
+@st.composite
+def _declared_targets(draw: st.DrawFn) -> tuple[list[tuple[str, float | None, int]], int | None]:
+    """Sources as (kind: count | share | none, its count or share, the rows it holds) that the recipe's checks
+    accept, and mixture.total (or None)."""
+    total = draw(st.none() | st.integers(1, 400))
+    sources: list[tuple[str, float | None, int]] = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["count", "share", "none"]))
+        value = (draw(st.integers(1, 200)) if kind == "count" else draw(st.integers(1, 19)) / 20 if kind == "share"
+                 else None)
+        sources.append((kind, value, draw(st.integers(0, 300))))
+    counted = sum(value for kind, value, _ in sources if kind == "count" and value is not None)
+    shares = sum(value for kind, value, _ in sources if kind == "share" and value is not None)
+    if total is None:
+        assume(shares < 1 and any(kind != "share" for kind, _, _ in sources))
+    else:
+        left = total - counted - shares * total
+        assume(counted <= total and left > -1 + 1e-9 and (left < 1 - 1e-9 or any(k == "none" for k, _, _ in sources)))
+    return sources, total
+
+
+@given(declared=_declared_targets())
+@fuzz_settings(200)
+def test_the_declared_counts_add_up_to_the_total_and_no_source_is_given_more_than_it_holds(
+        declared: tuple[list[tuple[str, float | None, int]], int | None]) -> None:
+    """Counts as declared; shares' rows within one of their part of the corpus; the sources with no target every
+    kept row, or with mixture.total what the targets leave, in proportion to their rows (never more than they
+    hold when they hold enough), so that the parts make up the total exactly."""
+    sources, total = declared
+    recipe = Recipe("counts", Target(model="m"), tuple(
+        SourceSpec(f"s{index}", "replay", target=None if value is None else SourceTarget(count=int(value))
+                   if kind == "count" else SourceTarget(share=value))
+        for index, (kind, value, _) in enumerate(sources)), OutputSpec(Path("out")), mixture=Mixture(total=total))
+    counts = resolve_counts(recipe, {f"s{index}": held for index, (_, _, held) in enumerate(sources)})
+    names = [f"s{index}" for index in range(len(sources))]
+    assert set(counts) == set(names)
+    assert all(counts[name] == value for name, (kind, value, _) in zip(names, sources, strict=True) if kind == "count")
+    open_sources = [(name, held) for name, (kind, _, held) in zip(names, sources, strict=True) if kind == "none"]
+    share_parts = [(counts[name], value) for name, (kind, value, _) in zip(names, sources, strict=True)
+                   if kind == "share"]
+    if total is None:
+        assert all(counts[name] is None for name, _ in open_sources)  # every kept row
+        corpus = sum(value or 0 for kind, value, _ in sources if kind == "count") + sum(h for _, h in open_sources)
+        corpus += sum(part or 0 for part, _ in share_parts)
+    else:
+        corpus = total
+        assert sum(counts[name] or 0 for name in names) == total or (
+            open_sources and not sum(held for _, held in open_sources))  # nothing to fill the rest with
+        rest = sum(counts[name] or 0 for name, _ in open_sources)
+        held_open = sum(held for _, held in open_sources)
+        for name, held in open_sources:
+            part = counts[name]
+            assert part is not None and abs(part - (rest * held / held_open if held_open else 0)) < 1
+            assert part <= held or rest > held_open, (part, held)
+    for part, share in share_parts:
+        assert part is not None and abs(part - (share or 0) * corpus) < 1 + 1e-9, (part, share, corpus)
+
+
+def test_the_rows_mixture_total_leaves_to_the_sources_with_no_target_are_judged_before_any_request() -> None:
+    recipe = Recipe("bounds", Target(model="m"), (
+        SourceSpec("logs", "replay", target=SourceTarget(count=50)), SourceSpec("asks", "prompts"),
+        SourceSpec("chats", "replay")), OutputSpec(Path("out")), mixture=Mixture(total=200))
+    bounds = {"logs": RowBounds.of_rows(60, 10, "rows read"), "asks": RowBounds.of_prompts(40, 2),
+              "chats": RowBounds.of_rows(30, 0, "rows read")}
+    assert certain_shortfalls(recipe, bounds) == [
+        "the sources with no target ('asks', 'chats'): at most 110 rows, 150 left to them by mixture.total (200)"]
+    assert bounds["asks"].counted == "a pool of 40 prompts x 2 samples"
+    bounds["asks"] = RowBounds.of_prompts(120, 1)
+    assert certain_shortfalls(recipe, bounds) == [] and bounds["asks"].counted == "a pool of 120 prompts x 1 sample"
+    # a share of a total the sources with no target make up is not judged: their rows are known after the checks
+    shared = Recipe("bounds", Target(model="m"), (
+        SourceSpec("logs", "replay", target=SourceTarget(share=0.5)), SourceSpec("chats", "replay")),
+        OutputSpec(Path("out")), mixture=Mixture(thinking_share=ThinkingShare(0.9)))
+    assert certain_shortfalls(shared, {"logs": RowBounds.of_rows(10, 0, "rows read"),
+                                       "chats": RowBounds.of_rows(30, 0, "rows read")}) == []
+    # no declared corpus: nothing to judge
+    assert certain_shortfalls(Recipe("none", Target(model="m"), (SourceSpec("chats", "replay"),),
+                                     OutputSpec(Path("out"))), {"chats": RowBounds.of_rows(0, 0, "rows read")}) == []
+
+
+def test_a_row_evicted_after_it_was_kept_is_no_longer_available() -> None:
+    have = Available()
+    for row_priority, (split, thinking) in enumerate(CELL_KINDS * 2):
+        have.add(split, thinking, row_priority)
+    have.discard("validation", True, 2)
+    assert have.count() == 7 and have.count(split="validation", thinking=True) == 1
+    assert (have.count(split="train"), have.count(thinking=False), have.count(split="validation")) == (4, 4, 3)
+    assert have.best(3) == {("train", True): 1, ("train", False): 1, ("validation", True): 0,
+                            ("validation", False): 1}
+    assert have.best(2, thinking=True) == {("train", True): 2, ("validation", True): 0}
