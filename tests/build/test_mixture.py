@@ -439,6 +439,13 @@ def _declared_sources(draw: st.DrawFn) -> Sources:
        tolerance=st.integers(0, 25).map(lambda n: n / 100), per_split=st.booleans(), seed=st.integers(0, 2**32))
 # one row for the two declared: the share was judged before any request as if the missing row reasoned
 @example(sources=[((0, 0, 0, 1), 2)], share=0.0, tolerance=0.0, per_split=False, seed=0)
+# rows moved across the splits along paths through several sources, by as many as every step allows
+@example(sources=[((0, 4, 1, 0), 1), ((1, 0, 0, 2), 3), ((6, 0, 4, 4), 2)], share=0.6, tolerance=0.15, per_split=True,
+         seed=871)
+@example(sources=[((0, 5, 2, 1), 4), ((2, 3, 4, 2), None), ((4, 4, 1, 2), 7)], share=0.65, tolerance=0.1,
+         per_split=True, seed=913)
+@example(sources=[((2, 1, 1, 5), None), ((5, 1, 4, 0), 7), ((1, 2, 1, 1), 1)], share=0.6, tolerance=0.07,
+         per_split=True, seed=35)
 @fuzz_settings(300)
 def test_a_reachable_thinking_share_is_reached_and_an_unreachable_one_reported(
         sources: Sources, share: float, tolerance: float, per_split: bool, seed: int) -> None:
