@@ -27,8 +27,10 @@ from corpus_builder.build.mixture import (
     certain_shortfalls,
     next_round,
     plan_selection,
+    priority,
     resolve_counts,
 )
+from corpus_builder.build.split import Splitter
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
@@ -615,6 +617,24 @@ def test_the_declared_counts_add_up_to_the_total_and_no_source_is_given_more_tha
             assert part <= held or rest > held_open, (part, held)
     for part, share in share_parts:
         assert part is not None and abs(part - (share or 0) * corpus) < 1 + 1e-9, (part, share, corpus)
+    quotas = [(share or 0) * corpus for _, share in share_parts]
+    parts = [part or 0 for part, _ in share_parts]
+    if total is not None and open_sources and held_open:  # what the targets leave is one more quota among them
+        counted = sum(value or 0 for kind, value, _ in sources if kind == "count")
+        quotas.append(max(0.0, total - counted - sum(quotas)))
+        parts.append(rest)
+        _by_largest_remainders([counts[name] or 0 for name, _ in open_sources],
+                               [rest * held / held_open for _, held in open_sources])
+    _by_largest_remainders(parts, quotas)
+
+
+def _by_largest_remainders(parts: list[int], quotas: list[float]) -> None:
+    """Each part is its quota's floor, or one more for the largest remainders (the first in order on ties)."""
+    remainders = [quota - math.floor(quota) for quota in quotas]
+    up = [i for i, (part, quota) in enumerate(zip(parts, quotas, strict=True)) if part > math.floor(quota)]
+    assert all(parts[i] == math.floor(quotas[i]) + (i in up) for i in range(len(parts))), (parts, quotas)
+    assert all((remainders[i], -i) > (remainders[j], -j) for i in up for j in range(len(parts)) if j not in up), (
+        parts, quotas)
 
 
 def test_the_rows_mixture_total_leaves_to_the_sources_with_no_target_are_judged_before_any_request() -> None:
@@ -649,3 +669,39 @@ def test_a_row_evicted_after_it_was_kept_is_no_longer_available() -> None:
     assert have.best(3) == {("train", True): 1, ("train", False): 1, ("validation", True): 0,
                             ("validation", False): 1}
     assert have.best(2, thinking=True) == {("train", True): 2, ("validation", True): 0}
+
+
+def test_the_order_rows_are_taken_in_is_seeded_by_the_row_id_and_not_the_split() -> None:
+    """A row's priority depends on the mixture seed and its id alone, and not as the split's draw does: the
+    best rows of a source are not its validation rows."""
+    ids = [f"{index:016x}" for index in range(2000)]
+    assert [priority(3, row_id) for row_id in ids] == [priority(3, row_id) for row_id in ids]
+    assert len({priority(3, row_id) for row_id in ids}) == len(ids)
+    first = sorted(ids, key=lambda row_id: priority(3, row_id))
+    assert first != sorted(ids, key=lambda row_id: priority(4, row_id))
+    splitter = Splitter(0.2, seed=3)
+    best = [splitter.assign_id(row_id) for row_id in first[:500]]
+    assert 0.1 < best.count("validation") / len(best) < 0.3
+
+
+def test_a_source_with_no_target_short_of_its_part_of_the_total_is_named() -> None:
+    recipe = Recipe("short", Target(model="m"), (SourceSpec("logs", "replay", target=SourceTarget(share=0.5)),
+                                                  SourceSpec("chats", "replay")), OutputSpec(Path("out")),
+                    mixture=Mixture(total=20))
+    available = {"logs": Available(), "chats": Available()}
+    for row_priority in range(12):
+        available["logs"].add("train", row_priority % 3 == 0, row_priority)
+    for row_priority in range(4):
+        available["chats"].add("validation", False, 100 + row_priority)
+    selection = plan_selection(recipe, available, {})
+    assert selection.shortfalls == ["source 'chats': 4 rows pass every check, 10 declared (its part of "
+                                    "mixture.total)", "source 'logs': 10 rows, 71.4% of the 14 written, 50.0% declared",
+                                    "corpus: 14 rows reached, mixture.total declares 20"]
+    assert selection.report(recipe) == {
+        "sources": {"logs": {"declared": 10, "declared_share": 0.5, "available": 12, "reached": 10,
+                             "reached_share": round(10 / 14, 6), "thinking": 4, "generated_rows": 0},
+                    "chats": {"declared": 10, "declared_share": None, "available": 4, "reached": 4,
+                              "reached_share": None, "thinking": 0, "generated_rows": 0}},
+        "thinking_share": {"target": None, "tolerance": None, "reached": round(4 / 14, 6),
+                           "by_split": {"train": 0.4, "validation": 0.0}},
+        "shortfalls": selection.shortfalls}
