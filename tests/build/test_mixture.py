@@ -448,6 +448,12 @@ def _declared_sources(draw: st.DrawFn) -> Sources:
          per_split=True, seed=913)
 @example(sources=[((2, 1, 1, 5), None), ((5, 1, 4, 0), 7), ((1, 2, 1, 1), 1)], share=0.6, tolerance=0.07,
          per_split=True, seed=35)
+# the cells' totals for a validation size: bounds met in integers, the shares nearest the target
+@example(sources=[((2, 4, 0, 0), 4), ((1, 1, 3, 1), 3)], share=0.4, tolerance=0.24, per_split=True, seed=265)
+@example(sources=[((6, 2, 0, 1), None), ((0, 1, 1, 0), 1)], share=0.6, tolerance=0.15, per_split=True, seed=584)
+@example(sources=[((0, 1, 2, 1), None), ((1, 0, 1, 1), 2), ((0, 0, 3, 1), None)], share=0.55, tolerance=0.1,
+         per_split=True, seed=91)
+@example(sources=[((5, 0, 4, 1), None), ((2, 1, 2, 3), 3)], share=0.8, tolerance=0.09, per_split=True, seed=58)
 @fuzz_settings(300)
 def test_a_reachable_thinking_share_is_reached_and_an_unreachable_one_reported(
         sources: Sources, share: float, tolerance: float, per_split: bool, seed: int) -> None:
