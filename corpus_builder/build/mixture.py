@@ -205,12 +205,14 @@ def certain_shortfalls(recipe: Recipe, bounds: dict[str, RowBounds]) -> list[str
     counts = resolve_counts(recipe, {name: bound.rows for name, bound in bounds.items()})
     total = recipe.mixture.total
     open_sources = [spec.name for spec in recipe.sources if spec.target is None]
-    shares_known = total is not None or not open_sources
+    # a share of a total that the rows of the sources with no target make up: known only after the checks
+    shares_unknown = total is None and bool(open_sources) and any(
+        spec.target is not None and spec.target.share is not None for spec in recipe.sources)
     shortfalls = []
     wants: list[tuple[int, RowBounds]] = []  # the rows each target takes, with what its source can give
     for spec in recipe.sources:
         want = counts[spec.name]
-        if spec.target is None or want is None or (spec.target.share is not None and not shares_known):
+        if spec.target is None or want is None or (spec.target.share is not None and shares_unknown):
             continue
         bound = bounds[spec.name]
         wants.append((want, bound))
@@ -228,7 +230,7 @@ def certain_shortfalls(recipe: Recipe, bounds: dict[str, RowBounds]) -> list[str
             shortfalls.append(f"the sources with no target ({names}): at most {untargeted.rows:,} rows, {rest:,} "
                               f"left to them by mixture.total ({total:,})")
     target = recipe.mixture.thinking_share
-    if target is None or not shares_known:
+    if target is None or shares_unknown:
         return shortfalls
     # a target above what its source can give takes every row it has (reported above): of those, not of rows
     # that do not exist, is the share

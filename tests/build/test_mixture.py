@@ -711,3 +711,27 @@ def test_a_source_with_no_target_short_of_its_part_of_the_total_is_named() -> No
         "thinking_share": {"target": None, "tolerance": None, "reached": round(4 / 14, 6),
                            "by_split": {"train": 0.4, "validation": 0.0}},
         "shortfalls": selection.shortfalls}
+
+
+@pytest.mark.parametrize(("logs_thinking", "chats_thinking", "problem"), [
+    (0, 0, "thinking share: at most 0.0% of the rows can reason (every generated row counted as reasoning), "
+           "declared 50.0% +- 2.0%"),
+    (100, 30, "thinking share: at least 100.0% of the rows reason (no generated row counted as reasoning), "
+              "declared 50.0% +- 2.0%"),
+    (40, 30, None),  # 40 of 100 reason, or with every 'chats' row kept 70 of 130: 50% is between
+])
+def test_a_thinking_share_is_judged_before_any_request_with_sources_that_give_every_kept_row(
+        logs_thinking: int, chats_thinking: int, problem: str | None) -> None:
+    """'chats' has no target and no total bounds it: it gives from none to all of its rows, whichever the checks
+    keep; the share is missed for certain only when neither extreme reaches it (it was not judged at all)."""
+    recipe = Recipe("open", Target(model="m"), (SourceSpec("logs", "replay", target=SourceTarget(count=100)),
+                                                 SourceSpec("chats", "replay")), OutputSpec(Path("out")),
+                    mixture=Mixture(thinking_share=ThinkingShare(0.5)))
+    bounds = {"logs": RowBounds.of_rows(100, logs_thinking, "rows read"),
+              "chats": RowBounds.of_rows(30, chats_thinking, "rows read")}
+    assert certain_shortfalls(recipe, bounds) == ([problem] if problem else [])
+    # a share of a total those rows make up is not judged
+    shared = Recipe("open", Target(model="m"), (SourceSpec("logs", "replay", target=SourceTarget(share=0.5)),
+                                                 SourceSpec("chats", "replay")), OutputSpec(Path("out")),
+                    mixture=Mixture(thinking_share=ThinkingShare(0.5)))
+    assert certain_shortfalls(shared, bounds) == []
