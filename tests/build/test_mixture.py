@@ -550,6 +550,7 @@ def test_a_thinking_share_outside_its_tolerance_fails_too_low_too_high_and_per_s
                                                                                          st.just(n))),
        pool_left=st.integers(0, 800))
 @example(declared=28, so_far=(7, 10), pool_left=100)  # 21 / 0.7 is 30.000000000000004 in floats: 31 were asked
+@example(declared=1, so_far=(0, 0), pool_left=5)  # one row missing, nothing asked yet: one row
 @fuzz_settings(200)
 def test_a_top_up_asks_for_the_shortfall_over_the_keep_rate_and_no_more(declared: int, so_far: tuple[int, int],
                                                                        pool_left: int) -> None:
@@ -652,6 +653,11 @@ def test_the_rows_mixture_total_leaves_to_the_sources_with_no_target_are_judged_
     assert certain_shortfalls(recipe, bounds) == [
         "the sources with no target ('asks', 'chats'): at most 110 rows, 150 left to them by mixture.total (200)"]
     assert bounds["asks"].counted == "a pool of 40 prompts x 2 samples"
+    with_share = Recipe("bounds", Target(model="m"), recipe.sources, OutputSpec(Path("out")),
+                        mixture=Mixture(total=200, thinking_share=ThinkingShare(0.9)))
+    assert certain_shortfalls(with_share, bounds)[1:] == [  # 50 rows of 'logs' and the 110 the others can give
+        "thinking share: at most 56.2% of the rows can reason (every generated row counted as reasoning), declared "
+        "90.0% +- 2.0%"]
     bounds["asks"] = RowBounds.of_prompts(120, 1)
     assert certain_shortfalls(recipe, bounds) == [] and bounds["asks"].counted == "a pool of 120 prompts x 1 sample"
     # a share of a total the sources with no target make up is not judged: their rows are known after the checks
