@@ -658,6 +658,19 @@ def test_the_rows_mixture_total_leaves_to_the_sources_with_no_target_are_judged_
     assert certain_shortfalls(with_share, bounds)[1:] == [  # 50 rows of 'logs' and the 110 the others can give
         "thinking share: at most 56.2% of the rows can reason (every generated row counted as reasoning), declared "
         "90.0% +- 2.0%"]
+    reasoning = dict(bounds, logs=RowBounds.of_rows(60, 55, "rows read"))  # 'logs' gives at least 45 reasoning rows
+    low_share = Recipe("bounds", Target(model="m"), recipe.sources, OutputSpec(Path("out")),
+                       mixture=Mixture(total=200, thinking_share=ThinkingShare(0.1)))
+    assert certain_shortfalls(low_share, reasoning)[1:] == [
+        "thinking share: at least 28.1% of the rows reason (no generated row counted as reasoning), declared 10.0% "
+        "+- 2.0%"]
+    # a share of a known total is judged as a count
+    shared = Recipe("bounds", Target(model="m"), (SourceSpec("logs", "replay", target=SourceTarget(share=0.5)),
+                                                   SourceSpec("chats", "replay")), OutputSpec(Path("out")),
+                    mixture=Mixture(total=100))
+    assert certain_shortfalls(shared, dict(bounds, logs=RowBounds.of_rows(40, 0, "rows read"))) == [
+        "source 'logs': at most 40 rows (40 rows read), 50 declared",
+        "the sources with no target ('chats'): at most 30 rows, 50 left to them by mixture.total (100)"]
     bounds["asks"] = RowBounds.of_prompts(120, 1)
     assert certain_shortfalls(recipe, bounds) == [] and bounds["asks"].counted == "a pool of 120 prompts x 1 sample"
     # a share of a total the sources with no target make up is not judged: their rows are known after the checks
