@@ -754,3 +754,38 @@ def test_a_thinking_share_is_judged_before_any_request_with_sources_that_give_ev
                                                  SourceSpec("chats", "replay")), OutputSpec(Path("out")),
                     mixture=Mixture(thinking_share=ThinkingShare(0.5)))
     assert certain_shortfalls(shared, bounds) == []
+
+
+def _plan(targets: dict[str, SourceTarget | None], rows: dict[str, int], mixture: Mixture) -> Selection:
+    """The plan for replay sources holding ``rows`` plain train rows each."""
+    recipe = Recipe("plan", Target(model="m"), tuple(SourceSpec(name, "replay", target=target)
+                                                      for name, target in targets.items()), OutputSpec(Path("out")),
+                    mixture=mixture)
+    available = {name: Available() for name in targets}
+    for offset, (name, count) in enumerate(rows.items()):
+        for row_priority in range(count):
+            available[name].add("train", False, 1000 * offset + row_priority)
+    return plan_selection(recipe, available, {})
+
+
+@pytest.mark.parametrize(("held", "shortfalls"), [
+    # 'logs' has its 10 rows, but 'chats' only 8 of its 10: 'logs' is one row over half of the 18 written
+    ({"logs": 10, "chats": 8}, ["source 'chats': 8 rows pass every check, 10 declared (its part of mixture.total)",
+                                "source 'logs': 10 rows, 55.6% of the 18 written, 50.0% declared",
+                                "corpus: 18 rows reached, mixture.total declares 20"]),
+    # 'logs' is short itself: its own shortfall says so, not its share of the rows written again
+    ({"logs": 4, "chats": 30}, ["source 'logs': 4 rows pass every check, 10 declared",
+                                "corpus: 14 rows reached, mixture.total declares 20"]),
+    ({"logs": 10, "chats": 9}, ["source 'chats': 9 rows pass every check, 10 declared (its part of mixture.total)",
+                                "corpus: 19 rows reached, mixture.total declares 20"]),  # 10 is half of 19 within a row
+])
+def test_a_share_one_row_off_its_part_of_the_rows_written_is_short(held: dict[str, int],
+                                                                   shortfalls: list[str]) -> None:
+    selection = _plan({"logs": SourceTarget(share=0.5), "chats": None}, held, Mixture(total=20))
+    assert selection.shortfalls == shortfalls
+
+
+def test_a_corpus_with_no_rows_names_its_sources_short_and_no_share() -> None:
+    selection = _plan({"logs": SourceTarget(count=5)}, {"logs": 0}, Mixture(thinking_share=ThinkingShare(0.5)))
+    assert selection.shortfalls == ["source 'logs': 0 rows pass every check, 5 declared"]
+    assert (selection.thinking_share, selection.thinking_by_split) == (0.0, {"train": 0.0, "validation": 0.0})
