@@ -590,6 +590,7 @@ def _declared_targets(draw: st.DrawFn) -> tuple[list[tuple[str, float | None, in
 
 
 @given(declared=_declared_targets())
+@example(declared=([("count", 10, 5), ("none", None, 20)], 10))  # the counts make up the total: none is left
 @fuzz_settings(200)
 def test_the_declared_counts_add_up_to_the_total_and_no_source_is_given_more_than_it_holds(
         declared: tuple[list[tuple[str, float | None, int]], int | None]) -> None:
