@@ -199,12 +199,14 @@ def certain_shortfalls(recipe: Recipe, bounds: dict[str, RowBounds]) -> list[str
     counts = resolve_counts(recipe, {name: bound.rows for name, bound in bounds.items()})
     total = recipe.mixture.total
     open_sources = [spec.name for spec in recipe.sources if spec.target is None]
-    shares_known = total is not None or not open_sources
+    # a share of a total that the rows of the sources with no target make up: known only after the checks
+    shares_unknown = total is None and bool(open_sources) and any(
+        spec.target is not None and spec.target.share is not None for spec in recipe.sources)
     shortfalls = []
     wants: list[tuple[int, RowBounds]] = []  # the rows each target takes, with what its source can give
     for spec in recipe.sources:
         want = counts[spec.name]
-        if spec.target is None or want is None or (spec.target.share is not None and not shares_known):
+        if spec.target is None or want is None or (spec.target.share is not None and shares_unknown):
             continue
         bound = bounds[spec.name]
         wants.append((want, bound))
@@ -222,11 +224,14 @@ def certain_shortfalls(recipe: Recipe, bounds: dict[str, RowBounds]) -> list[str
             shortfalls.append(f"the sources with no target ({names}): at most {untargeted.rows:,} rows, {rest:,} "
                               f"left to them by mixture.total ({total:,})")
     target = recipe.mixture.thinking_share
-    if target is None or not shares_known:
+    if target is None or shares_unknown:
         return shortfalls
-    rows = sum(want for want, _ in wants)
-    most = sum(min(want, bound.thinking) for want, bound in wants)
-    least = sum(max(0, want - bound.plain) for want, bound in wants)
+    # a target above what its source can give takes every row it has (reported above): of those, not of rows
+    # that do not exist, is the share
+    takes = [(min(want, bound.rows), bound) for want, bound in wants]
+    rows = sum(take for take, _ in takes)
+    most = sum(min(take, bound.thinking) for take, bound in takes)
+    least = sum(max(0, take - bound.plain) for take, bound in takes)
     # Without a total, the sources with no target give every kept row, from none to all they hold: the
     # extremes take all their thinking rows and none of the others, or the reverse.
     kept = untargeted if total is None else RowBounds(0, 0, 0, "")
@@ -249,8 +254,11 @@ def next_round(declared: int, kept: int, generated: int, pool_left: int) -> int:
     missing = declared - kept
     if missing <= 0 or pool_left <= 0:
         return 0
-    keep_rate = max(kept, 1) / generated if generated else 1.0
-    return min(pool_left, max(1, math.ceil(missing / keep_rate)))
+    if not generated:
+        return min(pool_left, missing)
+    # missing over the keep rate max(kept, 1) / generated, rounded up in integers: the float quotient of an exact
+    # multiple can land just above it (21 / 0.7 is 30.000000000000004) and ask one row more
+    return min(pool_left, -(-missing * generated // max(kept, 1)))
 
 
 def plan_selection(recipe: Recipe, available: dict[str, Available], generated: dict[str, int]) -> Selection:

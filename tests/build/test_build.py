@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from collections import Counter
@@ -15,7 +16,7 @@ import pytest
 import zstandard
 
 from corpus_builder.build import build_corpus
-from corpus_builder.build.split import Splitter, within_tolerance
+from corpus_builder.build.split import Splitter, split_balance, within_tolerance
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
@@ -237,6 +238,26 @@ def test_split_is_stratified_within_tolerance_and_depends_on_identity_and_seed_o
     # A row added or dropped moves no other row across the split (a top-up filled in 5 rows and moved 19).
     fewer = [r for i, r in enumerate(rows) if i % 7]
     assert [Splitter(0.05, seed=3).assign(r) for r in fewer] == [a[2] for i, a in enumerate(assigned) if i % 7]
+
+
+@pytest.mark.parametrize("fraction", [0.02, 0.05, 0.3])
+@pytest.mark.parametrize("rows", [40, 1000, 30000])
+def test_a_validation_stratum_is_checked_on_both_sides_of_its_fraction(rows: int, fraction: float) -> None:
+    """The tolerance is two-sided: a stratum under-filled in validation is outside it as much as one over-filled,
+    at the same distance from the expected count (3 standard deviations plus one row, as build.split states)."""
+    expected = rows * fraction
+    tolerance = 3 * math.sqrt(expected * (1 - fraction)) + 1
+    lowest, highest = math.ceil(expected - tolerance), math.floor(expected + tolerance)
+    assert within_tolerance(rows, highest, fraction) and not within_tolerance(rows, highest + 1, fraction)
+    assert not within_tolerance(rows, lowest - 1, fraction)
+    assert within_tolerance(rows, lowest, fraction) or lowest < 0  # no count is below zero
+    under, over = lowest - 1, highest + 1
+    outside = split_balance({"logs": {"thinking": {"train": rows - max(0, under), "validation": max(0, under)},
+                                      "no_thinking": {"train": rows - over, "validation": over}},
+                             "chats": {"no_thinking": {"train": rows}}}, fraction)  # none in validation
+    line = f"{{}}: {{:,}} of {rows:,} rows in validation, expected {expected:,.1f}".format
+    assert outside == ([line("logs (thinking)", under)] if under >= 0 else []) + [line("logs (no_thinking)", over)] + (
+        [line("chats (no_thinking)", 0)] if lowest > 0 else [])
 
 
 def test_parallel_parsing_gives_the_same_corpus_as_a_sequential_read(tmp_path: Path, data_dir: Path,
