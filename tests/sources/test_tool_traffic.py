@@ -530,3 +530,11 @@ def test_a_result_that_names_its_call_is_one_result_whatever_it_holds() -> None:
     (row,) = normalise({"messages": [say("user", "q"), calling(call("c1", "f", {}), call("c2", "g", {})),
                                      result("c1", ["a", "b"]), result("c2", "r"), say("assistant", "a")]})
     assert [(m.content, m.tool_call_id) for m in row.messages[2:4]] == [('["a","b"]', "c1"), ("r", "c2")]
+
+
+def test_a_result_before_any_call_after_a_system_turn_answers_nothing(tmp_path: Path) -> None:
+    """No call is open before the first assistant turn, also when only a system turn precedes the result."""
+    rows = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "tool", "content": "42"},
+                          {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]}]
+    kept, skipped = read_rows(tmp_path, rows)
+    assert not skipped and [m.role for m in kept[0].messages] == ["system", "user", "assistant"]
