@@ -84,7 +84,7 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "type(None) is int", "never sampling validates every array whole: the same verdicts, slower"),
     "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_8": (
         "return value[:2]", "a sample of two items of a type-checked integer array: the same verdict"),
-    "corpus_builder.publish.gate.x__check_rows__mutmut_24": (
+    "corpus_builder.publish.gate.x__check_rows__mutmut_20": (
         "batch_size=2049", "the batch size of the row pass: memory and speed only"),
     "corpus_builder.secrets.x__der_content__mutmut_1": (
         "len(der) <= 2", "a two-byte element has no content either way"),
@@ -97,14 +97,10 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.secrets.x_find_secrets__mutmut_7": (
         '"SECRET"', "every alternative of the pattern is a named group: lastgroup is never None"),
     "corpus_builder.secrets.x_iter_corpus_rows__mutmut_1": ("batch_size: int = 2049", "batching: memory only"),
-    "corpus_builder.secrets.x_iter_corpus_rows__mutmut_11": ("pre_buffer=None", "pyarrow's buffering: memory only"),
-    "corpus_builder.secrets.x_iter_corpus_rows__mutmut_13": (
-        "ParquetFile(shard, )", "pyarrow's buffering: memory only"),
-    "corpus_builder.secrets.x_iter_corpus_rows__mutmut_14": ("pre_buffer=True", "pyarrow's buffering: memory only"),
     "corpus_builder.secrets.x_redact__mutmut_2": ("end = None", "text[None:i] is text[0:i]"),
     "corpus_builder.secrets.x_redact__mutmut_10": (
         "(pieces) or True", "with no secret the join is of text[0:] alone, which is text itself"),
-    "corpus_builder.secrets.x_scan_corpus__mutmut_24": ('encoding="UTF-8"', "the same codec under another name"),
+    "corpus_builder.secrets.x_scan_corpus__mutmut_18": ('encoding="UTF-8"', "the same codec under another name"),
     # corpus_builder/screen/dedup.py
     "corpus_builder.screen.dedup.xǁDedupǁ__init____mutmut_1": ('"XXallXX") -> None', _ALL_TURNS),
     "corpus_builder.screen.dedup.xǁDedupǁ__init____mutmut_2": ('"ALL") -> None', _ALL_TURNS),
