@@ -68,6 +68,22 @@ OWNING_TESTS: dict[str, tuple[str, ...]] = {
 _ALL_TURNS = 'conversation_text reads every value of turns but "prompt" as all turns'
 _ONE_PER_KEY = "keys are one per row (a strict zip) and index.decide answers one per key or raises"
 _ONE_PER_SET = "the index sums up each set read, in order: one summary per read"
+_ABSENT = "an absent row is read only as negative (< 0, >= 0), never as a row"
+_INT64 = "np.full of the Python int -1 is int64, numpy's default integer: the same array"
+_BOOLS = "numpy makes a bool array of a list of bools (decide never sees an empty batch): the same array"
+_RUNS = ("when runs merge: a lookup finds each hash, unique across runs, in whichever run holds it, and nbytes sums "
+         "the runs; speed and a merge's temporary memory only")
+_GROWTH = "how much the map grows by: large enough either way; speed and address space only"
+_ODD_FOLD = ("other fixed odd multipliers: each a bijection of 64-bit values, so equal bands fold alike and unequal "
+             "ones collide as rarely; no band hash value is promised")
+_EVEN_FOLD = ("MinHash values are 32-bit: multipliers with at most 11 factors of 2 (checked: the first 256 draws) "
+              "give each value of a position its own product; no band hash value is promised")
+_SAME_DRAWS = "integers(high) draws from [0, high) as integers(0, high) does: the same multipliers"
+_NEGATIVE_SIZE = "numpy reads any negative size as the one to infer"
+_UINT64_SUM = "numpy sums uint64 in uint64"
+_LE_BYTES = 'sketches are uint64 already: native "<u8" on the little-endian machines the project runs on'
+_KEY_ENDS = 'the ends are stored as astype("<u8") of the sums: the same bytes from int64 sums'
+_FLOAT_ONES = "_pack copies the fields into uint64 words: float ones pack as integer ones"
 _FIRST_TABLE = "the first table serves only a batch of no bytes, whose prefix sums multiply nothing by it"
 _TABLE_OF_TWO = "a first table of two serves batches of at most one byte, which read its first power (1) alone"
 _UINT64_BASES = "numpy infers uint64 for either base (both exceed 2^63): the same powers"
@@ -128,11 +144,108 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.screen.normalise.x__powers_of__mutmut_12": ("base, dtype=None)", _UINT64_BASES),
     "corpus_builder.screen.normalise.x__powers_of__mutmut_15": ("np.full(size - 1, base, )", _UINT64_BASES),
     "corpus_builder.screen.near_dedup.xǁ_Pagesǁgather__mutmut_19": (
-        ".reshape(-2, width)", "numpy reads any negative size as the one to infer"),
+        ".reshape(-2, width)", _NEGATIVE_SIZE),
     "corpus_builder.screen.near_dedup.xǁ_Keysǁ__getitem____mutmut_3": (
         "if (index) or True else 0", 'for index 0 the slice [-8:0] is empty, and int.from_bytes(b"") is 0'),
     "corpus_builder.screen.near_dedup.xǁ_Sketchesǁsimilar__mutmut_6": (
         "for shift in range(SKETCH_BITS):", "a shift of 0 ors the differing bits into themselves"),
+    "corpus_builder.screen.near_dedup.x__merge__mutmut_1": (
+        "if older[1] is None and newer[1] is None:", "a table's runs are all packed (no rows) or all whole: one run "
+        "has rows exactly when the other has"),
+    "corpus_builder.screen.near_dedup.x__merge__mutmut_10": (
+        "entries.sort(kind=None)", "sorting plain integers: any algorithm gives the same array"),
+    "corpus_builder.screen.near_dedup.x__merge__mutmut_12": (
+        'entries.sort(kind="STABLE")', "numpy reads the kind's name in any case"),
+    "corpus_builder.screen.near_dedup.x__merge__mutmut_29": (
+        "from_older[landing] = None", "numpy stores None in a bool array as False"),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_4": (
+        "earlier = np.full(hashes.shape, -1, dtype=None)", _INT64),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_7": (
+        "earlier = np.full(hashes.shape, -1, )", _INT64),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_9": (
+        "earlier = np.full(hashes.shape, -2, dtype=np.int64)", _ABSENT),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_54": (
+        "for decision in decisions], dtype=None))", _BOOLS),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_56": ("for decision in decisions], ))", _BOOLS),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide_within__mutmut_3": (
+        "for decision in decisions], dtype=None)", _BOOLS),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide_within__mutmut_5": (
+        "for decision in decisions], )", _BOOLS),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide_within__mutmut_24": (
+        "shared[rows[counts[inverse] >= 1], column] = True", "a hash no other undecided row of the batch has is owned "
+        "by no earlier row and looked up by no later one: speed only"),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_hashes__mutmut_22": (".reshape(-2, 1)", _NEGATIVE_SIZE),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_29": (
+        "integers(1 << 63, size=self.rows_per_band", _SAME_DRAWS),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_34": ("default_rng(1852137843)", _ODD_FOLD),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_35": ("integers(1, 1 << 63,", _ODD_FOLD),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_37": ("integers(0, 2 << 63,", _ODD_FOLD),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_38": ("integers(0, 1 << 64,", _ODD_FOLD),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_40": (
+        "halves * np.uint64(2) - np.uint64(1)", _ODD_FOLD),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_43": (
+        "halves * np.uint64(3) + np.uint64(1)", _EVEN_FOLD),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_45": (
+        "halves * np.uint64(2) + np.uint64(2)", _EVEN_FOLD),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_58": (
+        "np.uint64(11400714819323198486)", "another constant whose multiples by 1 to bands are distinct: the salts "
+        "still differ by band"),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_60": (
+        "_FirstKept(whole_hashes=None)", "None is falsy: packed entries as False"),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_63": (
+        "slice(1, None)", "the hashes have 1 + bands columns: the slice ends there either way"),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_68": (
+        "slice(1, 2 + self.bands)", "the hashes have 1 + bands columns: a slice past them ends there"),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ_hashes__mutmut_39": (
+        "- self._band_salts)", "subtracting distinct salts keeps the bands' hashes apart as adding them does; no band "
+        "hash value is promised"),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ_hashes__mutmut_41": ("sum(axis=2, dtype=None)", _UINT64_SUM),
+    "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ_hashes__mutmut_43": ("sum(axis=2, )", _UINT64_SUM),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_12": ("while (len(self._runs) > 2 and", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_13": ("while (len(self._runs) >= 3 and", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_14": (
+        "len(self._runs[-2][0]) < 2 * len(self._runs[-1][0])", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_15": ("<= 2 / len(self._runs[-1][0])", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_16": ("<= 3 * len(self._runs[-1][0])", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_17": (
+        "len(self._runs[-2][0]) - len(self._runs[-1][0]) <= RUN_ENTRIES", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_18": ("len(self._runs[-1][0]) < RUN_ENTRIES", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_4": (
+        "found = np.full(len(queries), -1, dtype=None)", _INT64),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_7": ("found = np.full(len(queries), -1, )", _INT64),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_9": (
+        "found = np.full(len(queries), -2, dtype=np.int64)", _ABSENT),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_10": (
+        "if not self._runs and not len(queries):", "the early return saves work only: with no runs every row stays -1,"
+        " with no queries there is none to find"),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_23": (
+        "rows_of_ordered = np.full(len(queries), -1, dtype=None)", _INT64),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_26": (
+        "rows_of_ordered = np.full(len(queries), -1, )", _INT64),
+    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_28": (
+        "rows_of_ordered = np.full(len(queries), -2, dtype=np.int64)", _ABSENT),
+    "corpus_builder.screen.near_dedup.xǁ_Keysǁextend__mutmut_5": ("for key in encoded], dtype=None)", _KEY_ENDS),
+    "corpus_builder.screen.near_dedup.xǁ_Keysǁextend__mutmut_7": ("for key in encoded], )", _KEY_ENDS),
+    "corpus_builder.screen.near_dedup.xǁ_Pagesǁextend__mutmut_3": ("if end >= len(self._map):", _GROWTH),
+    "corpus_builder.screen.near_dedup.xǁ_Pagesǁextend__mutmut_9": ("max(end, 2 / len(self._map))", _GROWTH),
+    "corpus_builder.screen.near_dedup.xǁ_Pagesǁextend__mutmut_10": ("max(end, 3 * len(self._map))", _GROWTH),
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁ__init____mutmut_5": (
+        "per_word = 65 // SKETCH_BITS", "65 // 4 is 16 as 64 // 4 is"),
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁ__init____mutmut_16": (
+        "self.words * per_word), dtype=None)", _FLOAT_ONES),
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁ__init____mutmut_18": ("self.words * per_word), )", _FLOAT_ONES),
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁ__init____mutmut_21": (
+        "outside[:, self.fields:] = 1", "sketch pads the last word with zero fields: the padding of two sketches "
+        "always agrees"),
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁ__init____mutmut_44": (
+        "for m in range(compared + 2)", "more agreeing values than are compared are reached with probability 0: never "
+        "the cut"),
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁ__init____mutmut_51": (
+        ") > CONFIRM_AT_THRESHOLD)", "the cut moves only if a binomial tail is exactly 0.99: never, in floats"),
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁ_pack__mutmut_22": ("self.words, -2)", _NEGATIVE_SIZE),
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁappend__mutmut_3": (
+        "np.ascontiguousarray(sketches, dtype=None)", _LE_BYTES),
+    "corpus_builder.screen.near_dedup.xǁ_Sketchesǁappend__mutmut_5": ("np.ascontiguousarray(sketches, )", _LE_BYTES),
     # corpus_builder/screen/decontaminate.py
     "corpus_builder.screen.decontaminate.xǁContaminationǁchunk_matches__mutmut_5": ("whole_if_shorter=None)", _SHORTER),
     "corpus_builder.screen.decontaminate.xǁContaminationǁchunk_matches__mutmut_8": (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import random
 import subprocess
@@ -152,6 +153,28 @@ def test_threshold() -> None:
         NearDuplicates(0.0)
 
 
+def test_settings_default_as_documented_and_out_of_range_ones_are_refused() -> None:
+    index = NearDuplicates()
+    assert (index.threshold, index.num_perm, index.shingle, index.seed) == (0.8, 64, 5, 0)
+    assert (index.bands, index.rows_per_band) == band_layout(0.8, 64)
+    assert NearDuplicates(0.7).threshold == 0.7
+    for threshold in (0.0, -0.5, 1.0001, 1.5):
+        with pytest.raises(ValueError, match=rf"threshold must be in \(0, 1\], not {threshold}"):
+            NearDuplicates(threshold)
+    with pytest.raises(ValueError, match="shingle must be at least one word, not 0"):
+        NearDuplicates(shingle=0)
+
+
+def test_threshold_one_flags_only_the_same_shingle_set() -> None:
+    """At 1.0 (one band of every value) a text of the same shingle set (five words three times, not twice) is a
+    near duplicate, a one-word edit is not."""
+    words = "alpha beta gamma delta epsilon"
+    index = NearDuplicates(1.0)
+    decisions = index.offer(["twice", "thrice", "edited"], [f"{words} {words}", f"{words} {words} {words}",
+                                                          f"{words} {words} zeta"])
+    assert decisions == [None, Duplicate("twice", "near"), None]
+
+
 def test_related_rows_are_kept() -> None:
     """Pairs at about half the threshold's similarity share a band now and then (LSH alone flags ~15% of
     them); the sketch confirmation keeps them apart, while near copies are all still found."""
@@ -194,6 +217,20 @@ def test_same_answers_in_another_process(planted: tuple[list[Conversation], dict
         outputs.append(json.loads(run.stdout))
     assert outputs[0] == outputs[1] == [[expected[r.id].of, expected[r.id].rule] if r.id in expected else None
                                         for r in rows]
+
+
+def test_signatures_computed_in_another_process_are_the_ones_compared_here(tmp_path: Path) -> None:
+    """The processes that read rows hash them (``signatures``) for the index that decides them."""
+    texts = ["the quick brown fox jumps over the lazy dog", "a b", "", "one two three four five six seven"]
+    script = ("import json, sys\nfrom corpus_builder.screen.near_dedup import NearDuplicates\n"
+              "signatures = NearDuplicates().signatures(json.loads(sys.argv[1]))\n"
+              "print(json.dumps([signatures.hashes.tolist(), signatures.present.tolist(), "
+              "signatures.sketches.tolist()]))\n")
+    here = NearDuplicates().signatures(texts)
+    for hash_seed in ("1", "2"):
+        run = subprocess.run([sys.executable, "-c", script, json.dumps(texts)], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONHASHSEED": hash_seed}, cwd=REPOSITORY, check=True)
+        assert json.loads(run.stdout) == [here.hashes.tolist(), here.present.tolist(), here.sketches.tolist()]
 
 
 @pytest.mark.parametrize(("text", "normalised"), [
@@ -290,10 +327,11 @@ def planted_signatures(index: NearDuplicates, texts: list[Planted]) -> Signature
     present = np.ones(hashes.shape, dtype=bool)
     for row, (exact, bands, _) in enumerate(texts):
         hashes[row, 0] = exact
-        if bands is None:
-            present[row, 1:] = False
-        else:  # the band's number in the high bits too: hashes differ by band, as the salts make them
-            hashes[row, 1:] = [(value * index.bands + band + 1) << 32 for band, value in enumerate(bands)]
+        # the band's number in the high bits too: hashes differ by band, as the salts make them. A text with
+        # no words has the hashes of bands of value 0, which other texts may share: they must be ignored.
+        values = bands or (0,) * index.bands
+        hashes[row, 1:] = [(value * index.bands + band + 1) << 32 for band, value in enumerate(values)]
+        present[row, 1:] = bands is not None
     words = -(-index.num_perm // 16)
     sketches = np.array([[sketch * 0x1111111111111111] * words for _, _, sketch in texts], dtype=np.uint64)
     return Signatures(hashes, present, sketches)
@@ -304,10 +342,14 @@ def alone(band: int, value: int, *, row: int, bands: int = 10) -> tuple[int, ...
     return tuple(value if b == band else 1000 + 10 * row + b for b in range(bands))
 
 
-def decide_in_batches(texts: list[Planted], batches: list[int]) -> list[Duplicate | None]:
-    """Decisions for the planted texts offered in order (keys t0, t1, ...), in batches of the given sizes."""
-    index = NearDuplicates()
+def decide_in_batches(texts: list[Planted], batches: list[int], *, threshold: float = 0.8,
+                      sketches: list[list[int]] | None = None) -> list[Duplicate | None]:
+    """Decisions for the planted texts offered in order (keys t0, t1, ...), in batches of the given sizes; with
+    ``sketches``, the texts' sketch words are those."""
+    index = NearDuplicates(threshold)
     signatures = planted_signatures(index, texts)
+    if sketches is not None:
+        signatures = Signatures(signatures.hashes, signatures.present, np.array(sketches, dtype=np.uint64))
     decisions: list[Duplicate | None] = []
     for size in batches:
         rows = list(range(len(decisions), len(decisions) + size))
@@ -395,6 +437,9 @@ def test_signatures_of_no_texts_and_of_rows_picked_or_replaced() -> None:
     assert np.array_equal(full.hashes[1], index.signatures([texts[1]]).hashes[0])  # replaced a copy only
     exact = ExactDuplicates().signatures([])
     assert (exact.hashes.shape, exact.present.shape, exact.sketches.shape) == ((0, 1), (0, 1), (0, 0))
+    some = Signatures.concat([exact, ExactDuplicates().signatures(texts)])
+    assert (some.hashes.shape, some.present.shape, some.sketches.shape) == ((3, 1), (3, 1), (3, 0))
+    assert (some.hashes.dtype, some.present.dtype, some.sketches.dtype) == (np.uint64, np.bool_, np.uint64)
     assert (empty.hashes.shape, empty.sketches.shape) == ((0, 1 + index.bands), (0, 4))
 
 
@@ -432,3 +477,146 @@ def test_a_near_copy_of_a_row_kept_in_an_earlier_batch_is_found_with_any_sketch_
     index.offer(["original"], [" ".join(words)])
     words[150] = "zebra"
     assert index.offer(["copy"], [" ".join(words)]) == [Duplicate("original", "near")]
+
+
+def test_a_text_with_no_words_owns_no_band_hash() -> None:
+    """A kept row with no words holds no band hash, whatever the hashes its signature carries."""
+    texts: list[Planted] = [(1, None, 0), (2, alone(5, 0, row=1), 0)]
+    assert decide_in_batches(texts, [1, 1]) == [None, None]
+
+
+def test_a_band_hash_stays_with_its_first_owner_when_a_later_kept_row_has_it_too() -> None:
+    """t30 shares t0's band 5 and is kept (another sketch), in a run of its own beside the first batch's: t31,
+    of t0's sketch, is still compared with t0, the hash's owner."""
+    texts: list[Planted] = [(1, alone(5, 7, row=0), 0), *((row + 1, alone(5, 100 + row, row=row), 1)
+                                                          for row in range(1, 30)),
+                            (31, alone(5, 7, row=30), 1), (32, alone(5, 7, row=31), 0)]
+    assert decide_in_batches(texts, [30, 1, 1]) == [None] * 31 + [Duplicate("t0", "near")] == first_kept(texts)
+
+
+def test_exact_hashes_compare_in_all_64_bits_however_the_runs_merge() -> None:
+    index = ExactDuplicates()
+
+    def decide(key: str, exact: int) -> list[Duplicate | None]:
+        return index.decide([key], Signatures(np.array([[exact]], dtype=np.uint64), np.ones((1, 1), dtype=bool),
+                                              np.zeros((1, 0), dtype=np.uint64)))
+
+    top = (1 << 64) - 1024  # it and its neighbours round to one float64
+    assert decide("a", top) == decide("b", top + 2) == [None]  # the two runs merge
+    assert decide("c", top + 1) == [None]
+    assert decide("d", top + 2) == [Duplicate("b", "exact")]
+
+
+def test_state_bytes_are_the_documented_ones() -> None:
+    """Per kept row: its key's UTF-8 bytes and an 8-byte end, 12 bytes of exact hash and row, 8 bytes a band
+    hash no kept row held before, and the sketch's 8-byte words; before and after the tables' runs merge."""
+    index = NearDuplicates()
+    words = -(-index.num_perm // 16)
+    texts: list[Planted] = [(row + 1, alone(5, 7 if row < 2 else 100 + row, row=row), row % 2) for row in range(8)]
+    keys = [f"clé-{row}" for row in range(8)]
+    signatures = planted_signatures(index, texts)
+    for kept in (4, 8):
+        assert index.decide(keys[kept - 4:kept], signatures.rows(list(range(kept - 4, kept)))) == [None] * 4
+        held_bands = index.bands * kept - 1  # t0 and t1 share band 5: its hash is held once
+        key_bytes = sum(len(key.encode()) + 8 for key in keys[:kept])
+        assert index.nbytes == key_bytes + 12 * kept + 8 * held_bands + 8 * words * kept
+    exact = ExactDuplicates()
+    exact.offer(keys, [f"text {row}" for row in range(8)])
+    assert exact.nbytes == sum(len(key.encode()) + 8 for key in keys) + 12 * 8
+
+
+def packed(fields: list[int]) -> list[int]:
+    """Sketch words of 4-bit values, 16 to a word from its lowest bits."""
+    return [sum(value << 4 * i for i, value in enumerate(fields[start:start + 16]))
+            for start in range(0, len(fields), 16)]
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.7, 0.8, 0.9])
+@pytest.mark.parametrize("difference", [1, 2, 4, 8])
+def test_a_candidate_is_confirmed_when_enough_sketch_values_outside_its_band_agree(threshold: float,
+                                                                                   difference: int) -> None:
+    """The cut is the least count of agreeing sketch values, of those outside the shared band, that a pair at
+    the threshold reaches with probability >= 0.99 (each value agrees with probability t + (1 - t) / 16): a
+    pair sharing a band is confirmed at the cut and not one below, whichever bit of a value differs, wherever
+    the differing values are and whether the earlier row is in the batch or kept before."""
+    index = NearDuplicates(threshold)
+    rows, num_perm = index.rows_per_band, index.num_perm
+    compared = num_perm - rows
+    agree = threshold + (1.0 - threshold) / 16
+
+    def reached(least: int) -> float:
+        return sum(math.comb(compared, k) * agree**k * (1.0 - agree) ** (compared - k)
+                   for k in range(least, compared + 1))
+
+    cut = max(least for least in range(compared + 1) if reached(least) >= 0.99)
+    for band in (0, 1, index.bands - 1):
+        inside, before = range(band * rows, (band + 1) * rows), range(max(band - 1, 0) * rows, band * rows)
+        # the values differing: first the band after it (after the last, the ones no band holds), the band
+        # before it last
+        outside = [f for f in range(num_perm) if f not in inside and f not in before]
+        order = sorted(outside, key=lambda f: (f < (band + 1) * rows, f)) + list(before)
+        for differing, expected in ((compared - cut, Duplicate("t0", "near")), (compared - cut + 1, None)):
+            fields = [15 if f in inside else 0 for f in range(num_perm)]  # the shared band's are not compared
+            for f in order[:differing]:
+                fields[f] = difference
+            texts: list[Planted] = [(1, alone(band, 7, row=0, bands=index.bands), 0),
+                                    (2, alone(band, 7, row=1, bands=index.bands), 0)]
+            for batches in ([2], [1, 1]):
+                decisions = decide_in_batches(texts, batches, threshold=threshold,
+                                              sketches=[packed([0] * num_perm), packed(fields)])
+                assert decisions == [None, expected], (band, differing, batches)
+
+
+class PlantedMinHash:
+    """Stands in for rensa: the given MinHash values of each text offered, in order, whatever its shingles."""
+
+    def __init__(self, values: list[list[int]]) -> None:
+        self.values = values
+
+    def digest_matrix_from_flat_token_hashes(self, shingles: object, offsets: np.ndarray, num_perm: int,
+                                             seed: int) -> PlantedMinHash:
+        assert len(offsets) - 1 == len(self.values) and all(len(row) == num_perm for row in self.values)
+        return self
+
+    def to_rows(self) -> list[list[int]]:
+        return self.values
+
+
+def with_minhash(monkeypatch: pytest.MonkeyPatch, texts: list[str], values: list[list[int]]
+                 ) -> list[Duplicate | None]:
+    """Decisions for texts of the given MinHash values (keys t0, t1, ...), the same offered in one batch or one
+    row at a time (then every band of every row is looked up among all the kept rows' bands)."""
+    keys = [f"t{row}" for row in range(len(texts))]
+    index = NearDuplicates()
+    monkeypatch.setattr(index, "_minhash", PlantedMinHash(values))
+    together = index.offer(keys, texts)
+    index = NearDuplicates()
+    one_by_one: list[Duplicate | None] = []
+    for key, text, row in zip(keys, texts, values, strict=True):
+        monkeypatch.setattr(index, "_minhash", PlantedMinHash([row]))
+        one_by_one += index.offer([key], [text])
+    assert together == one_by_one
+    return together
+
+
+_BASE = random.Random(5).choices(range(1 << 32), k=64)
+_FAR = [value ^ 0x10 for value in _BASE]  # other values of the same sketch: no band shared, every sketch value
+
+
+@pytest.mark.parametrize(("second", "expected"), [
+    (_BASE, Duplicate("t0", "near")),
+    (_BASE[:6] + _FAR[6:], Duplicate("t0", "near")),  # band 0 shared, the sketch bits of the others agree
+    (_BASE[:6] + [value ^ 0x11 for value in _BASE[6:]], None),  # band 0 shared, no sketch value agrees
+    (_BASE[1:6] + _BASE[:1] + _FAR[6:], None),  # band 0's values in another order: no band shared
+    (_FAR[:18] + _BASE[30:36] + _FAR[24:], None),  # t0's band 5 values in band 3: no band shared
+], ids=["same", "one band", "one band, other sketch", "band reordered", "band moved"])
+def test_a_band_is_shared_when_its_values_are_in_the_same_band_in_the_same_order(
+        monkeypatch: pytest.MonkeyPatch, second: list[int], expected: Duplicate | None) -> None:
+    words = "a b c d e f g"
+    assert with_minhash(monkeypatch, [words, f"{words} h"], [_BASE, second]) == [None, expected]
+
+
+def test_every_text_with_a_word_has_a_signature_and_one_with_none_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shorter than a shingle, a text is one; with no words, it is near nothing whatever its MinHash values."""
+    texts = ["...", "alpha", "alpha beta gamma delta epsilon zeta"]
+    assert with_minhash(monkeypatch, texts, [_BASE] * 3) == [None, None, Duplicate("t1", "near")]
