@@ -87,6 +87,9 @@ _FLOAT_ONES = "_pack copies the fields into uint64 words: float ones pack as int
 _FIRST_TABLE = "the first table serves only a batch of no bytes, whose prefix sums multiply nothing by it"
 _TABLE_OF_TWO = "a first table of two serves batches of at most one byte, which read its first power (1) alone"
 _UINT64_BASES = "numpy infers uint64 for either base (both exceed 2^63): the same powers"
+_FLOAT_EDGES = "0/1 flags differenced as float64 give the same -1, 0 and 1 as int8: only memory"
+_DISTINCT_STARTS = ("the run starts sorted are distinct (a text shorter than n starts no full run): every sort gives "
+                    "one order")
 _SHORTER = ("a text shorter than the runs looked up hashes fewer words than every entry of that length: no match "
             "either way")
 
@@ -246,6 +249,25 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.screen.near_dedup.xǁ_Sketchesǁappend__mutmut_3": (
         "np.ascontiguousarray(sketches, dtype=None)", _LE_BYTES),
     "corpus_builder.screen.near_dedup.xǁ_Sketchesǁappend__mutmut_5": ("np.ascontiguousarray(sketches, )", _LE_BYTES),
+    # corpus_builder/screen/normalise.py
+    "corpus_builder.screen.normalise.x_conversation_text__mutmut_1": ('ConversationText = "XXallXX"', _ALL_TURNS),
+    "corpus_builder.screen.normalise.x_conversation_text__mutmut_2": ('turns: ConversationText = "ALL"', _ALL_TURNS),
+    "corpus_builder.screen.normalise.x_normalise_texts__mutmut_36": ("space.astype(None)", _FLOAT_EDGES),
+    "corpus_builder.screen.normalise.xǁWordRunsǁ__init____mutmut_31": ("word.astype(None)", _FLOAT_EDGES),
+    "corpus_builder.screen.normalise.xǁWordRunsǁ__init____mutmut_5": (
+        "_POWERS.tables(len(data) + 2)", "tables one power longer: the same power at every index read"),
+    "corpus_builder.screen.normalise.xǁWordRunsǁhashes__mutmut_28": ("np.argsort(runs, kind=None)", _DISTINCT_STARTS),
+    "corpus_builder.screen.normalise.xǁWordRunsǁhashes__mutmut_30": ("np.argsort(runs, )", _DISTINCT_STARTS),
+    "corpus_builder.screen.normalise.xǁWordRunsǁhashes__mutmut_32": ('argsort(runs, kind="STABLE")', _DISTINCT_STARTS),
+    "corpus_builder.screen.normalise.xǁ_Powersǁtables__mutmut_1": (
+        "if length < len(self._forward):", "a table exactly as long as asked is built again, longer: the same powers"),
+    "corpus_builder.screen.normalise.xǁ_Powersǁtables__mutmut_11": (
+        "min(2 / len(self._forward), self.KEPT)", "2 / len is at most 2 and a longer table is asked for at least 2: "
+        "the tables grow to the length asked instead of doubling, the same powers rebuilt more often"),
+    "corpus_builder.screen.normalise.xǁ_Powersǁtables__mutmut_12": (
+        "min(3 * len(self._forward), self.KEPT)", "the tables grow threefold instead of twofold: the same powers"),
+    "corpus_builder.screen.normalise.xǁ_Powersǁtables__mutmut_33": (
+        "if size < self.KEPT:", "tables of exactly KEPT powers not kept between batches: the same powers, rebuilt"),
     # corpus_builder/screen/decontaminate.py
     "corpus_builder.screen.decontaminate.xǁContaminationǁchunk_matches__mutmut_5": ("whole_if_shorter=None)", _SHORTER),
     "corpus_builder.screen.decontaminate.xǁContaminationǁchunk_matches__mutmut_8": (
