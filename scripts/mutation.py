@@ -136,16 +136,6 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.screen.dedup.x_describe_eval_sets__mutmut_30": (
         "eval_sets.index.eval_sets, strict=False)", _ONE_PER_SET),
     # corpus_builder/screen/near_dedup.py
-    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_3": (
-        "self._forward: U64 = np.ones(1, dtype=None)", _FIRST_TABLE),
-    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_5": (
-        "self._forward: U64 = np.ones(1, )", _FIRST_TABLE),
-    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_6": (
-        "self._forward: U64 = np.ones(2, dtype=np.uint64)", _TABLE_OF_TWO),
-    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_12": (
-        "self._inverse: U64 = np.ones(2, dtype=np.uint64)", _TABLE_OF_TWO),
-    "corpus_builder.screen.normalise.x__powers_of__mutmut_12": ("base, dtype=None)", _UINT64_BASES),
-    "corpus_builder.screen.normalise.x__powers_of__mutmut_15": ("np.full(size - 1, base, )", _UINT64_BASES),
     "corpus_builder.screen.near_dedup.xǁ_Pagesǁgather__mutmut_19": (
         ".reshape(-2, width)", _NEGATIVE_SIZE),
     "corpus_builder.screen.near_dedup.xǁ_Keysǁ__getitem____mutmut_3": (
@@ -250,6 +240,16 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "np.ascontiguousarray(sketches, dtype=None)", _LE_BYTES),
     "corpus_builder.screen.near_dedup.xǁ_Sketchesǁappend__mutmut_5": ("np.ascontiguousarray(sketches, )", _LE_BYTES),
     # corpus_builder/screen/normalise.py
+    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_3": (
+        "self._forward: U64 = np.ones(1, dtype=None)", _FIRST_TABLE),
+    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_5": (
+        "self._forward: U64 = np.ones(1, )", _FIRST_TABLE),
+    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_6": (
+        "self._forward: U64 = np.ones(2, dtype=np.uint64)", _TABLE_OF_TWO),
+    "corpus_builder.screen.normalise.xǁ_Powersǁ__init____mutmut_12": (
+        "self._inverse: U64 = np.ones(2, dtype=np.uint64)", _TABLE_OF_TWO),
+    "corpus_builder.screen.normalise.x__powers_of__mutmut_12": ("base, dtype=None)", _UINT64_BASES),
+    "corpus_builder.screen.normalise.x__powers_of__mutmut_15": ("np.full(size - 1, base, )", _UINT64_BASES),
     "corpus_builder.screen.normalise.x_conversation_text__mutmut_1": ('ConversationText = "XXallXX"', _ALL_TURNS),
     "corpus_builder.screen.normalise.x_conversation_text__mutmut_2": ('turns: ConversationText = "ALL"', _ALL_TURNS),
     "corpus_builder.screen.normalise.x_normalise_texts__mutmut_36": ("space.astype(None)", _FLOAT_EDGES),
