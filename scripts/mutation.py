@@ -371,18 +371,18 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "sum(b.plain for b in open_bounds), None)", "the label of the sources with no target as one bound is never "
         "shown: their message names them"),
     "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_49": (
-        'sum(b.plain for b in open_bounds), "XXXX")", "the label of the sources with no target as one bound is never '
+        'sum(b.plain for b in open_bounds), "XXXX")', "the label of the sources with no target as one bound is never "
         "shown: their message names them"),
     "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_89": (
-        'RowBounds(None, 0, 0, "")", "of the rows the sources with no target give, only the reasoning and plain '
+        'RowBounds(None, 0, 0, "")', "of the rows the sources with no target give, only the reasoning and plain "
         "bounds are read"),
     "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_92": (
         "RowBounds(0, 0, 0, None)", "the label of the empty bound is never shown"),
     "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_97": (
-        'RowBounds(1, 0, 0, "")", "of the rows the sources with no target give, only the reasoning and plain bounds '
+        'RowBounds(1, 0, 0, "")', "of the rows the sources with no target give, only the reasoning and plain bounds "
         "are read"),
     "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_100": (
-        'RowBounds(0, 0, 0, "XXXX")", "the label of the empty bound is never shown'),
+        'RowBounds(0, 0, 0, "XXXX")', "the label of the empty bound is never shown"),
     "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_117": (
         "highest <= target.target - target.tolerance - 1e-9", "a ratio of row counts exactly 1e-9 under the "
         "tolerance's bound: never, in floats"),
