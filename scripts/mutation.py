@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -552,6 +553,9 @@ def main() -> int:
         patterns = [pattern for module in modules for pattern in _patterns(module)]
     if patterns and not args.report:
         tests = args.tests or sorted({path for module in modules for path in OWNING_TESTS[module]})
+        # Each module's mutants run its own owners only (tests/conftest.py reads this), whatever else the run maps.
+        os.environ["CORPUS_MUTATION_OWNERS"] = json.dumps(
+            {_dotted(module): args.tests or OWNING_TESTS[module] for module in modules})
         _run(patterns, tests, args.max_children)
         print(f"\nmutmut run took {time.monotonic() - started:.0f} s")
     return 0 if _report(modules) else 1

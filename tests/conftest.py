@@ -33,22 +33,23 @@ def _skip_vllm() -> bool:
     return os.environ.get("CORPUS_SKIP_VLLM") == "1"
 
 
-def _mutmut_test_durations() -> dict[str, float]:
-    """The tests' durations mutmut recorded, while it runs a mutant (none otherwise)."""
-    if "__mutmut_" not in os.environ.get("MUTANT_UNDER_TEST", ""):
-        return {}
+def _mutmut_selection(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """While mutmut runs a mutant: only the tests that own its module (scripts/mutation.py names them in
+    CORPUS_MUTATION_OWNERS), fastest first. mutmut maps a function to every test of the run that calls it, and a
+    run of several modules would make each mutant run the others' owners too; and it stops at the first failure,
+    so a killed mutant costs its cheapest failing test. Modules stay whole (their fixtures are built once), the
+    quickest on average first."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if "__mutmut_" not in mutant:
+        return
+    owners: dict[str, list[str]] = json.loads(os.environ.get("CORPUS_MUTATION_OWNERS", "{}"))
+    paths = next((tuple(tests) for module, tests in owners.items() if mutant.startswith(f"{module}.")), None)
+    if paths is not None:
+        unowned = [item for item in items if not item.nodeid.startswith(paths)]
+        config.hook.pytest_deselected(items=unowned)
+        items[:] = [item for item in items if item.nodeid.startswith(paths)]
     stats = Path("mutmut-stats.json")  # mutmut runs a mutant's tests from inside mutants/, beside its stats
     durations: dict[str, float] = json.loads(stats.read_text())["duration_by_test"] if stats.is_file() else {}
-    return durations
-
-
-def _mutmut_fastest_first(items: list[pytest.Item]) -> None:
-    """Under mutmut, the fastest tests first: it stops at the first failure, so a killed mutant costs its
-    cheapest failing test instead of whichever came first. Modules stay whole (their fixtures are built once),
-    the quickest on average first."""
-    durations = _mutmut_test_durations()
-    if not durations:
-        return
     by_module: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_module.setdefault(item.nodeid.split("::")[0], []).append(item)
@@ -62,7 +63,7 @@ def _mutmut_fastest_first(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _mutmut_fastest_first(items)
+    _mutmut_selection(config, items)
     needs_vllm = [item for item in items if item.get_closest_marker("vllm")]
     if not needs_vllm:
         return
