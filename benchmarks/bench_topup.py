@@ -50,7 +50,7 @@ output: {{dir: out-{seed}}}
         requests = len(server.chat_requests)
     dropped = sum(record["reason"] == "unclosed_think" for record in iter_ledger(result.out_dir / "ledger.jsonl.zst"))
     rounds = sum(line.startswith("generate ") and "(100.0%)" in line for line in progress.getvalue().splitlines())
-    return requests, dropped, result.manifest["mixture"]["sources"]["asks"]["reached"], rounds
+    return requests, dropped, result.manifest.section("mixture")["sources"]["asks"]["reached"], rounds
 
 
 def main() -> int:
