@@ -42,6 +42,7 @@ from ..layout import Corpus
 from ..recipe.model import HubRef, Mapping
 from ..records import Conversation, RepairRules
 from ..rows import batch_to_conversations, conversations_to_batch
+from ..screen.normalise import mix64
 from ..sources.mappings import TURN_KEYS, RowNormaliser
 from ..sources.readers import UTF8_BOM, decode_lines, detect_format, iter_rows, zstd_chunks
 from .frames import RAW_SCHEMA, plain_rows
@@ -484,10 +485,7 @@ def sample_mask(label: str, first_row: int, count: int, share: float, seed: int)
         return np.ones(count, dtype=bool)
     salt = int.from_bytes(hashlib.blake2b(f"{seed}\x1f{label}".encode(), digest_size=8).digest(), "big")
     with np.errstate(over="ignore"):
-        x = np.arange(first_row, first_row + count, dtype=np.uint64) + np.uint64(salt)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)  # splitmix64's finaliser
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
+        x = mix64(np.arange(first_row, first_row + count, dtype=np.uint64) + np.uint64(salt))
     threshold: np.ndarray = x < np.uint64(int(share * float(1 << 64)) if share > 0 else 0)
     return threshold
 
