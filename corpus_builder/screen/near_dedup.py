@@ -361,8 +361,16 @@ class ExactDuplicates:
         exact = np.frombuffer(digests, dtype=np.uint64).reshape(-1, 1)
         return exact, np.ones(exact.shape, dtype=bool), np.zeros((len(texts), 0), dtype=np.uint64)
 
-    def _decide(self, keys: Sequence[str], hashes: U64, present: npt.NDArray[np.bool_], sketches: U64
-                ) -> list[Duplicate | None]:
+    def lookup(self, signatures: Signatures) -> list[Duplicate | None]:
+        """The kept row each text duplicates (exactly, else the earliest it near-duplicates), or None; keeps none
+        of them: an index of rows to keep others apart from (an eval pack) stays as it was built."""
+        if not len(signatures):
+            return []
+        return self._against_kept(signatures.hashes, signatures.present, signatures.sketches)[0]
+
+    def _against_kept(self, hashes: U64, present: npt.NDArray[np.bool_], sketches: U64
+                      ) -> tuple[list[Duplicate | None], I64]:
+        """Each row's verdict against the rows kept before, and the kept row (ordinal) of each of its hashes."""
         earlier = np.full(hashes.shape, -1, dtype=np.int64)  # the kept row (ordinal) of each hash, if any
         for table, columns in self._tables:
             rows, column = np.nonzero(present[:, columns])
@@ -372,6 +380,11 @@ class ExactDuplicates:
         for row in np.flatnonzero(earlier[:, 0] >= 0).tolist():
             decisions[row] = Duplicate(self._keys[int(earlier[row, 0])], "exact")
         self._decide_near_to_kept(earlier, sketches, decisions)
+        return decisions, earlier
+
+    def _decide(self, keys: Sequence[str], hashes: U64, present: npt.NDArray[np.bool_], sketches: U64
+                ) -> list[Duplicate | None]:
+        decisions, earlier = self._against_kept(hashes, present, sketches)
         # A hash a row kept before holds is owned by that row, which _decide_near_to_kept compared already.
         self._decide_within(keys, hashes, present & (earlier < 0), sketches, decisions)
         kept_rows = np.flatnonzero(np.array([decision is None for decision in decisions], dtype=bool))
