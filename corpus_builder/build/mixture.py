@@ -18,12 +18,13 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..recipe.model import Recipe, ThinkingShare
 from .split import TRAIN, VALIDATION
 
 SPLITS = (TRAIN, VALIDATION)
+K = TypeVar("K")
 
 
 @dataclass
@@ -147,7 +148,7 @@ def resolve_counts(recipe: Recipe, sizes: dict[str, int]) -> dict[str, int | Non
         quotas.append(max(0.0, total - fixed - sum(quotas)))
     parts = _largest_remainder(max(0, total - fixed), quotas)
     counts |= dict(zip(shares, parts[:len(shares)], strict=True))
-    return counts | (_apportion(parts[-1], open_sizes) if open_sizes else {})
+    return counts | (apportion(parts[-1], open_sizes) if open_sizes else {})
 
 
 def _largest_remainder(rows: int, quotas: list[float]) -> list[int]:
@@ -161,7 +162,7 @@ def _largest_remainder(rows: int, quotas: list[float]) -> list[int]:
     return parts
 
 
-def _apportion(rows: int, sizes: dict[str, int]) -> dict[str, int]:
+def apportion(rows: int, sizes: dict[K, int]) -> dict[K, int]:
     """``rows`` in proportion to ``sizes`` (none when every size is zero)."""
     total = sum(sizes.values())
     parts = _largest_remainder(rows, [rows * size / total for size in sizes.values()]) if total else [0] * len(sizes)
