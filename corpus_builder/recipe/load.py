@@ -20,6 +20,7 @@ from .crosscheck import cross_field_problems, fill_derived, is_hub_id, local_pat
 from .model import (
     Checks,
     Decontamination,
+    EvalPackSpec,
     EvalSet,
     ExportSpec,
     GenerationSettings,
@@ -29,6 +30,7 @@ from .model import (
     Mixture,
     NearDuplicateSettings,
     OutputSpec,
+    PackShare,
     Recipe,
     SourceSpec,
     SourceTarget,
@@ -116,6 +118,7 @@ def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
         split=SplitSpec(**document["split"]),
         mixture=_to_mixture(document["mixture"]),
         decontamination=_to_decontamination(document.get("decontamination"), base_dir),
+        eval=_to_eval_pack(document.get("eval")),
         base_dir=base_dir,
         path=path,
         document=document,
@@ -147,6 +150,12 @@ def _to_decontamination(written: dict[str, Any] | None, base_dir: Path) -> Decon
     return Decontamination(eval_sets=eval_sets, ngram=written["ngram"], min_words=written["min_words"])
 
 
+def _to_eval_pack(written: dict[str, Any] | None) -> EvalPackSpec | None:
+    if written is None:
+        return None
+    return EvalPackSpec(PackShare(written.get("rows"), written.get("fraction")), written["seed"])
+
+
 def _to_mixture(mixture: dict[str, Any]) -> Mixture:
     thinking = mixture.get("thinking_share")
     plain = {k: v for k, v in mixture.items() if k != "thinking_share"}
@@ -166,7 +175,7 @@ def _openai_tool_choice(written: str | dict[str, Any] | None) -> str | dict[str,
 def _to_source(source: dict[str, Any]) -> SourceSpec:
     written = source.get("path")
     plain = {k: v for k, v in source.items()
-             if k not in ("path", "hub", "mapping", "take", "repair", "target", "tool_choice")}
+             if k not in ("path", "hub", "mapping", "take", "repair", "target", "tool_choice", "eval")}
     return SourceSpec(
         **plain,
         tool_choice=_openai_tool_choice(source.get("tool_choice")),
@@ -176,4 +185,5 @@ def _to_source(source: dict[str, Any]) -> SourceSpec:
         take=Take(**source["take"]) if "take" in source else None,
         repair=RepairRules(**source["repair"]),
         target=SourceTarget(**source["target"]) if "target" in source else None,
+        eval=PackShare(**source["eval"]) if "eval" in source else None,
     )

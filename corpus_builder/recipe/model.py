@@ -3,6 +3,7 @@ classes only give the validated, default-filled document names and types."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -105,6 +106,28 @@ class Take:
 
 
 @dataclass(frozen=True, slots=True)
+class PackShare:
+    """A replay source's part of the eval pack: a number of conversations, or a share of them."""
+
+    rows: int | None = None
+    fraction: float | None = None
+
+    def held(self, size: int) -> int:
+        """Conversations held out of a source of ``size``: at most all of them, a share rounded half up."""
+        if self.rows is not None:
+            return min(self.rows, size)
+        return math.floor((self.fraction or 0.0) * size + 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalPackSpec:
+    """The eval pack held out of the replay sources (``eval`` in the recipe)."""
+
+    share: PackShare = field(default_factory=PackShare)  # every replay source's, unless it gives its own
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SourceTarget:
     """Rows of one source in the final corpus: a count, or a share of the corpus."""
 
@@ -129,6 +152,7 @@ class SourceSpec:
     tool_choice: str | dict[str, Any] | None = None  # prompts: sent as OpenAI's tool_choice with rows that have tools
     tool_results: ToolResults = "match"  # prompts with tool traffic
     target: SourceTarget | None = None  # rows in the final corpus, met after every drop (see Mixture)
+    eval: PackShare | None = None  # replay: its part of the eval pack, instead of the recipe's eval share
 
     @property
     def tool_choice_function(self) -> str | None:
@@ -251,6 +275,7 @@ class Recipe:
     split: SplitSpec = field(default_factory=SplitSpec)
     mixture: Mixture = field(default_factory=Mixture)
     decontamination: Decontamination | None = None
+    eval: EvalPackSpec | None = None
     description: str | None = None
     base_dir: Path = Path(".")  # the recipe file's directory: relative paths resolve against it
     path: Path | None = None  # the recipe file itself
@@ -259,6 +284,12 @@ class Recipe:
     @property
     def has_prompts(self) -> bool:
         return any(s.kind == "prompts" for s in self.sources)
+
+    def pack_shares(self) -> dict[str, PackShare]:
+        """The replay sources the eval pack holds conversations out of, each with its share (none: no pack)."""
+        default = self.eval.share if self.eval is not None else PackShare()
+        shares = {spec.name: spec.eval or default for spec in self.sources if spec.kind == "replay"}
+        return {name: share for name, share in shares.items() if share.rows or share.fraction}
 
     def dedup_ranks(self) -> dict[str, int]:
         """Each source's rank in dedup (0 first): ``checks.dedup_priority``, then the others in recipe order."""
