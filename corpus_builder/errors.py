@@ -85,6 +85,8 @@ REASONS: dict[str, str] = {
     "duplicate": "the same conversation (normalised text) already kept: the detail names the row it duplicates",
     "near_duplicate": "a near duplicate (MinHash/LSH, checks.near_duplicates) of a kept row the detail names",
     "contaminated": "shares a run of words with an evaluation set (decontamination): the detail names the sets",
+    "eval_pack_copy": "a copy or a near copy of a conversation held out in the eval pack (the detail names it): "
+                      "training on it would leak the pack",
     "over_length": "longer than the recipe's max_seq_len in target tokens",
     "unclosed_think": "reasoning block opened but never closed",
     "truncated_generation": "the target stopped at max_tokens (finish_reason: length)",

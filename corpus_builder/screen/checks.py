@@ -18,6 +18,7 @@ from .decontaminate import Contamination
 from .dedup import Dedup, Evicted
 from .near_dedup import Signatures
 from .normalise import ConversationText, conversation_text, normalised_chunks
+from .pack import EVAL_PACK_COPY, PackScreen
 
 FLAG_TRUNCATED_TO_BUDGET = "truncated_to_budget"
 # What contamination is checked on: the whole conversation (a response that reproduces a reference answer is
@@ -33,23 +34,27 @@ class BatchStats:
     at_least: list[bool]  # over the budget by its floor alone: never rendered or tokenized
     signatures: Signatures | None  # what dedup compares
     contamination: list[tuple[str, ...]] | None  # the evaluation sets each row matches
+    pack_signatures: Signatures | None = None  # what the eval pack's index compares, when not dedup's own
 
 
 class Checker:
     """Applies a recipe's row checks to a stream (corpus-level checks run on the written audit): unclosed
-    think blocks, the token budget, evaluation-set contamination, duplicates, unique ids, in that order.
+    think blocks, the token budget, evaluation-set contamination, copies of the eval pack, duplicates, unique
+    ids, in that order. Rows the eval pack holds out leave the stream first, before any check.
 
     ``evict`` takes the kept rows a later row of a higher-priority source duplicates (see ``dedup``); a
     caller that writes rows as they come reads sources in dedup order and passes none."""
 
     def __init__(self, checks: Checks, renderer: TemplateRenderer | None, *, dedup: Dedup | None = None,
                  contamination: Contamination | None = None, evict: Callable[[Evicted], None] | None = None,
-                 batch_size: int = 512) -> None:
+                 pack: PackScreen | None = None, batch_size: int = 512) -> None:
         self.checks = checks
         self.renderer = renderer if checks.max_seq_len is not None else None
         self.dedup = dedup
         self.contamination = contamination
         self.evict = evict
+        self.pack = pack
+        self._pack_shares_signatures = pack is not None and pack.shares_signatures(dedup)
         self.batch_size = batch_size
         # Hashes of the ids kept: a dict used as a set because a dict holding only ints is not tracked by the
         # garbage collector, while a set always is (each full collection would walk every kept hash).
@@ -57,10 +62,10 @@ class Checker:
 
     @classmethod
     def for_recipe(cls, recipe: Recipe, renderer: TemplateRenderer | None, contamination: Contamination | None,
-                   evict: Callable[[Evicted], None] | None = None) -> Checker:
+                   evict: Callable[[Evicted], None] | None = None, pack: PackScreen | None = None) -> Checker:
         """The checks of every row a build writes."""
         return cls(recipe.checks, renderer, dedup=Dedup.for_recipe(recipe), contamination=contamination,
-                   evict=evict)
+                   evict=evict, pack=pack)
 
     @classmethod
     def for_prompts(cls, recipe: Recipe, contamination: Contamination | None) -> Checker:
@@ -70,6 +75,8 @@ class Checker:
 
     def measure(self, batch: list[Conversation]) -> BatchStats:
         stats = BatchStats([None] * len(batch), [False] * len(batch), *self._screen(batch))
+        if self.pack is not None and not self._pack_shares_signatures:
+            stats.pack_signatures = self.pack.signatures(batch)
         renderer, limit = self.renderer, self.checks.max_seq_len
         if renderer is None or limit is None:
             return stats
@@ -106,8 +113,15 @@ class Checker:
 
     def run(self, items: Iterable[Conversation | Skipped | MeasuredRows[BatchStats]]
             ) -> Iterator[Conversation | Skipped]:
-        """Kept rows (and the skipped ones, in their place) in the order they came in. Rows measured
-        upstream (the replay readers') come with their statistics; the others are measured in batches."""
+        """Kept rows (and the skipped ones, in their place) in the order they came in; rows the eval pack holds
+        out are not among them. Rows measured upstream (the replay readers') come with their statistics; the
+        others are measured in batches."""
+        for outcome in self._outcomes(items):
+            if outcome is not None:
+                yield outcome
+
+    def _outcomes(self, items: Iterable[Conversation | Skipped | MeasuredRows[BatchStats]]
+                  ) -> Iterator[Conversation | Skipped | None]:
         batch: list[Conversation] = []
         for item in items:
             if isinstance(item, Conversation):
@@ -126,14 +140,18 @@ class Checker:
         if batch:
             yield from self._decide(batch, self.measure(batch))
 
-    def _decide_measured(self, measured: MeasuredRows[BatchStats]) -> Iterator[Conversation | Skipped]:
+    def _decide_measured(self, measured: MeasuredRows[BatchStats]) -> Iterator[Conversation | Skipped | None]:
         rows = [item for item in measured.items if isinstance(item, Conversation)]
         decided = iter(self._decide(rows, measured.measurement))
         for item in measured.items:
             yield item if isinstance(item, Skipped) else next(decided)
 
-    def _decide(self, batch: list[Conversation], stats: BatchStats) -> list[Conversation | Skipped]:
-        outcomes = [self._row_checks(row, stats, i) for i, row in enumerate(batch)]
+    def _decide(self, batch: list[Conversation], stats: BatchStats) -> list[Conversation | Skipped | None]:
+        """Per row: kept (perhaps truncated), skipped, or None when the eval pack holds it out."""
+        holds = self.pack.holds if self.pack is not None else None
+        outcomes: list[Conversation | Skipped | None] = [None if holds is not None and holds(row)
+                                                         else self._row_checks(row, stats, i)
+                                                         for i, row in enumerate(batch)]
         # rows truncated to the budget are other texts now: measured again
         changed = {i: row for i, row in enumerate(outcomes) if isinstance(row, Conversation) and row is not batch[i]}
         if stats.contamination is not None:
@@ -144,6 +162,8 @@ class Checker:
                 if sets and isinstance(outcomes[i], Conversation):
                     outcomes[i] = Skipped(batch[i].source, CONTAMINATED, row_location(batch[i]),
                                           contamination_detail(sets), id=batch[i].id)
+        if self.pack is not None:
+            self._drop_pack_copies(batch, outcomes, stats, changed)
         kept = {i: row for i, row in enumerate(outcomes) if isinstance(row, Conversation)}
         # ids are made unique first: the dedup index keeps the ids rows are written under
         ids = {i: self._unique_id(row.id) for i, row in kept.items()}
@@ -161,6 +181,18 @@ class Checker:
         for i, row_id in ids.items():
             kept[i].id = row_id
         return outcomes
+
+    def _drop_pack_copies(self, batch: list[Conversation], outcomes: list[Conversation | Skipped | None],
+                          stats: BatchStats, changed: dict[int, Conversation]) -> None:
+        assert self.pack is not None
+        signatures = stats.signatures if self._pack_shares_signatures else stats.pack_signatures
+        assert signatures is not None  # measure computes them whenever there is a pack
+        if changed:
+            signatures = signatures.replaced(list(changed), self.pack.signatures(list(changed.values())))
+        candidates = [i for i, row in enumerate(outcomes) if isinstance(row, Conversation)]
+        for i, copied in zip(candidates, self.pack.copies(signatures.rows(candidates)), strict=True):
+            if copied is not None:
+                outcomes[i] = Skipped(batch[i].source, EVAL_PACK_COPY, row_location(batch[i]), copied, id=batch[i].id)
 
     def _row_checks(self, conversation: Conversation, stats: BatchStats, index: int) -> Conversation | Skipped:
         """The checks of one row alone: an unclosed think block, the token budget (dropped or truncated)."""
