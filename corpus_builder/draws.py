@@ -30,3 +30,8 @@ def mixture_priority(seed: int, row_id: str) -> int:
 def split_draw(seed: int, row_id: str) -> float:
     """Where a conversation falls in [0, 1) for the train/validation split: by its id."""
     return seeded_hash(b"corpus-split", seed, row_id) / SPAN
+
+
+def pack_priority(seed: int, row_id: str) -> int:
+    """The order conversations of a stratum are held out in the eval pack: by the row's id."""
+    return seeded_hash(b"corpus-evalpack", seed, row_id)

@@ -7,6 +7,7 @@ Layout of a corpus directory::
     audit.json                                statistics recomputed from the shards and the ledger
     recipe.yaml                               the resolved recipe it was built from
     ledger.jsonl.zst                          every dropped or skipped row with its reason
+    eval/eval-{i:05d}-of-{n:05d}.parquet      the eval pack held out of the corpus (only when the recipe has one)
     journal/                                  cached generations (only when prompt sources were generated)
 """
 
@@ -32,7 +33,8 @@ RECIPE = "recipe.yaml"
 LEDGER = "ledger.jsonl.zst"
 DATA = "data"
 JOURNAL = "journal"
-CORPUS_FILES = (DATA, AUDIT, RECIPE, LEDGER, MANIFEST)
+EVAL = "eval"  # the eval pack's shards, and its split's name
+CORPUS_FILES = (DATA, AUDIT, RECIPE, LEDGER, EVAL, MANIFEST)
 FORMAT_VERSION = 1
 BUILD_LOCK = ".build.lock"  # flock held by the one build writing the directory, its pid inside
 
@@ -60,7 +62,7 @@ class SplitCount:
 
 # The manifest's sections that only some builds write, each a JSON object or list as the build describes it.
 _SECTIONS: dict[str, type] = {"dedup": dict, "decontamination": dict, "mixture": dict, "short": list,
-                              "partial": dict, "targets": list}
+                              "partial": dict, "targets": list, "eval": dict}
 _FIELDS = ("format_version", "tool", "name", "recipe_sha256", "conversations", "splits", "files",
            "thinking_conversations", "checks")
 
@@ -84,6 +86,7 @@ class Manifest:
     tool: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     sections: dict[str, Any] = field(default_factory=dict)  # the optional sections present (and unknown keys)
+    pack_files: list[ShardInfo] = field(default_factory=list)  # the eval pack's shards (the eval section's files)
 
     def section(self, key: str) -> Any:
         """An optional section (``_SECTIONS``), or None when the build did not write it."""
@@ -117,16 +120,20 @@ class Manifest:
             raise CorpusError("not a corpus manifest: the file holds no JSON object", file=file)
         if document.get("format_version") != FORMAT_VERSION:
             raise CorpusError(f"unsupported corpus format_version {document.get('format_version')!r}", file=file)
+        def shards(value: Any, key: str) -> list[ShardInfo]:
+            files = []
+            for i, entry in enumerate(typed(value, list, key, "a list of shards")):
+                where = f"{key}[{i}]"
+                typed(entry, dict, where, "a shard entry")
+                for name in ("path", "split", "sha256"):
+                    typed(entry.get(name), str, f"{where}.{name}", "a string")
+                files.append(ShardInfo(entry["path"], entry["split"], count(entry.get("rows"), f"{where}.rows"),
+                                       count(entry.get("bytes"), f"{where}.bytes"), entry["sha256"]))
+            return files
+
         if "files" not in document:
             raise fail("files", "is missing")
-        files = []
-        for i, entry in enumerate(typed(document["files"], list, "files", "a list of shards")):
-            where = f"files[{i}]"
-            typed(entry, dict, where, "a shard entry")
-            for key in ("path", "split", "sha256"):
-                typed(entry.get(key), str, f"{where}.{key}", "a string")
-            files.append(ShardInfo(entry["path"], entry["split"], count(entry.get("rows"), f"{where}.rows"),
-                                   count(entry.get("bytes"), f"{where}.bytes"), entry["sha256"]))
+        files = shards(document["files"], "files")
         splits = {}
         for split, entry in typed(document.get("splits", {}), dict, "splits", "a mapping of splits").items():
             typed(entry, dict, f"splits.{split}", "a mapping of rows and shards")
@@ -141,11 +148,12 @@ class Manifest:
             return typed(document[key], kind, key, what) if document.get(key) is not None else None
 
         thinking = document.get("thinking_conversations")
+        pack = sections.get("eval")
         return cls(files, count(document.get("conversations", sum(info.rows for info in files)), "conversations"),
                    optional("name", str, "a string"), optional("recipe_sha256", str, "a string"),
                    count(thinking, "thinking_conversations") if thinking is not None else None, splits,
                    optional("checks", dict, "a JSON object") or {}, optional("tool", dict, "a JSON object") or {},
-                   FORMAT_VERSION, sections)
+                   FORMAT_VERSION, sections, shards(pack.get("files", []), "eval.files") if pack is not None else [])
 
 
 def file_sha256(path: Path) -> str:
@@ -298,16 +306,31 @@ class Corpus:
             drops.add(record["source"], record["reason"], record.get("detail") or "")
         return drops
 
+    def pack_conversations(self) -> Iterator[Conversation]:
+        """The eval pack's rows, as the build wrote them (none when the corpus has no pack)."""
+        from .rows import batch_to_conversations
+
+        for info in self.manifest.pack_files:
+            path = self.root / info.path
+            try:
+                parquet = open_parquet(path)
+            except (OSError, ValueError) as error:
+                raise CorpusError(f"cannot read the eval pack: {error}", file=str(path)) from None
+            for batch in parquet.iter_batches(batch_size=4096):
+                yield from batch_to_conversations(batch)
+
     def verify_files(self) -> list[str]:
-        """Every shard present with the manifest's size, sha256 and row count; no extra shards."""
+        """Every shard (the eval pack's too) present with the manifest's size, sha256 and row count; no extra
+        shards."""
         import pyarrow.parquet as pq
 
         problems = []
-        listed = {f.path for f in self.files}
-        data_dir = self.root / DATA
-        present = {f"{DATA}/{p.name}" for p in data_dir.glob("*.parquet")} if data_dir.is_dir() else set()
+        entries = [*self.files, *self.manifest.pack_files]
+        listed = {f.path for f in entries}
+        present = {f"{directory}/{p.name}" for directory in (DATA, EVAL) if (self.root / directory).is_dir()
+                   for p in (self.root / directory).glob("*.parquet")}
         problems += [f"{path}: shard not listed in manifest.json" for path in sorted(present - listed)]
-        for entry in self.files:
+        for entry in entries:
             path = self.root / entry.path
             if not path.exists():
                 problems.append(f"{entry.path}: shard listed in manifest.json is missing")

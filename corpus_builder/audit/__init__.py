@@ -31,6 +31,7 @@ from ..screen.near_dedup import NearDuplicates
 from ..screen.normalise import conversation_text
 from ..secrets import Finding, scan_conversations, scan_corpus
 from ..stats.corpus import AuditReport, CorpusStats, SecretsReport, corpus_problems
+from ..stats.pack import count_strata, pack_mix
 from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from ..tokens.settings import read_corpus_recipe
@@ -158,7 +159,11 @@ def audit_corpus_files(corpus: Corpus | CorpusFiles) -> AuditReport:
     for batch in files.corpus.iter_batches():
         auditor.add_rows(batch_to_conversations(batch) if tokens is not None else [], batch)
     auditor.add_skipped(files.drops)
-    return auditor.report()
+    report = auditor.report()
+    if files.corpus.manifest.pack_files:
+        held = count_strata((row.source, row.task, row.thinking) for row in files.corpus.pack_conversations())
+        report["eval_pack"] = pack_mix(held, report)
+    return report
 
 
 def is_hub_path(where: str | Path) -> bool:

@@ -76,6 +76,8 @@ def format_report(report: AuditReport) -> str:
     mixture = (report.get("checks") or {}).get("mixture")
     if mixture:
         lines += ["", *_format_mixture(mixture)]
+    if report.get("eval_pack"):
+        lines += ["", *_format_pack(report["eval_pack"])]
     if report.get("tokens"):
         lines += ["", *_format_tokens(report["tokens"])]
     secrets = report.get("secrets")
@@ -108,6 +110,21 @@ def _format_mixture(mixture: dict[str, Any]) -> list[str]:
         lines.append(f"thinking share: declared {_share(share['target'])} +- {_share(share['tolerance'])}, "
                      f"reached {_share(share['reached'])}")
     lines += [f"short: {item}" for item in mixture["shortfalls"]]
+    return lines
+
+
+def _format_pack(pack: dict[str, Any]) -> list[str]:
+    """The eval pack's mix beside the corpus's, by source and by task."""
+    lines = [f"eval pack (held out of the corpus): {pack['conversations']:,} conversations, "
+             f"{_share(pack['thinking_share'])} thinking"]
+    for grouping in ("source", "task"):
+        entries = pack[f"by_{grouping}"]
+        width = max(len(grouping), *(len(name) for name in entries))
+        lines.append(f"  {grouping:<{width}}  {'pack':>7}  {'share':>7}  {'corpus':>7}  {'thinking':>8}  "
+                     f"{'corpus':>7}")
+        lines += [f"  {name:<{width}}  {e['conversations']:>7,}  {_share(e['share']):>7}  "
+                  f"{_share(e['corpus_share']):>7}  {_share(e['thinking_share']):>8}  "
+                  f"{_share(e['corpus_thinking_share']):>7}" for name, e in entries.items()]
     return lines
 
 

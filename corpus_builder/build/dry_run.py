@@ -113,10 +113,19 @@ class SourceCounter:
                 for spec in recipe.sources if spec.kind in kinds]
 
     def bounds(self, recipe: Recipe) -> dict[str, RowBounds]:
-        """The most rows each source can give the corpus: the replay rows read, each prompt's samples."""
-        return {count.name: RowBounds.of_prompts(count.rows, self.samples) if count.kind == "prompts"
-                else RowBounds.of_rows(count.rows, count.thinking, "rows read")
-                for count in self.sources(recipe, ("replay", "prompts"))}
+        """The most rows each source can give the corpus: the replay rows read less the eval pack's, each
+        prompt's samples."""
+        shares = recipe.pack_shares()
+        bounds = {}
+        for count in self.sources(recipe, ("replay", "prompts")):
+            if count.kind == "prompts":
+                bounds[count.name] = RowBounds.of_prompts(count.rows, self.samples)
+                continue
+            share = shares.get(count.name)
+            rows = count.rows - (share.held(count.rows) if share is not None else 0)
+            bounds[count.name] = RowBounds.of_rows(rows, min(count.thinking, rows),
+                                                   "rows read, less the eval pack's" if share else "rows read")
+        return bounds
 
     def _measure(self, conversation: Conversation) -> None:
         """The prompt of the conversation's first assistant turn (its tools included), as the server renders it."""
@@ -235,6 +244,11 @@ def format_plan(plan: BuildPlan) -> str:
                      f"{requests}")
         for reason, count in sorted(source.skipped.items()):
             lines.append(f"{'':<20}   skipped {reason}: {count:,}")
+    shares = recipe.pack_shares()
+    held = [f"{source.name} {shares[source.name].held(source.rows):,} of {source.rows:,}"
+            for source in plan.sources if source.name in shares]
+    if held:
+        lines += ["", f"eval pack: conversations held out of {', '.join(held)} (stratified by task and thinking)"]
     if recipe.has_prompts:
         settings = recipe.target.generation
         lines += ["", f"generation: {plan.requests:,} requests (n={settings.n}), at most "

@@ -33,6 +33,7 @@ from ..layout import (
     BUILD_LOCK,
     CORPUS_FILES,
     DATA,
+    EVAL,
     JOURNAL,
     LEDGER,
     MANIFEST,
@@ -53,9 +54,11 @@ from ..screen.decontaminate import Contamination
 from ..screen.dedup import EvalSets, describe_screening, read_eval_sets
 from ..sources import MeasuredRows, replay_stream
 from ..stats.corpus import AuditReport, CorpusStats, corpus_problems, generation_targets
+from ..stats.pack import pack_mix
 from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from .collect import KeptRows, MixtureShort, collect
+from .eval_pack import EvalPack, cut_eval_pack
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter, split_balance
@@ -167,11 +170,12 @@ def _remove_first_build(out_dir: Path) -> None:
 
 def _commit(staging: Path, out_dir: Path) -> None:
     (out_dir / MANIFEST).unlink(missing_ok=True)  # from here the old corpus no longer looks complete
-    for name in (DATA, AUDIT, RECIPE, LEDGER):
+    for name in (DATA, AUDIT, RECIPE, LEDGER, EVAL):
         destination = out_dir / name
         if destination.is_dir():
             shutil.rmtree(destination)
-        os.replace(staging / name, destination)
+        if name != EVAL or (staging / name).exists():  # a build without an eval pack leaves none behind
+            os.replace(staging / name, destination)
     os.replace(staging / MANIFEST, out_dir / MANIFEST)
     shutil.rmtree(staging)
 
@@ -189,13 +193,14 @@ def _replay_rows(recipe: Recipe, checker: Checker, stream: TextIO
 
 def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, staging: Path, ledger: LedgerWriter,
                  tokens: TargetTokens, *, allow_partial: bool = False, mixture: dict[str, Any] | None = None,
-                 screening: dict[str, Any] | None = None) -> BuildResult:
+                 screening: dict[str, Any] | None = None, pack: EvalPack | None = None) -> BuildResult:
     """Split and writing of one stream of checked rows into ``staging``; returns the staged manifest and audit.
     The ledger is closed once the rows are written (or fail to be).
 
     Rows left unfinished by the generation (requests out of retries) fail it with GenerationIncomplete
     unless ``allow_partial``: then the manifest records how many. ``mixture``: declared vs reached, when the
-    recipe declares the corpus; ``screening``: how rows were deduplicated and decontaminated."""
+    recipe declares the corpus; ``screening``: how rows were deduplicated and decontaminated; ``pack``: the eval
+    pack held out of it."""
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
     # Sees exactly the rows written; `corpus audit` recomputes the same from the files.
     auditor = CorpusStats(tokens=TokenStats(tokens.settings, tokens.rows)
@@ -234,6 +239,8 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
         "min_thinking_share": recipe.checks.min_thinking_share, "passed": not problems, "problems": problems,
         "split_outside_tolerance": split_balance(audit["strata"], recipe.split.validation_fraction)}
     audit["checks"] = checks
+    if pack is not None:
+        audit["eval_pack"] = pack_mix({stratum: held for stratum, (_, held) in pack.cut.strata.items() if held}, audit)
     sections: dict[str, Any] = {}
     if unfinished:
         sections["partial"] = {"unfinished_rows": unfinished}
@@ -242,6 +249,8 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
         sections["targets"] = targets
     if screening is not None:
         sections.update(screening)
+    if pack is not None:
+        sections["eval"] = pack.describe()
     if mixture is not None:
         checks["mixture"] = sections["mixture"] = mixture
         if mixture["shortfalls"]:
@@ -249,7 +258,8 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
     manifest = Manifest(name=recipe.name, recipe_sha256=recipe_sha256(recipe),
                         conversations=sum(info.rows for info in shard_infos),
                         thinking_conversations=audit["thinking_conversations"], splits=splits, files=shard_infos,
-                        checks=checks, tool={"name": "corpus-builder", "version": __version__}, sections=sections)
+                        checks=checks, tool={"name": "corpus-builder", "version": __version__}, sections=sections,
+                        pack_files=pack.files if pack is not None else [])
     write_json(staging / AUDIT, audit)
     write_json(staging / MANIFEST, manifest.to_json())
     return BuildResult(staging, manifest, audit, problems)
@@ -291,16 +301,18 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
         tokens = TargetTokens.for_recipe(recipe)
         contamination = eval_sets.index if eval_sets is not None else None
         screening = describe_screening(recipe, eval_sets)
+        pack = cut_eval_pack(recipe, staging, stream)
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
             stack.callback(ledger.close)  # write_corpus closes it too, but a build can fail before that
             if recipe.has_prompts or recipe.mixture.declared(recipe.sources):
                 result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
-                                          stack, allow_partial=allow_partial, allow_short=allow_short)
+                                          pack, stack, allow_partial=allow_partial, allow_short=allow_short)
             else:  # replay alone, nothing declared: rows stream from the sources to the shards
-                checker = Checker.for_recipe(recipe, tokens.renderer, contamination)
+                checker = Checker.for_recipe(recipe, tokens.renderer, contamination,
+                                             pack=pack.screen if pack is not None else None)
                 result = write_corpus(checker.run(_replay_rows(recipe, checker, stream)), recipe, staging, ledger,
-                                      tokens, allow_partial=allow_partial, screening=screening)
+                                      tokens, allow_partial=allow_partial, screening=screening, pack=pack)
         if not result.manifest.conversations and not allow_empty:
             raise EmptyCorpus.from_audit(result.audit, recipe)
         _commit(staging, out_dir)
@@ -314,7 +326,7 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
 
 def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextIO, ledger: LedgerWriter,
                      tokens: TargetTokens, contamination: Contamination | None, screening: dict[str, Any],
-                     stack: ExitStack, *, allow_partial: bool, allow_short: bool) -> BuildResult:
+                     pack: EvalPack | None, stack: ExitStack, *, allow_partial: bool, allow_short: bool) -> BuildResult:
     """Every source checked and spooled, prompts generated (in rounds, when the recipe declares the corpus),
     then the selection written: a generated row can evict the replayed row of a lower-priority source it
     duplicates, and a declared corpus that cannot be met stops here, before anything is written."""
@@ -322,7 +334,8 @@ def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextI
                                  screen=Checker.for_prompts(recipe, contamination))
                if recipe.has_prompts else None)
     kept = KeptRows(recipe, staging, Splitter(recipe.split.validation_fraction, recipe.split.seed))
-    checker = Checker.for_recipe(recipe, tokens.renderer, contamination, evict=kept.evict)
+    checker = Checker.for_recipe(recipe, tokens.renderer, contamination, evict=kept.evict,
+                                 pack=pack.screen if pack is not None else None)
     selection = collect(recipe, checker, kept, ledger, _replay_rows(recipe, checker, stream), session,
                         allow_short=allow_short)
     declared = recipe.mixture.declared(recipe.sources)
@@ -332,7 +345,7 @@ def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextI
                            "writes it anyway, marked in the manifest and the card)",
                            details=[*selection.shortfalls, *_reached(report)])
     return write_corpus(kept.selected(selection), recipe, staging, ledger, tokens, allow_partial=allow_partial,
-                        mixture=report if declared else None, screening=screening)
+                        mixture=report if declared else None, screening=screening, pack=pack)
 
 
 def _reached(report: dict[str, Any]) -> list[str]:

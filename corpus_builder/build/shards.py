@@ -36,8 +36,9 @@ class ShardWriter:
     """
 
     def __init__(self, corpus_dir: Path, rows_per_shard: int, row_group_size: int = 8192,
-                 observe: RowGroupObserver | None = None) -> None:
-        self.data_dir = corpus_dir / DATA
+                 observe: RowGroupObserver | None = None, directory: str = DATA) -> None:
+        self.directory = directory
+        self.data_dir = corpus_dir / directory
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.rows_per_shard = rows_per_shard
         self.row_group_size = min(row_group_size, rows_per_shard)
@@ -122,7 +123,7 @@ class ShardWriter:
             for index, (partial, rows) in enumerate(shards):
                 final = self.data_dir / f"{split}-{index:05d}-of-{len(shards):05d}.parquet"
                 os.replace(partial, final)
-                infos.append(ShardInfo(f"{DATA}/{final.name}", split, rows, final.stat().st_size,
+                infos.append(ShardInfo(f"{self.directory}/{final.name}", split, rows, final.stat().st_size,
                                        file_sha256(final)))
         return infos
 

@@ -20,13 +20,13 @@ from typing import Any
 import orjson
 
 from ..errors import CorpusError, Skipped
-from ..layout import Corpus
+from ..layout import EVAL, Corpus
 from ..outputs import enclosing_corpus
 from ..records import Conversation, openai_messages
 from ..sources import iter_file
 from ..sources.readers import FORMATS, detect_format, iter_rows, position_key
 
-PACK_DIR = "eval"  # a built corpus's eval pack
+PACK_DIR = EVAL  # a built corpus's eval pack
 RESULTS_DIR = "results"
 _SUFFIXES = tuple(f".{fmt}" for fmt in FORMATS)
 
@@ -78,6 +78,11 @@ def read_pack(path: Path, *, keep_history_reasoning: bool = True) -> Pack:
         if not path.is_dir():
             raise CorpusError(f"the corpus has no eval pack ({PACK_DIR}/): give a conversations file instead",
                               file=str(corpus.root))
+    if corpus is not None and path.resolve() == (corpus.root / PACK_DIR).resolve() and corpus.manifest.pack_files:
+        # the pack the build held out, read as it wrote it (ids, sources and tasks as in its manifest)
+        held = tuple(_prompt(row, row.source, row.task, keep_history_reasoning, answered=True)
+                     for row in corpus.pack_conversations())
+        return Pack(path, tuple(corpus.root / info.path for info in corpus.manifest.pack_files), held, {}, corpus)
     files = tuple(sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))) \
         if path.is_dir() else (path,)
     if not files:

@@ -382,6 +382,22 @@ def _screening(docs: CorpusDocuments) -> list[str]:
     return lines
 
 
+def _eval_pack(docs: CorpusDocuments) -> list[str]:
+    """The eval pack held out of the corpus: how many conversations, from which sources, and that it is kept."""
+    pack = mapping(docs.manifest.section("eval"))
+    if not pack:
+        return []
+    sources = _entries(pack.get("sources"))
+    copies = _count(mapping(docs.audit.get("skipped")).get("eval_pack_copy"))
+    return ["## Eval pack", "",
+            f"{_count(pack.get('conversations')):,} conversations were held out of the replay sources as an eval "
+            "pack (seeded, stratified by source, task and thinking), before the checks, dedup, the mixture and the "
+            f"split; {copies:,} training rows that were copies or near copies of a pack row were dropped. The pack "
+            "is not published: `corpus eval` replays it against speculating servers.", "",
+            *_table(["source", "rows read", "held out"],
+                    [[f"`{name}`", _figure(entry.get("read")), _figure(entry.get("held"))] for name, entry in sources])]
+
+
 def _license_section(docs: CorpusDocuments) -> list[str]:
     license_id, distinct = card_license(docs)
     if license_id not in ("other", "unknown"):
@@ -435,6 +451,7 @@ def render_card(docs: CorpusDocuments, repo_id: str | None = None) -> str:
         *_generation(docs),
         *_drops(docs),
         *_screening(docs),
+        *_eval_pack(docs),
         "## Files", "",
         *_table(["split", "conversations", "shards"], split_rows),
         "`manifest.json` lists every shard with its row count, size and sha256; `audit.json` holds the full "

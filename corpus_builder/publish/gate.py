@@ -26,6 +26,7 @@ from ..stats.corpus import corpus_problems
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "conversation.schema.json"
 SHARD_PATH_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.parquet$")
+PACK_PATH_RE = re.compile(r"^eval/[A-Za-z0-9_.-]+\.parquet$")  # the eval pack's shards (manifest eval.files)
 # A check with thousands of failing rows lists the first few and counts the rest.
 MAX_LISTED_PER_CHECK = 20
 
@@ -207,6 +208,9 @@ def check_corpus(corpus_dir: Path) -> GateReport:
     for entry in corpus.files:
         if not SHARD_PATH_RE.match(entry.path):
             files_log.add(f"{entry.path!r}: manifest path is not data/<name>.parquet")
+    for entry in documents.manifest.pack_files:
+        if not PACK_PATH_RE.match(entry.path):
+            files_log.add(f"{entry.path!r}: manifest path is not eval/<name>.parquet")
     if not files_log.count:
         for problem in corpus.verify_files():
             files_log.add(problem)

@@ -63,6 +63,7 @@ class _AddedSections(TypedDict, total=False):
     checks: dict[str, Any]
     secrets: SecretsReport
     near_duplicates: dict[str, Any]
+    eval_pack: dict[str, Any]  # the eval pack's mix beside the corpus's (stats.pack)
 
 
 class AuditReport(TotalsReport, _AddedSections):

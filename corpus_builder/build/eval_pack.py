@@ -1,0 +1,140 @@
+"""The eval pack's cut: conversations held out of the replay sources before anything else decides on them.
+
+Each replay source with a share (``Recipe.pack_shares``) gives ``PackShare.held(rows it gives)`` rows,
+apportioned over its strata (task, thinking) in proportion to their rows by largest remainders, so the pack
+has the source's mix; within a stratum the rows held are those first in a seeded draw on their id
+(``draws.pack_priority``). The cut needs every row's stratum before it can choose, and the checks that follow
+it need the pack's rows before the first training row, so the replay sources are read three times: to count
+and draw (8 bytes a row: each row's draw), to write the pack and index it, and then by the build itself,
+which ``PackCut.holds`` keeps the pack's rows out of. The pack is cut from the rows as the sources give them
+(read, repaired, taken), before the checks, dedup, the mixture and the split: it is the traffic as served.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from ..draws import pack_priority
+from ..layout import EVAL, ShardInfo
+from ..progress import ProgressLine
+from ..recipe.model import PackShare, Recipe
+from ..records import Conversation
+from ..screen.pack import PackScreen
+from ..sources import replay_stream
+from .mixture import apportion
+from .shards import ShardWriter
+
+Stratum = tuple[str, str | None, bool]  # source, task, thinking
+_INDEX_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class PackCut:
+    """Which conversations the pack holds: per stratum, the highest draw held (none held: absent)."""
+
+    seed: int
+    cutoffs: dict[Stratum, int]
+    strata: dict[Stratum, tuple[int, int]]  # rows the sources give, rows held
+
+    def holds(self, conversation: Conversation) -> bool:
+        cutoff = self.cutoffs.get((conversation.source, conversation.task, conversation.thinking))
+        return cutoff is not None and pack_priority(self.seed, conversation.id) <= cutoff
+
+
+@dataclass(frozen=True)
+class EvalPack:
+    """The pack a build holds out: its cut, its index (for the checks) and its written shards."""
+
+    cut: PackCut
+    screen: PackScreen
+    files: list[ShardInfo]
+    shares: dict[str, PackShare]
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's eval section: the pack's files and how it was cut, source by source and stratum."""
+        sources: dict[str, dict[str, Any]] = {}
+        for (source, task, thinking), (rows, held) in sorted(self.cut.strata.items(), key=_stratum_order):
+            share = self.shares[source]
+            entry = sources.setdefault(source, {"rows": share.rows, "fraction": share.fraction, "read": 0, "held": 0,
+                                                "strata": []})
+            entry["read"] += rows
+            entry["held"] += held
+            entry["strata"].append({"task": task, "thinking": thinking, "read": rows, "held": held})
+        return {"seed": self.cut.seed, "conversations": sum(info.rows for info in self.files),
+                "files": [info.to_dict() for info in self.files], "sources": sources}
+
+
+def _stratum_order(item: tuple[Stratum, Any]) -> tuple[str, str, bool]:
+    (source, task, thinking), _ = item
+    return source, task or "", thinking
+
+
+def cut_eval_pack(recipe: Recipe, staging: Path, stream: TextIO) -> EvalPack | None:
+    """Cut the recipe's eval pack (None without one) and write it into ``staging``'s eval/."""
+    shares = recipe.pack_shares()
+    if not shares:
+        return None
+    cut = plan_cut(recipe, shares, _source_rows(recipe, shares, "eval pack: draw", stream))
+    screen = PackScreen(recipe.checks, cut.holds)
+    writer = ShardWriter(staging, recipe.output.rows_per_shard, directory=EVAL)
+    held: list[Conversation] = []
+    # rows written per stratum: copies of one conversation share its draw, so a stratum can hold more than its quota
+    written = dict.fromkeys(cut.strata, 0)
+    try:
+        for row in _source_rows(recipe, shares, "eval pack: write", stream):
+            if cut.holds(row):
+                row.split = EVAL
+                writer.write(row)
+                written[(row.source, row.task, row.thinking)] += 1
+                held.append(row)
+                if len(held) >= _INDEX_BATCH:
+                    screen.add(held)
+                    held = []
+        screen.add(held)
+    except BaseException:
+        writer.abort()
+        raise
+    strata = {stratum: (rows, written[stratum]) for stratum, (rows, _) in cut.strata.items()}
+    return EvalPack(PackCut(cut.seed, cut.cutoffs, strata), screen, writer.close(), shares)
+
+
+def plan_cut(recipe: Recipe, shares: dict[str, PackShare], rows: Iterator[Conversation]) -> PackCut:
+    """The cut of ``rows`` (the replay sources' conversations) that gives each source its share."""
+    seed = recipe.eval.seed if recipe.eval is not None else 0
+    draws: dict[Stratum, array[int]] = {}
+    for row in rows:
+        stratum = (row.source, row.task, row.thinking)
+        drawn = draws.get(stratum)
+        if drawn is None:
+            drawn = draws[stratum] = array("Q")
+        drawn.append(pack_priority(seed, row.id))
+    cutoffs: dict[Stratum, int] = {}
+    strata: dict[Stratum, tuple[int, int]] = {}
+    for source, share in shares.items():
+        sizes = {stratum: len(drawn) for stratum, drawn in sorted(draws.items(), key=_stratum_order)
+                 if stratum[0] == source}
+        for stratum, quota in apportion(share.held(sum(sizes.values())), sizes).items():
+            strata[stratum] = (sizes[stratum], quota)
+            if quota:
+                ordered = np.frombuffer(draws[stratum], dtype=np.uint64)
+                cutoffs[stratum] = int(np.partition(ordered, quota - 1)[quota - 1])
+    return PackCut(seed, cutoffs, strata)
+
+
+def _source_rows(recipe: Recipe, shares: dict[str, PackShare], phase: str, stream: TextIO) -> Iterator[Conversation]:
+    """The conversations of the replay sources the pack is cut from, as the build reads them."""
+    progress = ProgressLine(phase, stream=stream)
+    for measured in replay_stream(recipe, _unmeasured):
+        progress.advance(len(measured.items))
+        yield from (item for item in measured.items if isinstance(item, Conversation) and item.source in shares)
+    progress.finish()
+
+
+def _unmeasured(batch: list[Conversation]) -> None:
+    """The cut needs no measurement of the rows."""
