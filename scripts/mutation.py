@@ -1,6 +1,7 @@
 """Mutation testing with mutmut 3 ([tool.mutmut] in pyproject.toml), then the score of each module.
 
-    python scripts/mutation.py [MODULE ...] [--tests PATH ...] [--max-children N] [--survivors | --report]
+    python scripts/mutation.py [MODULE ...] [--tests PATH ...] [--max-children N] [--rejudge]
+                               [--survivors | --report]
 
 MODULE is a file of [tool.mutmut].only_mutate (default: every one); in the files FUNCTIONS lists, only those
 functions' mutants are run and scored. The tests mutmut maps to the mutated functions are the fast tests that
@@ -13,8 +14,11 @@ A mutant is a one-line slip (a comparison, a constant, a dropped argument) in a 
 that call the function must then fail. A survivor is either a promise no test holds or an equivalent mutant:
 one no behaviour can tell apart (only speed, or a message nobody reads). EQUIVALENT lists the ones judged so,
 each with a line of its diff (checked, so a renumbered mutant is judged again) and the reason. The score is
-killed / (total - equivalent); timeouts count as killed, as mutmut counts them. Needs the `mutation` extra
-(pip install -e '.[mutation]'). Exit 1 when a mutant that is not listed as equivalent survives.
+killed / (total - equivalent); timeouts count as killed, as mutmut counts them. A mutant judged equivalent is
+not run again (its tests would all pass, the costliest run a mutant has): its diff is checked instead, and one
+whose diff no longer adds the line it was judged on is reported, to be judged again; --rejudge runs them all.
+Needs the `mutation` extra (pip install -e '.[mutation]'). Exit 1 when a mutant that is not listed as equivalent
+survives.
 """
 
 from __future__ import annotations
@@ -318,11 +322,11 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.audit.traffic.x__vocab_alone__mutmut_38": (
         "points), strict=False)]}", "_curve gives one value per point: the zipped lengths always agree"),
     # corpus_builder/build/mixture.py
-    "corpus_builder.build.mixture.x__apportion__mutmut_17": (
+    "corpus_builder.build.mixture.x_apportion__mutmut_17": (
         "zip(sizes, parts, strict=None)", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x__apportion__mutmut_20": (
+    "corpus_builder.build.mixture.x_apportion__mutmut_20": (
         "zip(sizes, parts, ))", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x__apportion__mutmut_21": (
+    "corpus_builder.build.mixture.x_apportion__mutmut_21": (
         "zip(sizes, parts, strict=False)", "one part per name by construction: zip's strictness never applies"),
     "corpus_builder.build.mixture.x__meet_each_split__mutmut_14": (
         "for cell in range(5) if subset", "a set below 16 has no bit 4: the fifth cell is never summed"),
@@ -497,10 +501,13 @@ def _report(modules: list[str]) -> bool:
     for module in modules:
         statuses = _statuses(module)
         survivors = sorted(name for name, status in statuses.items() if status == "survived")
-        equivalent = [name for name in survivors if name in EQUIVALENT
+        # a judged mutant is not run (tests/conftest.py gives it no test): mutmut calls it "no tests"
+        judged = sorted(name for name, status in statuses.items() if status == "no tests" and name in EQUIVALENT)
+        equivalent = [name for name in [*survivors, *judged] if name in EQUIVALENT
                       and _equivalent_holds(name, module, EQUIVALENT[name][0])]
         counts = Counter(statuses.values())
-        counts["survived"] -= len(equivalent)
+        counts["survived"] -= len(set(equivalent) & set(survivors))
+        counts["no tests"] -= len(set(equivalent) & set(judged))
         killed = sum(counts[status] for status in SCORED)
         scored = len(statuses) - len(equivalent)
         score = f"{100 * killed / scored:.1f}%" if scored else "-"
@@ -513,11 +520,13 @@ def _report(modules: list[str]) -> bool:
                 judged = " (listed as equivalent, but its diff changed: judge it again)" if name in EQUIVALENT else ""
                 print(f"    survived: {name}{judged}")
         for name, status in sorted(statuses.items()):
-            if status not in (*SCORED, "survived"):
+            if status not in (*SCORED, "survived") and name not in equivalent:
                 clean = False
-                print(f"    {status}: {name}")
+                rerun = " (listed as equivalent, but its diff changed: run it with --rejudge and judge it again)" \
+                    if name in EQUIVALENT else ""
+                print(f"    {status}: {name}{rerun}")
         stale = sorted(name for name in EQUIVALENT if name.startswith(f"{_dotted(module)}.")
-                       and statuses.get(name) != "survived")
+                       and statuses.get(name) not in ("survived", "no tests"))
         for name in stale:
             print(f"    listed as equivalent but {statuses.get(name, 'gone')}: {name} (update EQUIVALENT)")
     return clean
@@ -530,6 +539,7 @@ def main() -> int:
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutant runs (default 1: 2 cores)")
     parser.add_argument("--survivors", action="store_true", help="run only the last run's survivors again")
     parser.add_argument("--report", action="store_true", help="print the last run's scores, run nothing")
+    parser.add_argument("--rejudge", action="store_true", help="run the mutants judged equivalent too")
     args = parser.parse_args()
     if importlib.util.find_spec("mutmut") is None:
         parser.error("mutmut is not installed: pip install -e '.[mutation]'")
@@ -556,6 +566,7 @@ def main() -> int:
         # Each module's mutants run its own owners only (tests/conftest.py reads this), whatever else the run maps.
         os.environ["CORPUS_MUTATION_OWNERS"] = json.dumps(
             {_dotted(module): args.tests or OWNING_TESTS[module] for module in modules})
+        os.environ["CORPUS_MUTATION_JUDGED"] = json.dumps([] if args.rejudge else sorted(EQUIVALENT))
         _run(patterns, tests, args.max_children)
         print(f"\nmutmut run took {time.monotonic() - started:.0f} s")
     return 0 if _report(modules) else 1

@@ -42,6 +42,11 @@ def _mutmut_selection(config: pytest.Config, items: list[pytest.Item]) -> None:
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
     if "__mutmut_" not in mutant:
         return
+    if mutant in json.loads(os.environ.get("CORPUS_MUTATION_JUDGED", "[]")):
+        # judged equivalent (scripts/mutation.py checks its diff instead): every test would pass, at full cost
+        config.hook.pytest_deselected(items=list(items))
+        items.clear()
+        return
     owners: dict[str, list[str]] = json.loads(os.environ.get("CORPUS_MUTATION_OWNERS", "{}"))
     paths = next((tuple(tests) for module, tests in owners.items() if mutant.startswith(f"{module}.")), None)
     if paths is not None:
