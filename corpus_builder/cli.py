@@ -149,7 +149,8 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
 @click.option("--allow-skipped", is_flag=True,
               help="With --max-divergence: do not fail for traffic rows skipped past --max-skipped-share.")
 @click.option("--html", "html_path", type=click.Path(),
-              help="Write a self-contained HTML report (plots; corpus vs traffic with --against).")
+              help="Write a self-contained HTML report (plots; corpus vs traffic with --against; the acceptance of "
+                   "the runs saved of the corpus's eval pack).")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory for the token dimensions (default: the corpus recipe's).")
 @click.option("--token-sample", type=click.IntRange(min=0), default=100_000, show_default=True,
@@ -171,9 +172,12 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
 
     options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
                            draft_vocab_size=draft_vocab_size, endpoint=endpoint, max_skipped_share=max_skipped_share)
+    if html_path is not None:
+        from .eval import acceptance_sections  # the page's later stage: the audit itself knows nothing of the eval
     outcome = check_corpus(path, against=traffic, html=html_path, options=options,
                            min_thinking_share=min_thinking_share, max_divergence=max_divergence,
-                           allow_skipped=allow_skipped, secrets=not no_secrets)
+                           allow_skipped=allow_skipped, secrets=not no_secrets,
+                           sections=acceptance_sections(path) if html_path is not None else ())
     if as_json:
         _print_json(outcome.to_json())
     else:
@@ -261,9 +265,11 @@ def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_jso
 @click.option("--compare", "runs", nargs=2, type=click.Path(path_type=Path), metavar="RUN_A RUN_B",
               help="Put two saved runs side by side instead of running.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--html", "html_path", type=OutputPath(),
+              help="Write the run's page (with --compare, the two runs'): self-contained HTML, plots inline.")
 def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concurrency: int, temperature: float | None,
                  max_tokens: int | None, recipe: Path | None, model: str | None, save_dir: Path | None,
-                 runs: tuple[Path, Path] | None, as_json: bool) -> None:
+                 runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
     """Replay an eval pack (a conversations file, a directory of them, or a built corpus's eval/) against vLLM
     servers with speculators: acceptance rate, mean acceptance length and acceptance by position from each server's
     own counters, per mode, source and task; with two or more endpoints, head B / head A with a bootstrap interval.
@@ -275,23 +281,27 @@ def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concu
     if runs:
         if pack is not None or endpoints:
             raise click.UsageError("--compare takes two saved runs and nothing else")
-        comparison = evaluation.compare(*runs)
+        comparison = evaluation.compare(*runs, html=html_path)
         if as_json:
             _print_json(comparison)
         else:
             click.echo(evaluation.format_comparison(comparison, (str(runs[0]), str(runs[1]))))
+        if html_path is not None:
+            click.echo(f"wrote {html_path}", err=True)
         return
     if pack is None or not endpoints:
         raise click.UsageError("give a PACK and at least one --endpoint URL (or --compare RUN_A RUN_B)")
     modes = ("thinking", "non-thinking") if mode == "both" else (mode,)
     result = evaluation.evaluate(pack, endpoints, modes=modes, concurrency=concurrency, temperature=temperature,
                                  max_tokens=max_tokens, recipe=recipe, model=model, save_dir=save_dir,
-                                 progress=lambda message: click.echo(message, err=True))
+                                 html=html_path, progress=lambda message: click.echo(message, err=True))
     if as_json:
         _print_json(result.run)
     else:
         click.echo(evaluation.format_run(result.run))
     click.echo(f"saved {result.saved}", err=True)
+    if result.html is not None:
+        click.echo(f"wrote {result.html}", err=True)
 
 def main() -> None:
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -51,7 +51,7 @@ FLAG_REPEATED_SOURCE_ID = "repeated_source_id"  # raw audits: a row whose own id
 HUB_PREFIX = "hf://"
 
 if TYPE_CHECKING:
-    from .html import write_html_report
+    from .html import PageSection, write_html_report
     from .traffic import audit_against, describe_corpus, divergence_problems, format_comparison
 
 
@@ -250,17 +250,19 @@ class AuditOutcome:
 
 def check_corpus(path: str | Path, *, against: str | None = None, html: str | Path | None = None,
                  options: AuditOptions | None = None, min_thinking_share: float | None = None,
-                 max_divergence: float | None = None, allow_skipped: bool = False, secrets: bool = True
-                 ) -> AuditOutcome:
+                 max_divergence: float | None = None, allow_skipped: bool = False, secrets: bool = True,
+                 sections: Sequence[PageSection] = ()) -> AuditOutcome:
     """``corpus audit``: the statistics of ``path`` (a built corpus, a raw file or ``hf://datasets/ORG/NAME``),
     compared with the serving traffic ``against`` when given, with the checks that fail: a thinking share below
     ``min_thinking_share``, a secret found, a divergence past ``max_divergence`` (or too much unreadable traffic
     unless ``allow_skipped``). With ``html`` the self-contained page is written there, its path checked first:
-    one that must not be written fails before anything is computed."""
+    one that must not be written fails before anything is computed; ``sections`` (made by a later stage: the
+    acceptance eval's) follow the audit's own, and their inputs are guarded as the audit's are."""
     options = options or AuditOptions()
     if max_divergence is not None and against is None:
         raise CorpusError("--max-divergence needs --against TRAFFIC")
-    page = check_output_path(html, what="--html", inputs=audit_inputs(path, against, options.tokenizer)) \
+    page = check_output_path(html, what="--html", inputs=[*audit_inputs(path, against, options.tokenizer),
+                                                          *(file for part in sections for file in part.inputs)]) \
         if html is not None else None
     # The corpus stays open (downloaded, for hf://) while it is compared: read once for both.
     with audited(path, endpoint=options.endpoint, secrets=secrets) as (report, files):
@@ -277,7 +279,7 @@ def check_corpus(path: str | Path, *, against: str | None = None, html: str | Pa
         from .html import write_html_report
 
         write_html_report(page, comparison, report, f"corpus audit {path}" +
-                          (f" against {against}" if against is not None else ""))
+                          (f" against {against}" if against is not None else ""), sections)
     return AuditOutcome(report, comparison, problems, against, page)
 
 

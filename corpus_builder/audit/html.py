@@ -4,7 +4,8 @@ Plots: length histograms by source and thinking mode, thinking share by source a
 reasons, copy-span distribution by task, the draft vocabulary's coverage curve and, with ``--against``,
 corpus versus traffic side by side for every dimension, with the divergence table, the suggestions and the
 recipe diff. Everything comes from the audit's own report (the JSON of ``--json``), so the page shows the
-numbers the command printed.
+numbers the command printed. Later stages add sections of their own (``PageSection``: the acceptance eval's)
+and make pages of their own from the same parts (``page``, ``table``, ``bars``, ``figure_html``, ``write_page``).
 
 Why plotly. Both well-kept choices were installed and measured here (PyPI, Python 3.11):
 
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 import html
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +47,11 @@ pre { background: #f7f7f7; padding: 0.8rem; overflow-x: auto; } .plot { margin: 
 """
 
 
-def _figure_html(figure: Any) -> str:
+def figure_html(figure: Any) -> str:
     return str(figure.to_html(full_html=False, include_plotlyjs=False, config=_CONFIG))
 
 
-def _layout(figure: Any, title: str, *, y_title: str = "share", percent: bool = True) -> Any:
+def layout(figure: Any, title: str, *, y_title: str = "share", percent: bool = True) -> Any:
     figure.update_layout(title=title, barmode="group", height=380, margin={"t": 50, "b": 60},
                          legend={"orientation": "h", "y": -0.2}, yaxis_title=y_title)
     if percent:
@@ -57,8 +59,8 @@ def _layout(figure: Any, title: str, *, y_title: str = "share", percent: bool = 
     return figure
 
 
-def _bars(title: str, series: Iterable[tuple[str, dict[str, float], str | None]], order: Iterable[str] | None = None,
-          *, y_title: str = "share", percent: bool = True) -> Any:
+def bars(title: str, series: Iterable[tuple[str, dict[str, float], str | None]], order: Iterable[str] | None = None,
+         *, y_title: str = "share", percent: bool = True) -> Any:
     import plotly.graph_objects as go
 
     figure = go.Figure()
@@ -67,7 +69,7 @@ def _bars(title: str, series: Iterable[tuple[str, dict[str, float], str | None]]
     for name, values, color in series:
         figure.add_trace(go.Bar(name=name, x=keys, y=[values.get(key, 0.0) for key in keys],
                                 marker_color=color))
-    return _layout(figure, title, y_title=y_title, percent=percent)
+    return layout(figure, title, y_title=y_title, percent=percent)
 
 
 def _length_plots(sides: list[tuple[str, dict[str, Any], str]]) -> list[Any]:
@@ -84,8 +86,8 @@ def _length_plots(sides: list[tuple[str, dict[str, Any], str]]) -> list[Any]:
             series += [(name, as_shares(dict(counts)), color if role == "traffic" else None)
                        for name, counts in sorted(groups.items())]
         if series:
-            plots.append(_bars(f"{measure.replace('_', ' ')} (target tokens) by source and thinking mode", series,
-                               LENGTH_BUCKETS))
+            plots.append(bars(f"{measure.replace('_', ' ')} (target tokens) by source and thinking mode", series,
+                              LENGTH_BUCKETS))
     return plots
 
 
@@ -98,7 +100,7 @@ def _thinking_plot(sides: list[tuple[str, dict[str, Any], str]]) -> Any:
             values = {"traffic": side["thinking_share"]}
         series.append((role, values, color))
     keys = [key for _, values, _ in series for key in values]
-    return _bars("thinking share by source and split", series, keys, y_title="thinking share")
+    return bars("thinking share by source and split", series, keys, y_title="thinking share")
 
 
 def _reasons_plot(audit: AuditReport, sides: list[tuple[str, dict[str, Any], str]]) -> Any:
@@ -110,7 +112,7 @@ def _reasons_plot(audit: AuditReport, sides: list[tuple[str, dict[str, Any], str
         if role == "traffic":
             series.append(("traffic", {f"dropped: {k}": float(v) for k, v in side["skipped"].items()}, color))
     keys = sorted({key for _, values, _ in series for key in values}) or ["(none)"]
-    return _bars("drop and repair reasons (rows)", series, keys, y_title="rows", percent=False)
+    return bars("drop and repair reasons (rows)", series, keys, y_title="rows", percent=False)
 
 
 def _copy_plot(sides: list[tuple[str, dict[str, Any], str]]) -> Any | None:
@@ -122,8 +124,8 @@ def _copy_plot(sides: list[tuple[str, dict[str, Any], str]]) -> Any | None:
     if not series:
         return None
     span = next(side.get("copies", {}).get("span_tokens") for _, side, _ in sides)
-    return _bars(f"copy-spans by task: share of a turn's response tokens in spans of {span}+ tokens copied from "
-                 "the context (turns)", series, COPY_BUCKETS)
+    return bars(f"copy-spans by task: share of a turn's response tokens in spans of {span}+ tokens copied from "
+                "the context (turns)", series, COPY_BUCKETS)
 
 
 def _coverage_plot(vocab: dict[str, Any] | None) -> Any | None:
@@ -143,7 +145,7 @@ def _coverage_plot(vocab: dict[str, Any] | None) -> Any | None:
                                         line={"color": color}))
     figure.add_vline(x=vocab["draft_vocab_size"], line_dash="dot")
     figure.update_xaxes(type="log", title="draft vocabulary size k")
-    return _layout(figure, "supervised tokens covered by the top-k draft vocabulary", y_title="coverage")
+    return layout(figure, "supervised tokens covered by the top-k draft vocabulary", y_title="coverage")
 
 
 def _comparison_plots(report: dict[str, Any]) -> list[Any]:
@@ -153,21 +155,23 @@ def _comparison_plots(report: dict[str, Any]) -> list[Any]:
         if name == "token_frequencies":
             continue
         order = LENGTH_BUCKETS if name in LENGTH_MEASURES else COPY_BUCKETS if name == "copy_share" else None
-        plots.append(_bars(f"{name.replace('_', ' ')}: corpus vs traffic (TVD {section['tvd']:.3f})",
-                           [("corpus", corpus.get(name, {}), CORPUS_COLOR),
-                            ("traffic", traffic.get(name, {}), TRAFFIC_COLOR)],
-                           order))
+        plots.append(bars(f"{name.replace('_', ' ')}: corpus vs traffic (TVD {section['tvd']:.3f})",
+                          [("corpus", corpus.get(name, {}), CORPUS_COLOR),
+                           ("traffic", traffic.get(name, {}), TRAFFIC_COLOR)],
+                          order))
     divergence = {name: section["tvd"] for name, section in report["divergence"].items()}
-    plots.insert(0, _bars("total variation distance per dimension", [("TVD", divergence, TRAFFIC_COLOR)],
-                          list(divergence), y_title="TVD", percent=False))
+    plots.insert(0, bars("total variation distance per dimension", [("TVD", divergence, TRAFFIC_COLOR)],
+                         list(divergence), y_title="TVD", percent=False))
     return plots
 
 
-def _table(headers: list[str], rows: Iterable[Iterable[Any]], *, text_last: bool = False) -> str:
-    """A table of numbers (right-aligned) after a first column of names; ``text_last``: the last is text too."""
+def table(headers: list[str], rows: Iterable[Iterable[Any]], *, text_last: bool = False, names: int = 1) -> str:
+    """A table of numbers (right-aligned) after its first ``names`` columns of names; ``text_last``: the last is
+    text too."""
     def cells(tag: str, values: Iterable[Any]) -> str:
         values = list(values)
-        return "".join(f'<{tag}{" class=text" if text_last and index == len(values) - 1 else ""}>'
+        text = {*range(1, names), *([len(values) - 1] if text_last else [])}  # the first is left-aligned by the style
+        return "".join(f'<{tag}{" class=text" if index in text else ""}>'
                        f"{html.escape(str(value))}</{tag}>" for index, value in enumerate(values))
     body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
     return f"<table><tr>{cells('th', headers)}</tr>{body}</table>"
@@ -182,16 +186,16 @@ def _summary(report: dict[str, Any]) -> str:
                          f"{side['thinking_share']:.1%}", f"{side['reasoning_share']:.1%}"])
     readable = report.get("readable") or {}
     parts = [f"<p><strong>{html.escape(readable['note'])}</strong></p>"] if readable.get("partial") else []
-    parts.append(_table(["", "input", "conversations", "rows skipped", "thinking (mode)", "with reasoning"], rows))
+    parts.append(table(["", "input", "conversations", "rows skipped", "thinking (mode)", "with reasoning"], rows))
     if report.get("divergence"):
         parts.append("<h2>Divergence</h2>")
-        parts.append(_table(["dimension", "TVD", "biggest gaps (bucket: corpus → traffic)"], (
+        parts.append(table(["dimension", "TVD", "biggest gaps (bucket: corpus → traffic)"], (
             [name, f"{section['tvd']:.3f}",
              "; ".join(f"{g['bucket']}: {g['corpus']:.1%} → {g['traffic']:.1%}" for g in section["gaps"])]
             for name, section in report["divergence"].items()), text_last=True))
     if report.get("plan"):
         parts.append("<h2>Rows per source to follow the traffic</h2>")
-        parts.append(_table(["source", "task", "rows", "target", "change"], (
+        parts.append(table(["source", "task", "rows", "target", "change"], (
             [entry["source"], entry["task"], f"{entry['rows']:,}", f"{entry['target_rows']:,}",
              f"{entry['change']:+,}"] for entry in report["plan"])))
     if report.get("suggestions"):
@@ -203,25 +207,49 @@ def _summary(report: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def render(report: dict[str, Any], audit: AuditReport, title: str) -> str:
-    """The page: ``report`` is ``audit_against``'s (corpus and traffic) or ``describe_corpus``'s (corpus only);
-    ``audit`` is the corpus's plain audit (its drop reasons and flags)."""
+@dataclass(frozen=True)
+class PageSection:
+    """A section another stage adds to the page (the acceptance eval's, which the audit does not compute): its
+    heading, its HTML (escaped by its maker, plots through ``figure_html``) and the files it was made from,
+    which writing the page must not overwrite."""
+
+    title: str
+    body: str
+    inputs: tuple[Path, ...] = ()
+
+    def to_html(self) -> str:
+        return f"<h2>{html.escape(self.title)}</h2>{self.body}"
+
+
+def page(title: str, *parts: str) -> str:
+    """A self-contained page: the styles and plotly.js inline, then the title and ``parts`` (HTML)."""
     from plotly.offline import get_plotlyjs
 
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
+            f"<h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>")
+
+
+def write_page(path: Path, text: str) -> None:
+    """Write a page atomically (a reader never sees half a report): staged beside it, renamed over it once whole,
+    removed on any failure (a write error is a ``CorpusError`` naming the path)."""
+    with staged(path) as partial:
+        partial.write_text(text, encoding="utf-8")
+
+
+def render(report: dict[str, Any], audit: AuditReport, title: str, sections: Sequence[PageSection] = ()) -> str:
+    """The page: ``report`` is ``audit_against``'s (corpus and traffic) or ``describe_corpus``'s (corpus only);
+    ``audit`` is the corpus's plain audit (its drop reasons and flags); ``sections`` follow the plots."""
     sides = [("corpus", report["corpus"], CORPUS_COLOR)]
     if report.get("traffic"):
         sides.append(("traffic", report["traffic"], TRAFFIC_COLOR))
     plots = [*(_comparison_plots(report) if report.get("divergence") else []), *_length_plots(sides),
              _thinking_plot(sides), _reasons_plot(audit, sides), _copy_plot(sides), _coverage_plot(report.get("vocab"))]
-    body = "".join(f'<div class="plot">{_figure_html(plot)}</div>' for plot in plots if plot is not None)
-    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{_STYLE}</style><script>{get_plotlyjs()}</script></head><body>"
-            f"<h1>{html.escape(title)}</h1>{_summary(report)}<h2>Plots</h2>{body}</body></html>")
+    body = "".join(f'<div class="plot">{figure_html(plot)}</div>' for plot in plots if plot is not None)
+    return page(title, _summary(report), "<h2>Plots</h2>", body, *(section.to_html() for section in sections))
 
 
-def write_html_report(path: Path, report: dict[str, Any], audit: AuditReport, title: str) -> None:
-    """Write the page atomically (a reader never sees half a report): staged beside it, renamed over it once
-    whole, removed on any failure (a write error is a ``CorpusError`` naming the path)."""
-    page = render(report, audit, title)
-    with staged(path) as partial:
-        partial.write_text(page, encoding="utf-8")
+def write_html_report(path: Path, report: dict[str, Any], audit: AuditReport, title: str,
+                      sections: Sequence[PageSection] = ()) -> None:
+    """Write the page (``write_page``)."""
+    write_page(path, render(report, audit, title, sections))

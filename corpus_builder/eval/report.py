@@ -24,8 +24,8 @@ from .pack import Pack
 RUN_FORMAT = "corpus-eval/1"
 ALL = "all"
 _POSITIONS_SHOWN = 4
-_FIGURE_TITLES = {"acceptance_rate": "acceptance rate", "mean_acceptance_length": "mean acceptance length",
-                  "output_tokens_per_s": "output tok/s"}
+FIGURE_TITLES = {"acceptance_rate": "acceptance rate", "mean_acceptance_length": "mean acceptance length",
+                 "output_tokens_per_s": "output tok/s"}
 
 
 def run_document(pack: Pack, endpoints: list[dict[str, Any]], windows: list[Window], settings: dict[str, Any],
@@ -164,7 +164,13 @@ def describe_endpoint(endpoint: dict[str, Any]) -> str:
     return f"{endpoint['label']} {endpoint['url']}: {identity}; speculator: {told}"
 
 
-def format_run(run: dict[str, Any]) -> str:
+FIGURE_HEADER = ("mode", "head", "group", "requests", "output tokens", "acceptance rate", "mean acceptance length",
+                 "acceptance by position", "output tok/s", "TPOT ms", "temperature", "method")
+
+
+def describe_run(run: dict[str, Any]) -> list[str]:
+    """The lines above a run's tables: the pack, the settings, the endpoints, the notes, what reading the counters
+    cost."""
     settings, pack = run["settings"], run["pack"]
     lines = [f"eval of {pack['path']} ({pack['prompts']} prompts, sha256 {pack['sha256'][:12]}) at concurrency "
              f"{settings['concurrency']}, temperature {_temperature(settings)} ({settings['temperature_from']}), "
@@ -175,26 +181,38 @@ def format_run(run: dict[str, Any]) -> str:
     if reads["count"]:
         lines.append(f"counters read {reads['count']} times, {1000 * reads['seconds'] / reads['count']:.1f} ms each "
                      f"({100 * reads['seconds'] / requests if requests else 0:.1f}% of the time the requests took)")
-    rows = [[row["mode"], row["endpoint"], row["group"], str(row["requests"]), str(row["output_tokens"]),
-             _number(row["acceptance_rate"]), _number(row["mean_acceptance_length"], 2),
-             _positions(row["acceptance_by_position"]), _number(row["output_tokens_per_s"], 1),
-             _number(row["tpot_ms"], 2), _temperature(settings), str(row["method"] or "not told")]
-            for row in run["figures"]]
-    lines += ["", *_markdown(["mode", "head", "group", "requests", "output tokens", "acceptance rate",
-                              "mean acceptance length", "acceptance by position", "output tok/s", "TPOT ms",
-                              "temperature", "method"], rows)]
+    return lines
+
+
+def figure_cells(row: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    """One of a run's ``figures`` as a row of its table (``FIGURE_HEADER``)."""
+    return [row["mode"], row["endpoint"], row["group"], str(row["requests"]), str(row["output_tokens"]),
+            _number(row["acceptance_rate"]), _number(row["mean_acceptance_length"], 2),
+            _positions(row["acceptance_by_position"]), _number(row["output_tokens_per_s"], 1),
+            _number(row["tpot_ms"], 2), _temperature(settings), str(row["method"] or "not told")]
+
+
+def ratio_table(run: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+    """A run's ratios of every head to head A: (how they were measured, header, rows)."""
+    paired = run["settings"]["concurrency"] == 1
+    caption = (("paired over the same prompts, sent in a rotating order; "
+                f"{100 * CONFIDENCE:g}% bootstrap interval ({RESAMPLES} resamples, seed {BOOTSTRAP_SEED})")
+               if paired else "whole phases (no interval: pairing prompts needs concurrency 1)")
+    keyed: dict[tuple[str, str, str, str], dict[str, str]] = {}
+    for ratio in run["ratios"]:
+        keyed.setdefault((ratio["mode"], ratio["group"], ratio["a"], ratio["b"]), {})[ratio["figure"]] = \
+            _interval(ratio)
+    rows = [[mode, f"{b} / {a}", group, *(values.get(figure, "n/a") for figure in RATIO_FIGURES)]
+            for (mode, group, a, b), values in keyed.items()]
+    return caption, ["mode", "heads", "group", *(FIGURE_TITLES[f] for f in RATIO_FIGURES)], rows
+
+
+def format_run(run: dict[str, Any]) -> str:
+    rows = [figure_cells(row, run["settings"]) for row in run["figures"]]
+    lines = [*describe_run(run), "", *_markdown(list(FIGURE_HEADER), rows)]
     if run["ratios"]:
-        paired = settings["concurrency"] == 1
-        lines += ["", ("paired over the same prompts, sent in a rotating order; "
-                       f"{100 * CONFIDENCE:g}% bootstrap interval ({RESAMPLES} resamples, seed {BOOTSTRAP_SEED})")
-                  if paired else "whole phases (no interval: pairing prompts needs concurrency 1)"]
-        keyed: dict[tuple[str, str, str, str], dict[str, str]] = {}
-        for ratio in run["ratios"]:
-            keyed.setdefault((ratio["mode"], ratio["group"], ratio["a"], ratio["b"]), {})[ratio["figure"]] = \
-                _interval(ratio)
-        rows = [[mode, f"{b} / {a}", group, *(values.get(figure, "n/a") for figure in RATIO_FIGURES)]
-                for (mode, group, a, b), values in keyed.items()]
-        lines += _markdown(["mode", "heads", "group", *(_FIGURE_TITLES[f] for f in RATIO_FIGURES)], rows)
+        caption, header, rows = ratio_table(run)
+        lines += ["", caption, *_markdown(header, rows)]
     return "\n".join(lines)
 
 
@@ -235,17 +253,23 @@ def compare_runs(run_a: dict[str, Any], run_b: dict[str, Any]) -> dict[str, Any]
             "paired": paired, "notes": notes, "rows": rows}
 
 
-def format_comparison(comparison: dict[str, Any], names: tuple[str, str]) -> str:
+def describe_comparison(comparison: dict[str, Any], names: tuple[str, str]) -> list[str]:
+    """The lines above a comparison's table: each run (``names``: how they were given) with its endpoints, and the
+    notes."""
     lines = []
     for side, name in zip(("a", "b"), names, strict=True):
         run = comparison[side]
         lines.append(f"run {side.upper()} {name}: {run['created']}, pack sha256 {run['pack']['sha256'][:12]}, "
                      f"temperature {_temperature(run['settings'])}, concurrency {run['settings']['concurrency']}")
         lines += ["  " + describe_endpoint(endpoint) for endpoint in run["endpoints"]]
-    lines += [f"note: {note}" for note in comparison["notes"]]
+    return lines + [f"note: {note}" for note in comparison["notes"]]
+
+
+def comparison_table(comparison: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+    """Run B beside run A: (how B / A was measured, header, rows)."""
     header = ["mode", "head", "group"]
     for figure in RATIO_FIGURES:
-        header += [f"{_FIGURE_TITLES[figure]} A", "B", "B / A"]
+        header += [f"{FIGURE_TITLES[figure]} A", "B", "B / A"]
     rows = []
     for row in comparison["rows"]:
         cells = [row["mode"], row["endpoint"], row["group"]]
@@ -254,6 +278,11 @@ def format_comparison(comparison: dict[str, Any], names: tuple[str, str]) -> str
             cells += [_number(row["a"][figure], digits), _number(row["b"][figure], digits),
                       _interval(row["ratios"][figure])]
         rows.append(cells)
-    lines += ["", ("B / A paired prompt by prompt (the same pack at concurrency 1), "
-                   f"{100 * CONFIDENCE:g}% bootstrap interval") if comparison["paired"] else "B / A (not paired)"]
-    return "\n".join(lines + _markdown(header, rows))
+    caption = ("B / A paired prompt by prompt (the same pack at concurrency 1), "
+               f"{100 * CONFIDENCE:g}% bootstrap interval") if comparison["paired"] else "B / A (not paired)"
+    return caption, header, rows
+
+
+def format_comparison(comparison: dict[str, Any], names: tuple[str, str]) -> str:
+    caption, header, rows = comparison_table(comparison)
+    return "\n".join([*describe_comparison(comparison, names), "", caption, *_markdown(header, rows)])

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from websockets.sync.client import ClientConnection, connect
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -26,10 +27,21 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
          "--disable-extensions", "--remote-debugging-port=0", "about:blank")
 STARTUP_S = 30.0
+PLOTS = ".plotly-graph-div"  # a page's plots, drawn once each has an SVG trace
+DRAWN = f"[...document.querySelectorAll('{PLOTS}')].every(d => d.querySelector('svg.main-svg .trace'))"
 
 
 def chromium_path() -> str | None:
     return next((found for name in CHROMIUM_NAMES if (found := shutil.which(name))), None)
+
+
+def require_chromium() -> None:
+    """CI must have the browser (scripts/setup.sh installs Debian's chromium): there its absence fails."""
+    if chromium_path() is None:
+        message = "no chromium on PATH: scripts/setup.sh installs it (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,19 +10,7 @@ from typing import Any
 
 import pytest
 
-from .browser import chromium, chromium_path, visit
-
-PLOTS = ".plotly-graph-div"
-DRAWN = f"[...document.querySelectorAll('{PLOTS}')].every(d => d.querySelector('svg.main-svg .trace'))"
-
-
-def require_chromium() -> None:
-    """CI must have the browser (scripts/setup.sh installs Debian's chromium): there its absence fails."""
-    if chromium_path() is None:
-        message = "no chromium on PATH: scripts/setup.sh installs it (apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+from .browser import DRAWN, PLOTS, chromium, require_chromium, visit
 
 
 def expected_plots(report: dict[str, Any]) -> int:
