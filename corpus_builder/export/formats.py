@@ -119,7 +119,9 @@ def specforge_problems(row: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _sharegpt_value(message: Message) -> str:
+def inline_reasoning(message: Message) -> str:
+    """A turn's text for a form with no reasoning field (sharegpt, vLLM's multi-turn benchmark): an assistant
+    turn's reasoning written back as a leading think block, as the target generated it."""
     if message.role == "assistant" and message.reasoning:
         return f"{THINK_OPEN}\n{message.reasoning}\n{THINK_CLOSE}\n\n{message.content}"
     return message.content
@@ -141,7 +143,7 @@ def _sharegpt_turns(conversation: Conversation) -> list[dict[str, str]]:
             continue
         flush()
         if not message.tool_calls or message.content or message.reasoning:
-            turns.append({"from": SHAREGPT_ROLES[message.role], "value": _sharegpt_value(message)})
+            turns.append({"from": SHAREGPT_ROLES[message.role], "value": inline_reasoning(message)})
         if message.tool_calls:
             calls = [_sharegpt_call(call) for call in message.tool_calls]
             value = calls[0] if len(calls) == 1 else calls
