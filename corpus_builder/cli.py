@@ -18,7 +18,7 @@ import click
 
 from ._version import __version__
 from .errors import CorpusError
-from .trainer_formats import EXPORT_FORMATS, FILE_FORMATS
+from .trainer_formats import BENCH_FORMAT, BENCH_TURNS, EXPORT_FORMATS, FILE_FORMATS
 
 EXIT_CHECKS_FAILED = 1
 EXIT_USAGE = 2
@@ -208,16 +208,32 @@ def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: 
 @cli.command()
 @click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", required=True,
-              type=click.Choice(EXPORT_FORMATS),
-              help="Trainer format.")
+              type=click.Choice((*EXPORT_FORMATS, BENCH_FORMAT)),
+              help=f"Trainer format, or {BENCH_FORMAT}: an eval pack as vLLM's benchmark dataset.")
 @click.option("--out", required=True, type=OutputPath(),
-              help="Output directory: one file per split, OUT/{split}.{file format}.")
+              help="Output directory: one file per split, OUT/{split}.{file format} "
+                   f"({BENCH_FORMAT}: OUT/single_turn.jsonl or OUT/multi_turn.json).")
 @click.option("--file-format", type=click.Choice(FILE_FORMATS), default="jsonl",
               show_default=True)
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory (default: the corpus recipe's target.tokenizer).")
-def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: Path | None) -> None:
-    """Write a built corpus in a trainer's format (rows of one conversation stay in its split's file)."""
+@click.option("--turns", type=click.Choice(BENCH_TURNS),
+              help=f"{BENCH_FORMAT}: one request per conversation, its turns before the last answer rendered as the "
+                   "prompt (single, the default), or every turn replayed in order (multi).")
+def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: Path | None, turns: str | None) -> None:
+    """Write a built corpus in a trainer's format (rows of one conversation stay in its split's file).
+
+    With --format vllm-bench, CORPUS is an eval pack (a conversations file, a directory of them, or a built corpus,
+    whose eval/ is read), written for `vllm bench serve --dataset-name custom` or vLLM's multi-turn benchmark."""
+    if fmt == BENCH_FORMAT:
+        if file_format != "jsonl":
+            raise click.UsageError(f"--file-format does not apply to {BENCH_FORMAT}: vLLM reads JSONL (or JSON)")
+        from .eval import export_bench
+
+        click.echo(export_bench(corpus_dir, out, turns=turns or "single", tokenizer=tokenizer).describe())
+        return
+    if turns is not None:
+        raise click.UsageError(f"--turns applies to --format {BENCH_FORMAT} only")
     from .export import export_corpus
 
     report = export_corpus(corpus_dir, fmt, out, file_format=file_format, tokenizer=tokenizer)

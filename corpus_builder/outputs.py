@@ -107,3 +107,22 @@ def staged(path: Path) -> Iterator[Path]:
         if isinstance(error, OSError):
             raise CorpusError(f"cannot write: {error.strerror or error}", file=str(path)) from error
         raise
+
+
+@contextmanager
+def made_directory(path: Path) -> Iterator[Path]:
+    """``path`` made (with its missing parents) for the block that writes into it; when the block fails, the
+    directories made for it are removed again (deepest first; one that holds anything else stays), so a failed
+    write leaves no empty directory behind. An OSError making it becomes a CorpusError naming ``path``."""
+    made = [directory for directory in (path, *path.parents) if not directory.exists()]
+    try:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CorpusError(f"cannot create the directory: {error.strerror or error}", file=str(path)) from error
+        yield path
+    except BaseException:
+        for directory in made:
+            with suppress(OSError):
+                directory.rmdir()
+        raise

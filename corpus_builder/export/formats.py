@@ -43,7 +43,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -53,7 +53,7 @@ import pyarrow as pa
 
 from ..errors import CorpusError
 from ..layout import Corpus
-from ..outputs import staged
+from ..outputs import made_directory, staged
 from ..progress import ProgressLine
 from ..recipe.model import Recipe
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
@@ -119,7 +119,9 @@ def specforge_problems(row: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _sharegpt_value(message: Message) -> str:
+def inline_reasoning(message: Message) -> str:
+    """A turn's text for a form with no reasoning field (sharegpt, vLLM's multi-turn benchmark): an assistant
+    turn's reasoning written back as a leading think block, as the target generated it."""
     if message.role == "assistant" and message.reasoning:
         return f"{THINK_OPEN}\n{message.reasoning}\n{THINK_CLOSE}\n\n{message.content}"
     return message.content
@@ -141,7 +143,7 @@ def _sharegpt_turns(conversation: Conversation) -> list[dict[str, str]]:
             continue
         flush()
         if not message.tool_calls or message.content or message.reasoning:
-            turns.append({"from": SHAREGPT_ROLES[message.role], "value": _sharegpt_value(message)})
+            turns.append({"from": SHAREGPT_ROLES[message.role], "value": inline_reasoning(message)})
         if message.tool_calls:
             calls = [_sharegpt_call(call) for call in message.tool_calls]
             value = calls[0] if len(calls) == 1 else calls
@@ -298,41 +300,30 @@ def write_export(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = 
     report = ExportReport(fmt, file_format, out_dir, re_rendered=None if fmt == "speculators-tokens"
                           else _re_rendered_turns(corpus))
     skipped: Counter[str] = Counter()
-    made = [directory for directory in (out_dir, *out_dir.parents) if not directory.exists()]
-    try:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise CorpusError(f"cannot create the directory: {error.strerror or error}", file=str(out_dir)) from error
-        with ExitStack() as files:
-            for split, path in split_files(corpus, out_dir, file_format).items():
-                partial = files.enter_context(staged(path))
-                sink = (_ParquetSink(partial, SCHEMAS[fmt]) if file_format == "parquet"
-                        else _JsonlSink(partial, file_format == "jsonl.zst"))
-                rows = conversations = 0
-                left_out = sum(skipped.values())
-                try:
-                    for batch in corpus.iter_batches(split=split, batch_size=batch_size):
-                        converted = list(convert(batch_to_conversations(batch), skipped))
-                        conversations += batch.num_rows
-                        rows += len(converted)
-                        if converted:
-                            sink.write(converted)
-                        if progress is not None:
-                            progress.advance(batch.num_rows)
-                finally:
-                    sink.close()
-                report.files[split] = {"path": str(path), "rows": rows, "conversations": conversations,
-                                       "left_out": sum(skipped.values()) - left_out}
-            if not any(info["rows"] for info in report.files.values()) and not allow_empty:
-                reasons = "; ".join(f"{reason}: {count:,}" for reason, count in sorted(skipped.items()))
-                raise CorpusError(f"the {fmt} export would hold no rows: every conversation was left out ({reasons}); "
-                                  "nothing was written", file=str(out_dir))
-    except BaseException:
-        for directory in made:  # deepest first; a directory that holds anything else stays
-            with suppress(OSError):
-                directory.rmdir()
-        raise
+    with made_directory(out_dir), ExitStack() as files:
+        for split, path in split_files(corpus, out_dir, file_format).items():
+            partial = files.enter_context(staged(path))
+            sink = (_ParquetSink(partial, SCHEMAS[fmt]) if file_format == "parquet"
+                    else _JsonlSink(partial, file_format == "jsonl.zst"))
+            rows = conversations = 0
+            left_out = sum(skipped.values())
+            try:
+                for batch in corpus.iter_batches(split=split, batch_size=batch_size):
+                    converted = list(convert(batch_to_conversations(batch), skipped))
+                    conversations += batch.num_rows
+                    rows += len(converted)
+                    if converted:
+                        sink.write(converted)
+                    if progress is not None:
+                        progress.advance(batch.num_rows)
+            finally:
+                sink.close()
+            report.files[split] = {"path": str(path), "rows": rows, "conversations": conversations,
+                                   "left_out": sum(skipped.values()) - left_out}
+        if not any(info["rows"] for info in report.files.values()) and not allow_empty:
+            reasons = "; ".join(f"{reason}: {count:,}" for reason, count in sorted(skipped.items()))
+            raise CorpusError(f"the {fmt} export would hold no rows: every conversation was left out ({reasons}); "
+                              "nothing was written", file=str(out_dir))
     report.skipped = dict(skipped)
     if progress is not None:
         progress.finish()

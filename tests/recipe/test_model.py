@@ -15,7 +15,7 @@ from corpus_builder.cli import cli
 from corpus_builder.recipe import model
 from corpus_builder.recipe.schema import SCHEMA_PATH
 from corpus_builder.records import RepairRules
-from corpus_builder.trainer_formats import EXPORT_FORMATS, FILE_FORMATS
+from corpus_builder.trainer_formats import BENCH_FORMAT, BENCH_TURNS, EXPORT_FORMATS, FILE_FORMATS
 
 SOURCE = ("$defs", "source", "properties")
 PLACES: dict[tuple[type, str], tuple[str, ...]] = {
@@ -76,8 +76,9 @@ def test_a_literal_is_the_schemas_enum_with_its_default(cls: type, name: str, ch
         assert node["default"] == default
 
 
-def test_the_export_commands_choices_are_the_trainer_formats() -> None:
+def test_the_export_commands_choices_are_the_trainer_formats_and_the_bench_format() -> None:
     export = cli.commands["export"]
     assert isinstance(export, click.Command)
     choices = {param.name: param.type.choices for param in export.params if isinstance(param.type, click.Choice)}
-    assert tuple(choices["fmt"]) == EXPORT_FORMATS and tuple(choices["file_format"]) == FILE_FORMATS
+    assert tuple(choices["fmt"]) == (*EXPORT_FORMATS, BENCH_FORMAT) and tuple(choices["file_format"]) == FILE_FORMATS
+    assert tuple(choices["turns"]) == BENCH_TURNS
