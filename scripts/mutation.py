@@ -73,6 +73,8 @@ OWNING_TESTS: dict[str, tuple[str, ...]] = {
 _ALL_TURNS = 'conversation_text reads every value of turns but "prompt" as all turns'
 _ONE_PER_KEY = "keys are one per row (a strict zip) and index.decide answers one per key or raises"
 _ONE_PER_SET = "the index sums up each set read, in order: one summary per read"
+_NO_DETAILS = ("the readers of a file or a Hub split raise no CorpusError with details: an eval set's error "
+               "has none either way")
 _ABSENT = "an absent row is read only as negative (< 0, >= 0), never as a row"
 _INT64 = "np.full of the Python int -1 is int64, numpy's default integer: the same array"
 _BOOLS = "numpy makes a bool array of a list of bools (decide never sees an empty batch): the same array"
@@ -140,6 +142,14 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.screen.dedup.x_describe_eval_sets__mutmut_29": ("eval_sets.index.eval_sets, ))", _ONE_PER_SET),
     "corpus_builder.screen.dedup.x_describe_eval_sets__mutmut_30": (
         "eval_sets.index.eval_sets, strict=False)", _ONE_PER_SET),
+    "corpus_builder.screen.dedup.x_read_eval_sets__mutmut_15": (
+        "zip(reads, index.eval_sets, strict=None)", _ONE_PER_SET),
+    "corpus_builder.screen.dedup.x_read_eval_sets__mutmut_18": ("zip(reads, index.eval_sets, ):", _ONE_PER_SET),
+    "corpus_builder.screen.dedup.x_read_eval_sets__mutmut_19": (
+        "zip(reads, index.eval_sets, strict=False)", _ONE_PER_SET),
+    "corpus_builder.screen.dedup.xǁEvalSetReadǁtexts__mutmut_52": (
+        "line=error.line, details=None) from None", _NO_DETAILS),
+    "corpus_builder.screen.dedup.xǁEvalSetReadǁtexts__mutmut_56": ("line=error.line, ) from None", _NO_DETAILS),
     # corpus_builder/screen/near_dedup.py
     "corpus_builder.screen.near_dedup.xǁ_Pagesǁgather__mutmut_19": (
         ".reshape(-2, width)", _NEGATIVE_SIZE),

@@ -706,3 +706,14 @@ def test_compare_puts_the_sides_their_divergences_and_the_plan_together(tmp_path
     # A corpus without a row: nothing to compare, no worst dimension.
     empty = compare(files, read_profile("empty", [], None, token_sample=0), untasked, AuditOptions(), None)
     assert empty["divergence"] == {} and empty["max_divergence"] is None and task_note in empty["notes"]
+
+
+def test_a_side_measured_against_one_not_measured_compares_no_tokens(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Token figures need both sides' tokens: with one side's only, the facts are compared and the tokens left out."""
+    meter = TokenMeter(TemplateRenderer(tiny_model_dir))
+    rows = [chat_row(i, thinking=False) for i in range(30)] + [summary_row(i, thinking=True) for i in range(10)]
+    for corpus_measured in (True, False):
+        mine = _profile(tmp_path / "mine.jsonl", rows, meter if corpus_measured else None)
+        theirs = _profile(tmp_path / "theirs.jsonl", mixed_traffic(), None if corpus_measured else meter)
+        report = compare(cast(CorpusFiles, _Files(None)), mine, theirs, AuditOptions(draft_vocab_size=100), meter)
+        assert list(report["divergence"]) == list(FACT_DIMENSIONS) and "vocab" not in report

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from corpus_builder.audit import audit_corpus, format_report
@@ -22,6 +23,7 @@ from corpus_builder.publish.card import render_card
 from corpus_builder.publish.gate import CorpusDocuments
 from corpus_builder.recipe import Checks, Decontamination, EvalSet, HubRef, NearDuplicateSettings, load_recipe
 from corpus_builder.records import Conversation, Message, ToolCall
+from corpus_builder.screen.decontaminate import EvalSetSummary
 from corpus_builder.screen.dedup import (
     Dedup,
     EvalSetRead,
@@ -449,6 +451,89 @@ def test_an_eval_set_is_reported_when_more_than_half_of_its_rows_are_skipped() -
         "eval set 'probe' (probe.jsonl): 3 of 4 rows skipped (invalid_json 3); is this the right file and fields?")
     assert EvalSetRead(spec, rows=0).warning() is None
     assert EvalSetRead(spec, rows=4).describe_skipped() == ""
+
+
+def probe_lines(path: Path, lines: list[bytes | dict[str, Any] | list[Any] | str]) -> Path:
+    """An eval set's .jsonl file, line by line: rows (dumped), or bytes as they are."""
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n" for line in lines))
+    return path
+
+
+def test_an_eval_set_is_indexed_at_the_recipes_run_length_and_min_words(tmp_path: Path) -> None:
+    ten, five, three = (" ".join(WORDS[start:start + size]) for start, size in ((0, 10), (10, 5), (15, 3)))
+    probe = probe_lines(tmp_path / "probe.jsonl", [{"text": ten}, {"text": five}, {"text": three}])
+    eval_sets = read_eval_sets(Decontamination((EvalSet("probe", path=probe),), ngram=6, min_words=5))
+    assert eval_sets is not None and eval_sets.index.eval_sets == (EvalSetSummary("probe", 3, 1),)  # 3 words: short
+    assert eval_sets.index.matches([
+        f"so {' '.join(WORDS[2:8])} and more",  # a run of 6 words of the text of 10
+        f"so {' '.join(WORDS[2:7])} and more",  # 5 of them only
+        f"and {five} too",  # the text of 5 words whole: it is shorter than the runs, and of min_words words
+        f"and {three} too"]) == [("probe",), (), ("probe",), ()]
+
+
+def test_an_eval_set_gives_every_string_of_its_fields_through_lists_and_mappings(tmp_path: Path) -> None:
+    texts = [prose(seed, 20) for seed in range(4)]
+    probe = probe_lines(tmp_path / "probe.jsonl", [
+        {"turns": [texts[0], [texts[1]], {"reference": {"answer": texts[2]}, "score": 3}], "id": texts[3]}])
+    eval_sets = read_eval_sets(Decontamination((EvalSet("probe", path=probe, fields=("turns",)),)))
+    assert eval_sets is not None and eval_sets.index.eval_sets == (EvalSetSummary("probe", 3, 0),)
+    assert eval_sets.index.matches(texts) == [("probe",), ("probe",), ("probe",), ()]  # not the id: not a field
+
+
+def test_the_rows_an_eval_set_skips_are_counted_by_reason_and_the_rows_after_them_read(tmp_path: Path) -> None:
+    texts = [prose(seed, 20) for seed in range(3)]
+    probe = probe_lines(tmp_path / "probe.jsonl", [
+        {"turns": [texts[0]]}, {"question": "no turns"}, b"{broken", {"question": "none again"}, [1, 2], "a string",
+        b"{broken too", {"turns": [texts[1]]}, {"other": 1}, {"turns": [texts[2]]}])
+    eval_sets = read_eval_sets(Decontamination((EvalSet("probe", path=probe, fields=("turns",)),)))
+    assert eval_sets is not None and eval_sets.index.eval_sets == (EvalSetSummary("probe", 3, 0),)
+    [read] = eval_sets.reads
+    assert (read.rows, read.skipped) == (10, Counter(fields_absent=3, invalid_json=2, not_an_object=2))
+    assert eval_sets.warnings() == [f"eval set 'probe' ({probe}): 7 of 10 rows skipped (fields_absent 3, "
+                                    "invalid_json 2, not_an_object 2); is this the right file and fields?"]
+
+
+@pytest.mark.parametrize(("rows", "keys"), [
+    ([{"question": GSM_QUESTION, "answer": "144"}, {"question": GSM_QUESTION, "id": 2}], "question, answer"),
+    ([{}, {}], "no key")])
+def test_an_eval_set_without_its_fields_names_the_keys_its_rows_have(tmp_path: Path, rows: list[dict[str, Any]],
+                                                                     keys: str) -> None:
+    probe = probe_lines(tmp_path / "probe.jsonl", [b"{broken", [1], *rows])  # rows that do not decode come first
+    screen = Decontamination((EvalSet("probe", path=probe, fields=("prompt", "turns")),))
+    with pytest.raises(CorpusError) as caught:
+        read_eval_sets(screen)
+    assert str(caught.value) == (f"{probe}: decontamination: eval set 'probe': none of its rows has the fields "
+                                 f"prompt, turns (its rows have {keys}); it would check nothing (fix its path or "
+                                 "fields, or remove it)")
+
+
+def test_an_eval_set_that_cannot_be_read_is_named_with_its_file_and_line(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.json"
+    probe.write_text(f'[\n  {{"turns": ["{GSM_QUESTION}"]}},\n  {{"turns": oops}}\n]\n', encoding="utf-8")
+    with pytest.raises(CorpusError) as caught:
+        read_eval_sets(Decontamination((EvalSet("probe", path=probe),)))
+    assert str(caught.value).startswith(f"{probe}:3: decontamination: eval set 'probe': not valid JSON")
+
+
+def test_an_eval_set_missing_from_the_hub_mirror_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "mirror").mkdir()
+    monkeypatch.setenv(MIRROR_ENV, str(tmp_path / "mirror"))
+    with pytest.raises(CorpusError) as caught:
+        read_eval_sets(Decontamination((EvalSet("gsm", hub=HubRef("acme/gsm", split="test")),)))
+    assert str(caught.value).startswith(
+        "decontamination: eval set 'gsm': source 'eval set gsm': hub dataset acme/gsm is not in the mirror")
+
+
+def test_eval_sets_the_index_refuses_are_a_corpus_error(tmp_path: Path) -> None:
+    """The recipe's checks refuse both first; read_eval_sets still says what is wrong to a caller that skips them."""
+    probe = probe_lines(tmp_path / "probe.jsonl", [{"turns": [GSM_QUESTION]}])
+    twice = (EvalSet("probe", path=probe), EvalSet("probe", path=probe))
+    for screen, problem in ((Decontamination(twice), "evaluation set 'probe' is listed twice"),
+                            (Decontamination(twice[:1], ngram=5, min_words=8),
+                             "need 1 <= min_words <= n, not min_words=8, n=5")):
+        with pytest.raises(CorpusError) as caught:
+            read_eval_sets(screen)
+        assert str(caught.value) == f"decontamination: {problem}"
 
 
 def test_the_screening_names_local_and_hub_eval_sets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
