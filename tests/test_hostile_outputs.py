@@ -164,6 +164,12 @@ OUTPUTS: dict[tuple[str, str], OutputOption] = {
         "directory", lambda ws, out: ["eval", str(ws.traffic), "--endpoint", SPECULATING["url"], "--mode",
                                       "non-thinking", "--temperature", "0", "--save-dir", out],
         lambda ws: {"the pack": ws.traffic}),
+    ("eval", "--html"): OutputOption(
+        "file", lambda ws, out: ["eval", str(ws.traffic), "--endpoint", SPECULATING["url"], "--mode",
+                                 "non-thinking", "--temperature", "0", "--html", out,
+                                 # the run itself is saved outside the workspace the sweep watches
+                                 "--save-dir", tempfile.mkdtemp(prefix="eval-runs-")],
+        lambda ws: {"the pack": ws.traffic}, file_name="acceptance.html"),
     ("vocab", "--out"): OutputOption(
         "file", lambda ws, out: ["vocab", str(ws.corpus), "--size", "10", "--out", out, "--tokenizer",
                                  str(ws.tokenizer)],

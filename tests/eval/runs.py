@@ -18,6 +18,7 @@ from corpus_builder.eval.figures import Window
 from corpus_builder.eval.metrics import Counters
 from corpus_builder.eval.pack import Pack, PackPrompt
 from corpus_builder.eval.report import FIGURE_TITLES, run_document
+from corpus_builder.records import Conversation, Message
 
 POSITIONS = 3
 HEADS = {"A": (0.8, "eagle3"), "B": (0.6, None)}  # label: (strength, the method the server tells, if it does)
@@ -25,7 +26,8 @@ LABELS = [("code", "coding"), ("code", "coding"), ("chat", None), ("chat", None)
 
 
 def pack_of(labels: Sequence[tuple[str, str | None]] = LABELS, path: Path = Path("pack.jsonl")) -> Pack:
-    prompts = tuple(PackPrompt(f"p{i}", source, task, ({"role": "user", "content": f"question {i}"},))
+    prompts = tuple(PackPrompt(f"p{i}", source, task, ({"role": "user", "content": f"question {i}"},),
+                               Conversation(f"p{i}", source, "replay", [Message("user", f"question {i}")], task=task))
                     for i, (source, task) in enumerate(labels))
     return Pack(path, (path,), prompts)
 
