@@ -31,7 +31,7 @@ from ..screen.near_dedup import NearDuplicates
 from ..screen.normalise import conversation_text
 from ..secrets import Finding, scan_conversations, scan_corpus
 from ..stats.corpus import AuditReport, CorpusStats, SecretsReport, corpus_problems
-from ..stats.pack import count_strata, pack_mix
+from ..stats.pack import pack_mix, stratum
 from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenRows, TokenSettings
 from ..tokens.settings import read_corpus_recipe
@@ -161,8 +161,7 @@ def audit_corpus_files(corpus: Corpus | CorpusFiles) -> AuditReport:
     auditor.add_skipped(files.drops)
     report = auditor.report()
     if files.corpus.manifest.pack_files:
-        held = count_strata((row.source, row.task, row.thinking) for row in files.corpus.pack_conversations())
-        report["eval_pack"] = pack_mix(held, report)
+        report["eval_pack"] = pack_mix(Counter(map(stratum, files.corpus.pack_conversations())), report)
     return report
 
 

@@ -27,10 +27,10 @@ from ..recipe.model import PackShare, Recipe
 from ..records import Conversation
 from ..screen.pack import PackScreen
 from ..sources import replay_stream
+from ..stats.pack import Stratum, stratum
 from .mixture import apportion
 from .shards import ShardWriter
 
-Stratum = tuple[str, str | None, bool]  # source, task, thinking
 _INDEX_BATCH = 1024
 
 
@@ -43,7 +43,7 @@ class PackCut:
     strata: dict[Stratum, tuple[int, int]]  # rows the sources give, rows held
 
     def holds(self, conversation: Conversation) -> bool:
-        cutoff = self.cutoffs.get((conversation.source, conversation.task, conversation.thinking))
+        cutoff = self.cutoffs.get(stratum(conversation))
         return cutoff is not None and pack_priority(self.seed, conversation.id) <= cutoff
 
 
@@ -91,7 +91,7 @@ def cut_eval_pack(recipe: Recipe, staging: Path, stream: TextIO) -> EvalPack | N
             if cut.holds(row):
                 row.split = EVAL
                 writer.write(row)
-                written[(row.source, row.task, row.thinking)] += 1
+                written[stratum(row)] += 1
                 held.append(row)
                 if len(held) >= _INDEX_BATCH:
                     screen.add(held)
@@ -109,21 +109,20 @@ def plan_cut(recipe: Recipe, shares: dict[str, PackShare], rows: Iterator[Conver
     seed = recipe.eval.seed if recipe.eval is not None else 0
     draws: dict[Stratum, array[int]] = {}
     for row in rows:
-        stratum = (row.source, row.task, row.thinking)
-        drawn = draws.get(stratum)
+        key = stratum(row)
+        drawn = draws.get(key)
         if drawn is None:
-            drawn = draws[stratum] = array("Q")
+            drawn = draws[key] = array("Q")
         drawn.append(pack_priority(seed, row.id))
     cutoffs: dict[Stratum, int] = {}
     strata: dict[Stratum, tuple[int, int]] = {}
     for source, share in shares.items():
-        sizes = {stratum: len(drawn) for stratum, drawn in sorted(draws.items(), key=_stratum_order)
-                 if stratum[0] == source}
-        for stratum, quota in apportion(share.held(sum(sizes.values())), sizes).items():
-            strata[stratum] = (sizes[stratum], quota)
+        sizes = {key: len(drawn) for key, drawn in sorted(draws.items(), key=_stratum_order) if key[0] == source}
+        for key, quota in apportion(share.held(sum(sizes.values())), sizes).items():
+            strata[key] = (sizes[key], quota)
             if quota:
-                ordered = np.frombuffer(draws[stratum], dtype=np.uint64)
-                cutoffs[stratum] = int(np.partition(ordered, quota - 1)[quota - 1])
+                ordered = np.frombuffer(draws[key], dtype=np.uint64)
+                cutoffs[key] = int(np.partition(ordered, quota - 1)[quota - 1])
     return PackCut(seed, cutoffs, strata)
 
 

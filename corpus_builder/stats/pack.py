@@ -4,13 +4,19 @@ out (audit.json), `corpus audit` again from the pack's shards."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from ..records import Conversation
 from .corpus import AuditReport
 
 Stratum = tuple[str, str | None, bool]  # source, task, thinking
 NO_TASK = "(no task)"
+
+
+def stratum(conversation: Conversation) -> Stratum:
+    """What the eval pack is stratified by: the row's source, task and thinking."""
+    return conversation.source, conversation.task, conversation.thinking
 
 
 def pack_mix(held: Mapping[Stratum, int], corpus: AuditReport) -> dict[str, Any]:
@@ -45,13 +51,6 @@ def pack_mix(held: Mapping[Stratum, int], corpus: AuditReport) -> dict[str, Any]
                                               for name, (rows, thinking, _) in corpus_by_source.items()}),
         "by_task": side_by_side(groups(1), corpus_by_task),
     }
-
-
-def count_strata(rows: Iterable[tuple[str, str | None, bool]]) -> dict[Stratum, int]:
-    counted: dict[Stratum, int] = {}
-    for stratum in rows:
-        counted[stratum] = counted.get(stratum, 0) + 1
-    return counted
 
 
 def _entry(rows: int, thinking: int, pack_rows: int, corpus_rows_of: int, corpus_thinking: int, corpus_rows: int
