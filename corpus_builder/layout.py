@@ -248,6 +248,16 @@ def _read_json(path: Path) -> Any:
         raise CorpusError(f"not valid JSON: {error}", file=str(path)) from None
 
 
+def _shard_batches(paths: list[Path], what: str, columns: list[str] | None, batch_size: int) -> Iterator[Any]:
+    """The batches of parquet shards in turn; one that cannot be opened is a CorpusError naming it."""
+    for path in paths:
+        try:
+            parquet = open_parquet(path)
+        except (OSError, ValueError) as error:
+            raise CorpusError(f"cannot read {what}: {error}", file=str(path)) from None
+        yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
+
+
 @dataclass(frozen=True)
 class Corpus:
     root: Path
@@ -276,12 +286,7 @@ class Corpus:
 
     def iter_batches(self, *, split: str | None = None, columns: list[str] | None = None,
                      batch_size: int = 4096) -> Iterator[Any]:
-        for path in self.shard_paths(split):
-            try:
-                parquet = open_parquet(path)
-            except (OSError, ValueError) as error:
-                raise CorpusError(f"cannot read shard: {error}", file=str(path)) from None
-            yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
+        yield from _shard_batches(self.shard_paths(split), "shard", columns, batch_size)
 
     def iter_conversations(self, *, split: str | None = None) -> Iterator[Conversation]:
         from .rows import batch_to_conversations
@@ -310,14 +315,9 @@ class Corpus:
         """The eval pack's rows, as the build wrote them (none when the corpus has no pack)."""
         from .rows import batch_to_conversations
 
-        for info in self.manifest.pack_files:
-            path = self.root / info.path
-            try:
-                parquet = open_parquet(path)
-            except (OSError, ValueError) as error:
-                raise CorpusError(f"cannot read the eval pack: {error}", file=str(path)) from None
-            for batch in parquet.iter_batches(batch_size=4096):
-                yield from batch_to_conversations(batch)
+        paths = [self.root / info.path for info in self.manifest.pack_files]
+        for batch in _shard_batches(paths, "the eval pack", None, 4096):
+            yield from batch_to_conversations(batch)
 
     def verify_files(self) -> list[str]:
         """Every shard (the eval pack's too) present with the manifest's size, sha256 and row count; no extra
