@@ -43,8 +43,9 @@ from ..recipe.model import Fold, HubRef, Mapping
 from ..records import Conversation, RepairRules
 from ..rows import batch_to_conversations, conversations_to_batch
 from ..screen.normalise import mix64
-from ..sources.fold import FOLDED_PREFIX, SESSION_KEY, PrefixFold
-from ..sources.mappings import TURN_KEYS, RowNormaliser
+from ..sources.fold import Held, PrefixFold, carry
+from ..sources.logs import read_exchange
+from ..sources.mappings import TURN_KEYS, NormalisedRow, RowNormaliser
 from ..sources.readers import UTF8_BOM, decode_lines, detect_format, iter_rows, zstd_chunks
 from .frames import RAW_SCHEMA, plain_rows
 
@@ -225,7 +226,7 @@ class SourceFold:
     (a chat may go on in the next day's log), and closed with the last of them."""
 
     def __init__(self, fold: Fold, files: int) -> None:
-        self.fold: PrefixFold[bool | None] | None = PrefixFold(fold.max_open) if fold.enabled else None
+        self.fold: PrefixFold[int] | None = PrefixFold(fold.max_open) if fold.enabled else None
         self.files_left = files
 
 
@@ -253,8 +254,24 @@ class TrafficRows:
         skipped: Counter[str] = Counter()
         made: list[tuple[bool | None, Conversation]] = []  # the mode each was served in, and the conversation
 
+        folded = 0
+        models: Counter[str] = Counter()
+
         def normalise(indices: list[int]) -> None:
+            nonlocal folded
             for index, row in zip(indices, rows_at(indices) if indices else [], strict=True):
+                if self.fold.fold is not None and self._logged(row):
+                    try:
+                        exchange = read_exchange(row)
+                    except BadRow as bad:
+                        skipped[bad.reason] += 1
+                        continue
+                    models[exchange.model() or ""] += 1
+                    for held, was_folded in self.fold.fold.add(exchange, index):
+                        folded += was_folded
+                        if not was_folded:
+                            self._let_out(held, made, skipped)
+                    continue
                 conversations = self._conversations(index, row)
                 if isinstance(conversations, Skipped):
                     skipped[conversations.reason] += 1
@@ -271,9 +288,7 @@ class TrafficRows:
             plain[framed] = plain_rows(frame, layout.style, layout.field)
             plain[:done] = False
         normalise((np.flatnonzero(~plain[done:]) + done).tolist())
-        models = Counter(served["model"] for _, conversation in made
-                         if (served := conversation.provenance.get("served")) is not None and served["model"])
-        made, folded = self._folded(made)
+        del models[""]
         taken = np.flatnonzero(plain)
         kept = frame.filter(pl.Series(plain[framed])) if frame is not None else pl.DataFrame(schema=RAW_SCHEMA)
 
@@ -291,24 +306,24 @@ class TrafficRows:
         return Chunk(kept, conversations, skipped, size, layout.field if layout is not None else None,
                      _row_form(made) if made else None, folded, models)
 
-    def _folded(self, made: list[tuple[bool | None, Conversation]]
-                ) -> tuple[list[tuple[bool | None, Conversation]], int]:
-        """The conversations the fold lets out, and how many logged requests it folded."""
-        fold = self.fold.fold
-        if fold is None:
-            return made, 0
-        out: list[tuple[bool | None, Conversation]] = []
-        folded = 0
-        for served, conversation in made:
-            if SESSION_KEY not in conversation.provenance and "served" not in conversation.provenance:
-                out.append((served, conversation))  # not a logged request: nothing to fold
-                continue
-            for tag, item in fold.add(conversation, served):
-                if isinstance(item, Skipped):
-                    folded += item.reason == FOLDED_PREFIX
-                else:
-                    out.append((tag, item))
-        return out, folded
+    def _logged(self, row: Any) -> bool:
+        """Whether a row is a logged request, for the fold (a row the layout cannot be told of is not)."""
+        try:
+            return self.normalise.layout_of(row).style == "log"
+        except BadRow:
+            return False
+
+    def _let_out(self, held: Held[int], made: list[tuple[bool | None, Conversation]], skipped: Counter[str]) -> None:
+        """A chat's last request, let out by the fold: its conversations, with what the folded requests left."""
+        try:
+            parts = self.normalise.logged(held.exchange)
+        except BadRow as bad:
+            skipped[bad.reason] += 1
+            return
+        for number, part in enumerate(parts):
+            carry(part.messages, part.flags, held)
+            conversation = self._conversation(f"{held.tag}/{number}", held.exchange.row, part)
+            made.append((_served(held.exchange.row, conversation), conversation))
 
     def finish(self) -> Chunk | None:
         """After the unit's last chunk: the error of a file without rows, and when it is its source's last file,
@@ -319,12 +334,15 @@ class TrafficRows:
         fold = self.fold.fold
         if self.fold.files_left or fold is None:
             return None
-        made = list(fold.close())
-        if not made:
+        made: list[tuple[bool | None, Conversation]] = []
+        skipped: Counter[str] = Counter()
+        for held in fold.close():
+            self._let_out(held, made, skipped)
+        if not made and not skipped:
             return None
         return Chunk(pl.DataFrame(schema=RAW_SCHEMA), lambda indices: [(position, made[index][1]) for position, index
                                                                         in enumerate(indices.tolist())],
-                     normalised=_row_form(made))
+                     skipped, normalised=_row_form(made) if made else None)
 
     def _conversations(self, index: int, row: Any) -> list[Conversation] | Skipped:
         """The row's conversations as the readers make them (several when a repair splits it), or why it has none."""
@@ -334,18 +352,14 @@ class TrafficRows:
             parts = self.normalise(row)
         except BadRow as bad:
             return Skipped(TRAFFIC_SOURCE, bad.reason, f"row {index}", bad.detail)
+        return [self._conversation(f"{index}/{number}", row, part) for number, part in enumerate(parts)]
+
+    @staticmethod
+    def _conversation(row_id: str, row: dict[str, Any], part: NormalisedRow) -> Conversation:
         task = row.get("task")
-        return [Conversation(id=f"{index}/{number}", source=TRAFFIC_SOURCE, origin="replay", messages=part.messages,
-                             task=task if isinstance(task, str) else None, flags=part.flags, tools=part.tools,
-                             provenance=_logged(part.served, part.session))
-                for number, part in enumerate(parts)]
-
-
-def _logged(served: dict[str, Any] | None, session: str | None) -> dict[str, Any]:
-    """A logged request's provenance, as the readers give it: how it was served, and its session for the fold."""
-    if served is None:
-        return {}
-    return {"served": served, SESSION_KEY: session} if session is not None else {"served": served}
+        return Conversation(id=row_id, source=TRAFFIC_SOURCE, origin="replay", messages=part.messages,
+                            task=task if isinstance(task, str) else None, flags=part.flags, tools=part.tools,
+                            provenance={"served": part.served} if part.served is not None else {})
 
 
 def _served(row: dict[str, Any], conversation: Conversation) -> bool | None:

@@ -48,20 +48,59 @@ _DETAIL_CHARS = 80
 
 @dataclass(slots=True)
 class LoggedExchange:
-    """One logged request with its answer, in the messages form the readers take: the request's messages then the
-    answer as an assistant turn; ``served`` is how it was served (provenance), ``session`` the conversation id the
-    log gives (None: the fold matches on the turns alone)."""
+    """One logged request with its answer: ``messages`` as the request sent them, ``answer`` as an assistant turn;
+    ``session`` is the conversation id the log gives (None: the fold matches on the turns alone). The turns in the
+    messages form the readers take (``turns``) and how it was served (``served``) are made when the row is kept,
+    not for every request."""
 
+    row: dict[str, Any]
+    request: dict[str, Any]
     messages: list[Any]
+    answer: dict[str, Any]
     tools: Any
-    served: dict[str, Any]
+    finish_reason: str | None
+    completion: dict[str, Any] | None  # the chat completion the answer came in, where the log keeps one
     session: str | None
+
+    def turns(self) -> list[Any]:
+        """The request's messages then the answer, OpenAI's content parts joined (``_text_parts``)."""
+        return [*(_text_parts(turn) if type(turn) is dict and type(turn.get("content")) is list else turn
+                  for turn in self.messages), self.answer]
+
+    def model(self) -> str | None:
+        """The model the request was sent to (else the one the response names)."""
+        found = _first_text(self.request, MODEL_FIELDS) or _first_text(self.row, MODEL_FIELDS)
+        if found is None and self.completion is not None and isinstance(self.completion.get("model"), str):
+            return str(self.completion["model"])
+        return found
+
+    def served(self) -> dict[str, Any]:
+        """How the request was served (a row's provenance): thinking, model, sampling, finish reason, usage."""
+        request, row = self.request, self.row
+        parameters = _parameters(row)
+        sampling = {name: value for name in SAMPLING_FIELDS
+                    if (value := request.get(name, parameters.get(name))) is not None}
+        served: dict[str, Any] = {
+            "enable_thinking": _thinking(request, parameters, self.messages),
+            "model": self.model(),
+            "sampling": sampling,
+            "finish_reason": self.finish_reason,
+        }
+        effort = request.get("reasoning_effort", parameters.get("reasoning_effort"))
+        if isinstance(effort, str):
+            served["reasoning_effort"] = effort
+        usage = row.get("usage", row.get("usageDetails", row.get("usage_details")))
+        if self.completion is not None:
+            usage = self.completion.get("usage", usage)
+        if isinstance(usage, dict):
+            served["usage"] = {key: value for key, value in usage.items() if isinstance(value, int)}
+        return served
 
 
 def is_log_row(row: dict[str, Any]) -> bool:
     """Whether a row is a logged exchange of one of the shapes above (the readers' ``auto`` layout asks first:
     a flat log row has a ``messages`` list too)."""
-    if any(isinstance(_request_body(row.get(name)), dict) for name in REQUEST_FIELDS):
+    if any(_request_body(row.get(name)) is not None for name in REQUEST_FIELDS if name in row):
         return True
     if isinstance(row.get("messages"), list):
         return any(name in row for name in RESPONSE_FIELDS)
@@ -70,41 +109,29 @@ def is_log_row(row: dict[str, Any]) -> bool:
 
 def read_exchange(row: dict[str, Any]) -> LoggedExchange:
     """The exchange a log row records; BadRow when it holds no request messages or no answer."""
-    request = next((body for body in map(_request_body, (row.get(name) for name in REQUEST_FIELDS))
-                    if isinstance(body, dict)), None)
+    request = None
+    for name in REQUEST_FIELDS:
+        if name in row:
+            request = _request_body(row[name])
+            if request is not None:
+                break
     tools: Any = None
     if request is None:
         request = row
         messages: Any = row.get("messages")
-        if messages is None and LANGFUSE_INPUT in row:
+        if not isinstance(messages, list) and LANGFUSE_INPUT in row:
             messages = _decoded(row[LANGFUSE_INPUT])
             if isinstance(messages, dict):  # Langfuse's {"messages", "tools"} when the call sent tools
                 tools = messages.get("tools")
                 messages = messages.get("messages")
     else:
-        messages = request.get("messages")
+        messages = request["messages"]
     if not isinstance(messages, list) or not messages:
         raise BadRow("bad_messages", "the logged request has no list of messages")
     if tools is None:
         tools = request.get("tools", row.get("tools") if request is not row else None)
-    answer, finish_reason, usage, answer_model = _answer(row, request)
-    parameters = _parameters(row)
-    sampling = {name: value for name in SAMPLING_FIELDS
-                if (value := request.get(name, parameters.get(name))) is not None}
-    served: dict[str, Any] = {
-        "enable_thinking": _thinking(request, parameters, messages),
-        "model": _first_text(request, MODEL_FIELDS) or _first_text(row, MODEL_FIELDS) or answer_model,
-        "sampling": sampling,
-        "finish_reason": finish_reason,
-    }
-    effort = request.get("reasoning_effort", parameters.get("reasoning_effort"))
-    if isinstance(effort, str):
-        served["reasoning_effort"] = effort
-    if isinstance(usage, dict):
-        served["usage"] = {key: value for key, value in usage.items() if isinstance(value, int)}
-    turns = [_text_parts(turn) for turn in messages]
-    turns.append(answer)
-    return LoggedExchange(turns, tools, served, _session(row, request))
+    answer, finish_reason, completion = _answer(row)
+    return LoggedExchange(row, request, messages, answer, tools, finish_reason, completion, _session(row, request))
 
 
 def _decoded(value: Any) -> Any:
@@ -122,21 +149,21 @@ def _request_body(value: Any) -> dict[str, Any] | None:
     return body if isinstance(body, dict) and isinstance(body.get("messages"), list) and body["messages"] else None
 
 
-def _answer(row: dict[str, Any], request: dict[str, Any]) -> tuple[dict[str, Any], str | None, Any, str | None]:
-    """The answer turn, its finish reason, the usage and the model the response names."""
+def _answer(row: dict[str, Any]) -> tuple[dict[str, Any], str | None, dict[str, Any] | None]:
+    """The answer turn, its finish reason, and the chat completion it came in (None: the log keeps the answer
+    alone)."""
     response: Any = None
     for name in RESPONSE_FIELDS:
         if row.get(name) is not None:
             response = _decoded(row[name])
             break
-    usage = row.get("usage", row.get("usageDetails", row.get("usage_details")))
-    model = None
-    finish_reason = row.get("finish_reason", _metadata(row).get("finish_reason"))  # Langfuse: a streamed call's
-    if isinstance(response, dict) and isinstance(response.get("body"), dict) and "status_code" in response:
+    completion = None
+    finish_reason = row["finish_reason"] if "finish_reason" in row else (
+        _metadata(row).get("finish_reason") if "metadata" in row else None)  # Langfuse: a streamed call's
+    if type(response) is dict and "status_code" in response and isinstance(response.get("body"), dict):
         response = response["body"]  # a batch-style wrapper: {status_code, body: chat.completion}
-    if isinstance(response, dict) and "choices" in response:
-        usage = response.get("usage", usage)
-        model = response.get("model") if isinstance(response.get("model"), str) else None
+    if type(response) is dict and "choices" in response:
+        completion = response
         response = response["choices"]
     if isinstance(response, list):  # choices, or Langfuse's answers of an n > 1 call: the first is the answer
         if not response:
@@ -152,11 +179,11 @@ def _answer(row: dict[str, Any], request: dict[str, Any]) -> tuple[dict[str, Any
         detail = ("the response holds no answer message" if error is None
                   else f"error: {str(error)[:_DETAIL_CHARS]}")
         raise BadRow(NO_ANSWER, detail)
-    answer = {key: value for key, value in _text_parts(response).items() if value is not None or key == "content"}
+    answer = {key: value for key, value in _text_parts(response).items() if value is not None}
     answer["role"] = "assistant"
     if answer.get("content") is None:  # only reasoning (cut inside it) or only calls: an empty answer text
         answer["content"] = ""
-    return answer, finish_reason if isinstance(finish_reason, str) else None, usage, model
+    return answer, finish_reason if isinstance(finish_reason, str) else None, completion
 
 
 def _text_parts(turn: Any) -> Any:
@@ -209,16 +236,24 @@ def _thinking(request: dict[str, Any], parameters: dict[str, Any], messages: lis
 
 
 def _first_text(holder: dict[str, Any], names: tuple[str, ...]) -> str | None:
-    return next((value for name in names if isinstance(value := holder.get(name), str) and value), None)
+    for name in names:
+        value = holder.get(name)
+        if value and type(value) is str:
+            return value
+    return None
 
 
 def _session(row: dict[str, Any], request: dict[str, Any]) -> str | None:
     """The conversation id the log records: a session field on the record, in its metadata or in the request's,
     or Helicone's session header."""
-    for holder in (row, _metadata(row), _metadata(request)):
+    for holder in (row, request):
         found = _first_text(holder, SESSION_FIELDS)
         if found is not None:
             return found
+        if "metadata" in holder:
+            found = _first_text(_metadata(holder), SESSION_FIELDS)
+            if found is not None:
+                return found
     properties = row.get("request_properties")
     if isinstance(properties, dict) and isinstance(properties.get(HELICONE_SESSION), str):
         return str(properties[HELICONE_SESSION])

@@ -58,7 +58,7 @@ from ..records import (
     repair_turns,
     split_think,
 )
-from .logs import is_log_row, read_exchange
+from .logs import LoggedExchange, is_log_row, read_exchange
 
 STYLES = ("auto", "sharegpt", "messages", "gsm8k", "field", "log")
 TURN_FIELDS = ("conversations", "messages")
@@ -178,6 +178,11 @@ class RowNormaliser:
         self._accepted_roles: set[tuple[str, ...]] = set()
 
     def __call__(self, row: Any) -> list[NormalisedRow]:
+        layout = self.layout_of(row)
+        return self._normalise(row, layout, read_exchange(row) if layout.style == "log" else None)
+
+    def layout_of(self, row: Any) -> Layout:
+        """The file's layout, fixed by the first row that shows one; BadRow for a row that cannot be read."""
         if not isinstance(row, dict):
             raise BadRow("not_an_object", type(row).__name__)
         layout = self.layout
@@ -188,14 +193,21 @@ class RowNormaliser:
                     raise BadRow("bad_messages", "the turns field is not a non-empty list of turn objects")
                 wanted = self.mapping.field or "conversations/messages/question/prompt"
                 raise BadRow("missing_messages", f"no {wanted} field")
+        return layout
+
+    def logged(self, exchange: LoggedExchange) -> list[NormalisedRow]:
+        """The conversation(s) of an exchange already read from a log row (``sources.fold`` reads them first)."""
+        return self._normalise(exchange.row, Layout("log", ""), exchange)
+
+    def _normalise(self, row: dict[str, Any], layout: Layout, exchange: LoggedExchange | None
+                   ) -> list[NormalisedRow]:
         empty: BadRow | None = None
         turn_traffic = False  # a tool call or a tool's result among the turns
         served = session = None
         raw_tools = row.get(TOOLS_FIELD)
-        if layout.style == "log":
-            exchange = read_exchange(row)
-            served, session, raw_tools = exchange.served, exchange.session, exchange.tools
-            messages, unclosed, empty, turn_traffic = self._turns({"messages": exchange.messages}, _LOG_TURNS)
+        if exchange is not None:
+            served, session, raw_tools = exchange.served(), exchange.session, exchange.tools
+            messages, unclosed, empty, turn_traffic = self._turns({"messages": exchange.turns()}, _LOG_TURNS)
             reference = None
         elif layout.style == "gsm8k":
             messages, unclosed, reference = self._gsm8k(row)

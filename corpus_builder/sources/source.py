@@ -13,18 +13,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from ..collector import rare_collections
 from ..draws import take_priority
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe import match_source_pattern
 from ..recipe.model import Mapping, Recipe, SourceFormat, SourceKind, SourceSpec
 from ..records import Conversation, Origin, conversation_id
 from ..secrets import redact_conversations
-from .fold import SESSION_KEY, PrefixFold
+from .fold import FOLDED_KEY, Held, PrefixFold, carry, folded_skip
 from .hub import hub_label, hub_provenance, iter_hub_rows
+from .logs import read_exchange
 from .mappings import TOOL_CHOICE_UNDEFINED, NormalisedRow, RowNormaliser, check_mapping, detect_layout
 from .readers import (
     LINE_FORMATS,
@@ -211,41 +212,35 @@ def _checked_rows(spec: SourceSpec, unit: _Unit,
 
 
 def _normalise(spec: SourceSpec, unit: _Unit, keep: PositionFilter | None) -> Iterator[Conversation | Skipped]:
-    return map(itemgetter(1), _positioned(spec, unit, keep))
-
-
-def _positioned(spec: SourceSpec, unit: _Unit, keep: PositionFilter | None
-                ) -> Iterator[tuple[int, Conversation | Skipped]]:
-    """The unit's conversations and skips, each with the position of the row it comes from."""
-    origin = ORIGIN[spec.kind]
-    name, key = spec.name, unit.position_key
     for position, rows in _checked_rows(spec, unit, keep):
         if isinstance(rows, Skipped):
-            yield position, rows
+            yield rows
             continue
         for row in rows:
-            provenance = {**unit.provenance, key: position}
-            if row.part is not None:
-                provenance["source_part"] = row.part
-            if row.source_id is not None:
-                provenance["source_id"] = row.source_id
-            if row.reference_answer is not None:
-                provenance["reference_answer"] = row.reference_answer
-            if row.served is not None:
-                provenance["served"] = row.served
-                if row.session is not None:
-                    provenance[SESSION_KEY] = row.session  # the fold's, taken off before the row goes on
-            yield position, Conversation(
-                id=conversation_id(name, row.messages, tools=row.tools),
-                source=name,
-                origin=origin,
-                messages=row.messages,
-                task=spec.task,
-                license=spec.license,
-                flags=row.flags,
-                provenance=provenance,
-                tools=row.tools,
-            )
+            yield _conversation(spec, unit, position, row)
+
+
+def _conversation(spec: SourceSpec, unit: _Unit, position: int, row: NormalisedRow) -> Conversation:
+    provenance = {**unit.provenance, unit.position_key: position}
+    if row.part is not None:
+        provenance["source_part"] = row.part
+    if row.source_id is not None:
+        provenance["source_id"] = row.source_id
+    if row.reference_answer is not None:
+        provenance["reference_answer"] = row.reference_answer
+    if row.served is not None:
+        provenance["served"] = row.served
+    return Conversation(
+        id=conversation_id(spec.name, row.messages, tools=row.tools),
+        source=spec.name,
+        origin=ORIGIN[spec.kind],
+        messages=row.messages,
+        task=spec.task,
+        license=spec.license,
+        flags=row.flags,
+        provenance=provenance,
+        tools=row.tools,
+    )
 
 
 def _may_be_logged(mapping: Mapping) -> bool:
@@ -329,12 +324,54 @@ def _select_logged(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversatio
 
 
 def _folded(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
-    """Every row of the source in order, the requests of each logged chat folded into its last one."""
+    """Every row of the source in order, each with (its unit, its position), the requests of each logged chat
+    folded into its last one; a request folded into a later one is never normalised. The collector runs rarely
+    meanwhile: the open chats' rows are many live objects that a collection would walk again and again."""
+    with rare_collections():
+        yield from _folded_rows(spec, units)
+
+
+def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
     fold: PrefixFold[tuple[int, int]] = PrefixFold(spec.fold.max_open)
+    normalisers = [RowNormaliser(spec.mapping, spec.kind, spec.system_prompt, spec.repair, spec.tool_choice_function)
+                   for _ in units]
+
+    def location(tag: tuple[int, int]) -> str:
+        unit = units[tag[0]]
+        return f"{unit.label}{unit.separator}{tag[1]}"
+
+    def let_out(held: Held[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
+        index, position = held.tag
+        try:
+            rows = normalisers[index].logged(held.exchange)
+        except BadRow as bad:
+            yield held.tag, Skipped(spec.name, bad.reason, location(held.tag), bad.detail)
+            return
+        for row in rows:
+            carry(row.messages, row.flags, held)
+            conversation = _conversation(spec, units[index], position, row)
+            if held.requests > 1:
+                conversation.provenance[FOLDED_KEY] = held.requests
+            yield held.tag, conversation
+
     for index, unit in enumerate(units):
-        for position, item in _positioned(spec, unit, None):
-            if isinstance(item, Skipped):
-                yield (index, position), item
-            else:
-                yield from fold.add(item, (index, position))
-    yield from fold.close()
+        normalise = normalisers[index]
+        for position, row in unit.rows(None):
+            tag = (index, position)
+            try:
+                if isinstance(row, BadRow):
+                    raise row
+                if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
+                    yield from ((tag, _conversation(spec, unit, position, part)) for part in normalise(row))
+                    continue
+                exchange = read_exchange(row)
+            except BadRow as bad:
+                yield tag, Skipped(spec.name, bad.reason, location(tag), bad.detail)
+                continue
+            for held, folded in fold.add(exchange, tag):
+                if folded:
+                    yield held.tag, folded_skip(spec.name, location(held.tag), location(tag))
+                else:
+                    yield from let_out(held)
+    for held in fold.close():
+        yield from let_out(held)

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from corpus_builder.errors import Skipped
 from corpus_builder.recipe.model import Fold, Mapping, Take
-from corpus_builder.records import FLAG_TRUNCATED, Conversation, Message
-from corpus_builder.sources import iter_file, iter_source
+from corpus_builder.records import FLAG_TRUNCATED, Conversation
+from corpus_builder.sources import iter_source
 from corpus_builder.sources.fold import FOLDED_KEY, FOLDED_PREFIX, PrefixFold
+from corpus_builder.sources.logs import read_exchange
 from corpus_builder.sources.source import source_parts
 from tests.sources.test_sources import read, spec, split, write_lines
 from tests.support.serving_logs import SHAPES, exchanges, log_row, logged_conversation
@@ -60,7 +61,7 @@ def test_every_shape_reads_the_exchange_with_its_answer_and_how_it_was_served(tm
     # the template flag where the log keeps the request; LiteLLM's payload keeps the reasoning effort; Langfuse neither
     assert served["enable_thinking"] is (None if shape.startswith("langfuse") else True)
     assert served["finish_reason"] == (None if shape.startswith("langfuse") else "stop")
-    assert conversation.thinking_mode is (True if with_reasoning else False)
+    assert conversation.thinking_mode is with_reasoning
 
 
 def _read_one(tmp_path: Path, row: dict[str, Any]) -> tuple[list[Conversation], list[Skipped]]:
@@ -88,7 +89,8 @@ def test_a_vllm_answer_keeps_its_reasoning_field_and_a_streamed_langfuse_answer_
 
 
 def test_content_parts_are_joined_as_vllm_joins_them(tmp_path: Path) -> None:
-    row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "first"}, {"type": "text", "text": "x"}]}],
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "x"}]
+    row = {"messages": [{"role": "user", "content": parts}],
            "choices": [{"message": {"role": "assistant", "content": "ok"}}]}
     assert turns(_read_one(tmp_path, row)[0][0])[0] == ("user", "first\nx", None)
     image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
@@ -159,7 +161,8 @@ def test_a_chat_logged_per_request_is_one_conversation(tmp_path: Path, shape: st
     assert len(logged) == 3
     kept, skipped = read(write_lines(tmp_path / "log.jsonl", logged))
     assert [(s.reason, s.location, s.detail) for s in skipped] == [
-        (FOLDED_PREFIX, "log.jsonl:1", "folded into log.jsonl:2"), (FOLDED_PREFIX, "log.jsonl:2", "folded into log.jsonl:3")]
+        (FOLDED_PREFIX, "log.jsonl:1", "folded into log.jsonl:2"),
+        (FOLDED_PREFIX, "log.jsonl:2", "folded into log.jsonl:3")]
     [conversation] = kept
     # every answer keeps the reasoning it was served with, though the history sent back had none
     assert turns(conversation) == expected_turns(CHAT, reasoning=shape in WITH_REASONING)
@@ -179,6 +182,20 @@ def test_interleaved_chats_fold_each_into_its_own_last_request(tmp_path: Path) -
     assert sorted(map(turns, kept)) == sorted(expected_turns(chat["messages"]) for chat in chats)
     assert len(skipped) == len(logged) - len(chats)
     assert {s.reason for s in skipped} == {FOLDED_PREFIX}
+
+
+def test_a_request_missing_from_the_log_still_folds_the_one_before_it(tmp_path: Path) -> None:
+    """The second request's answer failed (no answer logged): the chat's first request folds into its third, which
+    holds it, though the request just before the third is not open."""
+    logged = logged_conversation("nested", {"messages": CHAT})
+    failed = {"request": logged[1]["request"], "response": None, "error": "502 bad gateway"}
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", [logged[0], failed, logged[2]]))
+    assert len(kept) == 1
+    assert [(s.reason, s.detail) for s in skipped] == [("no_answer", "error: 502 bad gateway"),
+                                                       (FOLDED_PREFIX, "folded into log.jsonl:3")]
+    # the first answer's reasoning came from the first request; the second's was never logged with one
+    assert turns(kept[0]) == [*expected_turns(CHAT[:3]), ("user", "And times 3?", None), ("assistant", "12.", None),
+                              *expected_turns(CHAT[5:])]
 
 
 def test_sessions_keep_chats_apart_that_begin_alike(tmp_path: Path) -> None:
@@ -219,11 +236,11 @@ def test_a_fold_never_holds_more_than_max_open() -> None:
     fold: PrefixFold[int] = PrefixFold(max_open=5)
     out = []
     for i in range(50):
-        out += list(fold.add(Conversation(str(i), "s", "replay", [Message("user", f"q{i}"), Message("assistant", "a")],
-                                          provenance={"served": {}}), i))
+        row = log_row("nested", [{"role": "user", "content": f"q{i}"}], {"role": "assistant", "content": "a"})
+        out += [held.tag for held, folded in fold.add(read_exchange(row), i)]
         assert len(fold._open) <= 5
-    out += list(fold.close())
-    assert sorted(tag for tag, _ in out) == list(range(50))
+    out += [held.tag for held in fold.close()]
+    assert sorted(out) == list(range(50))
 
 
 def test_a_chat_goes_on_across_the_files_of_one_source(tmp_path: Path) -> None:
