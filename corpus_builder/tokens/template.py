@@ -18,19 +18,21 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from functools import cached_property
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import CorpusError
 from ..records import Conversation, openai_messages
 
 ENCODE_CHUNK = 256  # conversations rendered while the previous chunk is being tokenized
 TWIN_THREADS = min(8, os.cpu_count() or 1)  # tiktoken releases the GIL
+
+T = TypeVar("T")
 
 
 # A conversation with one tool, one call and its result, each named so its render shows whether the template
@@ -265,9 +267,13 @@ class TemplateRenderer:
                 return expected if checked >= len(texts) else self.encode(texts)
         return ids
 
-    def _count_views(self, views: list[str]) -> list[int]:
-        """Token counts of rendered texts, every text of the twin's first batch checked (``fast_encode``)."""
-        return [len(row_ids) for row_ids in self.fast_encode(views)]
+    @cached_property
+    def cut_problem(self) -> str | None:
+        """Why a rendered text cut right after an added token might not encode as the whole text does, or None
+        (``twin.cut_problem``)."""
+        from .twin import cut_problem
+
+        return cut_problem(self.tokenizer_dir / "tokenizer.json")
 
     @cached_property
     def longest_token(self) -> int:
@@ -281,32 +287,39 @@ class TemplateRenderer:
         return characters // self.longest_token
 
     def count_tokens(self, conversations: Sequence[Conversation]) -> list[int]:
-        """Each conversation's length in the target's tokens: its longest served view.
+        """Each conversation's length in the target's tokens: its longest served view (its views rendered while
+        the previous chunk's are counted, ``encode_overlapped``)."""
+        owners: list[int] = []
 
-        Rendering (Python, holds the GIL) of one chunk overlaps with the tokenizing of the previous chunk on a
-        worker thread (the Rust tokenizer releases the GIL), so the cost is close to tokenizing alone.
-        """
+        def views() -> Iterable[list[str]]:
+            for start in range(0, len(conversations), ENCODE_CHUNK):
+                chunk: list[str] = []
+                for index in range(start, min(start + ENCODE_CHUNK, len(conversations))):
+                    rendered = self.budget_views(conversations[index])
+                    chunk += rendered
+                    owners.extend([index] * len(rendered))
+                yield chunk
+
+        def count(texts: Sequence[str]) -> list[int]:  # on the encoding thread: no ids kept
+            return [len(ids) for ids in self.fast_encode(texts)]
+
         counts = [0] * len(conversations)
-        _ = self.twin  # chosen here, not on the encoding thread
-        pending: Future[list[Any]] | None = None
-        pending_owners: list[int] = []
-
-        def collect() -> None:
-            assert pending is not None
-            for owner, count in zip(pending_owners, pending.result(), strict=True):
-                counts[owner] = max(counts[owner], count)
-
-        for start in range(0, len(conversations), ENCODE_CHUNK):
-            views: list[str] = []
-            owners: list[int] = []
-            for index in range(start, min(start + ENCODE_CHUNK, len(conversations))):
-                rendered = self.budget_views(conversations[index])
-                views += rendered
-                owners += [index] * len(rendered)
-            if pending is not None:
-                collect()
-            pending = self._encoder.submit(self._count_views, views)
-            pending_owners = owners
-        if pending is not None:
-            collect()
+        for owner, length in zip(owners, self.encode_overlapped(views(), count), strict=True):
+            counts[owner] = max(counts[owner], length)
         return counts
+
+    def encode_overlapped(self, chunks: Iterable[Sequence[str]], encode: Callable[[Sequence[str]], list[T]]
+                          ) -> list[T]:
+        """``encode`` of every chunk, concatenated in order. Making a chunk (rendering: Python, holds the GIL)
+        overlaps the encoding of the previous one on a worker thread (the Rust tokenizer and tiktoken release
+        the GIL), so the cost is close to encoding alone."""
+        _ = self.twin  # chosen here, not on the encoding thread
+        results: list[T] = []
+        pending: Future[list[T]] | None = None
+        for chunk in chunks:
+            if pending is not None:
+                results += pending.result()
+            pending = self._encoder.submit(encode, chunk)
+        if pending is not None:
+            results += pending.result()
+        return results
