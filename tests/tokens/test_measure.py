@@ -2,10 +2,12 @@
 encoded once, cut per turn, and every row still the row transformers' own ``apply_chat_template`` gives, on messy
 held-out-style conversations (real ShareGPT and chit-chat dumps, template tokens inside turns, tool calls and
 results), whatever the template (one that renders earlier turns differently once a later user turn follows) or
-the tokenizer (one where cutting a render is not known to be exact)."""
+the tokenizer (one where cutting a render is not known to be exact); and a build measures each row once, where
+it is read."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,9 @@ from typing import Any
 import orjson
 import pytest
 
+from corpus_builder.audit import audit_corpus
+from corpus_builder.build import build_corpus
+from corpus_builder.recipe import load_recipe
 from corpus_builder.records import THINK_CLOSE, THINK_OPEN, Conversation
 from corpus_builder.sources import iter_file
 from corpus_builder.tokens import TemplateRenderer, TokenRows, TurnTokens
@@ -138,3 +143,45 @@ def test_facts_add_up_the_rows(tiny_model_dir: Path, messy: list[Conversation]) 
     for item, facts in zip(TokenRows(renderer).tokenize(messy), TurnTokens(renderer).facts(messy), strict=True):
         assert (facts.tokens, facts.supervised, facts.reasoning) == (
             item.tokens, sum(row.supervised for row in item.rows), sum(row.reasoning for row in item.rows))
+
+
+RECIPE = """\
+name: once
+target: {{model: tiny-target, tokenizer: {tokenizer}}}
+sources:
+  - {{name: log, kind: replay, path: log.jsonl}}
+  - {{name: tools, kind: replay, path: tools.jsonl}}
+checks: {{max_seq_len: {limit}, on_over_length: truncate, dedup: exact}}
+split: {{validation_fraction: 0.25, seed: 1}}
+output: {{dir: out, rows_per_shard: 16}}
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_build_measures_each_row_once_where_it_is_read(tmp_path: Path, tiny_model_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
+    """The replay readers measure every row whole (the budget and the statistics' figures at once); the writer
+    adds those figures: only rows truncated to the budget (other texts now) are measured again. The statistics
+    are the ones `corpus audit` recomputes from the files, with forked readers too."""
+    rows = synthetic_chats(60, max_turns=4, system="Be brief.", system_every=4,
+                           question=lambda i, t: f"question {i}.{t} " + "word " * (7 * (i % 9)),
+                           answer=lambda i, t: f"answer {i}.{t}", reasoning=lambda i, t: f"reasoning {i}.{t}")
+    (tmp_path / "log.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows + rows[:5]))
+    (tmp_path / "tools.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in log_rows()))
+    (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=160))
+    measured: Counter[str] = Counter()
+    real = TurnTokens.measure
+
+    def counting(self: TurnTokens, conversations: Sequence[Conversation], *args: Any, **kwargs: Any) -> Any:
+        measured.update(c.id for c in conversations)
+        return real(self, conversations, *args, **kwargs)
+
+    monkeypatch.setattr(TurnTokens, "measure", counting)
+    monkeypatch.setenv("CORPUS_WORKERS", str(workers))
+    result = build_corpus(load_recipe(tmp_path / "recipe.yaml"))
+    tokens = result.audit["tokens"]
+    truncated = result.audit["flags"].get("truncated_to_budget", 0)
+    assert truncated and tokens["conversations"] == result.manifest.conversations
+    if workers == 1:  # forked readers measure in their own processes
+        assert sum(measured.values()) == len(rows) + 5 + len(log_rows()) + truncated
+    assert audit_corpus(str(result.out_dir))["tokens"] == tokens
