@@ -21,13 +21,16 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
-from functools import cached_property
+from functools import cache, cached_property
 from itertools import chain
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import CorpusError
 from ..records import Conversation, openai_messages
+
+if TYPE_CHECKING:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ENCODE_CHUNK = 256  # conversations rendered while the previous chunk is being tokenized
 TWIN_THREADS = min(8, os.cpu_count() or 1)  # tiktoken releases the GIL
@@ -84,6 +87,45 @@ def load_chat_template(tokenizer_dir: Path) -> tuple[str, dict[str, Any]]:
     return template, config
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+_STR_FORMATTERS = ("format", "format_map")  # the sandbox wraps these
+
+
+@cache
+def _sandbox() -> type[ImmutableSandboxedEnvironment]:
+    """jinja2's immutable sandbox (as transformers renders chat templates), with short ways to what templates
+    read most, each giving what the sandbox gives:
+
+    * a message's fields: ``message.role`` on a dict is ``getattr`` first, which fails (a dict has only dict's
+      attributes), then the key (the sandbox checks attributes, never keys). For a name that is not one of
+      dict's attributes the key is taken at once, without raising and catching an AttributeError per field;
+    * a string's methods and the loop's attributes (``content.strip``, ``loop.index0``): for a ``str`` or a
+      ``LoopContext`` the sandbox's verdict depends on the name alone (neither is a mutable container nor one
+      of the types with internal attributes: only names starting with ``_`` are refused), so such names are
+      taken at once; ``str.format`` keeps the sandbox's wrapper.
+
+    Together half of a render's time. Imported on first use: jinja2 is not loaded by commands that
+    render nothing."""
+    from jinja2.runtime import LoopContext, Undefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    plain = (str, LoopContext)
+
+    class KeyFirstSandbox(ImmutableSandboxedEnvironment):
+        def getattr(self, obj: Any, attribute: str) -> Any | Undefined:
+            kind = type(obj)
+            if kind is dict and attribute not in _DICT_ATTRIBUTES:
+                return obj[attribute] if attribute in obj else self.undefined(obj=obj, name=attribute)
+            if kind in plain and not attribute.startswith("_") and attribute not in _STR_FORMATTERS:
+                try:
+                    return getattr(obj, attribute)
+                except AttributeError:  # the sandbox's own way to an undefined value
+                    pass
+            return super().getattr(obj, attribute)
+
+    return KeyFirstSandbox
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):  # AddedToken serialised as a dict
         value = value.get("content")
@@ -109,10 +151,8 @@ class TemplateRenderer:
         self.template_kwargs = template_kwargs or {}
         template_text, config = load_chat_template(tokenizer_dir)
         from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                    extensions=[loopcontrols])
+        environment = _sandbox()(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         environment.filters["tojson"] = _tojson
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
