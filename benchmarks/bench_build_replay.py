@@ -114,11 +114,11 @@ def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = 
     env = dict(os.environ)
     if workers is not None:
         env["CORPUS_WORKERS"] = str(workers)
-    if code is not None:
-        env["PYTHONPATH"] = str(code)
+    # `python -m` puts its working directory first on the path: run where no checkout is, import through PYTHONPATH
+    env["PYTHONPATH"] = str(code if code is not None else REPO)
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=recipe.parent)
     peak = peak_rss(process)
     seconds = time.perf_counter() - start
     if process.returncode != 0:
