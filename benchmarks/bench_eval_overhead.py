@@ -7,7 +7,9 @@ of chitchat-dataset conversations, sent in thinking mode at T=0 with the same ca
 generate the same tokens (checked). The eval's tok/s is its output tokens over the wall time of the whole
 ``evaluate()`` call (opening the endpoint, every /metrics read, saving the run); vllm bench serve's is its own
 ``output_throughput`` (its timed span, after its warm-up request). At concurrency 1 the eval reads /metrics after
-every request (the figures by source and task are exact that way), at higher concurrency around the phase.
+every request (the figures by source and task are exact that way), at higher concurrency around the phase; with
+``--per-request`` the server puts each request's own counts in its response and the eval reads /metrics only for
+its first window.
 
 The /metrics reads are timed alone on the idle server, the ways a client can ask: a new connection per read,
 one keep-alive connection with aiohttp's default ``Accept-Encoding`` (the server then gzips its page), the same
@@ -15,7 +17,7 @@ asking for ``identity``, and also asking only for the samples the eval reads (``
 filter).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_eval_overhead.py [--prompts 32] [--max-tokens 64]
-        [--concurrency 1,8] [--rounds 3] [--reads 100]
+        [--concurrency 1,8] [--rounds 3] [--reads 100] [--per-request]
 """
 
 from __future__ import annotations
@@ -42,14 +44,16 @@ DRAFT_TOKENS = 3
 
 
 @contextlib.contextmanager
-def self_drafting_server(log_path: Path) -> Iterator[str]:
+def self_drafting_server(log_path: Path, per_request: bool = False) -> Iterator[str]:
     from corpus_builder.generate.launcher import launched_server
     from corpus_builder.recipe import LaunchSpec
     from corpus_builder.testing.tiny_model import SERVER_ARGS, ensure_tiny_model
 
     ensure_tiny_model(TINY_MODEL)
     speculative = {"method": "draft_model", "model": str(TINY_MODEL), "num_speculative_tokens": DRAFT_TOKENS}
-    spec = LaunchSpec(model_dir=TINY_MODEL, args=(*SERVER_ARGS, "--speculative-config", json.dumps(speculative)),
+    counts = ("--per-request-spec-decode-metrics", "summary", "--enable-per-request-metrics") if per_request else ()
+    spec = LaunchSpec(model_dir=TINY_MODEL, args=(*SERVER_ARGS, "--speculative-config", json.dumps(speculative),
+                                                  *counts),
                       env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout_s=600.0)
     with launched_server(spec, SERVED_MODEL, log_path=log_path) as server:
         yield server.url
@@ -140,14 +144,18 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reads", type=int, default=100)
+    parser.add_argument("--per-request", action="store_true",
+                        help="start the server with --per-request-spec-decode-metrics: the eval reads no /metrics "
+                             "after its first window")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with tempfile.TemporaryDirectory(prefix="bench-eval-overhead-") as scratch_dir, \
-            self_drafting_server(Path(scratch_dir) / "server.log") as url:
+            self_drafting_server(Path(scratch_dir) / "server.log", args.per_request) as url:
         scratch = Path(scratch_dir)
         pack, dataset = write_prompts(scratch, args.prompts)
-        print(f"server {url}: the tiny model drafting for itself ({DRAFT_TOKENS} tokens); {args.prompts} prompts, "
-              f"thinking, T=0, max_tokens {args.max_tokens}", flush=True)
+        print(f"server {url}: the tiny model drafting for itself ({DRAFT_TOKENS} tokens"
+              f"{', per-request counts' if args.per_request else ''}); {args.prompts} prompts, thinking, T=0, "
+              f"max_tokens {args.max_tokens}", flush=True)
         reads = asyncio.run(time_reads(url, args.reads))
         print(f"GET /metrics on the idle server, {args.reads} reads each:")
         for name, measured in reads.items():

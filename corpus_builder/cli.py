@@ -148,6 +148,9 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
                    "readable part only, and --max-divergence fails.")
 @click.option("--allow-skipped", is_flag=True,
               help="With --max-divergence: do not fail for traffic rows skipped past --max-skipped-share.")
+@click.option("--allow-other-models", is_flag=True,
+              help="With --against: compare traffic served by another model than the corpus's target (refused by "
+                   "default: a draft is judged against its own target's traffic).")
 @click.option("--html", "html_path", type=click.Path(),
               help="Write a self-contained HTML report (plots; corpus vs traffic with --against; the acceptance of "
                    "the runs saved of the corpus's eval pack).")
@@ -161,8 +164,8 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
               help="Draft vocabulary size whose coverage of the traffic is reported.")
 def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None, no_secrets: bool,
           traffic: str | None, max_divergence: float | None, max_skipped_share: float, allow_skipped: bool,
-          html_path: str | None, tokenizer: Path | None, token_sample: int, copy_span_tokens: int,
-          draft_vocab_size: int) -> None:
+          allow_other_models: bool, html_path: str | None, tokenizer: Path | None, token_sample: int,
+          copy_span_tokens: int, draft_vocab_size: int) -> None:
     """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME; with --against, how far a
     built corpus is from serving traffic, dimension by dimension, and the recipe changes that close the gap.
 
@@ -171,7 +174,8 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
     from .audit import AuditOptions, check_corpus
 
     options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
-                           draft_vocab_size=draft_vocab_size, endpoint=endpoint, max_skipped_share=max_skipped_share)
+                           draft_vocab_size=draft_vocab_size, endpoint=endpoint, max_skipped_share=max_skipped_share,
+                           allow_other_models=allow_other_models)
     if html_path is not None:
         from .eval import acceptance_sections  # the page's later stage: the audit itself knows nothing of the eval
     outcome = check_corpus(path, against=traffic, html=html_path, options=options,

@@ -82,6 +82,9 @@ REASONS: dict[str, str] = {
     "unanswered_tool_call": "a tool call has no result, yet the conversation goes on after it (only a row's last "
                             "turn may call without results: it was logged before they came back)",
     "no_assistant_turn": "a replayed conversation has no assistant turn",
+    "no_answer": "a logged request has no answer (the response is missing, holds no choices, or is an error)",
+    "folded_prefix": "a logged request whose turns a later request of the same conversation repeats: folded into it "
+                     "(the detail names it), so a chat logged once per request is one conversation",
     "duplicate": "the same conversation (normalised text) already kept: the detail names the row it duplicates",
     "near_duplicate": "a near duplicate (MinHash/LSH, checks.near_duplicates) of a kept row the detail names",
     "contaminated": "shares a run of words with an evaluation set (decontamination): the detail names the sets",

@@ -39,11 +39,13 @@ import polars as pl
 
 from ..errors import BadRow, CorpusError, Skipped
 from ..layout import Corpus
-from ..recipe.model import HubRef, Mapping
+from ..recipe.model import Fold, HubRef, Mapping
 from ..records import Conversation, RepairRules
 from ..rows import batch_to_conversations, conversations_to_batch
 from ..screen.normalise import mix64
-from ..sources.mappings import TURN_KEYS, RowNormaliser
+from ..sources.fold import Held, PrefixFold, carry
+from ..sources.logs import read_exchange
+from ..sources.mappings import TURN_KEYS, NormalisedRow, RowNormaliser
 from ..sources.readers import UTF8_BOM, decode_lines, detect_format, iter_rows, zstd_chunks
 from .frames import RAW_SCHEMA, plain_rows
 
@@ -70,6 +72,8 @@ class Chunk:
     bytes: int = 0  # bytes of the lines read (0 for record batches), to estimate a log's rows
     turns_field: str | None = None  # the frame's field with the turns (None: conversations or messages)
     normalised: pl.DataFrame | None = None  # the other traffic rows' conversations, in the row form
+    folded: int = 0  # logged requests folded into a later request of their conversation (sources.fold)
+    models: Counter[str] = field(default_factory=Counter)  # logged requests by the model that served them
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,8 @@ def traffic_units(where: str) -> list[Unit]:
     paths = match_source_pattern(Path.cwd(), where)
     if not paths:
         raise CorpusError("matches no file", file=where)
-    return [_file_unit(path, path.name, TRAFFIC_SOURCE, None, Mapping(), RepairRules()) for path in paths]
+    fold = SourceFold(Fold(), len(paths))
+    return [_file_unit(path, path.name, TRAFFIC_SOURCE, None, Mapping(), RepairRules(), fold=fold) for path in paths]
 
 
 def traffic_inputs(where: str) -> list[str | Path]:
@@ -143,31 +148,36 @@ def _recipe_units(path: Path) -> list[Unit]:
     units: list[Unit] = []
     for spec in recipe.sources:
         if spec.hub is not None:
-            units.append(_hub_unit(spec.hub, spec.name, spec.task, spec.mapping, spec.repair))
+            units.append(_hub_unit(spec.hub, spec.name, spec.task, spec.mapping, spec.repair, spec.fold))
             continue
-        for file in resolve_paths(spec, recipe.base_dir):
-            units.append(_file_unit(file, file.name, spec.name, spec.task, spec.mapping, spec.repair, spec.format))
+        files = resolve_paths(spec, recipe.base_dir)
+        fold = SourceFold(spec.fold, len(files))
+        units += [_file_unit(file, file.name, spec.name, spec.task, spec.mapping, spec.repair, spec.format, fold)
+                  for file in files]
     return units
 
 
 def _file_unit(path: Path, label: str, source: str, task: str | None, mapping: Mapping, repair: RepairRules,
-               fmt: str = "auto") -> Unit:
+               fmt: str = "auto", fold: SourceFold | None = None) -> Unit:
     fmt = detect_format(path, fmt)
     if not path.is_file():
         raise CorpusError("file not found", file=str(path))
     size = path.stat().st_size
+    def rows() -> TrafficRows:
+        return TrafficRows(label, mapping, repair, fold=fold)
+
     if fmt == "parquet":
-        return Unit(label, source, task, lambda: _parquet_chunks(path, TrafficRows(label, mapping, repair)),
-                    rows=_parquet_rows(path, label), size=size)
+        return Unit(label, source, task, lambda: _parquet_chunks(path, rows()), rows=_parquet_rows(path, label),
+                    size=size)
     if fmt == "jsonl":
         blocks: Callable[[], Iterable[bytes]] = lambda: _file_blocks(path)  # noqa: E731
     elif fmt == "jsonl.zst":
         blocks = lambda: zstd_chunks(path, label)  # noqa: E731
         size = _zstd_content_size(path) or size
     else:  # a .json document: its rows, decoded by the readers
-        return Unit(label, source, task, lambda: _dict_chunks((row for _, row in iter_rows(path, fmt, label)),
-                                                              TrafficRows(label, mapping, repair)), size=size)
-    return Unit(label, source, task, lambda: _line_chunks(blocks(), TrafficRows(label, mapping, repair)), size=size)
+        return Unit(label, source, task, lambda: _dict_chunks((row for _, row in iter_rows(path, fmt, label)), rows()),
+                    size=size)
+    return Unit(label, source, task, lambda: _line_chunks(blocks(), rows()), size=size)
 
 
 def _zstd_content_size(path: Path) -> int:
@@ -183,12 +193,14 @@ def _zstd_content_size(path: Path) -> int:
     return max(size, 0)
 
 
-def _hub_unit(ref: HubRef, source: str, task: str | None, mapping: Mapping, repair: RepairRules) -> Unit:
+def _hub_unit(ref: HubRef, source: str, task: str | None, mapping: Mapping, repair: RepairRules,
+              fold: Fold | None = None) -> Unit:
     from ..sources.hub import hub_label, iter_hub_rows
 
     label = hub_label(ref)
-    return Unit(label, source, task, lambda: _dict_chunks((row for _, row in iter_hub_rows(ref, source)),
-                                                          TrafficRows(label, mapping, repair, required=False)))
+    return Unit(label, source, task, lambda: _dict_chunks(
+        (row for _, row in iter_hub_rows(ref, source)),
+        TrafficRows(label, mapping, repair, required=False, fold=SourceFold(fold or Fold(), 1))))
 
 
 def _read_ahead(produce: Callable[[], Item | None]) -> Iterator[Item]:
@@ -209,17 +221,30 @@ def _file_blocks(path: Path) -> Iterator[bytes]:
         yield from _read_ahead(lambda: handle.read(CHUNK_BYTES) or None)
 
 
+class SourceFold:
+    """The fold of one traffic source's logged requests (``sources.fold``), shared by its files as the build's is
+    (a chat may go on in the next day's log), and closed with the last of them."""
+
+    def __init__(self, fold: Fold, files: int) -> None:
+        self.fold: PrefixFold[int] | None = PrefixFold(fold.max_open) if fold.enabled else None
+        self.files_left = files
+
+
 class TrafficRows:
     """One traffic unit's rows as the source readers take them, chunk after chunk: one ``RowNormaliser`` for the
     unit (its layout fixed by the first row it recognises, as the readers fix it per file). The rows it would
     take exactly as they are (``frames.plain_rows``) keep their facts in the parsed frame; every other row is
-    normalised here, skipped or turned into conversations whose facts are read in the row form."""
+    normalised here, skipped or turned into conversations whose facts are read in the row form. Logged requests
+    are folded into one conversation per chat (``fold``), as the readers fold them: a chunk holds the
+    conversations that closed while it was read, and the last file's final chunk those still open."""
 
-    def __init__(self, label: str, mapping: Mapping, repair: RepairRules, *, required: bool = True) -> None:
+    def __init__(self, label: str, mapping: Mapping, repair: RepairRules, *, required: bool = True,
+                 fold: SourceFold | None = None) -> None:
         self.label = label
         self.normalise = RowNormaliser(mapping, "replay", repair=repair)
         self.required = required  # a file without any row is an error, as for the readers
         self.seen = False
+        self.fold = fold if fold is not None else SourceFold(Fold(), 1)
 
     def chunk(self, count: int, rows_at: Callable[[list[int]], list[Any]], frame: pl.DataFrame | None,
               framed: np.ndarray, size: int = 0) -> Chunk:
@@ -229,13 +254,29 @@ class TrafficRows:
         skipped: Counter[str] = Counter()
         made: list[tuple[bool | None, Conversation]] = []  # the mode each was served in, and the conversation
 
+        folded = 0
+        models: Counter[str] = Counter()
+
         def normalise(indices: list[int]) -> None:
+            nonlocal folded
             for index, row in zip(indices, rows_at(indices) if indices else [], strict=True):
+                if self.fold.fold is not None and self._logged(row):
+                    try:
+                        exchange = read_exchange(row)
+                    except BadRow as bad:
+                        skipped[bad.reason] += 1
+                        continue
+                    models[exchange.model() or ""] += 1
+                    for held, was_folded in self.fold.fold.add(exchange, index):
+                        folded += was_folded
+                        if not was_folded:
+                            self._let_out(held, made, skipped)
+                    continue
                 conversations = self._conversations(index, row)
                 if isinstance(conversations, Skipped):
                     skipped[conversations.reason] += 1
                 else:
-                    made.extend((_served(row), conversation) for conversation in conversations)
+                    made.extend((_served(row, conversation), conversation) for conversation in conversations)
 
         done = 0
         while self.normalise.layout is None and done < count:  # the rows that fix the layout: the readers'
@@ -247,6 +288,7 @@ class TrafficRows:
             plain[framed] = plain_rows(frame, layout.style, layout.field)
             plain[:done] = False
         normalise((np.flatnonzero(~plain[done:]) + done).tolist())
+        del models[""]
         taken = np.flatnonzero(plain)
         kept = frame.filter(pl.Series(plain[framed])) if frame is not None else pl.DataFrame(schema=RAW_SCHEMA)
 
@@ -262,11 +304,45 @@ class TrafficRows:
                 out += [(position, item) for item in ([items] if isinstance(items, Skipped) else items)]
             return out
         return Chunk(kept, conversations, skipped, size, layout.field if layout is not None else None,
-                     _row_form(made) if made else None)
+                     _row_form(made) if made else None, folded, models)
 
-    def finish(self) -> None:
+    def _logged(self, row: Any) -> bool:
+        """Whether a row is a logged request, for the fold (a row the layout cannot be told of is not)."""
+        try:
+            return self.normalise.layout_of(row).style == "log"
+        except BadRow:
+            return False
+
+    def _let_out(self, held: Held[int], made: list[tuple[bool | None, Conversation]], skipped: Counter[str]) -> None:
+        """A chat's last request, let out by the fold: its conversations, with what the folded requests left."""
+        try:
+            parts = self.normalise.logged(held.exchange)
+        except BadRow as bad:
+            skipped[bad.reason] += 1
+            return
+        for number, part in enumerate(parts):
+            carry(part.messages, part.flags, held)
+            conversation = self._conversation(f"{held.tag}/{number}", held.exchange.row, part)
+            made.append((_served(held.exchange.row, conversation), conversation))
+
+    def finish(self) -> Chunk | None:
+        """After the unit's last chunk: the error of a file without rows, and when it is its source's last file,
+        the chunk of the conversations still open."""
         if self.required and not self.seen:
             raise CorpusError("file has no rows", file=self.label)
+        self.fold.files_left -= 1
+        fold = self.fold.fold
+        if self.fold.files_left or fold is None:
+            return None
+        made: list[tuple[bool | None, Conversation]] = []
+        skipped: Counter[str] = Counter()
+        for held in fold.close():
+            self._let_out(held, made, skipped)
+        if not made and not skipped:
+            return None
+        return Chunk(pl.DataFrame(schema=RAW_SCHEMA), lambda indices: [(position, made[index][1]) for position, index
+                                                                        in enumerate(indices.tolist())],
+                     skipped, normalised=_row_form(made) if made else None)
 
     def _conversations(self, index: int, row: Any) -> list[Conversation] | Skipped:
         """The row's conversations as the readers make them (several when a repair splits it), or why it has none."""
@@ -276,15 +352,24 @@ class TrafficRows:
             parts = self.normalise(row)
         except BadRow as bad:
             return Skipped(TRAFFIC_SOURCE, bad.reason, f"row {index}", bad.detail)
+        return [self._conversation(f"{index}/{number}", row, part) for number, part in enumerate(parts)]
+
+    @staticmethod
+    def _conversation(row_id: str, row: dict[str, Any], part: NormalisedRow) -> Conversation:
         task = row.get("task")
-        return [Conversation(id=f"{index}/{number}", source=TRAFFIC_SOURCE, origin="replay", messages=part.messages,
-                             task=task if isinstance(task, str) else None, flags=part.flags, tools=part.tools)
-                for number, part in enumerate(parts)]
+        return Conversation(id=row_id, source=TRAFFIC_SOURCE, origin="replay", messages=part.messages,
+                            task=task if isinstance(task, str) else None, flags=part.flags, tools=part.tools,
+                            provenance={"served": part.served} if part.served is not None else {})
 
 
-def _served(row: dict[str, Any]) -> bool | None:
-    """The mode a request says it was served in: ``chat_template_kwargs.enable_thinking``, else a top-level
-    ``enable_thinking`` (what ``frames`` reads from a raw frame)."""
+def _served(row: dict[str, Any], conversation: Conversation) -> bool | None:
+    """The mode a request says it was served in: a logged request's (``sources.logs``), else
+    ``chat_template_kwargs.enable_thinking``, else a top-level ``enable_thinking`` (what ``frames`` reads from a
+    raw frame)."""
+    served = conversation.provenance.get("served")
+    if served is not None:
+        mode: bool | None = served["enable_thinking"]
+        return mode
     kwargs = row.get("chat_template_kwargs")
     for value in (kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, row.get("enable_thinking")):
         if isinstance(value, bool):
@@ -305,7 +390,7 @@ def _line_chunks(blocks: Iterable[bytes], rows: TrafficRows) -> Iterator[Chunk]:
     decoded = map(DecodedLines.of, _whole_lines(blocks))
     for lines in _read_ahead(lambda: next(decoded, None)):
         yield _lines_chunk(lines, rows)
-    rows.finish()
+    yield from _last(rows)
 
 
 def _whole_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
@@ -421,7 +506,7 @@ def _dict_chunks(values: Iterable[Any], rows: TrafficRows) -> Iterator[Chunk]:
             batch = []
     if batch:
         yield _values_chunk(batch, rows)
-    rows.finish()
+    yield from _last(rows)
 
 
 def _values_chunk(values: list[Any], rows: TrafficRows) -> Chunk:
@@ -467,7 +552,13 @@ def _parquet_chunks(path: Path, rows: TrafficRows) -> Iterator[Chunk]:
             yield rows.chunk(batch.num_rows, functools.partial(_batch_rows, batch), frame, np.arange(batch.num_rows))
     except (pyarrow.ArrowException, OSError, ValueError) as error:  # ValueError: a string that is not UTF-8
         raise CorpusError(f"cannot read parquet: {error}", file=rows.label) from None
-    rows.finish()
+    yield from _last(rows)
+
+
+def _last(rows: TrafficRows) -> Iterator[Chunk]:
+    final = rows.finish()
+    if final is not None:
+        yield final
 
 
 def _batch_rows(batch: Any, indices: list[int]) -> list[Any]:

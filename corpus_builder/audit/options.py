@@ -26,6 +26,9 @@ class AuditOptions:
     # Past this share of skipped traffic rows the figures describe only the readable part: said everywhere, and
     # a failure of --max-divergence unless allowed.
     max_skipped_share: float = DEFAULT_MAX_SKIPPED_SHARE
+    # Traffic served by another model than the corpus's target is refused: a draft is judged against its own
+    # target's traffic. True compares it all the same.
+    allow_other_models: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_skipped_share <= 1:  # nan too

@@ -117,6 +117,8 @@ class Profile:
     skipped: Counter[str] = field(default_factory=Counter)
     tokens: TokenTables | None = None
     rows_read: int = 0
+    folded: int = 0  # logged requests folded into a later request of their conversation: not skipped, not rows
+    models: Counter[str] = field(default_factory=Counter)  # logged requests by the model that served them
 
 
 def read_profile(label: str, units: Sequence[Unit], meter: TokenMeter | None, *, token_sample: int,
@@ -133,6 +135,8 @@ def read_profile(label: str, units: Sequence[Unit], meter: TokenMeter | None, *,
         offset = 0
         for chunk in unit.chunks():
             profile.skipped.update(chunk.skipped)
+            profile.folded += chunk.folded
+            profile.models.update(chunk.models)
             facts = row_facts(chunk.frame, source=unit.source, task=unit.task, turns_field=chunk.turns_field)
             if chunk.normalised is not None:
                 facts = pl.concat([facts, row_facts(chunk.normalised, source=unit.source, task=unit.task)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..stats.corpus import AuditReport, TotalsReport
+from ..stats.corpus import AuditReport, ServedReport, TotalsReport
 from ..stats.tokens import TokenReport, TokenTotalsReport
 
 MISMATCHES_SHOWN = 5
@@ -73,6 +73,8 @@ def format_report(report: AuditReport) -> str:
     modes = _generation_modes(report.get("generation"))
     if modes:
         lines += ["", "generated rows by thinking mode: " + ", ".join(f"{mode} {count:,}" for mode, count in modes)]
+    if report.get("served"):
+        lines += ["", *_format_served(report["served"])]
     mixture = (report.get("checks") or {}).get("mixture")
     if mixture:
         lines += ["", *_format_mixture(mixture)]
@@ -85,6 +87,20 @@ def format_report(report: AuditReport) -> str:
         lines += ["", f"secrets: {secrets['findings']:,} found ({secrets['by_kind']}); first ones:"]
         lines += [f"  {example}" for example in secrets["examples"]]
     return "\n".join(lines)
+
+
+def _format_served(served: ServedReport) -> list[str]:
+    """Replayed logged requests: thinking as served beside reasoning present, per source."""
+    width = max(6, *(len(source) for source in served["by_source"]))
+    lines = ["replayed rows by thinking as served (logged requests), beside reasoning present",
+             f"  {'source':<{width}}  {'served on':>9}  {'reasoning':>9}  {'served off':>10}  {'reasoning':>9}  "
+             f"{'unrecorded':>10}"]
+    for source, modes in served["by_source"].items():
+        lines.append(f"  {source:<{width}}  {modes['on']:>9,}  {modes['on_with_reasoning']:>9,}  {modes['off']:>10,}  "
+                     f"{modes['off_with_reasoning']:>9,}  {modes['unrecorded']:>10,}")
+    if served["models"]:
+        lines.append("  served by: " + ", ".join(f"{model} {count:,}" for model, count in served["models"].items()))
+    return lines
 
 
 def _generation_modes(generation: Any) -> list[tuple[str, int]]:

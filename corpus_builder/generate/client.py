@@ -429,6 +429,7 @@ def _parse_completion(raw: bytes, endpoint: str) -> TurnResult:
         reasoning_tokens=details.get("reasoning_tokens"),
         endpoint=endpoint,
         served_model=doc["model"],
+        metrics=doc["metrics"] if isinstance(doc.get("metrics"), dict) else None,
     )
 
 

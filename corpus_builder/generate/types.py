@@ -43,6 +43,9 @@ class TurnResult:
     # The calls the server's tool-call parser found, each {"id", "name", "arguments"} (arguments: its text);
     # None when the turn made none.
     tool_calls: list[dict[str, str]] | None = None
+    # vLLM's per-request metrics (``metrics`` of the response: speculative decoding with
+    # --per-request-spec-decode-metrics, timing with --enable-per-request-metrics); None when it sends none.
+    metrics: dict[str, Any] | None = None
 
 
 class PermanentError(Exception):

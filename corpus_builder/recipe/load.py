@@ -23,6 +23,7 @@ from .model import (
     EvalPackSpec,
     EvalSet,
     ExportSpec,
+    Fold,
     GenerationSettings,
     HubRef,
     LaunchSpec,
@@ -175,7 +176,7 @@ def _openai_tool_choice(written: str | dict[str, Any] | None) -> str | dict[str,
 def _to_source(source: dict[str, Any]) -> SourceSpec:
     written = source.get("path")
     plain = {k: v for k, v in source.items()
-             if k not in ("path", "hub", "mapping", "take", "repair", "target", "tool_choice", "eval")}
+             if k not in ("path", "hub", "mapping", "take", "repair", "target", "tool_choice", "eval", "fold")}
     return SourceSpec(
         **plain,
         tool_choice=_openai_tool_choice(source.get("tool_choice")),
@@ -186,4 +187,5 @@ def _to_source(source: dict[str, Any]) -> SourceSpec:
         repair=RepairRules(**source["repair"]),
         target=SourceTarget(**source["target"]) if "target" in source else None,
         eval=PackShare(**source["eval"]) if "eval" in source else None,
+        fold=Fold(**source.get("fold", {})),
     )

@@ -15,7 +15,7 @@ from ..trainer_formats import ExportFormat, FileFormat
 HistoryReasoning = Literal["keep", "drop"]
 OnLength = Literal["drop", "keep", "retry"]
 Backend = Literal["server", "engine"]
-MappingStyle = Literal["auto", "sharegpt", "messages", "gsm8k", "field"]
+MappingStyle = Literal["auto", "sharegpt", "messages", "gsm8k", "field", "log"]
 SourceKind = Literal["replay", "prompts"]
 SourceFormat = Literal["auto", "jsonl", "jsonl.zst", "json", "parquet"]
 ToolResults = Literal["match", "recorded"]
@@ -99,6 +99,14 @@ class Mapping:
 
 
 @dataclass(frozen=True, slots=True)
+class Fold:
+    """How the requests of a logged multi-turn chat become one conversation (sources.fold)."""
+
+    enabled: bool = True
+    max_open: int = 50_000  # conversations held open at once: the fold's memory bound
+
+
+@dataclass(frozen=True, slots=True)
 class Take:
     count: int | None = None
     fraction: float | None = None
@@ -153,6 +161,7 @@ class SourceSpec:
     tool_results: ToolResults = "match"  # prompts with tool traffic
     target: SourceTarget | None = None  # rows in the final corpus, met after every drop (see Mixture)
     eval: PackShare | None = None  # replay: its part of the eval pack, instead of the recipe's eval share
+    fold: Fold = field(default_factory=Fold)  # logged exchanges (mapping style log): one row per conversation
 
     @property
     def tool_choice_function(self) -> str | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import CONTAMINATED, Skipped, contamination_detail
 from ..recipe.model import Checks, Recipe
-from ..records import FLAG_UNCLOSED_THINK, Conversation, row_location
+from ..records import FLAG_TRUNCATED, FLAG_UNCLOSED_THINK, Conversation, row_location
 from ..sources import MeasuredRows
 from ..tokens import TemplateRenderer, TokenFacts, TurnTokens
 from .decontaminate import Contamination
@@ -54,8 +54,12 @@ class Checker:
     def __init__(self, checks: Checks, renderer: TemplateRenderer | None, *, dedup: Dedup | None = None,
                  contamination: Contamination | None = None, evict: Callable[[Evicted], None] | None = None,
                  pack: PackScreen | None = None, measured: dict[str, TokenFacts] | None = None,
-                 batch_size: int = 512) -> None:
+                 batch_size: int = 512, keep_truncated: bool = False) -> None:
         self.checks = checks
+        # target.generation.on_length for a served answer cut at max_tokens (a logged one): keep it, flagged, or
+        # drop it (retry drops it too: a logged request cannot be asked again). Generated ones are judged as
+        # they come back; those that reach here were kept.
+        self.keep_truncated = keep_truncated
         self.renderer = renderer if checks.max_seq_len is not None else None
         self.measured = measured
         self.turns = TurnTokens(renderer) if renderer is not None and measured is not None else None
@@ -75,7 +79,8 @@ class Checker:
                    measured: dict[str, TokenFacts] | None = None) -> Checker:
         """The checks of every row a build writes."""
         return cls(recipe.checks, renderer, dedup=Dedup.for_recipe(recipe), contamination=contamination,
-                   evict=evict, pack=pack, measured=measured)
+                   evict=evict, pack=pack, measured=measured,
+                   keep_truncated=recipe.target.generation.on_length == "keep")
 
     @classmethod
     def for_prompts(cls, recipe: Recipe, contamination: Contamination | None) -> Checker:
@@ -216,9 +221,13 @@ class Checker:
                 outcomes[i] = Skipped(batch[i].source, EVAL_PACK_COPY, row_location(batch[i]), copied, id=batch[i].id)
 
     def _row_checks(self, conversation: Conversation, stats: BatchStats, index: int) -> Conversation | Skipped:
-        """The checks of one row alone: an unclosed think block, the token budget (dropped or truncated)."""
+        """The checks of one row alone: an unclosed think block, an answer served cut at max_tokens, the token budget
+        (dropped or truncated)."""
         if FLAG_UNCLOSED_THINK in conversation.flags and self.checks.on_unclosed_think == "drop":
             return Skipped(conversation.source, "unclosed_think", row_location(conversation), id=conversation.id)
+        if FLAG_TRUNCATED in conversation.flags and not self.keep_truncated and conversation.origin == "replay":
+            return Skipped(conversation.source, "truncated_generation", row_location(conversation),
+                           "an answer was served cut at max_tokens (finish_reason: length)", id=conversation.id)
         limit, tokens = self.checks.max_seq_len, stats.tokens[index]
         if limit is not None and tokens is not None and tokens > limit:
             shortened = self._truncate(conversation, limit) if self.checks.on_over_length == "truncate" else None

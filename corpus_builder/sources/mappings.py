@@ -7,7 +7,10 @@ the per-row work is a handful of dict lookups:
   with ``role``/``content`` -> messages;
 - a ``question`` field -> gsm8k (``answer`` is the assistant turn, or the reference answer of a prompt);
 - a string ``prompt`` field -> field (the single user prompt; style ``field`` reads ``mapping.field``,
-  ``prompt`` by default).
+  ``prompt`` by default);
+- a logged chat-completions exchange (a request and the response served to it, ``sources.logs``) -> log, asked
+  first: a flat log row has a ``messages`` list too. Its turns are the request's messages then the answer, read
+  as a messages row is; how it was served travels with it (``NormalisedRow.served``).
 
 Reasoning on a turn comes from a ``reasoning``, ``reasoning_content`` or ``thinking`` field or a
 ``<think>`` block in the content (``records.make_message`` moves it out).
@@ -39,6 +42,7 @@ from ..recipe.model import Mapping
 from ..records import (
     FLAG_INVALID_TOOL_CALL,
     FLAG_INVALID_TOOL_SCHEMA,
+    FLAG_TRUNCATED,
     FLAG_UNCLOSED_THINK,
     REASONING_KEYS,
     Message,
@@ -54,8 +58,9 @@ from ..records import (
     repair_turns,
     split_think,
 )
+from .logs import LoggedExchange, is_log_row, read_exchange
 
-STYLES = ("auto", "sharegpt", "messages", "gsm8k", "field")
+STYLES = ("auto", "sharegpt", "messages", "gsm8k", "field", "log")
 TURN_FIELDS = ("conversations", "messages")
 GSM8K_QUESTION, GSM8K_ANSWER = "question", "answer"
 PROMPT_FIELD = "prompt"
@@ -92,8 +97,11 @@ DEFAULT_REPAIRS = RepairRules()
 class Layout:
     """Where one file's rows keep their turns: the style and the field that holds them."""
 
-    style: str  # sharegpt | messages | gsm8k | field
+    style: str  # sharegpt | messages | gsm8k | field | log
     field: str
+
+
+_LOG_TURNS = Layout("messages", "messages")  # a logged exchange's turns, in the form read_exchange gives them
 
 
 @dataclass(slots=True)
@@ -106,6 +114,8 @@ class NormalisedRow:
     reference_answer: str | None = None
     part: int | None = None  # which part of a split row, in order
     tools: list[dict[str, Any]] | None = None
+    served: dict[str, Any] | None = None  # a logged exchange's: how it was served (sources.logs)
+    session: str | None = None  # a logged exchange's conversation id, where the log records one
 
 
 def check_mapping(mapping: Mapping, source: str) -> None:
@@ -118,6 +128,8 @@ def check_mapping(mapping: Mapping, source: str) -> None:
 def detect_layout(row: dict[str, Any], mapping: Mapping) -> Layout | None:
     """The layout a row shows under ``mapping``; None when this row does not tell."""
     style = mapping.style
+    if style == "log" or (style == "auto" and not mapping.field and is_log_row(row)):
+        return Layout("log", "")
     if style == "gsm8k":
         return Layout("gsm8k", GSM8K_QUESTION)
     if style == "field":
@@ -166,6 +178,11 @@ class RowNormaliser:
         self._accepted_roles: set[tuple[str, ...]] = set()
 
     def __call__(self, row: Any) -> list[NormalisedRow]:
+        layout = self.layout_of(row)
+        return self._normalise(row, layout, read_exchange(row) if layout.style == "log" else None)
+
+    def layout_of(self, row: Any) -> Layout:
+        """The file's layout, fixed by the first row that shows one; BadRow for a row that cannot be read."""
         if not isinstance(row, dict):
             raise BadRow("not_an_object", type(row).__name__)
         layout = self.layout
@@ -176,16 +193,30 @@ class RowNormaliser:
                     raise BadRow("bad_messages", "the turns field is not a non-empty list of turn objects")
                 wanted = self.mapping.field or "conversations/messages/question/prompt"
                 raise BadRow("missing_messages", f"no {wanted} field")
+        return layout
+
+    def logged(self, exchange: LoggedExchange) -> list[NormalisedRow]:
+        """The conversation(s) of an exchange already read from a log row (``sources.fold`` reads them first)."""
+        return self._normalise(exchange.row, Layout("log", ""), exchange)
+
+    def _normalise(self, row: dict[str, Any], layout: Layout, exchange: LoggedExchange | None
+                   ) -> list[NormalisedRow]:
         empty: BadRow | None = None
         turn_traffic = False  # a tool call or a tool's result among the turns
-        if layout.style == "gsm8k":
+        served = session = None
+        raw_tools = row.get(TOOLS_FIELD)
+        if exchange is not None:
+            served, session, raw_tools = exchange.served(), exchange.session, exchange.tools
+            messages, unclosed, empty, turn_traffic = self._turns({"messages": exchange.turns()}, _LOG_TURNS)
+            reference = None
+        elif layout.style == "gsm8k":
             messages, unclosed, reference = self._gsm8k(row)
         elif layout.style == "field":
             messages, unclosed, reference = [_user_turn(row, layout.field)], False, None
         else:
             messages, unclosed, empty, turn_traffic = self._turns(row, layout)
             reference = None
-        tools = normalise_tools(row.get(TOOLS_FIELD))
+        tools = normalise_tools(raw_tools)
         named = self.tool_choice_function
         if named is not None and tools is not None and all(tool["function"]["name"] != named for tool in tools):
             raise BadRow(TOOL_CHOICE_UNDEFINED, f"tool_choice names {named!r}; the row's tools are "
@@ -195,6 +226,8 @@ class RowNormaliser:
         # A prompt's open block was in an assistant turn it discards (with tool traffic: that the target may
         # regenerate); the generated row is judged on its own turns.
         row_flags = [FLAG_UNCLOSED_THINK] if unclosed and self.replay else []
+        if served is not None and served["finish_reason"] == "length" and self.replay:  # cut as a generation is
+            row_flags.append(FLAG_TRUNCATED)
         if tools is not None and invalid_tool_schemas(tools):  # served, and sent with a prompt's every request
             row_flags.append(FLAG_INVALID_TOOL_SCHEMA)
         source_id = row.get(self.id_field)
@@ -205,7 +238,7 @@ class RowNormaliser:
         # A ``tools`` list alone does not matter to the order, so those rows take this way too.
         if empty is None and not turn_traffic and tuple(map(_ROLE, messages)) in self._accepted_roles:
             return [NormalisedRow(messages if self.replay else self._prompt(messages, tooled), row_flags, source_id,
-                                  reference, tools=tools)]
+                                  reference, tools=tools, served=served, session=session)]
         if empty is not None:
             row_flags.append(_EMPTY_TURNS_DROPPED)
         problem = empty or self._order_problem(messages, remember=not turn_traffic)
@@ -222,7 +255,7 @@ class RowNormaliser:
             parts = [(part, [*flags, FLAG_INVALID_TOOL_CALL] if has_non_object_arguments(part) else flags)
                      for part, flags in parts]
         return [NormalisedRow(part if self.replay else self._prompt(part, tooled and carries_tool_traffic(part, tools)),
-                              flags, source_id, reference, index if _SPLIT in flags else None, tools)
+                              flags, source_id, reference, index if _SPLIT in flags else None, tools, served, session)
                 for index, (part, flags) in enumerate(parts)]
 
     def _order_problem(self, messages: list[Message], *, remember: bool) -> BadRow | None:

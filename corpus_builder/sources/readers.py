@@ -96,6 +96,12 @@ def iter_rows(path: Path, fmt: str, label: str,
         raise CorpusError("file has no rows", file=label)
 
 
+def first_objects(path: Path, fmt: str, label: str) -> Iterator[dict[str, Any]]:
+    """The file's object rows from its start, for a caller that stops at the first one that tells it what it needs
+    (a source's layout, when planning how to split it): not a read of the file, one block of it."""
+    return (row for _, row in iter_rows(path, fmt, label) if isinstance(row, dict))
+
+
 def line_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
     """Split a plain .jsonl file into up to ``parts`` byte ranges that start and end on line boundaries,
     each at least MIN_RANGE_BYTES long, so several processes can parse one large file."""

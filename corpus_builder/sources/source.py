@@ -16,18 +16,22 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from ..collector import rare_collections
 from ..draws import take_priority
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe import match_source_pattern
 from ..recipe.model import Mapping, Recipe, SourceFormat, SourceKind, SourceSpec
 from ..records import Conversation, Origin, conversation_id
 from ..secrets import redact_conversations
+from .fold import FOLDED_KEY, Held, PrefixFold, carry, folded_skip
 from .hub import hub_label, hub_provenance, iter_hub_rows
-from .mappings import TOOL_CHOICE_UNDEFINED, NormalisedRow, RowNormaliser, check_mapping
+from .logs import read_exchange
+from .mappings import TOOL_CHOICE_UNDEFINED, NormalisedRow, RowNormaliser, check_mapping, detect_layout
 from .readers import (
     LINE_FORMATS,
     PositionFilter,
     detect_format,
+    first_objects,
     iter_line_range,
     iter_rows,
     line_ranges,
@@ -115,8 +119,11 @@ def source_parts(spec: SourceSpec, base_dir: Path, parts: int) -> list[Callable[
     if spec.hub is not None or (spec.take is not None and spec.take.count is not None):
         return [lambda: iter_source(spec, base_dir)]
     check_mapping(spec.mapping, spec.name)
+    paths = resolve_paths(spec, base_dir)
+    if spec.fold.enabled and paths and _logged_file(spec, paths[0], _label(paths[0], base_dir)):
+        return [lambda: iter_source(spec, base_dir)]  # the fold follows a chat across the source: one part
     thunks: list[Callable[[], Iterator[Conversation | Skipped]]] = []
-    for path in resolve_paths(spec, base_dir):
+    for path in paths:
         label = _label(path, base_dir)
         unit = _file_unit(path, spec.format, label)
         ranges = line_ranges(path, parts) if detect_format(path, spec.format) == "jsonl" else []
@@ -155,6 +162,12 @@ def _file_unit(path: Path, fmt: str, label: str) -> _Unit:
 
 
 def _select(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
+    if spec.fold.enabled and _may_be_logged(spec.mapping) and units:
+        return _select_detected(spec, units)
+    return _select_rows(spec, units)
+
+
+def _select_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
     take = spec.take
     if take is not None and take.count is not None:
         return _take_count(spec, units, take.count, take.seed)
@@ -199,28 +212,166 @@ def _checked_rows(spec: SourceSpec, unit: _Unit,
 
 
 def _normalise(spec: SourceSpec, unit: _Unit, keep: PositionFilter | None) -> Iterator[Conversation | Skipped]:
-    origin = ORIGIN[spec.kind]
-    name, key = spec.name, unit.position_key
     for position, rows in _checked_rows(spec, unit, keep):
         if isinstance(rows, Skipped):
             yield rows
             continue
         for row in rows:
-            provenance = {**unit.provenance, key: position}
-            if row.part is not None:
-                provenance["source_part"] = row.part
-            if row.source_id is not None:
-                provenance["source_id"] = row.source_id
-            if row.reference_answer is not None:
-                provenance["reference_answer"] = row.reference_answer
-            yield Conversation(
-                id=conversation_id(name, row.messages, tools=row.tools),
-                source=name,
-                origin=origin,
-                messages=row.messages,
-                task=spec.task,
-                license=spec.license,
-                flags=row.flags,
-                provenance=provenance,
-                tools=row.tools,
-            )
+            yield _conversation(spec, unit, position, row)
+
+
+def _conversation(spec: SourceSpec, unit: _Unit, position: int, row: NormalisedRow) -> Conversation:
+    provenance = {**unit.provenance, unit.position_key: position}
+    if row.part is not None:
+        provenance["source_part"] = row.part
+    if row.source_id is not None:
+        provenance["source_id"] = row.source_id
+    if row.reference_answer is not None:
+        provenance["reference_answer"] = row.reference_answer
+    if row.served is not None:
+        provenance["served"] = row.served
+    return Conversation(
+        id=conversation_id(spec.name, row.messages, tools=row.tools),
+        source=spec.name,
+        origin=ORIGIN[spec.kind],
+        messages=row.messages,
+        task=spec.task,
+        license=spec.license,
+        flags=row.flags,
+        provenance=provenance,
+        tools=row.tools,
+    )
+
+
+def _may_be_logged(mapping: Mapping) -> bool:
+    """Whether a source's rows may be logged exchanges: its mapping names the log style, or detects the layout."""
+    return mapping.style == "log" or (mapping.style == "auto" and not mapping.field)
+
+
+def _logged_file(spec: SourceSpec, path: Path, label: str) -> bool:
+    """Whether a source's first file is logged exchanges (``_peek`` tells the same as the source is read)."""
+    if not _may_be_logged(spec.mapping):
+        return False
+    if spec.mapping.style == "log":
+        return True
+    fmt = detect_format(path, spec.format)
+    return next((layout.style == "log" for row in first_objects(path, fmt, label)
+                 if (layout := detect_layout(row, spec.mapping)) is not None), False)
+
+
+class _Gate:
+    """A position filter that keeps every row until it is given the filter to apply (``keep``): the first file is
+    opened once, its first rows read to tell its layout, and the take's filter applies from then on."""
+
+    def __init__(self) -> None:
+        self.keep: PositionFilter | None = None
+
+    def __call__(self, position: int) -> bool:
+        return self.keep is None or self.keep(position)
+
+
+def _peek(spec: SourceSpec, unit: _Unit) -> tuple[bool, _Unit]:
+    """Whether the source is logged exchanges (the mapping says so, or the first row of its first file that shows a
+    layout is one), and the unit to read that file through: its first read goes on from the rows read to tell."""
+    gate = _Gate()
+    rows = unit.rows(gate)
+    peeked: list[tuple[int, Any]] = []
+    logged = spec.mapping.style == "log"
+    if not logged:
+        for position, row in rows:
+            peeked.append((position, row))
+            if isinstance(row, dict) and (layout := detect_layout(row, spec.mapping)) is not None:
+                logged = layout.style == "log"
+                break
+    opened = [True]
+
+    def resumed(keep: PositionFilter | None) -> Iterator[tuple[int, Any]]:
+        if not opened:
+            return unit.rows(keep)  # a second read (a count take's second pass): the file again
+        opened.clear()
+        gate.keep = keep
+        return chain((item for item in peeked if keep is None or keep(item[0])), rows)
+    return logged, _Unit(unit.label, resumed, unit.separator, unit.position_key, unit.provenance)
+
+
+def _select_detected(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
+    """The source read as logged exchanges or as rows, as its first file tells (opened when the stream starts)."""
+    logged, first = _peek(spec, units[0])
+    units = [first, *units[1:]]
+    yield from _select_logged(spec, units) if logged else _select_rows(spec, units)
+
+
+def _select_logged(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
+    """A logged source's conversations, each chat's requests folded into one (``sources.fold``); the take then
+    chooses among conversations by the position of the request that ends each."""
+    take = spec.take
+    if take is not None and take.count is not None:
+        selection = CountSelection(take.count)
+        for (index, position), item in _folded(spec, units):
+            if isinstance(item, Skipped):
+                yield item
+            else:
+                selection.offer(take_priority(take.seed, spec.name, units[index].label, position), index, position)
+        chosen = selection.chosen()
+        yield from (item for (index, position), item in _folded(spec, units)
+                    if isinstance(item, Conversation) and position in chosen.get(index, ()))
+        return
+    filters = [fraction_filter(take, spec.name, unit.label) for unit in units]
+    for (index, position), item in _folded(spec, units):
+        keep = filters[index]
+        if keep is None or isinstance(item, Skipped) or keep(position):
+            yield item
+
+
+def _folded(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
+    """Every row of the source in order, each with (its unit, its position), the requests of each logged chat
+    folded into its last one; a request folded into a later one is never normalised. The collector runs rarely
+    meanwhile: the open chats' rows are many live objects that a collection would walk again and again."""
+    with rare_collections():
+        yield from _folded_rows(spec, units)
+
+
+def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
+    fold: PrefixFold[tuple[int, int]] = PrefixFold(spec.fold.max_open)
+    normalisers = [RowNormaliser(spec.mapping, spec.kind, spec.system_prompt, spec.repair, spec.tool_choice_function)
+                   for _ in units]
+
+    def location(tag: tuple[int, int]) -> str:
+        unit = units[tag[0]]
+        return f"{unit.label}{unit.separator}{tag[1]}"
+
+    def let_out(held: Held[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
+        index, position = held.tag
+        try:
+            rows = normalisers[index].logged(held.exchange)
+        except BadRow as bad:
+            yield held.tag, Skipped(spec.name, bad.reason, location(held.tag), bad.detail)
+            return
+        for row in rows:
+            carry(row.messages, row.flags, held)
+            conversation = _conversation(spec, units[index], position, row)
+            if held.requests > 1:
+                conversation.provenance[FOLDED_KEY] = held.requests
+            yield held.tag, conversation
+
+    for index, unit in enumerate(units):
+        normalise = normalisers[index]
+        for position, row in unit.rows(None):
+            tag = (index, position)
+            try:
+                if isinstance(row, BadRow):
+                    raise row
+                if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
+                    yield from ((tag, _conversation(spec, unit, position, part)) for part in normalise(row))
+                    continue
+                exchange = read_exchange(row)
+            except BadRow as bad:
+                yield tag, Skipped(spec.name, bad.reason, location(tag), bad.detail)
+                continue
+            for held, folded in fold.add(exchange, tag):
+                if folded:
+                    yield held.tag, folded_skip(spec.name, location(held.tag), location(tag))
+                else:
+                    yield from let_out(held)
+    for held in fold.close():
+        yield from let_out(held)

@@ -64,6 +64,22 @@ class _AddedSections(TypedDict, total=False):
     secrets: SecretsReport
     near_duplicates: dict[str, Any]
     eval_pack: dict[str, Any]  # the eval pack's mix beside the corpus's (stats.pack)
+    served: ServedReport  # replayed rows that record how they were served (logged requests)
+
+
+class ServedModes(TypedDict):
+    """A source's replayed rows by the thinking mode they were served in, beside whether they carry reasoning."""
+
+    on: int
+    off: int
+    unrecorded: int
+    on_with_reasoning: int
+    off_with_reasoning: int
+
+
+class ServedReport(TypedDict):
+    by_source: dict[str, ServedModes]
+    models: dict[str, int]  # the models that served them
 
 
 class AuditReport(TotalsReport, _AddedSections):
@@ -145,6 +161,8 @@ class CorpusStats:
     skipped: DropCounts = field(default_factory=DropCounts)
     generation: Counter[bytes] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
+    served: Counter[tuple[str, bool | None, bool]] = field(default_factory=Counter)  # (source, as served, reasoning)
+    served_models: Counter[str] = field(default_factory=Counter)
     tokens: TokenStats | None = None  # target-token statistics, when the target's tokenizer is known
 
     def add_rows(self, conversations: list[Conversation], batch: pa.RecordBatch) -> None:
@@ -179,6 +197,7 @@ class CorpusStats:
         self._add_source_info(batch)
         self._add_flags(batch)
         self._add_generation(batch)
+        self._add_served(batch)
         self.strata.update(zip(batch.column("source").to_pylist(), batch.column("thinking").to_pylist(),
                                batch.column("split").to_pylist(), strict=True))
 
@@ -211,6 +230,36 @@ class CorpusStats:
             self.generation[orjson.dumps(settings, option=orjson.OPT_SORT_KEYS)] += 1
             for turn in generation.get("turns") or ():
                 self.finish_reasons[str(turn.get("finish_reason"))] += 1
+
+    def _add_served(self, batch: pa.RecordBatch) -> None:
+        """Replayed rows that record how they were served: by source, mode as served and reasoning present."""
+        provenance = batch.column("provenance")
+        logged = pc.and_(pc.equal(batch.column("origin"), "replay"), pc.match_substring(provenance, '"served"'))
+        if not pc.any(logged).as_py():
+            return
+        rows = zip(pc.filter(batch.column("source"), logged).to_pylist(), pc.filter(provenance, logged).to_pylist(),
+                   pc.filter(batch.column("thinking"), logged).to_pylist(), strict=True)
+        for source, text, reasoning in rows:
+            served = orjson.loads(text).get("served")
+            if not isinstance(served, dict):
+                continue
+            mode = served.get("enable_thinking")
+            self.served[source, mode if isinstance(mode, bool) else None, bool(reasoning)] += 1
+            if isinstance(served.get("model"), str):
+                self.served_models[served["model"]] += 1
+
+    def served_report(self) -> ServedReport | None:
+        if not self.served:
+            return None
+        by_source: dict[str, ServedModes] = {}
+        for (source, mode, reasoning), count in sorted(self.served.items(), key=str):
+            modes = by_source.setdefault(source, {"on": 0, "off": 0, "unrecorded": 0, "on_with_reasoning": 0,
+                                                  "off_with_reasoning": 0})
+            name = "unrecorded" if mode is None else "on" if mode else "off"
+            modes[name] += count  # type: ignore[literal-required]
+            if reasoning and mode is not None:
+                modes[f"{name}_with_reasoning"] += count  # type: ignore[literal-required]
+        return {"by_source": by_source, "models": dict(sorted(self.served_models.items()))}
 
     def add_skipped(self, drops: DropCounts) -> None:
         self.skipped.update(drops)
@@ -247,6 +296,9 @@ class CorpusStats:
             "finish_reasons": dict(sorted(self.finish_reasons.items())) or None}
         if self.tokens is not None:
             report["tokens"] = self.tokens.report()
+        served = self.served_report()
+        if served is not None:
+            report["served"] = served
         return report
 
 

@@ -10,13 +10,14 @@ from typing import Any
 from ..records import Conversation
 from .corpus import AuditReport
 
-Stratum = tuple[str, str | None, bool]  # source, task, thinking
+Stratum = tuple[str, str | None, bool]  # source, task, thinking (as served where the row records it)
 NO_TASK = "(no task)"
 
 
 def stratum(conversation: Conversation) -> Stratum:
-    """What the eval pack is stratified by: the row's source, task and thinking."""
-    return conversation.source, conversation.task, conversation.thinking
+    """What the eval pack is stratified by: the row's source, task and thinking mode as served (a logged
+    request's), else whether it carries reasoning."""
+    return conversation.source, conversation.task, conversation.thinking_mode
 
 
 def pack_mix(held: Mapping[Stratum, int], corpus: AuditReport) -> dict[str, Any]:

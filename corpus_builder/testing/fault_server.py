@@ -99,7 +99,8 @@ class FaultServer:
                  stall_s: float = 30.0, version: str = "0.32.0-fault", port: int = 0,
                  die_after: int | None = None, fault_mix: dict[str, float] | None = None, seed: int = 0,
                  root: str | None = None, speculative_tokens: int | None = None, accepted_per_draft: int = 0,
-                 foreign: dict[int, int] | None = None, server_info: dict[str, Any] | None = None) -> None:
+                 foreign: dict[int, int] | None = None, server_info: dict[str, Any] | None = None,
+                 per_request_metrics: bool = False, misreported: int = 0) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.by_index = dict(by_index or {})
@@ -117,6 +118,10 @@ class FaultServer:
         self.accepted_per_draft = accepted_per_draft
         self.foreign = dict(foreign or {})
         self.server_info = server_info
+        # vLLM's --per-request-spec-decode-metrics: each response carries its own counts (``misreported`` more
+        # accepted tokens than it counted, a server whose two accounts disagree)
+        self.per_request_metrics = per_request_metrics
+        self.misreported = misreported
         self.counters = {"requests": 0, "tokens": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0}
         self.accepted_by_position = [0] * (speculative_tokens or 0)
         self.requests: list[Recorded] = []
@@ -278,8 +283,24 @@ class FaultServer:
         if kind == "overflow" or prompt_tokens > self.max_model_len:
             return _json(context_error(self.max_model_len, prompt_tokens), status=400)
         completion = self._completion(body, prompt, prompt_tokens, kind)
-        self._count(completion["usage"]["completion_tokens"], foreign=self.foreign.get(index, 0))
+        tokens = completion["usage"]["completion_tokens"]
+        self._count(tokens, foreign=self.foreign.get(index, 0))
+        if self.per_request_metrics and self.speculative_tokens:
+            completion["metrics"] = {"speculative_decoding": self._own_counts(tokens)}
         return _json(completion)
+
+    def _own_counts(self, tokens: int) -> dict[str, Any]:
+        """A request's ``metrics.speculative_decoding`` as vLLM 0.32 writes it: every verify step accepted
+        ``accepted_per_draft`` of its drafted tokens."""
+        assert self.speculative_tokens is not None
+        steps = -(-tokens // (self.accepted_per_draft + 1))
+        histogram = [0] * (self.speculative_tokens + 1)
+        histogram[self.accepted_per_draft] = steps
+        accepted = steps * self.accepted_per_draft + self.misreported
+        return {"mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+                "draft_acceptance_rate": accepted / (steps * self.speculative_tokens) if steps else 0.0,
+                "acceptance_histogram": histogram, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
+                "num_draft_tokens": steps * self.speculative_tokens, "num_spec_tokens": self.speculative_tokens}
 
     def _count(self, tokens: int, *, foreign: int) -> None:
         """vLLM's counters after a request of ``tokens`` (and ``foreign`` requests of others, alike) finished."""

@@ -139,7 +139,7 @@ def test_traffic_without_tasks_or_reasoning_leaves_out_what_it_cannot_say(mixed_
     options = AuditOptions(draft_vocab_size=500)
     report = audit_against(mixed_corpus, str(write_jsonl(tmp_path / "untasked.jsonl", rows)), options)
     assert report["readable"] == {"rows": 40, "skipped": 0, "skipped_share": 0.0, "max_skipped_share": 0.05,
-                                  "partial": False}
+                                  "partial": False, "folded_prefix": 0}
     assert report["notes"] == [
         "task mix left out: the traffic's rows name no task (a `task` field, or --against a recipe whose sources "
         "carry task tags)"]
@@ -168,7 +168,7 @@ def test_mostly_skipped_traffic_is_noted_in_the_report(mixed_corpus: Path, tmp_p
     note = ("6 of the traffic's 106 rows (5.7%) were skipped, more than --max-skipped-share 0.05: every figure "
             "describes the 100 readable rows only")
     assert report["readable"] == {"rows": 100, "skipped": 6, "skipped_share": round(6 / 106, 6),
-                                  "max_skipped_share": 0.05, "partial": True, "note": note}
+                                  "max_skipped_share": 0.05, "partial": True, "note": note, "folded_prefix": 0}
     assert report["notes"] == [note]
     allowed = audit_against(mixed_corpus, str(traffic), AuditOptions(max_skipped_share=0.06))
     assert "notes" not in allowed and not allowed["readable"]["partial"]

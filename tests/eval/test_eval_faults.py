@@ -240,3 +240,50 @@ def test_the_speculator_and_revision_where_the_server_tells(pack: Path, tmp_path
             pytest.raises(CorpusError, match="different targets") as error:
         evaluate(pack, [a.base_url, b.base_url], temperature=0, save_dir=tmp_path)
     assert "revision r2" in str(error.value)
+
+
+# --- a server that counts per request (vLLM's --per-request-spec-decode-metrics) ------------------------------------
+
+def test_per_request_counts_need_no_metrics_read_after_the_first_window(pack: Path, tmp_path: Path) -> None:
+    """The first window is measured both ways and agrees; after it the eval reads no /metrics: the figures are the
+    requests' own counts, the same as the counters page gives."""
+    with speculating(accepted=2, per_request_metrics=True) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run
+    with speculating(accepted=2) as paged_server:
+        paged = evaluate(pack, [paged_server.base_url], temperature=0, save_dir=tmp_path / "paged").run
+    assert metrics_reads(server) == 1 + 1  # the reading before the run, and the first window's after
+    assert metrics_reads(paged_server) == 1 + 6
+    own = {(f["mode"], f["group"]): f for f in run["figures"]}
+    for figures in paged["figures"]:
+        mine = own[figures["mode"], figures["group"]]
+        for name in ("requests", "drafts", "draft_tokens", "accepted", "acceptance_rate", "mean_acceptance_length",
+                     "acceptance_by_position"):
+            assert mine[name] == figures[name], name
+    assert run["endpoints"][0]["counters"] == "per request" and paged["endpoints"][0]["counters"] == "/metrics"
+    assert "counted by per request" in format_run(run)
+    assert not any("--per-request-spec-decode-metrics" in note for note in run["notes"])
+    assert any("--per-request-spec-decode-metrics" in note for note in paged["notes"])
+
+
+def test_per_request_counts_keep_other_traffic_out(pack: Path, tmp_path: Path) -> None:
+    """Other clients' requests land in the counters page but not in a response's own counts: no window is
+    measured again, and a server others keep using can still be measured."""
+    with speculating(accepted=2, per_request_metrics=True, foreign=dict.fromkeys(range(1, 100), 1)) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run
+    assert run["remeasured_windows"] == 0 and len(server.chat_requests) == 6
+    assert run["figures"][0]["acceptance_rate"] == pytest.approx(2 / 3)
+
+
+def test_a_server_whose_two_accounts_disagree_is_counted_by_its_page(pack: Path, tmp_path: Path) -> None:
+    with speculating(accepted=1, per_request_metrics=True, misreported=1) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run
+    assert run["endpoints"][0]["counters"] == "/metrics" and metrics_reads(server) == 1 + 6
+    assert run["figures"][0]["acceptance_rate"] == pytest.approx(1 / 3)
+
+
+def test_per_request_counts_at_concurrency(pack: Path, tmp_path: Path) -> None:
+    with speculating(accepted=1, per_request_metrics=True, foreign=dict.fromkeys(range(3, 100), 1)) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, concurrency=3, save_dir=tmp_path / "runs").run
+    # the first phase measured both ways; the second by its requests' own counts alone, though others came
+    assert metrics_reads(server) == 1 + 1 and run["remeasured_windows"] == 0
+    assert [f["acceptance_rate"] for f in run["figures"]] == [pytest.approx(1 / 3)] * 2

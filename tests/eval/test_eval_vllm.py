@@ -2,7 +2,8 @@
 a draft with other random weights, the same server twice, and a server without a speculator.
 
 Two servers for the module (about 40 s and 3 GB each): the target drafting for itself (with /server_info, so
-it names its speculator) and the target with a random draft.
+it names its speculator, and with vLLM's per-request counts, so the eval reads no /metrics after its first
+window) and the target with a random draft (counted by /metrics).
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ DRAFT_TOKENS = 3
 MAX_TOKENS = 48
 
 
-def serve(target: Path, draft: Path, log_path: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+PER_REQUEST_COUNTS = ("--per-request-spec-decode-metrics", "summary", "--enable-per-request-metrics")
+
+
+def serve(target: Path, draft: Path, log_path: Path, env: dict[str, str] | None = None,
+          args: tuple[str, ...] = ()) -> Iterator[str]:
     speculative = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": DRAFT_TOKENS}
-    spec = LaunchSpec(model_dir=target, args=(*SERVER_ARGS, "--speculative-config", json.dumps(speculative)),
+    spec = LaunchSpec(model_dir=target, args=(*SERVER_ARGS, "--speculative-config", json.dumps(speculative), *args),
                       env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}, startup_timeout_s=600.0)
     with launched_server(spec, SERVED_MODEL, log_path=log_path) as server:
         yield server.url
@@ -42,7 +47,7 @@ def serve(target: Path, draft: Path, log_path: Path, env: dict[str, str] | None 
 def self_draft(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The tiny model drafting for itself; VLLM_SERVER_DEV_MODE=1 opens /server_info, where it names its speculator."""
     yield from serve(tiny_model_dir, tiny_model_dir, tmp_path_factory.mktemp("self-draft") / "server.log",
-                     {"VLLM_SERVER_DEV_MODE": "1"})
+                     {"VLLM_SERVER_DEV_MODE": "1"}, PER_REQUEST_COUNTS)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +91,12 @@ def test_the_target_as_its_own_draft_accepts_every_token_and_twice_is_one(self_d
     assert speculator["told_by"] == "/server_info"
     assert (speculator["method"], speculator["num_speculative_tokens"]) == ("draft_model", DRAFT_TOKENS)
     assert run["remeasured_windows"] == 0
+    # the first window of each endpoint measured both ways: the server's own two accounts agreed, and then no more
+    # /metrics: the reading before the run and the first window's, per endpoint
+    assert [endpoint["counters"] for endpoint in run["endpoints"]] == ["per request"] * 2
     reads = run["metrics_reads"]
+    assert reads["count"] == 2 * 2
+    assert figures(run, "A", "thinking")["tpot_ms"] > 0  # the response's timing (--enable-per-request-metrics)
     print("metrics reads", reads, "request seconds", sum(w["seconds"] for w in run["windows"]))
 
 
@@ -102,6 +112,7 @@ def test_a_draft_with_other_weights_accepts_almost_nothing(self_draft: str, rand
                                                                  "acceptance_by_position", "output_tokens_per_s")},
               "B/A", against)
     assert run["endpoints"][1]["speculator"] == {"told_by": None, "num_speculative_tokens": DRAFT_TOKENS}
+    assert [endpoint["counters"] for endpoint in run["endpoints"]] == ["per request", "/metrics"]
 
 
 def test_a_server_without_a_speculator_is_refused(vllm_server: ServedModel, pack: Path, tmp_path: Path) -> None:

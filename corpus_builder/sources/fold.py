@@ -1,0 +1,233 @@
+"""One conversation per conversation: the requests of a multi-turn chat, logged one by one, folded into the last.
+
+A chat is logged once per request and every request repeats the whole history, so a 6-turn chat is 3 logged
+rows: read as they are, they are 3 overlapping conversations that count its first turns three times. A row whose
+turns (its request's messages and the answer) are a prefix of a later row's turns, of the same conversation,
+is folded into that row: it is dropped (``folded_prefix``, in the ledger with the row it was folded into) and the
+later row keeps what only the earlier one held: the reasoning of an answer, which clients rarely send back in the
+history, and a cut answer's flag. The same conversation is the same session where the log records one, else any
+row with the prefix.
+
+The fold works on the logged exchanges as read (``logs.LoggedExchange``), before they are normalised: a request
+folded into a later one is never normalised, so a chat costs one normalisation however many requests logged it.
+Turns are matched on role, text (stripped, an answer's think block left out) and tool calls (name and arguments):
+the reasoning and the call ids a client sends back are not trusted to be the served ones. Memory is bounded by
+the number of open conversations (``max_open``), not by the file: past it the conversation extended longest ago is
+let out as it stands (a later request of it is then its own conversation). Rows come out when they close, so a
+log's conversations come out in the order their chats ended.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import orjson
+
+from ..errors import Skipped
+from ..recipe.model import Fold
+from ..records import FLAG_TRUNCATED, REASONING_KEYS, THINK_CLOSE, Message, split_think
+from .logs import LoggedExchange
+
+FOLDED_PREFIX = "folded_prefix"
+FOLDED_KEY = "folded_requests"  # provenance: how many logged requests a folded conversation was made of
+
+Tag = TypeVar("Tag")  # what the caller keeps with each request (where it was read)
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """What a folded request's answer leaves to its chat's conversation: where it stands among the chat's turns, its
+    text (to check the turn it is carried to), its reasoning and whether it was served cut."""
+
+    index: int
+    text: Any
+    reasoning: str | None
+    cut: bool
+
+    @classmethod
+    def of(cls, exchange: LoggedExchange) -> Carried:
+        answer = exchange.answer
+        return cls(len(exchange.messages), _turn_text(answer), _reasoning(answer), exchange.finish_reason == "length")
+
+
+@dataclass(slots=True)
+class Held(Generic[Tag]):
+    """A logged request, open or let out, with what the requests folded into it left (their exchanges are not
+    kept: an open chat holds one request's row)."""
+
+    exchange: LoggedExchange
+    tag: Tag
+    head: int  # the key of the chat's first exchange
+    carried: list[Carried] = field(default_factory=list)
+    requests: int = 1
+
+
+def _turn_text(turn: Any) -> Any:
+    if type(turn) is not dict:
+        return repr(turn)
+    content = turn.get("content")
+    if type(content) is str:
+        if THINK_CLOSE in content and turn.get("role") == "assistant":
+            content = content.rsplit(THINK_CLOSE, 1)[1]
+        return content.strip()
+    return "" if content is None else orjson.dumps(content, option=orjson.OPT_SORT_KEYS)  # null: no text
+
+
+def _calls(turn: dict[str, Any]) -> tuple[Any, ...]:
+    calls = turn.get("tool_calls") or ([turn["function_call"]] if turn.get("function_call") else ())
+    if not isinstance(calls, list | tuple):
+        return (repr(calls),)
+    found: list[Any] = []
+    for call in calls:
+        function = call.get("function", call) if isinstance(call, dict) else call
+        if isinstance(function, dict):
+            arguments = function.get("arguments")
+            found.append((function.get("name"), arguments if isinstance(arguments, str) or arguments is None
+                          else orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)))
+        else:
+            found.append(repr(function))
+    return tuple(found)
+
+
+def _answer_sign(turn: Any) -> tuple[Any, ...]:
+    """An answer as the fold compares it: its text and calls, whether served (with reasoning, nulls) or sent back in a
+    later request's history (without them)."""
+    if type(turn) is not dict:
+        return (repr(turn),)
+    calls = _calls(turn) if turn.get("tool_calls") or turn.get("function_call") else ()
+    return _turn_text(turn), calls
+
+
+def _key(history: tuple[bytes, ...], answer: Any) -> int:
+    """The key of a conversation that ends with ``answer`` after ``history``: the history's turns as the client sent
+    them (each serialised in C: a client sends its history back as it sent it before) and the answer as the fold
+    compares it. Equal within one process (Python's hashes: a request is only matched with those the same process
+    read)."""
+    return hash((history, _answer_sign(answer)))
+
+
+def _is_answer(turn: Any) -> bool:
+    return type(turn) is dict and turn.get("role") == "assistant"
+
+
+def _serialised(messages: list[Any]) -> tuple[bytes, ...]:
+    try:
+        return tuple(map(orjson.dumps, messages))
+    except orjson.JSONEncodeError:  # a value JSON cannot hold (a Hub row's bytes): by its text
+        return tuple(repr(turn).encode() for turn in messages)
+
+
+def exchange_keys(exchange: LoggedExchange) -> tuple[int, int, int | None]:
+    """The exchange's own key, the key of its chat's first exchange, and the key of the request before it (its turns
+    up to the last answer its history holds; None when it holds none)."""
+    messages = exchange.messages
+    history = _serialised(messages)
+    full = _key(history, exchange.answer)
+    answers = [index for index, turn in enumerate(messages) if type(turn) is dict and turn.get("role") == "assistant"]
+    if not answers:
+        return full, full, None
+    first, last = answers[0], answers[-1]
+    return full, _key(history[:first], messages[first]), _key(history[:last], messages[last])
+
+
+def earlier_keys(exchange: LoggedExchange) -> list[int]:
+    """The keys of every request before it in its chat: its turns up to each answer its history holds."""
+    messages = exchange.messages
+    history = _serialised(messages)
+    return [_key(history[:index], turn) for index, turn in enumerate(messages) if _is_answer(turn)]
+
+
+class PrefixFold(Generic[Tag]):
+    """Folds the logged requests of one source, fed in log order; ``add`` and ``close`` yield what is finished:
+    ``(held, True)`` for a request folded into the one just added, ``(held, False)`` for one let out whole.
+
+    A request is matched with the request just before it in its chat (its turns up to the last answer of its
+    history); only when that one is not open but a chat that began as it did is, with every earlier request of
+    its chat (a request in between missing from the log)."""
+
+    def __init__(self, max_open: int = Fold().max_open) -> None:
+        if max_open < 1:
+            raise ValueError("max_open must be at least 1")
+        self.max_open = max_open
+        self._open: OrderedDict[tuple[str | None, int], Held[Tag]] = OrderedDict()
+        self._heads: dict[tuple[str | None, int], int] = {}  # open chats by their first exchange
+
+    def add(self, exchange: LoggedExchange, tag: Tag) -> Iterator[tuple[Held[Tag], bool]]:
+        session = exchange.session
+        full, head, previous = exchange_keys(exchange)
+        held = Held(exchange, tag, head)
+        if previous is not None:
+            candidates = [previous] if (session, previous) in self._open or (session, head) not in self._heads \
+                else earlier_keys(exchange)
+            for candidate in candidates:
+                earlier = self._pop((session, candidate))
+                if earlier is not None:
+                    held.carried += [*earlier.carried, Carried.of(earlier.exchange)]
+                    held.requests += earlier.requests
+                    yield earlier, True
+        same = self._pop((session, full))  # the same request logged twice: both stay (dedup's to judge)
+        if same is not None:
+            yield same, False
+        self._open[session, full] = held
+        self._heads[session, head] = self._heads.get((session, head), 0) + 1
+        if len(self._open) > self.max_open:
+            yield self._close_oldest(), False
+
+    def close(self) -> Iterator[Held[Tag]]:
+        """The conversations still open, in the order they were last extended."""
+        while self._open:
+            yield self._close_oldest()
+
+    def _close_oldest(self) -> Held[Tag]:
+        key, held = self._open.popitem(last=False)
+        self._forget_head(key[0], held)
+        return held
+
+    def _pop(self, key: tuple[str | None, int]) -> Held[Tag] | None:
+        held = self._open.pop(key, None)
+        if held is not None:
+            self._forget_head(key[0], held)
+        return held
+
+    def _forget_head(self, session: str | None, held: Held[Tag]) -> None:
+        heads = (session, held.head)
+        left = self._heads[heads] - 1
+        if left:
+            self._heads[heads] = left
+        else:
+            del self._heads[heads]
+
+
+def folded_skip(source: str, earlier: str, into: str) -> Skipped:
+    """The ledger's entry of a request folded into a later one (by their locations)."""
+    return Skipped(source, FOLDED_PREFIX, earlier, f"folded into {into}")
+
+
+def carry(messages: list[Message], flags: list[str], held: Held[Any]) -> None:
+    """What the turns of a folded chat take from the requests folded into it: each earlier answer's reasoning (the
+    history a client sends back seldom holds it) and the flag of an answer served cut."""
+    answers = [message for message in messages if message.role == "assistant"]
+    raw = held.exchange.messages
+    for earlier in held.carried:
+        if earlier.cut and FLAG_TRUNCATED not in flags:
+            flags.append(FLAG_TRUNCATED)
+        ordinal = sum(1 for turn in raw[:earlier.index + 1] if _is_answer(turn))  # the chat's nth answer
+        target = answers[ordinal - 1] if 0 < ordinal <= len(answers) else None
+        if target is not None and earlier.reasoning and not target.reasoning \
+                and target.content.strip() == earlier.text:
+            target.reasoning = earlier.reasoning
+
+
+def _reasoning(answer: dict[str, Any]) -> str | None:
+    """An answer's reasoning as the readers take it: a reasoning field, else its think block."""
+    for key in REASONING_KEYS:
+        value = answer.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    content = answer.get("content")
+    if isinstance(content, str) and THINK_CLOSE in content:
+        return split_think(content)[1]
+    return None
