@@ -6,22 +6,39 @@ Reports conversations/s end to end (process start to exit) and peak RSS of the b
     python benchmarks/bench_build_replay.py [--sizes 20000 200000] [--repeats 3] [--workdir DIR]
         [--compare-with TREE]   # also build with another checkout's code (e.g. `git worktree add TREE REV`),
                                 # alternated run by run, for before/after figures from one session
+        [--variants plain tokens]  # tokens: the recipe names target.tokenizer and checks.max_seq_len, so every
+                                   # row is measured in the target's tokens (lengths, budget, token statistics)
+        [--tokenizer DIR] [--max-seq-len 4096]  # the tokens variant's tokenizer (default: the tiny model's)
+        [--anchors]             # also, on the same file: the raw `encode_batch` floor (each conversation
+                                # rendered once by transformers' apply_chat_template, untimed; `tokenizers`'
+                                # encode_batch timed, on every core) and the naive transformers loop
+                                # (apply_chat_template(tokenize=False) per conversation, then one batch call),
+                                # both 10,000 conversations a batch call
+
+Token rates are conversation tokens per second: the build's are audit.json's `tokens.tokens` (every conversation's
+length as served) over the build's time, the anchors' the ids they encoded over their time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+ROLES = {"human": "user", "gpt": "assistant"}
 
 WORDS = [
     "the",
@@ -76,12 +93,15 @@ def write_sharegpt(path: Path, count: int, seed: int = 0) -> None:
             handle.write(orjson.dumps({"id": f"conv-{index}", "conversations": turns}) + b"\n")
 
 
-def write_recipe(path: Path, data: Path, out: Path) -> None:
+def write_recipe(path: Path, data: Path, out: Path, tokenizer: Path | None = None, max_seq_len: int = 4096) -> None:
+    """The replay recipe; with ``tokenizer``, measured in the target's tokens (``checks.max_seq_len``)."""
+    target = f"{{model: bench/target, tokenizer: {tokenizer}}}" if tokenizer is not None else "{model: bench/target}"
+    budget = f", max_seq_len: {max_seq_len}" if tokenizer is not None else ""
     path.write_text(
         "name: bench-replay\n"
-        "target: {model: bench/target}\n"
+        f"target: {target}\n"
         f"sources:\n  - name: workload\n    kind: replay\n    path: {data}\n    mapping: {{style: sharegpt}}\n"
-        "checks: {dedup: exact}\n"
+        f"checks: {{dedup: exact{budget}}}\n"
         "split: {validation_fraction: 0.02, seed: 0}\n"
         f"output: {{dir: {out}, rows_per_shard: 50000}}\n",
         encoding="utf-8",
@@ -94,11 +114,11 @@ def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = 
     env = dict(os.environ)
     if workers is not None:
         env["CORPUS_WORKERS"] = str(workers)
-    if code is not None:
-        env["PYTHONPATH"] = str(code)
+    # `python -m` puts its working directory first on the path: run where no checkout is, import through PYTHONPATH
+    env["PYTHONPATH"] = str(code if code is not None else REPO)
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=recipe.parent)
     peak = peak_rss(process)
     seconds = time.perf_counter() - start
     if process.returncode != 0:
@@ -120,6 +140,75 @@ def peak_rss(process: subprocess.Popen[bytes]) -> int:
     return peak
 
 
+def template_messages(path: Path) -> list[list[dict[str, str]]]:
+    """The benchmark file's conversations as chat-template input, as a user would map them."""
+    with path.open("rb") as handle:
+        return [[{"role": ROLES[turn["from"]], "content": turn["value"]}
+                 for turn in orjson.loads(line)["conversations"]] for line in handle]
+
+
+ANCHOR_BATCH = 10_000  # conversations per encode_batch call: the encodings of 200k would take ~15 GB
+
+
+def floor(data: Path, tokenizer_dir: Path) -> dict[str, Any]:
+    """The raw `encode_batch` floor: every conversation rendered once by transformers (not timed), then
+    `tokenizers`' own encode_batch over the texts, ``ANCHOR_BATCH`` at a time (timed; it runs on every core)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(tokenizer_dir)
+    start = time.perf_counter()
+    texts = [hf.apply_chat_template(messages, tokenize=False) for messages in template_messages(data)]
+    rendering = time.perf_counter() - start
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    tokens = 0
+    start = time.perf_counter()
+    for first in range(0, len(texts), ANCHOR_BATCH):
+        tokens += sum(len(e.ids) for e in tokenizer.encode_batch(texts[first:first + ANCHOR_BATCH],
+                                                                 add_special_tokens=False))
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "rendering": rendering, "tokens": tokens, "conversations": len(texts)}
+
+
+def naive(data: Path, tokenizer_dir: Path) -> dict[str, Any]:
+    """The naive transformers loop, timed whole: read the file, apply_chat_template(tokenize=False) per
+    conversation, then one batch call of the tokenizer (per ``ANCHOR_BATCH`` conversations, for memory)."""
+    from transformers import AutoTokenizer
+
+    start = time.perf_counter()
+    hf = AutoTokenizer.from_pretrained(tokenizer_dir)
+    conversations = template_messages(data)
+    tokens = 0
+    rendering = 0.0
+    for first in range(0, len(conversations), ANCHOR_BATCH):
+        rendered = time.perf_counter()
+        texts = [hf.apply_chat_template(messages, tokenize=False)
+                 for messages in conversations[first:first + ANCHOR_BATCH]]
+        rendering += time.perf_counter() - rendered
+        tokens += sum(len(ids) for ids in hf(texts, add_special_tokens=False)["input_ids"])
+    return {"seconds": time.perf_counter() - start, "rendering": rendering, "tokens": tokens,
+            "conversations": len(conversations)}
+
+
+ANCHORS = {"floor": floor, "naive": naive}
+
+
+def run_anchor(name: str, data: Path, tokenizer: Path) -> tuple[dict[str, Any], float]:
+    """(the anchor's figures, peak RSS MiB) of one anchor run in a process of its own."""
+    process = subprocess.Popen([sys.executable, __file__, "--child", name, "--data", str(data), "--tokenizer",
+                                str(tokenizer)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peak = peak_rss(process)
+    if process.returncode != 0:
+        raise SystemExit(f"{name} failed: {process.stderr.read().decode()[-2000:]}")
+    return json.loads(process.stdout.read()), peak / 2**20
+
+
+def audit_tokens(out: Path) -> int:
+    """The built corpus's conversation tokens (audit.json), 0 for a build without a tokenizer."""
+    tokens: int = (json.loads((out / "audit.json").read_text()).get("tokens") or {}).get("tokens", 0)
+    return tokens
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000])
@@ -127,38 +216,88 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--workers", type=int, help="CORPUS_WORKERS for the build (default: one per core)")
     parser.add_argument("--compare-with", type=Path, metavar="TREE", help="another checkout to build with too")
+    parser.add_argument("--variants", nargs="+", choices=["plain", "tokens"], default=["plain"])
+    parser.add_argument("--tokenizer", type=Path, default=REPO / ".cache" / "tiny-model")
+    parser.add_argument("--max-seq-len", type=int, default=4096)
+    parser.add_argument("--anchors", action="store_true")
+    parser.add_argument("--child", choices=list(ANCHORS), help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(ANCHORS[args.child](args.data, args.tokenizer.resolve())))
+        return
     codes: dict[str, Path | None] = {"this": None}
     if args.compare_with is not None:
         codes = {"other": args.compare_with.resolve(), "this": None}
+    tokenizer = args.tokenizer.resolve()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         recipes = {}
         for size in args.sizes:
             data = work / f"sharegpt-{size}.jsonl"
             write_sharegpt(data, size)
-            recipes[size] = work / f"recipe-{size}.yaml"
-            write_recipe(recipes[size], data, work / f"out-{size}")
-        results: dict[tuple[str, int], list[tuple[float, float]]] = {
-            (name, size): [] for name in codes for size in args.sizes}
+            for variant in args.variants:
+                recipes[(variant, size)] = work / f"recipe-{variant}-{size}.yaml"
+                write_recipe(recipes[(variant, size)], data, work / f"out-{size}",
+                             tokenizer if variant == "tokens" else None, args.max_seq_len)
+        runs = [(name, variant, size) for name in codes for variant in args.variants for size in args.sizes]
+        results: dict[tuple[str, str, int], list[tuple[float, float, int]]] = {run: [] for run in runs}
+        anchors: dict[tuple[str, int], list[tuple[dict[str, Any], float]]] = {}
         for repeat in range(args.repeats):
-            for name, code in codes.items():
+            for name, variant, size in runs:
+                out = work / f"out-{name}-{variant}-{size}-{repeat}"
+                seconds, rss = run_build(recipes[(variant, size)], out, args.workers, codes[name])
+                tokens = audit_tokens(out)
+                results[(name, variant, size)].append((seconds, rss, tokens))
+                rate = f"{tokens / seconds:11,.0f} tok/s" if tokens else ""
+                print(f"run {repeat} {name:<5} {variant:<6} size {size:>7}: {seconds:7.2f} s  {size / seconds:9,.0f} "
+                      f"conv/s  peak RSS {rss:7.1f} MiB  {rate}", flush=True)
+                shutil.rmtree(out, ignore_errors=True)  # 200k corpora add up
+            for anchor in ANCHORS if args.anchors else ():
                 for size in args.sizes:
-                    seconds, rss = run_build(recipes[size], work / f"out-{name}-{size}-{repeat}", args.workers, code)
-                    results[(name, size)].append((seconds, rss))
-                    print(f"run {repeat} {name:<5} size {size:>7}: {seconds:6.2f} s  {size / seconds:9,.0f} conv/s  "
-                          f"peak RSS {rss:7.1f} MiB", flush=True)
-        for name in codes:
-            print(f"\nmedians ({name} code)")
-            medians = {}
-            for size in args.sizes:
-                runs = results[(name, size)]
+                    figures, rss = run_anchor(anchor, work / f"sharegpt-{size}.jsonl", tokenizer)
+                    anchors.setdefault((anchor, size), []).append((figures, rss))
+                    print(f"run {repeat} {anchor:<12} size {size:>7}: {figures['seconds']:7.2f} s  "
+                          f"{figures['tokens'] / figures['seconds']:11,.0f} tok/s  peak RSS {rss:7.1f} MiB  "
+                          f"(rendering {figures['rendering']:.2f} s{' untimed' if anchor == 'floor' else ''})",
+                          flush=True)
+        report(args.sizes, codes, args.variants, results, anchors)
+
+
+def report(sizes: list[int], codes: dict[str, Path | None], variants: list[str],
+           results: dict[tuple[str, str, int], list[tuple[float, float, int]]],
+           anchors: dict[tuple[str, int], list[tuple[dict[str, Any], float]]]) -> None:
+    """Medians per code, variant and size; the tokens variant against the plain build and the anchors."""
+    medians: dict[tuple[str, str, int], tuple[float, float, float]] = {}
+    for name in codes:
+        print(f"\nmedians ({name} code)")
+        for variant in variants:
+            for size in sizes:
+                runs = results[(name, variant, size)]
                 seconds = statistics.median(r[0] for r in runs)
-                medians[size] = statistics.median(r[1] for r in runs)
-                print(f"  {size:>7} conversations: {size / seconds:9,.0f} conv/s  peak RSS {medians[size]:7.1f} MiB")
-            if len(args.sizes) >= 2:
-                small, large = min(args.sizes), max(args.sizes)
-                print(f"  peak RSS ratio {large} / {small}: {medians[large] / medians[small]:.2f}x")
+                rss = statistics.median(r[1] for r in runs)
+                rate = statistics.median(r[2] / r[0] for r in runs)
+                medians[(name, variant, size)] = (seconds, rss, rate)
+                tokens = f"  {rate:11,.0f} tok/s" if rate else ""
+                print(f"  {variant:<6} {size:>7} conversations: {seconds:7.2f} s  {size / seconds:9,.0f} conv/s  "
+                      f"peak RSS {rss:7.1f} MiB{tokens}")
+            if len(sizes) >= 2:
+                small, large = min(sizes), max(sizes)
+                print(f"  {variant:<6} peak RSS ratio {large} / {small}: "
+                      f"{medians[(name, variant, large)][1] / medians[(name, variant, small)][1]:.2f}x")
+        for size in sizes if {"plain", "tokens"} <= set(variants) else ():
+            plain, measured = medians[(name, "plain", size)], medians[(name, "tokens", size)]
+            line = f"  {size:>7}: tokens / plain: time {measured[0] / plain[0]:.2f}x, RSS {measured[1] / plain[1]:.2f}x"
+            for anchor in ANCHORS:
+                if (anchor, size) in anchors:
+                    rate = statistics.median(f["tokens"] / f["seconds"] for f, _ in anchors[(anchor, size)])
+                    line += f"; tokens build / {anchor} {measured[2] / rate:.2f}x tok/s"
+            print(line)
+    for (anchor, size), anchor_runs in sorted(anchors.items()):
+        rate = statistics.median(f["tokens"] / f["seconds"] for f, _ in anchor_runs)
+        seconds = statistics.median(f["seconds"] for f, _ in anchor_runs)
+        print(f"{anchor:<6} {size:>7}: {seconds:7.2f} s  {rate:11,.0f} tok/s  peak RSS "
+              f"{statistics.median(r for _, r in anchor_runs):7.1f} MiB  tokens {anchor_runs[0][0]['tokens']:,}")
 
 
 if __name__ == "__main__":

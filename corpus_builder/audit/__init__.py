@@ -33,7 +33,7 @@ from ..secrets import Finding, scan_conversations, scan_corpus
 from ..stats.corpus import AuditReport, CorpusStats, SecretsReport, corpus_problems
 from ..stats.pack import pack_mix, stratum
 from ..stats.tokens import TokenStats
-from ..tokens import TemplateRenderer, TokenRows, TokenSettings
+from ..tokens import TemplateRenderer, TokenSettings, TurnTokens
 from ..tokens.settings import read_corpus_recipe
 from .options import AuditOptions
 from .report import format_report
@@ -154,7 +154,7 @@ def audit_corpus_files(corpus: Corpus | CorpusFiles) -> AuditReport:
     the target's tokenizer named by its recipe is at hand."""
     files = corpus if isinstance(corpus, CorpusFiles) else CorpusFiles(corpus)
     settings, renderer = files.token_settings, files.renderer
-    tokens = TokenStats(settings, TokenRows(renderer)) if settings is not None and renderer is not None else None
+    tokens = TokenStats(settings, TurnTokens(renderer)) if settings is not None and renderer is not None else None
     auditor = CorpusStats(tokens=tokens)
     for batch in files.corpus.iter_batches():
         auditor.add_rows(batch_to_conversations(batch) if tokens is not None else [], batch)

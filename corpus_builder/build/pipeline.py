@@ -56,7 +56,7 @@ from ..sources import MeasuredRows, replay_stream
 from ..stats.corpus import AuditReport, CorpusStats, corpus_problems, generation_targets
 from ..stats.pack import pack_mix
 from ..stats.tokens import TokenStats
-from ..tokens import TemplateRenderer, TokenRows, TokenSettings
+from ..tokens import TemplateRenderer, TokenFacts, TokenRows, TokenSettings
 from .collect import KeptRows, MixtureShort, collect
 from .eval_pack import EvalPack, cut_eval_pack
 from .prompt_stage import GenerationSession
@@ -97,10 +97,12 @@ class BuildResult:
 
 @dataclass(frozen=True)
 class TargetTokens:
-    """The target's tokenizer and template, loaded once per build (None parts when the recipe names none)."""
+    """The target's tokenizer and template, loaded once per build (None parts when the recipe names none), and
+    the token statistics' figures of rows measured where they were read, by id, until they are written."""
 
     settings: TokenSettings | None
     rows: TokenRows | None
+    measured: dict[str, TokenFacts] = field(default_factory=dict)
 
     @classmethod
     def for_recipe(cls, recipe: Recipe) -> TargetTokens:
@@ -203,7 +205,7 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
     pack held out of it."""
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
     # Sees exactly the rows written; `corpus audit` recomputes the same from the files.
-    auditor = CorpusStats(tokens=TokenStats(tokens.settings, tokens.rows)
+    auditor = CorpusStats(tokens=TokenStats(tokens.settings, tokens.rows.turns, tokens.measured)
                       if tokens.settings is not None and tokens.rows is not None else None)
     shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=auditor.add_rows)
     try:
@@ -308,9 +310,10 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
             if recipe.has_prompts or recipe.mixture.declared(recipe.sources):
                 result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
                                           pack, stack, allow_partial=allow_partial, allow_short=allow_short)
-            else:  # replay alone, nothing declared: rows stream from the sources to the shards
+            else:  # replay alone, nothing declared: rows stream from the sources to the shards, measured once
                 checker = Checker.for_recipe(recipe, tokens.renderer, contamination,
-                                             pack=pack.screen if pack is not None else None)
+                                             pack=pack.screen if pack is not None else None,
+                                             measured=tokens.measured if tokens.settings is not None else None)
                 result = write_corpus(checker.run(_replay_rows(recipe, checker, stream)), recipe, staging, ledger,
                                       tokens, allow_partial=allow_partial, screening=screening, pack=pack)
         if not result.manifest.conversations and not allow_empty:

@@ -13,7 +13,7 @@ from ..errors import CONTAMINATED, Skipped, contamination_detail
 from ..recipe.model import Checks, Recipe
 from ..records import FLAG_TRUNCATED, FLAG_UNCLOSED_THINK, Conversation, row_location
 from ..sources import MeasuredRows
-from ..tokens import TemplateRenderer
+from ..tokens import TemplateRenderer, TokenFacts, TurnTokens
 from .decontaminate import Contamination
 from .dedup import Dedup, Evicted
 from .near_dedup import Signatures
@@ -35,6 +35,7 @@ class BatchStats:
     signatures: Signatures | None  # what dedup compares
     contamination: list[tuple[str, ...]] | None  # the evaluation sets each row matches
     pack_signatures: Signatures | None = None  # what the eval pack's index compares, when not dedup's own
+    token_facts: list[TokenFacts | None] | None = None  # what the token statistics add up, of the rows measured
 
 
 class Checker:
@@ -43,17 +44,25 @@ class Checker:
     ids, in that order. Rows the eval pack holds out leave the stream first, before any check.
 
     ``evict`` takes the kept rows a later row of a higher-priority source duplicates (see ``dedup``); a
-    caller that writes rows as they come reads sources in dedup order and passes none."""
+    caller that writes rows as they come reads sources in dedup order and passes none.
+
+    ``measured``: where a caller that writes rows as they come takes their token statistics' figures from. The
+    rows are then measured whole where they are read (every turn, in one encode per view: the budget is one of
+    the figures) and each kept row's figures are left there under the id it is written under, so the writer
+    adds numbers instead of tokenizing again."""
 
     def __init__(self, checks: Checks, renderer: TemplateRenderer | None, *, dedup: Dedup | None = None,
                  contamination: Contamination | None = None, evict: Callable[[Evicted], None] | None = None,
-                 pack: PackScreen | None = None, batch_size: int = 512, keep_truncated: bool = False) -> None:
+                 pack: PackScreen | None = None, measured: dict[str, TokenFacts] | None = None,
+                 batch_size: int = 512, keep_truncated: bool = False) -> None:
         self.checks = checks
         # target.generation.on_length for a served answer cut at max_tokens (a logged one): keep it, flagged, or
         # drop it (retry drops it too: a logged request cannot be asked again). Generated ones are judged as
         # they come back; those that reach here were kept.
         self.keep_truncated = keep_truncated
         self.renderer = renderer if checks.max_seq_len is not None else None
+        self.measured = measured
+        self.turns = TurnTokens(renderer) if renderer is not None and measured is not None else None
         self.dedup = dedup
         self.contamination = contamination
         self.evict = evict
@@ -66,10 +75,12 @@ class Checker:
 
     @classmethod
     def for_recipe(cls, recipe: Recipe, renderer: TemplateRenderer | None, contamination: Contamination | None,
-                   evict: Callable[[Evicted], None] | None = None, pack: PackScreen | None = None) -> Checker:
+                   evict: Callable[[Evicted], None] | None = None, pack: PackScreen | None = None,
+                   measured: dict[str, TokenFacts] | None = None) -> Checker:
         """The checks of every row a build writes."""
         return cls(recipe.checks, renderer, dedup=Dedup.for_recipe(recipe), contamination=contamination,
-                   evict=evict, pack=pack, keep_truncated=recipe.target.generation.on_length == "keep")
+                   evict=evict, pack=pack, measured=measured,
+                   keep_truncated=recipe.target.generation.on_length == "keep")
 
     @classmethod
     def for_prompts(cls, recipe: Recipe, contamination: Contamination | None) -> Checker:
@@ -83,18 +94,24 @@ class Checker:
             stats.pack_signatures = self.pack.signatures(batch)
         renderer, limit = self.renderer, self.checks.max_seq_len
         if renderer is None or limit is None:
-            return stats
-        # Memory and time stay flat whatever one row looks like: a row over the budget by its character
-        # count alone is not rendered or tokenized.
-        counted = []
-        for index, conversation in enumerate(batch):
-            floor = renderer.token_lower_bound(conversation)
-            if floor > limit:
-                stats.tokens[index], stats.at_least[index] = floor, True
-            else:
-                counted.append(index)
-        for index, tokens in zip(counted, renderer.count_tokens([batch[i] for i in counted]), strict=True):
-            stats.tokens[index] = tokens
+            counted = list(range(len(batch)))
+        else:
+            # Memory and time stay flat whatever one row looks like: a row over the budget by its character
+            # count alone is not rendered or tokenized.
+            counted = []
+            for index, conversation in enumerate(batch):
+                floor = renderer.token_lower_bound(conversation)
+                if floor > limit:
+                    stats.tokens[index], stats.at_least[index] = floor, True
+                else:
+                    counted.append(index)
+        if self.turns is not None:
+            stats.token_facts = [None] * len(batch)
+            for index, facts in zip(counted, self.turns.facts([batch[i] for i in counted]), strict=True):
+                stats.tokens[index], stats.token_facts[index] = facts.tokens, facts
+        elif renderer is not None:
+            for index, tokens in zip(counted, renderer.count_tokens([batch[i] for i in counted]), strict=True):
+                stats.tokens[index] = tokens
         return stats
 
     def _screen(self, batch: Sequence[Conversation]) -> tuple[Signatures | None, list[tuple[str, ...]] | None]:
@@ -184,6 +201,11 @@ class Checker:
                                           id=batch[i].id)
         for i, row_id in ids.items():
             kept[i].id = row_id
+        if self.measured is not None and stats.token_facts is not None:
+            for i, row_id in ids.items():
+                facts = stats.token_facts[i]
+                if facts is not None and kept[i] is batch[i]:  # a truncated row is another text: not measured
+                    self.measured[row_id] = facts
         return outcomes
 
     def _drop_pack_copies(self, batch: list[Conversation], outcomes: list[Conversation | Skipped | None],

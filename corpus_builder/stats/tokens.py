@@ -1,16 +1,21 @@
-"""Token statistics of a corpus in the target's tokens, and the served-ids check's verdict; memory per group."""
+"""Token statistics of a corpus in the target's tokens, and the served-ids check's verdict; memory per group.
+
+Each row's figures (``tokens.TokenFacts``) are measured where the build reads it, when it can be (the replay
+readers' ``Checker.measure``), and handed here by id; rows that come without them (collected, truncated, or a
+corpus audited from its files) are measured here, in batches."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import numpy as np
 
 from ..records import Conversation
-from ..tokens import ConversationTokens, TokenRows, TokenSettings
+from ..tokens import TokenFacts, TokenSettings, TurnTokens
+from ..tokens.measure import PLAN_CHUNK
 from . import nearest_rank
 
 GROUPINGS = ("source", "split")
@@ -58,11 +63,11 @@ class _Totals:
     reasoning: int = 0
     over_budget: int = 0
 
-    def add(self, item: ConversationTokens, over: bool) -> None:
-        self.lengths[item.tokens] += 1
-        self.tokens += item.tokens
-        self.supervised += sum(row.supervised for row in item.rows)
-        self.reasoning += sum(row.reasoning for row in item.rows)
+    def add(self, facts: TokenFacts, over: bool) -> None:
+        self.lengths[facts.tokens] += 1
+        self.tokens += facts.tokens
+        self.supervised += facts.supervised
+        self.reasoning += facts.reasoning
         self.over_budget += over
 
     def report(self, budgeted: bool) -> TokenTotalsReport:
@@ -80,29 +85,38 @@ class _Totals:
 class TokenStats:
     """Token statistics and the served-ids check over batches of a corpus; memory per group."""
 
-    def __init__(self, settings: TokenSettings, rows: TokenRows, batch_size: int = 256) -> None:
+    def __init__(self, settings: TokenSettings, turns: TurnTokens, measured: dict[str, TokenFacts] | None = None,
+                 batch_size: int = 4 * PLAN_CHUNK) -> None:
+        """``measured``: the facts of rows measured upstream, by the id they are written under; taken out as the
+        rows are added. Rows are measured here ``batch_size`` at a time: several chunks, so that rendering one
+        overlaps encoding the one before."""
         self.settings = settings
-        self.rows = rows
+        self.turns = turns
+        self.measured = measured if measured is not None else {}
         self.batch_size = batch_size
         self.overall = _Totals()
         self.groups: dict[str, dict[str, _Totals]] = {g: {} for g in GROUPINGS}
         self.mismatches: list[dict[str, Any]] = []
         self.checked_turns = 0
 
-    def add_conversations(self, conversations: list[Conversation]) -> None:
-        for start in range(0, len(conversations), self.batch_size):
-            self.add(self.rows.tokenize(conversations[start:start + self.batch_size]))
-
-    def add(self, items: Iterable[ConversationTokens]) -> None:
+    def add_conversations(self, conversations: Sequence[Conversation]) -> None:
+        """Rows in the order they are written; those measured upstream are not measured again."""
+        facts: list[TokenFacts | None] = [self.measured.pop(c.id, None) for c in conversations] if self.measured \
+            else [None] * len(conversations)
+        unmeasured = [index for index, found in enumerate(facts) if found is None]
+        for start in range(0, len(unmeasured), self.batch_size):
+            chunk = unmeasured[start:start + self.batch_size]
+            for index, measured in zip(chunk, self.turns.facts([conversations[i] for i in chunk]), strict=True):
+                facts[index] = measured
         limit = self.settings.max_seq_len
-        for item in items:
-            over = limit is not None and item.tokens > limit
-            self.overall.add(item, over)
-            conversation = item.conversation
+        for conversation, found in zip(conversations, facts, strict=True):
+            assert found is not None
+            over = limit is not None and found.tokens > limit
+            self.overall.add(found, over)
             for grouping, key in (("source", conversation.source), ("split", conversation.split or "")):
-                self.groups[grouping].setdefault(key, _Totals()).add(item, over)
-            self.checked_turns += item.checked_turns
-            self.mismatches += [m.to_dict() for m in item.mismatches]
+                self.groups[grouping].setdefault(key, _Totals()).add(found, over)
+            self.checked_turns += found.checked_turns
+            self.mismatches += [m.to_dict() for m in found.named(conversation.id).mismatches]
 
     def report(self) -> TokenReport:
         budgeted = self.settings.max_seq_len is not None

@@ -31,19 +31,19 @@ when its served ids are a prefix of the render (the render closes what the model
 Reasoning tokens of a turn are its supervised tokens up to and including ``</think>``; with a
 pre-opened think block and no ``</think>`` (truncated thinking) all of them are reasoning; a turn with no
 reasoning has none (the empty think block the template renders is not reasoning).
+
+The rows are cut out of ``tokens.measure``'s measurement, which renders and encodes each view once (the build's
+statistics and the audit's meter measure with it too); ``input_ids`` and the mask come from ``tokenizers``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..errors import CorpusError
-from ..records import THINK_CLOSE, THINK_OPEN, Conversation
+from ..records import Conversation
+from .measure import TokenMismatch, TurnTokens
 from .template import TemplateRenderer
-
-MISMATCH_WINDOW = 6  # tokens shown on each side of a mismatch
 
 
 @dataclass(slots=True)
@@ -66,25 +66,6 @@ class TurnRow:
         return [0] * self.start + [1] * self.supervised
 
 
-@dataclass(frozen=True, slots=True)
-class TokenMismatch:
-    """First position where a generated turn's re-render differs from its served ids."""
-
-    id: str
-    message_index: int
-    position: int  # index into prompt_token_ids + token_ids
-    part: str  # prompt | completion
-    served: list[int]
-    rendered: list[int]
-    served_text: str
-    rendered_text: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "message_index": self.message_index, "position": self.position, "part": self.part,
-                "served": self.served, "rendered": self.rendered, "served_text": self.served_text,
-                "rendered_text": self.rendered_text}
-
-
 @dataclass(slots=True)
 class ConversationTokens:
     conversation: Conversation
@@ -94,151 +75,30 @@ class ConversationTokens:
     checked_turns: int = 0  # generated turns compared with their served ids
 
 
-def served_turns(conversation: Conversation) -> dict[int, dict[str, Any]]:
-    """Generated turns with their served ids, by message index."""
-    generation = conversation.provenance.get("generation") or {}
-    return {turn["message_index"]: turn for turn in generation.get("turns") or ()
-            if turn.get("prompt_token_ids") is not None and turn.get("token_ids") is not None}
-
-
-def _first_difference(served: list[int], rendered: list[int]) -> int | None:
-    if rendered[:len(served)] == served:
-        return None
-    for position, (a, b) in enumerate(zip(served, rendered, strict=False)):
-        if a != b:
-            return position
-    return min(len(served), len(rendered))
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many first ids ``a`` and ``b`` share (where a turn's supervised ids start after its prompt's)."""
-    if b[:len(a)] == a:  # the usual case, compared at C speed
-        return len(a)
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
-
 class TokenRows:
     """Builds the rows, budgets and served-ids checks of conversations, a batch at a time."""
 
     def __init__(self, renderer: TemplateRenderer) -> None:
         self.renderer = renderer
-        self.eos_id = renderer.token_id(renderer.eos_token)
-        self.think_open_id = renderer.token_id(THINK_OPEN)
-        self.think_close_id = renderer.token_id(THINK_CLOSE)
+        self.turns = TurnTokens(renderer)
 
     def tokenize(self, conversations: Sequence[Conversation]) -> list[ConversationTokens]:
         """Every conversation's budget length, rows and served-ids mismatches."""
-        renderer = self.renderer
-        texts: list[str] = []
-        index_of: dict[str, int] = {}  # a text rendered twice (a turn view and the budget) is encoded once
-
-        def add(text: str) -> int:
-            if text not in index_of:
-                index_of[text] = len(texts)
-                texts.append(text)
-            return index_of[text]
-
-        plans = []
-        for conversation in conversations:
-            messages = conversation.messages
-            served = served_turns(conversation)
-            # A generated row was served in its own thinking mode (a recipe can mix both).
-            mode = (conversation.provenance.get("generation") or {}).get("enable_thinking") if served else None
-            turns: list[tuple[int, int, int, dict[str, Any] | None]] = []
-            for j, message in enumerate(messages):
-                if message.role != "assistant":
-                    continue
-                through = renderer.render_through(conversation, j)
-                if j in served:  # the check's texts: the prompt alone, then the turn alone
-                    prompt = renderer.render_prompt(conversation, j, enable_thinking=mode)
-                    turn_text = self._turn_text(through[len(prompt):]) if through.startswith(prompt) else ""
-                    turns.append((j, add(prompt), add(turn_text), served[j]))
-                else:
-                    turns.append((j, add(through), add(self._prompt_text(conversation, j, through)), None))
-            budget = [add(view) for view in renderer.budget_views(conversation)]
-            plans.append((conversation, budget, turns))
-        ids = renderer.encode(texts)
-        return [self._assemble(conversation, budget, turns, ids) for conversation, budget, turns in plans]
-
-    def _prompt_text(self, conversation: Conversation, turn: int, through: str) -> str:
-        """The prompt a replayed turn extends (``TemplateRenderer.extended_prompt``); none is an error here."""
-        prompt = self.renderer.extended_prompt(conversation, turn, through)
-        if prompt is None:
-            raise CorpusError(f"conversation {conversation.id}: the template's render of assistant turn {turn} does "
-                              "not extend its generation prompt in either thinking mode; no loss mask can be derived")
-        return prompt
-
-    def _assemble(self, conversation: Conversation, budget: list[int], turns: list[Any],
-                  ids: list[list[int]]) -> ConversationTokens:
-        result = ConversationTokens(conversation, max(len(ids[i]) for i in budget))
-        for j, first, second, served in turns:
-            if served is not None:
-                input_ids = served["prompt_token_ids"] + served["token_ids"]
-                start = len(served["prompt_token_ids"])
-                result.checked_turns += 1
-                mismatch = self._check(conversation.id, j, served, ids[first], ids[second])
-                if mismatch is not None:
-                    result.mismatches.append(mismatch)
-            else:
-                through = ids[first]
-                start = common_prefix(ids[second], through)
-                input_ids = through[:self._end_of_turn(through, start)]
-            # A turn without reasoning renders an empty think block: its tags are template, not reasoning.
-            reasoning = self._reasoning_length(input_ids, start) if conversation.messages[j].reasoning else 0
-            result.rows.append(TurnRow(f"{conversation.id}/{j}", j, input_ids, start, reasoning, served is not None))
-        return result
-
-    def _turn_text(self, text: str) -> str:
-        """A turn's rendered text through its end-of-turn token (what the model generates, not the template's
-        separator after it)."""
-        eos = self.renderer.eos_token
-        end = text.rfind(eos) if eos else -1
-        return text[:end + len(eos)] if end >= 0 else text
-
-    def _check(self, conversation_id: str, turn: int, served: dict[str, Any], prompt: list[int],
-               completion: list[int]) -> TokenMismatch | None:
-        served_prompt, served_completion = served["prompt_token_ids"], served["token_ids"]
-        position = _first_difference(served_prompt, prompt) if prompt != served_prompt else None
-        if position is None and len(prompt) != len(served_prompt):
-            position = min(len(prompt), len(served_prompt))
-        if position is None:
-            offset = _first_difference(served_completion, completion)
-            if offset is None:
-                return None
-            position = len(served_prompt) + offset
-        return self._mismatch(conversation_id, turn, position, len(served_prompt), served_prompt + served_completion,
-                              prompt + completion)
-
-    def _end_of_turn(self, ids: list[int], start: int) -> int:
-        if self.eos_id is None:
-            return len(ids)
-        for position in range(len(ids) - 1, start - 1, -1):
-            if ids[position] == self.eos_id:
-                return position + 1
-        return len(ids)
-
-    def _reasoning_length(self, ids: list[int], start: int) -> int:
-        close = self.think_close_id
-        if close is None:
-            return 0
-        for position in range(start, len(ids)):
-            if ids[position] == close:
-                return position - start + 1
-        # No </think> in the turn: reasoning throughout when the prompt left a think block open.
-        for position in range(start - 1, -1, -1):
-            if ids[position] == close:
-                return 0
-            if ids[position] == self.think_open_id:
-                return len(ids) - start
-        return 0
-
-    def _mismatch(self, conversation_id: str, turn: int, position: int, prompt_length: int,
-                  served: list[int], rendered: list[int]) -> TokenMismatch:
-        low = max(0, position - MISMATCH_WINDOW)
-        served_window = served[low:position + MISMATCH_WINDOW]
-        rendered_window = rendered[low:position + MISMATCH_WINDOW]
-        decode = self.renderer.tokenizer.decode
-        return TokenMismatch(conversation_id, turn, position, "prompt" if position < prompt_length else "completion",
-                             served_window, rendered_window, decode(served_window, skip_special_tokens=False),
-                             decode(rendered_window, skip_special_tokens=False))
-
+        measured = self.turns.measure(conversations, self.renderer.encode)
+        items = [ConversationTokens(conversation, tokens, mismatches=mismatches, checked_turns=checked)
+                 for conversation, tokens, mismatches, checked in zip(
+                     conversations, measured.conversation_tokens.tolist(), measured.mismatches,
+                     measured.checked_turns.tolist(), strict=True)]
+        tokens = measured.tokens
+        view_starts = measured.view_starts.tolist()
+        # A conversation's turns are measured view by view: its rows go in message order.
+        for turn in sorted(range(len(measured.turn_message)),
+                           key=lambda t: (measured.turn_conversation[t], measured.turn_message[t])):
+            item = items[measured.turn_conversation[turn]]
+            base = view_starts[measured.turn_view[turn]]
+            message = int(measured.turn_message[turn])
+            item.rows.append(TurnRow(f"{item.conversation.id}/{message}", message,
+                                     tokens[base:measured.turn_end[turn]].tolist(),
+                                     int(measured.turn_start[turn]) - base, int(measured.turn_reasoning[turn]),
+                                     bool(measured.turn_served[turn])))
+        return items

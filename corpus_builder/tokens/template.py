@@ -18,19 +18,24 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
-from functools import cached_property
+from functools import cache, cached_property
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import CorpusError
 from ..records import Conversation, openai_messages
 
+if TYPE_CHECKING:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 ENCODE_CHUNK = 256  # conversations rendered while the previous chunk is being tokenized
 TWIN_THREADS = min(8, os.cpu_count() or 1)  # tiktoken releases the GIL
+
+T = TypeVar("T")
 
 
 # A conversation with one tool, one call and its result, each named so its render shows whether the template
@@ -82,6 +87,45 @@ def load_chat_template(tokenizer_dir: Path) -> tuple[str, dict[str, Any]]:
     return template, config
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+_STR_FORMATTERS = ("format", "format_map")  # the sandbox wraps these
+
+
+@cache
+def _sandbox() -> type[ImmutableSandboxedEnvironment]:
+    """jinja2's immutable sandbox (as transformers renders chat templates), with short ways to what templates
+    read most, each giving what the sandbox gives:
+
+    * a message's fields: ``message.role`` on a dict is ``getattr`` first, which fails (a dict has only dict's
+      attributes), then the key (the sandbox checks attributes, never keys). For a name that is not one of
+      dict's attributes the key is taken at once, without raising and catching an AttributeError per field;
+    * a string's methods and the loop's attributes (``content.strip``, ``loop.index0``): for a ``str`` or a
+      ``LoopContext`` the sandbox's verdict depends on the name alone (neither is a mutable container nor one
+      of the types with internal attributes: only names starting with ``_`` are refused), so such names are
+      taken at once; ``str.format`` keeps the sandbox's wrapper.
+
+    Together half of a render's time. Imported on first use: jinja2 is not loaded by commands that
+    render nothing."""
+    from jinja2.runtime import LoopContext, Undefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    plain = (str, LoopContext)
+
+    class KeyFirstSandbox(ImmutableSandboxedEnvironment):
+        def getattr(self, obj: Any, attribute: str) -> Any | Undefined:
+            kind = type(obj)
+            if kind is dict and attribute not in _DICT_ATTRIBUTES:
+                return obj[attribute] if attribute in obj else self.undefined(obj=obj, name=attribute)
+            if kind in plain and not attribute.startswith("_") and attribute not in _STR_FORMATTERS:
+                try:
+                    return getattr(obj, attribute)
+                except AttributeError:  # the sandbox's own way to an undefined value
+                    pass
+            return super().getattr(obj, attribute)
+
+    return KeyFirstSandbox
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):  # AddedToken serialised as a dict
         value = value.get("content")
@@ -107,10 +151,8 @@ class TemplateRenderer:
         self.template_kwargs = template_kwargs or {}
         template_text, config = load_chat_template(tokenizer_dir)
         from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                    extensions=[loopcontrols])
+        environment = _sandbox()(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         environment.filters["tojson"] = _tojson
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -265,9 +307,13 @@ class TemplateRenderer:
                 return expected if checked >= len(texts) else self.encode(texts)
         return ids
 
-    def _count_views(self, views: list[str]) -> list[int]:
-        """Token counts of rendered texts, every text of the twin's first batch checked (``fast_encode``)."""
-        return [len(row_ids) for row_ids in self.fast_encode(views)]
+    @cached_property
+    def cut_problem(self) -> str | None:
+        """Why a rendered text cut right after an added token might not encode as the whole text does, or None
+        (``twin.cut_problem``)."""
+        from .twin import cut_problem
+
+        return cut_problem(self.tokenizer_dir / "tokenizer.json")
 
     @cached_property
     def longest_token(self) -> int:
@@ -281,32 +327,39 @@ class TemplateRenderer:
         return characters // self.longest_token
 
     def count_tokens(self, conversations: Sequence[Conversation]) -> list[int]:
-        """Each conversation's length in the target's tokens: its longest served view.
+        """Each conversation's length in the target's tokens: its longest served view (its views rendered while
+        the previous chunk's are counted, ``encode_overlapped``)."""
+        owners: list[int] = []
 
-        Rendering (Python, holds the GIL) of one chunk overlaps with the tokenizing of the previous chunk on a
-        worker thread (the Rust tokenizer releases the GIL), so the cost is close to tokenizing alone.
-        """
+        def views() -> Iterable[list[str]]:
+            for start in range(0, len(conversations), ENCODE_CHUNK):
+                chunk: list[str] = []
+                for index in range(start, min(start + ENCODE_CHUNK, len(conversations))):
+                    rendered = self.budget_views(conversations[index])
+                    chunk += rendered
+                    owners.extend([index] * len(rendered))
+                yield chunk
+
+        def count(texts: Sequence[str]) -> list[int]:  # on the encoding thread: no ids kept
+            return [len(ids) for ids in self.fast_encode(texts)]
+
         counts = [0] * len(conversations)
-        _ = self.twin  # chosen here, not on the encoding thread
-        pending: Future[list[Any]] | None = None
-        pending_owners: list[int] = []
-
-        def collect() -> None:
-            assert pending is not None
-            for owner, count in zip(pending_owners, pending.result(), strict=True):
-                counts[owner] = max(counts[owner], count)
-
-        for start in range(0, len(conversations), ENCODE_CHUNK):
-            views: list[str] = []
-            owners: list[int] = []
-            for index in range(start, min(start + ENCODE_CHUNK, len(conversations))):
-                rendered = self.budget_views(conversations[index])
-                views += rendered
-                owners += [index] * len(rendered)
-            if pending is not None:
-                collect()
-            pending = self._encoder.submit(self._count_views, views)
-            pending_owners = owners
-        if pending is not None:
-            collect()
+        for owner, length in zip(owners, self.encode_overlapped(views(), count), strict=True):
+            counts[owner] = max(counts[owner], length)
         return counts
+
+    def encode_overlapped(self, chunks: Iterable[Sequence[str]], encode: Callable[[Sequence[str]], list[T]]
+                          ) -> list[T]:
+        """``encode`` of every chunk, concatenated in order. Making a chunk (rendering: Python, holds the GIL)
+        overlaps the encoding of the previous one on a worker thread (the Rust tokenizer and tiktoken release
+        the GIL), so the cost is close to encoding alone."""
+        _ = self.twin  # chosen here, not on the encoding thread
+        results: list[T] = []
+        pending: Future[list[T]] | None = None
+        for chunk in chunks:
+            if pending is not None:
+                results += pending.result()
+            pending = self._encoder.submit(encode, chunk)
+        if pending is not None:
+            results += pending.result()
+        return results

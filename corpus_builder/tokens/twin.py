@@ -73,6 +73,21 @@ def _special_tokens(added: list[dict[str, Any]]) -> dict[str, int]:
     return tokens
 
 
+def cut_problem(tokenizer_json: Path) -> str | None:
+    """Why cutting a text right after an added token might change the ids of what follows (a normalizer or a
+    pre-tokenizer that sees across the cut, or an added token that takes the whitespace around it), or None:
+    then the pieces' ids are the whole text's ids, since ``tokenizers`` splits added tokens out first."""
+    spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    if spec.get("normalizer") is not None:
+        return "the tokenizer has a normalizer"
+    try:
+        _pattern(spec.get("pre_tokenizer"))
+        _special_tokens(spec.get("added_tokens") or [])
+    except NoTwin as why:
+        return str(why)
+    return None
+
+
 def _ranks(model: dict[str, Any], special: dict[str, int]) -> dict[bytes, int]:
     """Token bytes -> id, after checking that merge order is id order and each entry has one origin."""
     ranks = {_to_bytes(text): token_id for text, token_id in model["vocab"].items() if text not in special}

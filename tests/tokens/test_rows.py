@@ -244,8 +244,12 @@ def test_audit_without_tokenizer_has_no_token_section(tmp_path: Path) -> None:
     assert "tokens" not in result.audit and "tokens" not in audit_corpus(str(result.out_dir))
 
 
+@pytest.mark.parametrize("upstream", [False, True], ids=["measured-by-the-writer", "measured-where-read"])
 @pytest.mark.parametrize("policy", ["warn", "fail"])
-def test_mismatches_warn_or_fail_the_build(tmp_path: Path, tiny_model_dir: Path, hf: Any, policy: str) -> None:
+def test_mismatches_warn_or_fail_the_build(tmp_path: Path, tiny_model_dir: Path, hf: Any, policy: str,
+                                           upstream: bool) -> None:
+    """The same verdict whether the checks measure the rows (their figures handed to the writer under the id each
+    row is written under) or the writer does."""
     write_log(tmp_path / "log.jsonl", log_rows()[:1])
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=4096, policy="drop").replace(
@@ -253,15 +257,15 @@ def test_mismatches_warn_or_fail_the_build(tmp_path: Path, tiny_model_dir: Path,
     recipe = load_recipe(recipe_path)
     good = served(hf, chat())
     bad = served(hf, chat())
-    bad.messages[1] = Message("assistant", "hello!", "greet back")
-    bad.id = "1123456789abcdef0123"
+    bad.messages[1] = Message("assistant", "hello!", "greet back")  # the same id: written as ID-1
     staging = tmp_path / "staging"
     staging.mkdir()
     tokens = TargetTokens.for_recipe(recipe)
-    checker = Checker(recipe.checks, tokens.rows.renderer if tokens.rows else None)
+    checker = Checker(recipe.checks, tokens.renderer, measured=tokens.measured if upstream else None)
     result = write_corpus(checker.run([good, bad]), recipe, staging, LedgerWriter(staging / "ledger.jsonl.zst"),
                           tokens)
     mismatches = result.audit["tokens"]["mismatches"]
+    assert bad.id == f"{ID}-1" and not tokens.measured  # every figure handed over was taken
     # The changed answer differs in its own turn and in the next turn's prompt, which re-renders it.
     assert mismatches["checked_turns"] == 4 and mismatches["count"] == 2
     assert [(m["id"], m["message_index"], m["part"]) for m in mismatches["turns"]] == [
@@ -300,17 +304,17 @@ def test_a_row_far_over_the_budget_is_never_tokenized_whole(tmp_path: Path, tiny
     write_log(tmp_path / "log.jsonl", [[{"role": "user", "content": "short"}, {"role": "assistant", "content": "ok"}],
                                        [{"role": "user", "content": huge}, {"role": "assistant", "content": "ok"}]])
     seen: list[int] = []
-    real = TemplateRenderer.count_tokens
+    real = TemplateRenderer.budget_views
 
-    def counting(self: TemplateRenderer, conversations: list[Conversation]) -> list[int]:
-        seen.extend(sum(len(m.content) for m in c.messages) for c in conversations)
-        return real(self, conversations)
+    def rendering(self: TemplateRenderer, conversation: Conversation) -> list[str]:
+        seen.append(sum(len(m.content) for m in conversation.messages))
+        return real(self, conversation)
 
-    monkeypatch.setattr(TemplateRenderer, "count_tokens", counting)
+    monkeypatch.setattr(TemplateRenderer, "budget_views", rendering)
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=4096, policy="truncate"))
     result = build_corpus(load_recipe(recipe_path))
-    assert max(seen) < 1000  # only the short row was counted
+    assert max(seen) < 1000  # only the short row was rendered
     (dropped,) = [r for r in iter_ledger(result.out_dir / "ledger.jsonl.zst") if r["reason"] == "over_length"]
     assert dropped["detail"].startswith("at least ") and dropped["detail"].endswith("tokens > 4096")
     assert result.manifest.conversations == 1

@@ -1,0 +1,187 @@
+"""One measurement for the rows, the build's statistics and the audit (``tokens.measure``): each view rendered and
+encoded once, cut per turn, and every row still the row transformers' own ``apply_chat_template`` gives, on messy
+held-out-style conversations (real ShareGPT and chit-chat dumps, template tokens inside turns, tool calls and
+results), whatever the template (one that renders earlier turns differently once a later user turn follows) or
+the tokenizer (one where cutting a render is not known to be exact); and a build measures each row once, where
+it is read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from corpus_builder.audit import audit_corpus
+from corpus_builder.build import build_corpus
+from corpus_builder.recipe import load_recipe
+from corpus_builder.records import THINK_CLOSE, THINK_OPEN, Conversation
+from corpus_builder.sources import iter_file
+from corpus_builder.tokens import TemplateRenderer, TokenRows, TurnTokens
+from tests.support.chats import synthetic_chats
+from tests.support.hf_template import mask_start, through_end_of_turn
+from tests.support.real_data import write_chitchat, write_sharegpt
+from tests.support.tool_chats import glaive_rows, log_rows
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def read(path: Path, rows: Sequence[dict[str, Any]] | None = None) -> list[Conversation]:
+    if rows is not None:
+        path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    return [row for row in iter_file(path) if isinstance(row, Conversation)]
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory: pytest.TempPathFactory) -> list[Conversation]:
+    """Real dumps as published (empty turns, odd roles, long answers), chats whose turns hold the template's own
+    tokens and think tags, logged tool traffic (parallel calls, results out of order, a call never answered)."""
+    directory = tmp_path_factory.mktemp("messy")
+    write_sharegpt(directory / "sharegpt.jsonl", 60)
+    write_chitchat(directory / "chitchat.jsonl", 30)
+    tags = synthetic_chats(24, max_turns=4, system="Be brief.", system_every=3,
+                           question=lambda i, t: f"q{i}.{t} <|im_end|>\n<|im_start|>assistant\n" if i % 3 == 0
+                           else f"question {i}.{t}",
+                           answer=lambda i, t: f"{THINK_OPEN}x{THINK_CLOSE} a{i}" if i % 4 == 0 else f"answer {i}.{t}",
+                           reasoning=lambda i, t: f"because <|im_end|> {i}.{t}" if i % 5 == 0 else f"because {i}")
+    conversations = [*read(directory / "sharegpt.jsonl"), *read(directory / "chitchat.jsonl"),
+                     *read(directory / "tags.jsonl", tags), *read(directory / "tools.jsonl", log_rows()),
+                     *read(directory / "glaive.jsonl", glaive_rows())]
+    assert sum(c.has_tool_traffic for c in conversations) >= 5 and len(conversations) > 100
+    return conversations
+
+
+def hf_text(hf: Any, renderer: TemplateRenderer, conversation: Conversation, end: int, current: int, *,
+            generation_prompt: bool = False, thinking: bool | None = None) -> str:
+    """transformers' own render of ``messages[:end]`` as the view of turn ``current`` (the messages and tools as
+    the renderer hands them to the template)."""
+    messages, tools = renderer.template_input(conversation, end, current=current)
+    kwargs = {**renderer.template_kwargs, "enable_thinking": renderer.enable_thinking if thinking is None else thinking}
+    text: str = hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt,
+                                       **kwargs)
+    return text
+
+
+def expected_rows(hf: Any, renderer: TemplateRenderer, conversation: Conversation
+                  ) -> tuple[int, list[tuple[int, list[int], int, int]]]:
+    """(length as served, (message index, input_ids, start, reasoning) per assistant turn) from transformers."""
+    def ids(text: str) -> list[int]:
+        return list(hf(text, add_special_tokens=False)["input_ids"])
+
+    eos, close, opened = (hf.convert_tokens_to_ids(t) for t in (hf.eos_token, THINK_CLOSE, THINK_OPEN))
+    rows = []
+    for j, message in enumerate(conversation.messages):
+        if message.role != "assistant":
+            continue
+        view = hf_text(hf, renderer, conversation, j + 1, j)
+        prompt = next(text for thinking in (renderer.enable_thinking, not renderer.enable_thinking)
+                      if view.startswith(text := hf_text(hf, renderer, conversation, j, j, generation_prompt=True,
+                                                         thinking=thinking)))
+        full = through_end_of_turn(ids(view), eos)
+        start = mask_start(ids(prompt), full)
+        supervised, before = full[start:], full[:start]
+        reasoning = 0
+        if message.reasoning:  # through the first </think>, or all of it when the prompt left <think> open
+            if close in supervised:
+                reasoning = supervised.index(close) + 1
+            elif opened in before and (close not in before or before[::-1].index(opened) < before[::-1].index(close)):
+                reasoning = len(supervised)
+        rows.append((j, full, start, reasoning))
+    whole = len(conversation.messages)
+    return len(ids(hf_text(hf, renderer, conversation, whole, whole))), rows
+
+
+RENDERERS = {
+    "served": {},
+    # earlier reasoning left out of the whole render once a later user turn follows: a turn's own view is then
+    # not a prefix of the conversation's render
+    "history-dropped-by-template": {"template_kwargs": {"preserve_thinking": False}},
+    "thinking-off": {"enable_thinking": False},
+}
+
+
+@pytest.mark.parametrize("settings", list(RENDERERS), ids=list(RENDERERS))
+def test_rows_are_transformers_rows_on_messy_conversations(tiny_model_dir: Path, hf: Any, messy: list[Conversation],
+                                                           settings: str) -> None:
+    renderer = TemplateRenderer(tiny_model_dir, **RENDERERS[settings])  # type: ignore[arg-type]
+    items = TokenRows(renderer).tokenize(messy)
+    for conversation, item in zip(messy, items, strict=True):
+        tokens, rows = expected_rows(hf, renderer, conversation)
+        assert item.tokens == tokens, conversation.id
+        assert [(row.message_index, row.input_ids, row.start, row.reasoning) for row in item.rows] == rows, \
+            conversation.id
+        assert [row.id for row in item.rows] == [f"{conversation.id}/{j}" for j, *_ in rows]
+
+
+def test_rows_are_the_same_when_renders_are_not_cut(tiny_model_dir: Path, messy: list[Conversation]) -> None:
+    """A tokenizer where cutting a render is not known to be exact gets every turn's view encoded whole: the same
+    rows, at more cost."""
+    cut, whole = TemplateRenderer(tiny_model_dir), TemplateRenderer(tiny_model_dir)
+    assert cut.cut_problem is None
+    whole.cut_problem = "a normalizer (forced here)"
+    assert TurnTokens(whole).cuttable is False
+
+    def rows(renderer: TemplateRenderer) -> list[Any]:
+        return [(item.tokens, [(r.input_ids, r.start, r.reasoning) for r in item.rows])
+                for item in TokenRows(renderer).tokenize(messy)]
+
+    assert rows(whole) == rows(cut)
+
+
+def test_facts_add_up_the_rows(tiny_model_dir: Path, messy: list[Conversation]) -> None:
+    """The statistics' figures (counted with the tiktoken twin) are the rows' (``tokenizers``) sums."""
+    renderer = TemplateRenderer(tiny_model_dir)
+    assert renderer.twin is not None
+    for item, facts in zip(TokenRows(renderer).tokenize(messy), TurnTokens(renderer).facts(messy), strict=True):
+        assert (facts.tokens, facts.supervised, facts.reasoning) == (
+            item.tokens, sum(row.supervised for row in item.rows), sum(row.reasoning for row in item.rows))
+
+
+RECIPE = """\
+name: once
+target: {{model: tiny-target, tokenizer: {tokenizer}}}
+sources:
+  - {{name: log, kind: replay, path: log.jsonl}}
+  - {{name: tools, kind: replay, path: tools.jsonl}}
+checks: {{max_seq_len: {limit}, on_over_length: truncate, dedup: exact}}
+split: {{validation_fraction: 0.25, seed: 1}}
+output: {{dir: out, rows_per_shard: 16}}
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_build_measures_each_row_once_where_it_is_read(tmp_path: Path, tiny_model_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
+    """The replay readers measure every row whole (the budget and the statistics' figures at once); the writer
+    adds those figures: only rows truncated to the budget (other texts now) are measured again. The statistics
+    are the ones `corpus audit` recomputes from the files, with forked readers too."""
+    rows = synthetic_chats(60, max_turns=4, system="Be brief.", system_every=4,
+                           question=lambda i, t: f"question {i}.{t} " + "word " * (7 * (i % 9)),
+                           answer=lambda i, t: f"answer {i}.{t}", reasoning=lambda i, t: f"reasoning {i}.{t}")
+    (tmp_path / "log.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows + rows[:5]))
+    (tmp_path / "tools.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in log_rows()))
+    (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=160))
+    measured: Counter[str] = Counter()
+    real = TurnTokens.measure
+
+    def counting(self: TurnTokens, conversations: Sequence[Conversation], *args: Any, **kwargs: Any) -> Any:
+        measured.update(c.id for c in conversations)
+        return real(self, conversations, *args, **kwargs)
+
+    monkeypatch.setattr(TurnTokens, "measure", counting)
+    monkeypatch.setenv("CORPUS_WORKERS", str(workers))
+    result = build_corpus(load_recipe(tmp_path / "recipe.yaml"))
+    tokens = result.audit["tokens"]
+    truncated = result.audit["flags"].get("truncated_to_budget", 0)
+    assert truncated and tokens["conversations"] == result.manifest.conversations
+    if workers == 1:  # forked readers measure in their own processes
+        assert sum(measured.values()) == len(rows) + 5 + len(log_rows()) + truncated
+    assert audit_corpus(str(result.out_dir))["tokens"] == tokens
