@@ -246,23 +246,32 @@ def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: P
 
 @cli.command()
 @click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
-@click.option("--size", type=click.IntRange(min=1), default=32000, show_default=True, help="Draft vocabulary size.")
+@click.option("--draft-vocab-size", "--size", "size", type=click.IntRange(min=1), default=32000, show_default=True,
+              help="Draft vocabulary size (speculators' --draft-vocab-size): the top N whose coverage is reported.")
 @click.option("--out", type=OutputPath(), default=Path("token_freq.npy"), show_default=True,
-              help="Frequency file: .npy (dense int64 by token id), .json, or .pt (speculators' token_freq.pt).")
+              help="A directory: speculators' token_freq.pt, d2t-N.npy and t2d-N.npy (put them in the --data-path "
+                   "given to speculators train); or a frequency file: .npy (dense int64 by token id), .json or .pt.")
+@click.option("--target-vocab-size", type=click.IntRange(min=1),
+              help="With --out DIR: the verifier's vocab_size, t2d's length (default: the config.json beside the "
+                   "tokenizer).")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
-              help="Target tokenizer directory (default: the corpus recipe's target.tokenizer).")
+              help="Target tokenizer directory (default: the corpus recipe's target.tokenizer); its config.json "
+                   "gives --target-vocab-size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the coverage report as one JSON object.")
-def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_json: bool) -> None:
-    """Supervised-token frequencies for choosing a draft vocabulary, and the coverage of the top SIZE."""
+def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None, tokenizer: Path | None,
+          as_json: bool) -> None:
+    """Supervised-token frequencies for choosing a draft vocabulary, and the coverage of the top N.
+
+    CORPUS is a built corpus or a speculators-tokens export (its directory, or one .parquet/.jsonl/.jsonl.zst file),
+    counted as it is."""
     from .export import draft_vocab
 
-    report = draft_vocab(corpus_dir, out, size=size, tokenizer=tokenizer)
+    report = draft_vocab(corpus_dir, out, size=size, tokenizer=tokenizer, target_vocab_size=target_vocab_size)
     if as_json:
         _print_json(report.to_json())
     else:
         click.echo(report.describe())
-        click.echo(f"wrote {report.file}")
-
+        click.echo(f"wrote {', '.join(str(path) for path in report.written)}")
 
 
 @cli.command("eval")
