@@ -201,11 +201,20 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
 @click.option("--revision", default="main", show_default=True, help="Branch to commit to.")
 @click.option("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co).")
 @click.option("--dry-run", is_flag=True, help="Print what would be uploaded and the card; send nothing.")
-def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: str | None, dry_run: bool) -> None:
+@click.option("--export", "exports", multiple=True, metavar="FORMAT[:FILE_FORMAT]",
+              help="Also upload this trainer export at exports/FORMAT/{split}.FILE_FORMAT (jsonl unless given; "
+                   f"formats: {', '.join(EXPORT_FORMATS)}), named in the card with its training command; repeat for "
+                   "more. Default: the corpus recipe's publish.exports.")
+@click.option("--tokenizer", type=click.Path(path_type=Path),
+              help="Target tokenizer directory for a speculators-tokens export (default: the corpus recipe's).")
+def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: str | None, dry_run: bool,
+            exports: tuple[str, ...], tokenizer: Path | None) -> None:
     """Gate a built corpus, then upload it in one commit (token from HF_TOKEN or the Hub's token file)."""
-    from .publish import publish_corpus
+    from .publish import parse_export, publish_corpus
 
-    report = publish_corpus(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint, dry_run=dry_run)
+    specs = [parse_export(text) for text in exports] if exports else None
+    report = publish_corpus(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint, dry_run=dry_run,
+                            exports=specs, tokenizer=tokenizer)
     click.echo(report.describe())
 
 

@@ -183,7 +183,8 @@ OUTPUTS: dict[tuple[str, ...], OutputOption] = {
 # Path-typed parameters that are read, never written.
 INPUTS = frozenset({("validate", "recipe"), ("build", "recipe"), ("audit", "--tokenizer"), ("export", "corpus_dir"),
                     ("export", "--tokenizer"), ("vocab", "corpus_dir"), ("vocab", "--tokenizer"),
-                    ("publish", "corpus_dir"), ("eval", "pack"), ("eval", "--recipe"), ("eval", "--compare")})
+                    ("publish", "corpus_dir"), ("publish", "--tokenizer"), ("eval", "pack"), ("eval", "--recipe"),
+                    ("eval", "--compare")})
 # The speculating endpoint `corpus eval` replays its pack against (a scripted server on 127.0.0.1).
 SPECULATING: dict[str, str] = {}
 

@@ -36,15 +36,17 @@ def specforge_python() -> Path:
 
 
 def speculators_prepare_data(model_dir: Path, data: str, out: Path, render_endpoint: str | None = None, *,
-                             seq_length: int, env: dict[str, str]) -> list[dict[str, Any]]:
+                             seq_length: int, env: dict[str, str | None]) -> list[dict[str, Any]]:
     """Run `speculators prepare-data --data DATA` (a local file, or an hf:// path with ``env`` pointing
-    huggingface_hub at a Hub) and read its rows back with its own datasets: nothing dropped or truncated."""
+    huggingface_hub at a Hub; a None in ``env`` unsets that variable) and read its rows back with its own
+    datasets: nothing dropped or truncated."""
     python = speculators_python()
     command = [str(python.parent / "speculators"), "prepare-data", "--model", str(model_dir), "--data", data,
                "--output", str(out), "--seq-length", str(seq_length), "--num-preprocessing-workers", "1"]
     if render_endpoint:
         command += ["--render-endpoint", render_endpoint]
-    environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **env}
+    merged = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **env}
+    environment = {name: value for name, value in merged.items() if value is not None}
     completed = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600)
     log = completed.stdout + completed.stderr
     assert completed.returncode == 0, log[:3000] + "\n...\n" + log[-1500:]
