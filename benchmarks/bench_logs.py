@@ -17,13 +17,14 @@ RSS against a log a tenth of its size (flat memory: the fold holds only open con
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,29 +70,40 @@ def _requests(messages: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
                             "usage": {"prompt_tokens": 100, "completion_tokens": 50}}}
 
 
+def logged_requests(chats: Iterator[list[dict[str, Any]]], concurrent: int, seed: int,
+                    opened: Callable[[list[dict[str, Any]]], None] | None = None) -> Iterator[dict[str, Any]]:
+    """The requests of ``chats``, each chat's in order, the chats interleaved at random over ``concurrent`` open at
+    once; ``opened`` sees each conversation as its chat opens."""
+    rng = random.Random(seed)
+    open_chats: list[Iterator[dict[str, Any]]] = []
+    while True:
+        while len(open_chats) < concurrent:
+            messages = next(chats, None)
+            if messages is None:
+                break
+            if opened is not None:
+                opened(messages)
+            open_chats.append(_requests(messages))
+        if not open_chats:
+            return
+        chat = rng.randrange(len(open_chats))
+        request = next(open_chats[chat], None)
+        if request is None:
+            open_chats[chat] = open_chats[-1]
+            open_chats.pop()
+            continue
+        yield request
+
+
 def write_files(workdir: Path, count: int, concurrent: int, seed: int = 0) -> tuple[Path, Path, int]:
     """The conversations once each (messages form), and as a log of their requests; the log's request count."""
     plain, logged = workdir / f"messages-{count}.jsonl", workdir / f"log-{count}.jsonl"
-    rng = random.Random(seed + 1)
     requests = 0
     with plain.open("wb") as messages_file, logged.open("wb") as log_file:
-        open_chats: list[Iterator[dict[str, Any]]] = []
-        source = conversations(count, seed)
-        while True:
-            while len(open_chats) < concurrent:
-                messages = next(source, None)
-                if messages is None:
-                    break
-                messages_file.write(orjson.dumps({"messages": messages}) + b"\n")
-                open_chats.append(_requests(messages))
-            if not open_chats:
-                break
-            chat = rng.randrange(len(open_chats))
-            request = next(open_chats[chat], None)
-            if request is None:
-                open_chats[chat] = open_chats[-1]
-                open_chats.pop()
-                continue
+        def opened(messages: list[dict[str, Any]]) -> None:
+            messages_file.write(orjson.dumps({"messages": messages}) + b"\n")
+
+        for request in logged_requests(conversations(count, seed), concurrent, seed + 1, opened):
             log_file.write(orjson.dumps(request) + b"\n")
             requests += 1
     return plain, logged, requests
@@ -127,23 +139,11 @@ def measure(path: Path, mode: str) -> dict[str, Any]:
 
 
 def write_log_only(path: Path, requests: int, concurrent: int) -> None:
-    """A log of about ``requests`` logged requests, streamed to disk (never held)."""
-    rng = random.Random(5)
-    written = 0
+    """A log of ``requests`` logged requests of shorter chats, streamed to disk (never held)."""
     with path.open("wb") as handle:
-        open_chats: list[Iterator[dict[str, Any]]] = []
-        source = conversations(requests, 11, scale=0.1)
-        while written < requests:
-            while len(open_chats) < concurrent:
-                open_chats.append(_requests(next(source)))
-            chat = rng.randrange(len(open_chats))
-            request = next(open_chats[chat], None)
-            if request is None:
-                open_chats[chat] = open_chats[-1]
-                open_chats.pop()
-                continue
+        for request in itertools.islice(logged_requests(conversations(requests, 11, scale=0.1), concurrent, 5),
+                                        requests):
             handle.write(orjson.dumps(request) + b"\n")
-            written += 1
 
 
 def main() -> None:
