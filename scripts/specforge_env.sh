@@ -7,25 +7,18 @@
 # only torch, transformers, datasets, tqdm and pydantic (specforge/__init__.py and specforge/data/__init__.py import
 # nothing; data/preprocessing.py -> distributed.py -> utils.py need torch and transformers), so specforge goes in
 # with --no-deps beside the machine's CPU torch 2.13.0 and its own transformers pin (about 1 GB, a minute or two).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/trainer_venv.sh"
 VENV=${SPECFORGE_VENV:-.venv-specforge}
-PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null || PYTHON=python3
-SPECFORGE_VERSION=0.2.0
+WANTED=0.2.0
 
 installed_version() {
     "$VENV/bin/python" -c 'import importlib.metadata as m, specforge.data.preprocessing, specforge.data.prompt_builder
 print(m.version("specforge"))' 2>/dev/null || true
 }
 
-if [ -x "$VENV/bin/python" ] && [ "$(installed_version)" = "$SPECFORGE_VERSION" ]; then
-    echo "specforge $SPECFORGE_VERSION already in $VENV"
-    exit 0
-fi
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
+trainer_venv_ready specforge && exit 0
+trainer_venv_create
 # pip, not uv: only pip looks at the machine's local CPU torch wheel. Keep torch exact (a looser spec pulls CUDA).
 "$VENV/bin/python" -m pip install --quiet 'torch==2.13.0' 'transformers==5.8.1' datasets tqdm pydantic jinja2
-"$VENV/bin/python" -m pip install --quiet --no-deps "specforge==$SPECFORGE_VERSION"
+"$VENV/bin/python" -m pip install --quiet --no-deps "specforge==$WANTED"
 echo "specforge $(installed_version) in $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"
