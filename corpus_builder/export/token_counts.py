@@ -8,8 +8,9 @@ Python object, and only one batch is in memory at a time, so memory stays flat h
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,8 @@ TOKEN_COLUMNS = ("input_ids", "loss_mask")
 _JSON_SCHEMA = pa.schema([(name, pa.list_(pa.int64())) for name in TOKEN_COLUMNS])
 _JSON_BLOCK_BYTES = 16 << 20  # the JSON reader's block: a batch of rows (a row must fit in one)
 _PARQUET_BATCH_ROWS = 8192
+
+_Item = TypeVar("_Item")
 
 
 def _file_format(path: Path) -> str | None:
@@ -68,6 +71,16 @@ def _batches(path: Path) -> Iterator[Any]:
             parse_options=pa_json.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore"))
 
 
+def _read_ahead(items: Iterator[_Item]) -> Iterator[_Item]:
+    """``items``, the next one read on a thread while the caller works on this one: Arrow decodes without the
+    GIL, so decoding the next batch overlaps counting this one."""
+    with ThreadPoolExecutor(1) as reader:
+        pending = reader.submit(next, items, None)
+        while (item := pending.result()) is not None:
+            pending = reader.submit(next, items, None)
+            yield item
+
+
 def _masked_ids(batch: Any, path: Path, first_row: int) -> np.ndarray:
     """The ids of one batch under its loss mask; a row without both lists, or with lists of two lengths, is
     named by its index in the file."""
@@ -97,7 +110,7 @@ def count_token_export(files: list[Path]) -> np.ndarray:
     for path in files:
         row = 0
         try:
-            for batch in _batches(path):
+            for batch in _read_ahead(_batches(path)):
                 supervised = _masked_ids(batch, path, row)
                 row += batch.num_rows
                 try:
