@@ -37,8 +37,9 @@ def token_export_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and _file_format(p) is not None)
         if not files:
-            raise CorpusError(f"neither a built corpus (no manifest.json) nor a speculators-tokens export (no "
-                              f"{', '.join(f'*.{fmt}' for fmt in FILE_FORMATS)} file)", file=str(path))
+            raise CorpusError(f"manifest.json is missing (interrupted or failed build?), and no speculators-tokens "
+                              f"export file ({', '.join(f'*.{fmt}' for fmt in FILE_FORMATS)}) is there either",
+                              file=str(path))
         return files
     if not path.is_file():
         raise CorpusError("no such file or directory", file=str(path))

@@ -230,7 +230,8 @@ def test_vocab_directory_refusals_leave_nothing(tmp_path: Path, tiny_model_dir: 
     with pytest.raises(CorpusError, match="--draft-vocab-size 7,000 exceeds the verifier's vocabulary"):
         draft_vocab(source, tmp_path / "out", size=7000, target_vocab_size=6016)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CorpusError, match="neither a built corpus"):
+    with pytest.raises(CorpusError, match=r"manifest.json is missing \(interrupted or failed build\?\), and no "
+                                          r"speculators-tokens export"):
         draft_vocab(tmp_path / "empty", tmp_path / "elsewhere", size=2)
     write_token_rows(source, [{"input_ids": [1, 5], "loss_mask": [1, 1]}])
     saved = np.save
