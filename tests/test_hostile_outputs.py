@@ -145,7 +145,8 @@ class OutputOption:
     rebuilds_corpus: bool = False  # the corpus's own directory is a legitimate output (a rebuild)
 
 
-OUTPUTS: dict[tuple[str, str], OutputOption] = {
+# (command, option), and what the path names where an option takes a file or a directory: each form is swept.
+OUTPUTS: dict[tuple[str, ...], OutputOption] = {
     ("build", "--out"): OutputOption(
         "directory", lambda ws, out: ["build", str(ws.recipe), "--out", out],
         lambda ws: {"the recipe": ws.recipe, "a source file": ws.source, "the tokenizer directory": ws.tokenizer,
@@ -174,11 +175,16 @@ OUTPUTS: dict[tuple[str, str], OutputOption] = {
         "file", lambda ws, out: ["vocab", str(ws.corpus), "--size", "10", "--out", out, "--tokenizer",
                                  str(ws.tokenizer)],
         lambda ws: {"a tokenizer file": ws.tokenizer / "tokenizer.json"}, file_name="token_freq.npy"),
+    ("vocab", "--out", "a directory"): OutputOption(  # speculators' token_freq.pt, d2t-10.npy and t2d-10.npy
+        "directory", lambda ws, out: ["vocab", str(ws.corpus), "--size", "10", "--out", out, "--tokenizer",
+                                      str(ws.tokenizer)],
+        lambda ws: {"the tokenizer directory": ws.tokenizer}),
 }
 # Path-typed parameters that are read, never written.
 INPUTS = frozenset({("validate", "recipe"), ("build", "recipe"), ("audit", "--tokenizer"), ("export", "corpus_dir"),
                     ("export", "--tokenizer"), ("vocab", "corpus_dir"), ("vocab", "--tokenizer"),
-                    ("publish", "corpus_dir"), ("eval", "pack"), ("eval", "--recipe"), ("eval", "--compare")})
+                    ("publish", "corpus_dir"), ("publish", "--tokenizer"), ("eval", "pack"), ("eval", "--recipe"),
+                    ("eval", "--compare")})
 # The speculating endpoint `corpus eval` replays its pack against (a scripted server on 127.0.0.1).
 SPECULATING: dict[str, str] = {}
 
@@ -217,11 +223,13 @@ def path_parameters() -> set[tuple[str, str]]:
             if isinstance(param.type, click.Path)}
 
 
-def hostile_values(key: tuple[str, str]) -> dict[str, Value]:
+def hostile_values(key: tuple[str, ...]) -> dict[str, Value]:
     option = OUTPUTS[key]
     values = {**HOSTILE, **HOSTILE_FOR[option.kind]}
     if option.rebuilds_corpus:
         del values["the corpus directory"]  # a rebuild: see test_a_fresh_path_is_written
+    if option.kind == "file" and any(other[:2] == key[:2] and OUTPUTS[other].kind == "directory" for other in OUTPUTS):
+        del values["a directory"]  # the option's directory form writes there (vocab --out DIR)
     if option.file_name:
         values["a missing parent directory"] = lambda ws: ws.root / "missing" / option.file_name
     names = option.inputs(Workspace(Path("/")))  # the inputs' names only
@@ -244,10 +252,11 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: py
 
 def test_every_path_parameter_of_the_cli_is_classified() -> None:
     found = path_parameters()
-    unclassified = found - set(OUTPUTS) - INPUTS
+    swept = {key[:2] for key in OUTPUTS}
+    unclassified = found - swept - INPUTS
     assert not unclassified, (f"Path-typed parameters neither swept as outputs nor listed as inputs: "
                               f"{sorted(unclassified)}; add each to OUTPUTS (with how to run it) or to INPUTS")
-    assert set(OUTPUTS) | INPUTS <= found, f"classified but gone from the CLI: {sorted(set(OUTPUTS) | INPUTS - found)}"
+    assert swept | INPUTS <= found, f"classified but gone from the CLI: {sorted(swept | INPUTS - found)}"
 
 
 CASES = [(key, case) for key in OUTPUTS for case in hostile_values(key)]
@@ -255,7 +264,7 @@ CASES = [(key, case) for key in OUTPUTS for case in hostile_values(key)]
 
 @pytest.mark.parametrize(("key", "case"), CASES, ids=[f"{' '.join(key)}: {case}" for key, case in CASES])
 def test_a_hostile_output_path_is_refused_before_anything_is_written(
-        workspace: Workspace, key: tuple[str, str], case: str, capsys: pytest.CaptureFixture[str],
+        workspace: Workspace, key: tuple[str, ...], case: str, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     option = OUTPUTS[key]
     out = str(hostile_values(key)[case](workspace))
@@ -271,12 +280,12 @@ def test_a_hostile_output_path_is_refused_before_anything_is_written(
     assert not changed, f"{' '.join(key)} {out!r} ({case}) changed {changed}"
 
 
-FRESH: list[tuple[tuple[str, str], str]] = [(key, "a new path") for key in OUTPUTS] + [
+FRESH: list[tuple[tuple[str, ...], str]] = [(key, "a new path") for key in OUTPUTS] + [
     (key, "the corpus it rebuilds") for key, option in OUTPUTS.items() if option.rebuilds_corpus]
 
 
 @pytest.mark.parametrize(("key", "case"), FRESH, ids=[f"{' '.join(key)}: {case}" for key, case in FRESH])
-def test_a_fresh_path_is_written(workspace: Workspace, key: tuple[str, str], case: str,
+def test_a_fresh_path_is_written(workspace: Workspace, key: tuple[str, ...], case: str,
                                  capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweep's control: the same command lines succeed on a path that is theirs to write (so a refusal
     above is the path's doing, not the arguments')."""
@@ -303,7 +312,7 @@ WALKS = st.tuples(st.booleans(), st.lists(st.sampled_from(NAMES), min_size=1, ma
 @settings(parent=fuzz_settings(8), phases=[Phase.explicit, Phase.generate])  # a failing walk reads as drawn
 @given(walk=WALKS)
 def test_wherever_an_output_path_lands_the_corpus_and_the_inputs_are_untouched(
-        template: Path, tmp_path: Path, key: tuple[str, str], walk: tuple[bool, list[str], bool],
+        template: Path, tmp_path: Path, key: tuple[str, ...], walk: tuple[bool, list[str], bool],
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     absolute, parts, slash = walk
     workspace = copied(template, Path(tempfile.mkdtemp(dir=tmp_path)) / "ws", monkeypatch)

@@ -1,22 +1,30 @@
-"""`corpus vocab`: how often each target token is supervised, and how much a top-k draft vocabulary covers.
+"""`corpus vocab`: how often each target token is supervised, how much a top-k draft vocabulary covers, and the
+draft vocabulary itself as speculators' trainer reads it.
 
 A draft model with a pruned vocabulary (e.g. 32k of 166k) can only propose the tokens it keeps; the
 trainer keeps the most frequent supervised tokens. Frequencies are counted under the loss mask of the
-`speculators-tokens` rows (corpus_builder.tokens: served ids for generated turns), and the top k are
-chosen the way speculators does (by count, ties by lower id).
+`speculators-tokens` rows (corpus_builder.tokens: served ids for generated turns; or such an export as it is,
+``token_counts``), and the top k are chosen the way speculators does (by count, ties by lower id).
 
-Files (by the suffix of ``--out``):
+``--out DIR`` writes speculators 0.9's own files as its trainer builds and caches them from the same counts (d2t
+and t2d byte for byte): ``token_freq.pt`` (``torch.save`` of ``{id: count}``), ``d2t-N.npy`` (int64 offsets,
+target id = draft index + d2t[index]) and ``t2d-N.npy`` (bool, one per token of the verifier's vocabulary: its
+config's ``vocab_size``, which may exceed the tokenizer's entries). In the directory given to ``speculators train
+--data-path`` (prepare-data's output) with ``--draft-vocab-size N``, the trainer loads them as they are.
+
+Frequency files (by the suffix of ``--out``):
 
 * ``.npy``: a dense int64 array, index = token id, length = the tokenizer's size. Portable (numpy, or
   ``torch.from_numpy``), exact, and small (8 bytes per entry: 1.3 MB for 166k).
 * ``.json``: ``{"vocab_size": n, "counts": {"id": count, ...}}`` with the non-zero counts only.
-* ``.pt``: speculators' own ``token_freq.pt`` (``torch.save`` of ``{id: count}``), for ``--token-freq-path``
-  style options as is; needs torch importable.
+* ``.pt``: speculators' ``token_freq.pt`` alone; needs torch importable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +32,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorpusError
-from ..layout import Corpus
-from ..outputs import check_output_path, staged
+from ..layout import MANIFEST, Corpus
+from ..outputs import check_output_path, made_directory, staged
 from ..rows import batch_to_conversations
 from ..tokens import TurnRow
+from .token_counts import count_token_export, token_export_files
 from .token_rows import CorpusTokenRows, corpus_token_rows
 
 FILE_SUFFIXES = (".npy", ".json", ".pt")
+TOKEN_FREQ = "token_freq.pt"
 
 
 def _bincount(ids: list[int], size: int) -> np.ndarray:
@@ -40,23 +50,23 @@ def _bincount(ids: list[int], size: int) -> np.ndarray:
 
 @dataclass
 class Frequencies:
-    """Supervised-token counts: reasoning and answer apart, per source."""
+    """Supervised-token counts in all and, from a corpus, of reasoning apart and per source (a tokens export does
+    not tell reasoning from answer, nor one source from another)."""
 
-    size: int
-    reasoning: np.ndarray
-    answer: np.ndarray
+    total: np.ndarray
+    reasoning: np.ndarray | None = None
     by_source: dict[str, list[np.ndarray]] = field(default_factory=dict)  # source -> [reasoning, answer]
 
     @classmethod
     def empty(cls, size: int) -> Frequencies:
-        return cls(size, np.zeros(size, np.int64), np.zeros(size, np.int64))
+        return cls(np.zeros(size, np.int64), np.zeros(size, np.int64))
 
     @property
-    def total(self) -> np.ndarray:
-        total: np.ndarray = self.reasoning + self.answer
-        return total
+    def size(self) -> int:
+        return len(self.total)
 
     def add(self, source: str, rows: list[TurnRow]) -> None:
+        assert self.reasoning is not None, "rows are counted into a corpus's frequencies"
         reasoning: list[int] = []
         answer: list[int] = []
         for row in rows:
@@ -65,7 +75,7 @@ class Frequencies:
             answer += row.input_ids[split_at:]
         counts = (_bincount(reasoning, self.size), _bincount(answer, self.size))
         self.reasoning += counts[0]
-        self.answer += counts[1]
+        self.total += counts[0] + counts[1]
         mine = self.by_source.setdefault(source, [np.zeros(self.size, np.int64), np.zeros(self.size, np.int64)])
         mine[0] += counts[0]
         mine[1] += counts[1]
@@ -106,89 +116,216 @@ def _coverage(counts: np.ndarray, chosen: np.ndarray) -> float | None:
     return round(int(counts[chosen].sum()) / total, 6) if total else None
 
 
-def _section(reasoning: np.ndarray, answer: np.ndarray, chosen: np.ndarray) -> dict[str, Any]:
-    total = reasoning + answer
+def _section(total: np.ndarray, reasoning: np.ndarray | None, chosen: np.ndarray) -> dict[str, Any]:
+    answer = None if reasoning is None else total - reasoning
     return {
         "supervised_tokens": int(total.sum()),
-        "reasoning_tokens": int(reasoning.sum()),
-        "answer_tokens": int(answer.sum()),
+        "reasoning_tokens": None if reasoning is None else int(reasoning.sum()),
+        "answer_tokens": None if answer is None else int(answer.sum()),
         "distinct_tokens": int(np.count_nonzero(total)),
         "coverage": _coverage(total, chosen),
-        "reasoning_coverage": _coverage(reasoning, chosen),
-        "answer_coverage": _coverage(answer, chosen),
+        "reasoning_coverage": None if reasoning is None else _coverage(reasoning, chosen),
+        "answer_coverage": None if answer is None else _coverage(answer, chosen),
     }
 
 
 def vocab_report(frequencies: Frequencies, size: int) -> dict[str, Any]:
     chosen = top_k(frequencies.total, size)
     report = {"draft_vocab_size": size, "target_vocab_size": frequencies.size,
-              **_section(frequencies.reasoning, frequencies.answer, chosen)}
-    report["by_source"] = {name: _section(r, a, chosen) for name, (r, a) in sorted(frequencies.by_source.items())}
+              **_section(frequencies.total, frequencies.reasoning, chosen)}
+    report["by_source"] = {name: _section(r + a, r, chosen) for name, (r, a) in sorted(frequencies.by_source.items())}
     return report
+
+
+def speculators_mappings(counts: np.ndarray, draft_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(d2t, t2d) as speculators 0.9's ``build_vocab_mappings_from_distribution`` makes them from the same counts
+    (``counts``: dense, as long as the verifier's vocabulary): the ``draft_size`` most frequent ids, ties to the
+    lower id, made up to ``draft_size`` with the lowest unsupervised ids, in id order; d2t holds offsets
+    (target id = draft index + d2t[index], int64), t2d marks the chosen ids (bool, one per target id)."""
+    chosen = np.sort(top_k(counts, draft_size))
+    draft_to_target: np.ndarray = chosen - np.arange(draft_size, dtype=np.int64)
+    target_to_draft = np.zeros(len(counts), dtype=bool)
+    target_to_draft[chosen] = True
+    return draft_to_target.astype(np.int64), target_to_draft
+
+
+def speculators_file_names(draft_size: int) -> tuple[str, str, str]:
+    """The names speculators' trainer looks for in its data directory (token_freq.pt, d2t-N.npy, t2d-N.npy)."""
+    return TOKEN_FREQ, f"d2t-{draft_size}.npy", f"t2d-{draft_size}.npy"
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise CorpusError(f"writing {TOKEN_FREQ} (speculators' torch.save of {{id: count}}) needs torch: pip install "
+                          "torch (or write a .npy or .json frequency file)") from None
+    return torch
+
+
+def _save_token_freq(counts: np.ndarray, path: Path) -> None:
+    """speculators' token_freq.pt: ``torch.save`` of {token id: count} over the ids that occur, Python ints."""
+    _torch().save({int(i): int(counts[i]) for i in np.flatnonzero(counts)}, path)
 
 
 def _check_suffix(path: Path) -> None:
     if path.suffix not in FILE_SUFFIXES:
-        raise CorpusError(f"frequency file must end in one of {', '.join(FILE_SUFFIXES)}", file=str(path))
+        raise CorpusError(f"--out: a frequency file must end in one of {', '.join(FILE_SUFFIXES)} (or name a directory "
+                          f"for speculators' {TOKEN_FREQ}, d2t-N.npy and t2d-N.npy)", file=str(path))
 
 
 def write_frequencies(counts: np.ndarray, path: Path) -> None:
     """``counts`` as the frequency file ``path`` (its suffix says the format), complete or not at all."""
     _check_suffix(path)
-    suffix = path.suffix
     path.parent.mkdir(parents=True, exist_ok=True)
-    nonzero = np.flatnonzero(counts)
     with staged(path) as partial:
-        if suffix == ".npy":
+        if path.suffix == ".npy":
             with partial.open("wb") as handle:
                 np.save(handle, counts.astype(np.int64))
-        elif suffix == ".json":
+        elif path.suffix == ".json":
             import orjson
 
+            nonzero = np.flatnonzero(counts)
             document = {"vocab_size": len(counts), "counts": {str(i): int(counts[i]) for i in nonzero}}
             partial.write_bytes(orjson.dumps(document))
         else:
-            try:
-                import torch
-            except ImportError:
-                raise CorpusError("writing .pt needs torch; write .npy or .json instead", file=str(path)) from None
-            torch.save({int(i): int(counts[i]) for i in nonzero}, partial)
+            _save_token_freq(counts, partial)
+
+
+def write_speculators_files(counts: np.ndarray, directory: Path, draft_size: int) -> list[Path]:
+    """token_freq.pt, d2t-N.npy and t2d-N.npy into ``directory`` (made when missing), all complete or none:
+    ``counts`` is dense and as long as the verifier's vocabulary (t2d's length)."""
+    d2t, t2d = speculators_mappings(counts, draft_size)
+    paths = [directory / name for name in speculators_file_names(draft_size)]
+    with made_directory(directory), ExitStack() as files:
+        token_freq, d2t_path, t2d_path = (files.enter_context(staged(path)) for path in paths)
+        _save_token_freq(counts, token_freq)
+        for array, partial in ((d2t, d2t_path), (t2d, t2d_path)):
+            with partial.open("wb") as handle:  # np.save to a handle: a path would gain a second .npy
+                np.save(handle, array)
+    return paths
+
+
+def names_directory(out: Path | str) -> bool:
+    """``--out`` names a directory, for speculators' three files: one that exists, or a new name without a suffix.
+    An empty path or one with a NUL byte names nothing (the output guard refuses it)."""
+    text = str(out)
+    if not text.strip() or "\0" in text:
+        return False
+    path = Path(text)
+    return path.is_dir() or (not path.suffix and not os.path.lexists(path))
+
+
+def verifier_vocab_size(directory: Path) -> int | None:
+    """The verifier's vocabulary size as speculators reads it (``AutoConfig``'s ``vocab_size``, its
+    ``text_config``'s for a multimodal model) from the config.json in ``directory``; None without one. It can
+    exceed the tokenizer's entries (padded embeddings): t2d has exactly this many."""
+    path = directory / "config.json"
+    if not path.is_file():
+        return None
+    import orjson
+
+    try:
+        config = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as error:
+        raise CorpusError(f"cannot read the model config: {error}", file=str(path)) from None
+    text = config.get("text_config") if isinstance(config, dict) else None
+    size = (text if isinstance(text, dict) and "vocab_size" in text else config or {}).get("vocab_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise CorpusError(f"vocab_size is {size!r}, not a positive integer", file=str(path))
+    return size
 
 
 @dataclass(frozen=True)
 class VocabReport:
-    """What ``corpus vocab`` wrote (``file``) and how much its top ``draft_vocab_size`` tokens cover
-    (``coverage``: overall, of reasoning and answer tokens, and by source)."""
+    """What ``corpus vocab`` wrote (``file``: the frequency file or the directory; ``written``: every file) and how
+    much its top ``draft_vocab_size`` tokens cover (``coverage``: overall, of reasoning and answer tokens, and by
+    source)."""
 
     file: Path
     coverage: dict[str, Any]
+    written: tuple[Path, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.coverage, "file": str(self.file)}
+        return {**self.coverage, "file": str(self.file), "written": [str(path) for path in self.written]}
 
     def describe(self) -> str:
         return format_vocab_report(self.coverage)
 
 
-def draft_vocab(corpus_dir: Path | str, out: Path | str, *, size: int = 32000, tokenizer: Path | None = None
-                ) -> VocabReport:
-    """`corpus vocab`: the supervised-token frequencies of the corpus in ``corpus_dir``, written to ``out``
-    (checked, as every output path, before the corpus is read), and the coverage of their top ``size``; a
-    corpus without any supervised token is refused."""
-    corpus = Corpus.open(Path(corpus_dir))
+@dataclass(frozen=True)
+class _Input:
+    """What `corpus vocab` reads: a built corpus (with its token rows) or a speculators-tokens export's files."""
+
+    paths: list[Path]  # everything read, kept apart from the output
+    config_dir: Path | None  # where the verifier's config.json may be
+    count: Callable[[], Frequencies]
+
+
+def _open_input(source: Path, tokenizer: Path | None) -> _Input:
+    if not (source / MANIFEST).is_file():
+        files = token_export_files(source)
+        return _Input([*files, *([tokenizer] if tokenizer else [])], tokenizer,
+                      lambda: Frequencies(count_token_export(files)))
+    corpus = Corpus.open(source)
     token_rows = corpus_token_rows(corpus, tokenizer)
     if token_rows is None:
         raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
-                          file=str(corpus_dir))
-    path = check_output_path(out, what="--out", inputs=[corpus.root, token_rows.renderer.tokenizer_dir])
-    _check_suffix(path)
-    frequencies = count_frequencies(corpus, token_rows)
+                          file=str(source))
+    directory = token_rows.renderer.tokenizer_dir
+    return _Input([corpus.root, directory], directory, lambda: count_frequencies(corpus, token_rows))
+
+
+def _target_size(given: int | None, source: _Input, draft_size: int) -> int:
+    size = given if given is not None else (verifier_vocab_size(source.config_dir) if source.config_dir else None)
+    if size is None:
+        where = f"no config.json in {source.config_dir}" if source.config_dir else "no --tokenizer DIR"
+        raise CorpusError(f"t2d has one entry per token of the verifier's vocabulary ({where}): give "
+                          "--target-vocab-size N (its config's vocab_size) or --tokenizer with the model's config.json")
+    if draft_size > size:
+        raise CorpusError(f"--draft-vocab-size {draft_size:,} exceeds the verifier's vocabulary ({size:,} tokens)")
+    return size
+
+
+def _fitted(counts: np.ndarray, size: int, source: Path) -> np.ndarray:
+    """``counts`` as long as the verifier's vocabulary; a supervised id beyond it is refused."""
+    beyond = np.flatnonzero(counts[size:])
+    if beyond.size:
+        raise CorpusError(f"token id {size + int(beyond[-1]):,} is supervised but the verifier's vocabulary has "
+                          f"{size:,} tokens: the counts are of another tokenizer", file=str(source))
+    fitted = np.zeros(size, np.int64)
+    fitted[:min(size, len(counts))] = counts[:size]
+    return fitted
+
+
+def draft_vocab(source: Path | str, out: Path | str, *, size: int = 32000, tokenizer: Path | None = None,
+                target_vocab_size: int | None = None) -> VocabReport:
+    """`corpus vocab`: the supervised-token frequencies of ``source`` (a built corpus, or a speculators-tokens
+    export: a file or its directory) and the coverage of their top ``size``, written to ``out``: a directory gets
+    speculators' token_freq.pt, d2t-SIZE.npy and t2d-SIZE.npy (t2d as long as ``target_vocab_size``, by default
+    the config.json beside the tokenizer), a file the counts alone (.npy, .json or .pt). ``out`` is checked, as
+    every output path, before anything is read; an input without any supervised token is refused."""
+    source = Path(source)
+    opened = _open_input(source, tokenizer)
+    directory = names_directory(out)
+    path = check_output_path(out, what="--out", inputs=opened.paths, directory=directory)
+    if not directory:
+        _check_suffix(path)
+    elif path.is_dir():  # files in a directory yet to be made cannot be anything the run reads
+        for name in speculators_file_names(size):
+            check_output_path(path / name, what="--out", inputs=opened.paths)
+    target_size = _target_size(target_vocab_size, opened, size) if directory else None
+    if directory or path.suffix == ".pt":
+        _torch()  # a missing torch is found before the counting, not after it
+    frequencies = opened.count()
     if not frequencies.total.any():
-        conversations = corpus.manifest.conversations
-        raise CorpusError(f"no supervised tokens to count (the corpus holds {conversations:,} conversations): nothing "
-                          f"was written to {out}", file=str(corpus.root))
-    write_frequencies(frequencies.total, path)
-    return VocabReport(Path(out), vocab_report(frequencies, size))
+        raise CorpusError(f"no supervised tokens to count: nothing was written to {out}", file=str(source))
+    report = vocab_report(frequencies, size)
+    if target_size is None:
+        write_frequencies(frequencies.total, path)
+        return VocabReport(path, report, (path,))
+    written = write_speculators_files(_fitted(frequencies.total, target_size, source), path, size)
+    return VocabReport(path, {**report, "target_vocab_size": target_size}, tuple(written))
 
 
 def _share(value: float | None) -> str:
@@ -197,9 +334,11 @@ def _share(value: float | None) -> str:
 
 def format_vocab_report(report: dict[str, Any]) -> str:
     size = report["draft_vocab_size"]
+    parts = ("" if report["reasoning_tokens"] is None  # a tokens export does not tell reasoning from answer
+             else f", {_share(report['reasoning_coverage'])} of reasoning tokens, "
+                  f"{_share(report['answer_coverage'])} of answer tokens")
     lines = [f"top {size:,} of {report['target_vocab_size']:,} tokens covers {_share(report['coverage'])} of "
-             f"{report['supervised_tokens']:,} supervised tokens, {_share(report['reasoning_coverage'])} of "
-             f"reasoning tokens, {_share(report['answer_coverage'])} of answer tokens "
+             f"{report['supervised_tokens']:,} supervised tokens{parts} "
              f"({report['distinct_tokens']:,} distinct tokens supervised)"]
     sources = report["by_source"]
     if sources:

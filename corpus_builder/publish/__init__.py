@@ -2,13 +2,16 @@
 
     publish_corpus(corpus_dir, "org/name")     private dataset repository, one commit, verified read-back
     publish_corpus(..., dry_run=True)          what would be uploaded and the card; no network at all
+    publish_corpus(..., exports=[ExportSpec("speculators-tokens")])
+                                               also the trainer's files, at exports/{format}/{split}.{ext}
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,18 +20,22 @@ from typing import Any
 from ..errors import CorpusError
 from ..hub import HubSession, RetryPolicy, resolve_endpoint, resolve_token
 from ..layout import AUDIT, MANIFEST, RECIPE, writing_build
+from ..recipe.model import ExportSpec
 from ..secrets import scan_text
 from .card import render_card, scrub_local_paths, scrub_value
+from .exports import EXPORTS_PREFIX, PublishedExport, parse_export, recipe_exports, write_exports
 from .gate import CorpusDocuments, GateFailed, GateReport, check_corpus, require_gate
 from .upload import UploadFile, commit_files
 
 __all__ = [
-    "CorpusDocuments", "GateFailed", "GateReport", "PublishReport", "check_corpus", "prepare_upload", "publish_corpus",
-    "render_card", "require_gate",
+    "CorpusDocuments", "ExportSpec", "GateFailed", "GateReport", "PublishReport", "check_corpus", "parse_export",
+    "prepare_upload", "publish_corpus", "render_card", "require_gate",
 ]
 
 log = logging.getLogger(__name__)
 CARD = "README.md"
+# What a publish owns in the repository: a file there that this publish does not upload is deleted.
+MANAGED_PREFIXES = ("data/", EXPORTS_PREFIX)
 
 
 @dataclass
@@ -84,10 +91,13 @@ def _metadata_file(path_in_repo: str, path: Path) -> UploadFile:
     return UploadFile.from_bytes(path_in_repo, content)
 
 
-def prepare_upload(docs: CorpusDocuments, repo_id: str | None = None) -> tuple[list[UploadFile], str]:
-    """(files in commit order, card text): the shards as they are, the card and the scrubbed metadata."""
-    card = render_card(docs, repo_id)
+def prepare_upload(docs: CorpusDocuments, repo_id: str | None = None,
+                   exports: Sequence[PublishedExport] = ()) -> tuple[list[UploadFile], str]:
+    """(files in commit order, card text): the shards as they are, the trainer exports, the card and the scrubbed
+    metadata."""
+    card = render_card(docs, repo_id, exports)
     files = [UploadFile.from_path(entry.path, docs.root / entry.path) for entry in docs.manifest.files]
+    files += [upload for export in exports for upload in export.uploads]
     files.append(UploadFile.from_bytes(CARD, card.encode("utf-8")))
     files += [_metadata_file(name, docs.root / name) for name in (RECIPE, MANIFEST, AUDIT)]
     return files, card
@@ -125,27 +135,36 @@ def _no_build_writing(corpus_dir: Path) -> Iterator[None]:
 
 def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revision: str = "main",
                    endpoint: str | None = None, token: str | None = None, dry_run: bool = False,
-                   retry: RetryPolicy | None = None) -> PublishReport:
-    """Gate, then upload a corpus as ONE commit to a dataset repository (private unless ``public``).
+                   retry: RetryPolicy | None = None, exports: Sequence[ExportSpec] | None = None,
+                   tokenizer: Path | None = None) -> PublishReport:
+    """Gate, then upload a corpus as ONE commit to a dataset repository (private unless ``public``), with the
+    trainer ``exports`` (default: the corpus recipe's ``publish.exports``) written from it at
+    exports/{format}/{split}.{file format} (``tokenizer``: for speculators-tokens, as `corpus export`).
 
     Raises GateFailed (every failing check) before any network use, CorpusError for Hub errors (token
     scrubbed) and while a build writes the directory. Safe to re-run: files already on the remote with the
     same bytes are not sent again, and an unchanged corpus makes no commit.
     """
-    with _no_build_writing(Path(corpus_dir)):
+    with _no_build_writing(Path(corpus_dir)), tempfile.TemporaryDirectory(prefix="corpus-publish-") as scratch:
         return _gate_and_upload(Path(corpus_dir), repo_id, public=public, revision=revision, endpoint=endpoint,
-                                token=token, dry_run=dry_run, retry=retry)
+                                token=token, dry_run=dry_run, retry=retry, exports=exports, tokenizer=tokenizer,
+                                scratch=Path(scratch))
 
 
 def _gate_and_upload(corpus_dir: Path, repo_id: str, *, public: bool, revision: str, endpoint: str | None,
-                     token: str | None, dry_run: bool, retry: RetryPolicy | None) -> PublishReport:
+                     token: str | None, dry_run: bool, retry: RetryPolicy | None,
+                     exports: Sequence[ExportSpec] | None, tokenizer: Path | None, scratch: Path) -> PublishReport:
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise CorpusError(f"repository id must be ORG/NAME, got {repo_id!r}")
     gate = require_gate(corpus_dir)
     docs = gate.documents
-    files, card = prepare_upload(docs, repo_id)
+    specs = tuple(exports) if exports is not None else recipe_exports(docs)
+    published = write_exports(docs, specs, scratch, tokenizer)
+    files, card = prepare_upload(docs, repo_id, published)
     _check_card(docs, files)
     report = PublishReport(repo_id, resolve_endpoint(endpoint), revision, not public, dry_run, files, card)
+    report.notes += [f"note: {EXPORTS_PREFIX}{export.format} leaves out {count:,} conversations: {reason}"
+                     for export in published for reason, count in sorted(export.left_out.items())]
     if dry_run:
         return report
 
@@ -166,7 +185,7 @@ def _gate_and_upload(corpus_dir: Path, repo_id: str, *, public: bool, revision: 
         head = session.head(repo_id, revision)
         remote = session.list_files(repo_id, head)
         changed = [f for f in files if not f.matches(remote.get(f.path_in_repo))]
-        stale = sorted(p for p in remote if p.startswith("data/") and p not in paths)
+        stale = sorted(p for p in remote if p.startswith(MANAGED_PREFIXES) and p not in paths)
         if not changed and not stale:
             return head, sent
         report.uploaded, report.deleted = [f.path_in_repo for f in changed], stale
@@ -185,6 +204,7 @@ def _verify(session: HubSession, report: PublishReport) -> None:
     problems = [f"{f.path_in_repo}: {'missing' if f.path_in_repo not in remote else 'size or hash differs'}"
                 for f in report.files if not f.matches(remote.get(f.path_in_repo))]
     expected = {f.path_in_repo for f in report.files}
-    problems += [f"{path}: unexpected shard" for path in remote if path.startswith("data/") and path not in expected]
+    problems += [f"{path}: unexpected file" for path in remote if path.startswith(MANAGED_PREFIXES)
+                 and path not in expected]
     if problems:
         raise CorpusError("the published repository does not match the corpus", file=report.url, details=problems)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -20,6 +21,7 @@ import yaml
 from ..errors import REASONS, URL_USERINFO_RE
 from ..layout import Manifest
 from ..secrets import map_strings
+from .exports import PublishedExport, training_commands
 from .gate import CorpusDocuments, mapping
 
 # The Hub's size_categories vocabulary, as (exclusive upper bound, label).
@@ -427,8 +429,46 @@ def _usage(repo_id: str | None, splits: list[str]) -> list[str]:
             "source position and, for generated rows, the generation settings and token ids).", ""]
 
 
-def render_card(docs: CorpusDocuments, repo_id: str | None = None) -> str:
-    """README.md for the corpus: YAML front matter the Hub validates, then the mixture card body."""
+_EXPORT_NOTES = {
+    "speculators": "natural-language conversations; `prepare-data` renders them through a vLLM server serving the "
+                   "target (`--render-endpoint`)",
+    "speculators-tokens": "`{id, input_ids, loss_mask}` per assistant turn in the target's tokens (the served ids of "
+                          "generated turns): speculators' `prepare-data` passes them through unchanged, and SpecForge "
+                          "takes them as `data.prompts_path`",
+    "specforge": "SpecForge's conversations (no tool turns); its parser renders them with the chat template named "
+                 "by `data.chat_template` (TEMPLATE: the SpecForge template whose assistant header ends where the "
+                 "target's generation prompt does, e.g. `qwen3-next-thinking` for a Qwen3-style template that opens "
+                 "`<think>` in the prompt)",
+    "messages": "OpenAI `messages` (`reasoning_content` per assistant turn), as ModelOpt's speculative-decoding "
+                "example reads `data.data_path` (its collator passes no `tools` to the template)",
+    "sharegpt": "ShareGPT turns (reasoning as a leading think block; glaive/LLaMA-Factory tool turns)",
+}
+
+
+def _training(docs: CorpusDocuments, repo_id: str | None, exports: Sequence[PublishedExport]) -> list[str]:
+    """The trainer files published beside the corpus and the command that trains on each."""
+    if not exports:
+        return []
+    repo = repo_id or "ORG/NAME"
+    target = _text(docs.setting("target", "model")) or "TARGET"
+    lines = ["## Train a head on it", "",
+             "The corpus in trainer formats, written from these shards when they were published:", "",
+             *_table(["format", "split", "file", "rows"],
+                     [[f"`{export.format}`", split, f"`{path}`", _figure(rows)]
+                      for export in exports for split, (path, rows) in export.files.items()])]
+    for export in exports:
+        commands = training_commands(export, repo, target)
+        lines += [f"- `{export.format}`: {_EXPORT_NOTES[export.format]}."]
+        if commands:
+            lines += ["", "  ```bash", *(f"  {command}" for command in commands), "  ```"]
+    return [*lines, "",
+            "`corpus vocab` writes speculators' draft-vocabulary files (`token_freq.pt`, `d2t-N.npy`, `t2d-N.npy`) "
+            "from the `speculators-tokens` file into the directory `speculators train --data-path` reads.", ""]
+
+
+def render_card(docs: CorpusDocuments, repo_id: str | None = None, exports: Sequence[PublishedExport] = ()) -> str:
+    """README.md for the corpus: YAML front matter the Hub validates, then the mixture card body (with the trainer
+    ``exports`` published beside it, if any)."""
     manifest = docs.manifest
     total = manifest.conversations  # the gate has matched it with the shards and audit.json
     tool = manifest.tool
@@ -458,6 +498,7 @@ def render_card(docs: CorpusDocuments, repo_id: str | None = None) -> str:
         "statistics; `recipe.yaml` is the recipe the corpus was built from "
         f"(sha256 of the resolved recipe: `{manifest.recipe_sha256 or 'n/a'}`).", "",
         *_usage(repo_id, splits),
+        *_training(docs, repo_id, exports),
         *_license_section(docs),
         "## Recipe", "", "```yaml", scrub_local_paths(docs.recipe_text).rstrip(), "```", "",
     ]

@@ -127,12 +127,13 @@ def needs_target_tokens(document: Any) -> bool:
 
 def _target_token_uses(document: Any) -> list[tuple[KeyPath, str]]:
     """Each setting that counts in the target's tokens, with why it needs the tokenizer."""
-    exports = _section(document, "output").get("exports")
-    uses: list[tuple[KeyPath, str]] = [
-        (("output", "exports", index, "format"), "speculators-tokens rows are in the target's tokens: "
-                                                 "set target.tokenizer")
-        for index, export in enumerate(exports if isinstance(exports, list) else [])
-        if isinstance(export, dict) and export.get("format") == "speculators-tokens"]
+    uses: list[tuple[KeyPath, str]] = []
+    for section in ("output", "publish"):
+        exports = _section(document, section).get("exports")
+        uses += [((section, "exports", index, "format"), "speculators-tokens rows are in the target's tokens: "
+                                                        "set target.tokenizer")
+                 for index, export in enumerate(exports if isinstance(exports, list) else [])
+                 if isinstance(export, dict) and export.get("format") == "speculators-tokens"]
     if "max_seq_len" in _section(document, "checks"):
         uses.append((("checks", "max_seq_len"), "max_seq_len counts tokens in the target's tokenizer: "
                                                 "set target.tokenizer (a directory, or a Hub model id)"))

@@ -32,6 +32,7 @@ from .model import (
     NearDuplicateSettings,
     OutputSpec,
     PackShare,
+    PublishSpec,
     Recipe,
     SourceSpec,
     SourceTarget,
@@ -120,6 +121,8 @@ def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
         mixture=_to_mixture(document["mixture"]),
         decontamination=_to_decontamination(document.get("decontamination"), base_dir),
         eval=_to_eval_pack(document.get("eval")),
+        publish=PublishSpec(exports=tuple(ExportSpec(**spec) for spec in (document.get("publish") or {}).get(
+            "exports", []))),
         base_dir=base_dir,
         path=path,
         document=document,

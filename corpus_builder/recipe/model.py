@@ -275,6 +275,11 @@ class OutputSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PublishSpec:
+    exports: tuple[ExportSpec, ...] = ()  # uploaded with the corpus at exports/{format}/{split}.{file_format}
+
+
+@dataclass(frozen=True, slots=True)
 class Recipe:
     name: str
     target: Target
@@ -285,6 +290,7 @@ class Recipe:
     mixture: Mixture = field(default_factory=Mixture)
     decontamination: Decontamination | None = None
     eval: EvalPackSpec | None = None
+    publish: PublishSpec = field(default_factory=PublishSpec)
     description: str | None = None
     base_dir: Path = Path(".")  # the recipe file's directory: relative paths resolve against it
     path: Path | None = None  # the recipe file itself

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,10 +19,11 @@ import pytest
 
 from corpus_builder.generate.launcher import launched_server
 from corpus_builder.recipe import LaunchSpec
-from corpus_builder.testing.eagle3_head import SPECULATIVE_TOKENS, SPECULATORS_PYTHON, build_eagle3_head
+from corpus_builder.testing.eagle3_head import SPECULATIVE_TOKENS, build_eagle3_head
 from corpus_builder.testing.tiny_model import SERVER_ARGS
 
 from ..conftest import SERVED_MODEL
+from ..support.trainers import speculators_python
 from .conftest import chat_rows, write_jsonl
 
 pytestmark = pytest.mark.vllm
@@ -31,11 +31,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def eagle3_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not SPECULATORS_PYTHON.exists():
-        missing = f"speculators is not installed ({SPECULATORS_PYTHON}): run scripts/speculators_env.sh"
-        if os.environ.get("CI"):  # in CI a missing dependency of a test fails it
-            pytest.fail(missing, pytrace=False)
-        pytest.skip(missing)
+    speculators_python()
     head = build_eagle3_head(tiny_model_dir, tmp_path_factory.mktemp("eagle3") / "head")
     speculative = {"method": "eagle3", "model": str(head), "num_speculative_tokens": SPECULATIVE_TOKENS}
     spec = LaunchSpec(model_dir=tiny_model_dir, args=(*SERVER_ARGS, "--speculative-config", json.dumps(speculative)),

@@ -19,6 +19,7 @@ from corpus_builder.export import corpus_token_rows, export_corpus
 from corpus_builder.export.vocab import count_frequencies, top_k, vocab_report, write_frequencies
 from corpus_builder.layout import Corpus
 from tests.export.test_export import corpus  # noqa: F401  (the module-scoped built corpus fixture)
+from tests.support.trainers import speculators_python
 
 
 def by_hand(built: Corpus, tmp_path: Path) -> Counter[int]:
@@ -36,7 +37,8 @@ def test_frequencies_and_coverage(corpus: Corpus, tmp_path: Path) -> None:  # no
     frequencies = count_frequencies(corpus, corpus_token_rows(corpus))
     expected = by_hand(corpus, tmp_path)
     assert {i: int(c) for i, c in enumerate(frequencies.total) if c} == dict(expected)
-    assert frequencies.reasoning.sum() > 0 and frequencies.answer.sum() > 0
+    assert frequencies.reasoning is not None
+    assert frequencies.reasoning.sum() > 0 and (frequencies.total - frequencies.reasoning).sum() > 0
     size = 10
     report = vocab_report(frequencies, size)
     ranked = sorted(expected, key=lambda i: (-expected[i], i))[:size]  # speculators' order
@@ -73,12 +75,14 @@ def test_vocab_command(corpus: Corpus, tmp_path: Path) -> None:  # noqa: F811
     assert completed.returncode == 0, completed.stderr
     report = orjson.loads(completed.stdout)
     assert report["draft_vocab_size"] == 50 and 0 < report["coverage"] <= 1 and report["file"] == str(out)
+    assert report["written"] == [str(out)]
     assert int(np.load(out).sum()) == report["supervised_tokens"]
     text = subprocess.run([sys.executable, "-m", "corpus_builder", "vocab", str(corpus.root), "--size", "50",
                            "--out", str(tmp_path / "f.json")], capture_output=True, text=True)
     assert text.returncode == 0 and "top 50 of" in text.stdout and "reasoning tokens" in text.stdout
     called = draft_vocab(corpus.root, tmp_path / "api.npy", size=50)  # the command is parse, call, print
-    assert {**called.to_json(), "file": str(out)} == report and called.file == tmp_path / "api.npy"
+    assert {**called.to_json(), "file": str(out), "written": [str(out)]} == report
+    assert called.file == tmp_path / "api.npy"
     assert np.array_equal(np.load(called.file), np.load(out))
     assert text.stdout == f"{called.describe()}\nwrote {tmp_path / 'f.json'}\n"
 
@@ -91,7 +95,8 @@ def test_vocab_refuses_an_out_inside_the_corpus_or_on_the_tokenizer(corpus: Corp
         (tokenizer / name).write_bytes((tiny_model_dir / name).read_bytes())
     before = {path: path.read_bytes() for path in (*tokenizer.iterdir(), *corpus.root.rglob("*")) if path.is_file()}
     for out, problem in ((corpus.root / "token_freq.npy", "inside the built corpus"),
-                         (tokenizer / "tokenizer.json", "this run reads"), (tmp_path, "a directory")):
+                         (tokenizer / "tokenizer.json", "this run reads"), (tokenizer, "this run reads"),
+                         (tmp_path / "freq.txt", "must end in one of .npy, .json, .pt")):
         completed = subprocess.run([sys.executable, "-m", "corpus_builder", "vocab", str(corpus.root), "--tokenizer",
                                     str(tokenizer), "--out", str(out)], capture_output=True, text=True)
         assert completed.returncode == 2 and f"{out}: --out: " in completed.stderr, completed.stderr
@@ -109,3 +114,136 @@ def test_a_frequency_file_that_fails_to_write_leaves_nothing(tmp_path: Path, mon
     with pytest.raises(CorpusError, match=re.escape(f"{out}: cannot write: No space left on device")):
         write_frequencies(np.array([0, 5], dtype=np.int64), out)
     assert list(tmp_path.iterdir()) == []
+
+
+# Run by speculators 0.9.0 itself (.venv-speculators): its trainer's loader on our directory, then the same loader on
+# a directory holding only our token_freq.pt, where it builds the mappings from the counts and caches them.
+SPECULATORS_VOCAB = """\
+import argparse, json, shutil, sys
+from pathlib import Path
+import torch
+from speculators.train.cli import parse_vocab_mappings
+from speculators.train.vocab_mapping import get_target_vocab_size
+
+ours, fresh, verifier = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+result = {}
+for size in map(int, sys.argv[4:]):
+    def args(data_path):
+        return argparse.Namespace(d2t_path=None, t2d_path=None, token_freq_path=None, data_path=str(data_path),
+                                  draft_vocab_size=size, verifier_name_or_path=verifier, trust_remote_code=False)
+    d2t, t2d, loaded_size = parse_vocab_mappings(args(ours))
+    built = fresh / str(size)
+    built.mkdir(parents=True)
+    shutil.copy(ours / "token_freq.pt", built / "token_freq.pt")
+    built_d2t, built_t2d, _ = parse_vocab_mappings(args(built))
+    result[size] = {
+        "size": loaded_size, "equal": torch.equal(d2t, built_d2t) and torch.equal(t2d, built_t2d),
+        "dtypes": [str(d2t.dtype), str(t2d.dtype)], "t2d_length": t2d.shape[0], "chosen": int(t2d.sum()),
+        "target_vocab_size": get_target_vocab_size(None, verifier),
+        "same_bytes": [(ours / name).read_bytes() == (built / name).read_bytes()
+                       for name in (f"d2t-{size}.npy", f"t2d-{size}.npy")],
+        "token_freq": {str(k): v for k, v in torch.load(ours / "token_freq.pt", weights_only=True).items()},
+    }
+print(json.dumps(result))
+"""
+
+
+def test_speculators_loads_the_vocab_files_as_it_builds_them(corpus: Corpus, tmp_path: Path,  # noqa: F811
+                                                            tiny_model_dir: Path) -> None:
+    """`corpus vocab --out DIR` writes what speculators' trainer loads from its data directory, equal to what the
+    trainer computes from the same token_freq.pt (d2t and t2d byte for byte): a draft vocabulary smaller than
+    the supervised tokens (ties decided by id) and one larger (made up with unsupervised ids)."""
+    python = speculators_python()
+    expected = by_hand(corpus, tmp_path / "by-hand")
+    sizes = (16, len(expected) + 40)
+    for size in sizes:
+        report = draft_vocab(corpus.root, tmp_path / "vocab", size=size)
+        assert report.coverage["target_vocab_size"] == 6016  # the config's vocab_size, not the tokenizer's 6,0xx
+    assert sorted(p.name for p in (tmp_path / "vocab").iterdir()) == sorted(
+        ["token_freq.pt", *(f"{kind}-{size}.npy" for size in sizes for kind in ("d2t", "t2d"))])
+    completed = subprocess.run([str(python), "-c", SPECULATORS_VOCAB, str(tmp_path / "vocab"), str(tmp_path / "fresh"),
+                                str(tiny_model_dir), *map(str, sizes)], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = orjson.loads(completed.stdout.splitlines()[-1])
+    for size in sizes:
+        loaded = result[str(size)]
+        assert loaded["equal"] and loaded["same_bytes"] == [True, True], loaded
+        assert loaded["size"] == size == loaded["chosen"] and loaded["dtypes"] == ["torch.int64", "torch.bool"]
+        assert loaded["t2d_length"] == loaded["target_vocab_size"] == 6016
+        assert {int(k): v for k, v in loaded["token_freq"].items()} == dict(expected)
+    d2t, t2d = np.load(tmp_path / "vocab" / "d2t-16.npy"), np.load(tmp_path / "vocab" / "t2d-16.npy")
+    chosen = np.arange(16) + d2t  # offsets: target id = draft index + d2t[index]
+    assert chosen.tolist() == sorted(sorted(expected, key=lambda i: (-expected[i], i))[:16])
+    assert np.flatnonzero(t2d).tolist() == chosen.tolist()
+
+
+@pytest.mark.parametrize("file_format", ["parquet", "jsonl", "jsonl.zst"])
+def test_a_tokens_export_is_counted_as_it_is(corpus: Corpus, tmp_path: Path, file_format: str,  # noqa: F811
+                                             tiny_model_dir: Path) -> None:
+    """A speculators-tokens export (a directory or one file) gives the counts of the corpus it came from; the
+    speculators files need the verifier's vocabulary size from --tokenizer's config.json or given."""
+    export_corpus(corpus, "speculators-tokens", tmp_path / "export", file_format=file_format)
+    from_corpus = count_frequencies(corpus, corpus_token_rows(corpus)).total
+    report = draft_vocab(tmp_path / "export", tmp_path / "counts.npy", size=10)
+    counts = np.load(tmp_path / "counts.npy")
+    assert np.array_equal(counts, from_corpus[:len(counts)]) and not from_corpus[len(counts):].any()
+    assert report.coverage["reasoning_tokens"] is None and report.coverage["by_source"] == {}
+    assert "reasoning" not in report.describe() and report.coverage["coverage"] == vocab_report(
+        count_frequencies(corpus, corpus_token_rows(corpus)), 10)["coverage"]
+    train = draft_vocab(tmp_path / "export" / f"train.{file_format}", tmp_path / "train.json", size=10)
+    assert 0 < train.coverage["supervised_tokens"] < report.coverage["supervised_tokens"]
+    with pytest.raises(CorpusError, match="give --target-vocab-size"):
+        draft_vocab(tmp_path / "export", tmp_path / "speculators", size=10)
+    assert not (tmp_path / "speculators").exists()
+    given = draft_vocab(tmp_path / "export", tmp_path / "given", size=10, target_vocab_size=6016)
+    configured = draft_vocab(tmp_path / "export", tmp_path / "configured", size=10, tokenizer=tiny_model_dir)
+    for name in ("d2t-10.npy", "t2d-10.npy"):
+        assert (tmp_path / "given" / name).read_bytes() == (tmp_path / "configured" / name).read_bytes()
+    assert given.coverage["target_vocab_size"] == configured.coverage["target_vocab_size"] == 6016
+
+
+def write_token_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize(("rows", "problem"), [
+    ([{"input_ids": [1, 2], "loss_mask": [0, 1]}, {"input_ids": [1, 2, 3], "loss_mask": [1, 1]}],
+     "row 1: input_ids and loss_mask differ in length"),
+    ([{"input_ids": [1, 2], "loss_mask": [0, 1]}, {"input_ids": [4]}], "row 1 has no input_ids or no loss_mask"),
+    ([{"input_ids": [1, -2], "loss_mask": [1, 1]}], "a negative token id in rows 0-0"),
+    ([{"input_ids": ["a"], "loss_mask": [1]}], "cannot read the speculators-tokens export"),
+    ([{"input_ids": [1], "loss_mask": [0]}], "no supervised tokens to count"),
+])
+def test_a_bad_tokens_export_is_named(tmp_path: Path, rows: list[dict], problem: str) -> None:
+    source = write_token_rows(tmp_path / "train.jsonl", rows)
+    with pytest.raises(CorpusError, match=re.escape(problem)) as raised:
+        draft_vocab(source, tmp_path / "out.npy", size=2)
+    assert str(source) in str(raised.value) and not (tmp_path / "out.npy").exists()
+
+
+def test_vocab_directory_refusals_leave_nothing(tmp_path: Path, tiny_model_dir: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    source = write_token_rows(tmp_path / "train.jsonl", [{"input_ids": [1, 6100], "loss_mask": [1, 1]}])
+    with pytest.raises(CorpusError, match="token id 6,100 is supervised but the verifier's vocabulary has 6,016"):
+        draft_vocab(source, tmp_path / "out", size=2, tokenizer=tiny_model_dir)
+    with pytest.raises(CorpusError, match="--draft-vocab-size 7,000 exceeds the verifier's vocabulary"):
+        draft_vocab(source, tmp_path / "out", size=7000, target_vocab_size=6016)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusError, match=r"manifest.json is missing \(interrupted or failed build\?\), and no "
+                                          r"speculators-tokens export"):
+        draft_vocab(tmp_path / "empty", tmp_path / "elsewhere", size=2)
+    write_token_rows(source, [{"input_ids": [1, 5], "loss_mask": [1, 1]}])
+    saved = np.save
+    calls: list[object] = []
+
+    def fails_second(handle: object, array: np.ndarray) -> None:
+        calls.append(handle)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        saved(handle, array)
+
+    monkeypatch.setattr(np, "save", fails_second)
+    with pytest.raises(CorpusError, match="No space left on device"):
+        draft_vocab(source, tmp_path / "out", size=2, target_vocab_size=6016)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "train.jsonl"]

@@ -32,9 +32,8 @@ PLACES: dict[tuple[type, str], tuple[str, ...]] = {
     (model.Checks, "on_unclosed_think"): ("properties", "checks", "properties", "on_unclosed_think"),
     (model.Checks, "dedup"): ("properties", "checks", "properties", "dedup"),
     (model.Checks, "token_mismatch"): ("properties", "checks", "properties", "token_mismatch"),
-    (model.ExportSpec, "format"): ("properties", "output", "properties", "exports", "items", "properties", "format"),
-    (model.ExportSpec, "file_format"): ("properties", "output", "properties", "exports", "items", "properties",
-                                        "file_format"),
+    (model.ExportSpec, "format"): ("$defs", "export", "properties", "format"),  # output's and publish's exports
+    (model.ExportSpec, "file_format"): ("$defs", "export", "properties", "file_format"),
     **{(RepairRules, rule.name): (*SOURCE, "repair", "properties", rule.name)
        for rule in dataclasses.fields(RepairRules)},
 }

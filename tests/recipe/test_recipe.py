@@ -21,6 +21,7 @@ from corpus_builder.recipe import (
     recipe_sha256,
     resolved_yaml,
 )
+from corpus_builder.recipe.model import ExportSpec
 from corpus_builder.recipe.reference import (
     END_MARKER,
     START_MARKER,
@@ -103,6 +104,10 @@ split:
 output:
   dir: out/corpus
   rows_per_shard: 1000
+publish:
+  exports:
+    - {format: speculators-tokens}
+    - {format: messages, file_format: parquet}
 """
 
 MINIMAL_RECIPE = """\
@@ -195,6 +200,8 @@ def test_full_recipe_maps_onto_the_dataclasses(workspace: Path) -> None:
     assert recipe.split.validation_fraction == 0.05
     assert recipe.output.dir == workspace.resolve() / "out" / "corpus"
     assert recipe.output.rows_per_shard == 1000
+    assert recipe.publish.exports == (ExportSpec("speculators-tokens", "jsonl"), ExportSpec("messages", "parquet"))
+    assert load_recipe(write(workspace, MINIMAL_RECIPE)).publish.exports == ()
 
 
 def test_resolved_yaml_keeps_paths_as_written_and_round_trips(workspace: Path) -> None:
@@ -388,6 +395,8 @@ def test_schema_problem(workspace: Path, old: str, new: str, path: str, fragment
     # no tokenizer, and a model name that is not a Hub id: nothing to count tokens with
     ("  model: Nanbeige/Nanbeige4.2-3B\n  revision: abc123\n  tokenizer: models/tok\n", "  model: nanbeige-fp8\n",
      "checks.max_seq_len", "set target.tokenizer"),
+    ("  model: Nanbeige/Nanbeige4.2-3B\n  revision: abc123\n  tokenizer: models/tok\n", "  model: nanbeige-fp8\n",
+     "publish.exports[0].format", "speculators-tokens rows are in the target's tokens: set target.tokenizer"),
     ("model_dir: models/tiny", "model_dir: models/gone", "target.launch.model_dir",
      "model directory not found"),
     ("retry_max_tokens: 4096", "retry_max_tokens: 1024", "target.generation.retry_max_tokens",
