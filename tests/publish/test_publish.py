@@ -16,12 +16,14 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from corpus_builder.build import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.hub import DEFAULT_ENDPOINT, download_corpus, fetch_tokenizer, hub_endpoint
 from corpus_builder.publish import CorpusDocuments, GateFailed, check_corpus, publish_corpus, render_card
 from corpus_builder.publish.card import card_license, parse_front_matter
+from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
-from tests.publish.conftest import FAST, TOKEN, rewrite_shard
+from tests.publish.conftest import FAST, TOKEN, edit_json, rewrite_shard
 
 
 def _publish(corpus: Path, hub: HubServer, **kwargs: Any) -> Any:
@@ -511,3 +513,26 @@ def test_a_build_that_starts_while_the_gate_reads_is_named_not_the_corpus(corpus
             _publish(corpus, hub, dry_run=True)
         assert f"a build is writing {corpus} now (pid {holders[0].pid})" in str(caught.value)
         assert not isinstance(caught.value, GateFailed)
+
+
+def test_a_corpus_with_an_eval_pack_passes_the_gate_and_a_pack_path_outside_eval_is_named(tmp_path: Path) -> None:
+    """The pack's shards are checked like the corpus's: where they are (eval/<name>.parquet), then their bytes."""
+    rows = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
+                          {"role": "assistant", "content": str(2 * i)}]} for i in range(30)]
+    (tmp_path / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "recipe.yaml").write_text(
+        "name: packed\ntarget: {model: Org/Model-1B}\n"
+        "sources:\n  - {name: math, kind: replay, path: math.jsonl, license: MIT, task: math}\n"
+        "eval: {rows: 5}\nsplit: {validation_fraction: 0.2}\noutput: {dir: out, rows_per_shard: 20}\n")
+    corpus = build_corpus(load_recipe(tmp_path / "recipe.yaml")).out_dir
+    pack = json.loads((corpus / "manifest.json").read_text())["eval"]["files"]
+    assert pack and check_corpus(corpus).failures == []
+    moved = "data/pack-00000-of-00001.parquet"
+    (corpus / pack[0]["path"]).rename(corpus / moved)
+
+    def move(manifest: dict[str, Any]) -> None:
+        manifest["eval"]["files"][0]["path"] = moved
+
+    edit_json(corpus, "manifest.json", move)
+    failures = check_corpus(corpus).failures
+    assert any(f"{moved!r}: manifest path is not eval/<name>.parquet" in line for line in failures), failures
