@@ -166,15 +166,15 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'entries.sort(kind="STABLE")', "numpy reads the kind's name in any case"),
     "corpus_builder.screen.near_dedup.x__merge__mutmut_29": (
         "from_older[landing] = None", "numpy stores None in a bool array as False"),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_4": (
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_against_kept__mutmut_4": (
         "earlier = np.full(hashes.shape, -1, dtype=None)", _INT64),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_7": (
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_against_kept__mutmut_7": (
         "earlier = np.full(hashes.shape, -1, )", _INT64),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_9": (
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_against_kept__mutmut_9": (
         "earlier = np.full(hashes.shape, -2, dtype=np.int64)", _ABSENT),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_54": (
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_24": (
         "for decision in decisions], dtype=None))", _BOOLS),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_56": ("for decision in decisions], ))", _BOOLS),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_26": ("for decision in decisions], ))", _BOOLS),
     "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide_within__mutmut_3": (
         "for decision in decisions], dtype=None)", _BOOLS),
     "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide_within__mutmut_5": (
