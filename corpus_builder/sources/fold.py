@@ -19,10 +19,11 @@ log's conversations come out in the order their chats ended.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import orjson
 
@@ -37,20 +38,18 @@ FOLDED_KEY = "folded_requests"  # provenance: how many logged requests a folded 
 Tag = TypeVar("Tag")  # what the caller keeps with each request (where it was read)
 
 
-@dataclass(frozen=True, slots=True)
-class Carried:
-    """What a folded request's answer leaves to its chat's conversation: where it stands among the chat's turns, its
-    text (to check the turn it is carried to), its reasoning and whether it was served cut."""
+class Carried(NamedTuple):
+    """What a folded request's answer leaves to its chat's conversation: where it stands among the chat's turns, the
+    answer (its reasoning, and its text to check the turn it goes to, are read only when the chat is let out) and
+    whether it was served cut."""
 
-    index: int
-    text: Any
-    reasoning: str | None
+    position: int  # its answer's, among the turns of the requests after it
+    answer: dict[str, Any]
     cut: bool
 
     @classmethod
     def of(cls, exchange: LoggedExchange) -> Carried:
-        answer = exchange.answer
-        return cls(len(exchange.messages), _turn_text(answer), _reasoning(answer), exchange.finish_reason == "length")
+        return cls(len(exchange.messages), exchange.answer, exchange.finish_reason == "length")
 
 
 @dataclass(slots=True)
@@ -210,15 +209,17 @@ def carry(messages: list[Message], flags: list[str], held: Held[Any]) -> None:
     """What the turns of a folded chat take from the requests folded into it: each earlier answer's reasoning (the
     history a client sends back seldom holds it) and the flag of an answer served cut."""
     answers = [message for message in messages if message.role == "assistant"]
-    raw = held.exchange.messages
+    positions = [index for index, turn in enumerate(held.exchange.messages) if _is_answer(turn)]  # among the turns
     for earlier in held.carried:
         if earlier.cut and FLAG_TRUNCATED not in flags:
             flags.append(FLAG_TRUNCATED)
-        ordinal = sum(1 for turn in raw[:earlier.index + 1] if _is_answer(turn))  # the chat's nth answer
+        ordinal = bisect_right(positions, earlier.position)  # the chat's nth answer
         target = answers[ordinal - 1] if 0 < ordinal <= len(answers) else None
-        if target is not None and earlier.reasoning and not target.reasoning \
-                and target.content.strip() == earlier.text:
-            target.reasoning = earlier.reasoning
+        if target is None or target.reasoning:
+            continue
+        reasoning = _reasoning(earlier.answer)
+        if reasoning and target.content.strip() == _turn_text(earlier.answer):
+            target.reasoning = reasoning
 
 
 def _reasoning(answer: dict[str, Any]) -> str | None:
