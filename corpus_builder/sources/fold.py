@@ -19,10 +19,12 @@ log's conversations come out in the order their chats ended.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from operator import itemgetter
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import orjson
 
@@ -35,22 +37,22 @@ FOLDED_PREFIX = "folded_prefix"
 FOLDED_KEY = "folded_requests"  # provenance: how many logged requests a folded conversation was made of
 
 Tag = TypeVar("Tag")  # what the caller keeps with each request (where it was read)
+ANSWER_ROLE = "assistant"
+_ROLE = itemgetter("role")
 
 
-@dataclass(frozen=True, slots=True)
-class Carried:
-    """What a folded request's answer leaves to its chat's conversation: where it stands among the chat's turns, its
-    text (to check the turn it is carried to), its reasoning and whether it was served cut."""
+class Carried(NamedTuple):
+    """What a folded request's answer leaves to its chat's conversation: where it stands among the chat's turns, the
+    answer (its reasoning, and its text to check the turn it goes to, are read only when the chat is let out) and
+    whether it was served cut."""
 
-    index: int
-    text: Any
-    reasoning: str | None
+    position: int  # its answer's, among the turns of the requests after it
+    answer: dict[str, Any]
     cut: bool
 
     @classmethod
     def of(cls, exchange: LoggedExchange) -> Carried:
-        answer = exchange.answer
-        return cls(len(exchange.messages), _turn_text(answer), _reasoning(answer), exchange.finish_reason == "length")
+        return cls(len(exchange.messages), exchange.answer, exchange.finish_reason == "length")
 
 
 @dataclass(slots=True)
@@ -60,7 +62,7 @@ class Held(Generic[Tag]):
 
     exchange: LoggedExchange
     tag: Tag
-    head: int  # the key of the chat's first exchange
+    head: int  # the key of the chat's first exchange (with its session)
     carried: list[Carried] = field(default_factory=list)
     requests: int = 1
 
@@ -101,16 +103,16 @@ def _answer_sign(turn: Any) -> tuple[Any, ...]:
     return _turn_text(turn), calls
 
 
-def _key(history: tuple[bytes, ...], answer: Any) -> int:
-    """The key of a conversation that ends with ``answer`` after ``history``: the history's turns as the client sent
-    them (each serialised in C: a client sends its history back as it sent it before) and the answer as the fold
-    compares it. Equal within one process (Python's hashes: a request is only matched with those the same process
-    read)."""
-    return hash((history, _answer_sign(answer)))
+def _key(session: str | None, history: tuple[bytes, ...], answer: Any) -> int:
+    """The key of a conversation of ``session`` that ends with ``answer`` after ``history``: the history's turns as
+    the client sent them (each serialised in C: a client sends its history back as it sent it before) and the
+    answer as the fold compares it. Equal within one process (Python's hashes: a request is only matched with those
+    the same process read)."""
+    return hash((session, history, _answer_sign(answer)))
 
 
 def _is_answer(turn: Any) -> bool:
-    return type(turn) is dict and turn.get("role") == "assistant"
+    return type(turn) is dict and turn.get("role") == ANSWER_ROLE
 
 
 def _serialised(messages: list[Any]) -> tuple[bytes, ...]:
@@ -120,28 +122,39 @@ def _serialised(messages: list[Any]) -> tuple[bytes, ...]:
         return tuple(repr(turn).encode() for turn in messages)
 
 
+def _roles(messages: list[Any]) -> list[Any]:
+    """Each turn's role (None for a turn that is not an object), read in C when every turn has one."""
+    try:
+        return list(map(_ROLE, messages))
+    except (KeyError, TypeError):  # a turn without a role, or not an object
+        return [turn.get("role") if type(turn) is dict else None for turn in messages]
+
+
 def exchange_keys(exchange: LoggedExchange) -> tuple[int, int, int | None]:
     """The exchange's own key, the key of its chat's first exchange, and the key of the request before it (its turns
-    up to the last answer its history holds; None when it holds none)."""
-    messages = exchange.messages
+    up to the last answer its history holds; None when it holds none); each with the exchange's session."""
+    messages, session = exchange.messages, exchange.session
     history = _serialised(messages)
-    full = _key(history, exchange.answer)
-    answers = [index for index, turn in enumerate(messages) if type(turn) is dict and turn.get("role") == "assistant"]
-    if not answers:
+    full = _key(session, history, exchange.answer)
+    roles = _roles(messages)
+    if ANSWER_ROLE not in roles:
         return full, full, None
-    first, last = answers[0], answers[-1]
-    return full, _key(history[:first], messages[first]), _key(history[:last], messages[last])
+    first = roles.index(ANSWER_ROLE)
+    head = _key(session, history[:first], messages[first])
+    roles.reverse()
+    last = len(roles) - 1 - roles.index(ANSWER_ROLE)
+    return full, head, head if last == first else _key(session, history[:last], messages[last])
 
 
 def earlier_keys(exchange: LoggedExchange) -> list[int]:
     """The keys of every request before it in its chat: its turns up to each answer its history holds."""
-    messages = exchange.messages
+    messages, session = exchange.messages, exchange.session
     history = _serialised(messages)
-    return [_key(history[:index], turn) for index, turn in enumerate(messages) if _is_answer(turn)]
+    return [_key(session, history[:index], turn) for index, turn in enumerate(messages) if _is_answer(turn)]
 
 
 class PrefixFold(Generic[Tag]):
-    """Folds the logged requests of one source, fed in log order; ``add`` and ``close`` yield what is finished:
+    """Folds the logged requests of one source, fed in log order; ``add`` and ``close`` give what is finished:
     ``(held, True)`` for a request folded into the one just added, ``(held, False)`` for one let out whole.
 
     A request is matched with the request just before it in its chat (its turns up to the last answer of its
@@ -152,29 +165,30 @@ class PrefixFold(Generic[Tag]):
         if max_open < 1:
             raise ValueError("max_open must be at least 1")
         self.max_open = max_open
-        self._open: OrderedDict[tuple[str | None, int], Held[Tag]] = OrderedDict()
-        self._heads: dict[tuple[str | None, int], int] = {}  # open chats by their first exchange
+        self._open: OrderedDict[int, Held[Tag]] = OrderedDict()  # by their key, which holds their session
+        self._heads: dict[int, int] = {}  # how many open chats began with each first exchange
 
-    def add(self, exchange: LoggedExchange, tag: Tag) -> Iterator[tuple[Held[Tag], bool]]:
-        session = exchange.session
+    def add(self, exchange: LoggedExchange, tag: Tag) -> list[tuple[Held[Tag], bool]]:
         full, head, previous = exchange_keys(exchange)
-        held = Held(exchange, tag, head)
+        held: Held[Tag] = Held(exchange, tag, head)
+        finished: list[tuple[Held[Tag], bool]] = []  # a list, not a generator: most requests finish one or none
         if previous is not None:
-            candidates = [previous] if (session, previous) in self._open or (session, head) not in self._heads \
-                else earlier_keys(exchange)
-            for candidate in candidates:
-                earlier = self._pop((session, candidate))
-                if earlier is not None:
-                    held.carried += [*earlier.carried, Carried.of(earlier.exchange)]
-                    held.requests += earlier.requests
-                    yield earlier, True
-        same = self._pop((session, full))  # the same request logged twice: both stay (dedup's to judge)
+            earlier = self._pop(previous)
+            if earlier is not None:
+                self._fold(earlier, held, finished)
+            elif head in self._heads:  # a chat that began alike is open: a request between may be missing
+                for candidate in earlier_keys(exchange):
+                    earlier = self._pop(candidate)
+                    if earlier is not None:
+                        self._fold(earlier, held, finished)
+        same = self._pop(full)  # the same request logged twice: both stay (dedup's to judge)
         if same is not None:
-            yield same, False
-        self._open[session, full] = held
-        self._heads[session, head] = self._heads.get((session, head), 0) + 1
+            finished.append((same, False))
+        self._open[full] = held
+        self._heads[head] = self._heads.get(head, 0) + 1
         if len(self._open) > self.max_open:
-            yield self._close_oldest(), False
+            finished.append((self._close_oldest(), False))
+        return finished
 
     def close(self) -> Iterator[Held[Tag]]:
         """The conversations still open, in the order they were last extended."""
@@ -182,23 +196,28 @@ class PrefixFold(Generic[Tag]):
             yield self._close_oldest()
 
     def _close_oldest(self) -> Held[Tag]:
-        key, held = self._open.popitem(last=False)
-        self._forget_head(key[0], held)
+        held = self._open.popitem(last=False)[1]
+        self._forget_head(held)
         return held
 
-    def _pop(self, key: tuple[str | None, int]) -> Held[Tag] | None:
+    @staticmethod
+    def _fold(earlier: Held[Tag], into: Held[Tag], finished: list[tuple[Held[Tag], bool]]) -> None:
+        into.carried += [*earlier.carried, Carried.of(earlier.exchange)]
+        into.requests += earlier.requests
+        finished.append((earlier, True))
+
+    def _pop(self, key: int) -> Held[Tag] | None:
         held = self._open.pop(key, None)
         if held is not None:
-            self._forget_head(key[0], held)
+            self._forget_head(held)
         return held
 
-    def _forget_head(self, session: str | None, held: Held[Tag]) -> None:
-        heads = (session, held.head)
-        left = self._heads[heads] - 1
+    def _forget_head(self, held: Held[Tag]) -> None:
+        left = self._heads[held.head] - 1
         if left:
-            self._heads[heads] = left
+            self._heads[held.head] = left
         else:
-            del self._heads[heads]
+            del self._heads[held.head]
 
 
 def folded_skip(source: str, earlier: str, into: str) -> Skipped:
@@ -210,15 +229,17 @@ def carry(messages: list[Message], flags: list[str], held: Held[Any]) -> None:
     """What the turns of a folded chat take from the requests folded into it: each earlier answer's reasoning (the
     history a client sends back seldom holds it) and the flag of an answer served cut."""
     answers = [message for message in messages if message.role == "assistant"]
-    raw = held.exchange.messages
+    positions = [index for index, turn in enumerate(held.exchange.messages) if _is_answer(turn)]  # among the turns
     for earlier in held.carried:
         if earlier.cut and FLAG_TRUNCATED not in flags:
             flags.append(FLAG_TRUNCATED)
-        ordinal = sum(1 for turn in raw[:earlier.index + 1] if _is_answer(turn))  # the chat's nth answer
+        ordinal = bisect_right(positions, earlier.position)  # the chat's nth answer
         target = answers[ordinal - 1] if 0 < ordinal <= len(answers) else None
-        if target is not None and earlier.reasoning and not target.reasoning \
-                and target.content.strip() == earlier.text:
-            target.reasoning = earlier.reasoning
+        if target is None or target.reasoning:
+            continue
+        reasoning = _reasoning(earlier.answer)
+        if reasoning and target.content.strip() == _turn_text(earlier.answer):
+            target.reasoning = reasoning
 
 
 def _reasoning(answer: dict[str, Any]) -> str | None:

@@ -43,6 +43,7 @@ HELICONE_SESSION = "Helicone-Session-Id"
 THINK_SWITCHES = (("/no_think", False), ("/think", True))  # Qwen-style soft switches at a user turn's end
 NO_ANSWER = "no_answer"
 _ANSWER_KEYS = frozenset({"content", "tool_calls", "function_call", "reasoning_content", "reasoning"})
+_SESSION_HOLDERS = frozenset({*SESSION_FIELDS, "metadata", "request_properties"})  # where a session id may be
 _DETAIL_CHARS = 80
 
 
@@ -145,8 +146,11 @@ def _decoded(value: Any) -> Any:
 
 
 def _request_body(value: Any) -> dict[str, Any] | None:
-    body = _decoded(value)
-    return body if isinstance(body, dict) and isinstance(body.get("messages"), list) and body["messages"] else None
+    body = value if type(value) is dict else _decoded(value)
+    if not isinstance(body, dict):
+        return None
+    messages = body.get("messages")
+    return body if isinstance(messages, list) and messages else None
 
 
 def _answer(row: dict[str, Any]) -> tuple[dict[str, Any], str | None, dict[str, Any] | None]:
@@ -154,8 +158,9 @@ def _answer(row: dict[str, Any]) -> tuple[dict[str, Any], str | None, dict[str, 
     alone)."""
     response: Any = None
     for name in RESPONSE_FIELDS:
-        if row.get(name) is not None:
-            response = _decoded(row[name])
+        value = row.get(name)
+        if value is not None:
+            response = _decoded(value)
             break
     completion = None
     finish_reason = row["finish_reason"] if "finish_reason" in row else (
@@ -171,15 +176,17 @@ def _answer(row: dict[str, Any]) -> tuple[dict[str, Any], str | None, dict[str, 
         response = response[0]
         if isinstance(response, dict) and ("message" in response or "finish_reason" in response):
             finish_reason = response.get("finish_reason", finish_reason)
-            response = response.get("message", response.get("delta"))
+            response = response["message"] if "message" in response else response.get("delta")
     if isinstance(response, str):  # a streamed call's answer as Langfuse keeps it: the text alone
         response = {"role": "assistant", "content": response}
-    if not isinstance(response, dict) or not _ANSWER_KEYS.intersection(response):
+    if not isinstance(response, dict) or _ANSWER_KEYS.isdisjoint(response):
         error = row.get("error", row.get("error_str"))
         detail = ("the response holds no answer message" if error is None
                   else f"error: {str(error)[:_DETAIL_CHARS]}")
         raise BadRow(NO_ANSWER, detail)
-    answer = {key: value for key, value in _text_parts(response).items() if value is not None}
+    if isinstance(response.get("content"), list):
+        response = _text_parts(response)
+    answer = {key: value for key, value in response.items() if value is not None}
     answer["role"] = "assistant"
     if answer.get("content") is None:  # only reasoning (cut inside it) or only calls: an empty answer text
         answer["content"] = ""
@@ -246,6 +253,8 @@ def _first_text(holder: dict[str, Any], names: tuple[str, ...]) -> str | None:
 def _session(row: dict[str, Any], request: dict[str, Any]) -> str | None:
     """The conversation id the log records: a session field on the record, in its metadata or in the request's,
     or Helicone's session header."""
+    if _SESSION_HOLDERS.isdisjoint(row) and _SESSION_HOLDERS.isdisjoint(request):
+        return None  # the log records none (most logs): nothing to look through
     for holder in (row, request):
         found = _first_text(holder, SESSION_FIELDS)
         if found is not None:
