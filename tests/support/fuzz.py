@@ -6,6 +6,11 @@ hand, CORPUS_FUZZ_EXAMPLES raises the count for every property and draws fresh r
     CORPUS_FUZZ_EXAMPLES=5000 .venv/bin/python -m pytest -q -s tests/recipe/test_fuzz.py tests/sources/test_fuzz.py
 
 With ``-s`` each module prints how the examples ended (the figures in RELIABILITY.md).
+
+Under mutmut (scripts/mutation.py sets CORPUS_MUTATION_OWNERS for its whole run) every property runs at most
+MUTATION_EXAMPLES of its examples, the first ones of the CI set, and a failing example is not shrunk
+(tests/conftest.py loads that profile): a mutant a property kills dies at its first failing example, one the property
+misses pays its examples in full before the test that kills it, and the score is then that of a lighter suite.
 """
 
 from __future__ import annotations
@@ -17,13 +22,19 @@ from datetime import timedelta
 from hypothesis import HealthCheck, settings
 
 EXAMPLES_ENV = "CORPUS_FUZZ_EXAMPLES"
+MUTATION_ENV = "CORPUS_MUTATION_OWNERS"
+MUTATION_EXAMPLES = 40
 
 
 def fuzz_settings(examples: int) -> settings:
     """``examples`` per property in CI; CORPUS_FUZZ_EXAMPLES of fresh random ones when set."""
     wanted = os.environ.get(EXAMPLES_ENV)
+    if wanted:
+        examples = int(wanted)
+    elif MUTATION_ENV in os.environ:
+        examples = min(examples, MUTATION_EXAMPLES)
     return settings(
-        max_examples=int(wanted) if wanted else examples,
+        max_examples=examples,
         derandomize=not wanted,
         database=None,  # nothing written next to the tests; a failure prints its reproducing example
         print_blob=True,
