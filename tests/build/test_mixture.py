@@ -24,6 +24,7 @@ from corpus_builder.build.mixture import (
     Available,
     RowBounds,
     Selection,
+    apportion,
     certain_shortfalls,
     next_round,
     plan_selection,
@@ -587,6 +588,13 @@ def _declared_targets(draw: st.DrawFn) -> tuple[list[tuple[str, float | None, in
         left = total - counted - shares * total
         assume(counted <= total and left > -1 + 1e-9 and (left < 1 - 1e-9 or any(k == "none" for k, _, _ in sources)))
     return sources, total
+
+
+def test_rows_are_apportioned_by_size_and_none_go_to_sizes_that_are_all_zero() -> None:
+    """The sources with no target share what is left by their sizes; when none holds a row, none is given."""
+    assert apportion(10, {"a": 1, "b": 4}) == {"a": 2, "b": 8}
+    assert apportion(3, {"a": 1, "b": 1, "c": 1}) == {"a": 1, "b": 1, "c": 1}
+    assert apportion(5, {"a": 0, "b": 0}) == {"a": 0, "b": 0}
 
 
 @given(declared=_declared_targets())
