@@ -535,14 +535,12 @@ def _recipe_diff(files: CorpusFiles, plan: list[dict[str, Any]]) -> tuple[str | 
     if document is None or not plan:
         return None, notes
     dropped = _dropped_by_source(files)
-    changed = False
     edited = copy.deepcopy(document)
     specs = {spec.get("name"): spec for spec in edited.get("sources") or [] if isinstance(spec, dict)}
     for entry in plan:
         spec = specs.get(entry["source"])
         if spec is None or entry["change"] == 0:
             continue
-        changed = True
         if entry["target_rows"] == 0:  # the traffic has none of its task: the source goes
             edited["sources"].remove(spec)
             continue
@@ -561,7 +559,8 @@ def _recipe_diff(files: CorpusFiles, plan: list[dict[str, Any]]) -> tuple[str | 
             take["count"] = math.ceil(entry["target_rows"] * read / kept)
         take.setdefault("seed", 0)
         spec["take"] = take
-    if not changed or not edited.get("sources"):
+    # unchanged when every source to grow takes all of its rows already (the notes say so)
+    if edited == document or not edited.get("sources"):
         return None, notes
 
     def dump(value: Any) -> list[str]:
