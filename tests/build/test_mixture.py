@@ -455,6 +455,9 @@ def _declared_sources(draw: st.DrawFn) -> Sources:
 @example(sources=[((0, 1, 2, 1), None), ((1, 0, 1, 1), 2), ((0, 0, 3, 1), None)], share=0.55, tolerance=0.1,
          per_split=True, seed=91)
 @example(sources=[((5, 0, 4, 1), None), ((2, 1, 2, 3), 3)], share=0.8, tolerance=0.09, per_split=True, seed=58)
+# the validation sizes tried: validation keeps a row when it holds one, train too, up to every row but one
+@example(sources=[((0, 1, 0, 0), None), ((0, 1, 0, 1), 1)], share=0.0, tolerance=0.0, per_split=True, seed=0)
+@example(sources=[((0, 0, 0, 1), None), ((1, 1, 0, 2), 1)], share=0.0, tolerance=0.0, per_split=True, seed=0)
 @fuzz_settings(300)
 def test_a_reachable_thinking_share_is_reached_and_an_unreachable_one_reported(
         sources: Sources, share: float, tolerance: float, per_split: bool, seed: int) -> None:
