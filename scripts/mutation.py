@@ -302,15 +302,13 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "thinking >= reached", "the mode is chosen only when the shares differ by more than the tolerance"),
     "corpus_builder.audit.traffic.x__points__mutmut_2": (
         "k <= size", "size is always a point: a standard point equal to it adds nothing to the set"),
-    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_9": (
-        "changed = None", "only its truth is read: falsy either way"),
-    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_74": (
+    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_70": (
         'take.get("fraction", 2)', "the default is read only without a fraction: 1 and 2 both mean the whole source"),
-    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_82": (
+    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_78": (
         'take.get("count") or 1)', "rows read count the kept rows (at least 1): read < 1 is false as read < 0 is"),
-    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_86": (
+    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_82": (
         'entry["change"] >= 0', "an entry without a change was skipped before: the change is never 0 here"),
-    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_151": ("sort_keys=None", "None is falsy: the order kept"),
+    "corpus_builder.audit.traffic.x__recipe_diff__mutmut_147": ("sort_keys=None", "None is falsy: the order kept"),
     "corpus_builder.audit.traffic.x__split_rows__mutmut_48": (
         "if move >= 0 else", "a move is made only past the tolerance, so it is never 0"),
     "corpus_builder.audit.traffic.x__vocab__mutmut_9": (
