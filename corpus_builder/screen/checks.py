@@ -196,7 +196,7 @@ class Checker:
                                          self.evict)
             for i, verdict in zip(kept, verdicts, strict=True):
                 if verdict is not None:
-                    del self._seen_ids[hash(ids.pop(i))]  # the id is free again
+                    del ids[i]
                     outcomes[i] = Skipped(batch[i].source, verdict.reason, row_location(batch[i]), verdict.detail,
                                           id=batch[i].id)
         for i, row_id in ids.items():
@@ -254,7 +254,9 @@ class Checker:
         return None
 
     def _unique_id(self, row_id: str) -> str:
-        """Ids stay unique when identical rows are kept (dedup off): later copies get a suffix."""
+        """Ids stay unique when identical rows are kept (dedup off): later copies get a suffix. Every row that
+        passed the row checks holds its id, kept by dedup or not: the k-th row of an id gets suffix k whichever
+        rows dedup drops, so that the Ray engine gives each its id by a group-by on ids."""
         new_id, copy = row_id, 0
         while hash(new_id) in self._seen_ids:
             copy += 1
