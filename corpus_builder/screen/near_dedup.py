@@ -337,6 +337,16 @@ class ExactDuplicates:
         self._sketches: _Sketches | None = None
         self._columns, self._sketch_words = 1, 0
 
+    @property
+    def columns(self) -> int:
+        """Hashes per row: the exact rule's, then one per band."""
+        return self._columns
+
+    @property
+    def sketch_words(self) -> int:
+        """64-bit words of a row's sketch."""
+        return self._sketch_words
+
     def __len__(self) -> int:
         """Rows offered so far."""
         return len(self._keys)
@@ -408,6 +418,22 @@ class ExactDuplicates:
             found[rows, column] = table.find(signatures.hashes[rows, column])
         return found
 
+    def bucket_entries(self, signatures: Signatures) -> tuple[I64, npt.NDArray[np.uint8], U64, I64]:
+        """Every bucket each row is in, as the tables key them: (row, kind, key, band) per hash a row has; kind 0
+        is the exact rule's (its whole hash, band -1), kind 1 a band's (``band_key`` of its hash). A bucket's
+        head is its entry of the least priority: what a group-by on (kind, key) finds, however rows are cut."""
+        rows, column = np.nonzero(signatures.present)
+        values = signatures.hashes[rows, column]
+        kinds = (column > 0).astype(np.uint8)
+        keys = np.where(column > 0, band_key(values), values)
+        return rows.astype(np.int64), kinds, keys, column.astype(np.int64) - 1
+
+    def confirmed(self, sketches: U64, head_sketches: U64, bands: I64) -> npt.NDArray[np.bool_]:
+        """Whether each row's sketch is confirmed against its candidate head's, through ``bands``."""
+        if self._sketches is None:
+            raise ValueError("the exact rule has no sketches to confirm against")
+        return self._sketches.similar(sketches, head_sketches, bands)
+
     def _verdicts(self, signatures: Signatures, ordinals: I64) -> list[Duplicate | None]:
         """Each row's verdict against the heads of its hashes, the row itself (``ordinals``) left out."""
         heads = self.heads(signatures)
@@ -420,7 +446,7 @@ class ExactDuplicates:
             return decisions
         assert self._sketches is not None
         candidates = heads[rows, bands + 1]
-        confirmed = self._sketches.similar(signatures.sketches[rows], self._sketches.stored(candidates), bands)
+        confirmed = self.confirmed(signatures.sketches[rows], self._sketches.stored(candidates), bands)
         best = np.full(len(decisions), np.iinfo(np.int64).max)
         np.minimum.at(best, rows[confirmed], candidates[confirmed])
         for row in np.unique(rows[confirmed]).tolist():
