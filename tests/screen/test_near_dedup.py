@@ -621,3 +621,41 @@ def test_every_text_with_a_word_has_a_signature_and_one_with_none_has_none(monke
     """Shorter than a shingle, a text is one; with no words, it is near nothing whatever its MinHash values."""
     texts = ["...", "alpha", "alpha beta gamma delta epsilon zeta"]
     assert with_minhash(monkeypatch, texts, [_BASE] * 3) == [None, None, Duplicate("t1", "near")]
+
+
+def decided_by_group_by(texts: list[Planted], partitions: list[list[int]]) -> list[Duplicate | None]:
+    """The Ray engine's way (build/ray_data.py), in plain dicts: each partition's rows (in any order) give their
+    bucket entries; a bucket's head is its least priority; a row's verdict is its exact head, else the least
+    near head it is confirmed against, each another row."""
+    index = NearDuplicates()
+    signatures = planted_signatures(index, texts)
+    entries: list[tuple[int, int, int, int]] = []
+    for partition in partitions:
+        rows, kinds, keys, bands = index.bucket_entries(signatures.rows(partition))
+        entries += [(int(kind), int(key), partition[row], int(band))
+                    for row, kind, key, band in zip(rows, kinds, keys, bands, strict=True)]
+    heads: dict[tuple[int, int], int] = {}
+    for kind, key, priority, _ in entries:
+        heads[kind, key] = min(heads.get((kind, key), priority), priority)
+    verdicts: dict[int, tuple[int, int]] = {}
+    for kind, key, priority, band in entries:
+        head = heads[kind, key]
+        if head == priority or (kind == 1 and not index.confirmed(
+                signatures.sketches[[priority]], signatures.sketches[[head]], np.array([band]))[0]):
+            continue
+        verdicts[priority] = min(verdicts.get(priority, (kind, head)), (kind, head))
+    return [Duplicate(f"t{verdicts[row][1]}", "exact" if verdicts[row][0] == 0 else "near")
+            if row in verdicts else None for row in range(len(texts))]
+
+
+@given(planted_rows(), st.randoms(use_true_random=False))
+@fuzz_settings(200)
+def test_the_group_by_of_any_partitioning_decides_as_the_index_in_any_batches(
+        case: tuple[list[Planted], list[int]], rng: random.Random) -> None:
+    """The order-free rule cut into independent tasks: rows shuffled, cut into partitions at random."""
+    texts, batches = case
+    shuffled = list(range(len(texts)))
+    rng.shuffle(shuffled)
+    cuts = sorted(rng.sample(range(1, len(texts)), rng.randint(0, len(texts) - 1))) if len(texts) > 1 else []
+    partitions = [shuffled[start:end] for start, end in zip([0, *cuts], [*cuts, len(texts)], strict=True)]
+    assert decided_by_group_by(texts, partitions) == decide_in_batches(texts, batches)
