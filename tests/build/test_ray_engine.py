@@ -166,19 +166,20 @@ def test_a_worker_killed_mid_build_leaves_the_same_corpus_or_a_failed_build(clus
                                                                              local_corpus: Path,
                                                                              tmp_path: Path) -> None:
     pids = worker_pids()
+    baseline = {pid: _cpu_seconds(pid) for pid in pids}
+    assert all(seconds >= 0 for seconds in baseline.values())
     killed: list[int] = []
 
     def kill_when_tasks_run() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not killed:
-            busy = [pid for pid in pids if _cpu_seconds(pid) > 0.5]  # a worker running the build's tasks
+            # a worker that has worked a third of a second since the build began: it runs the build's tasks
+            busy = [pid for pid in pids if _cpu_seconds(pid) - baseline[pid] > 0.3]
             for pid in busy[:1]:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
             time.sleep(0.05)
 
-    baseline = {pid: _cpu_seconds(pid) for pid in pids}
-    assert all(seconds >= 0 for seconds in baseline.values())
     killer = threading.Thread(target=kill_when_tasks_run, daemon=True)
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy))
     killer.start()
