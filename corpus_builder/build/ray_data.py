@@ -34,7 +34,7 @@ from __future__ import annotations
 import pickle
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,10 @@ from .split import Splitter
 PART_SHIFT = 32
 # Parts per CPU of the cluster: enough for the tasks to balance, few enough that each reads a good run.
 PARTS_PER_CPU = 4
+# Rows per partition of a shuffle (aggregates, joins) and per task that writes shards: what bounds a task's
+# memory as the input grows (~3 kB a row in the final join).
+ROWS_PER_PARTITION = 50_000
+ROWS_PER_WRITE = 10_000
 # A near verdict ranks after any exact one (a row's exact head, if another row, is its verdict).
 _NEAR_RANK = 1 << 62
 _NAME_SEPARATOR = "\x1f"
@@ -110,21 +114,28 @@ def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contaminat
                                    override_num_blocks=max(1, len(parts))).map_batches(
         partial(_screen_parts, parts=parts, recipe=recipe, contamination=contamination), batch_size=1,
         batch_format="numpy").materialize()
-    final_ids = _unique_ids(screened, partitions=cpus)
+    # Shuffles cut into partitions of a bounded size, so that a task's memory does not grow with the input.
+    partitions = max(cpus, -(-screened.count() // ROWS_PER_PARTITION))
+    final_ids = _unique_ids(screened, partitions=partitions)
     dedup = Dedup.for_recipe(recipe)
     rows = screened if dedup is None else screened.join(
-        _verdicts(screened, recipe, final_ids, partitions=cpus), "left_outer", num_partitions=cpus, on=("priority",))
+        _verdicts(screened, recipe, final_ids, partitions=partitions), "left_outer", num_partitions=partitions,
+        on=("priority",))
     written = rows.map_batches(partial(_write_rows, recipe=recipe, staging=staging, final_ids=final_ids,
-                                       dedup=dedup is not None), batch_size=None, batch_format="pyarrow").take_all()
+                                       dedup=dedup is not None), batch_size=ROWS_PER_WRITE, batch_format="pyarrow"
+                               ).take_all()
     return _assemble(staging, written, ledger)
 
 
 def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]], recipe: Recipe,
-                  contamination: Contamination | None) -> pa.Table:
-    """Read, measure and screen parts: one record per row, checked (a dedup candidate) or skipped."""
+                  contamination: Contamination | None) -> Iterator[pa.Table]:
+    """Read, measure and screen parts: one record per row, checked (a dedup candidate) or skipped; a table per
+    batch the local engine measures at once, so that a task's memory does not grow with its part."""
     checker = Checker.for_recipe(recipe, None, contamination)
-    columns: dict[str, list[Any]] = {name: [] for name in ("priority", "item", "checked", "raw_id", "source",
-                                                           "hashes", "present", "sketch")}
+    names = ("priority", "item", "checked", "raw_id", "source", "hashes", "present", "sketch")
+    types = {"priority": pa.int64(), "item": pa.binary(), "checked": pa.bool_(), "raw_id": pa.string(),
+             "source": pa.string(), "hashes": pa.binary(), "present": pa.binary(), "sketch": pa.binary()}
+    columns: dict[str, list[Any]] = {name: [] for name in names}
 
     def add(priority: int, item: Conversation | Skipped, signatures: Signatures | None, row: int) -> None:
         checked = isinstance(item, Conversation) and signatures is not None
@@ -152,9 +163,8 @@ def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]
                 row, outcome = next(decided)
                 if outcome is not None:  # None: held out by an eval pack (refused on Ray)
                     add(priority, outcome, signatures, row)
-    types = {"priority": pa.int64(), "item": pa.binary(), "checked": pa.bool_(), "raw_id": pa.string(),
-             "source": pa.string(), "hashes": pa.binary(), "present": pa.binary(), "sketch": pa.binary()}
-    return pa.table({name: pa.array(values, types[name]) for name, values in columns.items()})
+            yield pa.table({name: pa.array(values, types[name]) for name, values in columns.items()})
+            columns = {name: [] for name in names}
 
 
 def _checked(table: pa.Table) -> pa.Table:
