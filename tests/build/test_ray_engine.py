@@ -223,3 +223,14 @@ def test_the_cli_without_ray_says_how_to_install_it(messy: Path, tmp_path: Path)
     assert done.returncode == 2, done.stderr
     assert "pip install 'corpus-builder[ray]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_package_and_a_local_build_never_import_ray(messy: Path, tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", messy, dedup="none")
+    script = ("import sys; from pathlib import Path; import corpus_builder, corpus_builder.cli; "
+              "from corpus_builder.build import build_corpus; from corpus_builder.recipe import load_recipe; "
+              f"build_corpus(load_recipe(Path({str(recipe)!r})), Path({str(tmp_path / 'out')!r})); "
+              "print(sorted(name for name in sys.modules if name == 'ray' or name.startswith('ray.')))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "out" / "manifest.json").exists()
