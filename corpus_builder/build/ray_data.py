@@ -7,7 +7,10 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
    ranges of large .jsonl files, else whole files, the cut the local engine's worker processes read): each
    task reads its parts with the sources' own readers and repairs, measures them (``Checker.measure``) and
    applies the checks that judge a row on its own and the decontamination (``Checker.screen``). Every row
-   gets its read priority, (part << 32) | position, the order the local engine meets it in.
+   gets its read priority, (part << 32) | position, the order the local engine meets it in. The parts are a
+   dataset of their own rather than ``ray.data.read_json``/``read_parquet`` of the files: a row's repairs,
+   skips, position in its file (its provenance and ledger location) and id must be what the local readers
+   give, and every format they read (globs, .jsonl.zst, .json arrays, parquet, Hub snapshots) comes along.
 2. **ids**: a group-by on ids finds the ids several checked rows carry; the k-th of them by priority gets
    suffix k, as ``Checker._unique_id`` gives it (a suffixed id that is another row's own id fails the build:
    the local engine would give it another suffix).
