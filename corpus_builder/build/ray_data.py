@@ -320,8 +320,9 @@ def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: di
         shards.abort()
         raise
     infos = shards.close()
-    return pa.table({"directory": [directory], "shards": [pickle.dumps(infos)], "stats": [pickle.dumps(stats)],
-                     "dropped": [pickle.dumps(dropped)]})
+    first = table.column("priority")[0].as_py() if len(table) else -1
+    return pa.table({"first": [first], "directory": [directory], "shards": [pickle.dumps(infos)],
+                     "stats": [pickle.dumps(stats)], "dropped": [pickle.dumps(dropped)]})
 
 
 def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
@@ -333,7 +334,7 @@ def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
     stats = CorpusStats()
     by_split: dict[str, list[ShardInfo]] = {}
     dropped: list[tuple[int, Skipped]] = []
-    for result in written:
+    for result in sorted(written, key=lambda result: result["first"]):  # shards numbered in read order
         stats.merge(pickle.loads(result["stats"]))
         dropped.extend(pickle.loads(result["dropped"]))
         for info in pickle.loads(result["shards"]):
