@@ -4,7 +4,8 @@ The data is ``bench_dedup``'s generator (realistic conversation shapes over a Zi
 copies, 2% normalisation copies and 2% related rows planted), written as a messages-style JSONL file; the recipe
 deduplicates exactly and near (threshold 0.8) and splits 2% to validation. Each build runs in a process of its
 own, alternated engine by engine per repetition; the parent samples RSS every 50 ms (psutil): the driver's and,
-for Ray, the largest of its worker processes (``ray::*``, children of the cluster the child starts with
+for Ray, the largest of its worker processes (also its USS every 0.5 s: RSS counts the object store's shared
+pages a worker reads blocks from) (``ray::*``, children of the cluster the child starts with
 ``ray.init(address="local", num_cpus=W)``: never an existing cluster). Reported per size:
 
 * wall seconds and conversations/s of the local engine and of Ray with 1 and 2 worker processes, the ratio
@@ -18,7 +19,8 @@ Also ``--rule-change``: the near-dedup rule before issue 25 (``git show BASE:cor
 the first kept row of a bucket) against the order-free one (the first row of a bucket), on the same generated
 rows: rows dropped by each and by one only.
 
-    python benchmarks/bench_ray.py [--sizes 20000 200000] [--workers 1 2] [--repeats 1] [--rule-change BASE]
+    python benchmarks/bench_ray.py [--sizes 20000 200000] [--workers 1 2] [--repeats 1] [--engines local ray]
+                                    [--rule-change BASE]
 """
 
 from __future__ import annotations
@@ -83,11 +85,12 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # the local engine as configured by default
     process = subprocess.Popen([sys.executable, "-c", CHILD, engine, str(workers), str(recipe), str(out)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    peaks = {"driver": 0, "worker": 0}
+    peaks = {"driver": 0, "worker": 0, "worker_uss": 0}
     done = threading.Event()
 
     def sample() -> None:
         parent = psutil.Process(process.pid)
+        ticks = 0
         while not done.is_set():
             try:
                 peaks["driver"] = max(peaks["driver"], parent.memory_info().rss)
@@ -95,10 +98,13 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
                     try:
                         if child.name().startswith("ray::"):
                             peaks["worker"] = max(peaks["worker"], child.memory_info().rss)
+                            if not ticks % 10:  # reading smaps is slow: USS every half second
+                                peaks["worker_uss"] = max(peaks["worker_uss"], child.memory_full_info().uss)
                     except psutil.Error:
                         continue
             except psutil.Error:
                 pass
+            ticks += 1
             time.sleep(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -110,7 +116,8 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
         raise RuntimeError(f"{engine} build failed ({process.returncode})")
     seconds, rows = stdout.split()
     return {"engine": engine, "workers": workers, "seconds": float(seconds), "rows": int(rows),
-            "driver_rss_mib": peaks["driver"] / 2**20, "worker_rss_mib": peaks["worker"] / 2**20}
+            "driver_rss_mib": peaks["driver"] / 2**20, "worker_rss_mib": peaks["worker"] / 2**20,
+            "worker_uss_mib": peaks["worker_uss"] / 2**20}
 
 
 def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, float]:
@@ -176,6 +183,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--engines", nargs="+", default=["local", "ray"], choices=["local", "ray"])
     parser.add_argument("--rule-change", metavar="BASE", help="also compare the near rule of git revision BASE")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
@@ -184,7 +192,8 @@ def main() -> None:
             data, recipe = root / f"rows-{size}.jsonl", root / f"recipe-{size}.yaml"
             write_rows(data, size)
             write_recipe(recipe, data)
-            runs = [("local", 1)] + [("ray", workers) for workers in args.workers]
+            runs = ([("local", 1)] if "local" in args.engines else []) + (
+                [("ray", workers) for workers in args.workers] if "ray" in args.engines else [])
             for repeat in range(args.repeats):
                 for engine, workers in runs if repeat % 2 == 0 else runs[::-1]:
                     result = run_build(engine, workers, recipe, root / f"out-{engine}-{workers}")
