@@ -16,8 +16,9 @@ pages a worker reads blocks from) (``ray::*``, children of the cluster the child
   with the engine's own stage functions.
 
 Also ``--rule-change``: the near-dedup rule before issue 25 (``git show BASE:corpus_builder/screen/near_dedup.py``,
-the first kept row of a bucket) against the order-free one (the first row of a bucket), on the same generated
-rows: rows dropped by each and by one only.
+the first kept row of a bucket) against the order-free one (the first row of a bucket), on the same rows: the
+generated ones above, and chains of drifting texts (each row a 4% edit of the one before, ten to a chain), where
+the rules can differ: rows dropped by each and by one only.
 
     python benchmarks/bench_ray.py [--sizes 20000 200000] [--workers 1 2] [--repeats 1] [--engines local ray]
                                     [--rule-change BASE]
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dedup import Generator
+
+from corpus_builder.records import Conversation
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 10_000
@@ -156,24 +160,39 @@ def load_rule_before(base: str) -> Any:
     return module
 
 
-def rule_change(base: str, size: int) -> dict[str, Any]:
+def drifting(size: int, chain: int = 10, share: float = 0.04) -> Iterator[list[Conversation]]:
+    """Batches of chains of drifting texts: each row an edit of ``share`` of the words of the one before it,
+    a fresh text every ``chain`` rows (rows far along a chain are no longer near its start)."""
+    generator = Generator(1)
+    previous: Conversation | None = None
+    for start in range(0, size, BATCH):
+        batch = []
+        for index in range(start, min(start + BATCH, size)):
+            previous = (generator.fresh(index) if previous is None or index % chain == 0
+                        else generator.edited(previous, index, share))
+            batch.append(previous)
+        yield batch
+
+
+def rule_change(base: str, size: int, rows: str) -> dict[str, Any]:
     from corpus_builder.screen.near_dedup import NearDuplicates
     from corpus_builder.screen.normalise import conversation_text
 
     before, after = load_rule_before(base).NearDuplicates(), NearDuplicates()
     generator = Generator(0)
+    batches = (drifting(size) if rows == "drifting" else
+               (generator.batch(start, min(BATCH, size - start)).conversations for start in range(0, size, BATCH)))
     dropped_before: set[str] = set()
     dropped_after: set[str] = set()
-    for start in range(0, size, BATCH):
-        batch = generator.batch(start, min(BATCH, size - start))
-        texts = [conversation_text(c) for c in batch.conversations]
-        for key, old, new in zip(batch.keys, before.offer(batch.keys, texts), after.offer(batch.keys, texts),
-                                 strict=True):
+    for conversations in batches:
+        keys = [conversation.id for conversation in conversations]
+        texts = [conversation_text(c) for c in conversations]
+        for key, old, new in zip(keys, before.offer(keys, texts), after.offer(keys, texts), strict=True):
             if old is not None:
                 dropped_before.add(key)
             if new is not None:
                 dropped_after.add(key)
-    return {"rows": size, "dropped_before": len(dropped_before), "dropped_after": len(dropped_after),
+    return {"rows": size, "kind": rows, "dropped_before": len(dropped_before), "dropped_after": len(dropped_after),
             "dropped_only_after": len(dropped_after - dropped_before),
             "dropped_only_before": len(dropped_before - dropped_after)}
 
@@ -201,8 +220,9 @@ def main() -> None:
                     print(json.dumps(result), flush=True)
             print(json.dumps({"size": size, "shuffle_bytes_per_row": shuffle_bytes_per_row(recipe)}), flush=True)
         if args.rule_change:
-            for size in args.sizes:
-                print(json.dumps({"rule_change": rule_change(args.rule_change, size)}), flush=True)
+            for rows in ("planted", "drifting"):
+                for size in args.sizes:
+                    print(json.dumps({"rule_change": rule_change(args.rule_change, size, rows)}), flush=True)
 
 
 if __name__ == "__main__":
