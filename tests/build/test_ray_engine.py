@@ -234,3 +234,12 @@ def test_the_package_and_a_local_build_never_import_ray(messy: Path, tmp_path: P
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
     assert (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_an_address_without_the_ray_engine_is_a_usage_error(messy: Path, tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", messy)
+    done = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--address", "auto"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert "--address names a Ray cluster: it needs --engine ray" in done.stderr
+    assert not (tmp_path / "out").exists()
