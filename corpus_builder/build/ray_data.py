@@ -301,9 +301,10 @@ def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: di
     shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=stats.add_rows, directory=directory)
     dropped: list[tuple[int, Skipped]] = []
     verdicts = table.column("verdict").to_pylist() if dedup else [None] * len(table)
+    priorities = table.column("priority").to_pylist()
     try:
         for position, item_bytes in enumerate(table.column("item").to_pylist()):
-            priority = table.column("priority")[position].as_py()
+            priority = priorities[position]
             item = pickle.loads(item_bytes)
             if isinstance(item, Skipped):
                 dropped.append((priority, item))
@@ -320,9 +321,9 @@ def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: di
         shards.abort()
         raise
     infos = shards.close()
-    first = table.column("priority")[0].as_py() if len(table) else -1
-    return pa.table({"first": [first], "directory": [directory], "shards": [pickle.dumps(infos)],
-                     "stats": [pickle.dumps(stats)], "dropped": [pickle.dumps(dropped)]})
+    return pa.table({"first": [priorities[0] if priorities else -1], "directory": [directory],
+                     "shards": [pickle.dumps(infos)], "stats": [pickle.dumps(stats)],
+                     "dropped": [pickle.dumps(dropped)]})
 
 
 def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
