@@ -12,13 +12,16 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ._version import __version__
 from .errors import CorpusError
 from .trainer_formats import BENCH_FORMAT, BENCH_TURNS, EXPORT_FORMATS, FILE_FORMATS
+
+if TYPE_CHECKING:
+    from .recipe.model import Engine
 
 EXIT_CHECKS_FAILED = 1
 EXIT_USAGE = 2
@@ -104,8 +107,13 @@ def validate(recipe: Path) -> None:
               help="Write the corpus even when it misses what the recipe declares (marked in the manifest and card).")
 @click.option("--allow-empty", is_flag=True,
               help="Write the corpus even when every row was dropped (without it, exit 1 and nothing written).")
+@click.option("--engine", type=click.Choice(["local", "ray"]),
+              help="What runs the build (overrides the recipe's engine): this machine, or a Ray cluster through Ray "
+                   "Data (pip install 'corpus-builder[ray]'); the same corpus.")
+@click.option("--address", metavar="ADDR", help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else "
+                                                "a cluster started on this machine).")
 def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, allow_short: bool,
-          allow_empty: bool) -> None:
+          allow_empty: bool, engine: Engine | None, address: str | None) -> None:
     """Build the corpus a recipe describes."""
     from .recipe import load_recipe
 
@@ -122,8 +130,11 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
     from .audit import format_report
     from .build import build_corpus
 
+    if address is not None and (engine or loaded.engine) != "ray":
+        raise CorpusError("--address names a Ray cluster: it needs --engine ray (or engine: ray in the recipe)")
     result = build_corpus(loaded, out, allow_partial=True if allow_partial else None,
-                          allow_short=True if allow_short else None, allow_empty=allow_empty)
+                          allow_short=True if allow_short else None, allow_empty=allow_empty, engine=engine,
+                          address=address)
     click.echo(format_report(result.audit), err=True)
     click.echo(f"\nwrote {result.manifest.conversations:,} conversations to {result.out_dir}", err=True)
     if result.problems:

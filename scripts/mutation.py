@@ -77,7 +77,6 @@ _NO_DETAILS = ("the readers of a file or a Hub split raise no CorpusError with d
                "has none either way")
 _ABSENT = "an absent row is read only as negative (< 0, >= 0), never as a row"
 _INT64 = "np.full of the Python int -1 is int64, numpy's default integer: the same array"
-_BOOLS = "numpy makes a bool array of a list of bools (decide never sees an empty batch): the same array"
 _RUNS = ("when runs merge: a lookup finds each hash, unique across runs, in whichever run holds it, and nbytes sums "
          "the runs; speed and a merge's temporary memory only")
 _GROWTH = "how much the map grows by: large enough either way; speed and address space only"
@@ -166,22 +165,6 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'entries.sort(kind="STABLE")', "numpy reads the kind's name in any case"),
     "corpus_builder.screen.near_dedup.x__merge__mutmut_29": (
         "from_older[landing] = None", "numpy stores None in a bool array as False"),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_against_kept__mutmut_4": (
-        "earlier = np.full(hashes.shape, -1, dtype=None)", _INT64),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_against_kept__mutmut_7": (
-        "earlier = np.full(hashes.shape, -1, )", _INT64),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_against_kept__mutmut_9": (
-        "earlier = np.full(hashes.shape, -2, dtype=np.int64)", _ABSENT),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_24": (
-        "for decision in decisions], dtype=None))", _BOOLS),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide__mutmut_26": ("for decision in decisions], ))", _BOOLS),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide_within__mutmut_3": (
-        "for decision in decisions], dtype=None)", _BOOLS),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide_within__mutmut_5": (
-        "for decision in decisions], )", _BOOLS),
-    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_decide_within__mutmut_24": (
-        "shared[rows[counts[inverse] >= 1], column] = True", "a hash no other undecided row of the batch has is owned "
-        "by no earlier row and looked up by no later one: speed only"),
     "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁ_hashes__mutmut_22": (".reshape(-2, 1)", _NEGATIVE_SIZE),
     "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_29": (
         "integers(1 << 63, size=self.rows_per_band", _SAME_DRAWS),
@@ -209,28 +192,28 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "hash value is promised"),
     "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ_hashes__mutmut_41": ("sum(axis=2, dtype=None)", _UINT64_SUM),
     "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ_hashes__mutmut_43": ("sum(axis=2, )", _UINT64_SUM),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_12": ("while (len(self._runs) > 2 and", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_13": ("while (len(self._runs) >= 3 and", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_14": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_12": ("while (len(self._runs) > 2 and", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_13": ("while (len(self._runs) >= 3 and", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_14": (
         "len(self._runs[-2][0]) < 2 * len(self._runs[-1][0])", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_15": ("<= 2 / len(self._runs[-1][0])", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_16": ("<= 3 * len(self._runs[-1][0])", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_17": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_15": ("<= 2 / len(self._runs[-1][0])", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_16": ("<= 3 * len(self._runs[-1][0])", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_17": (
         "len(self._runs[-2][0]) - len(self._runs[-1][0]) <= RUN_ENTRIES", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁadd__mutmut_18": ("len(self._runs[-1][0]) < RUN_ENTRIES", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_4": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_18": ("len(self._runs[-1][0]) < RUN_ENTRIES", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_4": (
         "found = np.full(len(queries), -1, dtype=None)", _INT64),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_7": ("found = np.full(len(queries), -1, )", _INT64),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_9": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_7": ("found = np.full(len(queries), -1, )", _INT64),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_9": (
         "found = np.full(len(queries), -2, dtype=np.int64)", _ABSENT),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_10": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_10": (
         "if not self._runs and not len(queries):", "the early return saves work only: with no runs every row stays -1,"
         " with no queries there is none to find"),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_23": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_23": (
         "rows_of_ordered = np.full(len(queries), -1, dtype=None)", _INT64),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_26": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_26": (
         "rows_of_ordered = np.full(len(queries), -1, )", _INT64),
-    "corpus_builder.screen.near_dedup.xǁ_FirstKeptǁfind__mutmut_28": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_28": (
         "rows_of_ordered = np.full(len(queries), -2, dtype=np.int64)", _ABSENT),
     "corpus_builder.screen.near_dedup.xǁ_Keysǁextend__mutmut_5": ("for key in encoded], dtype=None)", _KEY_ENDS),
     "corpus_builder.screen.near_dedup.xǁ_Keysǁextend__mutmut_7": ("for key in encoded], )", _KEY_ENDS),

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .._version import __version__
-from ..errors import REASONS, CorpusError, Skipped
+from ..errors import REASONS, CorpusError, DropCounts, Skipped
 from ..export import EXPORTS_DIR, ExportReport, run_recipe_exports
 from ..generate import GenerationIncomplete
 from ..generate.journal import LOCK_NAME as JOURNAL_LOCK
@@ -39,6 +39,7 @@ from ..layout import (
     MANIFEST,
     RECIPE,
     Manifest,
+    ShardInfo,
     SplitCount,
     build_lock,
     write_json,
@@ -47,7 +48,7 @@ from ..outputs import check_output_path
 from ..progress import ProgressLine
 from ..recipe import recipe_sha256, resolved_yaml
 from ..recipe.crosscheck import match_source_pattern
-from ..recipe.model import Recipe
+from ..recipe.model import Engine, Recipe
 from ..records import Conversation
 from ..screen.checks import BatchStats, Checker
 from ..screen.decontaminate import Contamination
@@ -228,13 +229,21 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
             f"{unfinished:,} generated rows are unfinished (their requests ran out of retries on transient "
             "faults): nothing was written; rerun to resume (every finished turn is journaled), or accept a "
             "partial corpus with --allow-partial (target.generation.allow_partial)", unfinished_rows=unfinished)
-    shard_infos = shards.close()
+    return finish_corpus(recipe, staging, shards.close(), auditor, ledger.drops, unfinished=unfinished,
+                         mixture=mixture, screening=screening, pack=pack)
+
+
+def finish_corpus(recipe: Recipe, staging: Path, shard_infos: list[ShardInfo], auditor: CorpusStats,
+                  drops: DropCounts, *, unfinished: int = 0, mixture: dict[str, Any] | None = None,
+                  screening: dict[str, Any] | None = None, pack: EvalPack | None = None) -> BuildResult:
+    """The staged corpus's recipe, audit and manifest, from its written shards, the statistics of the rows in
+    them and the ledger's counts: what either engine (local, Ray) writes last."""
     (staging / RECIPE).write_text(resolved_yaml(recipe), encoding="utf-8")
     splits: dict[str, SplitCount] = {}
     for info in shard_infos:
         split = splits.get(info.split, SplitCount(0, 0))
         splits[info.split] = SplitCount(split.rows + info.rows, split.shards + 1)
-    auditor.add_skipped(ledger.drops)
+    auditor.add_skipped(drops)
     audit = auditor.report()
     problems = list(corpus_problems(audit, recipe.checks.min_thinking_share))
     checks: dict[str, Any] = {
@@ -269,12 +278,17 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
 
 def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = None,
                  allow_partial: bool | None = None, allow_short: bool | None = None,
-                 allow_empty: bool = False) -> BuildResult:
+                 allow_empty: bool = False, engine: Engine | None = None, address: str | None = None) -> BuildResult:
     """Build the corpus a recipe describes into ``out`` (default: the recipe's output.dir).
 
     ``progress`` is where phase lines, the preflight and server notes go (default: standard error);
     ``allow_partial`` overrides ``target.generation.allow_partial``, ``allow_short`` ``mixture.allow_short``;
-    a corpus without rows fails with EmptyCorpus, nothing written, unless ``allow_empty``."""
+    a corpus without rows fails with EmptyCorpus, nothing written, unless ``allow_empty``. ``engine`` overrides
+    the recipe's: ``ray`` runs the build on the Ray cluster at ``address`` (``build/ray_data.py``), the same
+    corpus."""
+    on_ray = (engine or recipe.engine) == "ray"
+    if on_ray:
+        check_ray_engine(recipe)
     out_dir = out if out is not None else recipe.output.dir
     with filesystem_errors(out_dir):  # a directory that cannot be listed
         check_output_dir(recipe, out_dir, "--out" if out is not None else "output.dir")
@@ -287,15 +301,39 @@ def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | 
         try:
             return _build_locked(recipe, out_dir, eval_sets, stream,
                                  recipe.target.generation.allow_partial if allow_partial is None else allow_partial,
-                                 recipe.mixture.allow_short if allow_short is None else allow_short, allow_empty)
+                                 recipe.mixture.allow_short if allow_short is None else allow_short, allow_empty,
+                                 RayCluster(address) if on_ray else None)
         except BaseException:
             if created:
                 _remove_first_build(out_dir)
             raise
 
 
+def check_ray_engine(recipe: Recipe) -> None:
+    """Refuse, before anything is touched, a Ray build without Ray installed or of a recipe that asks for what the
+    Ray engine does not run yet (never built differently)."""
+    try:
+        from . import ray_data
+    except ImportError as error:
+        if error.name is None or error.name.split(".")[0] != "ray":
+            raise
+        raise CorpusError("the Ray engine needs Ray Data, which is not installed: pip install "
+                          "'corpus-builder[ray]' (or build with --engine local)") from None
+    missing = ray_data.unsupported(recipe)
+    if missing:
+        raise CorpusError(f"the Ray engine does not build {', '.join(missing)} yet: build this recipe with "
+                          "--engine local", file=str(recipe.path) if recipe.path is not None else None)
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """Where a Ray build runs: the cluster's address (None: RAY_ADDRESS, else one started on this machine)."""
+
+    address: str | None
+
+
 def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, stream: TextIO, allow_partial: bool,
-                  allow_short: bool, allow_empty: bool) -> BuildResult:
+                  allow_short: bool, allow_empty: bool, cluster: RayCluster | None) -> BuildResult:
     clear_staging(out_dir)
     staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}"
     staging.mkdir()
@@ -307,7 +345,12 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
             stack.callback(ledger.close)  # write_corpus closes it too, but a build can fail before that
-            if recipe.has_prompts or recipe.mixture.declared(recipe.sources):
+            if cluster is not None:  # check_ray_engine refused what it does not run: replay alone, nothing declared
+                from .ray_data import write_on_ray
+
+                shard_infos, auditor = write_on_ray(recipe, staging, ledger, contamination, address=cluster.address)
+                result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops, screening=screening)
+            elif recipe.has_prompts or recipe.mixture.declared(recipe.sources):
                 result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
                                           pack, stack, allow_partial=allow_partial, allow_short=allow_short)
             else:  # replay alone, nothing declared: rows stream from the sources to the shards, measured once

@@ -79,8 +79,11 @@ def resolved_yaml(recipe: Recipe) -> str:
 
 
 def recipe_sha256(recipe: Recipe) -> str:
-    """Hash of the canonical resolved document: key order, layout and implicit defaults do not change it."""
-    canonical = json.dumps(recipe.document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Hash of the canonical resolved document: key order, layout, implicit defaults and the engine do not change
+    it."""
+    # The engine that runs a build changes no row of it: the same recipe on either is one recipe.
+    document = {key: value for key, value in recipe.document.items() if key != "engine"}
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
@@ -121,6 +124,7 @@ def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
         mixture=_to_mixture(document["mixture"]),
         decontamination=_to_decontamination(document.get("decontamination"), base_dir),
         eval=_to_eval_pack(document.get("eval")),
+        engine=document.get("engine", "local"),
         publish=PublishSpec(exports=tuple(ExportSpec(**spec) for spec in (document.get("publish") or {}).get(
             "exports", []))),
         base_dir=base_dir,

@@ -15,6 +15,8 @@ from ..trainer_formats import ExportFormat, FileFormat
 HistoryReasoning = Literal["keep", "drop"]
 OnLength = Literal["drop", "keep", "retry"]
 Backend = Literal["server", "engine"]
+# What runs a build: this machine, or a Ray cluster (build/ray_data.py); the same corpus either way.
+Engine = Literal["local", "ray"]
 MappingStyle = Literal["auto", "sharegpt", "messages", "gsm8k", "field", "log"]
 SourceKind = Literal["replay", "prompts"]
 SourceFormat = Literal["auto", "jsonl", "jsonl.zst", "json", "parquet"]
@@ -291,6 +293,7 @@ class Recipe:
     decontamination: Decontamination | None = None
     eval: EvalPackSpec | None = None
     publish: PublishSpec = field(default_factory=PublishSpec)
+    engine: Engine = "local"
     description: str | None = None
     base_dir: Path = Path(".")  # the recipe file's directory: relative paths resolve against it
     path: Path | None = None  # the recipe file itself

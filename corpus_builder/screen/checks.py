@@ -169,6 +169,33 @@ class Checker:
 
     def _decide(self, batch: list[Conversation], stats: BatchStats) -> list[Conversation | Skipped | None]:
         """Per row: kept (perhaps truncated), skipped, or None when the eval pack holds it out."""
+        outcomes, signatures = self.screen(batch, stats)
+        kept = {i: row for i, row in enumerate(outcomes) if isinstance(row, Conversation)}
+        # ids are made unique first: the dedup index keeps the ids rows are written under
+        ids = {i: self._unique_id(row.id) for i, row in kept.items()}
+        if self.dedup is not None and signatures is not None and kept:
+            verdicts = self.dedup.decide(list(kept.values()), list(ids.values()), signatures.rows(list(kept)),
+                                         self.evict)
+            for i, verdict in zip(kept, verdicts, strict=True):
+                if verdict is not None:
+                    del ids[i]
+                    outcomes[i] = Skipped(batch[i].source, verdict.reason, row_location(batch[i]), verdict.detail,
+                                          id=batch[i].id)
+        for i, row_id in ids.items():
+            kept[i].id = row_id
+        if self.measured is not None and stats.token_facts is not None:
+            for i, row_id in ids.items():
+                facts = stats.token_facts[i]
+                if facts is not None and kept[i] is batch[i]:  # a truncated row is another text: not measured
+                    self.measured[row_id] = facts
+        return outcomes
+
+    def screen(self, batch: list[Conversation], stats: BatchStats
+               ) -> tuple[list[Conversation | Skipped | None], Signatures | None]:
+        """The checks that judge each row on its own (the row checks, the evaluation sets, the eval pack), no
+        state of the stream: per row kept (perhaps truncated), skipped, or None when the eval pack holds it out;
+        and every row's dedup signatures (a truncated row's of its new text), None without dedup. The Ray engine
+        runs this in its tasks and decides ids and duplicates by group-bys."""
         holds = self.pack.holds if self.pack is not None else None
         outcomes: list[Conversation | Skipped | None] = [None if holds is not None and holds(row)
                                                          else self._row_checks(row, stats, i)
@@ -185,28 +212,10 @@ class Checker:
                                           contamination_detail(sets), id=batch[i].id)
         if self.pack is not None:
             self._drop_pack_copies(batch, outcomes, stats, changed)
-        kept = {i: row for i, row in enumerate(outcomes) if isinstance(row, Conversation)}
-        # ids are made unique first: the dedup index keeps the ids rows are written under
-        ids = {i: self._unique_id(row.id) for i, row in kept.items()}
-        if self.dedup is not None and stats.signatures is not None and kept:
-            signatures = stats.signatures
-            if changed:
-                signatures = signatures.replaced(list(changed), self.dedup.signatures(list(changed.values())))
-            verdicts = self.dedup.decide(list(kept.values()), list(ids.values()), signatures.rows(list(kept)),
-                                         self.evict)
-            for i, verdict in zip(kept, verdicts, strict=True):
-                if verdict is not None:
-                    del self._seen_ids[hash(ids.pop(i))]  # the id is free again
-                    outcomes[i] = Skipped(batch[i].source, verdict.reason, row_location(batch[i]), verdict.detail,
-                                          id=batch[i].id)
-        for i, row_id in ids.items():
-            kept[i].id = row_id
-        if self.measured is not None and stats.token_facts is not None:
-            for i, row_id in ids.items():
-                facts = stats.token_facts[i]
-                if facts is not None and kept[i] is batch[i]:  # a truncated row is another text: not measured
-                    self.measured[row_id] = facts
-        return outcomes
+        signatures = stats.signatures
+        if self.dedup is not None and signatures is not None and changed:
+            signatures = signatures.replaced(list(changed), self.dedup.signatures(list(changed.values())))
+        return outcomes, signatures
 
     def _drop_pack_copies(self, batch: list[Conversation], outcomes: list[Conversation | Skipped | None],
                           stats: BatchStats, changed: dict[int, Conversation]) -> None:
@@ -254,7 +263,9 @@ class Checker:
         return None
 
     def _unique_id(self, row_id: str) -> str:
-        """Ids stay unique when identical rows are kept (dedup off): later copies get a suffix."""
+        """Ids stay unique when identical rows are kept (dedup off): later copies get a suffix. Every row that
+        passed the row checks holds its id, kept by dedup or not: the k-th row of an id gets suffix k whichever
+        rows dedup drops, so that the Ray engine gives each its id by a group-by on ids."""
         new_id, copy = row_id, 0
         while hash(new_id) in self._seen_ids:
             copy += 1

@@ -3,9 +3,10 @@ generation.
 
 One ``Dedup`` index per text: prompt sources' prompts are deduplicated before generation (no tokens spent on
 a duplicate), and every row, replayed and generated, after it. Sources are read in their dedup order
-(``Recipe.sources_in_dedup_order``), so among replayed rows, and among prompts, the row kept is the first
-read. Generated rows come after every replayed one; when one outranks the replayed row it duplicates, the
-replayed row is evicted (``Evicted``: the build drops it from its spool and ledgers it) and the generated
+(``Recipe.sources_in_dedup_order``), so among replayed rows, and among prompts, priority is the order read
+(``near_dedup``'s order-free rule: a row is dropped when a row read before it is its duplicate). Generated
+rows come after every replayed one; when one outranks the replayed row it duplicates, the replayed row is
+evicted (``Evicted``: the build drops it from its spool and ledgers it) and the generated
 row kept. The keys of the index carry what an eviction needs: the row's thinking flag, source and id (the
 source gives its rank).
 
@@ -82,6 +83,8 @@ class Dedup:
                 raise CorpusError(f"checks.near_duplicates: {error}") from None
         # key of an evicted row -> key of the row kept instead (only evictions: a handful)
         self._replaced: dict[str, str] = {}
+        # keys of the rows dropped, when rows may evict (a bucket's head may be one: nothing to evict then)
+        self._dropped: set[str] = set()
 
     @classmethod
     def for_recipe(cls, recipe: Recipe, turns: ConversationText | None = None) -> Dedup | None:
@@ -107,7 +110,10 @@ class Dedup:
                 for row, row_id in zip(rows, ids, strict=True)]
         verdicts: list[Verdict | None] = []
         for row, key, found in zip(rows, keys, self.index.decide(keys, signatures), strict=True):
-            verdicts.append(None if found is None else self._verdict(row.source, key, found, evict))
+            verdict = None if found is None else self._verdict(row.source, key, found, evict)
+            if verdict is not None and evict is not None:
+                self._dropped.add(key)
+            verdicts.append(verdict)
         return verdicts
 
     def _verdict(self, source: str, key: str, found: Duplicate, evict: Callable[[Evicted], None] | None
@@ -118,8 +124,9 @@ class Dedup:
         kept_thinking, kept_source, kept_id = _parse_key(kept)
         kept_rank = self.ranks.get(kept_source, 0)
         if evict is not None and self.ranks.get(source, 0) < kept_rank:
-            evict(Evicted(kept_source, kept_id, kept_thinking, _parse_key(key)[2], source, found.rule))
-            self._replaced[kept] = key
+            if kept not in self._dropped:  # a head that was dropped itself is out already
+                evict(Evicted(kept_source, kept_id, kept_thinking, _parse_key(key)[2], source, found.rule))
+                self._replaced[kept] = key
             return None
         return Verdict(kept_id, kept_source, found.rule)
 

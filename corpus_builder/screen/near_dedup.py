@@ -1,21 +1,29 @@
 """Duplicate conversations across sources: exact on normalised text, and near duplicates by MinHash/LSH.
 
-Both indexes stream: ``offer(keys, texts)`` decides a batch in the order it is given (the caller orders rows
-by source priority), so the first row offered is the one kept, and remembers the rows it kept. Deciding a
-batch of one row at a time or of a million gives the same answers.
+Both indexes stream: ``offer(keys, texts)`` decides a batch of rows offered in priority order (the caller
+orders rows by source priority, then the order they are read in) and remembers them. Every decision depends
+only on the set of rows and their priorities, never on which rows were kept before: deciding a batch of one
+row at a time or of a million, or the rows partitioned any way and grouped by hash (the Ray engine,
+``build/ray_data.py``), gives the same answers.
 
 Both compare the normalised text of ``normalise`` (:func:`~corpus_builder.screen.normalise.normalise_text`).
 
-**Exact rule** (:class:`ExactDuplicates`): the same normalised text as a kept row (a 64-bit BLAKE2b digest;
-two different texts collide with probability about rows / 2^64).
+**Exact rule** (:class:`ExactDuplicates`): a row is dropped when a row of higher priority has the same
+normalised text (a 64-bit BLAKE2b digest; two different texts collide with probability about rows / 2^64):
+the first row of each text is kept.
 
 **Near rule** (:class:`NearDuplicates`, which applies the exact rule first): MinHash signatures of the set
 of word n-gram shingles (``shingle`` words, default 5; a text with fewer words is one shingle) of the
 normalised text (``num_perm`` values, default 64), of which ``bands`` bands of ``rows_per_band`` values
-are the LSH index. A row that shares a whole band with a kept row is a candidate; the candidate is
-confirmed when enough of the pair's other MinHash values agree in their low 4 bits (b-bit minwise hashing:
-a 32-byte sketch per kept row), which removes most of the pairs that LSH alone lets through below the
-threshold. A row near-duplicates the earliest kept row it is confirmed against. The band layout is derived
+are the LSH index: rows sharing a band hash (its high 32 bits, ``band_key``) are one bucket, and a bucket's
+**head** is its first row by priority. A row is dropped as a near duplicate of the first head, another row,
+of a bucket it is in that it is confirmed against: enough of the pair's other MinHash values agree in their
+low 4 bits (b-bit minwise hashing: a 32-byte sketch per row), which removes most of the pairs that LSH alone
+lets through below the threshold. The head may itself be dropped (a near duplicate of another head): the
+rule is then still one answer however the rows are cut into batches or tasks, where "a near duplicate of an
+earlier *kept* row" (the rule before issue 25) depended on every decision before it. Measured on the
+project's fixtures (BENCHMARKS.md, "the order-free near rule"), the two rules keep the same rows on real
+chats and differ on a few percent of the near copies of chained drifting texts. The band layout is derived
 from ``threshold``: the most rows per band (the steepest curve) for which a pair of shingle-set Jaccard
 similarity ``threshold`` is still a candidate with probability >= 0.95; the confirmation keeps 99% of such
 pairs. With the defaults (0.8, 64 permutations: 10 bands of 6) a pair is flagged with probability about
@@ -30,9 +38,9 @@ against more than 20,000 (``benchmarks/bench_dedup.py``). Shingles are hashed he
 word n-grams of a whole chunk cost a few array operations that way where a Python list of shingle
 strings would cost more than everything else.
 
-**Memory** grows by bytes per kept row, never Python objects: in sorted numpy runs, the exact rule's 64-bit
+**Memory** grows by bytes per row offered, never Python objects: in sorted numpy runs, the exact rule's 64-bit
 hash and 32-bit row number (12 bytes) and each band's hash, 32 bits of it packed with the row number (8
-bytes; a band hash another kept row already holds is not stored again); in pages of their own, the key
+bytes; a band hash a row of higher priority already holds is not stored again); in pages of their own, the key
 (its UTF-8 bytes and an 8-byte end) and the 32-byte sketch: about 150 bytes a row with the default bands
 and 20-character keys.
 """
@@ -64,7 +72,7 @@ CONFIRM_AT_THRESHOLD = 0.99
 
 @dataclass(frozen=True, slots=True)
 class Duplicate:
-    """Why a row is not kept: the key of the earlier kept row it duplicates, and by which rule."""
+    """Why a row is not kept: the key of the row of higher priority it duplicates, and by which rule."""
 
     of: str
     rule: Rule
@@ -107,18 +115,26 @@ class Signatures:
 
 
 _HIGH = np.uint64(0xFFFFFFFF00000000)
+
+
+def band_key(hashes: U64) -> U64:
+    """What a band bucket is keyed by: the band hash's high 32 bits (the tables pack them with a row number).
+    Two band hashes alike there share a bucket; the sketches confirm or reject the pair as for any other."""
+    keyed: U64 = hashes >> np.uint64(32)
+    return keyed
+
 _LOW = np.uint64(0xFFFFFFFF)
 _Run = tuple[U64, npt.NDArray[np.uint32] | None]  # sorted entries; the row of each when not packed in them
 
 
-class _FirstKept:
-    """A map from 64-bit hashes to the kept row that first had them, as a few sorted numpy runs.
+class _FirstSeen:
+    """A map from 64-bit hashes to the first row offered that had them, as a few sorted numpy runs.
 
     A new batch of hashes is a new run; runs merge while the one before is no bigger than twice the newest and
     the merged run stays within RUN_ENTRIES, so there are about entries / RUN_ENTRIES + log2(RUN_ENTRIES /
     batch) runs, each entry is rewritten up to log2 times, a lookup is one ``searchsorted`` per run, and a
     merge's temporary memory stays a few dozen MB however big the table grows. Hashes are unique across
-    runs: a kept row's hashes are added only when absent.
+    runs: a row's hashes are added only when absent.
 
     ``whole_hashes`` keeps every hash beside a 32-bit row number (12 bytes an entry: the exact rule, whose
     matches are final); otherwise an entry is the hash's high 32 bits and the row number in one 64-bit
@@ -138,7 +154,7 @@ class _FirstKept:
         found = np.full(len(queries), -1, dtype=np.int64)
         if not self._runs or not len(queries):
             return found
-        keys = queries if self._whole else queries & _HIGH
+        keys = queries if self._whole else band_key(queries) << np.uint64(32)
         order = np.argsort(keys)  # sorted queries walk each run in order, far fewer cache misses
         ordered = keys[order]
         rows_of_ordered = np.full(len(queries), -1, dtype=np.int64)
@@ -153,14 +169,20 @@ class _FirstKept:
         found[order] = rows_of_ordered
         return found
 
-    def add(self, hashes: U64, rows: npt.NDArray[np.uint32]) -> None:
+    def add_first(self, hashes: U64, rows: npt.NDArray[np.uint32]) -> None:
+        """Record the row of each hash no row has yet. Rows come in priority order, so a hash's row is the first
+        that had it (in one call, the first listed): its head."""
+        keys = hashes if self._whole else band_key(hashes)
+        new = self.find(hashes) < 0
+        _, first = np.unique(keys[new], return_index=True)
+        hashes, rows = hashes[new][first], rows[new][first]
         if not len(hashes):
             return
         if self._whole:
             order = np.argsort(hashes)
             self._runs.append((hashes[order], rows[order]))
         else:
-            self._runs.append((np.sort((hashes & _HIGH) | rows.astype(np.uint64)), None))
+            self._runs.append((np.sort(band_key(hashes) << np.uint64(32) | rows.astype(np.uint64)), None))
         while (len(self._runs) >= 2 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0])
                and len(self._runs[-2][0]) + len(self._runs[-1][0]) <= RUN_ENTRIES):
             newer = self._runs.pop()
@@ -217,7 +239,7 @@ class _Pages:
 
 
 class _Keys:
-    """The keys of kept rows in the order kept: UTF-8 bytes end to end, and where each ends (8 bytes)."""
+    """The keys of the rows offered, in order: UTF-8 bytes end to end, and where each ends (8 bytes)."""
 
     def __init__(self) -> None:
         self._data = _Pages()
@@ -243,8 +265,8 @@ class _Keys:
 
 
 class _Sketches:
-    """The low SKETCH_BITS bits of every MinHash value of each kept row, packed in 64-bit words: what confirms
-    that a row sharing a band with a kept row is as similar as the threshold says (b-bit minwise hashing).
+    """The low SKETCH_BITS bits of every MinHash value of each row, packed in 64-bit words: what confirms that a
+    row sharing a band with a bucket's head is as similar as the threshold says (b-bit minwise hashing).
 
     Two values are equal with probability J + (1 - J) / 2^bits for shingle-set similarity J; the values of the
     band that made the pair a candidate are left out, they are equal by construction. A pair is confirmed when
@@ -305,31 +327,42 @@ def _binomial_tail(trials: int, probability: float, at_least: int) -> float:
 
 
 class ExactDuplicates:
-    """Exact duplicates on normalised text, first kept wins (see the module docstring)."""
+    """Exact duplicates on normalised text, the first row offered of each text wins (see the module docstring)."""
 
     def __init__(self) -> None:
         self._keys = _Keys()
         # Each table and the hash columns it holds: the exact rule's whole hashes; NearDuplicates adds one
         # table for every band (their hashes differ by band), so a batch is one lookup per table.
-        self._tables: list[tuple[_FirstKept, slice]] = [(_FirstKept(whole_hashes=True), slice(0, 1))]
+        self._tables: list[tuple[_FirstSeen, slice]] = [(_FirstSeen(whole_hashes=True), slice(0, 1))]
         self._sketches: _Sketches | None = None
         self._columns, self._sketch_words = 1, 0
 
+    @property
+    def columns(self) -> int:
+        """Hashes per row: the exact rule's, then one per band."""
+        return self._columns
+
+    @property
+    def sketch_words(self) -> int:
+        """64-bit words of a row's sketch."""
+        return self._sketch_words
+
     def __len__(self) -> int:
-        """Rows kept so far."""
+        """Rows offered so far."""
         return len(self._keys)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of state held for the kept rows."""
+        """Bytes of state held for the rows offered."""
         sketches = self._sketches.nbytes if self._sketches is not None else 0
         return self._keys.nbytes + sum(table.nbytes for table, _ in self._tables) + sketches
 
     def offer(self, keys: Sequence[str], texts: Sequence[str]) -> list[Duplicate | None]:
-        """Decide each row in order: the earlier kept row it duplicates, or None, and then it is kept.
+        """Decide each row, the rows offered in priority order: the row of higher priority it duplicates, or
+        None (kept).
 
-        Texts are hashed a chunk at a time, and the kept rows are looked up once per call: offer thousands
-        of rows at a time (a lookup of a few hundred hashes in millions costs about as much as of ten
+        Texts are hashed a chunk at a time, and the rows offered before are looked up once per call: offer
+        thousands of rows at a time (a lookup of a few hundred hashes in millions costs about as much as of ten
         thousand)."""
         return self.decide(keys, self.signatures(texts))
 
@@ -351,7 +384,14 @@ class ExactDuplicates:
             raise ValueError(f"{len(keys)} keys for {len(signatures)} texts")
         if not keys:
             return []
-        return self._decide(keys, signatures.hashes, signatures.present, signatures.sketches)
+        ordinals = np.arange(len(self._keys), len(self._keys) + len(keys), dtype=np.int64)
+        self._keys.extend(list(keys))
+        if self._sketches is not None:
+            self._sketches.append(signatures.sketches)
+        for table, columns in self._tables:
+            rows, column = np.nonzero(signatures.present[:, columns])
+            table.add_first(signatures.hashes[rows, column + columns.start], ordinals[rows].astype(np.uint32))
+        return self._verdicts(signatures, ordinals)
 
     def _hashes(self, chunk: NormalisedChunk) -> tuple[U64, npt.NDArray[np.bool_], U64]:
         """(rows x columns) hashes, column 0 the exact rule's, and which of them a row has; (rows x words)
@@ -362,93 +402,60 @@ class ExactDuplicates:
         return exact, np.ones(exact.shape, dtype=bool), np.zeros((len(texts), 0), dtype=np.uint64)
 
     def lookup(self, signatures: Signatures) -> list[Duplicate | None]:
-        """The kept row each text duplicates (exactly, else the earliest it near-duplicates), or None; keeps none
-        of them: an index of rows to keep others apart from (an eval pack) stays as it was built."""
+        """The row indexed each text duplicates (exactly, else the first head it near-duplicates), or None; adds
+        none of them: an index of rows to keep others apart from (an eval pack) stays as it was built."""
         if not len(signatures):
             return []
-        return self._against_kept(signatures.hashes, signatures.present, signatures.sketches)[0]
+        return self._verdicts(signatures, np.full(len(signatures), -1, dtype=np.int64))
 
-    def _against_kept(self, hashes: U64, present: npt.NDArray[np.bool_], sketches: U64
-                      ) -> tuple[list[Duplicate | None], I64]:
-        """Each row's verdict against the rows kept before, and the kept row (ordinal) of each of its hashes."""
-        earlier = np.full(hashes.shape, -1, dtype=np.int64)  # the kept row (ordinal) of each hash, if any
+    def heads(self, signatures: Signatures) -> I64:
+        """The head (ordinal) of each hash of each row: the first row offered with it, -1 for a hash a row has
+        not. Band hashes are compared by their high 32 bits (``band_key``)."""
+        found = np.full(signatures.hashes.shape, -1, dtype=np.int64)
         for table, columns in self._tables:
-            rows, column = np.nonzero(present[:, columns])
+            rows, column = np.nonzero(signatures.present[:, columns])
             column += columns.start
-            earlier[rows, column] = table.find(hashes[rows, column])
-        decisions: list[Duplicate | None] = [None] * len(hashes)
-        for row in np.flatnonzero(earlier[:, 0] >= 0).tolist():
-            decisions[row] = Duplicate(self._keys[int(earlier[row, 0])], "exact")
-        self._decide_near_to_kept(earlier, sketches, decisions)
-        return decisions, earlier
+            found[rows, column] = table.find(signatures.hashes[rows, column])
+        return found
 
-    def _decide(self, keys: Sequence[str], hashes: U64, present: npt.NDArray[np.bool_], sketches: U64
-                ) -> list[Duplicate | None]:
-        decisions, earlier = self._against_kept(hashes, present, sketches)
-        # A hash a row kept before holds is owned by that row, which _decide_near_to_kept compared already.
-        self._decide_within(keys, hashes, present & (earlier < 0), sketches, decisions)
-        kept_rows = np.flatnonzero(np.array([decision is None for decision in decisions], dtype=bool))
-        ordinals = (len(self._keys) + np.arange(len(kept_rows))).astype(np.uint32)
-        for table, columns in self._tables:
-            # A hash belongs to the first kept row that had it: add only the ones not held yet.
-            rows, column = np.nonzero(present[kept_rows, columns] & (earlier[kept_rows, columns] < 0))
-            new = hashes[kept_rows[rows], column + columns.start]
-            _, first = np.unique(new, return_index=True)  # row-major: the earliest row of a repeated hash
-            table.add(new[first], ordinals[rows[first]])
-        if self._sketches is not None:
-            self._sketches.append(sketches[kept_rows])
-        self._keys.extend([keys[row] for row in kept_rows.tolist()])
-        return decisions
+    def bucket_entries(self, signatures: Signatures) -> tuple[I64, npt.NDArray[np.uint8], U64, I64]:
+        """Every bucket each row is in, as the tables key them: (row, kind, key, band) per hash a row has; kind 0
+        is the exact rule's (its whole hash, band -1), kind 1 a band's (``band_key`` of its hash). A bucket's
+        head is its entry of the least priority: what a group-by on (kind, key) finds, however rows are cut."""
+        rows, column = np.nonzero(signatures.present)
+        values = signatures.hashes[rows, column]
+        kinds = (column > 0).astype(np.uint8)
+        keys = np.where(column > 0, band_key(values), values)
+        return rows.astype(np.int64), kinds, keys, column.astype(np.int64) - 1
 
-    def _decide_near_to_kept(self, earlier: I64, sketches: U64, decisions: list[Duplicate | None]) -> None:
-        """Rows sharing a band with a row kept before this batch: the earliest confirmed one."""
-        rows, bands = np.nonzero((earlier[:, 1:] >= 0) & (earlier[:, :1] < 0))
+    def confirmed(self, sketches: U64, head_sketches: U64, bands: I64) -> npt.NDArray[np.bool_]:
+        """Whether each row's sketch is confirmed against its candidate head's, through ``bands``."""
+        if self._sketches is None:
+            raise ValueError("the exact rule has no sketches to confirm against")
+        return self._sketches.similar(sketches, head_sketches, bands)
+
+    def _verdicts(self, signatures: Signatures, ordinals: I64) -> list[Duplicate | None]:
+        """Each row's verdict against the heads of its hashes, the row itself (``ordinals``) left out."""
+        heads = self.heads(signatures)
+        decisions: list[Duplicate | None] = [None] * len(heads)
+        exact = (heads[:, 0] >= 0) & (heads[:, 0] != ordinals)
+        for row in np.flatnonzero(exact).tolist():
+            decisions[row] = Duplicate(self._keys[int(heads[row, 0])], "exact")
+        rows, bands = np.nonzero((heads[:, 1:] >= 0) & (heads[:, 1:] != ordinals[:, None]) & ~exact[:, None])
         if not len(rows):
-            return
+            return decisions
         assert self._sketches is not None
-        ordinals = earlier[rows, bands + 1]
-        confirmed = self._sketches.similar(sketches[rows], self._sketches.stored(ordinals), bands)
+        candidates = heads[rows, bands + 1]
+        confirmed = self.confirmed(signatures.sketches[rows], self._sketches.stored(candidates), bands)
         best = np.full(len(decisions), np.iinfo(np.int64).max)
-        np.minimum.at(best, rows[confirmed], ordinals[confirmed])
+        np.minimum.at(best, rows[confirmed], candidates[confirmed])
         for row in np.unique(rows[confirmed]).tolist():
             decisions[row] = Duplicate(self._keys[int(best[row])], "near")
-
-    def _decide_within(self, keys: Sequence[str], hashes: U64, present: npt.NDArray[np.bool_], sketches: U64,
-                       decisions: list[Duplicate | None]) -> None:
-        """Rows of the batch still undecided that share a hash: only they can duplicate each other, decided
-        in order (a row is a duplicate only of an earlier row that was kept), as ``_decide_near_to_kept``
-        decides against the rows kept before: an exact duplicate of the row that owns its hash, else a near
-        duplicate of the earliest owner of one of its bands it is confirmed against. Column 0 is the exact
-        rule's, column 1 + b band b's."""
-        undecided = np.array([decision is None for decision in decisions], dtype=bool)
-        shared = np.zeros_like(present)
-        for column in range(hashes.shape[1]):
-            rows = np.flatnonzero(undecided & present[:, column])
-            _, inverse, counts = np.unique(hashes[rows, column], return_inverse=True, return_counts=True)
-            shared[rows[counts[inverse] > 1], column] = True
-        owners: list[dict[int, int]] = [{} for _ in range(hashes.shape[1])]  # hash -> the kept row that has it
-        for row in np.flatnonzero(shared.any(axis=1)).tolist():
-            columns = np.flatnonzero(shared[row]).tolist()
-            owned = {column: owner for column in columns
-                     if (owner := owners[column].get(int(hashes[row, column]))) is not None}
-            if 0 in owned:
-                decisions[row] = Duplicate(keys[owned[0]], "exact")
-                continue
-            if owned:
-                assert self._sketches is not None
-                candidates = np.array(list(owned.values()))
-                bands = np.array(list(owned)) - 1
-                confirmed = candidates[self._sketches.similar(sketches[[row] * len(candidates)],
-                                                              sketches[candidates], bands)]
-                if len(confirmed):
-                    decisions[row] = Duplicate(keys[int(confirmed.min())], "near")
-                    continue
-            for column in columns:
-                owners[column].setdefault(int(hashes[row, column]), row)
+        return decisions
 
 
 class NearDuplicates(ExactDuplicates):
-    """Exact and near duplicates, first kept wins (see the module docstring)."""
+    """Exact and near duplicates, against the head of each bucket (see the module docstring)."""
 
     def __init__(self, threshold: float = 0.8, *, num_perm: int = 64, shingle: int = 5, seed: int = 0) -> None:
         import rensa  # type: ignore[import-untyped]  # imported where used: `corpus --help` stays light
@@ -469,7 +476,7 @@ class NearDuplicates(ExactDuplicates):
         # Distinct per band, so that one table holds every band's hashes.
         self._band_salts = np.arange(1, self.bands + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         super().__init__()
-        self._tables.append((_FirstKept(whole_hashes=False), slice(1, 1 + self.bands)))
+        self._tables.append((_FirstSeen(whole_hashes=False), slice(1, 1 + self.bands)))
         self._sketches = _Sketches(num_perm, self.bands, self.rows_per_band, threshold)
         self._columns, self._sketch_words = 1 + self.bands, self._sketches.words
 

@@ -62,8 +62,9 @@ def worker_count() -> int:
     return cores - 1
 
 
-def _measured(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], T]
-              ) -> Iterator[MeasuredRows[T]]:
+def measured_rows(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], T]
+                  ) -> Iterator[MeasuredRows[T]]:
+    """Consecutive rows in batches of PREPARED_ROWS conversations (and the skipped rows between them), measured."""
     items: list[Conversation | Skipped] = []
     conversations: list[Conversation] = []
     for item in rows:
@@ -80,7 +81,7 @@ def _measured(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Co
 def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]], T], queue: Any) -> None:
     try:
         for index, part in parts:
-            for measured in _measured(part(), measure):
+            for measured in measured_rows(part(), measure):
                 queue.put(measured)
             queue.put((_PART_DONE, index))
     except CorpusError as error:
@@ -100,7 +101,7 @@ def _measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T
                     ) -> Iterator[MeasuredRows[T]]:
     if workers <= 1:
         for part in parts:
-            yield from _measured(part(), measure)
+            yield from measured_rows(part(), measure)
         return
     context = multiprocessing.get_context("fork")
     workers = min(workers, len(parts))
@@ -137,12 +138,17 @@ def _redacted(part: Part) -> Iterator[Conversation | Skipped]:
     return redact_conversations(part())
 
 
-def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], T]) -> Iterator[MeasuredRows[T]]:
-    """Every replay source of a recipe, in dedup order (the row kept of duplicates is the first read), read
-    and measured on ``worker_count()`` processes; secrets redacted first when the recipe asks for it."""
-    workers = worker_count()
-    parts = [part for spec in recipe.sources_in_dedup_order("replay")
-             for part in source_parts(spec, recipe.base_dir, workers)]
+def replay_parts(recipe: Recipe, parts: int) -> list[Part]:
+    """Every replay source of a recipe as consecutive parts (about ``parts`` per source file worth cutting), in
+    dedup order (the row kept of duplicates is the first read); secrets redacted first when the recipe asks."""
+    cut = [part for spec in recipe.sources_in_dedup_order("replay")
+           for part in source_parts(spec, recipe.base_dir, parts)]
     if recipe.checks.redact_secrets:
-        parts = [partial(_redacted, part) for part in parts]
-    return measured_parts(parts, measure, workers)
+        return [partial(_redacted, part) for part in cut]
+    return cut
+
+
+def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], T]) -> Iterator[MeasuredRows[T]]:
+    """Every replay source of a recipe (``replay_parts``), read and measured on ``worker_count()`` processes."""
+    workers = worker_count()
+    return measured_parts(replay_parts(recipe, workers), measure, workers)

@@ -261,6 +261,28 @@ class CorpusStats:
                 modes[f"{name}_with_reasoning"] += count  # type: ignore[literal-required]
         return {"by_source": by_source, "models": dict(sorted(self.served_models.items()))}
 
+    def merge(self, other: CorpusStats) -> None:
+        """Add what another accumulator saw (the Ray engine keeps one per task that writes rows). The report is
+        the one of a single accumulator of every row, but for generation settings of equal counts, listed in the
+        order met: replayed rows have none."""
+        if self.tokens is not None or other.tokens is not None:
+            raise ValueError("token statistics do not merge")
+        self.overall.add(other.overall)
+        for grouping, groups in other.groups.items():
+            for key, totals in groups.items():
+                self.groups[grouping].setdefault(key, Totals()).add(totals)
+        self.strata.update(other.strata)
+        for source, info in other.source_info.items():
+            self.source_info.setdefault(source, info)
+        self.flags.update(other.flags)
+        for source, counts in other.flags_by_source.items():
+            self.flags_by_source.setdefault(source, Counter()).update(counts)
+        self.skipped.update(other.skipped)
+        self.generation.update(other.generation)
+        self.finish_reasons.update(other.finish_reasons)
+        self.served.update(other.served)
+        self.served_models.update(other.served_models)
+
     def add_skipped(self, drops: DropCounts) -> None:
         self.skipped.update(drops)
 

@@ -24,6 +24,7 @@ PLACES: dict[tuple[type, str], tuple[str, ...]] = {
     (model.GenerationSettings, "on_length"): ("properties", "target", "properties", "generation", "properties",
                                               "on_length"),
     (model.Target, "backend"): ("properties", "target", "properties", "backend"),
+    (model.Recipe, "engine"): ("properties", "engine"),
     (model.Mapping, "style"): (*SOURCE, "mapping", "properties", "style"),
     (model.SourceSpec, "kind"): (*SOURCE, "kind"),
     (model.SourceSpec, "format"): (*SOURCE, "format"),

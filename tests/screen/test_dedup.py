@@ -566,3 +566,17 @@ output: {dir: out}
         {"name": "gsm", "from": "hf://datasets/acme/gsm/test", "texts": 2, "too_short": 1, "skipped_rows": {}},
         {"name": "mt", "from": "mt.jsonl", "texts": 2, "too_short": 1, "skipped_rows": {}}]}
     assert "decontamination" not in describe_screening(recipe, None)  # nothing read: nothing to describe
+
+
+def test_a_row_that_outranks_a_dropped_head_evicts_nothing() -> None:
+    """l1 is dropped (a near copy of l0) but stays the first row of its own text; h1, of that text and of a source
+    that outranks it, is kept and evicts nothing: l1 is out already (the build's spool no longer holds it)."""
+    text = prose(9)
+    dedup = Dedup(Checks(near_duplicates=NearDuplicateSettings()), {"high": 0, "low": 1})
+    evicted: list[Evicted] = []
+    rows = [row("low", text), row("low", edited(text, 0.02, 3))]
+    assert dedup.decide(rows, ["l0", "l1"], dedup.signatures(rows), evicted.append) == [
+        None, Verdict("l0", "low", "near")]
+    copy = row("high", edited(text, 0.02, 3))
+    assert dedup.decide([copy], ["h1"], dedup.signatures([copy]), evicted.append) == [None]
+    assert evicted == []

@@ -93,7 +93,7 @@ def test_planted_duplicates_across_sources_are_found_with_their_originals(
         assert similarity >= (1.0 if duplicate.rule == "exact" else 0.85), (copy, similarity)
     index = NearDuplicates()
     assert decide(index, rows, batch=len(rows)) == expected  # every planted pair, and nothing else
-    assert len(index) == len(rows) - len(expected)
+    assert len(index) == len(rows)  # every row offered is indexed, kept or not
 
 
 def test_answers_do_not_depend_on_batches_chunks_or_runs(planted: tuple[list[Conversation], dict[str, Duplicate]],
@@ -115,12 +115,14 @@ def test_the_first_offered_is_kept(planted: tuple[list[Conversation], dict[str, 
     assert decide(NearDuplicates(), mirror_first, batch=len(rows)) == reversed_pairs
 
 
-def test_a_copy_of_a_dropped_row_is_matched_to_the_kept_one(tmp_path: Path) -> None:
+def test_a_copy_of_a_dropped_row_is_matched_to_it_as_the_first_row_of_its_text(tmp_path: Path) -> None:
+    """The order-free rule: the first row of a text is its head whether it is kept or not."""
     original, = chitchat(tmp_path, 1)
     near = copy_of(original, "b", 0, "edited")
     again = copy_of(near, "c", 0, "renormalised")  # exact copy of a row that is not kept
-    found = decide(NearDuplicates(), [original, near, again], batch=3)
-    assert found == {"b-0": Duplicate(original.id, "near"), "c-0": Duplicate(original.id, "near")}
+    for batch in (1, 2, 3):
+        found = decide(NearDuplicates(), [original, near, again], batch=batch)
+        assert found == {"b-0": Duplicate(original.id, "near"), "c-0": Duplicate(near.id, "exact")}
 
 
 def test_exact_rule_alone_ignores_near_copies(planted: tuple[list[Conversation], dict[str, Duplicate]]) -> None:
@@ -308,7 +310,7 @@ def test_state_is_bytes_not_python_objects() -> None:
     gc.collect()
     assert len(index) == 8000
     assert len(gc.get_objects()) - before < 200
-    assert 100 < (index.nbytes - state_before) / 6000 < 250  # bytes per kept row
+    assert 100 < (index.nbytes - state_before) / 6000 < 250  # bytes per row
 
 
 def test_offer_needs_one_key_per_text() -> None:
@@ -357,7 +359,7 @@ def decide_in_batches(texts: list[Planted], batches: list[int], *, threshold: fl
     return decisions
 
 
-def test_a_row_near_duplicates_the_earliest_kept_row_it_is_confirmed_against_whatever_the_batches() -> None:
+def test_a_row_near_duplicates_the_earliest_head_it_is_confirmed_against_whatever_the_batches() -> None:
     """t2 shares band 5 with t0 and band 1 with t1 (t0 and t1 share none) and is confirmed against both."""
     texts: list[Planted] = [(1, alone(5, 7, row=0), 0), (2, alone(1, 8, row=1), 0),
                             (3, tuple(7 if b == 5 else 8 if b == 1 else 2000 + b for b in range(10)), 0)]
@@ -366,7 +368,7 @@ def test_a_row_near_duplicates_the_earliest_kept_row_it_is_confirmed_against_wha
         assert decide_in_batches(texts, batches) == expected, batches
 
 
-def test_a_band_hash_is_owned_by_the_first_kept_row_that_has_it() -> None:
+def test_a_band_hash_is_owned_by_the_first_row_that_has_it() -> None:
     """t0 and t1 are kept with band 5 alike (not confirmed: other sketches); t2 has t1's sketch and t3 t0's,
     and band 5 alike: only the owner of the hash, t0, is compared, so t2 is kept and t3 near-duplicates t0."""
     texts: list[Planted] = [(row + 1, alone(5, 7, row=row), sketch) for row, sketch in enumerate([0, 1, 1, 0])]
@@ -375,23 +377,22 @@ def test_a_band_hash_is_owned_by_the_first_kept_row_that_has_it() -> None:
         assert decide_in_batches(texts, batches) == expected, batches
 
 
-def first_kept(texts: list[Planted]) -> list[Duplicate | None]:
-    """The rules of decide, one row at a time: an exact duplicate of the kept row that owns the exact hash
-    (the first kept with it), else a near duplicate of the earliest owner of one of its band hashes it is
-    confirmed against (the same sketch); else kept, owning the hashes no kept row has yet."""
-    owners: dict[tuple[int, int], int] = {}
+def first_seen(texts: list[Planted]) -> list[Duplicate | None]:
+    """The order-free rules, from the whole set of rows: each hash's head is the first row that has it; a row is
+    an exact duplicate of the head of its exact hash, another row, else a near duplicate of the earliest head,
+    another row, of one of its band hashes it is confirmed against (the same sketch); else kept."""
+    heads: dict[tuple[int, int], int] = {}
+    for row, (exact, bands, _) in enumerate(texts):
+        for column in [(0, exact), *((1 + band, value) for band, value in enumerate(bands or ()))]:
+            heads.setdefault(column, row)
     decisions: list[Duplicate | None] = []
     for row, (exact, bands, sketch) in enumerate(texts):
-        hashes = [(0, exact), *((1 + band, value) for band, value in enumerate(bands or ()))]
-        if (0, exact) in owners:
-            decisions.append(Duplicate(f"t{owners[0, exact]}", "exact"))
+        if heads[0, exact] != row:
+            decisions.append(Duplicate(f"t{heads[0, exact]}", "exact"))
             continue
-        confirmed = [owners[column] for column in hashes[1:] if column in owners
-                     and texts[owners[column]][2] == sketch]
+        confirmed = [head for band, value in enumerate(bands or ()) if (head := heads[1 + band, value]) != row
+                     and texts[head][2] == sketch]
         decisions.append(Duplicate(f"t{min(confirmed)}", "near") if confirmed else None)
-        if not confirmed:
-            for column in hashes:
-                owners.setdefault(column, row)
     return decisions
 
 
@@ -415,9 +416,9 @@ def planted_rows(draw: st.DrawFn) -> tuple[list[Planted], list[int]]:
 
 @given(planted_rows())
 @fuzz_settings(200)
-def test_decisions_follow_the_first_kept_rules_in_any_batches(case: tuple[list[Planted], list[int]]) -> None:
+def test_decisions_follow_the_order_free_rules_in_any_batches(case: tuple[list[Planted], list[int]]) -> None:
     texts, batches = case
-    assert decide_in_batches(texts, batches) == first_kept(texts)
+    assert decide_in_batches(texts, batches) == first_seen(texts)
 
 
 def test_signatures_of_no_texts_and_of_rows_picked_or_replaced() -> None:
@@ -485,13 +486,13 @@ def test_a_text_with_no_words_owns_no_band_hash() -> None:
     assert decide_in_batches(texts, [1, 1]) == [None, None]
 
 
-def test_a_band_hash_stays_with_its_first_owner_when_a_later_kept_row_has_it_too() -> None:
+def test_a_band_hash_stays_with_its_first_owner_when_a_later_row_has_it_too() -> None:
     """t30 shares t0's band 5 and is kept (another sketch), in a run of its own beside the first batch's: t31,
     of t0's sketch, is still compared with t0, the hash's owner."""
     texts: list[Planted] = [(1, alone(5, 7, row=0), 0), *((row + 1, alone(5, 100 + row, row=row), 1)
                                                           for row in range(1, 30)),
                             (31, alone(5, 7, row=30), 1), (32, alone(5, 7, row=31), 0)]
-    assert decide_in_batches(texts, [30, 1, 1]) == [None] * 31 + [Duplicate("t0", "near")] == first_kept(texts)
+    assert decide_in_batches(texts, [30, 1, 1]) == [None] * 31 + [Duplicate("t0", "near")] == first_seen(texts)
 
 
 def test_exact_hashes_compare_in_all_64_bits_however_the_runs_merge() -> None:
@@ -508,8 +509,8 @@ def test_exact_hashes_compare_in_all_64_bits_however_the_runs_merge() -> None:
 
 
 def test_state_bytes_are_the_documented_ones() -> None:
-    """Per kept row: its key's UTF-8 bytes and an 8-byte end, 12 bytes of exact hash and row, 8 bytes a band
-    hash no kept row held before, and the sketch's 8-byte words; before and after the tables' runs merge."""
+    """Per row offered: its key's UTF-8 bytes and an 8-byte end, 12 bytes of exact hash and row, 8 bytes a band
+    hash no row held before, and the sketch's 8-byte words; before and after the tables' runs merge."""
     index = NearDuplicates()
     words = -(-index.num_perm // 16)
     texts: list[Planted] = [(row + 1, alone(5, 7 if row < 2 else 100 + row, row=row), row % 2) for row in range(8)]
@@ -620,3 +621,41 @@ def test_every_text_with_a_word_has_a_signature_and_one_with_none_has_none(monke
     """Shorter than a shingle, a text is one; with no words, it is near nothing whatever its MinHash values."""
     texts = ["...", "alpha", "alpha beta gamma delta epsilon zeta"]
     assert with_minhash(monkeypatch, texts, [_BASE] * 3) == [None, None, Duplicate("t1", "near")]
+
+
+def decided_by_group_by(texts: list[Planted], partitions: list[list[int]]) -> list[Duplicate | None]:
+    """The Ray engine's way (build/ray_data.py), in plain dicts: each partition's rows (in any order) give their
+    bucket entries; a bucket's head is its least priority; a row's verdict is its exact head, else the least
+    near head it is confirmed against, each another row."""
+    index = NearDuplicates()
+    signatures = planted_signatures(index, texts)
+    entries: list[tuple[int, int, int, int]] = []
+    for partition in partitions:
+        rows, kinds, keys, bands = index.bucket_entries(signatures.rows(partition))
+        entries += [(int(kind), int(key), partition[row], int(band))
+                    for row, kind, key, band in zip(rows, kinds, keys, bands, strict=True)]
+    heads: dict[tuple[int, int], int] = {}
+    for kind, key, priority, _ in entries:
+        heads[kind, key] = min(heads.get((kind, key), priority), priority)
+    verdicts: dict[int, tuple[int, int]] = {}
+    for kind, key, priority, band in entries:
+        head = heads[kind, key]
+        if head == priority or (kind == 1 and not index.confirmed(
+                signatures.sketches[[priority]], signatures.sketches[[head]], np.array([band]))[0]):
+            continue
+        verdicts[priority] = min(verdicts.get(priority, (kind, head)), (kind, head))
+    return [Duplicate(f"t{verdicts[row][1]}", "exact" if verdicts[row][0] == 0 else "near")
+            if row in verdicts else None for row in range(len(texts))]
+
+
+@given(planted_rows(), st.randoms(use_true_random=False))
+@fuzz_settings(200)
+def test_the_group_by_of_any_partitioning_decides_as_the_index_in_any_batches(
+        case: tuple[list[Planted], list[int]], rng: random.Random) -> None:
+    """The order-free rule cut into independent tasks: rows shuffled, cut into partitions at random."""
+    texts, batches = case
+    shuffled = list(range(len(texts)))
+    rng.shuffle(shuffled)
+    cuts = sorted(rng.sample(range(1, len(texts)), rng.randint(0, len(texts) - 1))) if len(texts) > 1 else []
+    partitions = [shuffled[start:end] for start, end in zip([0, *cuts], [*cuts, len(texts)], strict=True)]
+    assert decided_by_group_by(texts, partitions) == decide_in_batches(texts, batches)

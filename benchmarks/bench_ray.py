@@ -1,0 +1,229 @@
+"""Benchmark: the Ray engine (`corpus build --engine ray`) against the local engine on one machine.
+
+The data is ``bench_dedup``'s generator (realistic conversation shapes over a Zipf vocabulary, with 8% near
+copies, 2% normalisation copies and 2% related rows planted), written as a messages-style JSONL file; the recipe
+deduplicates exactly and near (threshold 0.8) and splits 2% to validation. Each build runs in a process of its
+own, alternated engine by engine per repetition; the parent samples RSS every 50 ms (psutil): the driver's and,
+for Ray, the largest of its worker processes (also its USS every 0.5 s: RSS counts the object store's shared
+pages a worker reads blocks from) (``ray::*``, children of the cluster the child starts with
+``ray.init(address="local", num_cpus=W)``: never an existing cluster). Reported per size:
+
+* wall seconds and conversations/s of the local engine and of Ray with 1 and 2 worker processes, the ratio
+  Ray(2) / local (the goal: <= 1.5 on one machine);
+* the largest worker's peak RSS (flat as the input grows, or not: compare the sizes);
+* shuffle bytes per row: what the dedup's aggregates and joins move per input row (the bucket entries with
+  their tags, the candidates, the rows themselves in the final join), measured on the file's first 20,000 rows
+  with the engine's own stage functions.
+
+Also ``--rule-change``: the near-dedup rule before issue 25 (``git show BASE:corpus_builder/screen/near_dedup.py``,
+the first kept row of a bucket) against the order-free one (the first row of a bucket), on the same rows: the
+generated ones above, and chains of drifting texts (each row a 4% edit of the one before, ten to a chain), where
+the rules can differ: rows dropped by each and by one only.
+
+    python benchmarks/bench_ray.py [--sizes 20000 200000] [--workers 1 2] [--repeats 1] [--engines local ray]
+                                    [--rule-change BASE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_dedup import Generator
+
+from corpus_builder.records import Conversation
+
+REPO = Path(__file__).resolve().parents[1]
+BATCH = 10_000
+
+
+def write_rows(path: Path, size: int, seed: int = 0) -> None:
+    generator = Generator(seed)
+    with path.open("wb") as handle:
+        for start in range(0, size, BATCH):
+            for conversation in generator.batch(start, min(BATCH, size - start)).conversations:
+                messages = [{"role": m.role, "content": m.content,
+                             **({"reasoning_content": m.reasoning} if m.reasoning else {})}
+                            for m in conversation.messages]
+                handle.write(orjson.dumps({"id": conversation.id, "messages": messages}) + b"\n")
+
+
+def write_recipe(path: Path, data: Path) -> None:
+    path.write_text("name: bench-ray\ntarget: {model: tiny/target}\n"
+                    f"sources:\n  - {{name: workload, kind: replay, path: {data}}}\n"
+                    "checks: {near_duplicates: {threshold: 0.8}}\nsplit: {validation_fraction: 0.02, seed: 1}\n"
+                    "output: {dir: out, rows_per_shard: 50000}\n", encoding="utf-8")
+
+
+CHILD = """
+import os, sys, time
+from pathlib import Path
+engine, workers, recipe, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+from corpus_builder.build import build_corpus
+from corpus_builder.recipe import load_recipe
+if engine == "ray":
+    import ray
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False)
+began = time.perf_counter()
+result = build_corpus(load_recipe(recipe), out, engine=engine, progress=open(os.devnull, "w"))
+print(time.perf_counter() - began, result.manifest.conversations, flush=True)
+"""
+
+
+def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the local engine as configured by default
+    process = subprocess.Popen([sys.executable, "-c", CHILD, engine, str(workers), str(recipe), str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    peaks = {"driver": 0, "worker": 0, "worker_uss": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        parent = psutil.Process(process.pid)
+        ticks = 0
+        while not done.is_set():
+            try:
+                peaks["driver"] = max(peaks["driver"], parent.memory_info().rss)
+                for child in parent.children(recursive=True):
+                    try:
+                        if child.name().startswith("ray::"):
+                            peaks["worker"] = max(peaks["worker"], child.memory_info().rss)
+                            if not ticks % 10:  # reading smaps is slow: USS every half second
+                                peaks["worker_uss"] = max(peaks["worker_uss"], child.memory_full_info().uss)
+                    except psutil.Error:
+                        continue
+            except psutil.Error:
+                pass
+            ticks += 1
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, _ = process.communicate()
+    done.set()
+    sampler.join()
+    if process.returncode:
+        raise RuntimeError(f"{engine} build failed ({process.returncode})")
+    seconds, rows = stdout.split()
+    return {"engine": engine, "workers": workers, "seconds": float(seconds), "rows": int(rows),
+            "driver_rss_mib": peaks["driver"] / 2**20, "worker_rss_mib": peaks["worker"] / 2**20,
+            "worker_uss_mib": peaks["worker_uss"] / 2**20}
+
+
+def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, float]:
+    """Bytes per input row each shuffle of the Ray engine's dedup moves, from its own stage functions."""
+    import numpy as np
+    import pyarrow as pa
+
+    from corpus_builder.build import ray_data
+    from corpus_builder.recipe import load_recipe
+    from corpus_builder.sources.parallel import replay_parts
+
+    recipe = load_recipe(recipe_path)
+    parts = replay_parts(recipe, 1)
+    screened = pa.concat_tables(ray_data._screen_parts({"part": np.array([0])}, parts=parts, recipe=recipe,
+                                                       contamination=None)).slice(0, sample)
+    entries = ray_data._bucket_entries(screened, recipe=recipe, final_ids={})
+    heads = entries.select(["kind", "key", "tag"])
+    paired = entries.select(["kind", "key", "priority", "band", "sketch"])
+    rows = len(screened)
+    verdict_rows = pa.table({"priority": pa.array([0], pa.int64()), "verdict": pa.array([b"x" * 40])})
+    return {"bucket_aggregate": heads.nbytes / rows, "bucket_join": (paired.nbytes + heads.nbytes) / rows,
+            "ids_aggregate": screened.select(["priority", "raw_id"]).nbytes / rows,
+            "rows_join": screened.nbytes / rows, "verdict_per_dropped_row": verdict_rows.nbytes}
+
+
+def load_rule_before(base: str) -> Any:
+    """near_dedup.py as it was at ``base`` (the first-kept rule), as a module beside today's."""
+    source = subprocess.run(["git", "show", f"{base}:corpus_builder/screen/near_dedup.py"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout
+    spec = importlib.util.spec_from_loader("corpus_builder.screen.near_dedup_before", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "corpus_builder.screen"
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    exec(compile(source, "near_dedup_before.py", "exec"), module.__dict__)
+    return module
+
+
+def drifting(size: int, chain: int = 10, share: float = 0.04) -> Iterator[list[Conversation]]:
+    """Batches of chains of drifting texts: each row an edit of ``share`` of the words of the one before it,
+    a fresh text every ``chain`` rows (rows far along a chain are no longer near its start)."""
+    generator = Generator(1)
+    previous: Conversation | None = None
+    for start in range(0, size, BATCH):
+        batch = []
+        for index in range(start, min(start + BATCH, size)):
+            previous = (generator.fresh(index) if previous is None or index % chain == 0
+                        else generator.edited(previous, index, share))
+            batch.append(previous)
+        yield batch
+
+
+def rule_change(base: str, size: int, rows: str) -> dict[str, Any]:
+    from corpus_builder.screen.near_dedup import NearDuplicates
+    from corpus_builder.screen.normalise import conversation_text
+
+    before, after = load_rule_before(base).NearDuplicates(), NearDuplicates()
+    generator = Generator(0)
+    batches = (drifting(size) if rows == "drifting" else
+               (generator.batch(start, min(BATCH, size - start)).conversations for start in range(0, size, BATCH)))
+    dropped_before: set[str] = set()
+    dropped_after: set[str] = set()
+    for conversations in batches:
+        keys = [conversation.id for conversation in conversations]
+        texts = [conversation_text(c) for c in conversations]
+        for key, old, new in zip(keys, before.offer(keys, texts), after.offer(keys, texts), strict=True):
+            if old is not None:
+                dropped_before.add(key)
+            if new is not None:
+                dropped_after.add(key)
+    return {"rows": size, "kind": rows, "dropped_before": len(dropped_before), "dropped_after": len(dropped_after),
+            "dropped_only_after": len(dropped_after - dropped_before),
+            "dropped_only_before": len(dropped_before - dropped_after)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--engines", nargs="+", default=["local", "ray"], choices=["local", "ray"])
+    parser.add_argument("--rule-change", metavar="BASE", help="also compare the near rule of git revision BASE")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        for size in args.sizes:
+            data, recipe = root / f"rows-{size}.jsonl", root / f"recipe-{size}.yaml"
+            write_rows(data, size)
+            write_recipe(recipe, data)
+            runs = ([("local", 1)] if "local" in args.engines else []) + (
+                [("ray", workers) for workers in args.workers] if "ray" in args.engines else [])
+            for repeat in range(args.repeats):
+                for engine, workers in runs if repeat % 2 == 0 else runs[::-1]:
+                    result = run_build(engine, workers, recipe, root / f"out-{engine}-{workers}")
+                    result.update(size=size, per_second=size / result["seconds"])
+                    print(json.dumps(result), flush=True)
+            print(json.dumps({"size": size, "shuffle_bytes_per_row": shuffle_bytes_per_row(recipe)}), flush=True)
+        if args.rule_change:
+            for rows in ("planted", "drifting"):
+                for size in args.sizes:
+                    print(json.dumps({"rule_change": rule_change(args.rule_change, size, rows)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

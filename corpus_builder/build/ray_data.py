@@ -1,0 +1,357 @@
+"""`corpus build --engine ray`: the replay side of a build on a Ray cluster, through Ray Data.
+
+Imported only when a build asks for the Ray engine (``import corpus_builder`` and the local engine never import
+Ray). The stages are the local engine's functions, run as Ray Data operators, and give the same corpus:
+
+1. **read + screen** (``map_batches`` over the replay sources' parts, ``sources.parallel.replay_parts``: byte
+   ranges of large .jsonl files, else whole files, the cut the local engine's worker processes read): each
+   task reads its parts with the sources' own readers and repairs, measures them (``Checker.measure``) and
+   applies the checks that judge a row on its own and the decontamination (``Checker.screen``). Every row
+   gets its read priority, (part << 32) | position, the order the local engine meets it in. The parts are a
+   dataset of their own rather than ``ray.data.read_json``/``read_parquet`` of the files: a row's repairs,
+   skips, position in its file (its provenance and ledger location) and id must be what the local readers
+   give, and every format they read (globs, .jsonl.zst, .json arrays, parquet, Hub snapshots) comes along.
+2. **ids**: a group-by on ids finds the ids several checked rows carry; the k-th of them by priority gets
+   suffix k, as ``Checker._unique_id`` gives it (a suffixed id that is another row's own id fails the build:
+   the local engine would give it another suffix).
+3. **dedup**: every bucket of every checked row (``NearDuplicates.bucket_entries``: the exact text's hash and
+   each LSH band's) grouped by key, the least priority of each its head; a join gives each row the heads of
+   its buckets, another two their sketches and names; a row is dropped when it is confirmed
+   (``NearDuplicates.confirmed``) against a head that is another row, of the first such head: the order-free
+   rule of ``screen/near_dedup.py``, the local engine's.
+4. **write**: each task sorts its block by priority, splits the rows it keeps (by their ids, as the local
+   engine) and writes them to parquet shards of its own (``ShardWriter``) with their statistics
+   (``CorpusStats``); the driver names the shards, merges the statistics, writes the ledger in priority order
+   and the manifest and audit with the local engine's ``finish_corpus``.
+
+A task that dies is retried by Ray; its first attempt's shards are in a directory no result names, and are
+removed: every row is written once. The corpus directory must be on storage every node sees (one machine, or a
+shared filesystem).
+
+Not yet run on Ray, refused with a CorpusError naming it (``unsupported``): prompt sources (generation), a
+declared mixture, an eval pack, target-token statistics.
+"""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import ray
+import ray.data
+from ray.data.aggregate import Min
+
+from ..errors import CorpusError, Skipped
+from ..layout import DATA, ShardInfo
+from ..recipe.model import Recipe
+from ..records import Conversation, row_location
+from ..screen.checks import BatchStats, Checker
+from ..screen.decontaminate import Contamination
+from ..screen.dedup import Dedup, Verdict
+from ..screen.near_dedup import ExactDuplicates, NearDuplicates, Signatures
+from ..sources.parallel import measured_rows, replay_parts
+from ..stats.corpus import CorpusStats
+from .shards import LedgerWriter, ShardWriter
+from .split import Splitter
+
+# Read priority: the part in the high bits, the row's position in its part in the low ones.
+PART_SHIFT = 32
+# Parts per CPU of the cluster: enough for the tasks to balance, few enough that each reads a good run.
+PARTS_PER_CPU = 4
+# Rows per partition of a shuffle (aggregates, joins) and per task that writes shards: what bounds a task's
+# memory as the input grows (~3 kB a row in the final join).
+ROWS_PER_PARTITION = 50_000
+ROWS_PER_WRITE = 10_000
+# A near verdict ranks after any exact one (a row's exact head, if another row, is its verdict).
+_NEAR_RANK = 1 << 62
+_NAME_SEPARATOR = "\x1f"
+RAY_DIRECTORY = ".ray-"
+
+
+def unsupported(recipe: Recipe) -> list[str]:
+    """What the recipe asks for that the Ray engine does not run yet (empty: it runs the whole build)."""
+    missing = []
+    if recipe.has_prompts:
+        missing.append("prompt sources (generation)")
+    if recipe.mixture.declared(recipe.sources):
+        missing.append("a declared mixture (mixture.total, thinking_share or a source's target)")
+    if recipe.pack_shares():
+        missing.append("an eval pack (eval)")
+    if recipe.target.tokenizer is not None or recipe.target.tokenizer_hub is not None:
+        missing.append("target-token statistics and budget (target.tokenizer)")
+    return missing
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster at ``address`` (None: RAY_ADDRESS, else a cluster on this machine), unless this process
+    is connected already."""
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as error:
+            raise CorpusError(f"--address: cannot join the Ray cluster at {address}: {error}") from None
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the build prints its own lines
+    context.enable_operator_progress_bars = False
+
+
+def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contamination: Contamination | None,
+                 *, address: str | None = None) -> tuple[list[ShardInfo], CorpusStats]:
+    """Read, check, dedup, split and write the recipe's replay sources into ``staging`` on the cluster; the
+    dropped rows go to ``ledger`` (closed at the end) in the local engine's order. Returns the shards and the
+    statistics of the rows in them."""
+    connect(address)
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
+    parts = replay_parts(recipe, PARTS_PER_CPU * cpus)
+    if len(parts) >= 1 << (63 - PART_SHIFT):
+        raise CorpusError(f"the replay sources make {len(parts):,} parts, more than the Ray engine numbers")
+    screened = ray.data.from_items([{"part": index} for index in range(len(parts))],
+                                   override_num_blocks=max(1, len(parts))).map_batches(
+        partial(_screen_parts, parts=parts, recipe=recipe, contamination=contamination), batch_size=1,
+        batch_format="numpy").materialize()
+    # Shuffles cut into partitions of a bounded size, so that a task's memory does not grow with the input.
+    partitions = max(cpus, -(-screened.count() // ROWS_PER_PARTITION))
+    final_ids = _unique_ids(screened, partitions=partitions)
+    dedup = Dedup.for_recipe(recipe)
+    rows = screened if dedup is None else screened.join(
+        _verdicts(screened, recipe, final_ids, partitions=partitions), "left_outer", num_partitions=partitions,
+        on=("priority",))
+    written = rows.map_batches(partial(_write_rows, recipe=recipe, staging=staging, final_ids=final_ids,
+                                       dedup=dedup is not None), batch_size=ROWS_PER_WRITE, batch_format="pyarrow"
+                               ).take_all()
+    return _assemble(staging, written, ledger)
+
+
+def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]], recipe: Recipe,
+                  contamination: Contamination | None) -> Iterator[pa.Table]:
+    """Read, measure and screen parts: one record per row, checked (a dedup candidate) or skipped; a table per
+    batch the local engine measures at once, so that a task's memory does not grow with its part."""
+    checker = Checker.for_recipe(recipe, None, contamination)
+    names = ("priority", "item", "checked", "raw_id", "source", "hashes", "present", "sketch")
+    types = {"priority": pa.int64(), "item": pa.binary(), "checked": pa.bool_(), "raw_id": pa.string(),
+             "source": pa.string(), "hashes": pa.binary(), "present": pa.binary(), "sketch": pa.binary()}
+    columns: dict[str, list[Any]] = {name: [] for name in names}
+
+    def add(priority: int, item: Conversation | Skipped, signatures: Signatures | None, row: int) -> None:
+        checked = isinstance(item, Conversation) and signatures is not None
+        columns["priority"].append(priority)
+        columns["item"].append(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+        columns["checked"].append(isinstance(item, Conversation))
+        columns["raw_id"].append(item.id if isinstance(item, Conversation) else None)
+        columns["source"].append(item.source)
+        for name, part in (("hashes", "hashes"), ("present", "present"), ("sketch", "sketches")):
+            columns[name].append(getattr(signatures, part)[row].tobytes() if checked else b"")
+
+    for part in batch["part"].tolist():
+        position = 0
+        for measured in measured_rows(parts[part](), checker.measure):
+            rows = [item for item in measured.items if isinstance(item, Conversation)]
+            stats: BatchStats = measured.measurement
+            outcomes, signatures = checker.screen(rows, stats)
+            decided = iter(enumerate(outcomes))
+            for item in measured.items:
+                priority = (part << PART_SHIFT) | position
+                position += 1
+                if isinstance(item, Skipped):
+                    add(priority, item, None, 0)
+                    continue
+                row, outcome = next(decided)
+                if outcome is not None:  # None: held out by an eval pack (refused on Ray)
+                    add(priority, outcome, signatures, row)
+            yield pa.table({name: pa.array(values, types[name]) for name, values in columns.items()})
+            columns = {name: [] for name in names}
+
+
+def _checked(table: pa.Table) -> pa.Table:
+    return table.filter(table.column("checked"))
+
+
+def _having(column: str, values: set[str]) -> Callable[[pa.Table], pa.Table]:
+    """A batch filter: the rows whose ``column`` is one of ``values``."""
+    wanted = pa.array(sorted(values), pa.string())
+    return lambda table: table.filter(pc.is_in(table.column(column), value_set=wanted))
+
+
+def _unique_ids(screened: ray.data.Dataset, *, partitions: int) -> dict[int, str]:
+    """The id of each checked row whose own id an earlier checked row carries (priority -> id with its suffix),
+    as ``Checker._unique_id`` gives them; a suffixed id that is another row's own id is a CorpusError."""
+    ids = screened.map_batches(lambda table: _checked(table).select(["priority", "raw_id"]), batch_format="pyarrow")
+    counts = ids.groupby("raw_id", num_partitions=partitions).count().map_batches(
+        lambda table: table.filter(pc.greater(table.column("count()"), 1)), batch_format="pyarrow")
+    repeated = {row["raw_id"] for row in counts.take_all()}
+    if not repeated:
+        return {}
+    rows = sorted((row["priority"], row["raw_id"]) for row in ids.map_batches(
+        _having("raw_id", repeated), batch_format="pyarrow").take_all())
+    copies: dict[str, int] = {}
+    final: dict[int, str] = {}
+    for priority, raw_id in rows:
+        copy = copies.get(raw_id, -1) + 1
+        copies[raw_id] = copy
+        if copy:
+            final[priority] = f"{raw_id}-{copy}"
+    clashes = ids.map_batches(_having("raw_id", set(final.values())), batch_format="pyarrow").take(3)
+    if clashes:
+        names = ", ".join(sorted(row["raw_id"] for row in clashes))
+        raise CorpusError(f"the Ray engine cannot number repeated ids: {names} is both a row's own id and the "
+                          "suffixed id of a copy (build with --engine local, which numbers them in order)")
+    return final
+
+
+def _words(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
+    """A column of packed rows of ``width`` 64-bit words as one (rows x width) array."""
+    if not width:
+        return np.zeros((len(column), 0), dtype=np.uint64)
+    return np.frombuffer(b"".join(column.to_pylist()), dtype=np.uint64).reshape(-1, width)
+
+
+def _tag(rank: int, sketch: bytes, source: str, row_id: str) -> bytes:
+    """What a bucket's head (or a verdict) carries through an aggregate: a fixed-width big-endian rank first,
+    so that the least tag of a group, an aggregate ``Min``, is the one of least rank."""
+    return rank.to_bytes(8, "big") + sketch + _NAME_SEPARATOR.join((source, row_id)).encode()
+
+
+def _untag(tag: bytes, sketch_bytes: int) -> tuple[int, bytes, str, str]:
+    source, row_id = tag[8 + sketch_bytes:].decode().split(_NAME_SEPARATOR, 1)
+    return int.from_bytes(tag[:8], "big"), tag[8:8 + sketch_bytes], source, row_id
+
+
+def _index(recipe: Recipe) -> ExactDuplicates:
+    """A fresh index of the recipe's dedup settings, for its layout and sketches (an index holds memory maps:
+    each task makes its own rather than receive one)."""
+    dedup = Dedup.for_recipe(recipe)
+    assert dedup is not None  # the dedup stages run only when the recipe asks for dedup
+    return dedup.index
+
+
+def _bucket_entries(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str]) -> pa.Table:
+    """One record per bucket of each checked row: the bucket, the row, and the row's tag as a head."""
+    checked = _checked(table)
+    index = _index(recipe)
+    present = np.frombuffer(b"".join(checked.column("present").to_pylist()), dtype=bool).reshape(-1, index.columns)
+    signatures = Signatures(_words(checked.column("hashes"), index.columns), present,
+                            _words(checked.column("sketch"), index.sketch_words))
+    if isinstance(index, NearDuplicates):
+        rows, kinds, keys, bands = index.bucket_entries(signatures)
+    else:  # the exact rule alone: one bucket per row, its text's hash
+        rows = np.arange(len(checked), dtype=np.int64)
+        kinds, keys, bands = np.zeros(len(rows), np.uint8), signatures.hashes[:, 0], np.full(len(rows), -1)
+    priorities = checked.column("priority").to_pylist()
+    sketches = checked.column("sketch").to_pylist()
+    tags = [_tag(priority, sketch, source, final_ids.get(priority, raw_id)) for priority, sketch, source, raw_id
+            in zip(priorities, sketches, checked.column("source").to_pylist(), checked.column("raw_id").to_pylist(),
+                   strict=True)]
+    return pa.table({"kind": kinds, "key": keys, "priority": np.asarray(priorities, dtype=np.int64)[rows],
+                     "band": bands, "sketch": pa.array(sketches, pa.binary()).take(rows),
+                     "tag": pa.array(tags, pa.binary()).take(rows)})
+
+
+def _verdicts(screened: ray.data.Dataset, recipe: Recipe, final_ids: dict[int, str], *, partitions: int
+              ) -> ray.data.Dataset:
+    """(priority, verdict) of every checked row that duplicates the head of one of its buckets (another row):
+    the head of each bucket by an aggregate on the bucket, the row's verdict by one on the row."""
+    entries = screened.map_batches(partial(_bucket_entries, recipe=recipe, final_ids=final_ids),
+                                   batch_format="pyarrow")
+    heads = entries.select_columns(["kind", "key", "tag"]).groupby(["kind", "key"], num_partitions=partitions
+                                                                  ).aggregate(Min("tag", alias_name="head"))
+    bucket: Any = ("kind", "key")  # Ray annotates ``on`` as a 1-tuple; it takes any number of columns
+    paired = entries.select_columns(["kind", "key", "priority", "band", "sketch"]).join(
+        heads, "inner", num_partitions=partitions, on=bucket)
+    confirmed = paired.map_batches(partial(_confirm, recipe=recipe), batch_format="pyarrow")
+    return confirmed.groupby("priority", num_partitions=partitions).aggregate(Min("verdict", alias_name="verdict"))
+
+
+def _confirm(table: pa.Table, *, recipe: Recipe) -> pa.Table:
+    """The candidates that hold, each with its verdict's tag: every exact one (a head that is another row), the
+    near ones the sketches confirm; an exact verdict ranks first, then the head of least priority."""
+    index = _index(recipe)
+    sketch_bytes = 8 * index.sketch_words
+    heads = [_untag(tag, sketch_bytes) for tag in table.column("head").to_pylist()]
+    priorities = np.asarray(table.column("priority"))
+    candidate = np.array([head[0] for head in heads], dtype=np.int64) != priorities
+    exact = np.asarray(table.column("kind")) == 0
+    holds = candidate & exact
+    near = np.flatnonzero(candidate & ~exact)
+    if len(near) and isinstance(index, NearDuplicates):
+        holds[near] = index.confirmed(_words(table.column("sketch").take(near), index.sketch_words),
+                                      _words(pa.array([heads[row][1] for row in near], pa.binary()),
+                                             index.sketch_words),
+                                      np.asarray(table.column("band"))[near])
+    verdicts = [_tag(heads[row][0] | (0 if exact[row] else _NEAR_RANK), b"", heads[row][2], heads[row][3])
+                for row in np.flatnonzero(holds).tolist()]
+    return pa.table({"priority": pa.array(priorities[holds], pa.int64()), "verdict": pa.array(verdicts, pa.binary())})
+
+
+def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: dict[int, str], dedup: bool
+                ) -> pa.Table:
+    """Split and write a block's kept rows into shards of its own; the dropped rows, by priority, for the
+    ledger. The directory is this attempt's alone: a retried task's first attempt leaves nothing it names."""
+    table = table.sort_by("priority")
+    directory = f"{DATA}/{RAY_DIRECTORY}{uuid.uuid4().hex}"
+    splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
+    stats = CorpusStats()
+    shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=stats.add_rows, directory=directory)
+    dropped: list[tuple[int, Skipped]] = []
+    verdicts = table.column("verdict").to_pylist() if dedup else [None] * len(table)
+    priorities = table.column("priority").to_pylist()
+    try:
+        for position, item_bytes in enumerate(table.column("item").to_pylist()):
+            priority = priorities[position]
+            item = pickle.loads(item_bytes)
+            if isinstance(item, Skipped):
+                dropped.append((priority, item))
+            elif (tag := verdicts[position]) is not None:
+                rank, _, of_source, of_id = _untag(tag, 0)
+                verdict = Verdict(of_id, of_source, "near" if rank & _NEAR_RANK else "exact")
+                dropped.append((priority, Skipped(item.source, verdict.reason, row_location(item), verdict.detail,
+                                                  id=item.id)))
+            else:
+                item.id = final_ids.get(priority, item.id)
+                item.split = splitter.assign(item)
+                shards.write(item)
+    except BaseException:
+        shards.abort()
+        raise
+    infos = shards.close()
+    return pa.table({"first": [priorities[0] if priorities else -1], "directory": [directory],
+                     "shards": [pickle.dumps(infos)], "stats": [pickle.dumps(stats)],
+                     "dropped": [pickle.dumps(dropped)]})
+
+
+def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
+              ) -> tuple[list[ShardInfo], CorpusStats]:
+    """The tasks' shards under their final names, their statistics merged, the ledger in priority order; the
+    directories of attempts no result names (a retried task's) removed."""
+    data = staging / DATA
+    data.mkdir(parents=True, exist_ok=True)
+    stats = CorpusStats()
+    by_split: dict[str, list[ShardInfo]] = {}
+    dropped: list[tuple[int, Skipped]] = []
+    for result in sorted(written, key=lambda result: result["first"]):  # shards numbered in read order
+        stats.merge(pickle.loads(result["stats"]))
+        dropped.extend(pickle.loads(result["dropped"]))
+        for info in pickle.loads(result["shards"]):
+            by_split.setdefault(info.split, []).append(info)
+    infos: list[ShardInfo] = []
+    for split in sorted(by_split):
+        shards = by_split[split]
+        for index, info in enumerate(shards):
+            name = f"{split}-{index:05d}-of-{len(shards):05d}.parquet"
+            (staging / info.path).rename(data / name)
+            infos.append(ShardInfo(f"{DATA}/{name}", split, info.rows, info.bytes, info.sha256))
+    for directory in data.glob(f"{RAY_DIRECTORY}*"):
+        shutil.rmtree(directory, ignore_errors=True)
+    try:
+        for _, skipped in sorted(dropped, key=lambda pair: pair[0]):
+            ledger.write(skipped)
+    finally:
+        ledger.close()
+    return infos, stats

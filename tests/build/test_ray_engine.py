@@ -1,0 +1,245 @@
+"""`corpus build --engine ray`: the same corpus as the local engine, on a real Ray cluster the module starts.
+
+The cluster is ``ray.init(address="local", num_cpus=2)``: a new head node in this process's session with two
+worker processes, never an existing cluster on the machine (another test run's or a user's), and what CI's
+two cores hold; a second node (``ray start``) would add a raylet and a GCS client on the same two cores and
+test nothing the two worker processes do not (every stage is a task on the workers, every group-by and join a
+shuffle between them). RAY_AUTH_MODE=disabled: the cluster is private to the test, no token to set up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from corpus_builder.audit import audit_corpus
+from corpus_builder.build import build_corpus
+from corpus_builder.errors import CorpusError
+from corpus_builder.layout import iter_ledger
+from corpus_builder.recipe import load_recipe
+from tests.support.real_data import write_chitchat, write_rows, write_sharegpt
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def edited(text: str) -> str:
+    """A near copy: one word of a long text changed."""
+    words = text.split(" ")
+    words[len(words) // 2] = "changed"
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real ShareGPT records (empty turns, odd roles, a leading gpt turn: repairs and skips), real chit-chat, and
+    a mirror source of exact copies (of chit-chat and of its own rows), near copies of ShareGPT, and chit-chat
+    rows an eval set holds."""
+    root = tmp_path_factory.mktemp("messy")
+    sharegpt = write_sharegpt(root / "sharegpt.jsonl", 300)
+    chats = write_chitchat(root / "chitchat.jsonl", 200)
+    long_chats = [row for row in sharegpt if sum(len(str(turn.get("value", ""))) for turn in row["conversations"])
+                  > 2000][:30]
+    mirror: list[dict[str, Any]] = []
+    for copy in range(2):  # the second copy of a text in one source has the first's id (ids are content keys)
+        mirror += [{"id": f"exact-{copy}-{index}", "messages": row["messages"]} for index, row in enumerate(chats[:25])]
+    for index, row in enumerate(long_chats):
+        turns = [{"role": "user" if turn["from"] == "human" else "assistant", "content": edited(turn["value"])}
+                 for turn in row["conversations"] if turn["from"] in ("human", "gpt") and turn["value"]]
+        mirror.append({"id": f"near-{index}", "messages": turns})
+    mirror += [{"id": "broken", "messages": "not a list"}, {"id": "empty", "messages": []}]
+    write_rows(root / "mirror.jsonl", mirror)
+    write_rows(root / "eval.jsonl", [{"question": " ".join(turn["content"] for turn in row["messages"])}
+                                     for row in chats[150:160]])
+    return root
+
+
+def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | None = None) -> Path:
+    near_duplicates = "near_duplicates: {threshold: 0.8}, " if dedup == "exact" else ""
+    path.write_text(
+        "name: ray-corpus\n"
+        "target: {model: tiny/target}\n"
+        + (f"engine: {engine}\n" if engine else "")
+        + "sources:\n"
+        f"  - {{name: chitchat, kind: replay, path: {data}/chitchat.jsonl}}\n"
+        f"  - {{name: sharegpt, kind: replay, path: {data}/sharegpt.jsonl, mapping: {{style: sharegpt}}}}\n"
+        f"  - {{name: mirror, kind: replay, path: {data}/mirror.jsonl}}\n"
+        f"checks: {{{near_duplicates}dedup: {dedup}}}\n"
+        f"decontamination: {{eval_sets: [{{name: held, path: {data}/eval.jsonl, fields: [question]}}]}}\n"
+        "split: {validation_fraction: 0.2, seed: 3}\n"
+        "output: {dir: out, rows_per_shard: 40}\n",
+        encoding="utf-8")
+    return path
+
+
+def rows_by_split(corpus: Path) -> dict[str, list[bytes]]:
+    by_split: dict[str, list[bytes]] = {}
+    for shard in sorted((corpus / "data").glob("*.parquet")):
+        for row in pq.read_table(shard).to_pylist():
+            by_split.setdefault(row["split"], []).append(orjson.dumps(row, option=orjson.OPT_SORT_KEYS))
+    return {split: sorted(rows) for split, rows in by_split.items()}
+
+
+def manifest_figures(corpus: Path) -> dict[str, Any]:
+    """The manifest but where shards are cut: their files and the shard count of each split."""
+    manifest = orjson.loads((corpus / "manifest.json").read_bytes())
+    manifest.pop("files")
+    manifest["splits"] = {split: counts["rows"] for split, counts in manifest["splits"].items()}
+    return manifest
+
+
+def assert_same_corpus(local: Path, on_ray: Path) -> None:
+    assert rows_by_split(local) == rows_by_split(on_ray)
+    assert list(iter_ledger(local / "ledger.jsonl.zst")) == list(iter_ledger(on_ray / "ledger.jsonl.zst"))
+    assert manifest_figures(local) == manifest_figures(on_ray)
+    assert (local / "audit.json").read_bytes() == (on_ray / "audit.json").read_bytes()
+    assert audit_corpus(local, secrets=False) == audit_corpus(on_ray, secrets=False)
+
+
+@pytest.fixture(scope="module")
+def local_corpus(messy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("local")
+    build_corpus(load_recipe(write_recipe(root / "recipe.yaml", messy)), root / "corpus", allow_empty=False)
+    return root / "corpus"
+
+
+def test_the_ray_engine_writes_the_local_engine_s_corpus(cluster: None, messy: Path, local_corpus: Path,
+                                                         tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, engine="ray"))
+    result = build_corpus(recipe, tmp_path / "corpus")
+    reasons = result.audit["skipped"]
+    # the fixture exercises what it means to: repairs, both dedup rules, decontamination
+    assert reasons["duplicate"] >= 25 and reasons["near_duplicate"] >= 20 and reasons["contaminated"] >= 10
+    assert result.audit["flags"]
+    assert_same_corpus(local_corpus, tmp_path / "corpus")
+    assert not list((tmp_path / "corpus" / "data").glob(".ray-*"))
+
+
+def test_without_dedup_the_copies_are_numbered_as_the_local_engine_numbers_them(cluster: None, messy: Path,
+                                                                               tmp_path: Path) -> None:
+    """Ids are content keys: the first of two copies in one source keeps its id, the second gets suffix -1."""
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, dedup="none"))
+    build_corpus(recipe, tmp_path / "local")
+    build_corpus(recipe, tmp_path / "ray", engine="ray")
+    ids = [orjson.loads(row)["id"] for rows in rows_by_split(tmp_path / "ray").values() for row in rows]
+    assert len(ids) == len(set(ids)) and sum(row_id.endswith("-1") for row_id in ids) >= 25
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+def worker_pids() -> set[int]:
+    """The pids of this cluster's worker processes, as Ray reports them to tasks that run there."""
+
+    @ray.remote(num_cpus=1)
+    def pid() -> int:
+        time.sleep(0.2)  # hold the worker, so the next task goes to the other
+        return os.getpid()
+
+    return set(ray.get([pid.remote() for _ in range(4)]))
+
+
+def test_a_worker_killed_mid_build_leaves_the_same_corpus_or_a_failed_build(cluster: None, messy: Path,
+                                                                             local_corpus: Path,
+                                                                             tmp_path: Path) -> None:
+    pids = worker_pids()
+    baseline = {pid: _cpu_seconds(pid) for pid in pids}
+    assert all(seconds >= 0 for seconds in baseline.values())
+    killed: list[int] = []
+
+    def kill_when_tasks_run() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            # a worker that has worked a third of a second since the build began: it runs the build's tasks
+            busy = [pid for pid in pids if _cpu_seconds(pid) - baseline[pid] > 0.3]
+            for pid in busy[:1]:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_tasks_run, daemon=True)
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy))
+    killer.start()
+    try:
+        build_corpus(recipe, tmp_path / "corpus", engine="ray")
+    except Exception:  # a loud failure is allowed: nothing may look like a finished corpus then
+        assert not (tmp_path / "corpus" / "manifest.json").exists()
+    else:
+        assert_same_corpus(local_corpus, tmp_path / "corpus")
+    killer.join()
+    assert killed, "no worker ran long enough to be killed"
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time a process has used (user + system), -1 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return -1.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_what_the_ray_engine_does_not_run_yet_is_refused_by_name(messy: Path, tmp_path: Path) -> None:
+    recipe_path = write_recipe(tmp_path / "recipe.yaml", messy, engine="ray")
+    text = recipe_path.read_text().replace("output:", "mixture: {total: 50}\noutput:")
+    recipe_path.write_text(text)
+    with pytest.raises(CorpusError, match=r"does not build a declared mixture .* --engine local"):
+        build_corpus(load_recipe(recipe_path), tmp_path / "corpus")
+    assert not (tmp_path / "corpus").exists()
+
+
+def test_the_cli_without_ray_says_how_to_install_it(messy: Path, tmp_path: Path) -> None:
+    """Ray hidden from the interpreter (a module that fails to import, first on the path)."""
+    shadow = tmp_path / "shadow" / "ray"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no ray here', name='ray')\n")
+    recipe = write_recipe(tmp_path / "recipe.yaml", messy)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), *sys.path])}
+    done = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--engine", "ray"],
+                          capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'corpus-builder[ray]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_package_and_a_local_build_never_import_ray(messy: Path, tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", messy, dedup="none")
+    script = ("import sys; from pathlib import Path; import corpus_builder, corpus_builder.cli; "
+              "from corpus_builder.build import build_corpus; from corpus_builder.recipe import load_recipe; "
+              f"build_corpus(load_recipe(Path({str(recipe)!r})), Path({str(tmp_path / 'out')!r})); "
+              "print(sorted(name for name in sys.modules if name == 'ray' or name.startswith('ray.')))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_an_address_without_the_ray_engine_is_a_usage_error(messy: Path, tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", messy)
+    done = subprocess.run([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--address", "auto"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert "--address names a Ray cluster: it needs --engine ray" in done.stderr
+    assert not (tmp_path / "out").exists()
