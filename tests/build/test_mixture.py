@@ -559,6 +559,8 @@ def test_a_thinking_share_outside_its_tolerance_fails_too_low_too_high_and_per_s
        pool_left=st.integers(0, 800))
 @example(declared=28, so_far=(7, 10), pool_left=100)  # 21 / 0.7 is 30.000000000000004 in floats: 31 were asked
 @example(declared=1, so_far=(0, 0), pool_left=5)  # one row missing, nothing asked yet: one row
+@example(declared=10, so_far=(9, 10), pool_left=1)  # the last prompt of the pool is asked for
+@example(declared=10, so_far=(1, 3), pool_left=100)  # one row kept of three: nine missing ask for 27
 @fuzz_settings(200)
 def test_a_top_up_asks_for_the_shortfall_over_the_keep_rate_and_no_more(declared: int, so_far: tuple[int, int],
                                                                        pool_left: int) -> None:
