@@ -462,6 +462,8 @@ def _declared_sources(draw: st.DrawFn) -> Sources:
 @example(sources=[((0, 2, 0, 1), 2), ((2, 0, 2, 3), None)], share=0.55, tolerance=0.15, per_split=True, seed=0)
 # steering towards the share: what a source moves is taken off what is still needed
 @example(sources=[((0, 0, 1, 1), 1), ((0, 1, 1, 0), 1)], share=0.3, tolerance=0.2, per_split=False, seed=0)
+# no targeted rows and none with reasoning among the rest: no share to bound, nothing certain
+@example(sources=[((0, 0, 0, 1), None)], share=0.0, tolerance=0.0, per_split=False, seed=0)
 @fuzz_settings(300)
 def test_a_reachable_thinking_share_is_reached_and_an_unreachable_one_reported(
         sources: Sources, share: float, tolerance: float, per_split: bool, seed: int) -> None:
