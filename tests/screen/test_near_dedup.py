@@ -626,7 +626,7 @@ def test_every_text_with_a_word_has_a_signature_and_one_with_none_has_none(monke
 def test_bucket_entries_are_the_tables_keys_of_every_hash_a_row_has() -> None:
     """(row, kind, key, band) per hash a row has, keyed as the index's tables compare them: the exact hash whole
     (kind 0, band -1), a band's hash by its high 32 bits (kind 1, the band's number); a text with no words has its
-    exact hash alone. In the dtypes the Ray engine's Arrow columns take."""
+    exact hash alone. In the dtypes the Ray engine's Arrow columns take. The exact rule alone confirms nothing."""
     index = NearDuplicates()
     signatures = index.signatures(["alpha beta gamma delta epsilon zeta", "...", "one two three"])
     rows, kinds, keys, bands = index.bucket_entries(signatures)
@@ -637,6 +637,8 @@ def test_bucket_entries_are_the_tables_keys_of_every_hash_a_row_has() -> None:
     assert [row for row, *_ in expected].count(1) == 1  # "...": its exact hash alone
     assert all(key != int(signatures.hashes[row, band + 1]) for row, kind, key, band in expected if kind)
     assert (rows.dtype, kinds.dtype, keys.dtype, bands.dtype) == (np.int64, np.uint8, np.uint64, np.int64)
+    with pytest.raises(ValueError, match=r"^the exact rule has no sketches to confirm against$"):
+        ExactDuplicates().confirmed(signatures.sketches, signatures.sketches, np.zeros(3, dtype=np.int64))
 
 
 def decided_by_group_by(texts: list[Planted], partitions: list[list[int]]) -> list[Duplicate | None]:
