@@ -610,6 +610,7 @@ def test_rows_are_apportioned_by_size_and_none_go_to_sizes_that_are_all_zero() -
 
 @given(declared=_declared_targets())
 @example(declared=([("count", 10, 5), ("none", None, 20)], 10))  # the counts make up the total: none is left
+@example(declared=([("none", None, 1), ("share", 0.4, 0), ("share", 0.05, 0)], None))  # shares of what is left
 @fuzz_settings(200)
 def test_the_declared_counts_add_up_to_the_total_and_no_source_is_given_more_than_it_holds(
         declared: tuple[list[tuple[str, float | None, int]], int | None]) -> None:

@@ -641,6 +641,18 @@ def test_bucket_entries_are_the_tables_keys_of_every_hash_a_row_has() -> None:
         ExactDuplicates().confirmed(signatures.sketches, signatures.sketches, np.zeros(3, dtype=np.int64))
 
 
+def test_a_lookup_names_the_indexed_row_a_text_duplicates_and_adds_none() -> None:
+    """The eval pack's keep-apart index: a copy names the indexed row exactly, a near copy by its head, another
+    text nothing; nothing looked up is added, so a text looked up twice is not a copy of itself."""
+    base = " ".join(f"word{i}" for i in range(60))
+    index = NearDuplicates()
+    index.offer(["kept", "other"], [base, "a different text altogether with words of its own"])
+    texts = [base, base.replace("word30", "changed"), "nothing like the indexed rows at all"]
+    assert index.lookup(index.signatures(texts)) == [Duplicate("kept", "exact"), Duplicate("kept", "near"), None]
+    assert len(index) == 2 and index.lookup(index.signatures(texts[2:])) == [None]
+    assert index.lookup(index.signatures([])) == []
+
+
 def decided_by_group_by(texts: list[Planted], partitions: list[list[int]]) -> list[Duplicate | None]:
     """The Ray engine's way (build/ray_data.py), in plain dicts: each partition's rows (in any order) give their
     bucket entries; a bucket's head is its least priority; a row's verdict is its exact head, else the least
