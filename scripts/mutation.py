@@ -77,6 +77,7 @@ _NO_DETAILS = ("the readers of a file or a Hub split raise no CorpusError with d
                "has none either way")
 _ABSENT = "an absent row is read only as negative (< 0, >= 0), never as a row"
 _INT64 = "np.full of the Python int -1 is int64, numpy's default integer: the same array"
+_ARANGE = "np.arange of Python ints is int64, numpy's default integer: the same ordinals"
 _RUNS = ("when runs merge: a lookup finds each hash, unique across runs, in whichever run holds it, and nbytes sums "
          "the runs; speed and a merge's temporary memory only")
 _GROWTH = "how much the map grows by: large enough either way; speed and address space only"
@@ -182,7 +183,7 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "np.uint64(11400714819323198486)", "another constant whose multiples by 1 to bands are distinct: the salts "
         "still differ by band"),
     "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_60": (
-        "_FirstKept(whole_hashes=None)", "None is falsy: packed entries as False"),
+        "_FirstSeen(whole_hashes=None)", "None is falsy: packed entries as False"),
     "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_63": (
         "slice(1, None)", "the hashes have 1 + bands columns: the slice ends there either way"),
     "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ__init____mutmut_68": (
@@ -192,15 +193,16 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "hash value is promised"),
     "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ_hashes__mutmut_41": ("sum(axis=2, dtype=None)", _UINT64_SUM),
     "corpus_builder.screen.near_dedup.xǁNearDuplicatesǁ_hashes__mutmut_43": ("sum(axis=2, )", _UINT64_SUM),
-    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_12": ("while (len(self._runs) > 2 and", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_13": ("while (len(self._runs) >= 3 and", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_14": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd_first__mutmut_31": ("while (len(self._runs) > 2 and", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd_first__mutmut_32": ("while (len(self._runs) >= 3 and", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd_first__mutmut_33": (
         "len(self._runs[-2][0]) < 2 * len(self._runs[-1][0])", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_15": ("<= 2 / len(self._runs[-1][0])", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_16": ("<= 3 * len(self._runs[-1][0])", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_17": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd_first__mutmut_34": ("<= 2 / len(self._runs[-1][0])", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd_first__mutmut_35": ("<= 3 * len(self._runs[-1][0])", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd_first__mutmut_36": (
         "len(self._runs[-2][0]) - len(self._runs[-1][0]) <= RUN_ENTRIES", _RUNS),
-    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd__mutmut_18": ("len(self._runs[-1][0]) < RUN_ENTRIES", _RUNS),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd_first__mutmut_37": (
+        "len(self._runs[-1][0]) < RUN_ENTRIES", _RUNS),
     "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_4": (
         "found = np.full(len(queries), -1, dtype=None)", _INT64),
     "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_7": ("found = np.full(len(queries), -1, )", _INT64),
@@ -209,12 +211,24 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_10": (
         "if not self._runs and not len(queries):", "the early return saves work only: with no runs every row stays -1,"
         " with no queries there is none to find"),
-    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_23": (
-        "rows_of_ordered = np.full(len(queries), -1, dtype=None)", _INT64),
     "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_26": (
+        "rows_of_ordered = np.full(len(queries), -1, dtype=None)", _INT64),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_29": (
         "rows_of_ordered = np.full(len(queries), -1, )", _INT64),
-    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_28": (
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁfind__mutmut_31": (
         "rows_of_ordered = np.full(len(queries), -2, dtype=np.int64)", _ABSENT),
+    "corpus_builder.screen.near_dedup.xǁ_FirstSeenǁadd_first__mutmut_3": (
+        "keys = hashes if (self._whole) or True else", "band hashes of one batch alike in their high 32 bits are then "
+        "all stored, packed with their rows: a lookup finds the least row of them, the first, as it would alone"),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁdecide__mutmut_7": (
+        "len(self._keys) + len(keys), dtype=None)", _ARANGE),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁdecide__mutmut_10": ("len(self._keys) + len(keys), )", _ARANGE),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁheads__mutmut_4": (
+        "found = np.full(signatures.hashes.shape, -1, dtype=None)", _INT64),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁheads__mutmut_7": (
+        "found = np.full(signatures.hashes.shape, -1, )", _INT64),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁheads__mutmut_9": (
+        "found = np.full(signatures.hashes.shape, -2, dtype=np.int64)", _ABSENT),
     "corpus_builder.screen.near_dedup.xǁ_Keysǁextend__mutmut_5": ("for key in encoded], dtype=None)", _KEY_ENDS),
     "corpus_builder.screen.near_dedup.xǁ_Keysǁextend__mutmut_7": ("for key in encoded], )", _KEY_ENDS),
     "corpus_builder.screen.near_dedup.xǁ_Pagesǁextend__mutmut_3": ("if end >= len(self._map):", _GROWTH),
