@@ -223,6 +223,12 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁdecide__mutmut_7": (
         "len(self._keys) + len(keys), dtype=None)", _ARANGE),
     "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁdecide__mutmut_10": ("len(self._keys) + len(keys), )", _ARANGE),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁlookup__mutmut_8": (
+        "np.full(len(signatures), -1, dtype=None)", _INT64),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁlookup__mutmut_11": ("np.full(len(signatures), -1, ))", _INT64),
+    "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁlookup__mutmut_13": (
+        "np.full(len(signatures), -2, dtype=np.int64)", "a text looked up is no row of the index: any negative "
+        "ordinal is none of the heads (each a row, or -1 for none)"),
     "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁheads__mutmut_4": (
         "found = np.full(signatures.hashes.shape, -1, dtype=None)", _INT64),
     "corpus_builder.screen.near_dedup.xǁExactDuplicatesǁheads__mutmut_7": (

@@ -645,11 +645,13 @@ def test_a_lookup_names_the_indexed_row_a_text_duplicates_and_adds_none() -> Non
     """The eval pack's keep-apart index: a copy names the indexed row exactly, a near copy by its head, another
     text nothing; nothing looked up is added, so a text looked up twice is not a copy of itself."""
     base = " ".join(f"word{i}" for i in range(60))
+    other = "a different text altogether with words of its own"
     index = NearDuplicates()
-    index.offer(["kept", "other"], [base, "a different text altogether with words of its own"])
-    texts = [base, base.replace("word30", "changed"), "nothing like the indexed rows at all"]
-    assert index.lookup(index.signatures(texts)) == [Duplicate("kept", "exact"), Duplicate("kept", "near"), None]
-    assert len(index) == 2 and index.lookup(index.signatures(texts[2:])) == [None]
+    index.offer(["kept", "other"], [base, other])  # rows 0 and 1
+    texts = [base, base.replace("word30", "changed"), "nothing like the indexed rows at all", other]
+    assert index.lookup(index.signatures(texts)) == [Duplicate("kept", "exact"), Duplicate("kept", "near"), None,
+                                                     Duplicate("other", "exact")]
+    assert len(index) == 2 and index.lookup(index.signatures(texts[2:3])) == [None]
     assert index.lookup(index.signatures([])) == []
 
 
