@@ -21,6 +21,7 @@ import pytest
 from hypothesis import Phase, settings
 
 from corpus_builder.testing.tiny_model import SERVER_ARGS as TINY_SERVER_ARGS
+from tests.support.fuzz import MUTATION_ENV, MUTATION_EXAMPLES
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED_MODEL = "tiny-target"
@@ -30,10 +31,11 @@ VLLM_MISSING = ("the vllm-marked tests need vLLM: pip install 'corpus-builder[vl
                 "CPU box); or skip them with CORPUS_SKIP_VLLM=1 (or deselect them with -m 'not vllm')")
 
 
-if "CORPUS_MUTATION_OWNERS" in os.environ:
+if MUTATION_ENV in os.environ:
     # Under mutmut (scripts/mutation.py) a failing example only has to fail: shrinking it is time the run does not
     # need. Properties inherit this unless they name their phases; tests/support/fuzz.py also caps their examples.
-    settings.register_profile("mutation", max_examples=40, phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    settings.register_profile("mutation", max_examples=MUTATION_EXAMPLES,
+                              phases=(Phase.explicit, Phase.reuse, Phase.generate))
     settings.load_profile("mutation")
 
 
