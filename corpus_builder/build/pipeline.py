@@ -188,7 +188,7 @@ def _replay_rows(recipe: Recipe, checker: Checker, stream: TextIO
     if not any(spec.kind == "replay" for spec in recipe.sources):
         return
     progress = ProgressLine("read replay", stream=stream)
-    for measured in replay_stream(recipe, checker.measure):
+    for measured in replay_stream(recipe, checker.measure, in_tokens=checker.in_tokens):
         progress.advance(len(measured.items))
         yield measured
     progress.finish()

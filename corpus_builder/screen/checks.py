@@ -73,6 +73,11 @@ class Checker:
         # garbage collector, while a set always is (each full collection would walk every kept hash).
         self._seen_ids: dict[int, None] = {}
 
+    @property
+    def in_tokens(self) -> bool:
+        """Whether ``measure`` renders and encodes the rows in the target's tokens: most of a batch's cost."""
+        return self.turns is not None or self.renderer is not None
+
     @classmethod
     def for_recipe(cls, recipe: Recipe, renderer: TemplateRenderer | None, contamination: Contamination | None,
                    evict: Callable[[Evicted], None] | None = None, pack: PackScreen | None = None,

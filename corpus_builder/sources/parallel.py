@@ -4,8 +4,8 @@ Worker processes read consecutive parts of the replay sources (byte ranges of la
 whole files), normalise the rows, measure them with the caller's ``measure`` (the build's token counts
 and dedup keys) and send them in batches. The main process consumes the parts strictly in order, so the
 rows, their ids and their splits are exactly those of a sequential read: only the time changes. Queues
-are bounded, so memory stays flat. With one worker (the default on two cores) the same batches are made
-in this process.
+are bounded, so memory stays flat. With one worker (the default on two cores, unless rows are measured in
+the target's tokens) the same batches are made in this process.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from ..secrets import redact_conversations
 from .source import source_parts
 
 PREPARED_ROWS = 2048
+# Rows measured in the target's tokens carry each view's renders and ids until the batch is assembled: smaller
+# batches keep a worker's memory near the interpreter's own (measured: 35 against 85 MiB unique per worker).
+PREPARED_TOKEN_ROWS = 512
 QUEUE_DEPTH = 4
 _PART_DONE = "part-done"
 _FAILED = "failed"
@@ -44,12 +47,13 @@ class MeasuredRows(Generic[T]):
     measurement: T
 
 
-def worker_count() -> int:
+def worker_count(*, in_tokens: bool = False) -> int:
     """CORPUS_WORKERS, else one worker per core but one, leaving a core to the decisions and the writer.
 
     With two cores or fewer the workers' extra cost (pickled batches, a second copy of the interpreter)
     eats the gain (measured in BENCHMARKS.md), so sources are read in this process; so they are where
-    fork is not available."""
+    fork is not available. Rows measured in the target's tokens (``in_tokens``) are the exception: rendering
+    and encoding them outweighs everything after, so every core gets a worker."""
     configured = os.environ.get("CORPUS_WORKERS")
     if configured:
         try:
@@ -57,31 +61,34 @@ def worker_count() -> int:
         except ValueError:
             raise CorpusError(f"CORPUS_WORKERS must be a whole number, not {configured!r}") from None
     cores = os.cpu_count() or 1
-    if sys.platform != "linux" or cores <= 2:
+    if sys.platform != "linux":
         return 1
-    return cores - 1
+    if in_tokens:
+        return cores
+    return 1 if cores <= 2 else cores - 1
 
 
-def measured_rows(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], T]
-                  ) -> Iterator[MeasuredRows[T]]:
-    """Consecutive rows in batches of PREPARED_ROWS conversations (and the skipped rows between them), measured."""
+def measured_rows(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], T],
+                  batch_rows: int = PREPARED_ROWS) -> Iterator[MeasuredRows[T]]:
+    """Consecutive rows in batches of ``batch_rows`` conversations (and the skipped rows between them), measured."""
     items: list[Conversation | Skipped] = []
     conversations: list[Conversation] = []
     for item in rows:
         items.append(item)
         if isinstance(item, Conversation):
             conversations.append(item)
-            if len(conversations) >= PREPARED_ROWS:
+            if len(conversations) >= batch_rows:
                 yield MeasuredRows(items, measure(conversations))
                 items, conversations = [], []
     if items:
         yield MeasuredRows(items, measure(conversations))
 
 
-def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]], T], queue: Any) -> None:
+def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]], T], batch_rows: int,
+          queue: Any) -> None:
     try:
         for index, part in parts:
-            for measured in measured_rows(part(), measure):
+            for measured in measured_rows(part(), measure, batch_rows):
                 queue.put(measured)
             queue.put((_PART_DONE, index))
     except CorpusError as error:
@@ -90,24 +97,24 @@ def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]],
         queue.put((_FAILED, None, traceback.format_exc()))
 
 
-def measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int
-                   ) -> Iterator[MeasuredRows[T]]:
+def measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int,
+                   batch_rows: int = PREPARED_ROWS) -> Iterator[MeasuredRows[T]]:
     """Run ``parts`` on ``workers`` forked processes (part i on worker i mod workers); yield in part order."""
     with rare_collections():
-        yield from _measured_parts(parts, measure, workers)
+        yield from _measured_parts(parts, measure, workers, batch_rows)
 
 
-def _measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int
+def _measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int, batch_rows: int
                     ) -> Iterator[MeasuredRows[T]]:
     if workers <= 1:
         for part in parts:
-            yield from measured_rows(part(), measure)
+            yield from measured_rows(part(), measure, batch_rows)
         return
     context = multiprocessing.get_context("fork")
     workers = min(workers, len(parts))
     queues = [context.Queue(QUEUE_DEPTH) for _ in range(workers)]
     processes = [context.Process(target=_work, args=([(i, p) for i, p in enumerate(parts) if i % workers == w],
-                                                     measure, queues[w]), daemon=True)
+                                                     measure, batch_rows, queues[w]), daemon=True)
                  for w in range(workers)]
     for process in processes:
         process.start()
@@ -148,7 +155,10 @@ def replay_parts(recipe: Recipe, parts: int) -> list[Part]:
     return cut
 
 
-def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], T]) -> Iterator[MeasuredRows[T]]:
-    """Every replay source of a recipe (``replay_parts``), read and measured on ``worker_count()`` processes."""
-    workers = worker_count()
-    return measured_parts(replay_parts(recipe, workers), measure, workers)
+def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], T], *, in_tokens: bool = False
+                  ) -> Iterator[MeasuredRows[T]]:
+    """Every replay source of a recipe (``replay_parts``), read and measured on ``worker_count()`` processes;
+    ``in_tokens``: ``measure`` renders and encodes the rows in the target's tokens."""
+    workers = worker_count(in_tokens=in_tokens)
+    return measured_parts(replay_parts(recipe, workers), measure, workers,
+                          PREPARED_TOKEN_ROWS if in_tokens else PREPARED_ROWS)

@@ -7,6 +7,8 @@ it is read."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +21,7 @@ from corpus_builder.audit import audit_corpus
 from corpus_builder.build import build_corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import THINK_CLOSE, THINK_OPEN, Conversation
-from corpus_builder.sources import iter_file
+from corpus_builder.sources import iter_file, parallel
 from corpus_builder.tokens import TemplateRenderer, TokenRows, TurnTokens
 from tests.support.chats import synthetic_chats
 from tests.support.hf_template import mask_start, through_end_of_turn
@@ -185,3 +187,35 @@ def test_a_build_measures_each_row_once_where_it_is_read(tmp_path: Path, tiny_mo
     if workers == 1:  # forked readers measure in their own processes
         assert sum(measured.values()) == len(rows) + 5 + len(log_rows()) + truncated
     assert audit_corpus(str(result.out_dir))["tokens"] == tokens
+
+
+@pytest.mark.parametrize("in_tokens", [True, False])
+def test_a_build_in_target_tokens_reads_on_every_core_in_small_batches(
+        tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, in_tokens: bool) -> None:
+    """Rendering and encoding outweigh a forked reader's cost, so a build that measures rows in the target's tokens
+    reads on every core, two on two cores (a build without a tokenizer reads in its own process there), in batches
+    small enough to keep each reader's memory near the interpreter's."""
+    rows = synthetic_chats(8, max_turns=3, system="Be brief.", system_every=2,
+                           question=lambda i, t: f"question {i}.{t}", answer=lambda i, t: f"answer {i}.{t}",
+                           reasoning=lambda i, t: f"reasoning {i}.{t}")
+    (tmp_path / "log.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    (tmp_path / "tools.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in log_rows()))
+    recipe = RECIPE.format(tokenizer=tiny_model_dir, limit=160)
+    if not in_tokens:
+        recipe = recipe.replace(f", tokenizer: {tiny_model_dir}", "").replace("max_seq_len: 160, ", "")
+    (tmp_path / "recipe.yaml").write_text(recipe)
+    monkeypatch.delenv("CORPUS_WORKERS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(sys, "platform", "linux")
+    calls: list[tuple[int, int]] = []
+    real = parallel.measured_parts
+
+    def recording(parts: Any, measure: Any, workers: int, batch_rows: int = parallel.PREPARED_ROWS) -> Any:
+        calls.append((workers, batch_rows))
+        return real(parts, measure, workers, batch_rows)
+
+    monkeypatch.setattr(parallel, "measured_parts", recording)
+    result = build_corpus(load_recipe(tmp_path / "recipe.yaml"))
+    assert result.manifest.conversations >= len(rows)
+    assert bool(result.audit.get("tokens")) is in_tokens
+    assert calls == ([(2, parallel.PREPARED_TOKEN_ROWS)] if in_tokens else [(1, parallel.PREPARED_ROWS)])
