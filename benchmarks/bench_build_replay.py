@@ -1,7 +1,8 @@
 """Benchmark: `corpus build` of a replay-only corpus from a ShareGPT-style JSONL file.
 
-Reports conversations/s end to end (process start to exit) and peak RSS of the build process at 20k and
-200k conversations, alternating sizes across repetitions so machine noise hits both alike.
+Reports conversations/s end to end (process start to exit) and the peak memory of the build process and its
+forked readers (RSS and PSS summed: ``Memory``) at 20k and 200k conversations, alternating sizes across
+repetitions so machine noise hits both alike.
 
     python benchmarks/bench_build_replay.py [--sizes 20000 200000] [--repeats 3] [--workdir DIR]
         [--compare-with TREE]   # also build with another checkout's code (e.g. `git worktree add TREE REV`),
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psutil
@@ -108,9 +109,9 @@ def write_recipe(path: Path, data: Path, out: Path, tokenizer: Path | None = Non
     )
 
 
-def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = None) -> tuple[float, float]:
-    """(seconds, peak RSS MiB) of one `corpus build` process, RSS summed over it and its worker processes
-    (sampled every 20 ms). ``code``: a checkout whose corpus_builder is imported instead of this one."""
+def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = None) -> tuple[float, Memory]:
+    """(seconds, peak memory) of one `corpus build` process and its worker processes (``peak_memory``).
+    ``code``: a checkout whose corpus_builder is imported instead of this one."""
     env = dict(os.environ)
     if workers is not None:
         env["CORPUS_WORKERS"] = str(workers)
@@ -119,25 +120,40 @@ def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = 
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=recipe.parent)
-    peak = peak_rss(process)
+    peak = peak_memory(process)
     seconds = time.perf_counter() - start
     if process.returncode != 0:
         raise SystemExit(f"build failed: {process.stderr.read().decode()[-2000:]}")
-    return seconds, peak / 2**20
+    return seconds, peak
+
+
+class Memory(NamedTuple):
+    """Peaks in MiB over a process and its children: RSS summed (a page the processes share counts once per
+    process: forked workers share the interpreter's pages) and PSS summed (a shared page split among them: the
+    memory the tree holds)."""
+
+    rss: float
+    pss: float
+
+
+def peak_memory(process: subprocess.Popen[bytes]) -> Memory:
+    """Wait for ``process``; its tree's peak summed RSS and PSS, sampled every 20 ms."""
+    tree = psutil.Process(process.pid)
+    peak_rss = peak_pss = 0
+    while process.poll() is None:
+        try:
+            infos = [member.memory_full_info() for member in [tree, *tree.children(recursive=True)]]
+        except psutil.Error:
+            infos = []
+        peak_rss = max(peak_rss, sum(info.rss for info in infos))
+        peak_pss = max(peak_pss, sum(info.pss for info in infos))
+        time.sleep(0.02)
+    return Memory(peak_rss / 2**20, peak_pss / 2**20)
 
 
 def peak_rss(process: subprocess.Popen[bytes]) -> int:
-    """Wait for ``process``; its peak RSS in bytes, summed with its children's, sampled every 20 ms."""
-    tree = psutil.Process(process.pid)
-    peak = 0
-    while process.poll() is None:
-        try:
-            rss = tree.memory_info().rss + sum(child.memory_info().rss for child in tree.children(recursive=True))
-        except psutil.Error:
-            rss = 0
-        peak = max(peak, rss)
-        time.sleep(0.02)
-    return peak
+    """Wait for ``process``; its peak RSS in bytes, summed with its children's."""
+    return int(peak_memory(process).rss * 2**20)
 
 
 def template_messages(path: Path) -> list[list[dict[str, str]]]:
@@ -241,17 +257,17 @@ def main() -> None:
                 write_recipe(recipes[(variant, size)], data, work / f"out-{size}",
                              tokenizer if variant == "tokens" else None, args.max_seq_len)
         runs = [(name, variant, size) for name in codes for variant in args.variants for size in args.sizes]
-        results: dict[tuple[str, str, int], list[tuple[float, float, int]]] = {run: [] for run in runs}
+        results: dict[tuple[str, str, int], list[tuple[float, Memory, int]]] = {run: [] for run in runs}
         anchors: dict[tuple[str, int], list[tuple[dict[str, Any], float]]] = {}
         for repeat in range(args.repeats):
             for name, variant, size in runs:
                 out = work / f"out-{name}-{variant}-{size}-{repeat}"
-                seconds, rss = run_build(recipes[(variant, size)], out, args.workers, codes[name])
+                seconds, memory = run_build(recipes[(variant, size)], out, args.workers, codes[name])
                 tokens = audit_tokens(out)
-                results[(name, variant, size)].append((seconds, rss, tokens))
+                results[(name, variant, size)].append((seconds, memory, tokens))
                 rate = f"{tokens / seconds:11,.0f} tok/s" if tokens else ""
                 print(f"run {repeat} {name:<5} {variant:<6} size {size:>7}: {seconds:7.2f} s  {size / seconds:9,.0f} "
-                      f"conv/s  peak RSS {rss:7.1f} MiB  {rate}", flush=True)
+                      f"conv/s  peak RSS {memory.rss:7.1f} MiB  PSS {memory.pss:7.1f} MiB  {rate}", flush=True)
                 shutil.rmtree(out, ignore_errors=True)  # 200k corpora add up
             for anchor in ANCHORS if args.anchors else ():
                 for size in args.sizes:
@@ -265,29 +281,31 @@ def main() -> None:
 
 
 def report(sizes: list[int], codes: dict[str, Path | None], variants: list[str],
-           results: dict[tuple[str, str, int], list[tuple[float, float, int]]],
+           results: dict[tuple[str, str, int], list[tuple[float, Memory, int]]],
            anchors: dict[tuple[str, int], list[tuple[dict[str, Any], float]]]) -> None:
     """Medians per code, variant and size; the tokens variant against the plain build and the anchors."""
-    medians: dict[tuple[str, str, int], tuple[float, float, float]] = {}
+    medians: dict[tuple[str, str, int], tuple[float, float, float, float]] = {}
     for name in codes:
         print(f"\nmedians ({name} code)")
         for variant in variants:
             for size in sizes:
                 runs = results[(name, variant, size)]
                 seconds = statistics.median(r[0] for r in runs)
-                rss = statistics.median(r[1] for r in runs)
+                rss = statistics.median(r[1].rss for r in runs)
+                pss = statistics.median(r[1].pss for r in runs)
                 rate = statistics.median(r[2] / r[0] for r in runs)
-                medians[(name, variant, size)] = (seconds, rss, rate)
+                medians[(name, variant, size)] = (seconds, rss, rate, pss)
                 tokens = f"  {rate:11,.0f} tok/s" if rate else ""
                 print(f"  {variant:<6} {size:>7} conversations: {seconds:7.2f} s  {size / seconds:9,.0f} conv/s  "
-                      f"peak RSS {rss:7.1f} MiB{tokens}")
+                      f"peak RSS {rss:7.1f} MiB  PSS {pss:7.1f} MiB{tokens}")
             if len(sizes) >= 2:
                 small, large = min(sizes), max(sizes)
                 print(f"  {variant:<6} peak RSS ratio {large} / {small}: "
                       f"{medians[(name, variant, large)][1] / medians[(name, variant, small)][1]:.2f}x")
         for size in sizes if {"plain", "tokens"} <= set(variants) else ():
             plain, measured = medians[(name, "plain", size)], medians[(name, "tokens", size)]
-            line = f"  {size:>7}: tokens / plain: time {measured[0] / plain[0]:.2f}x, RSS {measured[1] / plain[1]:.2f}x"
+            line = (f"  {size:>7}: tokens / plain: time {measured[0] / plain[0]:.2f}x, "
+                    f"RSS {measured[1] / plain[1]:.2f}x, PSS {measured[3] / plain[3]:.2f}x")
             for anchor in ANCHORS:
                 if (anchor, size) in anchors:
                     rate = statistics.median(f["tokens"] / f["seconds"] for f, _ in anchors[(anchor, size)])
