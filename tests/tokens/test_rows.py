@@ -311,6 +311,7 @@ def test_a_row_far_over_the_budget_is_never_tokenized_whole(tmp_path: Path, tiny
         return real(self, conversation)
 
     monkeypatch.setattr(TemplateRenderer, "budget_views", rendering)
+    monkeypatch.setenv("CORPUS_WORKERS", "1")  # rows read (and rendered) in this process, where the spy sees them
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=4096, policy="truncate"))
     result = build_corpus(load_recipe(recipe_path))
