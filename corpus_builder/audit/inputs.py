@@ -45,8 +45,8 @@ from ..rows import batch_to_conversations, conversations_to_batch
 from ..screen.normalise import mix64
 from ..sources.fold import Held, PrefixFold, carry
 from ..sources.logs import read_exchange
-from ..sources.mappings import TURN_KEYS, NormalisedRow, RowNormaliser
-from ..sources.readers import UTF8_BOM, decode_lines, detect_format, iter_rows, zstd_chunks
+from ..sources.mappings import TURN_KEYS, NormalisedRow, RowNormaliser, detect_layout
+from ..sources.readers import UTF8_BOM, decode_lines, detect_format, first_objects, iter_rows, zstd_chunks
 from .frames import RAW_SCHEMA, plain_rows
 
 CHUNK_BYTES = 32 << 20  # one block of log lines: large enough for the parser's threads, small next to memory
@@ -75,6 +75,11 @@ class Chunk:
     folded: int = 0  # logged requests folded into a later request of their conversation (sources.fold)
     models: Counter[str] = field(default_factory=Counter)  # logged requests by the model that served them
 
+    @property
+    def rows(self) -> int:
+        """Rows whose facts the chunk gives: the frame's, then the normalised ones."""
+        return self.frame.height + (self.normalised.height if self.normalised is not None else 0)
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -86,6 +91,8 @@ class Unit:
     chunks: Callable[[], Iterator[Chunk]]
     rows: int | None = None  # known row count (parquet metadata, a corpus manifest)
     size: int = 0  # bytes on disk, to estimate the rows of a log before reading it
+    fold: SourceFold | None = None  # the fold its source's files share
+    logged: Callable[[], bool] | None = None  # whether its rows are logged requests (None: never)
 
 
 def corpus_units(corpus: Corpus) -> list[Unit]:
@@ -166,9 +173,10 @@ def _file_unit(path: Path, label: str, source: str, task: str | None, mapping: M
     def rows() -> TrafficRows:
         return TrafficRows(label, mapping, repair, fold=fold)
 
+    logged = functools.partial(_logged_file, path, fmt, label, mapping)
     if fmt == "parquet":
         return Unit(label, source, task, lambda: _parquet_chunks(path, rows()), rows=_parquet_rows(path, label),
-                    size=size)
+                    size=size, fold=fold, logged=logged)
     if fmt == "jsonl":
         blocks: Callable[[], Iterable[bytes]] = lambda: _file_blocks(path)  # noqa: E731
     elif fmt == "jsonl.zst":
@@ -176,8 +184,42 @@ def _file_unit(path: Path, label: str, source: str, task: str | None, mapping: M
         size = _zstd_content_size(path) or size
     else:  # a .json document: its rows, decoded by the readers
         return Unit(label, source, task, lambda: _dict_chunks((row for _, row in iter_rows(path, fmt, label)), rows()),
-                    size=size)
-    return Unit(label, source, task, lambda: _line_chunks(blocks(), rows()), size=size)
+                    size=size, fold=fold, logged=logged)
+    return Unit(label, source, task, lambda: _line_chunks(blocks(), rows()), size=size, fold=fold, logged=logged)
+
+
+def _logged_file(path: Path, fmt: str, label: str, mapping: Mapping) -> bool:
+    """Whether a file's rows may be logged requests: its layout, fixed by the first row that shows one (as
+    ``RowNormaliser`` fixes it), is the log's; read from the file's start until such a row. A file whose start
+    cannot be read may be: read with its source's other files in order, its problem is met where a reading of
+    them all meets it."""
+    try:
+        return next((layout.style == "log" for row in first_objects(path, fmt, label)
+                     if (layout := detect_layout(row, mapping)) is not None), False)
+    except CorpusError:
+        return True
+
+
+def read_parts(units: Sequence[Unit]) -> list[list[Unit]]:
+    """The units in parts that can be read apart (each by its own ``TrafficRows``, on a cluster by separate tasks)
+    and give what one reading in order gives: each unit alone, but the files of a source that folds logged
+    requests across its files (a chat may go on in the next day's log: ``SourceFold``) together, in order, when
+    one of them is logged requests. Files whose rows are not logged requests fold nothing: alone, they are read
+    as they would be among the others."""
+    parts: list[list[Unit]] = []
+    for unit in units:
+        fold = unit.fold
+        if parts and fold is not None and parts[-1][0].fold is fold:
+            parts[-1].append(unit)  # the source's files, split below unless the fold joins them
+        else:
+            parts.append([unit])
+    split: list[list[Unit]] = []
+    for part in parts:
+        fold = part[0].fold
+        joined = len(part) > 1 and fold is not None and fold.fold is not None and any(
+            unit.logged is not None and unit.logged() for unit in part)
+        split += [part] if joined else [[unit] for unit in part]
+    return split
 
 
 def _zstd_content_size(path: Path) -> int:
@@ -579,9 +621,3 @@ def sample_mask(label: str, first_row: int, count: int, share: float, seed: int)
         x = mix64(np.arange(first_row, first_row + count, dtype=np.uint64) + np.uint64(salt))
     threshold: np.ndarray = x < np.uint64(int(share * float(1 << 64)) if share > 0 else 0)
     return threshold
-
-
-def estimated_rows(units: Sequence[Unit], first_chunk_rows: int, first_chunk_bytes: int) -> int:
-    """Rows of the units: exact where known, else their bytes at the density of the first chunk read."""
-    density = first_chunk_rows / first_chunk_bytes if first_chunk_bytes else 0.0
-    return sum(unit.rows if unit.rows is not None else round(unit.size * density) for unit in units)
