@@ -200,7 +200,7 @@ def read_part(label: str, units: Sequence[Unit], meter: TokenMeter | None, sampl
     pending: list[Conversation] = []
     pending_keys: list[pl.DataFrame] = []
     for unit in units:
-        offset = 0
+        offset = unit.first_row or 0  # None (a range not placed) where every row is measured or none: no matter
         for chunk in unit.chunks():
             profile.skipped.update(chunk.skipped)
             profile.folded += chunk.folded

@@ -8,13 +8,17 @@ fold of logged requests, the facts, the token measures of the sampled rows), and
 profiles (``Profile.merge``). Every figure is a sum over rows, so the comparison, its text and its page are the
 local audit's.
 
-A part is a whole file, never a byte range of one: a row's place in the token sample is its place among the rows
-its file gives (counted after the readers' repairs and the fold), which a task reading from the middle of the file
-cannot know, and the readers fix a file's layout by its first row. Logged requests fold into one conversation per
-chat, and a chat may go on in the next day's log: the files of a source whose fold follows chats across them are
-one part, read whole and in order by one task, when one of them holds logged requests (``read_parts``); so a
-source of serving logs is read by one task, however many files it has. The token sample's share is decided on the
-driver, from the first chunk of the traffic, as the local engine decides it, and every task samples by it.
+A part is a whole file, or a range of a large plain .jsonl file: the file's chunks as a reading of the whole file
+cuts them (``inputs._range_units``), so each chunk has the same rows in the same order, and the ranges after the
+first start with the layout the file's first rows fix, as the readers fix it for the whole file. The token sample is
+keyed by a row's place among its file's rows (counted after the readers' repairs and the fold), which a range does
+not know: when the sample is not every row, the ranges are first read without the token pass to count their rows
+(the ranges are read twice), and each is then read with its first row's place. The share itself is decided on the
+driver, from the first chunk of the traffic, as the local engine decides it. Logged requests fold into one
+conversation per chat, and a chat may go on anywhere in its file or in the next day's log: a file of logged requests
+is never cut, and the files of a source whose fold follows chats across them are one part, read whole and in order
+by one task, when one of them holds logged requests (``read_parts``). So a source of serving logs is read by one
+task, however many files it has; .jsonl.zst, .json and parquet files are read whole too.
 
 A part that meets a problem the user can fix (a file without rows, a corrupt stream, a .json document that is not
 JSON) returns it; the driver raises the first in reading order, the one the local engine stops at. The traffic and
@@ -25,13 +29,14 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 import pyarrow as pa
 import ray.data
 
-from ..build.ray_data import connect
+from ..build.ray_data import PARTS_PER_CPU, connect
 from ..errors import CorpusError
 from .inputs import Unit, read_parts, traffic_units
 from .profile import Profile, TokenSample, read_part
@@ -42,21 +47,54 @@ def read_traffic_on_ray(traffic: str, meter: TokenMeter | None, *, token_sample:
                         address: str | None = None) -> Profile:
     """The traffic's profile (``profile.read_profile``'s), its parts read on the cluster at ``address`` (None:
     RAY_ADDRESS, else a cluster on this machine)."""
-    parts = read_parts(traffic_units(traffic))
+    units = traffic_units(traffic)
     sample = _decided_sample(traffic, meter, token_sample, seed)
-    profile = Profile.empty(traffic, meter)
-    if not parts:
-        return profile
     connect(address)
-    results = ray.data.from_items([{"part": index} for index in range(len(parts))],
-                                  override_num_blocks=len(parts)).map_batches(
-        partial(_read_parts, label=traffic, parts=parts, meter=meter, sample=sample), batch_size=1,
-        batch_format="numpy").take_all()
-    for result in sorted(results, key=lambda result: result["part"]):
-        if result["problem"] is not None:
-            raise CorpusError(result["problem"])
-        profile.merge(pickle.loads(result["profile"]))
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
+    parts = read_parts(units, cut=PARTS_PER_CPU * cpus)
+    if meter is not None and sample.share != 1 and any(part[0].first_row is None for part in parts):
+        parts = _placed(parts, _read_on_ray(traffic, parts, _ranges(parts), None, sample))
+    profile = Profile.empty(traffic, meter)
+    for read in _read_on_ray(traffic, parts, list(range(len(parts))), meter, sample).values():
+        if isinstance(read, str):
+            raise CorpusError(read)
+        profile.merge(read)
     return profile
+
+
+def _ranges(parts: list[list[Unit]]) -> list[int]:
+    """The parts that are ranges of a file cut in several: a range after its file's first, and the one before."""
+    follows = [part[0].first_row is None for part in parts]
+    return [index for index in range(len(parts)) if follows[index] or (index + 1 < len(parts) and follows[index + 1])]
+
+
+def _placed(parts: list[list[Unit]], counted: dict[int, Profile | str]) -> list[list[Unit]]:
+    """The parts with each range after its file's first placed: its first row's place is the rows that the ranges
+    before it gave (``counted``: the ranges, read without the token pass). A range that met a problem is placed
+    anywhere: read again, it meets the problem again."""
+    placed: list[list[Unit]] = []
+    following = 0
+    for index, part in enumerate(parts):
+        unit = part[0]
+        if unit.first_row is None:
+            unit = replace(unit, first_row=following)
+            part = [unit]
+        read = counted.get(index)
+        if read is not None:
+            following = (unit.first_row or 0) + (read.rows_read if isinstance(read, Profile) else 0)
+        placed.append(part)
+    return placed
+
+
+def _read_on_ray(label: str, parts: list[list[Unit]], numbers: list[int], meter: TokenMeter | None,
+                 sample: TokenSample) -> dict[int, Profile | str]:
+    """The parts ``numbers`` read, a task each, in order: each its profile, or the problem its reading met."""
+    results = ray.data.from_items([{"part": number} for number in numbers],
+                                  override_num_blocks=max(1, len(numbers))).map_batches(
+        partial(_read_parts, label=label, parts=parts, meter=meter, sample=sample), batch_size=1,
+        batch_format="numpy").take_all()
+    return {result["part"]: result["problem"] if result["problem"] is not None else pickle.loads(result["profile"])
+            for result in sorted(results, key=lambda result: result["part"])}
 
 
 def _decided_sample(traffic: str, meter: TokenMeter | None, token_sample: int, seed: int) -> TokenSample:

@@ -4,11 +4,13 @@ module starts (``ray.init(address="local", num_cpus=2)``, as tests/build/test_ra
 The traffic is messy on purpose: real ShareGPT records (repairs, skips), rows served in thinking and non-thinking
 mode with tasks and turn counts on the buckets' edges, tool calls, bad lines, a parquet file and a .json document,
 and serving logs of multi-turn chats logged per request across two daily files (the fold follows a chat across
-them). Every comparison is of the whole outcome: the JSON, the printed text, the failed checks and the page.
+them); and one .jsonl file of many (small) chunks, which the tasks read in ranges. Every comparison is of the whole
+outcome: the JSON, the printed text, the failed checks and the page.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -21,9 +23,10 @@ import orjson
 import pytest
 
 from corpus_builder import build_corpus, load_recipe
-from corpus_builder.audit import AuditOptions, AuditOutcome, check_corpus
+from corpus_builder.audit import AuditOptions, AuditOutcome, check_corpus, inputs
 from corpus_builder.audit.inputs import read_parts, traffic_units
 from corpus_builder.errors import CorpusError
+from corpus_builder.sources.readers import UTF8_BOM
 from tests.audit.test_traffic_logs import logged_traffic
 from tests.support.real_data import write_chitchat, write_rows, write_sharegpt
 from tests.support.serving_logs import logged_conversation
@@ -35,6 +38,7 @@ ray = pytest.importorskip("ray")
 TOKEN_SAMPLE = 60  # fewer than every side's rows: the sample, and the share the driver decides, are exercised
 MAX_SKIPPED_SHARE = 0.01  # below the messy traffic's: its figures describe the readable part, and the check fails
 PLOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+SMALL_CHUNK = 8 << 10  # bytes a chunk of a .jsonl file holds, for a test file of many chunks
 BAD_LINES = b'not json\n[1, 2]\n{"messages": []}\n{"id": 3}\n{"messages": "not a list"}\n'
 
 
@@ -177,6 +181,46 @@ def test_without_a_tokenizer_the_ray_audit_gives_the_local_audit_s_figures(clust
     report: Any = local.to_json()
     assert report["tokenizer"] is None and "lengths" not in report["traffic"]
     assert report["traffic"]["folded_prefix"] > 0 and report["readable"]["skipped"] > 0
+
+
+@pytest.fixture(scope="module")
+def large(messy: Path) -> Path:
+    """One file of many chunks (with ``SMALL_CHUNK`` bytes a chunk): messages rows (served in either mode, tools)
+    alternating with ShareGPT records, which the layout the file's first row fixes (messages) skips, and bad lines;
+    a byte order mark first."""
+    rows = [orjson.dumps(row) + b"\n" for row in mixed_traffic() + [tool_row(i, thinking=i % 3 == 0) for i in range(12)]
+            + write_chitchat(messy / "chit.jsonl", 120)]
+    records = (messy / "sharegpt.jsonl").read_bytes().splitlines(keepends=True)
+    lines = [line for index, row in enumerate(rows) for line in (row, *records[index:index + 1])]
+    lines[40:40] = BAD_LINES.splitlines(keepends=True)
+    path = messy / "large.jsonl"
+    path.write_bytes(UTF8_BOM + b"".join(lines))
+    return path
+
+
+@pytest.mark.parametrize("token_sample", [TOKEN_SAMPLE, 0])
+def test_a_large_file_cut_in_ranges_gives_the_local_audit_s_figures(cluster: str, corpus: Path, large: Path,
+                                                                   token_sample: int, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read by tasks a range each; with a sample, the ranges are counted first for their rows' places in the file."""
+    monkeypatch.setattr(inputs, "CHUNK_BYTES", SMALL_CHUNK)
+    parts = read_parts(traffic_units(str(large)), cut=8)
+    assert len(parts) == 8 and [part[0].first_row for part in parts] == [0] + [None] * 7
+    options = AuditOptions(token_sample=token_sample, max_skipped_share=MAX_SKIPPED_SHARE)
+    local = check_corpus(corpus, against=str(large), html=tmp_path / "local.html", options=options, secrets=False)
+    on_ray = check_corpus(corpus, against=str(large), html=tmp_path / "ray.html", secrets=False,
+                          options=dataclasses.replace(options, engine="ray"))
+    assert_same_outcome(local, on_ray)
+    side: Any = local.to_json()
+    sample = side["traffic"]["token_sample"]
+    assert (sample["conversations"] < sample["of"]) == (token_sample > 0)
+    assert side["traffic"]["skipped"]["missing_messages"] >= 100  # the ShareGPT records, in every range
+
+
+def test_a_log_is_never_cut(messy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inputs, "CHUNK_BYTES", SMALL_CHUNK)
+    assert len(inputs._chunk_bounds(messy / "logs" / "day1.jsonl")) >= 3  # two chunks or more
+    assert len(read_parts(traffic_units(str(messy / "logs" / "day1.jsonl")), cut=8)) == 1
 
 
 def corpus_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
