@@ -173,10 +173,15 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
               help="Shortest run of tokens copied from the prompt that counts as a copy-span.")
 @click.option("--draft-vocab-size", type=click.IntRange(min=1), default=32000, show_default=True,
               help="Draft vocabulary size whose coverage of the traffic is reported.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="With --against: what reads the traffic: this machine, or a Ray cluster through Ray Data (pip "
+                   "install 'corpus-builder[ray]'); the same figures.")
+@click.option("--address", metavar="ADDR", help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else "
+                                                "a cluster started on this machine).")
 def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None, no_secrets: bool,
           traffic: str | None, max_divergence: float | None, max_skipped_share: float, allow_skipped: bool,
           allow_other_models: bool, html_path: str | None, tokenizer: Path | None, token_sample: int,
-          copy_span_tokens: int, draft_vocab_size: int) -> None:
+          copy_span_tokens: int, draft_vocab_size: int, engine: Engine, address: str | None) -> None:
     """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME; with --against, how far a
     built corpus is from serving traffic, dimension by dimension, and the recipe changes that close the gap.
 
@@ -186,7 +191,7 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
 
     options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
                            draft_vocab_size=draft_vocab_size, endpoint=endpoint, max_skipped_share=max_skipped_share,
-                           allow_other_models=allow_other_models)
+                           allow_other_models=allow_other_models, engine=engine, address=address)
     if html_path is not None:
         from .eval import acceptance_sections  # the page's later stage: the audit itself knows nothing of the eval
     outcome = check_corpus(path, against=traffic, html=html_path, options=options,

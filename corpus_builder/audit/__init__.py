@@ -35,7 +35,7 @@ from ..stats.pack import pack_mix, stratum
 from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenSettings, TurnTokens
 from ..tokens.settings import read_corpus_recipe
-from .options import AuditOptions
+from .options import AuditOptions, check_ray_engine
 from .report import format_report
 
 __all__ = ["AuditOptions", "AuditOutcome", "CorpusFiles", "audit_against", "audit_conversations", "audit_corpus",
@@ -260,6 +260,10 @@ def check_corpus(path: str | Path, *, against: str | None = None, html: str | Pa
     options = options or AuditOptions()
     if max_divergence is not None and against is None:
         raise CorpusError("--max-divergence needs --against TRAFFIC")
+    if options.engine == "ray":
+        if against is None:
+            raise CorpusError("--engine ray reads the traffic of a comparison: it needs --against TRAFFIC")
+        check_ray_engine()
     page = check_output_path(html, what="--html", inputs=[*audit_inputs(path, against, options.tokenizer),
                                                           *(file for part in sections for file in part.inputs)]) \
         if html is not None else None

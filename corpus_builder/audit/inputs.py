@@ -30,8 +30,9 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import orjson
@@ -45,8 +46,8 @@ from ..rows import batch_to_conversations, conversations_to_batch
 from ..screen.normalise import mix64
 from ..sources.fold import Held, PrefixFold, carry
 from ..sources.logs import read_exchange
-from ..sources.mappings import TURN_KEYS, NormalisedRow, RowNormaliser
-from ..sources.readers import UTF8_BOM, decode_lines, detect_format, iter_rows, zstd_chunks
+from ..sources.mappings import TURN_KEYS, Layout, NormalisedRow, RowNormaliser, detect_layout
+from ..sources.readers import UTF8_BOM, decode_lines, detect_format, first_objects, iter_rows, zstd_chunks
 from .frames import RAW_SCHEMA, plain_rows
 
 CHUNK_BYTES = 32 << 20  # one block of log lines: large enough for the parser's threads, small next to memory
@@ -75,6 +76,11 @@ class Chunk:
     folded: int = 0  # logged requests folded into a later request of their conversation (sources.fold)
     models: Counter[str] = field(default_factory=Counter)  # logged requests by the model that served them
 
+    @property
+    def rows(self) -> int:
+        """Rows whose facts the chunk gives: the frame's, then the normalised ones."""
+        return self.frame.height + (self.normalised.height if self.normalised is not None else 0)
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -86,6 +92,12 @@ class Unit:
     chunks: Callable[[], Iterator[Chunk]]
     rows: int | None = None  # known row count (parquet metadata, a corpus manifest)
     size: int = 0  # bytes on disk, to estimate the rows of a log before reading it
+    fold: SourceFold | None = None  # the fold its source's files share
+    logged: Callable[[], bool] | None = None  # whether its rows are logged requests (None: never)
+    ranges: Callable[[int], list[Unit]] | None = None  # the file as up to N ranges read apart (``_range_units``)
+    # The place of its first row among its file's rows (a range's; the token sample is keyed by it). None: a range
+    # after its file's first, placed once the ranges before it are counted.
+    first_row: int | None = 0
 
 
 def corpus_units(corpus: Corpus) -> list[Unit]:
@@ -166,18 +178,134 @@ def _file_unit(path: Path, label: str, source: str, task: str | None, mapping: M
     def rows() -> TrafficRows:
         return TrafficRows(label, mapping, repair, fold=fold)
 
+    logged = functools.partial(_logged_file, path, fmt, label, mapping)
     if fmt == "parquet":
         return Unit(label, source, task, lambda: _parquet_chunks(path, rows()), rows=_parquet_rows(path, label),
-                    size=size)
+                    size=size, fold=fold, logged=logged)
     if fmt == "jsonl":
-        blocks: Callable[[], Iterable[bytes]] = lambda: _file_blocks(path)  # noqa: E731
-    elif fmt == "jsonl.zst":
-        blocks = lambda: zstd_chunks(path, label)  # noqa: E731
-        size = _zstd_content_size(path) or size
-    else:  # a .json document: its rows, decoded by the readers
-        return Unit(label, source, task, lambda: _dict_chunks((row for _, row in iter_rows(path, fmt, label)), rows()),
-                    size=size)
-    return Unit(label, source, task, lambda: _line_chunks(blocks(), rows()), size=size)
+        return Unit(label, source, task, lambda: _line_chunks(_file_blocks(path), rows()), size=size, fold=fold,
+                    logged=logged, ranges=functools.partial(_range_units, path, label, source, task, mapping, repair))
+    if fmt == "jsonl.zst":
+        return Unit(label, source, task, lambda: _line_chunks(zstd_chunks(path, label), rows()),
+                    size=_zstd_content_size(path) or size, fold=fold, logged=logged)
+    # a .json document: its rows, decoded by the readers
+    return Unit(label, source, task, lambda: _dict_chunks((row for _, row in iter_rows(path, fmt, label)), rows()),
+                size=size, fold=fold, logged=logged)
+
+
+def _logged_file(path: Path, fmt: str, label: str, mapping: Mapping) -> bool:
+    """Whether a file's rows may be logged requests: its layout (``_file_layout``) is the log's. A file whose start
+    cannot be read may be: read with its source's other files in order, its problem is met where a reading of
+    them all meets it."""
+    try:
+        layout = _file_layout(path, fmt, label, mapping)
+    except CorpusError:
+        return True
+    return layout is not None and layout.style == "log"
+
+
+def _file_layout(path: Path, fmt: str, label: str, mapping: Mapping) -> Layout | None:
+    """A file's layout, fixed by the first row that shows one (as ``RowNormaliser`` fixes it), read from the file's
+    start until such a row; None when no row shows one."""
+    return next((layout for row in first_objects(path, fmt, label)
+                 if (layout := detect_layout(row, mapping)) is not None), None)
+
+
+def _range_units(path: Path, label: str, source: str, task: str | None, mapping: Mapping, repair: RepairRules,
+                 parts: int) -> list[Unit]:
+    """A plain .jsonl file as up to ``parts`` units of consecutive chunks, read apart; none when it is one chunk,
+    its rows are logged requests (they fold across the file) or no row shows a layout (an unreadable or empty
+    file, read whole: its problem is met where a whole reading meets it). The chunks are those of a reading of the
+    whole file (``_chunk_bounds``), so every chunk has the same rows in the same order and the rows the same places
+    in the file; the ranges after the first start with the layout the file's first rows fix, as the readers fix it
+    for the whole file. A range has no fold of its source's (it folds nothing) and never finds the file empty."""
+    bounds = _chunk_bounds(path)
+    chunks = len(bounds) - 1
+    count = min(parts, chunks)
+    if count < 2:
+        return []
+    try:
+        layout = _file_layout(path, "jsonl", label, mapping)
+    except CorpusError:
+        return []
+    if layout is None or layout.style == "log":
+        return []
+    edges = [chunks * number // count for number in range(count + 1)]  # chunk indices: about as many per range
+    return [Unit(label, source, task, functools.partial(_range_chunks, path, bounds[first:last + 1], label, mapping,
+                                                         repair, layout if first else None),
+                 size=bounds[last] - bounds[first], first_row=0 if first == 0 else None)
+            for first, last in pairwise(edges)]
+
+
+def _chunk_bounds(path: Path) -> list[int]:
+    """Where the chunks of a plain .jsonl file read whole (``_line_chunks`` of ``_file_blocks``) begin and end:
+    after the last newline of each block of CHUNK_BYTES from the start (a block without one joins the next), and
+    the end of the file (the last line, when it has no newline)."""
+    size = path.stat().st_size
+    bounds = [0]
+    with path.open("rb") as handle:
+        for block_end in range(CHUNK_BYTES, size + CHUNK_BYTES, CHUNK_BYTES):
+            cut = _after_last_newline(handle, bounds[-1], min(block_end, size))
+            if cut > bounds[-1]:
+                bounds.append(cut)
+    if bounds[-1] < size:
+        bounds.append(size)
+    return bounds
+
+
+def _after_last_newline(handle: BinaryIO, start: int, end: int) -> int:
+    """The position after the last newline in bytes ``start`` to ``end`` of a file, else ``start``."""
+    window = 1 << 20
+    while end > start:
+        begin = max(start, end - window)
+        handle.seek(begin)
+        found = handle.read(end - begin).rfind(b"\n")
+        if found >= 0:
+            return begin + found + 1
+        end = begin
+    return start
+
+
+def _range_chunks(path: Path, bounds: list[int], label: str, mapping: Mapping, repair: RepairRules,
+                  layout: Layout | None) -> Iterator[Chunk]:
+    """The chunks between ``bounds`` of a plain .jsonl file, each read as a block of its own."""
+    def blocks() -> Iterator[bytes]:
+        sizes = iter([end - start for start, end in pairwise(bounds)])
+        with path.open("rb") as handle:
+            handle.seek(bounds[0])
+            yield from _read_ahead(lambda: handle.read(next(sizes, 0)) or None)
+
+    rows = TrafficRows(label, mapping, repair, required=False, layout=layout)
+    return _line_chunks(blocks(), rows, starts_file=bounds[0] == 0)
+
+
+def read_parts(units: Sequence[Unit], cut: int = 0) -> list[list[Unit]]:
+    """The units in parts that can be read apart (each by its own ``TrafficRows``, on a cluster by separate tasks)
+    and give what one reading in order gives: each unit alone, but the files of a source that folds logged
+    requests across its files (a chat may go on in the next day's log: ``SourceFold``) together, in order, when
+    one of them is logged requests. Files whose rows are not logged requests fold nothing: alone, they are read
+    as they would be among the others. With ``cut``, a unit alone that can be is cut into up to ``cut`` ranges
+    (``Unit.ranges``), a part each."""
+    parts: list[list[Unit]] = []
+    for unit in units:
+        fold = unit.fold
+        if parts and fold is not None and parts[-1][0].fold is fold:
+            parts[-1].append(unit)  # the source's files, split below unless the fold joins them
+        else:
+            parts.append([unit])
+    split: list[list[Unit]] = []
+    for part in parts:
+        fold = part[0].fold
+        joined = len(part) > 1 and fold is not None and fold.fold is not None and any(
+            unit.logged is not None and unit.logged() for unit in part)
+        split += [part] if joined else [[unit] for unit in part]
+    if cut < 2:
+        return split
+    ranged: list[list[Unit]] = []
+    for part in split:
+        pieces = part[0].ranges(cut) if len(part) == 1 and part[0].ranges is not None else []
+        ranged += [[piece] for piece in pieces] if pieces else [part]
+    return ranged
 
 
 def _zstd_content_size(path: Path) -> int:
@@ -239,9 +367,10 @@ class TrafficRows:
     conversations that closed while it was read, and the last file's final chunk those still open."""
 
     def __init__(self, label: str, mapping: Mapping, repair: RepairRules, *, required: bool = True,
-                 fold: SourceFold | None = None) -> None:
+                 fold: SourceFold | None = None, layout: Layout | None = None) -> None:
         self.label = label
         self.normalise = RowNormaliser(mapping, "replay", repair=repair)
+        self.normalise.layout = layout  # a range after its file's first: the layout the file's first rows fixed
         self.required = required  # a file without any row is an error, as for the readers
         self.seen = False
         self.fold = fold if fold is not None else SourceFold(Fold(), 1)
@@ -384,20 +513,20 @@ def _row_form(made: list[tuple[bool | None, Conversation]]) -> pl.DataFrame:
     return frame.with_columns(enable_thinking=pl.Series([served for served, _ in made], dtype=pl.Boolean))
 
 
-def _line_chunks(blocks: Iterable[bytes], rows: TrafficRows) -> Iterator[Chunk]:
+def _line_chunks(blocks: Iterable[bytes], rows: TrafficRows, *, starts_file: bool = True) -> Iterator[Chunk]:
     """Blocks of bytes -> chunks of whole lines, each line decoded on the read-ahead thread (orjson holds the
     lock per line only, so it runs while pyarrow and polars work on the block before)."""
-    decoded = map(DecodedLines.of, _whole_lines(blocks))
+    decoded = map(DecodedLines.of, _whole_lines(blocks, starts_file=starts_file))
     for lines in _read_ahead(lambda: next(decoded, None)):
         yield _lines_chunk(lines, rows)
     yield from _last(rows)
 
 
-def _whole_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
+def _whole_lines(blocks: Iterable[bytes], *, starts_file: bool = True) -> Iterator[bytes]:
     """Blocks of bytes -> blocks of whole lines (a line cut by a block's end waits for the next block); the
-    byte order mark an editor may put before the first line is not part of it."""
+    byte order mark an editor may put before a file's first line is not part of it."""
     pending = b""
-    first = True
+    first = starts_file
     for block in blocks:
         if first:
             block, first = block.removeprefix(UTF8_BOM), False
@@ -579,9 +708,3 @@ def sample_mask(label: str, first_row: int, count: int, share: float, seed: int)
         x = mix64(np.arange(first_row, first_row + count, dtype=np.uint64) + np.uint64(salt))
     threshold: np.ndarray = x < np.uint64(int(share * float(1 << 64)) if share > 0 else 0)
     return threshold
-
-
-def estimated_rows(units: Sequence[Unit], first_chunk_rows: int, first_chunk_bytes: int) -> int:
-    """Rows of the units: exact where known, else their bytes at the density of the first chunk read."""
-    density = first_chunk_rows / first_chunk_bytes if first_chunk_bytes else 0.0
-    return sum(unit.rows if unit.rows is not None else round(unit.size * density) for unit in units)

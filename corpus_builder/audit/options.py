@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from ..errors import CorpusError
 
@@ -29,7 +29,23 @@ class AuditOptions:
     # Traffic served by another model than the corpus's target is refused: a draft is judged against its own
     # target's traffic. True compares it all the same.
     allow_other_models: bool = False
+    # What reads the traffic: this machine, or a Ray cluster through Ray Data (``ray_data``): the same figures.
+    engine: Literal["local", "ray"] = "local"
+    address: str | None = None  # with the Ray engine: the cluster to join (None: RAY_ADDRESS, else one started here)
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_skipped_share <= 1:  # nan too
             raise CorpusError(f"max_skipped_share must be a share from 0 to 1, not {self.max_skipped_share!r}")
+        if self.address is not None and self.engine != "ray":
+            raise CorpusError("--address names a Ray cluster: it needs --engine ray")
+
+
+def check_ray_engine() -> None:
+    """Refuse, before anything is read, a Ray audit without Ray installed."""
+    try:
+        from . import ray_data  # noqa: F401
+    except ImportError as error:
+        if error.name is None or error.name.split(".")[0] != "ray":
+            raise
+        raise CorpusError("the Ray engine needs Ray Data, which is not installed: pip install "
+                          "'corpus-builder[ray]' (or audit with --engine local)") from None

@@ -6,6 +6,11 @@ each cross-tab (thinking by task, by source, by split) is a marginal of one tabl
 rows (``--token-sample``, all of a small input) is also measured in the target's tokens
 (``token_pass.TokenMeter``): lengths bucketed by source, split, task and thinking mode, exact length
 histograms for the percentiles, copy-span sums, and the supervised-token frequencies.
+
+The units are read in parts (``inputs.read_parts``): each part's profile is read on its own (``read_part``) and
+merged into the whole (``Profile.merge``), locally one after the other, on a cluster by separate tasks
+(``ray_data``). Every count is a sum over rows, so the merged profile is the one a single reading gives; the
+sample is one ``TokenSample`` for every part, keyed by each row's place in its unit.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import polars as pl
 from ..errors import Skipped
 from ..records import Conversation
 from .frames import FACT_KEYS, row_facts
-from .inputs import Unit, estimated_rows, sample_mask
+from .inputs import Unit, read_parts, sample_mask
 from .token_pass import Measured, TokenMeter
 
 TOKEN_BATCH: Final = 512  # conversations measured together (one encode call, one numpy pass)
@@ -53,6 +58,11 @@ class _Table:
             self.parts = [self.frame()]
             self._merged = None  # the next frame() merges the compacted part as before (same dtypes)
 
+    def merge(self, other: _Table) -> None:
+        """Another table's counts added to these."""
+        if other.parts:
+            self.add(other.frame())
+
     def frame(self) -> pl.DataFrame:
         """The parts merged: one row per group, sorted by the keys (merged once; the report reads it often)."""
         if self._merged is None:
@@ -80,6 +90,15 @@ class TokenTables:
     conversations: int = 0
     unmeasured_turns: int = 0
     skipped: Counter[str] = field(default_factory=Counter)  # sampled rows the readers' normaliser refused
+
+    def merge(self, other: TokenTables) -> None:
+        """Another part's measures added to these."""
+        self.frequencies += other.frequencies
+        for mine, theirs in ((self.buckets, other.buckets), (self.exact, other.exact), (self.copies, other.copies)):
+            mine.merge(theirs)
+        self.conversations += other.conversations
+        self.unmeasured_turns += other.unmeasured_turns
+        self.skipped.update(other.skipped)
 
     def add(self, keys: pl.DataFrame, measured: Measured) -> None:
         self.conversations += keys.height
@@ -120,19 +139,68 @@ class Profile:
     folded: int = 0  # logged requests folded into a later request of their conversation: not skipped, not rows
     models: Counter[str] = field(default_factory=Counter)  # logged requests by the model that served them
 
+    @classmethod
+    def empty(cls, label: str, meter: TokenMeter | None) -> Profile:
+        """No rows yet; token tables when there is a meter."""
+        if meter is None:
+            return cls(label)
+        return cls(label, tokens=TokenTables(meter.span_tokens, np.zeros(meter.vocab_size, dtype=np.int64)))
+
+    def merge(self, other: Profile) -> None:
+        """Another part's counts added to these (both measured by the same meter, or neither)."""
+        self.facts.merge(other.facts)
+        self.skipped.update(other.skipped)
+        if self.tokens is not None and other.tokens is not None:
+            self.tokens.merge(other.tokens)
+        self.rows_read += other.rows_read
+        self.folded += other.folded
+        self.models.update(other.models)
+
+
+@dataclass
+class TokenSample:
+    """Which rows the token pass measures: about ``token_sample`` rows spread over the input (0: every row), by a
+    seeded hash of each row's unit and place in it (``inputs.sample_mask``). The share is decided at the first
+    chunk read, from its rows and bytes and the units' sizes (rows exact where known, else bytes at that density);
+    every part of one reading shares it."""
+
+    token_sample: int
+    seed: int
+    sizes: tuple[tuple[int | None, int], ...]  # each unit's known rows (None: unknown) and bytes
+    share: float | None = None
+
+    @classmethod
+    def of(cls, units: Sequence[Unit], token_sample: int, seed: int = 0) -> TokenSample:
+        return cls(token_sample, seed, tuple((unit.rows, unit.size) for unit in units),
+                   None if token_sample else 1.0)
+
+    def decide(self, first_rows: int, first_bytes: int) -> float:
+        """The share, decided by the first chunk read (its rows and bytes) unless it is already."""
+        if self.share is None:
+            density = first_rows / first_bytes if first_bytes else 0.0
+            estimate = sum(rows if rows is not None else round(size * density) for rows, size in self.sizes)
+            self.share = min(1.0, self.token_sample / max(1, estimate))
+        return self.share
+
 
 def read_profile(label: str, units: Sequence[Unit], meter: TokenMeter | None, *, token_sample: int,
                  seed: int = 0) -> Profile:
     """Read every unit once: facts of every row, token measures of the sampled ones (``token_sample`` rows
-    about, spread over the input; 0: every row)."""
-    profile = Profile(label)
-    if meter is not None:
-        profile.tokens = TokenTables(meter.span_tokens, np.zeros(meter.vocab_size, dtype=np.int64))
-    share: float | None = None if token_sample else 1.0
+    about, spread over the input; 0: every row); part after part, merged."""
+    profile = Profile.empty(label, meter)
+    sample = TokenSample.of(units, token_sample, seed)
+    for part in read_parts(units):
+        profile.merge(read_part(label, part, meter, sample))
+    return profile
+
+
+def read_part(label: str, units: Sequence[Unit], meter: TokenMeter | None, sample: TokenSample) -> Profile:
+    """The profile of some units (a part of ``inputs.read_parts``), read in order."""
+    profile = Profile.empty(label, meter)
     pending: list[Conversation] = []
     pending_keys: list[pl.DataFrame] = []
     for unit in units:
-        offset = 0
+        offset = unit.first_row or 0  # None (a range not placed) where every row is measured or none: no matter
         for chunk in unit.chunks():
             profile.skipped.update(chunk.skipped)
             profile.folded += chunk.folded
@@ -146,9 +214,8 @@ def read_profile(label: str, units: Sequence[Unit], meter: TokenMeter | None, *,
             profile.rows_read += facts.height
             profile.facts.add(facts.filter(valid).group_by(FACT_KEYS).agg(count=pl.len()))
             if profile.tokens is not None and meter is not None:
-                if share is None:
-                    share = min(1.0, token_sample / max(1, estimated_rows(units, facts.height, chunk.bytes)))
-                chosen = np.flatnonzero(sample_mask(unit.label, offset, facts.height, share, seed)
+                share = sample.decide(chunk.rows, chunk.bytes)
+                chosen = np.flatnonzero(sample_mask(unit.label, offset, facts.height, share, sample.seed)
                                         & valid.to_numpy())
                 kept, keys = _sampled(chunk.conversations(chosen), facts[chosen], profile.tokens)
                 pending += kept

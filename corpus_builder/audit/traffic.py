@@ -42,7 +42,7 @@ from ..stats import nearest_rank
 from . import CorpusFiles, is_hub_path, opened_corpus
 from .frames import NO_TASK
 from .inputs import corpus_units, traffic_units
-from .options import AuditOptions
+from .options import AuditOptions, check_ray_engine
 from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES, Profile, read_profile
 from .token_pass import TokenMeter
 
@@ -91,12 +91,22 @@ def audit_against(corpus: str | Path | CorpusFiles, traffic: str, options: Audit
     options = options or AuditOptions()
     with _compared_corpus(corpus, options.endpoint) as files:
         corpus_profile, meter = profile_corpus(files, options)
-        traffic_profile = read_profile(traffic, traffic_units(traffic), meter, token_sample=options.token_sample,
-                                       seed=options.seed)
+        traffic_profile = read_traffic(traffic, meter, options)
         _require_readable(traffic_profile)
         if not options.allow_other_models:
             _require_same_target(files, traffic_profile)
         return compare(files, corpus_profile, traffic_profile, options, meter)
+
+
+def read_traffic(traffic: str, meter: TokenMeter | None, options: AuditOptions) -> Profile:
+    """The traffic's profile, read here or on a Ray cluster (``options.engine``): the same counts."""
+    if options.engine == "ray":
+        check_ray_engine()
+        from .ray_data import read_traffic_on_ray
+
+        return read_traffic_on_ray(traffic, meter, token_sample=options.token_sample, seed=options.seed,
+                                   address=options.address)
+    return read_profile(traffic, traffic_units(traffic), meter, token_sample=options.token_sample, seed=options.seed)
 
 
 def target_names(files: CorpusFiles) -> set[str]:

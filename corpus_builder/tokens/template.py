@@ -132,6 +132,12 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _renderer(tokenizer_dir: Path, enable_thinking: bool, history_reasoning: str,
+              template_kwargs: dict[str, Any]) -> TemplateRenderer:
+    return TemplateRenderer(tokenizer_dir, enable_thinking=enable_thinking, history_reasoning=history_reasoning,
+                            template_kwargs=template_kwargs)
+
+
 class TemplateRenderer:
     """Renders and counts conversations as the target sees them at serve time.
 
@@ -164,6 +170,12 @@ class TemplateRenderer:
         self.twin_refusal: str | None = None  # why counts do not use the tiktoken twin, once it is chosen
         self._special = {"bos_token": _token_text(config.get("bos_token")) or "",
                          "eos_token": _token_text(config.get("eos_token")) or ""}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its settings (a compiled template does not pickle): a task on a cluster makes its own from the
+        same directory, named absolutely (a worker's working directory is not this process's)."""
+        return (_renderer, (self.tokenizer_dir.absolute(), self.enable_thinking, self.history_reasoning,
+                            self.template_kwargs))
 
     @cached_property
     def tokenizer(self) -> Any:
