@@ -115,6 +115,12 @@ class TargetTokens:
         """The target's template renderer, for the checks and the prompt stage."""
         return self.rows.renderer if self.rows is not None else None
 
+    def auditor(self) -> CorpusStats:
+        """An empty accumulator of the statistics of the rows written (audit.json), with the token statistics
+        when the recipe names the target's tokenizer; rows measured upstream come with their figures by id."""
+        return CorpusStats(tokens=TokenStats(self.settings, self.rows.turns, self.measured)
+                           if self.settings is not None and self.rows is not None else None)
+
 
 def recipe_inputs(recipe: Recipe) -> list[Path | None]:
     """What a build of the recipe reads from disk: the recipe, the sources' files, the evaluation sets, the
@@ -205,9 +211,7 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
     recipe declares the corpus; ``screening``: how rows were deduplicated and decontaminated; ``pack``: the eval
     pack held out of it."""
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
-    # Sees exactly the rows written; `corpus audit` recomputes the same from the files.
-    auditor = CorpusStats(tokens=TokenStats(tokens.settings, tokens.rows.turns, tokens.measured)
-                      if tokens.settings is not None and tokens.rows is not None else None)
+    auditor = tokens.auditor()  # sees exactly the rows written; `corpus audit` recomputes the same from the files
     shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=auditor.add_rows)
     try:
         for item in items:
