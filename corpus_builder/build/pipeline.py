@@ -352,7 +352,8 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
             if cluster is not None:  # check_ray_engine refused what it does not run: replay alone, nothing declared
                 from .ray_data import write_on_ray
 
-                shard_infos, auditor = write_on_ray(recipe, staging, ledger, contamination, address=cluster.address)
+                auditor = tokens.auditor()
+                shard_infos = write_on_ray(recipe, staging, ledger, contamination, auditor, address=cluster.address)
                 result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops, screening=screening)
             elif recipe.has_prompts or recipe.mixture.declared(recipe.sources):
                 result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,

@@ -58,8 +58,8 @@ def edited(text: str) -> str:
 @pytest.fixture(scope="module")
 def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real ShareGPT records (empty turns, odd roles, a leading gpt turn: repairs and skips), real chit-chat, and
-    a mirror source of exact copies (of chit-chat and of its own rows), near copies of ShareGPT, and chit-chat
-    rows an eval set holds."""
+    a mirror source of exact copies (of chit-chat and of its own rows), near copies of ShareGPT, a row far over
+    any token budget by its characters alone, and chit-chat rows an eval set holds."""
     root = tmp_path_factory.mktemp("messy")
     sharegpt = write_sharegpt(root / "sharegpt.jsonl", 300)
     chats = write_chitchat(root / "chitchat.jsonl", 200)
@@ -72,24 +72,31 @@ def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         turns = [{"role": "user" if turn["from"] == "human" else "assistant", "content": edited(turn["value"])}
                  for turn in row["conversations"] if turn["from"] in ("human", "gpt") and turn["value"]]
         mirror.append({"id": f"near-{index}", "messages": turns})
-    mirror += [{"id": "broken", "messages": "not a list"}, {"id": "empty", "messages": []}]
+    mirror += [{"id": "broken", "messages": "not a list"}, {"id": "empty", "messages": []},
+               {"id": "endless", "messages": [{"role": "user", "content": "word " * 50_000},
+                                              {"role": "assistant", "content": "noted"}]}]
     write_rows(root / "mirror.jsonl", mirror)
     write_rows(root / "eval.jsonl", [{"question": " ".join(turn["content"] for turn in row["messages"])}
                                      for row in chats[150:160]])
     return root
 
 
-def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | None = None) -> Path:
+def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | None = None,
+                 tokenizer: Path | None = None, checks: str = "", mixture: str | None = None) -> Path:
+    """The messy sources' recipe; ``tokenizer``: the target's, ``checks``: more checks (``key: value, ``),
+    ``mixture``: the mixture section."""
     near_duplicates = "near_duplicates: {threshold: 0.8}, " if dedup == "exact" else ""
+    target_tokenizer = f", tokenizer: {tokenizer}" if tokenizer else ""
     path.write_text(
         "name: ray-corpus\n"
-        "target: {model: tiny/target}\n"
+        f"target: {{model: tiny/target{target_tokenizer}}}\n"
         + (f"engine: {engine}\n" if engine else "")
+        + (f"mixture: {mixture}\n" if mixture else "")
         + "sources:\n"
         f"  - {{name: chitchat, kind: replay, path: {data}/chitchat.jsonl}}\n"
         f"  - {{name: sharegpt, kind: replay, path: {data}/sharegpt.jsonl, mapping: {{style: sharegpt}}}}\n"
         f"  - {{name: mirror, kind: replay, path: {data}/mirror.jsonl}}\n"
-        f"checks: {{{near_duplicates}dedup: {dedup}}}\n"
+        f"checks: {{{checks}{near_duplicates}dedup: {dedup}}}\n"
         f"decontamination: {{eval_sets: [{{name: held, path: {data}/eval.jsonl, fields: [question]}}]}}\n"
         "split: {validation_fraction: 0.2, seed: 3}\n"
         "output: {dir: out, rows_per_shard: 40}\n",
@@ -148,6 +155,25 @@ def test_without_dedup_the_copies_are_numbered_as_the_local_engine_numbers_them(
     build_corpus(recipe, tmp_path / "ray", engine="ray")
     ids = [orjson.loads(row)["id"] for rows in rows_by_split(tmp_path / "ray").values() for row in rows]
     assert len(ids) == len(set(ids)) and sum(row_id.endswith("-1") for row_id in ids) >= 25
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+def test_the_ray_engine_budgets_and_measures_rows_in_the_target_s_tokens_as_the_local_engine(
+        cluster: None, messy: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The budget drops and truncates the same rows (each task loads the tokenizer once), the token statistics
+    add up to the same audit (the facts measured in the screen, the truncated rows measured where written)."""
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, tokenizer=tiny_model_dir,
+                                      checks="max_seq_len: 2048, on_over_length: truncate, "))
+    local = build_corpus(recipe, tmp_path / "local")
+    build_corpus(recipe, tmp_path / "ray", engine="ray")
+    # the fixture exercises what it means to: rows over the budget by their tokens and by their characters alone
+    # dropped, others truncated to it, every row written measured
+    over_length = [row["detail"] for row in iter_ledger(tmp_path / "local" / "ledger.jsonl.zst")
+                   if row["reason"] == "over_length"]
+    assert len(over_length) >= 10 and any(detail.startswith("at least") for detail in over_length)
+    assert local.audit["flags"]["truncated_to_budget"] >= 10
+    tokens = local.audit["tokens"]
+    assert tokens["conversations"] == local.manifest.conversations and 0 < tokens["max"] <= 2048
     assert_same_corpus(tmp_path / "local", tmp_path / "ray")
 
 
