@@ -58,7 +58,7 @@ from ..stats.corpus import AuditReport, CorpusStats, corpus_problems, generation
 from ..stats.pack import pack_mix
 from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenFacts, TokenRows, TokenSettings
-from .collect import KeptRows, MixtureShort, collect
+from .collect import KeptRows, collect, declared_mixture
 from .eval_pack import EvalPack, cut_eval_pack
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
@@ -389,19 +389,6 @@ def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextI
                                  pack=pack.screen if pack is not None else None)
     selection = collect(recipe, checker, kept, ledger, _replay_rows(recipe, checker, stream), session,
                         allow_short=allow_short)
-    declared = recipe.mixture.declared(recipe.sources)
-    report = selection.report(recipe)
-    if declared and selection.shortfalls and not allow_short:
-        raise MixtureShort("the corpus the recipe declares cannot be met: nothing was written (--allow-short "
-                           "writes it anyway, marked in the manifest and the card)",
-                           details=[*selection.shortfalls, *_reached(report)])
+    mixture = declared_mixture(recipe, selection, allow_short) if recipe.mixture.declared(recipe.sources) else None
     return write_corpus(kept.selected(selection), recipe, staging, ledger, tokens, allow_partial=allow_partial,
-                        mixture=report if declared else None, screening=screening, pack=pack)
-
-
-def _reached(report: dict[str, Any]) -> list[str]:
-    lines = [f"{name}: {s['reached']:,} rows reached of {s['declared'] if s['declared'] is not None else 'all'} "
-             f"declared ({s['available']:,} passed the checks, {s['thinking']:,} with reasoning)"
-             for name, s in report["sources"].items()]
-    share = report["thinking_share"]
-    return [*lines, f"thinking share reached {share['reached']:.1%}"]
+                        mixture=mixture, screening=screening, pack=pack)
