@@ -349,12 +349,14 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
             stack.callback(ledger.close)  # write_corpus closes it too, but a build can fail before that
-            if cluster is not None:  # check_ray_engine refused what it does not run: replay alone, nothing declared
+            if cluster is not None:  # check_ray_engine refused what it does not run: replay alone
                 from .ray_data import write_on_ray
 
                 auditor = tokens.auditor()
-                shard_infos = write_on_ray(recipe, staging, ledger, contamination, auditor, address=cluster.address)
-                result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops, screening=screening)
+                shard_infos, mixture = write_on_ray(recipe, staging, ledger, contamination, auditor,
+                                                    allow_short=allow_short, address=cluster.address)
+                result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops, mixture=mixture,
+                                       screening=screening)
             elif recipe.has_prompts or recipe.mixture.declared(recipe.sources):
                 result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
                                           pack, stack, allow_partial=allow_partial, allow_short=allow_short)

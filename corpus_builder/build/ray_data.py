@@ -21,19 +21,23 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
    its buckets, another two their sketches and names; a row is dropped when it is confirmed
    (``NearDuplicates.confirmed``) against a head that is another row, of the first such head: the order-free
    rule of ``screen/near_dedup.py``, the local engine's.
-4. **write**: each task sorts its block by priority, splits the rows it keeps (by their ids, as the local
-   engine) and writes them to parquet shards of its own (``ShardWriter``) with their statistics
-   (``CorpusStats``; the token statistics add the facts the rows brought from the screen, and measure the rows
-   truncated to the budget, as the local writer does); the driver names the shards, merges the statistics (the
-   token statistics' as ``TokenFigures``), writes the ledger in priority order and the manifest and audit with
-   the local engine's ``finish_corpus``.
+4. **mixture** (a declared corpus): each kept row's keys, what ``collect.KeptRows`` holds of it (source, split,
+   reasoning, mixture priority), stream to the driver, which plans the take with the local engine's
+   ``plan_selection`` (and stops a corpus that falls short, ``collect.declared_mixture``); the rows are
+   materialized in the object store meanwhile, to be read once more by the writing tasks.
+5. **write**: each task sorts its block by priority, splits the rows it keeps (by their ids, as the local
+   engine), of them those the mixture's selection takes, and writes them to parquet shards of its own
+   (``ShardWriter``) with their statistics (``CorpusStats``; the token statistics add the facts the rows
+   brought from the screen, and measure the rows truncated to the budget, as the local writer does); the driver
+   names the shards, merges the statistics (the token statistics' as ``TokenFigures``), writes the ledger in
+   priority order and the manifest and audit with the local engine's ``finish_corpus``.
 
 A task that dies is retried by Ray; its first attempt's shards are in a directory no result names, and are
 removed: every row is written once. The corpus directory, and the target's tokenizer, must be on storage every
 node sees (one machine, or a shared filesystem).
 
-Not yet run on Ray, refused with a CorpusError naming it (``unsupported``): prompt sources (generation), a
-declared mixture, an eval pack.
+Not yet run on Ray, refused with a CorpusError naming it (``unsupported``): prompt sources (generation), an
+eval pack.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import ray
 import ray.data
 from ray.data.aggregate import Min
 
+from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
 from ..recipe.model import Recipe
@@ -65,6 +70,8 @@ from ..sources.parallel import measured_rows, replay_parts
 from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenFacts, TokenSettings, TurnTokens
+from .collect import declared_mixture
+from .mixture import Available, Selection, plan_selection
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
 
@@ -87,8 +94,6 @@ def unsupported(recipe: Recipe) -> list[str]:
     missing = []
     if recipe.has_prompts:
         missing.append("prompt sources (generation)")
-    if recipe.mixture.declared(recipe.sources):
-        missing.append("a declared mixture (mixture.total, thinking_share or a source's target)")
     if recipe.pack_shares():
         missing.append("an eval pack (eval)")
     return missing
@@ -108,11 +113,13 @@ def connect(address: str | None) -> None:
 
 
 def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contamination: Contamination | None,
-                 auditor: CorpusStats, *, address: str | None = None) -> list[ShardInfo]:
+                 auditor: CorpusStats, *, allow_short: bool = False, address: str | None = None
+                 ) -> tuple[list[ShardInfo], dict[str, Any] | None]:
     """Read, check, dedup, split and write the recipe's replay sources into ``staging`` on the cluster; the
     dropped rows go to ``ledger`` (closed at the end) in the local engine's order, the statistics of the rows
     written into ``auditor`` (its token statistics' settings are those the tasks measure with). Returns the
-    shards."""
+    shards and, when the recipe declares the corpus, the mixture's report (a corpus that falls short is a
+    MixtureShort before anything is written, unless ``allow_short``)."""
     connect(address)
     settings = auditor.tokens.settings if auditor.tokens is not None else None
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
@@ -131,10 +138,15 @@ def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contaminat
     rows = screened if dedup is None else screened.join(
         _verdicts(screened, recipe, final_ids, partitions=partitions), "left_outer", num_partitions=partitions,
         on=("priority",))
+    selection = mixture = None
+    if recipe.mixture.declared(recipe.sources):
+        rows = rows.materialize()  # read twice: for the candidates' facts, then for the rows the selection takes
+        selection = _select(rows, recipe, final_ids, dedup=dedup is not None)
+        mixture = declared_mixture(recipe, selection, allow_short)
     written = rows.map_batches(partial(_write_rows, recipe=recipe, staging=staging, final_ids=final_ids,
-                                       dedup=dedup is not None, settings=settings), batch_size=ROWS_PER_WRITE,
-                               batch_format="pyarrow").take_all()
-    return _assemble(staging, written, ledger, auditor)
+                                       dedup=dedup is not None, settings=settings, selection=selection),
+                               batch_size=ROWS_PER_WRITE, batch_format="pyarrow").take_all()
+    return _assemble(staging, written, ledger, auditor), mixture
 
 
 @cache
@@ -154,10 +166,10 @@ def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]
     # here, and the dict, where Checker.run would leave them, stays empty.
     checker = Checker.for_recipe(recipe, _renderer(settings) if settings is not None else None, contamination,
                                  measured={} if settings is not None else None)
-    names = ("priority", "item", "checked", "raw_id", "source", "hashes", "present", "sketch", "facts")
+    names = ("priority", "item", "checked", "raw_id", "source", "thinking", "hashes", "present", "sketch", "facts")
     types = {"priority": pa.int64(), "item": pa.binary(), "checked": pa.bool_(), "raw_id": pa.string(),
-             "source": pa.string(), "hashes": pa.binary(), "present": pa.binary(), "sketch": pa.binary(),
-             "facts": pa.binary()}
+             "source": pa.string(), "thinking": pa.bool_(), "hashes": pa.binary(), "present": pa.binary(),
+             "sketch": pa.binary(), "facts": pa.binary()}
     columns: dict[str, list[Any]] = {name: [] for name in names}
 
     def add(priority: int, item: Conversation | Skipped, signatures: Signatures | None, row: int,
@@ -169,6 +181,7 @@ def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]
         columns["checked"].append(isinstance(item, Conversation))
         columns["raw_id"].append(item.id if isinstance(item, Conversation) else None)
         columns["source"].append(item.source)
+        columns["thinking"].append(isinstance(item, Conversation) and item.thinking)
         for name, part in (("hashes", "hashes"), ("present", "present"), ("sketch", "sketches")):
             columns[name].append(getattr(signatures, part)[row].tobytes() if checked else b"")
 
@@ -313,11 +326,45 @@ def _confirm(table: pa.Table, *, recipe: Recipe) -> pa.Table:
     return pa.table({"priority": pa.array(priorities[holds], pa.int64()), "verdict": pa.array(verdicts, pa.binary())})
 
 
+def _kept(table: pa.Table, *, dedup: bool) -> pa.Table:
+    """The rows that passed every check and dedup."""
+    checked = _checked(table)
+    return checked.filter(pc.is_null(checked.column("verdict"))) if dedup else checked
+
+
+def _candidates(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str], dedup: bool) -> pa.Table:
+    """What the mixture's take reads of each kept row (``KeptRows.add``'s keys): its source, split (by the id it
+    is written under), reasoning and mixture priority."""
+    kept = _kept(table, dedup=dedup)
+    splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
+    ids = [final_ids.get(priority, raw_id) for priority, raw_id in zip(
+        kept.column("priority").to_pylist(), kept.column("raw_id").to_pylist(), strict=True)]
+    return pa.table({"source": kept.column("source"), "split": pa.array([splitter.assign_id(i) for i in ids]),
+                     "thinking": kept.column("thinking"),
+                     "row_priority": pa.array([mixture_priority(recipe.mixture.seed, i) for i in ids], pa.uint64())})
+
+
+def _select(rows: ray.data.Dataset, recipe: Recipe, final_ids: dict[int, str], *, dedup: bool) -> Selection:
+    """The declared mixture's take: the local engine's ``plan_selection`` over every kept row's keys, streamed to
+    the driver (a few integers a row, what the local engine holds too)."""
+    available = {spec.name: Available() for spec in recipe.sources}
+    candidates = rows.map_batches(partial(_candidates, recipe=recipe, final_ids=final_ids, dedup=dedup),
+                                  batch_format="pyarrow")
+    for batch in candidates.iter_batches(batch_format="pyarrow"):
+        assert isinstance(batch, pa.Table)  # what batch_format="pyarrow" gives
+        for source, split, thinking, row_priority in zip(*(batch.column(name).to_pylist() for name in (
+                "source", "split", "thinking", "row_priority")), strict=True):
+            available[source].add(split, thinking, row_priority)
+    return plan_selection(recipe, available, {})
+
+
 def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: dict[int, str], dedup: bool,
-                settings: TokenSettings | None) -> pa.Table:
-    """Split and write a block's kept rows into shards of its own; the dropped rows, by priority, for the
-    ledger; the rows' statistics, the token statistics' figures apart (a TokenStats holds the tokenizer). The
-    directory is this attempt's alone: a retried task's first attempt leaves nothing it names."""
+                settings: TokenSettings | None, selection: Selection | None) -> pa.Table:
+    """Split and write a block's kept rows (those the declared mixture's ``selection`` takes, when there is one)
+    into shards of its own; the dropped rows, by priority, for the ledger (a row the mixture does not take is
+    not dropped, as the local engine's); the rows' statistics, the token statistics' figures apart (a
+    TokenStats holds the tokenizer). The directory is this attempt's alone: a retried task's first attempt
+    leaves nothing it names."""
     table = table.sort_by("priority")
     directory = f"{DATA}/{RAY_DIRECTORY}{uuid.uuid4().hex}"
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
@@ -343,6 +390,9 @@ def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: di
             else:
                 item.id = final_ids.get(priority, item.id)
                 item.split = splitter.assign(item)
+                if selection is not None and not selection.takes(
+                        item.source, item.split, item.thinking, mixture_priority(recipe.mixture.seed, item.id)):
+                    continue
                 if facts[position]:
                     measured[item.id] = pickle.loads(facts[position])
                 shards.write(item)

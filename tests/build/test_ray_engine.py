@@ -25,10 +25,11 @@ import pytest
 
 from corpus_builder.audit import audit_corpus
 from corpus_builder.build import build_corpus
+from corpus_builder.build.collect import MixtureShort
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import iter_ledger
 from corpus_builder.recipe import load_recipe
-from tests.support.real_data import write_chitchat, write_rows, write_sharegpt
+from tests.support.real_data import write_chitchat, write_gsm8k, write_rows, write_sharegpt
 
 ray = pytest.importorskip("ray")
 
@@ -59,7 +60,8 @@ def edited(text: str) -> str:
 def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real ShareGPT records (empty turns, odd roles, a leading gpt turn: repairs and skips), real chit-chat, and
     a mirror source of exact copies (of chit-chat and of its own rows), near copies of ShareGPT, a row far over
-    any token budget by its characters alone, and chit-chat rows an eval set holds."""
+    any token budget by its characters alone, chit-chat rows an eval set holds, and for a declared mixture real
+    grade-school math with reasoning (two rows in three) or without."""
     root = tmp_path_factory.mktemp("messy")
     sharegpt = write_sharegpt(root / "sharegpt.jsonl", 300)
     chats = write_chitchat(root / "chitchat.jsonl", 200)
@@ -78,13 +80,20 @@ def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_rows(root / "mirror.jsonl", mirror)
     write_rows(root / "eval.jsonl", [{"question": " ".join(turn["content"] for turn in row["messages"])}
                                      for row in chats[150:160]])
+    problems = write_gsm8k(root / "gsm8k.jsonl", 90)
+    write_rows(root / "reasoning.jsonl", [
+        {"messages": [{"role": "user", "content": problem["question"]},
+                      {"role": "assistant", "content": f"<think>{problem['answer']}</think>Solved."
+                       if index % 3 else problem["answer"]}]} for index, problem in enumerate(problems)])
     return root
 
 
 def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | None = None,
-                 tokenizer: Path | None = None, checks: str = "", mixture: str | None = None) -> Path:
+                 tokenizer: Path | None = None, checks: str = "", mixture: str | None = None,
+                 sharegpt: str = "") -> Path:
     """The messy sources' recipe; ``tokenizer``: the target's, ``checks``: more checks (``key: value, ``),
-    ``mixture``: the mixture section."""
+    ``mixture``: the mixture section (the reasoning source joins the others), ``sharegpt``: more keys of its
+    source (``, key: value``)."""
     near_duplicates = "near_duplicates: {threshold: 0.8}, " if dedup == "exact" else ""
     target_tokenizer = f", tokenizer: {tokenizer}" if tokenizer else ""
     path.write_text(
@@ -94,8 +103,10 @@ def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | 
         + (f"mixture: {mixture}\n" if mixture else "")
         + "sources:\n"
         f"  - {{name: chitchat, kind: replay, path: {data}/chitchat.jsonl}}\n"
-        f"  - {{name: sharegpt, kind: replay, path: {data}/sharegpt.jsonl, mapping: {{style: sharegpt}}}}\n"
+        f"  - {{name: sharegpt, kind: replay, path: {data}/sharegpt.jsonl, mapping: {{style: sharegpt}}{sharegpt}}}\n"
         f"  - {{name: mirror, kind: replay, path: {data}/mirror.jsonl}}\n"
+        + (f"  - {{name: reasoning, kind: replay, path: {data}/reasoning.jsonl}}\n" if mixture else "")
+        +
         f"checks: {{{checks}{near_duplicates}dedup: {dedup}}}\n"
         f"decontamination: {{eval_sets: [{{name: held, path: {data}/eval.jsonl, fields: [question]}}]}}\n"
         "split: {validation_fraction: 0.2, seed: 3}\n"
@@ -177,6 +188,41 @@ def test_the_ray_engine_budgets_and_measures_rows_in_the_target_s_tokens_as_the_
     assert_same_corpus(tmp_path / "local", tmp_path / "ray")
 
 
+MIXTURE = "{total: 260, thinking_share: {target: 0.1, tolerance: 0.01}, seed: 7}"
+
+
+def test_the_ray_engine_takes_a_declared_mixture_as_the_local_engine(cluster: None, messy: Path,
+                                                                     tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A total below what passes the checks, a source's count and a thinking share: the same seeded take of the
+    rows the budget, dedup and decontamination leave, and the same report in the manifest."""
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, tokenizer=tiny_model_dir,
+                                      checks="max_seq_len: 2048, on_over_length: truncate, ", mixture=MIXTURE,
+                                      sharegpt=", target: {count: 80}"))
+    local = build_corpus(recipe, tmp_path / "local")
+    build_corpus(recipe, tmp_path / "ray", engine="ray")
+    mixture = local.manifest.sections["mixture"]
+    sources = mixture["sources"]
+    # the fixture exercises what it means to: every source gives fewer rows than pass the checks, the reasoning
+    # source's kinds steered to the share, rows dropped by the checks and truncated before the take
+    assert local.manifest.conversations == 260 and not mixture["shortfalls"]
+    assert all(source["reached"] < source["available"] for name, source in sources.items() if name != "mirror")
+    reasoning = sources["reasoning"]
+    assert sources["sharegpt"]["reached"] == 80 and 0 < reasoning["thinking"] < 0.6 * reasoning["reached"]
+    assert abs(mixture["thinking_share"]["reached"] - 0.1) <= 0.01
+    assert local.audit["skipped"]["over_length"] and local.audit["flags"]["truncated_to_budget"]
+    assert local.audit["skipped"]["duplicate"] and local.audit["skipped"]["contaminated"]
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+def test_a_mixture_the_rows_cannot_meet_stops_the_ray_build_before_anything_is_written(
+        cluster: None, messy: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, mixture="{total: 5000}"))
+    with pytest.raises(MixtureShort, match="cannot be met: nothing was written") as raised:
+        build_corpus(recipe, tmp_path / "corpus", engine="ray")
+    assert any("mixture.total declares 5,000" in line for line in raised.value.details)
+    assert not (tmp_path / "corpus").exists()
+
+
 def worker_pids() -> set[int]:
     """The pids of this cluster's worker processes, as Ray reports them to tasks that run there."""
 
@@ -230,9 +276,9 @@ def _cpu_seconds(pid: int) -> float:
 
 def test_what_the_ray_engine_does_not_run_yet_is_refused_by_name(messy: Path, tmp_path: Path) -> None:
     recipe_path = write_recipe(tmp_path / "recipe.yaml", messy, engine="ray")
-    text = recipe_path.read_text().replace("output:", "mixture: {total: 50}\noutput:")
+    text = recipe_path.read_text().replace("output:", "eval: {rows: 10, seed: 3}\noutput:")
     recipe_path.write_text(text)
-    with pytest.raises(CorpusError, match=r"does not build a declared mixture .* --engine local"):
+    with pytest.raises(CorpusError, match=r"does not build an eval pack .* --engine local"):
         build_corpus(load_recipe(recipe_path), tmp_path / "corpus")
     assert not (tmp_path / "corpus").exists()
 
