@@ -353,10 +353,10 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
                 from .ray_data import write_on_ray
 
                 auditor = tokens.auditor()
-                shard_infos, mixture = write_on_ray(recipe, staging, ledger, contamination, auditor,
+                shard_infos, mixture = write_on_ray(recipe, staging, ledger, contamination, auditor, pack=pack,
                                                     allow_short=allow_short, address=cluster.address)
                 result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops, mixture=mixture,
-                                       screening=screening)
+                                       screening=screening, pack=pack)
             elif recipe.has_prompts or recipe.mixture.declared(recipe.sources):
                 result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
                                           pack, stack, allow_partial=allow_partial, allow_short=allow_short)

@@ -36,8 +36,11 @@ A task that dies is retried by Ray; its first attempt's shards are in a director
 removed: every row is written once. The corpus directory, and the target's tokenizer, must be on storage every
 node sees (one machine, or a shared filesystem).
 
-Not yet run on Ray, refused with a CorpusError naming it (``unsupported``): prompt sources (generation), an
-eval pack.
+The eval pack is cut and written on the driver, before the cluster reads anything, by the local engine's
+``cut_eval_pack`` (two reads of the replay sources there); each screen task indexes it again from its written
+shards (``read_pack_screen``) and holds its rows out, and its copies, as the local checks do.
+
+Not yet run on Ray, refused with a CorpusError naming it (``unsupported``): prompt sources (generation).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenFacts, TokenSettings, TurnTokens
 from .collect import declared_mixture
+from .eval_pack import EvalPack, PackCut, read_pack_screen
 from .mixture import Available, Selection, plan_selection
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
@@ -94,8 +98,6 @@ def unsupported(recipe: Recipe) -> list[str]:
     missing = []
     if recipe.has_prompts:
         missing.append("prompt sources (generation)")
-    if recipe.pack_shares():
-        missing.append("an eval pack (eval)")
     return missing
 
 
@@ -113,13 +115,14 @@ def connect(address: str | None) -> None:
 
 
 def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contamination: Contamination | None,
-                 auditor: CorpusStats, *, allow_short: bool = False, address: str | None = None
-                 ) -> tuple[list[ShardInfo], dict[str, Any] | None]:
+                 auditor: CorpusStats, *, pack: EvalPack | None = None, allow_short: bool = False,
+                 address: str | None = None) -> tuple[list[ShardInfo], dict[str, Any] | None]:
     """Read, check, dedup, split and write the recipe's replay sources into ``staging`` on the cluster; the
     dropped rows go to ``ledger`` (closed at the end) in the local engine's order, the statistics of the rows
-    written into ``auditor`` (its token statistics' settings are those the tasks measure with). Returns the
-    shards and, when the recipe declares the corpus, the mixture's report (a corpus that falls short is a
-    MixtureShort before anything is written, unless ``allow_short``)."""
+    written into ``auditor`` (its token statistics' settings are those the tasks measure with). ``pack``: the
+    eval pack cut and written into ``staging``, whose rows the screen holds out. Returns the shards and, when
+    the recipe declares the corpus, the mixture's report (a corpus that falls short is a MixtureShort before
+    anything is written, unless ``allow_short``)."""
     connect(address)
     settings = auditor.tokens.settings if auditor.tokens is not None else None
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
@@ -128,7 +131,9 @@ def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contaminat
         raise CorpusError(f"the replay sources make {len(parts):,} parts, more than the Ray engine numbers")
     screened = ray.data.from_items([{"part": index} for index in range(len(parts))],
                                    override_num_blocks=max(1, len(parts))).map_batches(
-        partial(_screen_parts, parts=parts, recipe=recipe, contamination=contamination, settings=settings),
+        partial(_screen_parts, parts=parts, recipe=recipe, contamination=contamination, settings=settings,
+                pack_cut=pack.cut if pack is not None else None,
+                pack_files=[staging / info.path for info in pack.files] if pack is not None else []),
         batch_size=1,
         batch_format="numpy").materialize()
     # Shuffles cut into partitions of a bounded size, so that a task's memory does not grow with the input.
@@ -157,14 +162,17 @@ def _renderer(settings: TokenSettings) -> TemplateRenderer:
 
 
 def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]], recipe: Recipe,
-                  contamination: Contamination | None, settings: TokenSettings | None) -> Iterator[pa.Table]:
-    """Read, measure and screen parts: one record per row, checked (a dedup candidate) or skipped, with its token
-    facts when the target's tokenizer measured it whole (a row truncated to the budget is another text: the
-    writing task measures it, as the local writer does); a table per batch the local engine measures at once,
-    so that a task's memory does not grow with its part."""
+                  contamination: Contamination | None, settings: TokenSettings | None, pack_cut: PackCut | None,
+                  pack_files: list[Path]) -> Iterator[pa.Table]:
+    """Read, measure and screen parts: one record per row, checked (a dedup candidate) or skipped (a copy of the
+    eval pack among them), with its token facts when the target's tokenizer measured it whole (a row truncated
+    to the budget is another text: the writing task measures it, as the local writer does); the rows the eval
+    pack holds are left out. A table per batch the local engine measures at once, so that a task's memory does
+    not grow with its part."""
     # ``measured`` makes Checker.measure compute the token facts; they are read off each batch's statistics
     # here, and the dict, where Checker.run would leave them, stays empty.
     checker = Checker.for_recipe(recipe, _renderer(settings) if settings is not None else None, contamination,
+                                 pack=read_pack_screen(recipe, pack_cut, pack_files) if pack_cut is not None else None,
                                  measured={} if settings is not None else None)
     names = ("priority", "item", "checked", "raw_id", "source", "thinking", "hashes", "present", "sketch", "facts")
     types = {"priority": pa.int64(), "item": pa.binary(), "checked": pa.bool_(), "raw_id": pa.string(),
@@ -200,7 +208,7 @@ def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]
                     continue
                 row, outcome = next(decided)
                 facts = stats.token_facts[row] if stats.token_facts is not None and outcome is item else None
-                if outcome is not None:  # None: held out by an eval pack (refused on Ray)
+                if outcome is not None:  # None: held out by the eval pack
                     add(priority, outcome, signatures, row, facts)
             yield pa.table({name: pa.array(values, types[name]) for name, values in columns.items()})
             columns = {name: [] for name in names}

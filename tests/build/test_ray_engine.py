@@ -90,10 +90,10 @@ def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | None = None,
                  tokenizer: Path | None = None, checks: str = "", mixture: str | None = None,
-                 sharegpt: str = "") -> Path:
+                 sharegpt: str = "", eval_pack: str | None = None) -> Path:
     """The messy sources' recipe; ``tokenizer``: the target's, ``checks``: more checks (``key: value, ``),
     ``mixture``: the mixture section (the reasoning source joins the others), ``sharegpt``: more keys of its
-    source (``, key: value``)."""
+    source (``, key: value``), ``eval_pack``: the eval section."""
     near_duplicates = "near_duplicates: {threshold: 0.8}, " if dedup == "exact" else ""
     target_tokenizer = f", tokenizer: {tokenizer}" if tokenizer else ""
     path.write_text(
@@ -101,6 +101,7 @@ def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | 
         f"target: {{model: tiny/target{target_tokenizer}}}\n"
         + (f"engine: {engine}\n" if engine else "")
         + (f"mixture: {mixture}\n" if mixture else "")
+        + (f"eval: {eval_pack}\n" if eval_pack else "")
         + "sources:\n"
         f"  - {{name: chitchat, kind: replay, path: {data}/chitchat.jsonl}}\n"
         f"  - {{name: sharegpt, kind: replay, path: {data}/sharegpt.jsonl, mapping: {{style: sharegpt}}{sharegpt}}}\n"
@@ -115,9 +116,10 @@ def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | 
     return path
 
 
-def rows_by_split(corpus: Path) -> dict[str, list[bytes]]:
+def rows_by_split(corpus: Path, directory: str = "data") -> dict[str, list[bytes]]:
+    """The rows of the corpus's shards (or its eval pack's) by split, each split's sorted."""
     by_split: dict[str, list[bytes]] = {}
-    for shard in sorted((corpus / "data").glob("*.parquet")):
+    for shard in sorted((corpus / directory).glob("*.parquet")):
         for row in pq.read_table(shard).to_pylist():
             by_split.setdefault(row["split"], []).append(orjson.dumps(row, option=orjson.OPT_SORT_KEYS))
     return {split: sorted(rows) for split, rows in by_split.items()}
@@ -133,6 +135,7 @@ def manifest_figures(corpus: Path) -> dict[str, Any]:
 
 def assert_same_corpus(local: Path, on_ray: Path) -> None:
     assert rows_by_split(local) == rows_by_split(on_ray)
+    assert rows_by_split(local, "eval") == rows_by_split(on_ray, "eval")
     assert list(iter_ledger(local / "ledger.jsonl.zst")) == list(iter_ledger(on_ray / "ledger.jsonl.zst"))
     assert manifest_figures(local) == manifest_figures(on_ray)
     assert (local / "audit.json").read_bytes() == (on_ray / "audit.json").read_bytes()
@@ -214,6 +217,21 @@ def test_the_ray_engine_takes_a_declared_mixture_as_the_local_engine(cluster: No
     assert_same_corpus(tmp_path / "local", tmp_path / "ray")
 
 
+def test_the_ray_engine_holds_out_the_eval_pack_as_the_local_engine(cluster: None, messy: Path,
+                                                                   tmp_path: Path) -> None:
+    """The pack cut on the driver, its rows left out of the corpus by every screen task and its copies dropped
+    (the mirror's exact copies of chit-chat, its near copies of ShareGPT), under a declared mixture."""
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, eval_pack="{fraction: 0.15, seed: 3}",
+                                      mixture=MIXTURE))
+    local = build_corpus(recipe, tmp_path / "local")
+    build_corpus(recipe, tmp_path / "ray", engine="ray")
+    # the fixture exercises what it means to: a pack of every source, copies of its rows in the others
+    pack = local.manifest.sections["eval"]
+    assert all(source["held"] for source in pack["sources"].values()) and local.audit["eval_pack"]
+    assert local.audit["skipped"]["eval_pack_copy"] >= 2
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
 def test_a_mixture_the_rows_cannot_meet_stops_the_ray_build_before_anything_is_written(
         cluster: None, messy: Path, tmp_path: Path) -> None:
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, mixture="{total: 5000}"))
@@ -276,9 +294,11 @@ def _cpu_seconds(pid: int) -> float:
 
 def test_what_the_ray_engine_does_not_run_yet_is_refused_by_name(messy: Path, tmp_path: Path) -> None:
     recipe_path = write_recipe(tmp_path / "recipe.yaml", messy, engine="ray")
-    text = recipe_path.read_text().replace("output:", "eval: {rows: 10, seed: 3}\noutput:")
+    text = recipe_path.read_text().replace("target: {model: tiny/target}",
+                                           "target: {model: tiny/target, endpoints: [http://127.0.0.1:9/v1]}")
+    text = text.replace("sources:\n", f"sources:\n  - {{name: asks, kind: prompts, path: {messy}/chitchat.jsonl}}\n")
     recipe_path.write_text(text)
-    with pytest.raises(CorpusError, match=r"does not build an eval pack .* --engine local"):
+    with pytest.raises(CorpusError, match=r"does not build prompt sources \(generation\) yet: .* --engine local"):
         build_corpus(load_recipe(recipe_path), tmp_path / "corpus")
     assert not (tmp_path / "corpus").exists()
 
