@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -110,6 +111,25 @@ def collect(recipe: Recipe, checker: Checker, kept: KeptRows, ledger: LedgerWrit
         generated = _generate_in_rounds(recipe, checker, kept, ledger, session, allow_short)
     kept.close()
     return plan_selection(recipe, kept.available, generated)
+
+
+def declared_mixture(recipe: Recipe, selection: Selection, allow_short: bool) -> dict[str, Any]:
+    """The manifest's report of the declared corpus the selection takes; MixtureShort, before anything is
+    written, when it falls short and not ``allow_short``."""
+    report = selection.report(recipe)
+    if selection.shortfalls and not allow_short:
+        raise MixtureShort("the corpus the recipe declares cannot be met: nothing was written (--allow-short "
+                           "writes it anyway, marked in the manifest and the card)",
+                           details=[*selection.shortfalls, *_reached(report)])
+    return report
+
+
+def _reached(report: dict[str, Any]) -> list[str]:
+    lines = [f"{name}: {s['reached']:,} rows reached of {s['declared'] if s['declared'] is not None else 'all'} "
+             f"declared ({s['available']:,} passed the checks, {s['thinking']:,} with reasoning)"
+             for name, s in report["sources"].items()]
+    share = report["thinking_share"]
+    return [*lines, f"thinking share reached {share['reached']:.1%}"]
 
 
 def _absorb(items: Iterator[Conversation | Skipped], kept: KeptRows, ledger: LedgerWriter) -> None:

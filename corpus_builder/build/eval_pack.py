@@ -13,18 +13,20 @@ which ``PackCut.holds`` keeps the pack's rows out of. The pack is cut from the r
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from ..draws import pack_priority
 from ..layout import EVAL, ShardInfo
 from ..progress import ProgressLine
 from ..recipe.model import PackShare, Recipe
 from ..records import Conversation
+from ..rows import batch_to_conversations
 from ..screen.pack import PackScreen
 from ..sources import replay_stream
 from ..stats.pack import Stratum, stratum
@@ -102,6 +104,16 @@ def cut_eval_pack(recipe: Recipe, staging: Path, stream: TextIO) -> EvalPack | N
         raise
     strata = {stratum: (rows, written[stratum]) for stratum, (rows, _) in cut.strata.items()}
     return EvalPack(PackCut(cut.seed, cut.cutoffs, strata), screen, writer.close(), shares)
+
+
+def read_pack_screen(recipe: Recipe, cut: PackCut, files: Sequence[Path]) -> PackScreen:
+    """The pack's screen indexed again from its written shards, in the order they were written: what a process
+    that did not cut the pack checks rows against (a Ray task: an index holds memory maps, it cannot travel)."""
+    screen = PackScreen(recipe.checks, cut.holds)
+    for path in files:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=_INDEX_BATCH):
+            screen.add(batch_to_conversations(batch))
+    return screen
 
 
 def plan_cut(recipe: Recipe, shares: dict[str, PackShare], rows: Iterator[Conversation]) -> PackCut:

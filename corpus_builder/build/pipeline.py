@@ -58,7 +58,7 @@ from ..stats.corpus import AuditReport, CorpusStats, corpus_problems, generation
 from ..stats.pack import pack_mix
 from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenFacts, TokenRows, TokenSettings
-from .collect import KeptRows, MixtureShort, collect
+from .collect import KeptRows, collect, declared_mixture
 from .eval_pack import EvalPack, cut_eval_pack
 from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
@@ -114,6 +114,12 @@ class TargetTokens:
     def renderer(self) -> TemplateRenderer | None:
         """The target's template renderer, for the checks and the prompt stage."""
         return self.rows.renderer if self.rows is not None else None
+
+    def auditor(self) -> CorpusStats:
+        """An empty accumulator of the statistics of the rows written (audit.json), with the token statistics
+        when the recipe names the target's tokenizer; rows measured upstream come with their figures by id."""
+        return CorpusStats(tokens=TokenStats(self.settings, self.rows.turns, self.measured)
+                           if self.settings is not None and self.rows is not None else None)
 
 
 def recipe_inputs(recipe: Recipe) -> list[Path | None]:
@@ -205,9 +211,7 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
     recipe declares the corpus; ``screening``: how rows were deduplicated and decontaminated; ``pack``: the eval
     pack held out of it."""
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
-    # Sees exactly the rows written; `corpus audit` recomputes the same from the files.
-    auditor = CorpusStats(tokens=TokenStats(tokens.settings, tokens.rows.turns, tokens.measured)
-                      if tokens.settings is not None and tokens.rows is not None else None)
+    auditor = tokens.auditor()  # sees exactly the rows written; `corpus audit` recomputes the same from the files
     shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=auditor.add_rows)
     try:
         for item in items:
@@ -345,11 +349,14 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
             stack.callback(ledger.close)  # write_corpus closes it too, but a build can fail before that
-            if cluster is not None:  # check_ray_engine refused what it does not run: replay alone, nothing declared
+            if cluster is not None:  # check_ray_engine refused what it does not run: replay alone
                 from .ray_data import write_on_ray
 
-                shard_infos, auditor = write_on_ray(recipe, staging, ledger, contamination, address=cluster.address)
-                result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops, screening=screening)
+                auditor = tokens.auditor()
+                shard_infos, mixture = write_on_ray(recipe, staging, ledger, contamination, auditor, pack=pack,
+                                                    allow_short=allow_short, address=cluster.address)
+                result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops, mixture=mixture,
+                                       screening=screening, pack=pack)
             elif recipe.has_prompts or recipe.mixture.declared(recipe.sources):
                 result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
                                           pack, stack, allow_partial=allow_partial, allow_short=allow_short)
@@ -384,19 +391,6 @@ def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextI
                                  pack=pack.screen if pack is not None else None)
     selection = collect(recipe, checker, kept, ledger, _replay_rows(recipe, checker, stream), session,
                         allow_short=allow_short)
-    declared = recipe.mixture.declared(recipe.sources)
-    report = selection.report(recipe)
-    if declared and selection.shortfalls and not allow_short:
-        raise MixtureShort("the corpus the recipe declares cannot be met: nothing was written (--allow-short "
-                           "writes it anyway, marked in the manifest and the card)",
-                           details=[*selection.shortfalls, *_reached(report)])
+    mixture = declared_mixture(recipe, selection, allow_short) if recipe.mixture.declared(recipe.sources) else None
     return write_corpus(kept.selected(selection), recipe, staging, ledger, tokens, allow_partial=allow_partial,
-                        mixture=report if declared else None, screening=screening, pack=pack)
-
-
-def _reached(report: dict[str, Any]) -> list[str]:
-    lines = [f"{name}: {s['reached']:,} rows reached of {s['declared'] if s['declared'] is not None else 'all'} "
-             f"declared ({s['available']:,} passed the checks, {s['thinking']:,} with reasoning)"
-             for name, s in report["sources"].items()]
-    share = report["thinking_share"]
-    return [*lines, f"thinking share reached {share['reached']:.1%}"]
+                        mixture=mixture, screening=screening, pack=pack)

@@ -5,12 +5,14 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
 
 1. **read + screen** (``map_batches`` over the replay sources' parts, ``sources.parallel.replay_parts``: byte
    ranges of large .jsonl files, else whole files, the cut the local engine's worker processes read): each
-   task reads its parts with the sources' own readers and repairs, measures them (``Checker.measure``) and
-   applies the checks that judge a row on its own and the decontamination (``Checker.screen``). Every row
-   gets its read priority, (part << 32) | position, the order the local engine meets it in. The parts are a
-   dataset of their own rather than ``ray.data.read_json``/``read_parquet`` of the files: a row's repairs,
-   skips, position in its file (its provenance and ledger location) and id must be what the local readers
-   give, and every format they read (globs, .jsonl.zst, .json arrays, parquet, Hub snapshots) comes along.
+   task reads its parts with the sources' own readers and repairs, measures them (``Checker.measure``: with
+   the target's tokenizer, loaded once per worker process, each row's length against ``checks.max_seq_len``
+   and its token facts, ``tokens.TokenFacts``) and applies the checks that judge a row on its own, the token
+   budget among them, and the decontamination (``Checker.screen``). Every row gets its read priority,
+   (part << 32) | position, the order the local engine meets it in. The parts are a dataset of their own rather
+   than ``ray.data.read_json``/``read_parquet`` of the files: a row's repairs, skips, position in its file (its
+   provenance and ledger location) and id must be what the local readers give, and every format they read
+   (globs, .jsonl.zst, .json arrays, parquet, Hub snapshots) comes along.
 2. **ids**: a group-by on ids finds the ids several checked rows carry; the k-th of them by priority gets
    suffix k, as ``Checker._unique_id`` gives it (a suffixed id that is another row's own id fails the build:
    the local engine would give it another suffix).
@@ -19,17 +21,26 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
    its buckets, another two their sketches and names; a row is dropped when it is confirmed
    (``NearDuplicates.confirmed``) against a head that is another row, of the first such head: the order-free
    rule of ``screen/near_dedup.py``, the local engine's.
-4. **write**: each task sorts its block by priority, splits the rows it keeps (by their ids, as the local
-   engine) and writes them to parquet shards of its own (``ShardWriter``) with their statistics
-   (``CorpusStats``); the driver names the shards, merges the statistics, writes the ledger in priority order
-   and the manifest and audit with the local engine's ``finish_corpus``.
+4. **mixture** (a declared corpus): each kept row's keys, what ``collect.KeptRows`` holds of it (source, split,
+   reasoning, mixture priority), stream to the driver, which plans the take with the local engine's
+   ``plan_selection`` (and stops a corpus that falls short, ``collect.declared_mixture``); the rows are
+   materialized in the object store meanwhile, to be read once more by the writing tasks.
+5. **write**: each task sorts its block by priority, splits the rows it keeps (by their ids, as the local
+   engine), of them those the mixture's selection takes, and writes them to parquet shards of its own
+   (``ShardWriter``) with their statistics (``CorpusStats``; the token statistics add the facts the rows
+   brought from the screen, and measure the rows truncated to the budget, as the local writer does); the driver
+   names the shards, merges the statistics (the token statistics' as ``TokenFigures``), writes the ledger in
+   priority order and the manifest and audit with the local engine's ``finish_corpus``.
 
 A task that dies is retried by Ray; its first attempt's shards are in a directory no result names, and are
-removed: every row is written once. The corpus directory must be on storage every node sees (one machine, or a
-shared filesystem).
+removed: every row is written once. The corpus directory, and the target's tokenizer, must be on storage every
+node sees (one machine, or a shared filesystem).
 
-Not yet run on Ray, refused with a CorpusError naming it (``unsupported``): prompt sources (generation), a
-declared mixture, an eval pack, target-token statistics.
+The eval pack is cut and written on the driver, before the cluster reads anything, by the local engine's
+``cut_eval_pack`` (two reads of the replay sources there); each screen task indexes it again from its written
+shards (``read_pack_screen``) and holds its rows out, and its copies, as the local checks do.
+
+Not yet run on Ray, refused with a CorpusError naming it (``unsupported``): prompt sources (generation).
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ import pickle
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +60,7 @@ import ray
 import ray.data
 from ray.data.aggregate import Min
 
+from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
 from ..recipe.model import Recipe
@@ -59,6 +71,11 @@ from ..screen.dedup import Dedup, Verdict
 from ..screen.near_dedup import ExactDuplicates, NearDuplicates, Signatures
 from ..sources.parallel import measured_rows, replay_parts
 from ..stats.corpus import CorpusStats
+from ..stats.tokens import TokenFigures, TokenStats
+from ..tokens import TemplateRenderer, TokenFacts, TokenSettings, TurnTokens
+from .collect import declared_mixture
+from .eval_pack import EvalPack, PackCut, read_pack_screen
+from .mixture import Available, Selection, plan_selection
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
 
@@ -81,12 +98,6 @@ def unsupported(recipe: Recipe) -> list[str]:
     missing = []
     if recipe.has_prompts:
         missing.append("prompt sources (generation)")
-    if recipe.mixture.declared(recipe.sources):
-        missing.append("a declared mixture (mixture.total, thinking_share or a source's target)")
-    if recipe.pack_shares():
-        missing.append("an eval pack (eval)")
-    if recipe.target.tokenizer is not None or recipe.target.tokenizer_hub is not None:
-        missing.append("target-token statistics and budget (target.tokenizer)")
     return missing
 
 
@@ -104,18 +115,26 @@ def connect(address: str | None) -> None:
 
 
 def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contamination: Contamination | None,
-                 *, address: str | None = None) -> tuple[list[ShardInfo], CorpusStats]:
+                 auditor: CorpusStats, *, pack: EvalPack | None = None, allow_short: bool = False,
+                 address: str | None = None) -> tuple[list[ShardInfo], dict[str, Any] | None]:
     """Read, check, dedup, split and write the recipe's replay sources into ``staging`` on the cluster; the
-    dropped rows go to ``ledger`` (closed at the end) in the local engine's order. Returns the shards and the
-    statistics of the rows in them."""
+    dropped rows go to ``ledger`` (closed at the end) in the local engine's order, the statistics of the rows
+    written into ``auditor`` (its token statistics' settings are those the tasks measure with). ``pack``: the
+    eval pack cut and written into ``staging``, whose rows the screen holds out. Returns the shards and, when
+    the recipe declares the corpus, the mixture's report (a corpus that falls short is a MixtureShort before
+    anything is written, unless ``allow_short``)."""
     connect(address)
+    settings = auditor.tokens.settings if auditor.tokens is not None else None
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
     parts = replay_parts(recipe, PARTS_PER_CPU * cpus)
     if len(parts) >= 1 << (63 - PART_SHIFT):
         raise CorpusError(f"the replay sources make {len(parts):,} parts, more than the Ray engine numbers")
     screened = ray.data.from_items([{"part": index} for index in range(len(parts))],
                                    override_num_blocks=max(1, len(parts))).map_batches(
-        partial(_screen_parts, parts=parts, recipe=recipe, contamination=contamination), batch_size=1,
+        partial(_screen_parts, parts=parts, recipe=recipe, contamination=contamination, settings=settings,
+                pack_cut=pack.cut if pack is not None else None,
+                pack_files=[staging / info.path for info in pack.files] if pack is not None else []),
+        batch_size=1,
         batch_format="numpy").materialize()
     # Shuffles cut into partitions of a bounded size, so that a task's memory does not grow with the input.
     partitions = max(cpus, -(-screened.count() // ROWS_PER_PARTITION))
@@ -124,29 +143,53 @@ def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contaminat
     rows = screened if dedup is None else screened.join(
         _verdicts(screened, recipe, final_ids, partitions=partitions), "left_outer", num_partitions=partitions,
         on=("priority",))
+    selection = mixture = None
+    if recipe.mixture.declared(recipe.sources):
+        rows = rows.materialize()  # read twice: for the candidates' facts, then for the rows the selection takes
+        selection = _select(rows, recipe, final_ids, dedup=dedup is not None)
+        mixture = declared_mixture(recipe, selection, allow_short)
     written = rows.map_batches(partial(_write_rows, recipe=recipe, staging=staging, final_ids=final_ids,
-                                       dedup=dedup is not None), batch_size=ROWS_PER_WRITE, batch_format="pyarrow"
-                               ).take_all()
-    return _assemble(staging, written, ledger)
+                                       dedup=dedup is not None, settings=settings, selection=selection),
+                               batch_size=ROWS_PER_WRITE, batch_format="pyarrow").take_all()
+    return _assemble(staging, written, ledger, auditor), mixture
+
+
+@cache
+def _renderer(settings: TokenSettings) -> TemplateRenderer:
+    """The target's renderer, loaded once per worker process: every task the process runs after the first
+    reuses it."""
+    return settings.renderer()
 
 
 def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]], recipe: Recipe,
-                  contamination: Contamination | None) -> Iterator[pa.Table]:
-    """Read, measure and screen parts: one record per row, checked (a dedup candidate) or skipped; a table per
-    batch the local engine measures at once, so that a task's memory does not grow with its part."""
-    checker = Checker.for_recipe(recipe, None, contamination)
-    names = ("priority", "item", "checked", "raw_id", "source", "hashes", "present", "sketch")
+                  contamination: Contamination | None, settings: TokenSettings | None, pack_cut: PackCut | None,
+                  pack_files: list[Path]) -> Iterator[pa.Table]:
+    """Read, measure and screen parts: one record per row, checked (a dedup candidate) or skipped (a copy of the
+    eval pack among them), with its token facts when the target's tokenizer measured it whole (a row truncated
+    to the budget is another text: the writing task measures it, as the local writer does); the rows the eval
+    pack holds are left out. A table per batch the local engine measures at once, so that a task's memory does
+    not grow with its part."""
+    # ``measured`` makes Checker.measure compute the token facts; they are read off each batch's statistics
+    # here, and the dict, where Checker.run would leave them, stays empty.
+    checker = Checker.for_recipe(recipe, _renderer(settings) if settings is not None else None, contamination,
+                                 pack=read_pack_screen(recipe, pack_cut, pack_files) if pack_cut is not None else None,
+                                 measured={} if settings is not None else None)
+    names = ("priority", "item", "checked", "raw_id", "source", "thinking", "hashes", "present", "sketch", "facts")
     types = {"priority": pa.int64(), "item": pa.binary(), "checked": pa.bool_(), "raw_id": pa.string(),
-             "source": pa.string(), "hashes": pa.binary(), "present": pa.binary(), "sketch": pa.binary()}
+             "source": pa.string(), "thinking": pa.bool_(), "hashes": pa.binary(), "present": pa.binary(),
+             "sketch": pa.binary(), "facts": pa.binary()}
     columns: dict[str, list[Any]] = {name: [] for name in names}
 
-    def add(priority: int, item: Conversation | Skipped, signatures: Signatures | None, row: int) -> None:
+    def add(priority: int, item: Conversation | Skipped, signatures: Signatures | None, row: int,
+            facts: TokenFacts | None = None) -> None:
         checked = isinstance(item, Conversation) and signatures is not None
         columns["priority"].append(priority)
         columns["item"].append(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+        columns["facts"].append(pickle.dumps(facts, protocol=pickle.HIGHEST_PROTOCOL) if facts is not None else b"")
         columns["checked"].append(isinstance(item, Conversation))
         columns["raw_id"].append(item.id if isinstance(item, Conversation) else None)
         columns["source"].append(item.source)
+        columns["thinking"].append(isinstance(item, Conversation) and item.thinking)
         for name, part in (("hashes", "hashes"), ("present", "present"), ("sketch", "sketches")):
             columns[name].append(getattr(signatures, part)[row].tobytes() if checked else b"")
 
@@ -164,8 +207,9 @@ def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]
                     add(priority, item, None, 0)
                     continue
                 row, outcome = next(decided)
-                if outcome is not None:  # None: held out by an eval pack (refused on Ray)
-                    add(priority, outcome, signatures, row)
+                facts = stats.token_facts[row] if stats.token_facts is not None and outcome is item else None
+                if outcome is not None:  # None: held out by the eval pack
+                    add(priority, outcome, signatures, row, facts)
             yield pa.table({name: pa.array(values, types[name]) for name, values in columns.items()})
             columns = {name: [] for name in names}
 
@@ -290,18 +334,56 @@ def _confirm(table: pa.Table, *, recipe: Recipe) -> pa.Table:
     return pa.table({"priority": pa.array(priorities[holds], pa.int64()), "verdict": pa.array(verdicts, pa.binary())})
 
 
-def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: dict[int, str], dedup: bool
-                ) -> pa.Table:
-    """Split and write a block's kept rows into shards of its own; the dropped rows, by priority, for the
-    ledger. The directory is this attempt's alone: a retried task's first attempt leaves nothing it names."""
+def _kept(table: pa.Table, *, dedup: bool) -> pa.Table:
+    """The rows that passed every check and dedup."""
+    checked = _checked(table)
+    return checked.filter(pc.is_null(checked.column("verdict"))) if dedup else checked
+
+
+def _candidates(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str], dedup: bool) -> pa.Table:
+    """What the mixture's take reads of each kept row (``KeptRows.add``'s keys): its source, split (by the id it
+    is written under), reasoning and mixture priority."""
+    kept = _kept(table, dedup=dedup)
+    splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
+    ids = [final_ids.get(priority, raw_id) for priority, raw_id in zip(
+        kept.column("priority").to_pylist(), kept.column("raw_id").to_pylist(), strict=True)]
+    return pa.table({"source": kept.column("source"), "split": pa.array([splitter.assign_id(i) for i in ids]),
+                     "thinking": kept.column("thinking"),
+                     "row_priority": pa.array([mixture_priority(recipe.mixture.seed, i) for i in ids], pa.uint64())})
+
+
+def _select(rows: ray.data.Dataset, recipe: Recipe, final_ids: dict[int, str], *, dedup: bool) -> Selection:
+    """The declared mixture's take: the local engine's ``plan_selection`` over every kept row's keys, streamed to
+    the driver (a few integers a row, what the local engine holds too)."""
+    available = {spec.name: Available() for spec in recipe.sources}
+    candidates = rows.map_batches(partial(_candidates, recipe=recipe, final_ids=final_ids, dedup=dedup),
+                                  batch_format="pyarrow")
+    for batch in candidates.iter_batches(batch_format="pyarrow"):
+        assert isinstance(batch, pa.Table)  # what batch_format="pyarrow" gives
+        for source, split, thinking, row_priority in zip(*(batch.column(name).to_pylist() for name in (
+                "source", "split", "thinking", "row_priority")), strict=True):
+            available[source].add(split, thinking, row_priority)
+    return plan_selection(recipe, available, {})
+
+
+def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: dict[int, str], dedup: bool,
+                settings: TokenSettings | None, selection: Selection | None) -> pa.Table:
+    """Split and write a block's kept rows (those the declared mixture's ``selection`` takes, when there is one)
+    into shards of its own; the dropped rows, by priority, for the ledger (a row the mixture does not take is
+    not dropped, as the local engine's); the rows' statistics, the token statistics' figures apart (a
+    TokenStats holds the tokenizer). The directory is this attempt's alone: a retried task's first attempt
+    leaves nothing it names."""
     table = table.sort_by("priority")
     directory = f"{DATA}/{RAY_DIRECTORY}{uuid.uuid4().hex}"
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
-    stats = CorpusStats()
+    measured: dict[str, TokenFacts] = {}  # the screen's facts by the id a row is written under, until it is
+    tokens = TokenStats(settings, TurnTokens(_renderer(settings)), measured) if settings is not None else None
+    stats = CorpusStats(tokens=tokens)
     shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=stats.add_rows, directory=directory)
     dropped: list[tuple[int, Skipped]] = []
     verdicts = table.column("verdict").to_pylist() if dedup else [None] * len(table)
     priorities = table.column("priority").to_pylist()
+    facts = table.column("facts").to_pylist()
     try:
         for position, item_bytes in enumerate(table.column("item").to_pylist()):
             priority = priorities[position]
@@ -316,27 +398,36 @@ def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: di
             else:
                 item.id = final_ids.get(priority, item.id)
                 item.split = splitter.assign(item)
+                if selection is not None and not selection.takes(
+                        item.source, item.split, item.thinking, mixture_priority(recipe.mixture.seed, item.id)):
+                    continue
+                if facts[position]:
+                    measured[item.id] = pickle.loads(facts[position])
                 shards.write(item)
     except BaseException:
         shards.abort()
         raise
     infos = shards.close()
+    stats.tokens = None
     return pa.table({"first": [priorities[0] if priorities else -1], "directory": [directory],
                      "shards": [pickle.dumps(infos)], "stats": [pickle.dumps(stats)],
+                     "tokens": [pickle.dumps(tokens.figures if tokens is not None else None)],
                      "dropped": [pickle.dumps(dropped)]})
 
 
-def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
-              ) -> tuple[list[ShardInfo], CorpusStats]:
-    """The tasks' shards under their final names, their statistics merged, the ledger in priority order; the
-    directories of attempts no result names (a retried task's) removed."""
+def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter, stats: CorpusStats
+              ) -> list[ShardInfo]:
+    """The tasks' shards under their final names, their statistics merged into ``stats``, the ledger in priority
+    order; the directories of attempts no result names (a retried task's) removed."""
     data = staging / DATA
     data.mkdir(parents=True, exist_ok=True)
-    stats = CorpusStats()
     by_split: dict[str, list[ShardInfo]] = {}
     dropped: list[tuple[int, Skipped]] = []
     for result in sorted(written, key=lambda result: result["first"]):  # shards numbered in read order
         stats.merge(pickle.loads(result["stats"]))
+        figures: TokenFigures | None = pickle.loads(result["tokens"])
+        if stats.tokens is not None and figures is not None:
+            stats.tokens.figures.merge(figures)
         dropped.extend(pickle.loads(result["dropped"]))
         for info in pickle.loads(result["shards"]):
             by_split.setdefault(info.split, []).append(info)
@@ -354,4 +445,4 @@ def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
             ledger.write(skipped)
     finally:
         ledger.close()
-    return infos, stats
+    return infos

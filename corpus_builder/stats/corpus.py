@@ -264,9 +264,10 @@ class CorpusStats:
     def merge(self, other: CorpusStats) -> None:
         """Add what another accumulator saw (the Ray engine keeps one per task that writes rows). The report is
         the one of a single accumulator of every row, but for generation settings of equal counts, listed in the
-        order met: replayed rows have none."""
-        if self.tokens is not None or other.tokens is not None:
-            raise ValueError("token statistics do not merge")
+        order met: replayed rows have none. The other's token statistics must travel apart, as their figures
+        (``TokenStats.figures``, merged into this one's): a TokenStats holds the tokenizer."""
+        if other.tokens is not None:
+            raise ValueError("token statistics merge as their figures (TokenFigures.merge)")
         self.overall.add(other.overall)
         for grouping, groups in other.groups.items():
             for key, totals in groups.items():

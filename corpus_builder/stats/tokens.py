@@ -70,6 +70,13 @@ class _Totals:
         self.reasoning += facts.reasoning
         self.over_budget += over
 
+    def merge(self, other: _Totals) -> None:
+        self.lengths.update(other.lengths)
+        self.tokens += other.tokens
+        self.supervised += other.supervised
+        self.reasoning += other.reasoning
+        self.over_budget += other.over_budget
+
     def report(self, budgeted: bool) -> TokenTotalsReport:
         conversations = sum(self.lengths.values())
         lengths = np.array(sorted(self.lengths), dtype=np.int64)
@@ -80,6 +87,33 @@ class _Totals:
                 "reasoning_tokens": self.reasoning,
                 "reasoning_token_share": round(self.reasoning / self.supervised, 6) if self.supervised else 0.0,
                 "over_budget": self.over_budget if budgeted else None}
+
+
+@dataclass
+class TokenFigures:
+    """What the token statistics add up, apart from the tokenizer that measures the rows: picklable and merged
+    (the Ray engine's writing tasks each add their rows' and the driver merges them)."""
+
+    overall: _Totals = field(default_factory=_Totals)
+    groups: dict[str, dict[str, _Totals]] = field(default_factory=lambda: {g: {} for g in GROUPINGS})
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    checked_turns: int = 0
+
+    def add(self, conversation: Conversation, facts: TokenFacts, over: bool) -> None:
+        self.overall.add(facts, over)
+        for grouping, key in (("source", conversation.source), ("split", conversation.split or "")):
+            self.groups[grouping].setdefault(key, _Totals()).add(facts, over)
+        self.checked_turns += facts.checked_turns
+        self.mismatches += [m.to_dict() for m in facts.named(conversation.id).mismatches]
+
+    def merge(self, other: TokenFigures) -> None:
+        """Add another's rows: mismatches after this one's (only generated rows have any)."""
+        self.overall.merge(other.overall)
+        for grouping, groups in other.groups.items():
+            for key, totals in groups.items():
+                self.groups[grouping].setdefault(key, _Totals()).merge(totals)
+        self.mismatches += other.mismatches
+        self.checked_turns += other.checked_turns
 
 
 class TokenStats:
@@ -94,10 +128,7 @@ class TokenStats:
         self.turns = turns
         self.measured = measured if measured is not None else {}
         self.batch_size = batch_size
-        self.overall = _Totals()
-        self.groups: dict[str, dict[str, _Totals]] = {g: {} for g in GROUPINGS}
-        self.mismatches: list[dict[str, Any]] = []
-        self.checked_turns = 0
+        self.figures = TokenFigures()
 
     def add_conversations(self, conversations: Sequence[Conversation]) -> None:
         """Rows in the order they are written; those measured upstream are not measured again."""
@@ -111,24 +142,20 @@ class TokenStats:
         limit = self.settings.max_seq_len
         for conversation, found in zip(conversations, facts, strict=True):
             assert found is not None
-            over = limit is not None and found.tokens > limit
-            self.overall.add(found, over)
-            for grouping, key in (("source", conversation.source), ("split", conversation.split or "")):
-                self.groups[grouping].setdefault(key, _Totals()).add(found, over)
-            self.checked_turns += found.checked_turns
-            self.mismatches += [m.to_dict() for m in found.named(conversation.id).mismatches]
+            self.figures.add(conversation, found, limit is not None and found.tokens > limit)
 
     def report(self) -> TokenReport:
         budgeted = self.settings.max_seq_len is not None
+        figures = self.figures
 
         def grouped(grouping: str) -> dict[str, TokenTotalsReport]:
-            return {key: totals.report(budgeted) for key, totals in sorted(self.groups[grouping].items())}
+            return {key: totals.report(budgeted) for key, totals in sorted(figures.groups[grouping].items())}
 
         return {"tokenizer": str(self.settings.tokenizer), "max_seq_len": self.settings.max_seq_len,
-                "token_mismatch": self.settings.mismatch_policy, **self.overall.report(budgeted),
+                "token_mismatch": self.settings.mismatch_policy, **figures.overall.report(budgeted),
                 "by_source": grouped("source"), "by_split": grouped("split"),
-                "mismatches": {"count": len(self.mismatches), "checked_turns": self.checked_turns,
-                               "turns": self.mismatches}}
+                "mismatches": {"count": len(figures.mismatches), "checked_turns": figures.checked_turns,
+                               "turns": figures.mismatches}}
 
 
 def mismatch_problem(tokens: dict[str, Any] | None) -> str | None:

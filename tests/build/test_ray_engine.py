@@ -25,10 +25,11 @@ import pytest
 
 from corpus_builder.audit import audit_corpus
 from corpus_builder.build import build_corpus
+from corpus_builder.build.collect import MixtureShort
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import iter_ledger
 from corpus_builder.recipe import load_recipe
-from tests.support.real_data import write_chitchat, write_rows, write_sharegpt
+from tests.support.real_data import write_chitchat, write_gsm8k, write_rows, write_sharegpt
 
 ray = pytest.importorskip("ray")
 
@@ -58,8 +59,9 @@ def edited(text: str) -> str:
 @pytest.fixture(scope="module")
 def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real ShareGPT records (empty turns, odd roles, a leading gpt turn: repairs and skips), real chit-chat, and
-    a mirror source of exact copies (of chit-chat and of its own rows), near copies of ShareGPT, and chit-chat
-    rows an eval set holds."""
+    a mirror source of exact copies (of chit-chat and of its own rows), near copies of ShareGPT, a row far over
+    any token budget by its characters alone, chit-chat rows an eval set holds, and for a declared mixture real
+    grade-school math with reasoning (two rows in three) or without."""
     root = tmp_path_factory.mktemp("messy")
     sharegpt = write_sharegpt(root / "sharegpt.jsonl", 300)
     chats = write_chitchat(root / "chitchat.jsonl", 200)
@@ -72,24 +74,41 @@ def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         turns = [{"role": "user" if turn["from"] == "human" else "assistant", "content": edited(turn["value"])}
                  for turn in row["conversations"] if turn["from"] in ("human", "gpt") and turn["value"]]
         mirror.append({"id": f"near-{index}", "messages": turns})
-    mirror += [{"id": "broken", "messages": "not a list"}, {"id": "empty", "messages": []}]
+    mirror += [{"id": "broken", "messages": "not a list"}, {"id": "empty", "messages": []},
+               {"id": "endless", "messages": [{"role": "user", "content": "word " * 50_000},
+                                              {"role": "assistant", "content": "noted"}]}]
     write_rows(root / "mirror.jsonl", mirror)
     write_rows(root / "eval.jsonl", [{"question": " ".join(turn["content"] for turn in row["messages"])}
                                      for row in chats[150:160]])
+    problems = write_gsm8k(root / "gsm8k.jsonl", 90)
+    write_rows(root / "reasoning.jsonl", [
+        {"messages": [{"role": "user", "content": problem["question"]},
+                      {"role": "assistant", "content": f"<think>{problem['answer']}</think>Solved."
+                       if index % 3 else problem["answer"]}]} for index, problem in enumerate(problems)])
     return root
 
 
-def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | None = None) -> Path:
+def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | None = None,
+                 tokenizer: Path | None = None, checks: str = "", mixture: str | None = None,
+                 sharegpt: str = "", eval_pack: str | None = None) -> Path:
+    """The messy sources' recipe; ``tokenizer``: the target's, ``checks``: more checks (``key: value, ``),
+    ``mixture``: the mixture section (the reasoning source joins the others), ``sharegpt``: more keys of its
+    source (``, key: value``), ``eval_pack``: the eval section."""
     near_duplicates = "near_duplicates: {threshold: 0.8}, " if dedup == "exact" else ""
+    target_tokenizer = f", tokenizer: {tokenizer}" if tokenizer else ""
     path.write_text(
         "name: ray-corpus\n"
-        "target: {model: tiny/target}\n"
+        f"target: {{model: tiny/target{target_tokenizer}}}\n"
         + (f"engine: {engine}\n" if engine else "")
+        + (f"mixture: {mixture}\n" if mixture else "")
+        + (f"eval: {eval_pack}\n" if eval_pack else "")
         + "sources:\n"
         f"  - {{name: chitchat, kind: replay, path: {data}/chitchat.jsonl}}\n"
-        f"  - {{name: sharegpt, kind: replay, path: {data}/sharegpt.jsonl, mapping: {{style: sharegpt}}}}\n"
+        f"  - {{name: sharegpt, kind: replay, path: {data}/sharegpt.jsonl, mapping: {{style: sharegpt}}{sharegpt}}}\n"
         f"  - {{name: mirror, kind: replay, path: {data}/mirror.jsonl}}\n"
-        f"checks: {{{near_duplicates}dedup: {dedup}}}\n"
+        + (f"  - {{name: reasoning, kind: replay, path: {data}/reasoning.jsonl}}\n" if mixture else "")
+        +
+        f"checks: {{{checks}{near_duplicates}dedup: {dedup}}}\n"
         f"decontamination: {{eval_sets: [{{name: held, path: {data}/eval.jsonl, fields: [question]}}]}}\n"
         "split: {validation_fraction: 0.2, seed: 3}\n"
         "output: {dir: out, rows_per_shard: 40}\n",
@@ -97,9 +116,10 @@ def write_recipe(path: Path, data: Path, *, dedup: str = "exact", engine: str | 
     return path
 
 
-def rows_by_split(corpus: Path) -> dict[str, list[bytes]]:
+def rows_by_split(corpus: Path, directory: str = "data") -> dict[str, list[bytes]]:
+    """The rows of the corpus's shards (or its eval pack's) by split, each split's sorted."""
     by_split: dict[str, list[bytes]] = {}
-    for shard in sorted((corpus / "data").glob("*.parquet")):
+    for shard in sorted((corpus / directory).glob("*.parquet")):
         for row in pq.read_table(shard).to_pylist():
             by_split.setdefault(row["split"], []).append(orjson.dumps(row, option=orjson.OPT_SORT_KEYS))
     return {split: sorted(rows) for split, rows in by_split.items()}
@@ -115,6 +135,7 @@ def manifest_figures(corpus: Path) -> dict[str, Any]:
 
 def assert_same_corpus(local: Path, on_ray: Path) -> None:
     assert rows_by_split(local) == rows_by_split(on_ray)
+    assert rows_by_split(local, "eval") == rows_by_split(on_ray, "eval")
     assert list(iter_ledger(local / "ledger.jsonl.zst")) == list(iter_ledger(on_ray / "ledger.jsonl.zst"))
     assert manifest_figures(local) == manifest_figures(on_ray)
     assert (local / "audit.json").read_bytes() == (on_ray / "audit.json").read_bytes()
@@ -149,6 +170,75 @@ def test_without_dedup_the_copies_are_numbered_as_the_local_engine_numbers_them(
     ids = [orjson.loads(row)["id"] for rows in rows_by_split(tmp_path / "ray").values() for row in rows]
     assert len(ids) == len(set(ids)) and sum(row_id.endswith("-1") for row_id in ids) >= 25
     assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+def test_the_ray_engine_budgets_and_measures_rows_in_the_target_s_tokens_as_the_local_engine(
+        cluster: None, messy: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The budget drops and truncates the same rows (each task loads the tokenizer once), the token statistics
+    add up to the same audit (the facts measured in the screen, the truncated rows measured where written)."""
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, tokenizer=tiny_model_dir,
+                                      checks="max_seq_len: 2048, on_over_length: truncate, "))
+    local = build_corpus(recipe, tmp_path / "local")
+    build_corpus(recipe, tmp_path / "ray", engine="ray")
+    # the fixture exercises what it means to: rows over the budget by their tokens and by their characters alone
+    # dropped, others truncated to it, every row written measured
+    over_length = [row["detail"] for row in iter_ledger(tmp_path / "local" / "ledger.jsonl.zst")
+                   if row["reason"] == "over_length"]
+    assert len(over_length) >= 10 and any(detail.startswith("at least") for detail in over_length)
+    assert local.audit["flags"]["truncated_to_budget"] >= 10
+    tokens = local.audit["tokens"]
+    assert tokens["conversations"] == local.manifest.conversations and 0 < tokens["max"] <= 2048
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+MIXTURE = "{total: 260, thinking_share: {target: 0.1, tolerance: 0.01}, seed: 7}"
+
+
+def test_the_ray_engine_takes_a_declared_mixture_as_the_local_engine(cluster: None, messy: Path,
+                                                                     tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A total below what passes the checks, a source's count and a thinking share: the same seeded take of the
+    rows the budget, dedup and decontamination leave, and the same report in the manifest."""
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, tokenizer=tiny_model_dir,
+                                      checks="max_seq_len: 2048, on_over_length: truncate, ", mixture=MIXTURE,
+                                      sharegpt=", target: {count: 80}"))
+    local = build_corpus(recipe, tmp_path / "local")
+    build_corpus(recipe, tmp_path / "ray", engine="ray")
+    mixture = local.manifest.sections["mixture"]
+    sources = mixture["sources"]
+    # the fixture exercises what it means to: every source gives fewer rows than pass the checks, the reasoning
+    # source's kinds steered to the share, rows dropped by the checks and truncated before the take
+    assert local.manifest.conversations == 260 and not mixture["shortfalls"]
+    assert all(source["reached"] < source["available"] for name, source in sources.items() if name != "mirror")
+    reasoning = sources["reasoning"]
+    assert sources["sharegpt"]["reached"] == 80 and 0 < reasoning["thinking"] < 0.6 * reasoning["reached"]
+    assert abs(mixture["thinking_share"]["reached"] - 0.1) <= 0.01
+    assert local.audit["skipped"]["over_length"] and local.audit["flags"]["truncated_to_budget"]
+    assert local.audit["skipped"]["duplicate"] and local.audit["skipped"]["contaminated"]
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+def test_the_ray_engine_holds_out_the_eval_pack_as_the_local_engine(cluster: None, messy: Path,
+                                                                   tmp_path: Path) -> None:
+    """The pack cut on the driver, its rows left out of the corpus by every screen task and its copies dropped
+    (the mirror's exact copies of chit-chat, its near copies of ShareGPT), under a declared mixture."""
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, eval_pack="{fraction: 0.15, seed: 3}",
+                                      mixture=MIXTURE))
+    local = build_corpus(recipe, tmp_path / "local")
+    build_corpus(recipe, tmp_path / "ray", engine="ray")
+    # the fixture exercises what it means to: a pack of every source, copies of its rows in the others
+    pack = local.manifest.sections["eval"]
+    assert all(source["held"] for source in pack["sources"].values()) and local.audit["eval_pack"]
+    assert local.audit["skipped"]["eval_pack_copy"] >= 2
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+def test_a_mixture_the_rows_cannot_meet_stops_the_ray_build_before_anything_is_written(
+        cluster: None, messy: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, mixture="{total: 5000}"))
+    with pytest.raises(MixtureShort, match="cannot be met: nothing was written") as raised:
+        build_corpus(recipe, tmp_path / "corpus", engine="ray")
+    assert any("mixture.total declares 5,000" in line for line in raised.value.details)
+    assert not (tmp_path / "corpus").exists()
 
 
 def worker_pids() -> set[int]:
@@ -204,9 +294,11 @@ def _cpu_seconds(pid: int) -> float:
 
 def test_what_the_ray_engine_does_not_run_yet_is_refused_by_name(messy: Path, tmp_path: Path) -> None:
     recipe_path = write_recipe(tmp_path / "recipe.yaml", messy, engine="ray")
-    text = recipe_path.read_text().replace("output:", "mixture: {total: 50}\noutput:")
+    text = recipe_path.read_text().replace("target: {model: tiny/target}",
+                                           "target: {model: tiny/target, endpoints: [http://127.0.0.1:9/v1]}")
+    text = text.replace("sources:\n", f"sources:\n  - {{name: asks, kind: prompts, path: {messy}/chitchat.jsonl}}\n")
     recipe_path.write_text(text)
-    with pytest.raises(CorpusError, match=r"does not build a declared mixture .* --engine local"):
+    with pytest.raises(CorpusError, match=r"does not build prompt sources \(generation\) yet: .* --engine local"):
         build_corpus(load_recipe(recipe_path), tmp_path / "corpus")
     assert not (tmp_path / "corpus").exists()
 
