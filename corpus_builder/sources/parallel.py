@@ -15,6 +15,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -31,7 +32,7 @@ PREPARED_ROWS = 2048
 # batches keep a worker's memory near the interpreter's own (measured: 35 against 85 MiB unique per worker).
 PREPARED_TOKEN_ROWS = 512
 QUEUE_DEPTH = 4
-_PART_DONE = "part-done"
+_DONE = "done"
 _FAILED = "failed"
 
 
@@ -71,6 +72,12 @@ def worker_count(*, in_tokens: bool = False) -> int:
 def measured_rows(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], T],
                   batch_rows: int = PREPARED_ROWS) -> Iterator[MeasuredRows[T]]:
     """Consecutive rows in batches of ``batch_rows`` conversations (and the skipped rows between them), measured."""
+    for items, conversations in _batches(rows, batch_rows):
+        yield MeasuredRows(items, measure(conversations))
+
+
+def _batches(rows: Iterator[Conversation | Skipped], batch_rows: int
+             ) -> Iterator[tuple[list[Conversation | Skipped], list[Conversation]]]:
     items: list[Conversation | Skipped] = []
     conversations: list[Conversation] = []
     for item in rows:
@@ -78,19 +85,38 @@ def measured_rows(rows: Iterator[Conversation | Skipped], measure: Callable[[lis
         if isinstance(item, Conversation):
             conversations.append(item)
             if len(conversations) >= batch_rows:
-                yield MeasuredRows(items, measure(conversations))
+                yield items, conversations
                 items, conversations = [], []
     if items:
-        yield MeasuredRows(items, measure(conversations))
+        yield items, conversations
 
 
 def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]], T], batch_rows: int,
           queue: Any) -> None:
-    try:
+    with _failures_sent(queue):
         for index, part in parts:
             for measured in measured_rows(part(), measure, batch_rows):
                 queue.put(measured)
-            queue.put((_PART_DONE, index))
+            queue.put((_DONE, index))
+
+
+def _work_on_turns(parts: list[Part], measure: Callable[[list[Conversation]], T], batch_rows: int, worker: int,
+                   workers: int, queue: Any) -> None:
+    """Read every part, measure the batches whose turn is this worker's (batch n is worker n mod workers')."""
+    with _failures_sent(queue):
+        number = 0
+        for part in parts:
+            for items, conversations in _batches(part(), batch_rows):
+                if number % workers == worker:
+                    queue.put(MeasuredRows(items, measure(conversations)))
+                number += 1
+        queue.put((_DONE, number))
+
+
+@contextmanager
+def _failures_sent(queue: Any) -> Iterator[None]:
+    try:
+        yield
     except CorpusError as error:
         queue.put((_FAILED, str(error), None))
     except BaseException:  # a bug: bring its traceback to the main process
@@ -98,39 +124,56 @@ def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]],
 
 
 def measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int,
-                   batch_rows: int = PREPARED_ROWS) -> Iterator[MeasuredRows[T]]:
-    """Run ``parts`` on ``workers`` forked processes (part i on worker i mod workers); yield in part order."""
+                   batch_rows: int = PREPARED_ROWS, *, by_turns: bool = False) -> Iterator[MeasuredRows[T]]:
+    """Run ``parts`` on ``workers`` forked processes and yield their batches in order: part i on worker i mod
+    workers, or, ``by_turns``, every part on every worker, batch n measured by worker n mod workers.
+
+    By parts, a worker runs at most QUEUE_DEPTH batches ahead of the part being consumed, so the workers take
+    turns part by part: that pays where the consumer is the slowest (parsing). By turns, every worker parses
+    every row but measures only its share, and the workers work side by side whatever the consumer's pace:
+    that pays where measuring outweighs parsing (the target's tokens: rendering and encoding a row costs about
+    ten times parsing it)."""
     with rare_collections():
-        yield from _measured_parts(parts, measure, workers, batch_rows)
+        yield from _measured_parts(parts, measure, workers, batch_rows, by_turns)
 
 
-def _measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int, batch_rows: int
-                    ) -> Iterator[MeasuredRows[T]]:
-    if workers <= 1:
+def _measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int, batch_rows: int,
+                    by_turns: bool) -> Iterator[MeasuredRows[T]]:
+    if workers <= 1 or not parts:
         for part in parts:
             yield from measured_rows(part(), measure, batch_rows)
         return
     context = multiprocessing.get_context("fork")
-    workers = min(workers, len(parts))
+    if not by_turns:
+        workers = min(workers, len(parts))
     queues = [context.Queue(QUEUE_DEPTH) for _ in range(workers)]
-    processes = [context.Process(target=_work, args=([(i, p) for i, p in enumerate(parts) if i % workers == w],
+    processes = [context.Process(target=_work_on_turns, args=(parts, measure, batch_rows, w, workers, queues[w]),
+                                 daemon=True) if by_turns else
+                 context.Process(target=_work, args=([(i, p) for i, p in enumerate(parts) if i % workers == w],
                                                      measure, batch_rows, queues[w]), daemon=True)
                  for w in range(workers)]
     for process in processes:
         process.start()
     try:
-        for index in range(len(parts)):
-            queue = queues[index % workers]
+        # By parts, a part ends with its worker's done; by turns, the stream ends with the done of the worker
+        # whose turn comes after the last batch (every worker counts the same batches).
+        ends = 1 if by_turns else len(parts)
+        turn = 0
+        for _ in range(ends):
             while True:
-                message = queue.get()
+                message = queues[turn % workers].get()
                 if isinstance(message, MeasuredRows):
                     yield message
+                    if by_turns:
+                        turn += 1
                     continue
                 if message[0] == _FAILED:
                     if message[1] is not None:
                         raise CorpusError(message[1])
                     raise RuntimeError(f"a source worker failed:\n{message[2]}")
-                break  # this part is complete; the next one comes from the next worker
+                break
+            if not by_turns:
+                turn += 1  # this part is complete; the next one comes from the next worker
     finally:
         for process in processes:
             if process.is_alive():
@@ -160,5 +203,6 @@ def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], T], *,
     """Every replay source of a recipe (``replay_parts``), read and measured on ``worker_count()`` processes;
     ``in_tokens``: ``measure`` renders and encodes the rows in the target's tokens."""
     workers = worker_count(in_tokens=in_tokens)
-    return measured_parts(replay_parts(recipe, workers), measure, workers,
-                          PREPARED_TOKEN_ROWS if in_tokens else PREPARED_ROWS)
+    if in_tokens:  # every worker reads every row (whole files, not cut), measures its turns' batches
+        return measured_parts(replay_parts(recipe, 1), measure, workers, PREPARED_TOKEN_ROWS, by_turns=True)
+    return measured_parts(replay_parts(recipe, workers), measure, workers)

@@ -19,6 +19,7 @@ import pytest
 
 from corpus_builder.audit import audit_corpus
 from corpus_builder.build import build_corpus
+from corpus_builder.errors import CorpusError
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import THINK_CLOSE, THINK_OPEN, Conversation
 from corpus_builder.sources import iter_file, parallel
@@ -193,8 +194,9 @@ def test_a_build_measures_each_row_once_where_it_is_read(tmp_path: Path, tiny_mo
 def test_a_build_in_target_tokens_reads_on_every_core_in_small_batches(
         tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, in_tokens: bool) -> None:
     """Rendering and encoding outweigh a forked reader's cost, so a build that measures rows in the target's tokens
-    reads on every core, two on two cores (a build without a tokenizer reads in its own process there), in batches
-    small enough to keep each reader's memory near the interpreter's."""
+    reads on every core, two on two cores (a build without a tokenizer reads in its own process there), each
+    reader measuring every other batch of the whole stream, batches small enough to keep its memory near the
+    interpreter's."""
     rows = synthetic_chats(8, max_turns=3, system="Be brief.", system_every=2,
                            question=lambda i, t: f"question {i}.{t}", answer=lambda i, t: f"answer {i}.{t}",
                            reasoning=lambda i, t: f"reasoning {i}.{t}")
@@ -207,15 +209,47 @@ def test_a_build_in_target_tokens_reads_on_every_core_in_small_batches(
     monkeypatch.delenv("CORPUS_WORKERS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(sys, "platform", "linux")
-    calls: list[tuple[int, int]] = []
+    calls: list[tuple[int, int, int, bool]] = []
     real = parallel.measured_parts
 
-    def recording(parts: Any, measure: Any, workers: int, batch_rows: int = parallel.PREPARED_ROWS) -> Any:
-        calls.append((workers, batch_rows))
-        return real(parts, measure, workers, batch_rows)
+    def recording(parts: Any, measure: Any, workers: int, batch_rows: int = parallel.PREPARED_ROWS, *,
+                  by_turns: bool = False) -> Any:
+        calls.append((len(parts), workers, batch_rows, by_turns))
+        return real(parts, measure, workers, batch_rows, by_turns=by_turns)
 
     monkeypatch.setattr(parallel, "measured_parts", recording)
     result = build_corpus(load_recipe(tmp_path / "recipe.yaml"))
     assert result.manifest.conversations >= len(rows)
     assert bool(result.audit.get("tokens")) is in_tokens
-    assert calls == ([(2, parallel.PREPARED_TOKEN_ROWS)] if in_tokens else [(1, parallel.PREPARED_ROWS)])
+    assert calls == ([(2, 2, parallel.PREPARED_TOKEN_ROWS, True)] if in_tokens
+                     else [(2, 1, parallel.PREPARED_ROWS, False)])
+
+
+def test_readers_taking_turns_write_the_corpus_one_reader_writes(tmp_path: Path, tiny_model_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readers taking turns batch by batch (three here, on batches of 5 rows) give every shard, the ledger, the
+    manifest and audit.json byte for byte as one reader does, on real dumps with tool traffic, rows over the
+    budget and copies; a source that cannot be read stops the build with the error one reader gives."""
+    write_sharegpt(tmp_path / "log.jsonl", 60)
+    with (tmp_path / "log.jsonl").open("ab") as handle:
+        handle.write(b"{broken\n" + (tmp_path / "log.jsonl").read_bytes()[:2000].split(b"\n")[0] + b"\n")
+    (tmp_path / "tools.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in log_rows() + glaive_rows()))
+    (tmp_path / "recipe.yaml").write_text(RECIPE.format(tokenizer=tiny_model_dir, limit=160))
+    monkeypatch.setattr(parallel, "PREPARED_TOKEN_ROWS", 5)
+    written = {}
+    for workers in ("1", "3"):
+        monkeypatch.setenv("CORPUS_WORKERS", workers)
+        result = build_corpus(load_recipe(tmp_path / "recipe.yaml"), tmp_path / f"out-{workers}")
+        written[workers] = {path.relative_to(result.out_dir).as_posix(): path.read_bytes()
+                            for path in sorted(result.out_dir.rglob("*")) if path.is_file() and path.name[0] != "."}
+    assert written["1"].keys() == written["3"].keys() and len(written["1"]) >= 6
+    assert written["1"] == written["3"]
+    (tmp_path / "tools.jsonl").write_bytes(b"")  # a source without rows: an error, after the first source's rows
+    errors = {}
+    for workers in ("1", "3"):
+        monkeypatch.setenv("CORPUS_WORKERS", workers)
+        with pytest.raises(CorpusError) as raised:
+            build_corpus(load_recipe(tmp_path / "recipe.yaml"), tmp_path / f"failed-{workers}")
+        errors[workers] = str(raised.value)
+        assert not (tmp_path / f"failed-{workers}").exists()
+    assert errors["1"] == errors["3"]
