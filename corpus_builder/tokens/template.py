@@ -281,13 +281,23 @@ class TemplateRenderer:
         """Token ids of rendered texts; the template emits its own BOS, so no special tokens are added."""
         return [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
-    @cached_property
+    @property
     def _encoder(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+        return self._threads("encode", 1)
 
-    @cached_property
+    @property
     def _twin_threads(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=TWIN_THREADS, thread_name_prefix="twin-encode")
+        return self._threads("twin-encode", TWIN_THREADS)
+
+    def _threads(self, name: str, count: int) -> ThreadPoolExecutor:
+        """This process's pool ``name``: a pool made before a fork has no threads in the child (a build's forked
+        readers reuse a renderer its process used before), and work sent to it would wait forever."""
+        pid = os.getpid()
+        pools = self.__dict__.setdefault("_pools", {})
+        pool: ThreadPoolExecutor | None = pools.get((pid, name))
+        if pool is None:
+            pool = pools[(pid, name)] = ThreadPoolExecutor(max_workers=count, thread_name_prefix=name)
+        return pool
 
     @cached_property
     def twin(self) -> Any | None:

@@ -7,6 +7,7 @@ it is read."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 from collections import Counter
@@ -253,3 +254,21 @@ def test_readers_taking_turns_write_the_corpus_one_reader_writes(tmp_path: Path,
         errors[workers] = str(raised.value)
         assert not (tmp_path / f"failed-{workers}").exists()
     assert errors["1"] == errors["3"]
+
+
+def test_a_renderer_used_before_a_fork_still_encodes_in_the_child(tiny_model_dir: Path) -> None:
+    """A build's forked readers reuse the renderer of a process that may have encoded before (an API caller, a
+    second build): its thread pools, made before the fork, have no threads in the child, which must make its own
+    rather than wait forever on them."""
+    renderer = TemplateRenderer(tiny_model_dir)
+    texts = [f"hello world {i}" for i in range(8)]
+    expected = renderer.fast_encode(texts)  # the pools exist in this process now
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=lambda: queue.put(renderer.fast_encode(texts)))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == expected
+    finally:
+        child.terminate()
+        child.join()
