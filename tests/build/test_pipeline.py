@@ -74,6 +74,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[str], Counter[str]
 
     monkeypatch.setattr(source, "iter_rows", rows)
     monkeypatch.setattr(template.TemplateRenderer, "__init__", init)
+    # The rows read in this process, where the spies count them (a tokenized build forks a reader per core).
+    monkeypatch.setenv("CORPUS_WORKERS", "1")
     return opened, renderers
 
 
