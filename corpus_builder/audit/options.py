@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from ..errors import CorpusError
+from ..ray_extra import ray_engine
 
 DEFAULT_TOKEN_SAMPLE: Final = 100_000
 DEFAULT_MAX_SKIPPED_SHARE: Final = 0.05
@@ -42,10 +43,4 @@ class AuditOptions:
 
 def check_ray_engine() -> None:
     """Refuse, before anything is read, a Ray audit without Ray installed."""
-    try:
-        from . import ray_data  # noqa: F401
-    except ImportError as error:
-        if error.name is None or error.name.split(".")[0] != "ray":
-            raise
-        raise CorpusError("the Ray engine needs Ray Data, which is not installed: pip install "
-                          "'corpus-builder[ray]' (or audit with --engine local)") from None
+    ray_engine("corpus_builder.audit.ray_data", "audit")

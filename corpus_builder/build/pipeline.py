@@ -46,6 +46,7 @@ from ..layout import (
 )
 from ..outputs import check_output_path
 from ..progress import ProgressLine
+from ..ray_extra import ray_engine
 from ..recipe import recipe_sha256, resolved_yaml
 from ..recipe.crosscheck import match_source_pattern
 from ..recipe.model import Engine, Recipe
@@ -316,14 +317,7 @@ def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | 
 def check_ray_engine(recipe: Recipe) -> None:
     """Refuse, before anything is touched, a Ray build without Ray installed or of a recipe that asks for what the
     Ray engine does not run yet (never built differently)."""
-    try:
-        from . import ray_data
-    except ImportError as error:
-        if error.name is None or error.name.split(".")[0] != "ray":
-            raise
-        raise CorpusError("the Ray engine needs Ray Data, which is not installed: pip install "
-                          "'corpus-builder[ray]' (or build with --engine local)") from None
-    missing = ray_data.unsupported(recipe)
+    missing = ray_engine("corpus_builder.build.ray_data", "build").unsupported(recipe)
     if missing:
         raise CorpusError(f"the Ray engine does not build {', '.join(missing)} yet: build this recipe with "
                           "--engine local", file=str(recipe.path) if recipe.path is not None else None)
