@@ -28,6 +28,7 @@ from corpus_builder.audit.inputs import read_parts, traffic_units
 from corpus_builder.errors import CorpusError
 from corpus_builder.sources.readers import UTF8_BOM
 from tests.audit.test_traffic_logs import logged_traffic
+from tests.support.ray_cluster import local_cluster
 from tests.support.real_data import write_chitchat, write_rows, write_sharegpt
 from tests.support.serving_logs import logged_conversation
 
@@ -45,17 +46,8 @@ BAD_LINES = b'not json\n[1, 2]\n{"messages": []}\n{"id": 3}\n{"messages": "not a
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """The cluster's address, for a CLI that joins it."""
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield str(ray.get_runtime_context().gcs_address)
-    finally:
-        ray.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
+    with local_cluster() as address:
+        yield address
 
 
 def tool_row(i: int, *, thinking: bool) -> dict[str, Any]:

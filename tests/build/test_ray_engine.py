@@ -29,6 +29,7 @@ from corpus_builder.build.collect import MixtureShort
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import iter_ledger
 from corpus_builder.recipe import load_recipe
+from tests.support.ray_cluster import local_cluster
 from tests.support.real_data import write_chitchat, write_gsm8k, write_rows, write_sharegpt
 
 ray = pytest.importorskip("ray")
@@ -36,17 +37,8 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_cluster():
         yield
-    finally:
-        ray.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
 
 
 def edited(text: str) -> str:
