@@ -1,8 +1,8 @@
 """Benchmark: `corpus build` of a replay-only corpus from a ShareGPT-style JSONL file.
 
 Reports conversations/s end to end (process start to exit) and the peak memory of the build process and its
-forked readers (RSS and PSS summed: ``Memory``) at 20k and 200k conversations, alternating sizes across
-repetitions so machine noise hits both alike.
+forked readers (``Memory``: RSS and PSS summed, and the largest process's RSS) at 20k and 200k conversations,
+alternating sizes across repetitions so machine noise hits both alike.
 
     python benchmarks/bench_build_replay.py [--sizes 20000 200000] [--repeats 3] [--workdir DIR]
         [--compare-with TREE]   # also build with another checkout's code (e.g. `git worktree add TREE REV`),
@@ -129,30 +129,32 @@ def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = 
 
 class Memory(NamedTuple):
     """Peaks in MiB over a process and its children: RSS summed (a page the processes share counts once per
-    process: forked workers share the interpreter's pages) and PSS summed (a shared page split among them: the
-    memory the tree holds)."""
+    process: forked workers share the interpreter's pages), PSS summed (a shared page split among them: the
+    memory the tree holds) and the largest one process's RSS (what ``/usr/bin/time`` reports)."""
 
     rss: float
     pss: float
+    largest: float
 
 
 def peak_memory(process: subprocess.Popen[bytes]) -> Memory:
     """Wait for ``process``; its tree's peak summed RSS (sampled every 20 ms) and PSS (every 0.5 s: reading a
     process's PSS walks its page tables, and sampled as often as RSS it took a third of a core from the build)."""
     tree = psutil.Process(process.pid)
-    peak_rss = peak_pss = 0
+    peak_rss = peak_pss = largest = 0
     pss_due = 0.0
     while process.poll() is None:
         try:
             members = [tree, *tree.children(recursive=True)]
-            peak_rss = max(peak_rss, sum(member.memory_info().rss for member in members))
+            sizes = [member.memory_info().rss for member in members]
+            peak_rss, largest = max(peak_rss, sum(sizes)), max(largest, *sizes)
             if time.monotonic() >= pss_due:
                 peak_pss = max(peak_pss, sum(member.memory_full_info().pss for member in members))
                 pss_due = time.monotonic() + 0.5
         except psutil.Error:
             pass
         time.sleep(0.02)
-    return Memory(peak_rss / 2**20, peak_pss / 2**20)
+    return Memory(peak_rss / 2**20, peak_pss / 2**20, largest / 2**20)
 
 
 def peak_rss(process: subprocess.Popen[bytes]) -> int:
@@ -271,7 +273,8 @@ def main() -> None:
                 results[(name, variant, size)].append((seconds, memory, tokens))
                 rate = f"{tokens / seconds:11,.0f} tok/s" if tokens else ""
                 print(f"run {repeat} {name:<5} {variant:<6} size {size:>7}: {seconds:7.2f} s  {size / seconds:9,.0f} "
-                      f"conv/s  peak RSS {memory.rss:7.1f} MiB  PSS {memory.pss:7.1f} MiB  {rate}", flush=True)
+                      f"conv/s  peak RSS {memory.rss:7.1f} MiB  PSS {memory.pss:7.1f} MiB  "
+                      f"largest {memory.largest:7.1f} MiB  {rate}", flush=True)
                 shutil.rmtree(out, ignore_errors=True)  # 200k corpora add up
             for anchor in ANCHORS if args.anchors else ():
                 for size in args.sizes:
@@ -288,7 +291,7 @@ def report(sizes: list[int], codes: dict[str, Path | None], variants: list[str],
            results: dict[tuple[str, str, int], list[tuple[float, Memory, int]]],
            anchors: dict[tuple[str, int], list[tuple[dict[str, Any], float]]]) -> None:
     """Medians per code, variant and size; the tokens variant against the plain build and the anchors."""
-    medians: dict[tuple[str, str, int], tuple[float, float, float, float]] = {}
+    medians: dict[tuple[str, str, int], tuple[float, float, float, float, float]] = {}
     for name in codes:
         print(f"\nmedians ({name} code)")
         for variant in variants:
@@ -297,11 +300,12 @@ def report(sizes: list[int], codes: dict[str, Path | None], variants: list[str],
                 seconds = statistics.median(r[0] for r in runs)
                 rss = statistics.median(r[1].rss for r in runs)
                 pss = statistics.median(r[1].pss for r in runs)
+                largest = statistics.median(r[1].largest for r in runs)
                 rate = statistics.median(r[2] / r[0] for r in runs)
-                medians[(name, variant, size)] = (seconds, rss, rate, pss)
+                medians[(name, variant, size)] = (seconds, rss, rate, pss, largest)
                 tokens = f"  {rate:11,.0f} tok/s" if rate else ""
                 print(f"  {variant:<6} {size:>7} conversations: {seconds:7.2f} s  {size / seconds:9,.0f} conv/s  "
-                      f"peak RSS {rss:7.1f} MiB  PSS {pss:7.1f} MiB{tokens}")
+                      f"peak RSS {rss:7.1f} MiB  PSS {pss:7.1f} MiB  largest {largest:7.1f} MiB{tokens}")
             if len(sizes) >= 2:
                 small, large = min(sizes), max(sizes)
                 print(f"  {variant:<6} peak RSS ratio {large} / {small}: "
@@ -309,7 +313,8 @@ def report(sizes: list[int], codes: dict[str, Path | None], variants: list[str],
         for size in sizes if {"plain", "tokens"} <= set(variants) else ():
             plain, measured = medians[(name, "plain", size)], medians[(name, "tokens", size)]
             line = (f"  {size:>7}: tokens / plain: time {measured[0] / plain[0]:.2f}x, "
-                    f"RSS {measured[1] / plain[1]:.2f}x, PSS {measured[3] / plain[3]:.2f}x")
+                    f"RSS {measured[1] / plain[1]:.2f}x, PSS {measured[3] / plain[3]:.2f}x, "
+                    f"largest process {measured[4] / plain[4]:.2f}x")
             for anchor in ANCHORS:
                 if (anchor, size) in anchors:
                     rate = statistics.median(f["tokens"] / f["seconds"] for f, _ in anchors[(anchor, size)])
