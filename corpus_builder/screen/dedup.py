@@ -19,7 +19,7 @@ the sets (``errors.contamination_detail``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,32 +106,48 @@ class Dedup:
         """Per row (kept under ``ids``), in order: None (kept) or why it is a duplicate. With ``evict``, a row
         that outranks the kept row it duplicates is kept and that row evicted; without, the first kept stays
         (callers read sources in rank order, so only a later phase can outrank an earlier one)."""
-        keys = [_SEPARATOR.join(("1" if row.thinking else "0", row.source, row_id))
-                for row, row_id in zip(rows, ids, strict=True)]
+        keys = [dedup_key(row.thinking, row.source, row_id) for row, row_id in zip(rows, ids, strict=True)]
+        return self.judge(keys, self.index.decide(keys, signatures), evict)
+
+    def judge(self, keys: Sequence[str], found: Sequence[Duplicate | None], evict: Callable[[Evicted], None] | None
+              ) -> list[Verdict | None]:
+        """``decide`` for rows (``dedup_key``) whose index answers are ``found`` already, in the order offered: the
+        Ray engine finds them by group-bys and judges the generated rows with this, in the local engine's order."""
         verdicts: list[Verdict | None] = []
-        for row, key, found in zip(rows, keys, self.index.decide(keys, signatures), strict=True):
-            verdict = None if found is None else self._verdict(row.source, key, found, evict)
+        for key, duplicate in zip(keys, found, strict=True):
+            verdict = None if duplicate is None else self._verdict(key, duplicate, evict)
             if verdict is not None and evict is not None:
                 self._dropped.add(key)
             verdicts.append(verdict)
         return verdicts
 
-    def _verdict(self, source: str, key: str, found: Duplicate, evict: Callable[[Evicted], None] | None
-                 ) -> Verdict | None:
+    def mark_dropped(self, keys: Iterable[str]) -> None:
+        """Rows judged duplicates elsewhere (the Ray engine's replayed rows, by group-bys): a head among them is out
+        already, nothing to evict."""
+        self._dropped.update(keys)
+
+    def _verdict(self, key: str, found: Duplicate, evict: Callable[[Evicted], None] | None) -> Verdict | None:
+        _, source, row_id = parse_dedup_key(key)
         kept = found.of
         while kept in self._replaced:
             kept = self._replaced[kept]
-        kept_thinking, kept_source, kept_id = _parse_key(kept)
+        kept_thinking, kept_source, kept_id = parse_dedup_key(kept)
         kept_rank = self.ranks.get(kept_source, 0)
         if evict is not None and self.ranks.get(source, 0) < kept_rank:
             if kept not in self._dropped:  # a head that was dropped itself is out already
-                evict(Evicted(kept_source, kept_id, kept_thinking, _parse_key(key)[2], source, found.rule))
+                evict(Evicted(kept_source, kept_id, kept_thinking, row_id, source, found.rule))
                 self._replaced[kept] = key
             return None
         return Verdict(kept_id, kept_source, found.rule)
 
 
-def _parse_key(key: str) -> tuple[bool, str, str]:
+def dedup_key(thinking: bool, source: str, row_id: str) -> str:
+    """What the index keeps of a row: what an eviction needs, its thinking flag, source and id."""
+    return _SEPARATOR.join(("1" if thinking else "0", source, row_id))
+
+
+def parse_dedup_key(key: str) -> tuple[bool, str, str]:
+    """The thinking flag, source and id of a ``dedup_key``."""
     thinking, source, row_id = key.split(_SEPARATOR, 2)
     return thinking == "1", source, row_id
 
