@@ -11,7 +11,7 @@ is exhausted; every round goes through the journal like any generation, so a reb
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,36 +45,66 @@ class MixtureShort(CorpusError):
     exit_code = 1
 
 
-class KeptRows:
-    """The rows that passed every check, spooled per source, with their selection keys in memory."""
+class MixtureKeys:
+    """What the mixture's take reads of the rows that passed every check, per source: each row's split (decided by
+    its id), reasoning and priority; and the kept rows evicted since."""
 
-    def __init__(self, recipe: Recipe, staging: Path, splitter: Splitter) -> None:
+    def __init__(self, recipe: Recipe, splitter: Splitter) -> None:
         self.recipe = recipe
-        self.directory = staging / "kept"
-        self.directory.mkdir()
         self.splitter = splitter
         self.available = {spec.name: Available() for spec in recipe.sources}
-        self._spools: dict[str, RowSpool] = {}  # only sources that kept a row have one
-        self._evicted: dict[str, dict[int, Evicted]] = {}  # source -> row priority -> why it is dropped
+        self.evictions = Evictions()
 
-    def add(self, conversation: Conversation) -> None:
-        conversation.split = self.splitter.assign(conversation)
-        row_priority = mixture_priority(self.recipe.mixture.seed, conversation.id)
-        self.available[conversation.source].add(conversation.split, conversation.thinking, row_priority)
-        spool = self._spools.get(conversation.source)
-        if spool is None:
-            spool = self._spools[conversation.source] = RowSpool(self.directory / f"{len(self._spools):04d}.arrow")
-        spool.append(conversation)
+    def add_keys(self, source: str, row_id: str, thinking: bool) -> str:
+        """A kept row's keys; returns its split."""
+        split = self.splitter.assign_id(row_id)
+        self.available[source].add(split, thinking, mixture_priority(self.recipe.mixture.seed, row_id))
+        return split
 
     def evict(self, evicted: Evicted) -> None:
         """A kept row a later row of a higher-priority source duplicates: out of the selection, into the ledger
         when the selection is read."""
         row_priority = mixture_priority(self.recipe.mixture.seed, evicted.id)
         self.available[evicted.source].discard(self.splitter.assign_id(evicted.id), evicted.thinking, row_priority)
-        self._evicted.setdefault(evicted.source, {})[row_priority] = evicted
+        self.evictions.add(evicted)
 
     def kept(self, source: str) -> int:
         return self.available[source].count()
+
+
+class Evictions:
+    """The kept rows evicted by a duplicate of higher priority, by source and id (a handful)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], Evicted] = {}
+
+    def add(self, evicted: Evicted) -> None:
+        self._rows[(evicted.source, evicted.id)] = evicted
+
+    def skipped(self, row: Conversation) -> Skipped | None:
+        """The ledger's record of a kept row (under the id it is written under) when it was evicted, else None."""
+        evicted = self._rows.get((row.source, row.id))
+        if evicted is None:
+            return None
+        verdict = Verdict(evicted.of, evicted.of_source, evicted.rule)
+        return Skipped(row.source, verdict.reason, row_location(row), verdict.detail, id=row.id)
+
+
+class KeptRows(MixtureKeys):
+    """The rows that passed every check, spooled per source, with their selection keys in memory."""
+
+    def __init__(self, recipe: Recipe, staging: Path, splitter: Splitter) -> None:
+        super().__init__(recipe, splitter)
+        self.directory = staging / "kept"
+        self.directory.mkdir()
+        self._spools: dict[str, RowSpool] = {}  # only sources that kept a row have one
+
+    def add(self, conversation: Conversation) -> None:
+        conversation.split = self.add_keys(conversation.source, conversation.id, conversation.thinking)
+        spool = self._spools.get(conversation.source)
+        if spool is None:
+            spool = self._spools[conversation.source] = RowSpool(self.directory / f"{len(self._spools):04d}.arrow")
+        spool.append(conversation)
 
     def close(self) -> None:
         for spool in self._spools.values():
@@ -87,15 +117,13 @@ class KeptRows:
             spool = self._spools.get(spec.name)
             if spool is None:
                 continue
-            evicted = self._evicted.get(spec.name, {})
             for row in spool:
                 assert row.split is not None
-                row_priority = mixture_priority(self.recipe.mixture.seed, row.id)
-                dropped = evicted.get(row_priority)
-                if dropped is not None:
-                    verdict = Verdict(dropped.of, dropped.of_source, dropped.rule)
-                    yield Skipped(row.source, verdict.reason, row_location(row), verdict.detail, id=row.id)
-                elif selection.takes(row.source, row.split, row.thinking, row_priority):
+                evicted = self.evictions.skipped(row)
+                if evicted is not None:
+                    yield evicted
+                elif selection.takes(row.source, row.split, row.thinking,
+                                     mixture_priority(self.recipe.mixture.seed, row.id)):
                     yield row
 
 
@@ -108,7 +136,8 @@ def collect(recipe: Recipe, checker: Checker, kept: KeptRows, ledger: LedgerWrit
     _absorb(checker.run(replay), kept, ledger)
     generated: dict[str, int] = {}
     if session is not None:
-        generated = _generate_in_rounds(recipe, checker, kept, ledger, session, allow_short)
+        generated = generate_in_rounds(recipe, session, kept, lambda rows: _absorb(checker.run(rows), kept, ledger),
+                                       allow_short)
     kept.close()
     return plan_selection(recipe, kept.available, generated)
 
@@ -140,9 +169,11 @@ def _absorb(items: Iterator[Conversation | Skipped], kept: KeptRows, ledger: Led
             kept.add(item)
 
 
-def _generate_in_rounds(recipe: Recipe, checker: Checker, kept: KeptRows, ledger: LedgerWriter,
-                        session: GenerationSession, allow_short: bool) -> dict[str, int]:
-    """Rows asked for per prompts source, over every round."""
+def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: MixtureKeys,
+                       absorb: Callable[[Iterator[Conversation | Skipped]], None], allow_short: bool) -> dict[str, int]:
+    """Generate the prompt sources in rounds; ``absorb`` checks each round's rows and adds those it keeps to
+    ``kept`` (the replayed rows are in it already) before the next round is planned. Returns the rows asked for
+    per prompts source, over every round."""
     samples = recipe.target.generation.n
     pools = _prompt_pools(recipe, session)
     at_most = ({name: RowBounds.of_rows(have.count(), have.count(thinking=True), "rows pass every check")
@@ -183,8 +214,7 @@ def _generate_in_rounds(recipe: Recipe, checker: Checker, kept: KeptRows, ledger
                 if in_round:
                     yield from batch_to_conversations(batch.take(in_round))
 
-        rows = session.rows(this_round, sum(last - first for first, last in batch.values()))
-        _absorb(checker.run(rows), kept, ledger)
+        absorb(session.rows(this_round, sum(last - first for first, last in batch.values())))
     return {name: count * samples for name, count in asked.items()}
 
 
