@@ -35,6 +35,7 @@ from corpus_builder.screen.dedup import (
 from corpus_builder.screen.normalise import conversation_text
 from corpus_builder.sources.hub import MIRROR_ENV
 from corpus_builder.testing.fault_server import FaultServer
+from tests.support.chats import served
 from tests.support.real_data import write_rows
 
 MODEL = "tiny-target"
@@ -59,11 +60,6 @@ def edited(text: str, share: float, seed: int) -> str:
 
 def chat(user: str, answer: str) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
-
-
-# The loopback server answers prompt P with reasoning "Let me think about P[:60]." and "Answer to P[:60]."
-def served(prompt: str) -> dict[str, Any]:
-    return chat(prompt, f"<think>Let me think about {prompt[:60]}.</think>Answer to {prompt[:60]}.")
 
 
 EVICTED_PROMPT = "Which harbor lies past the copper canyon?"

@@ -1,4 +1,5 @@
-"""Synthetic OpenAI-style chat rows for tests that need a small, varied replay log."""
+"""Synthetic OpenAI-style chat rows for tests that need a small, varied replay log, or rows the loopback server
+(``corpus_builder.testing.fault_server``) would generate."""
 
 from __future__ import annotations
 
@@ -24,3 +25,11 @@ def synthetic_chats(count: int, *, max_turns: int, system: str, system_every: in
             messages.append({"role": "assistant", "content": content})
         rows.append({"messages": messages})
     return rows
+
+
+def served(prompt: str) -> dict[str, Any]:
+    """The row the loopback server generates for a one-turn ``prompt``, as a replay log holds it: its reasoning
+    "Let me think about P[:60]." and its answer "Answer to P[:60]." (a replayed duplicate of a generated row)."""
+    return {"messages": [{"role": "user", "content": prompt},
+                         {"role": "assistant",
+                          "content": f"<think>Let me think about {prompt[:60]}.</think>Answer to {prompt[:60]}."}]}
