@@ -68,9 +68,6 @@ class MixtureKeys:
         self.available[evicted.source].discard(self.splitter.assign_id(evicted.id), evicted.thinking, row_priority)
         self.evictions.add(evicted)
 
-    def kept(self, source: str) -> int:
-        return self.available[source].count()
-
 
 class Evictions:
     """The kept rows evicted by a duplicate of higher priority, by source and id (a handful)."""
@@ -136,8 +133,8 @@ def collect(recipe: Recipe, checker: Checker, kept: KeptRows, ledger: LedgerWrit
     _absorb(checker.run(replay), kept, ledger)
     generated: dict[str, int] = {}
     if session is not None:
-        generated = generate_in_rounds(recipe, session, kept, lambda rows: _absorb(checker.run(rows), kept, ledger),
-                                       allow_short)
+        generated = generate_in_rounds(recipe, session, lambda: kept.available,
+                                       lambda rows: _absorb(checker.run(rows), kept, ledger), allow_short)
     kept.close()
     return plan_selection(recipe, kept.available, generated)
 
@@ -169,24 +166,17 @@ def _absorb(items: Iterator[Conversation | Skipped], kept: KeptRows, ledger: Led
             kept.add(item)
 
 
-def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: MixtureKeys,
+def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Callable[[], dict[str, Available]],
                        absorb: Callable[[Iterator[Conversation | Skipped]], None], allow_short: bool) -> dict[str, int]:
-    """Generate the prompt sources in rounds; ``absorb`` checks each round's rows and adds those it keeps to
-    ``kept`` (the replayed rows are in it already) before the next round is planned. Returns the rows asked for
-    per prompts source, over every round."""
+    """Generate the prompt sources in rounds; ``absorb`` checks each round's rows and keeps some, ``kept()`` is what
+    every source has kept so far (the replayed rows first), read before each round is planned. A corpus that
+    declares nothing asks every prompt once and reads no count. Returns the rows asked for per prompts source,
+    over every round."""
     samples = recipe.target.generation.n
     pools = _prompt_pools(recipe, session)
-    at_most = ({name: RowBounds.of_rows(have.count(), have.count(thinking=True), "rows pass every check")
-                for name, have in kept.available.items()}
-               | {name: RowBounds.of_prompts(len(pool), samples) for name, pool in pools.items()})
-    short = certain_shortfalls(recipe, at_most)
-    if short and not allow_short:
-        raise CorpusError("the corpus the recipe declares cannot be met, as the rows at hand show before any "
-                          "request: nothing was generated or written (--allow-short builds it anyway, marked "
-                          "short in the manifest and the card)", details=short)
-    for line in short:
-        print(f"declared corpus: {line} (--allow-short: building it short)", file=session.stream)
-    counts = resolve_counts(recipe, {name: bound.rows for name, bound in at_most.items()})
+    counts: dict[str, int | None] = dict.fromkeys(pools)  # no count declared: every prompt, once
+    if recipe.mixture.declared(recipe.sources):
+        counts = _declared_counts(recipe, session, kept(), pools, allow_short)
     asked = dict.fromkeys(pools, 0)  # prompts asked for so far, per source
     for _ in range(recipe.mixture.max_rounds):
         batch: dict[str, tuple[int, int]] = {}  # source -> [first, last) ranks of its pool to ask this round
@@ -196,8 +186,8 @@ def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Mixture
             if declared is None:  # no target: every prompt, once
                 prompts = left
             else:
-                prompts = math.ceil(next_round(declared, kept.kept(name), asked[name] * samples, left * samples)
-                                    / samples)
+                prompts = math.ceil(next_round(declared, kept()[name].count(), asked[name] * samples,
+                                               left * samples) / samples)
             if prompts > 0:
                 batch[name] = (asked[name], asked[name] + prompts)
                 asked[name] += prompts
@@ -216,6 +206,24 @@ def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Mixture
 
         absorb(session.rows(this_round, sum(last - first for first, last in batch.values())))
     return {name: count * samples for name, count in asked.items()}
+
+
+def _declared_counts(recipe: Recipe, session: GenerationSession, kept: dict[str, Available],
+                     pools: dict[str, list[int]], allow_short: bool) -> dict[str, int | None]:
+    """The rows each source must contribute to the declared corpus, known from the rows kept and the prompt pools
+    before any request; a CorpusError when they certainly cannot meet it, unless ``allow_short``."""
+    samples = recipe.target.generation.n
+    at_most = ({name: RowBounds.of_rows(have.count(), have.count(thinking=True), "rows pass every check")
+                for name, have in kept.items()}
+               | {name: RowBounds.of_prompts(len(pool), samples) for name, pool in pools.items()})
+    short = certain_shortfalls(recipe, at_most)
+    if short and not allow_short:
+        raise CorpusError("the corpus the recipe declares cannot be met, as the rows at hand show before any "
+                          "request: nothing was generated or written (--allow-short builds it anyway, marked "
+                          "short in the manifest and the card)", details=short)
+    for line in short:
+        print(f"declared corpus: {line} (--allow-short: building it short)", file=session.stream)
+    return resolve_counts(recipe, {name: bound.rows for name, bound in at_most.items()})
 
 
 def _prompt_pools(recipe: Recipe, session: GenerationSession) -> dict[str, list[int]]:

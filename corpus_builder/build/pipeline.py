@@ -222,20 +222,26 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
                 if item.split is None:  # a collected row was split when it was kept; sources leave it unset
                     item.split = splitter.assign(item)
                 shards.write(item)
+        unfinished = unfinished_rows(ledger.drops, allow_partial)
     except BaseException:
         shards.abort()
         raise
     finally:
         ledger.close()
-    unfinished = ledger.drops.by_reason[UNFINISHED]
+    return finish_corpus(recipe, staging, shards.close(), auditor, ledger.drops, unfinished=unfinished,
+                         mixture=mixture, screening=screening, pack=pack)
+
+
+def unfinished_rows(drops: DropCounts, allow_partial: bool) -> int:
+    """The generated rows left unfinished (requests out of retries), by the ledger's counts; GenerationIncomplete,
+    before the corpus is finished, when there are any and not ``allow_partial``."""
+    unfinished = drops.by_reason[UNFINISHED]
     if unfinished and not allow_partial:
-        shards.abort()
         raise GenerationIncomplete(
             f"{unfinished:,} generated rows are unfinished (their requests ran out of retries on transient "
             "faults): nothing was written; rerun to resume (every finished turn is journaled), or accept a "
             "partial corpus with --allow-partial (target.generation.allow_partial)", unfinished_rows=unfinished)
-    return finish_corpus(recipe, staging, shards.close(), auditor, ledger.drops, unfinished=unfinished,
-                         mixture=mixture, screening=screening, pack=pack)
+    return unfinished
 
 
 def finish_corpus(recipe: Recipe, staging: Path, shard_infos: list[ShardInfo], auditor: CorpusStats,
@@ -293,7 +299,7 @@ def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | 
     corpus."""
     on_ray = (engine or recipe.engine) == "ray"
     if on_ray:
-        check_ray_engine(recipe)
+        check_ray_engine()
     out_dir = out if out is not None else recipe.output.dir
     with filesystem_errors(out_dir):  # a directory that cannot be listed
         check_output_dir(recipe, out_dir, "--out" if out is not None else "output.dir")
@@ -314,13 +320,10 @@ def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | 
             raise
 
 
-def check_ray_engine(recipe: Recipe) -> None:
-    """Refuse, before anything is touched, a Ray build without Ray installed or of a recipe that asks for what the
-    Ray engine does not run yet (never built differently)."""
-    missing = ray_engine("corpus_builder.build.ray_data", "build").unsupported(recipe)
-    if missing:
-        raise CorpusError(f"the Ray engine does not build {', '.join(missing)} yet: build this recipe with "
-                          "--engine local", file=str(recipe.path) if recipe.path is not None else None)
+def check_ray_engine() -> None:
+    """Refuse, before anything is touched, a Ray build without Ray installed (a CorpusError that says how to
+    install it)."""
+    ray_engine("corpus_builder.build.ray_data", "build")
 
 
 @dataclass(frozen=True)
@@ -343,13 +346,16 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
             stack.callback(ledger.close)  # write_corpus closes it too, but a build can fail before that
-            if cluster is not None:  # check_ray_engine refused what it does not run: replay alone
+            if cluster is not None:
                 from .ray_data import write_on_ray
 
                 auditor = tokens.auditor()
+                session = (_generation_session(recipe, out_dir, staging, stream, ledger, tokens, contamination, stack)
+                           if recipe.has_prompts else None)
                 shard_infos, mixture = write_on_ray(recipe, staging, ledger, contamination, auditor, pack=pack,
-                                                    allow_short=allow_short, address=cluster.address)
-                result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops, mixture=mixture,
+                                                    session=session, allow_short=allow_short, address=cluster.address)
+                result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops,
+                                       unfinished=unfinished_rows(ledger.drops, allow_partial), mixture=mixture,
                                        screening=screening, pack=pack)
             elif recipe.has_prompts or recipe.mixture.declared(recipe.sources):
                 result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
@@ -377,8 +383,7 @@ def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextI
     """Every source checked and spooled, prompts generated (in rounds, when the recipe declares the corpus),
     then the selection written: a generated row can evict the replayed row of a lower-priority source it
     duplicates, and a declared corpus that cannot be met stops here, before anything is written."""
-    session = (GenerationSession(recipe, out_dir / JOURNAL, staging, ledger, tokens.renderer, stream, stack,
-                                 screen=Checker.for_prompts(recipe, contamination))
+    session = (_generation_session(recipe, out_dir, staging, stream, ledger, tokens, contamination, stack)
                if recipe.has_prompts else None)
     kept = KeptRows(recipe, staging, Splitter(recipe.split.validation_fraction, recipe.split.seed))
     checker = Checker.for_recipe(recipe, tokens.renderer, contamination, evict=kept.evict,
@@ -388,3 +393,12 @@ def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextI
     mixture = declared_mixture(recipe, selection, allow_short) if recipe.mixture.declared(recipe.sources) else None
     return write_corpus(kept.selected(selection), recipe, staging, ledger, tokens, allow_partial=allow_partial,
                         mixture=mixture, screening=screening, pack=pack)
+
+
+def _generation_session(recipe: Recipe, out_dir: Path, staging: Path, stream: TextIO, ledger: LedgerWriter,
+                        tokens: TargetTokens, contamination: Contamination | None, stack: ExitStack
+                        ) -> GenerationSession:
+    """The prompt sources' generation, on this machine whichever engine checks and writes its rows: the prompts
+    read, screened and spooled once (their drops the ledger's first records), the journal in ``out_dir``."""
+    return GenerationSession(recipe, out_dir / JOURNAL, staging, ledger, tokens.renderer, stream, stack,
+                             screen=Checker.for_prompts(recipe, contamination))

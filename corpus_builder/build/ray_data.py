@@ -1,4 +1,4 @@
-"""`corpus build --engine ray`: the replay side of a build on a Ray cluster, through Ray Data.
+"""`corpus build --engine ray`: a build on a Ray cluster, through Ray Data.
 
 Imported only when a build asks for the Ray engine (``import corpus_builder`` and the local engine never import
 Ray). The stages are the local engine's functions, run as Ray Data operators, and give the same corpus:
@@ -21,8 +21,8 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
    its buckets, another two their sketches and names; a row is dropped when it is confirmed
    (``NearDuplicates.confirmed``) against a head that is another row, of the first such head: the order-free
    rule of ``screen/near_dedup.py``, the local engine's.
-4. **mixture** (a declared corpus): each kept row's keys, what ``collect.KeptRows`` holds of it (source, split,
-   reasoning, mixture priority), stream to the driver, which plans the take with the local engine's
+4. **mixture** (a declared corpus): each kept row's keys, what ``collect.MixtureKeys`` holds of it (source,
+   split, reasoning, mixture priority), stream to the driver, which plans the take with the local engine's
    ``plan_selection`` (and stops a corpus that falls short, ``collect.declared_mixture``); the rows are
    materialized in the object store meanwhile, to be read once more by the writing tasks.
 5. **write**: each task sorts its block by priority, splits the rows it keeps (by their ids, as the local
@@ -30,7 +30,8 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
    (``ShardWriter``) with their statistics (``CorpusStats``; the token statistics add the facts the rows
    brought from the screen, and measure the rows truncated to the budget, as the local writer does); the driver
    names the shards, merges the statistics (the token statistics' as ``TokenFigures``), writes the ledger in
-   priority order and the manifest and audit with the local engine's ``finish_corpus``.
+   priority order (the evicted rows last, as the local engine reads its kept rows) and the manifest and audit
+   with the local engine's ``finish_corpus``.
 
 A task that dies is retried by Ray; its first attempt's shards are in a directory no result names, and are
 removed: every row is written once. The corpus directory, and the target's tokenizer, must be on storage every
@@ -40,7 +41,19 @@ The eval pack is cut and written on the driver, before the cluster reads anythin
 ``cut_eval_pack`` (two reads of the replay sources there); each screen task indexes it again from its written
 shards (``read_pack_screen``) and holds its rows out, and its copies, as the local checks do.
 
-Not yet run on Ray, refused with a CorpusError naming it (``unsupported``): prompt sources (generation).
+**Prompt sources** are generated on the driver, by the local engine's own ``GenerationSession`` and
+``generate_in_rounds``: the prompts read, screened and spooled once, the endpoints (or the server the build
+launches) and their preflight, the journal (a rebuild asks for nothing new), the rounds of a declared corpus.
+Generation is the driver's already (one session, one journal, requests bounded by the endpoints, not by the
+cluster); what scales with the rows is what the cluster does. Each round's rows join the cluster's as a part of
+their own, numbered after every replay part: the priority the local engine's order gives them (every replayed
+row, then the rounds in order), so the screen, the ids, the dedup group-bys, the take and the writing tasks are
+the replayed rows' own (``_CorpusRows``). The one rule the order-free group-bys do not give is the eviction: in
+the local engine a generated row that outranks (by source) the row its index answers with keeps its place and
+evicts that row. The group-bys find that answer for every generated row (the head it duplicates, as the local
+index has it: the rows before it); the driver judges the answers in order with the local ``Dedup.judge`` and
+the writing tasks apply its verdicts, so a rebuild by either engine writes the same rows, ledger, audit and
+manifest.
 """
 
 from __future__ import annotations
@@ -48,7 +61,8 @@ from __future__ import annotations
 import pickle
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -67,15 +81,16 @@ from ..recipe.model import Recipe
 from ..records import Conversation, row_location
 from ..screen.checks import BatchStats, Checker
 from ..screen.decontaminate import Contamination
-from ..screen.dedup import Dedup, Verdict
-from ..screen.near_dedup import ExactDuplicates, NearDuplicates, Signatures
-from ..sources.parallel import measured_rows, replay_parts
+from ..screen.dedup import Dedup, Verdict, dedup_key, parse_dedup_key
+from ..screen.near_dedup import Duplicate, ExactDuplicates, NearDuplicates, Signatures
+from ..sources.parallel import Part, measured_rows, replay_parts
 from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenFacts, TokenSettings, TurnTokens
-from .collect import declared_mixture
+from .collect import Evictions, MixtureKeys, declared_mixture, generate_in_rounds
 from .eval_pack import EvalPack, PackCut, read_pack_screen
 from .mixture import Available, Selection, plan_selection
+from .prompt_stage import GenerationSession
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
 
@@ -89,16 +104,9 @@ ROWS_PER_PARTITION = 50_000
 ROWS_PER_WRITE = 10_000
 # A near verdict ranks after any exact one (a row's exact head, if another row, is its verdict).
 _NEAR_RANK = 1 << 62
-_NAME_SEPARATOR = "\x1f"
 RAY_DIRECTORY = ".ray-"
-
-
-def unsupported(recipe: Recipe) -> list[str]:
-    """What the recipe asks for that the Ray engine does not run yet (empty: it runs the whole build)."""
-    missing = []
-    if recipe.has_prompts:
-        missing.append("prompt sources (generation)")
-    return missing
+# Where the driver writes each round's generated rows, in the staging directory, for the tasks that screen them.
+GENERATED = "generated"
 
 
 def connect(address: str | None) -> None:
@@ -115,43 +123,197 @@ def connect(address: str | None) -> None:
 
 
 def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contamination: Contamination | None,
-                 auditor: CorpusStats, *, pack: EvalPack | None = None, allow_short: bool = False,
-                 address: str | None = None) -> tuple[list[ShardInfo], dict[str, Any] | None]:
-    """Read, check, dedup, split and write the recipe's replay sources into ``staging`` on the cluster; the
-    dropped rows go to ``ledger`` (closed at the end) in the local engine's order, the statistics of the rows
-    written into ``auditor`` (its token statistics' settings are those the tasks measure with). ``pack``: the
-    eval pack cut and written into ``staging``, whose rows the screen holds out. Returns the shards and, when
-    the recipe declares the corpus, the mixture's report (a corpus that falls short is a MixtureShort before
-    anything is written, unless ``allow_short``)."""
+                 auditor: CorpusStats, *, pack: EvalPack | None = None, session: GenerationSession | None = None,
+                 allow_short: bool = False, address: str | None = None
+                 ) -> tuple[list[ShardInfo], dict[str, Any] | None]:
+    """Read, check, dedup, split and write the recipe's replay sources, and the rows ``session`` generates of its
+    prompt sources, into ``staging`` on the cluster; the dropped rows go to ``ledger`` (closed at the end) in the
+    local engine's order, the statistics of the rows written into ``auditor`` (its token statistics' settings are
+    those the tasks measure with). ``pack``: the eval pack cut and written into ``staging``, whose rows the screen
+    holds out. Returns the shards and, when the recipe declares the corpus, the mixture's report (a corpus that
+    falls short is a MixtureShort before anything is written, unless ``allow_short``)."""
     connect(address)
     settings = auditor.tokens.settings if auditor.tokens is not None else None
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
     parts = replay_parts(recipe, PARTS_PER_CPU * cpus)
-    if len(parts) >= 1 << (63 - PART_SHIFT):
+    if len(parts) + recipe.mixture.max_rounds >= 1 << (63 - PART_SHIFT):
         raise CorpusError(f"the replay sources make {len(parts):,} parts, more than the Ray engine numbers")
-    screened = ray.data.from_items([{"part": index} for index in range(len(parts))],
-                                   override_num_blocks=max(1, len(parts))).map_batches(
-        partial(_screen_parts, parts=parts, recipe=recipe, contamination=contamination, settings=settings,
-                pack_cut=pack.cut if pack is not None else None,
-                pack_files=[staging / info.path for info in pack.files] if pack is not None else []),
-        batch_size=1,
-        batch_format="numpy").materialize()
-    # Shuffles cut into partitions of a bounded size, so that a task's memory does not grow with the input.
-    partitions = max(cpus, -(-screened.count() // ROWS_PER_PARTITION))
-    final_ids = _unique_ids(screened, partitions=partitions)
-    dedup = Dedup.for_recipe(recipe)
-    rows = screened if dedup is None else screened.join(
-        _verdicts(screened, recipe, final_ids, partitions=partitions), "left_outer", num_partitions=partitions,
-        on=("priority",))
+    screen = partial(_screen_parts, recipe=recipe, contamination=contamination, settings=settings,
+                     pack_cut=pack.cut if pack is not None else None,
+                     pack_files=[staging / info.path for info in pack.files] if pack is not None else [])
+    declared = recipe.mixture.declared(recipe.sources)
+    keys = MixtureKeys(recipe, Splitter(recipe.split.validation_fraction, recipe.split.seed))
+    rows = _CorpusRows(recipe, _screened(dict(enumerate(parts)), screen), screen, len(parts), staging, cpus, keys,
+                       declared=declared)
+    generated: dict[str, int] = {}
+    if session is not None:
+        generated = generate_in_rounds(recipe, session, rows.available, rows.absorb, allow_short)
     selection = mixture = None
-    if recipe.mixture.declared(recipe.sources):
-        rows = rows.materialize()  # read twice: for the candidates' facts, then for the rows the selection takes
-        selection = _select(rows, recipe, final_ids, dedup=dedup is not None)
+    if declared:  # nothing declared: the local engine's take is every row kept
+        selection = plan_selection(recipe, rows.available(), generated)
         mixture = declared_mixture(recipe, selection, allow_short)
-    written = rows.map_batches(partial(_write_rows, recipe=recipe, staging=staging, final_ids=final_ids,
-                                       dedup=dedup is not None, settings=settings, selection=selection),
-                               batch_size=ROWS_PER_WRITE, batch_format="pyarrow").take_all()
+    everything = rows.everything()
+    written = everything.map_batches(
+        partial(_write_rows, recipe=recipe, staging=staging, final_ids=rows.final_ids, settings=settings,
+                selection=selection, judged=rows.judged, evictions=keys.evictions),
+        batch_size=ROWS_PER_WRITE, batch_format="pyarrow").take_all() if everything is not None else []
     return _assemble(staging, written, ledger, auditor), mixture
+
+
+def _screened(parts: Mapping[int, Part], screen: Callable[..., Iterator[pa.Table]]) -> ray.data.Dataset | None:
+    """The parts read and screened (``_screen_parts``), one task a part, materialized: every later stage reads
+    them, some twice; None when there is no part."""
+    if not parts:
+        return None
+    screened: ray.data.Dataset = ray.data.from_items(
+        [{"part": index} for index in parts], override_num_blocks=len(parts)).map_batches(
+        partial(screen, parts=parts), batch_size=1, batch_format="numpy").materialize()
+    return screened
+
+
+def _partitions(rows: ray.data.Dataset, cpus: int) -> int:
+    """Partitions of a shuffle (aggregates, joins) of a bounded size, so that a task's memory does not grow with
+    the input."""
+    count: int = rows.count()
+    return max(cpus, -(-count // ROWS_PER_PARTITION))
+
+
+class _CorpusRows:
+    """Every row screened on the cluster, with its id and its verdict: the replayed rows', then those of each round
+    of the prompt sources' generation, as the local engine runs it (``generate_in_rounds``: the driver's session,
+    journal and rounds).
+
+    Each round's rows (and the generation's skips) are written to a file of the staging directory in the order the
+    session gives them, a part numbered after every replay part and every earlier round's: the priority the local
+    engine's order gives them, after every replayed row. The part is screened like a replay part. When the kept
+    rows are counted (a declared corpus, before each round is planned) or written, the ids and the bucket heads are
+    found over every row screened so far (the replayed rows' own do not change: every generated row ranks after
+    them). A generated row's head is what the local engine's index answers for it; the driver judges those
+    answers with the local ``Dedup.judge``, in the local order: a generated row of a higher-priority source than
+    the row it duplicates is kept and that row evicted, or it is dropped as a duplicate of the row kept. Cost: a
+    declared corpus finds the ids and the heads of the replayed rows again for every round, one that declares
+    nothing once."""
+
+    def __init__(self, recipe: Recipe, replay: ray.data.Dataset | None, screen: Callable[..., Iterator[pa.Table]],
+                 first_part: int, staging: Path, cpus: int, keys: MixtureKeys, *, declared: bool) -> None:
+        self.recipe = recipe
+        self.keys = keys  # kept up to date only for a declared corpus, the only one whose take reads them
+        self.judge = Dedup.for_recipe(recipe)  # its index stays empty: the heads are found on the cluster
+        self.judged: dict[int, Verdict | None] = {}  # generated rows whose head the judge overrules (None: kept)
+        self.final_ids: dict[int, str] = {}
+        self._declared = declared
+        self._evict = keys.evict if declared else keys.evictions.add
+        self._verdicts: ray.data.Dataset | None = None
+        self._screen = screen
+        self._replay = replay
+        self._parts = [] if replay is None else [replay]
+        self._unjudged: list[ray.data.Dataset] = []  # rounds screened, their rows not judged yet
+        self._found = False  # the ids and verdicts of every part found
+        self._replayed: ray.data.Dataset | None = None  # the replayed rows with their verdicts, once their keys read
+        self._next_part = first_part
+        self._generated_from = first_part << PART_SHIFT  # the least priority of a generated row
+        self._directory = staging / GENERATED
+        self._cpus = cpus
+
+    def available(self) -> dict[str, Available]:
+        """What each source has kept, every round absorbed judged: the declared mixture's keys."""
+        self._judge()
+        return self.keys.available
+
+    def everything(self) -> ray.data.Dataset | None:
+        """Every row screened, replayed and generated, each with its verdict; None when there is none."""
+        self._judge()
+        if len(self._parts) == 1 and self._replayed is not None:
+            return self._replayed
+        return self._joined(self._union()) if self._parts else None
+
+    def absorb(self, items: Iterator[Conversation | Skipped]) -> None:
+        """Write and screen a round's rows, to be judged when the kept rows are next counted or written."""
+        part = self._next_part
+        self._next_part += 1
+        self._directory.mkdir(exist_ok=True)
+        path = self._directory / f"{part:010d}.pickle"
+        with path.open("wb") as file:
+            for item in items:  # the session generates as it is read: the round's requests are sent here
+                pickle.dump(item, file, protocol=pickle.HIGHEST_PROTOCOL)
+        round_rows = _screened({part: partial(_read_generated, path)}, self._screen)
+        assert round_rows is not None
+        self._parts.append(round_rows)
+        self._unjudged.append(round_rows)
+
+    def _judge(self) -> None:
+        """The ids and verdicts of every row found (again, when a round came since), the replayed rows' keys read
+        (a declared corpus, the first time), then the rows of every round not judged yet, round by round."""
+        if not self._parts or (self._found and not self._unjudged):
+            return
+        self.final_ids, self._verdicts = self._ids_and_verdicts(self._union())
+        self._found = True
+        if self._declared and self._replay is not None and self._replayed is None:
+            self._replayed = self._joined(self._replay).materialize()  # read again by the writing tasks
+            _add_kept(self._replayed, self.recipe, self.final_ids, self.keys)
+        for round_rows in self._unjudged:
+            self._judge_round(round_rows)
+        self._unjudged = []
+
+    def _judge_round(self, round_rows: ray.data.Dataset) -> None:
+        """Judge a round's checked rows in order; a declared corpus's keys take those kept."""
+        fields = ["priority", "raw_id", "source", "thinking"]  # a few of each row, on the driver as the local engine's
+        checked = sorted(tuple(row[name] for name in fields) for row in round_rows.map_batches(
+            lambda table: _checked(table).select(fields), batch_format="pyarrow").take_all())
+        heads = self._heads({priority for priority, _, _, _ in checked})
+        for priority, raw_id, source, thinking in checked:
+            row_id = self.final_ids.get(priority, raw_id)
+            head = heads.get(priority)
+            verdict = None
+            if self.judge is not None and head is not None:
+                # one row at a time: a row kept joins the keys before the next may evict it
+                [verdict] = self.judge.judge([dedup_key(thinking, source, row_id)], [head], self._evict)
+                self.judged[priority] = verdict
+            if verdict is None and self._declared:
+                self.keys.add_keys(source, row_id, thinking)
+
+    def _union(self) -> ray.data.Dataset:
+        return self._parts[0].union(*self._parts[1:]) if len(self._parts) > 1 else self._parts[0]
+
+    def _ids_and_verdicts(self, rows: ray.data.Dataset) -> tuple[dict[int, str], ray.data.Dataset | None]:
+        """The ids of the checked rows whose own id an earlier one carries (``_unique_ids``), and the verdicts of
+        those that duplicate the head of a bucket (``_verdicts``), materialized; None without dedup."""
+        partitions = _partitions(rows, self._cpus)
+        final_ids = _unique_ids(rows, partitions=partitions)
+        if self.judge is None:
+            return final_ids, None
+        return final_ids, _verdicts(rows, self.recipe, final_ids, partitions=partitions).materialize()
+
+    def _joined(self, rows: ray.data.Dataset) -> ray.data.Dataset:
+        """The rows, each with its verdict (null: no row of higher priority it duplicates)."""
+        if self._verdicts is None:
+            return rows
+        return rows.join(self._verdicts, "left_outer", num_partitions=_partitions(rows, self._cpus),
+                         on=("priority",))
+
+    def _heads(self, asking: set[int]) -> dict[int, Duplicate]:
+        """What the local engine's index answers for each of the ``asking`` rows that duplicates the head of a
+        bucket, by priority; the replayed heads among them that are duplicates themselves marked dropped in the
+        judge, as the local engine's index has them when a generated row meets them."""
+        if self._verdicts is None or self.judge is None or not asking:
+            return {}
+        found = {row["priority"]: _found(row["verdict"]) for row in self._verdicts.map_batches(
+            _having("priority", asking), batch_format="pyarrow").take_all()}
+        replayed = {head.priority: head.duplicate.of for head in found.values() if head.priority < self._generated_from}
+        if replayed:
+            dropped = self._verdicts.map_batches(_having("priority", set(replayed)), batch_format="pyarrow")
+            self.judge.mark_dropped(replayed[row["priority"]] for row in dropped.take_all())
+        return {priority: head.duplicate for priority, head in found.items()}
+
+
+def _read_generated(path: Path) -> Iterator[Conversation | Skipped]:
+    """A round's generated rows and skips, as the driver wrote them (pickled one after another)."""
+    with path.open("rb") as file:
+        while True:
+            try:
+                yield pickle.load(file)
+            except EOFError:
+                return
 
 
 @cache
@@ -161,7 +323,7 @@ def _renderer(settings: TokenSettings) -> TemplateRenderer:
     return settings.renderer()
 
 
-def _screen_parts(batch: dict[str, np.ndarray], *, parts: list[Callable[[], Any]], recipe: Recipe,
+def _screen_parts(batch: dict[str, np.ndarray], *, parts: Mapping[int, Part], recipe: Recipe,
                   contamination: Contamination | None, settings: TokenSettings | None, pack_cut: PackCut | None,
                   pack_files: list[Path]) -> Iterator[pa.Table]:
     """Read, measure and screen parts: one record per row, checked (a dedup candidate) or skipped (a copy of the
@@ -218,9 +380,9 @@ def _checked(table: pa.Table) -> pa.Table:
     return table.filter(table.column("checked"))
 
 
-def _having(column: str, values: set[str]) -> Callable[[pa.Table], pa.Table]:
-    """A batch filter: the rows whose ``column`` is one of ``values``."""
-    wanted = pa.array(sorted(values), pa.string())
+def _having(column: str, values: set[str] | set[int]) -> Callable[[pa.Table], pa.Table]:
+    """A batch filter: the rows whose ``column`` (ids, or priorities) is one of ``values``."""
+    wanted = pa.array(sorted(values), pa.string() if any(isinstance(value, str) for value in values) else pa.int64())
     return lambda table: table.filter(pc.is_in(table.column(column), value_set=wanted))
 
 
@@ -257,15 +419,35 @@ def _words(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
     return np.frombuffer(b"".join(column.to_pylist()), dtype=np.uint64).reshape(-1, width)
 
 
-def _tag(rank: int, sketch: bytes, source: str, row_id: str) -> bytes:
+def _tag(rank: int, sketch: bytes, key: str) -> bytes:
     """What a bucket's head (or a verdict) carries through an aggregate: a fixed-width big-endian rank first,
-    so that the least tag of a group, an aggregate ``Min``, is the one of least rank."""
-    return rank.to_bytes(8, "big") + sketch + _NAME_SEPARATOR.join((source, row_id)).encode()
+    so that the least tag of a group, an aggregate ``Min``, is the one of least rank; the head's ``dedup_key``
+    last (what the local engine's index keeps of it)."""
+    return rank.to_bytes(8, "big") + sketch + key.encode()
 
 
-def _untag(tag: bytes, sketch_bytes: int) -> tuple[int, bytes, str, str]:
-    source, row_id = tag[8 + sketch_bytes:].decode().split(_NAME_SEPARATOR, 1)
-    return int.from_bytes(tag[:8], "big"), tag[8:8 + sketch_bytes], source, row_id
+def _untag(tag: bytes, sketch_bytes: int) -> tuple[int, bytes, str]:
+    return int.from_bytes(tag[:8], "big"), tag[8:8 + sketch_bytes], tag[8 + sketch_bytes:].decode()
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """A verdict's head: its priority, and what the local engine's index answers for the row (``Duplicate``)."""
+
+    priority: int
+    duplicate: Duplicate
+
+
+def _found(tag: bytes) -> _Head:
+    """The head a verdict's tag names."""
+    rank, _, key = _untag(tag, 0)
+    return _Head(rank & ~_NEAR_RANK, Duplicate(key, "near" if rank & _NEAR_RANK else "exact"))
+
+
+def _verdict(duplicate: Duplicate) -> Verdict:
+    """Why a row is dropped: the row of its index answer."""
+    _, source, row_id = parse_dedup_key(duplicate.of)
+    return Verdict(row_id, source, duplicate.rule)
 
 
 def _index(recipe: Recipe) -> ExactDuplicates:
@@ -290,9 +472,10 @@ def _bucket_entries(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str
         kinds, keys, bands = np.zeros(len(rows), np.uint8), signatures.hashes[:, 0], np.full(len(rows), -1)
     priorities = checked.column("priority").to_pylist()
     sketches = checked.column("sketch").to_pylist()
-    tags = [_tag(priority, sketch, source, final_ids.get(priority, raw_id)) for priority, sketch, source, raw_id
-            in zip(priorities, sketches, checked.column("source").to_pylist(), checked.column("raw_id").to_pylist(),
-                   strict=True)]
+    tags = [_tag(priority, sketch, dedup_key(thinking, source, final_ids.get(priority, raw_id)))
+            for priority, sketch, source, raw_id, thinking in zip(
+                priorities, sketches, checked.column("source").to_pylist(), checked.column("raw_id").to_pylist(),
+                checked.column("thinking").to_pylist(), strict=True)]
     return pa.table({"kind": kinds, "key": keys, "priority": np.asarray(priorities, dtype=np.int64)[rows],
                      "band": bands, "sketch": pa.array(sketches, pa.binary()).take(rows),
                      "tag": pa.array(tags, pa.binary()).take(rows)})
@@ -329,21 +512,29 @@ def _confirm(table: pa.Table, *, recipe: Recipe) -> pa.Table:
                                       _words(pa.array([heads[row][1] for row in near], pa.binary()),
                                              index.sketch_words),
                                       np.asarray(table.column("band"))[near])
-    verdicts = [_tag(heads[row][0] | (0 if exact[row] else _NEAR_RANK), b"", heads[row][2], heads[row][3])
+    verdicts = [_tag(heads[row][0] | (0 if exact[row] else _NEAR_RANK), b"", heads[row][2])
                 for row in np.flatnonzero(holds).tolist()]
     return pa.table({"priority": pa.array(priorities[holds], pa.int64()), "verdict": pa.array(verdicts, pa.binary())})
 
 
-def _kept(table: pa.Table, *, dedup: bool) -> pa.Table:
+def _verdict_tags(table: pa.Table) -> pa.ChunkedArray | pa.Array:
+    """Each row's verdict tag, null when it duplicates no row of higher priority (a block without the column: dedup
+    is off, or no row it joined has one)."""
+    if "verdict" in table.column_names:
+        return table.column("verdict")
+    return pa.nulls(len(table), pa.binary())
+
+
+def _kept(table: pa.Table) -> pa.Table:
     """The rows that passed every check and dedup."""
     checked = _checked(table)
-    return checked.filter(pc.is_null(checked.column("verdict"))) if dedup else checked
+    return checked.filter(pc.is_null(_verdict_tags(checked)))
 
 
-def _candidates(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str], dedup: bool) -> pa.Table:
+def _candidates(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str]) -> pa.Table:
     """What the mixture's take reads of each kept row (``KeptRows.add``'s keys): its source, split (by the id it
     is written under), reasoning and mixture priority."""
-    kept = _kept(table, dedup=dedup)
+    kept = _kept(table)
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
     ids = [final_ids.get(priority, raw_id) for priority, raw_id in zip(
         kept.column("priority").to_pylist(), kept.column("raw_id").to_pylist(), strict=True)]
@@ -352,27 +543,28 @@ def _candidates(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str], d
                      "row_priority": pa.array([mixture_priority(recipe.mixture.seed, i) for i in ids], pa.uint64())})
 
 
-def _select(rows: ray.data.Dataset, recipe: Recipe, final_ids: dict[int, str], *, dedup: bool) -> Selection:
-    """The declared mixture's take: the local engine's ``plan_selection`` over every kept row's keys, streamed to
-    the driver (a few integers a row, what the local engine holds too)."""
-    available = {spec.name: Available() for spec in recipe.sources}
-    candidates = rows.map_batches(partial(_candidates, recipe=recipe, final_ids=final_ids, dedup=dedup),
+def _add_kept(rows: ray.data.Dataset, recipe: Recipe, final_ids: dict[int, str], keys: MixtureKeys) -> None:
+    """Every kept row's keys into ``keys``, what the declared mixture's take (the local engine's
+    ``plan_selection``) reads, streamed to the driver (a few integers a row, what the local engine holds too)."""
+    candidates = rows.map_batches(partial(_candidates, recipe=recipe, final_ids=final_ids),
                                   batch_format="pyarrow")
     for batch in candidates.iter_batches(batch_format="pyarrow"):
         assert isinstance(batch, pa.Table)  # what batch_format="pyarrow" gives
         for source, split, thinking, row_priority in zip(*(batch.column(name).to_pylist() for name in (
                 "source", "split", "thinking", "row_priority")), strict=True):
-            available[source].add(split, thinking, row_priority)
-    return plan_selection(recipe, available, {})
+            keys.available[source].add(split, thinking, row_priority)
 
 
-def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: dict[int, str], dedup: bool,
-                settings: TokenSettings | None, selection: Selection | None) -> pa.Table:
+def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: dict[int, str],
+                settings: TokenSettings | None, selection: Selection | None, judged: dict[int, Verdict | None],
+                evictions: Evictions) -> pa.Table:
     """Split and write a block's kept rows (those the declared mixture's ``selection`` takes, when there is one)
-    into shards of its own; the dropped rows, by priority, for the ledger (a row the mixture does not take is
-    not dropped, as the local engine's); the rows' statistics, the token statistics' figures apart (a
-    TokenStats holds the tokenizer). The directory is this attempt's alone: a retried task's first attempt
-    leaves nothing it names."""
+    into shards of its own; the dropped rows for the ledger, each with its place in it: by priority, then the
+    evicted rows, by source in recipe order and priority, as the local engine reads its kept rows (a row the
+    mixture does not take is not dropped, as the local engine's); the rows' statistics, the token statistics'
+    figures apart (a TokenStats holds the tokenizer). ``judged``: the generated rows whose head the driver's judge
+    overruled (None: kept). The directory is this attempt's alone: a retried task's first attempt leaves nothing
+    it names."""
     table = table.sort_by("priority")
     directory = f"{DATA}/{RAY_DIRECTORY}{uuid.uuid4().hex}"
     splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
@@ -380,23 +572,28 @@ def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: di
     tokens = TokenStats(settings, TurnTokens(_renderer(settings)), measured) if settings is not None else None
     stats = CorpusStats(tokens=tokens)
     shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=stats.add_rows, directory=directory)
-    dropped: list[tuple[int, Skipped]] = []
-    verdicts = table.column("verdict").to_pylist() if dedup else [None] * len(table)
+    dropped: list[tuple[tuple[int, ...], Skipped]] = []
+    source_order = {spec.name: index for index, spec in enumerate(recipe.sources)}
+    verdicts = _verdict_tags(table).to_pylist()
     priorities = table.column("priority").to_pylist()
     facts = table.column("facts").to_pylist()
     try:
         for position, item_bytes in enumerate(table.column("item").to_pylist()):
             priority = priorities[position]
             item = pickle.loads(item_bytes)
+            tag = verdicts[position]
+            verdict = judged[priority] if priority in judged else _verdict(_found(tag).duplicate) if tag else None
             if isinstance(item, Skipped):
-                dropped.append((priority, item))
-            elif (tag := verdicts[position]) is not None:
-                rank, _, of_source, of_id = _untag(tag, 0)
-                verdict = Verdict(of_id, of_source, "near" if rank & _NEAR_RANK else "exact")
-                dropped.append((priority, Skipped(item.source, verdict.reason, row_location(item), verdict.detail,
+                dropped.append(((0, priority), item))
+            elif verdict is not None:
+                dropped.append(((0, priority), Skipped(item.source, verdict.reason, row_location(item), verdict.detail,
                                                   id=item.id)))
             else:
                 item.id = final_ids.get(priority, item.id)
+                evicted = evictions.skipped(item)
+                if evicted is not None:
+                    dropped.append(((1, source_order[item.source], priority), evicted))
+                    continue
                 item.split = splitter.assign(item)
                 if selection is not None and not selection.takes(
                         item.source, item.split, item.thinking, mixture_priority(recipe.mixture.seed, item.id)):
@@ -417,12 +614,12 @@ def _write_rows(table: pa.Table, *, recipe: Recipe, staging: Path, final_ids: di
 
 def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter, stats: CorpusStats
               ) -> list[ShardInfo]:
-    """The tasks' shards under their final names, their statistics merged into ``stats``, the ledger in priority
-    order; the directories of attempts no result names (a retried task's) removed."""
+    """The tasks' shards under their final names, their statistics merged into ``stats``, the ledger in the local
+    engine's order; the directories of attempts no result names (a retried task's) removed."""
     data = staging / DATA
     data.mkdir(parents=True, exist_ok=True)
     by_split: dict[str, list[ShardInfo]] = {}
-    dropped: list[tuple[int, Skipped]] = []
+    dropped: list[tuple[tuple[int, ...], Skipped]] = []
     for result in sorted(written, key=lambda result: result["first"]):  # shards numbered in read order
         stats.merge(pickle.loads(result["stats"]))
         figures: TokenFigures | None = pickle.loads(result["tokens"])

@@ -9,12 +9,15 @@ shuffle between them). RAY_AUTH_MODE=disabled: the cluster is private to the tes
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,13 +29,16 @@ import pytest
 from corpus_builder.audit import audit_corpus
 from corpus_builder.build import build_corpus
 from corpus_builder.build.collect import MixtureShort
-from corpus_builder.errors import CorpusError
-from corpus_builder.layout import iter_ledger
+from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
+from corpus_builder.testing.fault_server import Fault, FaultServer
+from tests.support.chats import served
 from tests.support.ray_cluster import local_cluster
 from tests.support.real_data import write_chitchat, write_gsm8k, write_rows, write_sharegpt
 
 ray = pytest.importorskip("ray")
+
+MODEL = "tiny-target"  # the loopback server's
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +239,112 @@ def test_a_mixture_the_rows_cannot_meet_stops_the_ray_build_before_anything_is_w
     assert not (tmp_path / "corpus").exists()
 
 
+# Prompts the loopback server answers (``served``) as a replayed row has it: a generated row of ``asks`` evicts the
+# replayed copy of a source it outranks (exactly, or near: the prompt edited past the 60 characters its answer
+# repeats), but not a copy that is a near duplicate of an earlier row itself, and is dropped as a duplicate of the
+# copy of a source that outranks it.
+EVICTED_PROMPT = "Which harbor lies past the copper canyon?"
+OUTRANKED_PROMPT = "Where do falcons nest in the winter?"
+
+
+def near_prompt(tag: str) -> tuple[str, str]:
+    """A long prompt (its words ending in ``tag``), and the same with one word changed past its first 60
+    characters."""
+    words = [f"{word}{index % 7}{tag}" for index, word in enumerate(
+        ("river meadow lantern copper violet harbor engine pencil thunder garden " * 8).split())]
+    edited = list(words)
+    edited[60] = "changed"
+    return " ".join(words), " ".join(edited)
+
+
+@pytest.fixture(scope="module")
+def asked(messy: Path) -> Path:
+    """Beside the messy sources: prompts (the first user turns of real chit-chat rows, a few of them alike, a
+    conversation the eval set holds, the planted prompts and a copy of one in other case) and the replayed copies of
+    their answers."""
+    chats = [orjson.loads(line) for line in (messy / "chitchat.jsonl").read_bytes().splitlines()]
+    (near, edited_near), (dropped, edited_dropped) = near_prompt("n"), near_prompt("d")
+    prompts = [row["messages"][0]["content"] for row in chats[120:150]] + [
+        " ".join(turn["content"] for turn in chats[150]["messages"]),
+        EVICTED_PROMPT, near, dropped, OUTRANKED_PROMPT, EVICTED_PROMPT.upper().rstrip("?")]
+    write_rows(messy / "asks.jsonl", [{"messages": [{"role": "user", "content": text}]} for text in prompts])
+    write_rows(messy / "trusted.jsonl", [served(OUTRANKED_PROMPT)])
+    write_rows(messy / "served.jsonl", [served(EVICTED_PROMPT), served(edited_near), served(edited_dropped),
+                                        served(dropped), served("a prompt nobody asks")])
+    return messy
+
+
+def write_prompts_recipe(path: Path, data: Path, endpoint: str, *, mixture: str | None = None,
+                         asks: str = "") -> Path:
+    """Replay and prompt sources in this rank: trusted (outranks the generated rows), asks (the prompts, ``asks``:
+    more keys of the source), chit-chat and served (the generated rows outrank them)."""
+    path.write_text(
+        "name: ray-prompts\n"
+        f"target: {{model: {MODEL}, endpoints: [{endpoint}], generation: {{max_tokens: 64, timeout_s: 5, "
+        "max_retries: 1}}\n"
+        + (f"mixture: {mixture}\n" if mixture else "")
+        + "sources:\n"
+        f"  - {{name: trusted, kind: replay, path: {data}/trusted.jsonl}}\n"
+        f"  - {{name: asks, kind: prompts, path: {data}/asks.jsonl{asks}}}\n"
+        f"  - {{name: chitchat, kind: replay, path: {data}/chitchat.jsonl}}\n"
+        f"  - {{name: served, kind: replay, path: {data}/served.jsonl}}\n"
+        "checks: {near_duplicates: {threshold: 0.8}, dedup: exact}\n"
+        f"decontamination: {{eval_sets: [{{name: held, path: {data}/eval.jsonl, fields: [question]}}]}}\n"
+        "split: {validation_fraction: 0.2, seed: 3}\n"
+        "output: {dir: out, rows_per_shard: 40}\n",
+        encoding="utf-8")
+    return path
+
+
+def test_the_ray_engine_generates_prompt_sources_and_evicts_as_the_local_engine(cluster: None, asked: Path,
+                                                                                tmp_path: Path) -> None:
+    """The driver's session asks the server what the local engine asks; the generated rows evict the replayed
+    copies they outrank, exact and near, and are dropped as copies of the row that outranks them."""
+    with FaultServer(model=MODEL) as server:
+        recipe = load_recipe(write_prompts_recipe(tmp_path / "recipe.yaml", asked, server.base_url))
+        local = build_corpus(recipe, tmp_path / "local", progress=io.StringIO())
+        asked_locally = len(server.chat_requests)
+        build_corpus(recipe, tmp_path / "ray", engine="ray", progress=io.StringIO())
+        assert len(server.chat_requests) == 2 * asked_locally
+    ledger = list(iter_ledger(tmp_path / "local" / "ledger.jsonl.zst"))
+    ids = {(row.source, row.messages[0].content): row.id for row in Corpus.open(local.out_dir).iter_conversations()}
+    # the fixture exercises what it means to: both evictions, named by the row kept instead, the copy dropped as a
+    # near duplicate before any row was generated (the generated row kept, the row it duplicates too), a generated
+    # row dropped as a copy of a row that outranks it, a duplicate and a contaminated prompt before any request
+    evicted = {(record["reason"], record["detail"]) for record in ledger if record["source"] == "served"}
+    (near, _), (dropped, edited_dropped) = near_prompt("n"), near_prompt("d")
+    assert evicted == {("duplicate", f"duplicate of {ids['asks', EVICTED_PROMPT]} (source asks)"),
+                       ("near_duplicate", f"near duplicate of {ids['asks', near]} (source asks)"),
+                       ("near_duplicate", f"near duplicate of {ids['served', edited_dropped]} (source served)")}
+    assert ("asks", dropped) in ids and ("asks", OUTRANKED_PROMPT) not in ids
+    reasons = Counter((record["source"], record["reason"]) for record in ledger)
+    assert reasons[("asks", "duplicate")] >= 2 and reasons[("asks", "contaminated")] == 1
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+def test_the_ray_engine_generates_a_declared_corpus_in_the_local_engine_s_rounds(cluster: None, asked: Path,
+                                                                                 tmp_path: Path) -> None:
+    """A quarter of the prompts are answered without closing their think block (dropped): the rounds top the
+    source up as the local engine's do. The local build, given the Ray build's journal, asks the server nothing:
+    the Ray build asked for every row the local rounds ask for, and journaled it."""
+    faults = {row["messages"][0]["content"]: Fault("unclosed", times=100)
+              for row in [orjson.loads(line) for line in (asked / "asks.jsonl").read_bytes().splitlines()][::4]}
+    with FaultServer(model=MODEL, by_prompt=faults) as server:
+        recipe = load_recipe(write_prompts_recipe(tmp_path / "recipe.yaml", asked, server.base_url,
+                                                  mixture="{total: 120, seed: 7}", asks=", target: {count: 20}"))
+        build_corpus(recipe, tmp_path / "ray", engine="ray", progress=io.StringIO())
+        asked_on_ray = len(server.chat_requests)
+        shutil.copytree(tmp_path / "ray" / "journal", tmp_path / "local" / "journal")
+        local = build_corpus(recipe, tmp_path / "local", progress=io.StringIO())
+        assert len(server.chat_requests) == asked_on_ray
+    # the fixture exercises what it means to: the first round falls short, a second tops it up to the count
+    mixture = local.manifest.sections["mixture"]
+    assert mixture["sources"]["asks"]["reached"] == 20 and not mixture["shortfalls"]
+    assert asked_on_ray > 20 and mixture["sources"]["asks"]["generated_rows"] == asked_on_ray
+    assert local.audit["skipped"]["unclosed_think"] >= 5
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
 def worker_pids() -> set[int]:
     """The pids of this cluster's worker processes, as Ray reports them to tasks that run there."""
 
@@ -282,17 +394,6 @@ def _cpu_seconds(pid: int) -> float:
     except OSError:
         return -1.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def test_what_the_ray_engine_does_not_run_yet_is_refused_by_name(messy: Path, tmp_path: Path) -> None:
-    recipe_path = write_recipe(tmp_path / "recipe.yaml", messy, engine="ray")
-    text = recipe_path.read_text().replace("target: {model: tiny/target}",
-                                           "target: {model: tiny/target, endpoints: [http://127.0.0.1:9/v1]}")
-    text = text.replace("sources:\n", f"sources:\n  - {{name: asks, kind: prompts, path: {messy}/chitchat.jsonl}}\n")
-    recipe_path.write_text(text)
-    with pytest.raises(CorpusError, match=r"does not build prompt sources \(generation\) yet: .* --engine local"):
-        build_corpus(load_recipe(recipe_path), tmp_path / "corpus")
-    assert not (tmp_path / "corpus").exists()
 
 
 def test_the_cli_without_ray_says_how_to_install_it(messy: Path, tmp_path: Path) -> None:
