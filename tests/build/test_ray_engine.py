@@ -239,6 +239,21 @@ def test_a_mixture_the_rows_cannot_meet_stops_the_ray_build_before_anything_is_w
     assert not (tmp_path / "corpus").exists()
 
 
+def test_a_corpus_without_a_duplicate_is_the_local_engine_s(cluster: None, tmp_path: Path) -> None:
+    """Dedup on and no bucket of two rows: no row has a verdict, and the writing tasks' blocks no verdict column."""
+    write_rows(tmp_path / "logs.jsonl", [{"messages": [{"role": "user", "content": f"question {index}"},
+                                                       {"role": "assistant", "content": f"answer {index}"}]}
+                                         for index in range(10)])
+    (tmp_path / "recipe.yaml").write_text(
+        f"name: unique\ntarget: {{model: {MODEL}}}\nsources:\n  - {{name: logs, kind: replay, path: logs.jsonl}}\n"
+        "split: {validation_fraction: 0.25, seed: 1}\noutput: {dir: out}\n", encoding="utf-8")
+    recipe = load_recipe(tmp_path / "recipe.yaml")
+    local = build_corpus(recipe, tmp_path / "local")
+    build_corpus(recipe, tmp_path / "ray", engine="ray")
+    assert local.manifest.conversations == 10
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
 # Prompts the loopback server answers (``served``) as a replayed row has it: a generated row of ``asks`` evicts the
 # replayed copy of a source it outranks (exactly, or near: the prompt edited past the 60 characters its answer
 # repeats), but not a copy that is a near duplicate of an earlier row itself, and is dropped as a duplicate of the
