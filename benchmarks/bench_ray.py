@@ -136,7 +136,8 @@ def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, 
     recipe = load_recipe(recipe_path)
     parts = replay_parts(recipe, 1)
     screened = pa.concat_tables(ray_data._screen_parts({"part": np.array([0])}, parts=parts, recipe=recipe,
-                                                       contamination=None)).slice(0, sample)
+                                                       contamination=None, settings=None, pack_cut=None,
+                                                       pack_files=[])).slice(0, sample)
     entries = ray_data._bucket_entries(screened, recipe=recipe, final_ids={})
     heads = entries.select(["kind", "key", "tag"])
     paired = entries.select(["kind", "key", "priority", "band", "sketch"])
