@@ -10,7 +10,8 @@ pages a worker reads blocks from) (``ray::*``, children of the cluster the child
 
 * wall seconds and conversations/s of the local engine and of Ray with 1 and 2 worker processes, the ratio
   Ray(2) / local (the goal: <= 1.5 on one machine);
-* the largest worker's peak RSS (flat as the input grows, or not: compare the sizes);
+* the largest worker's peak RSS, USS and heap (its private pages outside the object store's shared-memory file:
+  what the worker itself holds, flat as the input grows, or not: compare the sizes);
 * shuffle bytes per row: what the dedup's aggregates and joins move per input row (the bucket entries with
   their tags, the candidates, the rows themselves in the final join), measured on the file's first 20,000 rows
   with the engine's own stage functions.
@@ -85,11 +86,26 @@ print(time.perf_counter() - began, result.manifest.conversations, flush=True)
 """
 
 
+def private_outside_object_store(pid: int) -> int:
+    """A process's private pages (bytes) outside the object store's shared-memory file: its own heap, what a
+    worker holds apart from the blocks it maps (USS counts the store's pages a worker alone has touched)."""
+    total = 0
+    in_store = False
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                fields = line.split()
+                in_store = len(fields) > 5 and ("plasma" in fields[5] or fields[5].startswith("/dev/shm"))
+            elif not in_store and line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
 def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # the local engine as configured by default
     process = subprocess.Popen([sys.executable, "-c", CHILD, engine, str(workers), str(recipe), str(out)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    peaks = {"driver": 0, "worker": 0, "worker_uss": 0}
+    peaks = {"driver": 0, "worker": 0, "worker_uss": 0, "worker_heap": 0}
     done = threading.Event()
 
     def sample() -> None:
@@ -104,6 +120,8 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
                             peaks["worker"] = max(peaks["worker"], child.memory_info().rss)
                             if not ticks % 10:  # reading smaps is slow: USS every half second
                                 peaks["worker_uss"] = max(peaks["worker_uss"], child.memory_full_info().uss)
+                                peaks["worker_heap"] = max(peaks["worker_heap"],
+                                                           private_outside_object_store(child.pid))
                     except psutil.Error:
                         continue
             except psutil.Error:
@@ -121,7 +139,7 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
     seconds, rows = stdout.split()
     return {"engine": engine, "workers": workers, "seconds": float(seconds), "rows": int(rows),
             "driver_rss_mib": peaks["driver"] / 2**20, "worker_rss_mib": peaks["worker"] / 2**20,
-            "worker_uss_mib": peaks["worker_uss"] / 2**20}
+            "worker_uss_mib": peaks["worker_uss"] / 2**20, "worker_heap_mib": peaks["worker_heap"] / 2**20}
 
 
 def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, float]:
