@@ -20,7 +20,9 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
    each LSH band's) grouped by key, the least priority of each its head; a join gives each row the heads of
    its buckets, another two their sketches and names; a row is dropped when it is confirmed
    (``NearDuplicates.confirmed``) against a head that is another row, of the first such head: the order-free
-   rule of ``screen/near_dedup.py``, the local engine's.
+   rule of ``screen/near_dedup.py``, the local engine's. The verdicts, sorted by priority, stay in the object
+   store; each task that reads rows fetches the verdict blocks its rows' priorities span (the rows, ~3 kB each,
+   are not shuffled to meet them).
 4. **mixture** (a declared corpus): each kept row's keys, what ``collect.MixtureKeys`` holds of it (source,
    split, reasoning, mixture priority), stream to the driver, which plans the take with the local engine's
    ``plan_selection`` (and stops a corpus that falls short, ``collect.declared_mixture``); the rows are
@@ -99,12 +101,12 @@ PART_SHIFT = 32
 # Parts per CPU of the cluster: enough for the tasks to balance, few enough that each reads a good run.
 PARTS_PER_CPU = 4
 # Rows per partition of a shuffle (aggregates, joins) and per task that writes shards: what bounds a task's
-# memory as the input grows (~3 kB a row in the final join).
+# memory as the input grows.
 ROWS_PER_PARTITION = 50_000
 ROWS_PER_WRITE = 10_000
 # Input a shuffle's map task partitions at once. Ray Data's default (1 GiB) gathers the blocks until that much has
-# come, so below it a map task holds every row of the input: a worker grew with the input (the rows' join: 1.6 GiB
-# at 200k rows, 2.9 kB a row).
+# come, so below it a map task holds every row of the input: a worker grew with the input (the bucket entries' and
+# the rows' joins; 1.6 GiB at 200k rows).
 SHUFFLE_INPUT_BYTES = 64 * 2**20
 # A near verdict ranks after any exact one (a row's exact head, if another row, is its verdict).
 _NEAR_RANK = 1 << 62
@@ -290,11 +292,13 @@ class _CorpusRows:
         return final_ids, _verdicts(rows, self.recipe, final_ids, partitions=partitions).materialize()
 
     def _joined(self, rows: ray.data.Dataset) -> ray.data.Dataset:
-        """The rows, each with its verdict (null: no row of higher priority it duplicates)."""
+        """The rows, each with its verdict (null: no row of higher priority it duplicates). The verdicts go to the
+        rows rather than the rows to them (a join would move every row, ~3 kB, once more): sorted by priority, in
+        blocks each task fetches when its rows' priorities fall in theirs."""
         if self._verdicts is None:
             return rows
-        return rows.join(self._verdicts, "left_outer", num_partitions=_partitions(rows, self._cpus),
-                         on=("priority",))
+        return rows.map_batches(partial(_with_verdicts, blocks=_priority_blocks(self._verdicts)),
+                                batch_format="pyarrow")
 
     def _heads(self, asking: set[int]) -> dict[int, Duplicate]:
         """What the local engine's index answers for each of the ``asking`` rows that duplicates the head of a
@@ -309,6 +313,40 @@ class _CorpusRows:
             dropped = self._verdicts.map_batches(_having("priority", set(replayed)), batch_format="pyarrow")
             self.judge.mark_dropped(replayed[row["priority"]] for row in dropped.take_all())
         return {priority: head.duplicate for priority, head in found.items()}
+
+
+def _priority_blocks(verdicts: ray.data.Dataset) -> list[tuple[int, int, Any]]:
+    """The verdicts sorted by priority, as blocks in the object store: (least priority, greatest, the block)."""
+    if not verdicts.count():
+        return []
+    refs = verdicts.sort("priority").materialize().to_arrow_refs()
+    bounds = ray.get([_bounds.remote(ref) for ref in refs])
+    return [(first, last, ref) for (first, last), ref in zip(bounds, refs, strict=True)
+            if first is not None and last is not None]
+
+
+@ray.remote
+def _bounds(block: pa.Table) -> tuple[int | None, int | None]:
+    """A sorted block's least and greatest priority (None: an empty block)."""
+    if not len(block):
+        return None, None
+    priorities = block.column("priority")
+    return priorities[0].as_py(), priorities[-1].as_py()
+
+
+def _with_verdicts(table: pa.Table, *, blocks: list[tuple[int, int, Any]]) -> pa.Table:
+    """The rows with their verdict tags (``verdict``, null where none), from the verdict blocks their priorities
+    span."""
+    priorities = table.column("priority")
+    wanted = []
+    if len(table):
+        low, high = pc.min(priorities).as_py(), pc.max(priorities).as_py()
+        wanted = [block for first, last, block in blocks if first <= high and last >= low]
+    if not wanted:
+        return table.append_column("verdict", pa.nulls(len(table), pa.binary()))
+    verdicts = pa.concat_tables(ray.get(wanted))
+    at = pc.index_in(priorities, value_set=verdicts.column("priority").combine_chunks())
+    return table.append_column("verdict", verdicts.column("verdict").combine_chunks().take(at))
 
 
 def _read_generated(path: Path) -> Iterator[Conversation | Skipped]:
