@@ -13,8 +13,8 @@ pages a worker reads blocks from) (``ray::*``, children of the cluster the child
 * the largest worker's peak RSS, USS and heap (its private pages outside the object store's shared-memory file:
   what the worker itself holds, flat as the input grows, or not: compare the sizes);
 * shuffle bytes per row: what the dedup's aggregates and joins move per input row (the bucket entries with
-  their tags, the candidates, the rows themselves in the final join), measured on the file's first 20,000 rows
-  with the engine's own stage functions.
+  their tags, the candidates), and the verdicts' sort per dropped row (the rows themselves no longer move),
+  measured on the file's first 20,000 rows with the engine's own stage functions.
 
 Also ``--rule-change``: the near-dedup rule before issue 25 (``git show BASE:corpus_builder/screen/near_dedup.py``,
 the first kept row of a bucket) against the order-free one (the first row of a bucket), on the same rows: the
@@ -163,7 +163,7 @@ def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, 
     verdict_rows = pa.table({"priority": pa.array([0], pa.int64()), "verdict": pa.array([b"x" * 40])})
     return {"bucket_aggregate": heads.nbytes / rows, "bucket_join": (paired.nbytes + heads.nbytes) / rows,
             "ids_aggregate": screened.select(["priority", "raw_id"]).nbytes / rows,
-            "rows_join": screened.nbytes / rows, "verdict_per_dropped_row": verdict_rows.nbytes}
+            "verdict_per_dropped_row": verdict_rows.nbytes}
 
 
 def load_rule_before(base: str) -> Any:
