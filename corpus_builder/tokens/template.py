@@ -167,6 +167,7 @@ class TemplateRenderer:
         # twice a call, a quarter of a short render's time.
         self._globals = dict(self._template.globals)
         self._twin_checked = False
+        self._pools: dict[tuple[int, str], ThreadPoolExecutor] = {}  # by process and name (``_threads``)
         self.twin_refusal: str | None = None  # why counts do not use the tiktoken twin, once it is chosen
         self._special = {"bos_token": _token_text(config.get("bos_token")) or "",
                          "eos_token": _token_text(config.get("eos_token")) or ""}
@@ -292,11 +293,10 @@ class TemplateRenderer:
     def _threads(self, name: str, count: int) -> ThreadPoolExecutor:
         """This process's pool ``name``: a pool made before a fork has no threads in the child (a build's forked
         readers reuse a renderer its process used before), and work sent to it would wait forever."""
-        pid = os.getpid()
-        pools = self.__dict__.setdefault("_pools", {})
-        pool: ThreadPoolExecutor | None = pools.get((pid, name))
+        key = (os.getpid(), name)
+        pool = self._pools.get(key)
         if pool is None:
-            pool = pools[(pid, name)] = ThreadPoolExecutor(max_workers=count, thread_name_prefix=name)
+            pool = self._pools[key] = ThreadPoolExecutor(max_workers=count, thread_name_prefix=name)
         return pool
 
     @cached_property
