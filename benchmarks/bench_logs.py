@@ -59,7 +59,11 @@ def conversations(count: int, seed: int = 0, scale: float = 1.0) -> Iterator[lis
         yield messages
 
 
+LAST = "last"  # marks a chat's last request as the log is made (taken off before it is written)
+
+
 def _requests(messages: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    last = max(index for index, turn in enumerate(messages) if turn["role"] == "assistant")
     for index, turn in enumerate(messages):
         if turn["role"] != "assistant":
             continue
@@ -67,7 +71,8 @@ def _requests(messages: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield {"request": {"model": "target", "messages": history, "chat_template_kwargs": {"enable_thinking": True},
                            "temperature": 0.6},
                "response": {"model": "target", "choices": [{"index": 0, "message": turn, "finish_reason": "stop"}],
-                            "usage": {"prompt_tokens": 100, "completion_tokens": 50}}}
+                            "usage": {"prompt_tokens": 100, "completion_tokens": 50}},
+               LAST: index == last}
 
 
 def logged_requests(chats: Iterator[list[dict[str, Any]]], concurrent: int, seed: int,
@@ -96,17 +101,25 @@ def logged_requests(chats: Iterator[list[dict[str, Any]]], concurrent: int, seed
 
 
 def write_files(workdir: Path, count: int, concurrent: int, seed: int = 0) -> tuple[Path, Path, int]:
-    """The conversations once each (messages form), and as a log of their requests; the log's request count."""
+    """The conversations once each (messages form), and as a log of their requests; the log's request count. Beside
+    the log, ``kept_lines`` names the line of each chat's last request (the one a fold keeps)."""
     plain, logged = workdir / f"messages-{count}.jsonl", workdir / f"log-{count}.jsonl"
     requests = 0
-    with plain.open("wb") as messages_file, logged.open("wb") as log_file:
+    with plain.open("wb") as messages_file, logged.open("wb") as log_file, \
+            kept_lines(logged).open("w") as kept_file:
         def opened(messages: list[dict[str, Any]]) -> None:
             messages_file.write(orjson.dumps({"messages": messages}) + b"\n")
 
         for request in logged_requests(conversations(count, seed), concurrent, seed + 1, opened):
+            if request.pop(LAST):
+                kept_file.write(f"{requests + 1}\n")
             log_file.write(orjson.dumps(request) + b"\n")
             requests += 1
     return plain, logged, requests
+
+
+def kept_lines(log: Path) -> Path:
+    return log.with_suffix(".kept")
 
 
 # The least a fold written in per-row Python can do (the benchmark's nested shape only, no sessions, no gaps, no
@@ -114,12 +127,18 @@ def write_files(workdir: Path, count: int, concurrent: int, seed: int = 0) -> tu
 # (each turn serialised by orjson in C, hashed with the answer's text), one dict of open chats bounded as the
 # readers' is. Not the readers' semantics: what any per-row fold costs at the least.
 FLOOR = "floor"
+# The least any fold can cost, whatever it is written in: told which requests it keeps (``kept_lines``), it only
+# scans each request's line natively (msgspec, the messages and the answer as raw bytes, no Python objects for
+# their contents), writes the ledger entry of each folded request, and reads the kept requests as the readers do
+# with the fold off (parse, read the exchange, normalise, how it was served, the conversation record).
+ORACLE = "oracle"
 CHILD = """
 import json, resource, sys, time
 import orjson
 path, mode = sys.argv[1], sys.argv[2]
 started = time.perf_counter()
 rows = conversations = 0
+parts = {}
 if mode == "parse":
     with open(path, "rb") as handle:
         for line in handle:
@@ -145,13 +164,52 @@ elif mode == "floor":  # the least a fold can do per request in Python: see FLOO
                 conversations += 1
             rows += 1
     conversations += len(opened)
+elif mode == "oracle":  # see ORACLE
+    import msgspec, tempfile
+    from pathlib import Path
+    from corpus_builder.collector import rare_collections
+    from corpus_builder.recipe.model import Fold, SourceSpec
+    from corpus_builder.sources.fold import folded_skip
+    from corpus_builder.sources.source import _file_unit, _select
+
+    class Request(msgspec.Struct):
+        messages: list[msgspec.Raw]
+
+    class Choice(msgspec.Struct):
+        message: msgspec.Raw
+        finish_reason: str | None = None
+
+    class Response(msgspec.Struct):
+        choices: list[Choice]
+
+    class Logged(msgspec.Struct):
+        request: Request
+        response: Response
+
+    scan = msgspec.json.Decoder(Logged)
+    kept = {int(line) for line in open(path[:-len(".jsonl")] + ".kept")}
+    kept_file = Path(tempfile.mkdtemp()) / "kept.jsonl"
+    with open(path, "rb") as handle, kept_file.open("wb") as out:
+        out.writelines(line for number, line in enumerate(handle, 1) if number in kept)
+    spec = SourceSpec(name="log", kind="replay", paths=(str(kept_file),), fold=Fold(enabled=False))
+    started = time.perf_counter()
+    with open(path, "rb") as handle, rare_collections():
+        for number, line in enumerate(handle, 1):
+            scan.decode(line)
+            if number not in kept:
+                folded_skip("log", f"log.jsonl:{number}", f"log.jsonl:{number + 1}")
+            rows += 1
+        scanned = time.perf_counter()
+        for item in _select(spec, [_file_unit(kept_file, "jsonl", "log.jsonl")]):
+            conversations += hasattr(item, "messages")
+    parts = {"scan_and_ledger": scanned - started, "kept_read": time.perf_counter() - scanned}
 else:
     from corpus_builder.sources import iter_file
     for item in iter_file(path):
         rows += 1
         conversations += hasattr(item, "messages")
 elapsed = time.perf_counter() - started
-print(json.dumps({"seconds": elapsed, "rows": rows, "conversations": conversations,
+print(json.dumps({"seconds": elapsed, "rows": rows, "conversations": conversations, "parts": parts,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -168,6 +226,7 @@ def write_log_only(path: Path, requests: int, concurrent: int) -> None:
     with path.open("wb") as handle:
         for request in itertools.islice(logged_requests(conversations(requests, 11, scale=0.1), concurrent, 5),
                                         requests):
+            request.pop(LAST)
             handle.write(orjson.dumps(request) + b"\n")
 
 
@@ -184,10 +243,11 @@ def main() -> None:
     plain, logged, requests = write_files(workdir, args.conversations, args.concurrent)
     print(f"{args.conversations:,} conversations: messages form {plain.stat().st_size / 1e6:.0f} MB; "
           f"log of {requests:,} requests {logged.stat().st_size / 1e6:.0f} MB")
-    runs: dict[str, list[dict[str, Any]]] = {"messages": [], "log": [], "parse": [], "parse msg": [], FLOOR: []}
+    runs: dict[str, list[dict[str, Any]]] = {"messages": [], "log": [], "parse": [], "parse msg": [], FLOOR: [],
+                                             ORACLE: []}
     for repeat in range(args.repeats):
         order = [("messages", plain, "read"), ("log", logged, "read"), ("parse", logged, "parse"),
-                 ("parse msg", plain, "parse"), (FLOOR, logged, FLOOR)]
+                 ("parse msg", plain, "parse"), (FLOOR, logged, FLOOR), (ORACLE, logged, ORACLE)]
         for name, path, mode in order if repeat % 2 == 0 else order[::-1]:
             runs[name].append(measure(path, mode))
     medians = {name: statistics.median(r["seconds"] for r in results) for name, results in runs.items()}
@@ -196,8 +256,11 @@ def main() -> None:
               f"{args.conversations / medians[name]:>9,.0f} conversations/s, "
               f"{results[0]['rows'] / medians[name]:>9,.0f} rows/s, "
               f"peak RSS {max(r['rss_mb'] for r in results):.0f} MB")
+    oracle_parts = {part: statistics.median(run["parts"][part] for run in runs[ORACLE])
+                    for part in runs[ORACLE][0]["parts"]}
+    print("the oracle's parts: " + ", ".join(f"{part} {seconds:.2f} s" for part, seconds in oracle_parts.items()))
     assert runs["log"][0]["conversations"] == runs["messages"][0]["conversations"] == args.conversations
-    assert runs[FLOOR][0]["conversations"] == args.conversations
+    assert runs[FLOOR][0]["conversations"] == runs[ORACLE][0]["conversations"] == args.conversations
     print(f"log vs messages form, conversations/s: {medians['messages'] / medians['log']:.2f}x; "
           f"log read vs its own JSON parse: {medians['parse'] / medians['log']:.2f}x; "
           f"bytes per conversation: {logged.stat().st_size / plain.stat().st_size:.2f}x")
@@ -206,7 +269,8 @@ def main() -> None:
     normalised = medians["messages"] - medians["parse msg"]
     print(f"ceilings, conversations/s against the messages form: a free fold (the log's parse plus the "
           f"normalisation) {medians['messages'] / (medians['parse'] + normalised):.2f}x; the floor fold "
-          f"{medians['messages'] / (medians[FLOOR] + normalised):.2f}x")
+          f"{medians['messages'] / (medians[FLOOR] + normalised):.2f}x; any fold (the oracle) "
+          f"{medians['messages'] / medians[ORACLE]:.2f}x")
     if args.memory:
         small, large = workdir / "memory-small.jsonl", workdir / "memory-large.jsonl"
         write_log_only(small, args.memory // 10, args.concurrent)
