@@ -17,12 +17,13 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
    suffix k, as ``Checker._unique_id`` gives it (a suffixed id that is another row's own id fails the build:
    the local engine would give it another suffix).
 3. **dedup**: every bucket of every checked row (``NearDuplicates.bucket_entries``: the exact text's hash and
-   each LSH band's) grouped by key, the least priority of each its head; a join gives each row the heads of
-   its buckets, another two their sketches and names; a row is dropped when it is confirmed
+   each LSH band's), with the row's priority, sketch and name, hash-partitioned by bucket (one shuffle: each
+   partition a block of whole buckets, what Ray Data's ``map_groups`` stands on); in each block, vectorised, a
+   bucket's head is its entry of least priority, and a row is dropped when it is confirmed
    (``NearDuplicates.confirmed``) against a head that is another row, of the first such head: the order-free
    rule of ``screen/near_dedup.py``, the local engine's. The verdicts, sorted by priority, stay in the object
-   store; each task that reads rows fetches the verdict blocks its rows' priorities span (the rows, ~3 kB each,
-   are not shuffled to meet them).
+   store; each task that reads rows fetches the verdict blocks its rows' priorities span and takes each row's
+   least (a row's buckets are in several partitions; the rows, ~3 kB each, are not shuffled to meet them).
 4. **mixture** (a declared corpus): each kept row's keys, what ``collect.MixtureKeys`` holds of it (source,
    split, reasoning, mixture priority), stream to the driver, which plans the take with the local engine's
    ``plan_selection`` (and stops a corpus that falls short, ``collect.declared_mixture``); the rows are
@@ -74,7 +75,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 import ray.data
-from ray.data.aggregate import Min
 
 from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
@@ -306,8 +306,10 @@ class _CorpusRows:
         judge, as the local engine's index has them when a generated row meets them."""
         if self._verdicts is None or self.judge is None or not asking:
             return {}
-        found = {row["priority"]: _found(row["verdict"]) for row in self._verdicts.map_batches(
-            _having("priority", asking), batch_format="pyarrow").take_all()}
+        verdicts: dict[int, bytes] = {}  # each row's least
+        for row in self._verdicts.map_batches(_having("priority", asking), batch_format="pyarrow").take_all():
+            verdicts[row["priority"]] = min(row["verdict"], verdicts.get(row["priority"], row["verdict"]))
+        found = {priority: _found(verdict) for priority, verdict in verdicts.items()}
         replayed = {head.priority: head.duplicate.of for head in found.values() if head.priority < self._generated_from}
         if replayed:
             dropped = self._verdicts.map_batches(_having("priority", set(replayed)), batch_format="pyarrow")
@@ -344,7 +346,7 @@ def _with_verdicts(table: pa.Table, *, blocks: list[tuple[int, int, Any]]) -> pa
         wanted = [block for first, last, block in blocks if first <= high and last >= low]
     if not wanted:
         return table.append_column("verdict", pa.nulls(len(table), pa.binary()))
-    verdicts = pa.concat_tables(ray.get(wanted))
+    verdicts = _least_verdicts(pa.concat_tables(ray.get(wanted)))
     at = pc.index_in(priorities, value_set=verdicts.column("priority").combine_chunks())
     return table.append_column("verdict", verdicts.column("verdict").combine_chunks().take(at))
 
@@ -462,15 +464,11 @@ def _words(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
     return np.frombuffer(b"".join(column.to_pylist()), dtype=np.uint64).reshape(-1, width)
 
 
-def _tag(rank: int, sketch: bytes, key: str) -> bytes:
-    """What a bucket's head (or a verdict) carries through an aggregate: a fixed-width big-endian rank first,
-    so that the least tag of a group, an aggregate ``Min``, is the one of least rank; the head's ``dedup_key``
-    last (what the local engine's index keeps of it)."""
-    return rank.to_bytes(8, "big") + sketch + key.encode()
-
-
-def _untag(tag: bytes, sketch_bytes: int) -> tuple[int, bytes, str]:
-    return int.from_bytes(tag[:8], "big"), tag[8:8 + sketch_bytes], tag[8 + sketch_bytes:].decode()
+def _tag(rank: int, key: bytes) -> bytes:
+    """A verdict: a fixed-width big-endian rank first, so that a row's least verdict is the one of least rank (an
+    exact head, then the head of least priority); the head's ``dedup_key`` last (what the local engine's index
+    keeps of it)."""
+    return rank.to_bytes(8, "big") + key
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,7 +481,7 @@ class _Head:
 
 def _found(tag: bytes) -> _Head:
     """The head a verdict's tag names."""
-    rank, _, key = _untag(tag, 0)
+    rank, key = int.from_bytes(tag[:8], "big"), tag[8:].decode()
     return _Head(rank & ~_NEAR_RANK, Duplicate(key, "near" if rank & _NEAR_RANK else "exact"))
 
 
@@ -502,7 +500,8 @@ def _index(recipe: Recipe) -> ExactDuplicates:
 
 
 def _bucket_entries(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str]) -> pa.Table:
-    """One record per bucket of each checked row: the bucket, the row, and the row's tag as a head."""
+    """One record per bucket of each checked row: the bucket (kind, key), the row's priority, the band, its sketch
+    and its name (``dedup_key``, what a verdict against it names)."""
     checked = _checked(table)
     index = _index(recipe)
     present = np.frombuffer(b"".join(checked.column("present").to_pylist()), dtype=bool).reshape(-1, index.columns)
@@ -514,50 +513,64 @@ def _bucket_entries(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str
         rows = np.arange(len(checked), dtype=np.int64)
         kinds, keys, bands = np.zeros(len(rows), np.uint8), signatures.hashes[:, 0], np.full(len(rows), -1)
     priorities = checked.column("priority").to_pylist()
-    sketches = checked.column("sketch").to_pylist()
-    tags = [_tag(priority, sketch, dedup_key(thinking, source, final_ids.get(priority, raw_id)))
-            for priority, sketch, source, raw_id, thinking in zip(
-                priorities, sketches, checked.column("source").to_pylist(), checked.column("raw_id").to_pylist(),
-                checked.column("thinking").to_pylist(), strict=True)]
+    names = [dedup_key(thinking, source, final_ids.get(priority, raw_id)).encode()
+             for priority, source, raw_id, thinking in zip(
+                 priorities, checked.column("source").to_pylist(), checked.column("raw_id").to_pylist(),
+                 checked.column("thinking").to_pylist(), strict=True)]
     return pa.table({"kind": kinds, "key": keys, "priority": np.asarray(priorities, dtype=np.int64)[rows],
-                     "band": bands, "sketch": pa.array(sketches, pa.binary()).take(rows),
-                     "tag": pa.array(tags, pa.binary()).take(rows)})
+                     "band": bands, "sketch": checked.column("sketch").take(rows),
+                     "name": pa.array(names, pa.binary()).take(rows)})
 
 
 def _verdicts(screened: ray.data.Dataset, recipe: Recipe, final_ids: dict[int, str], *, partitions: int
               ) -> ray.data.Dataset:
-    """(priority, verdict) of every checked row that duplicates the head of one of its buckets (another row):
-    the head of each bucket by an aggregate on the bucket, the row's verdict by one on the row."""
+    """(priority, verdict) of the checked rows that duplicate the head of a bucket (another row): the bucket
+    entries hash-partitioned by bucket, whole buckets to a block (``_bucket_verdicts``). A row has a verdict from
+    each block holding a bucket it duplicates in: its own is the least (``_least_verdicts``)."""
     entries = screened.map_batches(partial(_bucket_entries, recipe=recipe, final_ids=final_ids),
                                    batch_format="pyarrow")
-    heads = entries.select_columns(["kind", "key", "tag"]).groupby(["kind", "key"], num_partitions=partitions
-                                                                  ).aggregate(Min("tag", alias_name="head"))
-    bucket: Any = ("kind", "key")  # Ray annotates ``on`` as a 1-tuple; it takes any number of columns
-    paired = entries.select_columns(["kind", "key", "priority", "band", "sketch"]).join(
-        heads, "inner", num_partitions=partitions, on=bucket)
-    confirmed = paired.map_batches(partial(_confirm, recipe=recipe), batch_format="pyarrow")
-    return confirmed.groupby("priority", num_partitions=partitions).aggregate(Min("verdict", alias_name="verdict"))
+    return entries.repartition(partitions, keys=["kind", "key"]).map_batches(
+        partial(_bucket_verdicts, recipe=recipe), batch_size=None, batch_format="pyarrow")
 
 
-def _confirm(table: pa.Table, *, recipe: Recipe) -> pa.Table:
-    """The candidates that hold, each with its verdict's tag: every exact one (a head that is another row), the
-    near ones the sketches confirm; an exact verdict ranks first, then the head of least priority."""
-    index = _index(recipe)
-    sketch_bytes = 8 * index.sketch_words
-    heads = [_untag(tag, sketch_bytes) for tag in table.column("head").to_pylist()]
-    priorities = np.asarray(table.column("priority"))
-    candidate = np.array([head[0] for head in heads], dtype=np.int64) != priorities
-    exact = np.asarray(table.column("kind")) == 0
+def _bucket_verdicts(table: pa.Table, *, recipe: Recipe) -> pa.Table:
+    """The verdicts a block of whole buckets gives: a bucket's head is its entry of least priority, every other
+    entry a candidate against it, which holds when the bucket is the exact rule's or the sketches confirm it; each
+    row's least verdict of the block (an exact one ranks first, then the head of least priority)."""
+    if not len(table):  # an empty partition (its block may have no columns)
+        return pa.table({"priority": pa.array([], pa.int64()), "verdict": pa.array([], pa.binary())})
+    kinds, keys = np.asarray(table.column("kind")), np.asarray(table.column("key"))
+    order = np.lexsort((np.asarray(table.column("priority")), keys, kinds))  # each bucket's head first
+    kinds, keys = kinds[order], keys[order]
+    priorities = np.asarray(table.column("priority"))[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (kinds[1:] != kinds[:-1]) | (keys[1:] != keys[:-1])
+    heads = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))  # each entry's bucket's head
+    candidate = priorities != priorities[heads]
+    exact = kinds == 0
     holds = candidate & exact
     near = np.flatnonzero(candidate & ~exact)
+    index = _index(recipe)
     if len(near) and isinstance(index, NearDuplicates):
-        holds[near] = index.confirmed(_words(table.column("sketch").take(near), index.sketch_words),
-                                      _words(pa.array([heads[row][1] for row in near], pa.binary()),
-                                             index.sketch_words),
-                                      np.asarray(table.column("band"))[near])
-    verdicts = [_tag(heads[row][0] | (0 if exact[row] else _NEAR_RANK), b"", heads[row][2])
-                for row in np.flatnonzero(holds).tolist()]
-    return pa.table({"priority": pa.array(priorities[holds], pa.int64()), "verdict": pa.array(verdicts, pa.binary())})
+        sketches = _words(table.column("sketch"), index.sketch_words)[order]
+        holds[near] = index.confirmed(sketches[near], sketches[heads[near]],
+                                      np.asarray(table.column("band"))[order][near])
+    rows = np.flatnonzero(holds)
+    ranks = priorities[heads[rows]] | np.where(exact[rows], 0, _NEAR_RANK)
+    names = table.column("name").take(pa.array(order[heads[rows]])).to_pylist()
+    return _least_verdicts(pa.table({
+        "priority": pa.array(priorities[rows], pa.int64()),
+        "verdict": pa.array([_tag(rank, name) for rank, name in zip(ranks.tolist(), names, strict=True)],
+                            pa.binary())}))
+
+
+def _least_verdicts(verdicts: pa.Table) -> pa.Table:
+    """Each row's least verdict of those given (by priority, sorted)."""
+    ordered = verdicts.sort_by([("priority", "ascending"), ("verdict", "ascending")])
+    priorities = np.asarray(ordered.column("priority"))
+    first = np.ones(len(priorities), dtype=bool)
+    first[1:] = priorities[1:] != priorities[:-1]
+    return ordered.filter(pa.array(first))
 
 
 def _verdict_tags(table: pa.Table) -> pa.ChunkedArray | pa.Array:

@@ -159,6 +159,38 @@ def test_the_ray_engine_writes_the_local_engine_s_corpus(cluster: None, messy: P
     assert not list((tmp_path / "corpus" / "data").glob(".ray-*"))
 
 
+def test_the_dedup_verdicts_are_the_same_however_the_buckets_are_cut_into_blocks(messy: Path, tmp_path: Path
+                                                                               ) -> None:
+    """The shuffle hands each task whole buckets, cut as the cluster's partitions fall: each block's verdicts, each
+    row's least kept, must be those of every bucket in one block, whatever the cut and the entries' order."""
+    import numpy as np
+    import pyarrow as pa
+
+    from corpus_builder.build import ray_data
+    from corpus_builder.sources.parallel import replay_parts
+
+    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy))
+    parts = dict(enumerate(replay_parts(recipe, 1)))
+    screened = pa.concat_tables(table for part in parts for table in ray_data._screen_parts(
+        {"part": np.array([part])}, parts=parts, recipe=recipe, contamination=None, settings=None, pack_cut=None,
+        pack_files=[]))
+    entries = ray_data._bucket_entries(screened, recipe=recipe, final_ids={})
+    whole = ray_data._bucket_verdicts(entries, recipe=recipe)
+    rules = Counter(ray_data._found(tag).duplicate.rule for tag in whole.column("verdict").to_pylist())
+    assert rules["exact"] >= 25 and rules["near"] >= 20
+    rng = np.random.default_rng(0)
+    given_twice = 0
+    for blocks in (2, 3, 7):
+        keys = np.asarray(entries.column("key"))
+        cut = [entries.take(pa.array(rng.permutation(np.flatnonzero(keys % blocks == block))))
+               for block in range(blocks)]
+        given = pa.concat_tables(ray_data._bucket_verdicts(block, recipe=recipe) for block in cut)
+        given_twice += len(given) - len(set(given.column("priority").to_pylist()))
+        assert ray_data._least_verdicts(given).to_pylist() == whole.to_pylist()
+    assert given_twice  # some row has verdicts from buckets in two blocks: its least is taken
+    assert not len(ray_data._bucket_verdicts(pa.table({}), recipe=recipe))
+
+
 def test_without_dedup_the_copies_are_numbered_as_the_local_engine_numbers_them(cluster: None, messy: Path,
                                                                                tmp_path: Path) -> None:
     """Ids are content keys: the first of two copies in one source keeps its id, the second gets suffix -1."""
