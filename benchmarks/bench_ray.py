@@ -12,9 +12,9 @@ pages a worker reads blocks from) (``ray::*``, children of the cluster the child
   Ray(2) / local (the goal: <= 1.5 on one machine);
 * the largest worker's peak RSS, USS and heap (its private pages outside the object store's shared-memory file:
   what the worker itself holds, flat as the input grows, or not: compare the sizes);
-* shuffle bytes per row: what the dedup's aggregates and joins move per input row (the bucket entries with
-  their tags, the candidates), and the verdicts' sort per dropped row (the rows themselves no longer move),
-  measured on the file's first 20,000 rows with the engine's own stage functions.
+* shuffle bytes per row: what each shuffle moves per input row (the dedup's bucket entries, the ids' count, the
+  verdicts' sort; the rows themselves do not move), measured on the file's first 20,000 rows with the engine's
+  own stage functions.
 
 Also ``--rule-change``: the near-dedup rule before issue 25 (``git show BASE:corpus_builder/screen/near_dedup.py``,
 the first kept row of a bucket) against the order-free one (the first row of a bucket), on the same rows: the
@@ -152,18 +152,16 @@ def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, 
     from corpus_builder.sources.parallel import replay_parts
 
     recipe = load_recipe(recipe_path)
-    parts = replay_parts(recipe, 1)
+    parts = dict(enumerate(replay_parts(recipe, 1)))
     screened = pa.concat_tables(ray_data._screen_parts({"part": np.array([0])}, parts=parts, recipe=recipe,
                                                        contamination=None, settings=None, pack_cut=None,
                                                        pack_files=[])).slice(0, sample)
     entries = ray_data._bucket_entries(screened, recipe=recipe, final_ids={})
-    heads = entries.select(["kind", "key", "tag"])
-    paired = entries.select(["kind", "key", "priority", "band", "sketch"])
+    verdicts = ray_data._bucket_verdicts(entries, recipe=recipe)
     rows = len(screened)
-    verdict_rows = pa.table({"priority": pa.array([0], pa.int64()), "verdict": pa.array([b"x" * 40])})
-    return {"bucket_aggregate": heads.nbytes / rows, "bucket_join": (paired.nbytes + heads.nbytes) / rows,
+    return {"bucket_entries": entries.nbytes / rows,
             "ids_aggregate": screened.select(["priority", "raw_id"]).nbytes / rows,
-            "verdict_per_dropped_row": verdict_rows.nbytes}
+            "verdicts_sorted": verdicts.nbytes / rows}
 
 
 def load_rule_before(base: str) -> Any:
