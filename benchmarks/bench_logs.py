@@ -165,7 +165,7 @@ elif mode == "floor":  # the least a fold can do per request in Python: see FLOO
             rows += 1
     conversations += len(opened)
 elif mode == "oracle":  # see ORACLE
-    import msgspec, tempfile
+    import msgspec
     from pathlib import Path
     from corpus_builder.collector import rare_collections
     from corpus_builder.recipe.model import Fold, SourceSpec
@@ -188,7 +188,7 @@ elif mode == "oracle":  # see ORACLE
 
     scan = msgspec.json.Decoder(Logged)
     kept = {int(line) for line in open(path[:-len(".jsonl")] + ".kept")}
-    kept_file = Path(tempfile.mkdtemp()) / "kept.jsonl"
+    kept_file = Path(path[:-len(".jsonl")] + ".kept.jsonl")  # beside the log, in the benchmark's directory
     with open(path, "rb") as handle, kept_file.open("wb") as out:
         out.writelines(line for number, line in enumerate(handle, 1) if number in kept)
     spec = SourceSpec(name="log", kind="replay", paths=(str(kept_file),), fold=Fold(enabled=False))
