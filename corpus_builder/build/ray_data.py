@@ -13,9 +13,9 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
    than ``ray.data.read_json``/``read_parquet`` of the files: a row's repairs, skips, position in its file (its
    provenance and ledger location) and id must be what the local readers give, and every format they read
    (globs, .jsonl.zst, .json arrays, parquet, Hub snapshots) comes along.
-2. **ids**: a group-by on ids finds the ids several checked rows carry; the k-th of them by priority gets
-   suffix k, as ``Checker._unique_id`` gives it (a suffixed id that is another row's own id fails the build:
-   the local engine would give it another suffix).
+2. **ids**: the checked rows' ids, hash-partitioned by id (each block every row of its ids), give the ids
+   several rows carry; the k-th of them by priority gets suffix k, as ``Checker._unique_id`` gives it (a
+   suffixed id that is another row's own id fails the build: the local engine would give it another suffix).
 3. **dedup**: every bucket of every checked row (``NearDuplicates.bucket_entries``: the exact text's hash and
    each LSH band's), with the row's priority, sketch and name, hash-partitioned by bucket (one shuffle: each
    partition a block of whole buckets, what Ray Data's ``map_groups`` stands on); in each block, vectorised, a
@@ -433,15 +433,15 @@ def _having(column: str, values: set[str] | set[int]) -> Callable[[pa.Table], pa
 
 def _unique_ids(screened: ray.data.Dataset, *, partitions: int) -> dict[int, str]:
     """The id of each checked row whose own id an earlier checked row carries (priority -> id with its suffix),
-    as ``Checker._unique_id`` gives them; a suffixed id that is another row's own id is a CorpusError."""
-    ids = screened.map_batches(lambda table: _checked(table).select(["priority", "raw_id"]), batch_format="pyarrow")
-    counts = ids.groupby("raw_id", num_partitions=partitions).count().map_batches(
-        lambda table: table.filter(pc.greater(table.column("count()"), 1)), batch_format="pyarrow")
-    repeated = {row["raw_id"] for row in counts.take_all()}
-    if not repeated:
+    as ``Checker._unique_id`` gives them; a suffixed id that is another row's own id is a CorpusError. The rows'
+    ids are read once (a few bytes a row, kept for the clash check), hash-partitioned by id: each block holds
+    every row of its ids (``_repeated_ids``)."""
+    ids = screened.map_batches(lambda table: _checked(table).select(["priority", "raw_id"]),
+                               batch_format="pyarrow").materialize()
+    rows = sorted((row["priority"], row["raw_id"]) for row in ids.repartition(partitions, keys=["raw_id"]).map_batches(
+        _repeated_ids, batch_size=None, batch_format="pyarrow").take_all())
+    if not rows:
         return {}
-    rows = sorted((row["priority"], row["raw_id"]) for row in ids.map_batches(
-        _having("raw_id", repeated), batch_format="pyarrow").take_all())
     copies: dict[str, int] = {}
     final: dict[int, str] = {}
     for priority, raw_id in rows:
@@ -455,6 +455,15 @@ def _unique_ids(screened: ray.data.Dataset, *, partitions: int) -> dict[int, str
         raise CorpusError(f"the Ray engine cannot number repeated ids: {names} is both a row's own id and the "
                           "suffixed id of a copy (build with --engine local, which numbers them in order)")
     return final
+
+
+def _repeated_ids(table: pa.Table) -> pa.Table:
+    """The rows of a block of whole ids whose id more than one row carries."""
+    if not len(table):  # an empty partition (its block may have no columns)
+        return pa.table({"priority": pa.array([], pa.int64()), "raw_id": pa.array([], pa.string())})
+    counts = pc.value_counts(table.column("raw_id"))
+    repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    return table.filter(pc.is_in(table.column("raw_id"), value_set=repeated))
 
 
 def _words(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
