@@ -143,7 +143,8 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
 
 
 def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, float]:
-    """Bytes per input row each shuffle of the Ray engine's dedup moves, from its own stage functions."""
+    """Bytes per input row each shuffle of the Ray engine moves, from its own stage functions, on the file's first
+    ``sample`` rows."""
     import numpy as np
     import pyarrow as pa
 
@@ -153,9 +154,12 @@ def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, 
 
     recipe = load_recipe(recipe_path)
     parts = dict(enumerate(replay_parts(recipe, 1)))
-    screened = pa.concat_tables(ray_data._screen_parts({"part": np.array([0])}, parts=parts, recipe=recipe,
-                                                       contamination=None, settings=None, pack_cut=None,
-                                                       pack_files=[])).slice(0, sample)
+    batches = ray_data._screen_parts({"part": np.array([0])}, parts=parts, recipe=recipe, contamination=None,
+                                     settings=None, pack_cut=None, pack_files=[])
+    taken: list[pa.Table] = []
+    while sum(map(len, taken)) < sample and (batch := next(batches, None)) is not None:  # not the whole file
+        taken.append(batch)
+    screened = pa.concat_tables(taken).slice(0, sample)
     entries = ray_data._bucket_entries(screened, recipe=recipe, final_ids={})
     verdicts = ray_data._bucket_verdicts(entries, recipe=recipe)
     rows = len(screened)
