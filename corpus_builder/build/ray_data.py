@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
@@ -381,24 +382,22 @@ def _screen_parts(batch: dict[str, np.ndarray], *, parts: Mapping[int, Part], re
     checker = Checker.for_recipe(recipe, _renderer(settings) if settings is not None else None, contamination,
                                  pack=read_pack_screen(recipe, pack_cut, pack_files) if pack_cut is not None else None,
                                  measured={} if settings is not None else None)
-    names = ("priority", "item", "checked", "raw_id", "source", "thinking", "hashes", "present", "sketch", "facts")
+    names = ("priority", "item", "checked", "raw_id", "source", "thinking", "facts")
     types = {"priority": pa.int64(), "item": pa.binary(), "checked": pa.bool_(), "raw_id": pa.string(),
-             "source": pa.string(), "thinking": pa.bool_(), "hashes": pa.binary(), "present": pa.binary(),
-             "sketch": pa.binary(), "facts": pa.binary()}
+             "source": pa.string(), "thinking": pa.bool_(), "facts": pa.binary()}
     columns: dict[str, list[Any]] = {name: [] for name in names}
+    signed: list[int] = []  # each record's row of the batch's signatures, -1 for none
 
-    def add(priority: int, item: Conversation | Skipped, signatures: Signatures | None, row: int,
-            facts: TokenFacts | None = None) -> None:
-        checked = isinstance(item, Conversation) and signatures is not None
+    def add(priority: int, item: Conversation | Skipped, row: int, facts: TokenFacts | None = None) -> None:
+        checked = isinstance(item, Conversation)
         columns["priority"].append(priority)
         columns["item"].append(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
         columns["facts"].append(pickle.dumps(facts, protocol=pickle.HIGHEST_PROTOCOL) if facts is not None else b"")
-        columns["checked"].append(isinstance(item, Conversation))
-        columns["raw_id"].append(item.id if isinstance(item, Conversation) else None)
+        columns["checked"].append(checked)
+        columns["raw_id"].append(item.id if checked else None)
         columns["source"].append(item.source)
         columns["thinking"].append(isinstance(item, Conversation) and item.thinking)
-        for name, part in (("hashes", "hashes"), ("present", "present"), ("sketch", "sketches")):
-            columns[name].append(getattr(signatures, part)[row].tobytes() if checked else b"")
+        signed.append(row if checked else -1)
 
     for part in batch["part"].tolist():
         position = 0
@@ -411,14 +410,36 @@ def _screen_parts(batch: dict[str, np.ndarray], *, parts: Mapping[int, Part], re
                 priority = (part << PART_SHIFT) | position
                 position += 1
                 if isinstance(item, Skipped):
-                    add(priority, item, None, 0)
+                    add(priority, item, -1)
                     continue
                 row, outcome = next(decided)
                 facts = stats.token_facts[row] if stats.token_facts is not None and outcome is item else None
                 if outcome is not None:  # None: held out by the eval pack
-                    add(priority, outcome, signatures, row, facts)
-            yield pa.table({name: pa.array(values, types[name]) for name, values in columns.items()})
+                    add(priority, outcome, row, facts)
+            yield pa.table({**{name: pa.array(values, types[name]) for name, values in columns.items()},
+                            **_signature_columns(signatures, np.asarray(signed, dtype=np.int64))})
             columns = {name: [] for name in names}
+            signed = []
+
+
+def _signature_columns(signatures: Signatures | None, rows: npt.NDArray[np.int64]) -> dict[str, pa.Array]:
+    """Each record's hashes, which of them it has, and its sketch, as bytes (empty for a record without
+    signatures: not checked, or no dedup)."""
+    if signatures is None:
+        return {name: pa.array([b""] * len(rows), pa.binary()) for name in ("hashes", "present", "sketch")}
+    return {"hashes": _packed(signatures.hashes, rows), "present": _packed(signatures.present, rows),
+            "sketch": _packed(signatures.sketches, rows)}
+
+
+def _packed(values: npt.NDArray[Any], rows: npt.NDArray[np.int64]) -> pa.Array:
+    """A binary column, each record the bytes of its row of ``values`` (empty where its row is -1), packed in
+    numpy rather than a bytes object a record."""
+    width = values.shape[1] * values.itemsize
+    taken = rows >= 0
+    data = np.ascontiguousarray(values[rows[taken]]).view(np.uint8).reshape(-1)
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(np.where(taken, width, 0), out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _checked(table: pa.Table) -> pa.Table:
