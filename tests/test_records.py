@@ -36,3 +36,19 @@ def test_the_origins_are_the_schemas_and_a_prompt_row_is_no_corpus_row() -> None
     schema = json.loads((Path(__file__).resolve().parents[1] / "corpus_builder" / "schemas" /
                          "conversation.schema.json").read_text(encoding="utf-8"))
     assert set(schema["properties"]["origin"]["enum"]) == set(get_args(Origin)) - {"prompt"}
+
+
+def test_a_pickled_turn_comes_back_with_every_field() -> None:
+    """Rows cross processes pickled (the Ray engine's tasks, the forked readers); a turn pickles by its
+    constructor's arguments, so a field left out of them would come back as its default."""
+    import dataclasses
+    import pickle
+
+    from corpus_builder.records import ToolCall
+
+    turn = Message("assistant", "the answer", reasoning="because", tool_calls=(ToolCall("c1", "look", "{}"),),
+                   tool_call_id="t1")
+    assert all(getattr(turn, field.name) != field.default for field in dataclasses.fields(Message))
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(turn, protocol=protocol))
+        assert back == turn and type(back) is Message
