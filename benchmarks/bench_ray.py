@@ -122,7 +122,7 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
                                 peaks["worker_uss"] = max(peaks["worker_uss"], child.memory_full_info().uss)
                                 peaks["worker_heap"] = max(peaks["worker_heap"],
                                                            private_outside_object_store(child.pid))
-                    except psutil.Error:
+                    except (psutil.Error, OSError):  # a worker gone between the listing and its smaps
                         continue
             except psutil.Error:
                 pass
