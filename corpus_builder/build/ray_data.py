@@ -109,6 +109,8 @@ ROWS_PER_WRITE = 10_000
 # come, so below it a map task holds every row of the input: a worker grew with the input (the bucket entries' and
 # the rows' joins; 1.6 GiB at 200k rows).
 SHUFFLE_INPUT_BYTES = 64 * 2**20
+# A row's verdict: the row, and its head's rank and name (``_tag``).
+_VERDICTS = pa.schema([("priority", pa.int64()), ("verdict", pa.binary())])
 # A near verdict ranks after any exact one (a row's exact head, if another row, is its verdict).
 _NEAR_RANK = 1 << 62
 RAY_DIRECTORY = ".ray-"
@@ -307,10 +309,10 @@ class _CorpusRows:
         judge, as the local engine's index has them when a generated row meets them."""
         if self._verdicts is None or self.judge is None or not asking:
             return {}
-        verdicts: dict[int, bytes] = {}  # each row's least
-        for row in self._verdicts.map_batches(_having("priority", asking), batch_format="pyarrow").take_all():
-            verdicts[row["priority"]] = min(row["verdict"], verdicts.get(row["priority"], row["verdict"]))
-        found = {priority: _found(verdict) for priority, verdict in verdicts.items()}
+        given = self._verdicts.map_batches(_having("priority", asking), batch_format="pyarrow").take_all()
+        least = _least_verdicts(pa.Table.from_pylist(given, schema=_VERDICTS))
+        found = {priority: _found(verdict) for priority, verdict in zip(
+            least.column("priority").to_pylist(), least.column("verdict").to_pylist(), strict=True)}
         replayed = {head.priority: head.duplicate.of for head in found.values() if head.priority < self._generated_from}
         if replayed:
             dropped = self._verdicts.map_batches(_having("priority", set(replayed)), batch_format="pyarrow")
@@ -568,14 +570,13 @@ def _bucket_verdicts(table: pa.Table, *, recipe: Recipe) -> pa.Table:
     entry a candidate against it, which holds when the bucket is the exact rule's or the sketches confirm it; each
     row's least verdict of the block (an exact one ranks first, then the head of least priority)."""
     if not len(table):  # an empty partition (its block may have no columns)
-        return pa.table({"priority": pa.array([], pa.int64()), "verdict": pa.array([], pa.binary())})
+        return _VERDICTS.empty_table()
     kinds, keys = np.asarray(table.column("kind")), np.asarray(table.column("key"))
-    order = np.lexsort((np.asarray(table.column("priority")), keys, kinds))  # each bucket's head first
-    kinds, keys = kinds[order], keys[order]
-    priorities = np.asarray(table.column("priority"))[order]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = (kinds[1:] != kinds[:-1]) | (keys[1:] != keys[:-1])
-    heads = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))  # each entry's bucket's head
+    priorities = np.asarray(table.column("priority"))
+    order = np.lexsort((priorities, keys, kinds))  # each bucket's head first
+    kinds, keys, priorities = kinds[order], keys[order], priorities[order]
+    # each entry's bucket's head: the last bucket start at or before it
+    heads = np.maximum.accumulate(np.where(_run_starts(kinds, keys), np.arange(len(order)), 0))
     candidate = priorities != priorities[heads]
     exact = kinds == 0
     holds = candidate & exact
@@ -589,18 +590,23 @@ def _bucket_verdicts(table: pa.Table, *, recipe: Recipe) -> pa.Table:
     ranks = priorities[heads[rows]] | np.where(exact[rows], 0, _NEAR_RANK)
     names = table.column("name").take(pa.array(order[heads[rows]])).to_pylist()
     return _least_verdicts(pa.table({
-        "priority": pa.array(priorities[rows], pa.int64()),
-        "verdict": pa.array([_tag(rank, name) for rank, name in zip(ranks.tolist(), names, strict=True)],
-                            pa.binary())}))
+        "priority": priorities[rows],
+        "verdict": [_tag(rank, name) for rank, name in zip(ranks.tolist(), names, strict=True)]}, schema=_VERDICTS))
 
 
 def _least_verdicts(verdicts: pa.Table) -> pa.Table:
     """Each row's least verdict of those given (by priority, sorted)."""
     ordered = verdicts.sort_by([("priority", "ascending"), ("verdict", "ascending")])
-    priorities = np.asarray(ordered.column("priority"))
-    first = np.ones(len(priorities), dtype=bool)
-    first[1:] = priorities[1:] != priorities[:-1]
-    return ordered.filter(pa.array(first))
+    return ordered.filter(pa.array(_run_starts(np.asarray(ordered.column("priority")))))
+
+
+def _run_starts(*columns: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """Of sorted ``columns``, whether each record starts a run of equal values (its group's first)."""
+    starts = np.zeros(len(columns[0]), dtype=bool)
+    starts[:1] = True
+    for column in columns:
+        starts[1:] |= column[1:] != column[:-1]
+    return starts
 
 
 def _verdict_tags(table: pa.Table) -> pa.ChunkedArray | pa.Array:
