@@ -2,11 +2,11 @@
 
 A chat is logged once per request and every request repeats the whole history, so a 6-turn chat is 3 logged
 rows: read as they are, they are 3 overlapping conversations that count its first turns three times. A row whose
-turns (its request's messages and the answer) are a prefix of a later row's turns, of the same conversation,
-is folded into that row: it is dropped (``folded_prefix``, in the ledger with the row it was folded into) and the
-later row keeps what only the earlier one held: the reasoning of an answer, which clients rarely send back in the
-history, and a cut answer's flag. The same conversation is the same session where the log records one, else any
-row with the prefix.
+turns (its request's messages and the answer) are a prefix of a later row's turns, of the same conversation (or
+all of them: a line logged twice), is folded into that row: it is dropped (``folded_prefix``, in the ledger with
+the row it was folded into) and the later row keeps what only the earlier one held: the reasoning of an answer,
+which clients rarely send back in the history, and a cut answer's flag. The same conversation is the same session
+where the log records one, else any row with the prefix.
 
 The fold works on the logged exchanges as read (``logs.LoggedExchange``), before they are normalised: a request
 folded into a later one is never normalised, so a chat costs one normalisation however many requests logged it.
@@ -181,9 +181,11 @@ class PrefixFold(Generic[Tag]):
                     earlier = self._pop(candidate)
                     if earlier is not None:
                         self._fold(earlier, held, finished)
-        same = self._pop(full)  # the same request logged twice: both stay (dedup's to judge)
+        same = self._pop(full)  # the same request logged again (a line written twice): one request of its chat
         if same is not None:
-            finished.append((same, False))
+            held.carried += same.carried  # its answer is this one's: only what was folded into it is carried
+            held.requests += same.requests
+            finished.append((same, True))
         self._open[full] = held
         self._heads[head] = self._heads.get(head, 0) + 1
         if len(self._open) > self.max_open:

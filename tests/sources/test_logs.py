@@ -170,6 +170,22 @@ def test_a_chat_logged_per_request_is_one_conversation(tmp_path: Path, shape: st
     assert conversation.provenance[FOLDED_KEY] == 3
 
 
+@pytest.mark.parametrize("repeated", [0, 1, 2])
+def test_a_request_logged_twice_is_one_request_of_its_chat(tmp_path: Path, repeated: int) -> None:
+    """A log line written twice (a retried write, two exports concatenated): the copy folds into the line that repeats
+    it, so the chat is still one conversation, the prefix the fold removed never comes back (dedup would not catch
+    it: no other row is equal to it), and the conversation counts every logged line it was made of."""
+    logged = logged_conversation("nested", {"messages": CHAT})
+    lines = [*logged[:repeated + 1], logged[repeated], *logged[repeated + 1:]]
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", lines))
+    assert [(s.reason, s.location, s.detail) for s in skipped] == [
+        (FOLDED_PREFIX, f"log.jsonl:{line}", f"folded into log.jsonl:{line + 1}") for line in (1, 2, 3)]
+    [conversation] = kept
+    assert turns(conversation) == expected_turns(CHAT)
+    assert conversation.provenance["source_line"] == 4
+    assert conversation.provenance[FOLDED_KEY] == 4
+
+
 def test_interleaved_chats_fold_each_into_its_own_last_request(tmp_path: Path) -> None:
     chats = [{"messages": _chat(i, exchanges=1 + i % 4)} for i in range(12)]
     queues = [logged_conversation("nested", chat) for chat in chats]
@@ -200,7 +216,8 @@ def test_a_request_missing_from_the_log_still_folds_the_one_before_it(tmp_path: 
 
 def test_sessions_keep_chats_apart_that_begin_alike(tmp_path: Path) -> None:
     """Two users ask the same first question and get the same answer: by their sessions each first request folds into
-    its own chat; without sessions the first two requests are one prefix and fold into the first chat that goes on."""
+    its own chat; without sessions the first two requests are one request logged twice, folded into the first chat
+    that goes on."""
     first = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
     a = {"messages": [*first, {"role": "user", "content": "tell a joke"}, {"role": "assistant", "content": "no"}]}
     b = {"messages": [*first, {"role": "user", "content": "tell a poem"}, {"role": "assistant", "content": "roses"}]}
@@ -214,8 +231,9 @@ def test_sessions_keep_chats_apart_that_begin_alike(tmp_path: Path) -> None:
     assert len(with_sessions) == 2 and len(folded) == 2
     assert all("session_id" not in c.provenance for c in with_sessions)  # a log's session ids are not published
     without, folded = read(write_lines(tmp_path / "n.jsonl", logs(False)))
-    # the same first exchange twice: one folds into the joke chat, the other (same text) is kept apart as is
-    assert sorted(len(c.messages) for c in without) == [2, 4, 4] and len(folded) == 1
+    assert sorted(turns(c) for c in without) == sorted([expected_turns(a["messages"]), expected_turns(b["messages"])])
+    assert [(s.location, s.detail) for s in folded] == [("n.jsonl:1", "folded into n.jsonl:2"),
+                                                        ("n.jsonl:2", "folded into n.jsonl:3")]
 
 
 def test_the_fold_holds_at_most_max_open_conversations(tmp_path: Path) -> None:
