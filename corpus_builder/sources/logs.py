@@ -250,20 +250,30 @@ def _first_text(holder: dict[str, Any], names: tuple[str, ...]) -> str | None:
     return None
 
 
+def _session_id(holder: dict[str, Any], names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` that holds an id: a non-empty string, or an integer (logs that number their sessions;
+    0 is one), as its text."""
+    for name in names:
+        value = holder.get(name)
+        if type(value) is int:  # not a bool: ``type`` is exact
+            return str(value)
+        if value and type(value) is str:
+            return value
+    return None
+
+
 def _session(row: dict[str, Any], request: dict[str, Any]) -> str | None:
     """The conversation id the log records: a session field on the record, in its metadata or in the request's,
     or Helicone's session header."""
     if _SESSION_HOLDERS.isdisjoint(row) and _SESSION_HOLDERS.isdisjoint(request):
         return None  # the log records none (most logs): nothing to look through
     for holder in (row, request):
-        found = _first_text(holder, SESSION_FIELDS)
+        found = _session_id(holder, SESSION_FIELDS)
         if found is not None:
             return found
         if "metadata" in holder:
-            found = _first_text(_metadata(holder), SESSION_FIELDS)
+            found = _session_id(_metadata(holder), SESSION_FIELDS)
             if found is not None:
                 return found
     properties = row.get("request_properties")
-    if isinstance(properties, dict) and isinstance(properties.get(HELICONE_SESSION), str):
-        return str(properties[HELICONE_SESSION])
-    return None
+    return _session_id(properties, (HELICONE_SESSION,)) if isinstance(properties, dict) else None

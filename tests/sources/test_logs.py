@@ -236,6 +236,22 @@ def test_sessions_keep_chats_apart_that_begin_alike(tmp_path: Path) -> None:
                                                         ("n.jsonl:2", "folded into n.jsonl:3")]
 
 
+@pytest.mark.parametrize("shape", ["nested", "langfuse_api", "langfuse_export", "helicone"])
+@pytest.mark.parametrize("sessions", [(1, 2), (0, 7)])
+def test_numeric_session_ids_keep_chats_apart(tmp_path: Path, shape: str, sessions: tuple[int, int]) -> None:
+    """A log that numbers its sessions (an integer id, 0 included): two chats that begin alike are still two."""
+    first = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    a = [*first, {"role": "user", "content": "tell a joke"}, {"role": "assistant", "content": "no"}]
+    b = [*first, {"role": "user", "content": "tell a poem"}, {"role": "assistant", "content": "roses"}]
+    rows_a, rows_b = (logged_conversation(shape, {"messages": messages}, session=session)
+                      for messages, session in zip((a, b), sessions, strict=True))
+    kept, folded = read(write_lines(tmp_path / "log.jsonl", [rows_a[0], rows_b[0], rows_a[1], rows_b[1]]))
+    with_reasoning = shape in WITH_REASONING
+    assert sorted(map(turns, kept)) == sorted(expected_turns(m, reasoning=with_reasoning) for m in (a, b))
+    assert [(s.location, s.detail) for s in folded] == [("log.jsonl:1", "folded into log.jsonl:3"),
+                                                        ("log.jsonl:2", "folded into log.jsonl:4")]
+
+
 def test_the_fold_holds_at_most_max_open_conversations(tmp_path: Path) -> None:
     """Past the window the chat extended longest ago is written as it stands: its later requests are their own."""
     c0, c1, c2 = (logged_conversation("nested", {"messages": _chat(i, exchanges=2)}) for i in range(3))
