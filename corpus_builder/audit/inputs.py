@@ -549,7 +549,7 @@ class DecodedLines:
     data: bytes
     lines: list[memoryview]  # the lines that are rows (a blank line is none)
     objects: list[int]  # which of them hold an object
-    others: dict[int, Any]  # the rows that are not objects: a BadRow, or another value
+    others: dict[int, Any]  # the rows not parsed as objects from their line: a BadRow, another value, a marked row
 
     @classmethod
     def of(cls, data: bytes) -> DecodedLines:
@@ -560,12 +560,12 @@ class DecodedLines:
         for end in ends.tolist():
             line, start = view[start:end], end + 1
             try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError:  # the readers' verdict on the line: a BadRow, or no row (blank)
-                value = next(decode_lines([bytes(line)]), _BLANK)
+                value, parsed = orjson.loads(line), True
+            except orjson.JSONDecodeError:  # the readers' verdict: a BadRow, a row behind a mark, or none (blank)
+                value, parsed = next(decode_lines([bytes(line)]), _BLANK), False
                 if value is _BLANK:
                     continue
-            if isinstance(value, dict):
+            if parsed and isinstance(value, dict):  # a row behind a mark is kept as read: its line is not JSON
                 decoded.objects.append(len(decoded.lines))
             else:
                 decoded.others[len(decoded.lines)] = value

@@ -13,7 +13,7 @@ so it is parsed whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Iterator
-from itertools import chain, pairwise
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, get_args
 
@@ -204,8 +204,6 @@ def zstd_chunks(path: Path, label: str) -> Iterator[bytes]:
 
 
 def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_line: int = 1) -> RowReader:
-    if first_line == 1:
-        lines = _without_bom(lines)
     loads = orjson.loads
     any_row = False
     for number, line in enumerate(lines, first_line):
@@ -216,9 +214,9 @@ def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_lin
         try:
             row = loads(line)
         except orjson.JSONDecodeError as error:
-            if not line.strip():
+            row = _refused_line(line, error)
+            if row is _BLANK:
                 continue  # blank lines separate nothing and are not rows
-            row = _undecodable(line, error)
         any_row = True
         yield number, row
     return any_row
@@ -226,17 +224,27 @@ def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_lin
 
 def decode_lines(lines: Iterable[bytes]) -> Iterator[Any]:
     """The rows of ``lines`` as ``iter_rows`` decodes a line format's (a value, or a ``BadRow``; a blank line is
-    no row), for a reader that cuts the lines itself. No byte order mark is removed: a file's first line is the
-    caller's."""
-    return (row for _, row in _decode_lines(lines, None, first_line=2))  # not line 1: no mark is removed
+    no row), for a reader that cuts the lines itself."""
+    return (row for _, row in _decode_lines(lines, None))
 
 
-def _without_bom(lines: Iterable[bytes]) -> Iterator[bytes]:
-    """The lines of a file with the byte order mark its first line may start with removed; the rest are
-    handed on by ``chain`` (in C), so the per-line path gains no layer."""
-    remaining = iter(lines)
-    first = next(remaining, None)
-    return remaining if first is None else chain((first.removeprefix(UTF8_BOM),), remaining)
+# A refused line that holds no row (blank, or a byte order mark alone).
+_BLANK = object()
+
+
+def _refused_line(line: bytes, error: orjson.JSONDecodeError) -> Any:
+    """What a line the decoder refused holds: the row behind a byte order mark (a file's first line, or the first
+    line of each file of several concatenated into one: ``cat`` keeps their marks), nothing (``_BLANK``) when it is
+    blank, else a ``BadRow``. Only refused lines are looked at: the per-line path gains nothing."""
+    if line.startswith(UTF8_BOM):
+        line = line[len(UTF8_BOM):]
+        try:
+            return orjson.loads(line)
+        except orjson.JSONDecodeError as behind:
+            error = behind
+    if not line.strip():
+        return _BLANK
+    return _undecodable(line, error)
 
 
 def _undecodable(line: bytes, error: orjson.JSONDecodeError) -> BadRow:

@@ -46,11 +46,22 @@ def test_the_byte_range_reader_strips_the_mark_of_the_first_range_only(tmp_path:
     assert [row["id"] for row in first + rest] == ["r0", "r1", "r2"]
 
 
-def test_a_byte_order_mark_inside_the_file_is_still_an_invalid_row(tmp_path: Path) -> None:
-    path = tmp_path / "joined.jsonl"
-    path.write_bytes(JSONL + BOM + JSONL)  # two files concatenated: the second mark is data
-    skipped = [item.reason for item in iter_file(path) if isinstance(item, Skipped)]
-    assert skipped == ["invalid_json"]
+@pytest.mark.parametrize("suffix", ["jsonl", "jsonl.zst"])
+def test_files_concatenated_with_their_marks_lose_no_row(tmp_path: Path, suffix: str) -> None:
+    """`cat a.jsonl b.jsonl` of two files an editor saved: the second file's mark starts a line inside the joined one
+    (a line holding only a mark is blank)."""
+    joined = BOM + JSONL + BOM + JSONL + BOM + b"\n" + BOM + JSONL.replace(b'"id":"r', b'"id":"s')
+    path = tmp_path / f"joined.{suffix}"
+    path.write_bytes(zstandard.ZstdCompressor().compress(joined) if suffix == "jsonl.zst" else joined)
+    items = list(iter_file(path))
+    assert _ids(items) == ["r0", "r1", "r2", "r0", "r1", "r2", "s0", "s1", "s2"]
+    assert [item.provenance["source_line"] for item in items if isinstance(item, Conversation)] == [
+        1, 2, 3, 4, 5, 6, 8, 9, 10]
+    first_range = len(JSONL) + len(BOM) + JSONL.index(b"\n") + 1 + len(BOM)  # the byte reader: a mark past line 1
+    if suffix == "jsonl":
+        ranged = [row for start, end in ((0, first_range), (first_range, len(joined)))
+                  for _, row in iter_line_range(path, start, end)]
+        assert [row["id"] for row in ranged] == ["r0", "r1", "r2", "r0", "r1", "r2", "s0", "s1", "s2"]
 
 
 @pytest.fixture

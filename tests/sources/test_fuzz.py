@@ -93,11 +93,12 @@ def _positions(items: list[Conversation | Skipped]) -> set[int]:
 
 
 def _content_lines(content: bytes) -> set[int]:
-    """Line numbers that hold anything but whitespace, counted here from the bytes (not by the reader)."""
-    lines = content.removeprefix(BOM).split(b"\n")
+    """Line numbers that hold anything but whitespace after a byte order mark, counted here from the bytes (not by
+    the reader)."""
+    lines = content.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    return {number for number, line in enumerate(lines, 1) if line.strip()}
+    return {number for number, line in enumerate(lines, 1) if line.removeprefix(BOM).strip()}
 
 
 def _read(path: Path, prop: str) -> list[Conversation | Skipped] | None:
