@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorpusError
-from ..layout import MANIFEST, Corpus
+from ..layout import Corpus, holds_corpus
 from ..outputs import check_output_path, made_directory, staged
 from ..rows import batch_to_conversations
 from ..tokens import TurnRow
@@ -263,7 +263,7 @@ class _Input:
 
 
 def _open_input(source: Path, tokenizer: Path | None) -> _Input:
-    if not (source / MANIFEST).is_file():
+    if not holds_corpus(source):  # a corpus a build is writing may have no manifest yet: Corpus.open names the build
         files = token_export_files(source)
         return _Input([*files, *([tokenizer] if tokenizer else [])], tokenizer,
                       lambda: Frequencies(count_token_export(files)))

@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorpusError
 from ..hub import HubSession, RetryPolicy, resolve_endpoint, resolve_token
-from ..layout import AUDIT, MANIFEST, RECIPE, writing_build
+from ..layout import AUDIT, MANIFEST, RECIPE, no_build_writing
 from ..recipe.model import ExportSpec
 from ..secrets import scan_text
 from .card import render_card, scrub_local_paths, scrub_value
@@ -111,28 +110,6 @@ def _check_card(docs: CorpusDocuments, files: list[UploadFile]) -> None:
         raise GateFailed(docs.root, [f"secrets: {finding}" for finding in findings])
 
 
-def _build_writing(corpus_dir: Path) -> CorpusError | None:
-    """The error to give while a build writes ``corpus_dir``, or None when none does."""
-    pid = writing_build(corpus_dir)
-    if pid is None:
-        return None
-    return CorpusError(f"a build is writing {corpus_dir} now (pid {pid}); wait for it to finish, then publish again")
-
-
-@contextmanager
-def _no_build_writing(corpus_dir: Path) -> Iterator[None]:
-    """A build rewriting the directory makes the corpus look broken (files missing, counts off): that build is
-    named instead, before anything is read, and when publishing fails (the build may have started meanwhile)."""
-    if (building := _build_writing(corpus_dir)) is not None:
-        raise building
-    try:
-        yield
-    except CorpusError as error:
-        if (building := _build_writing(corpus_dir)) is not None:
-            raise building from error
-        raise
-
-
 def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revision: str = "main",
                    endpoint: str | None = None, token: str | None = None, dry_run: bool = False,
                    retry: RetryPolicy | None = None, exports: Sequence[ExportSpec] | None = None,
@@ -145,7 +122,9 @@ def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False
     scrubbed) and while a build writes the directory. Safe to re-run: files already on the remote with the
     same bytes are not sent again, and an unchanged corpus makes no commit.
     """
-    with _no_build_writing(Path(corpus_dir)), tempfile.TemporaryDirectory(prefix="corpus-publish-") as scratch:
+    # A build rewriting the directory makes the corpus look broken (files missing, counts off): that build is named
+    # instead, before anything is read, and when publishing fails (the build may have started meanwhile).
+    with no_build_writing(Path(corpus_dir)), tempfile.TemporaryDirectory(prefix="corpus-publish-") as scratch:
         return _gate_and_upload(Path(corpus_dir), repo_id, public=public, revision=revision, endpoint=endpoint,
                                 token=token, dry_run=dry_run, retry=retry, exports=exports, tokenizer=tokenizer,
                                 scratch=Path(scratch))
