@@ -22,6 +22,7 @@ Frequency files (by the suffix of ``--out``):
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -164,8 +165,11 @@ def _torch() -> Any:
 
 
 def _save_token_freq(counts: np.ndarray, path: Path) -> None:
-    """speculators' token_freq.pt: ``torch.save`` of {token id: count} over the ids that occur, Python ints."""
-    _torch().save({int(i): int(counts[i]) for i in np.flatnonzero(counts)}, path)
+    """speculators' token_freq.pt: ``torch.save`` of {token id: count} over the ids that occur, Python ints. Saved
+    to memory, then written by Python: torch's own file writer turns a full disk into a RuntimeError."""
+    serialised = io.BytesIO()
+    _torch().save({int(i): int(counts[i]) for i in np.flatnonzero(counts)}, serialised)
+    path.write_bytes(serialised.getbuffer())
 
 
 def _check_suffix(path: Path) -> None:

@@ -18,6 +18,7 @@ from corpus_builder.errors import CorpusError
 from corpus_builder.export import corpus_token_rows, export_corpus
 from corpus_builder.export.vocab import count_frequencies, top_k, vocab_report, write_frequencies
 from corpus_builder.layout import Corpus
+from tests.build.test_failures import small_disk  # noqa: F401  (a 6 MiB tmpfs: a real full disk)
 from tests.export.test_export import corpus  # noqa: F401  (the module-scoped built corpus fixture)
 from tests.support.trainers import speculators_python
 
@@ -247,3 +248,32 @@ def test_vocab_directory_refusals_leave_nothing(tmp_path: Path, tiny_model_dir: 
     with pytest.raises(CorpusError, match="No space left on device"):
         draft_vocab(source, tmp_path / "out", size=2, target_vocab_size=6016)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "train.jsonl"]
+
+
+# --- issue 37: a full disk, ids no vocabulary holds, the counts' length, the draft's bound, the tokenizer ------
+
+def vocab_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "corpus_builder", "vocab", *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+
+
+def fill(disk: Path) -> None:
+    """Write to ``disk`` until it is full."""
+    with (disk / "filler").open("wb", buffering=0) as handle, pytest.raises(OSError, match="No space left"):
+        while True:
+            handle.write(bytes(1 << 20))
+
+
+@pytest.mark.parametrize(("out", "named"), [("token_freq.pt", "token_freq.pt"), ("token_freq.npy", "token_freq.npy"),
+                                            ("token_freq.json", "token_freq.json"),
+                                            ("speculators", "speculators/(token_freq.pt|d2t-50.npy|t2d-50.npy)")])
+def test_a_full_disk_is_an_error_naming_the_file_and_leaves_nothing(corpus: Corpus, small_disk: Path,  # noqa: F811
+                                                                    out: str, named: str) -> None:
+    """torch's own writer turned a full disk into a RuntimeError traceback (the .pt file and speculators' files).
+    Which of speculators' three files meets the full disk first depends on the few bytes the filler left."""
+    fill(small_disk)
+    completed = vocab_cli(corpus.root, "--size", "50", "--out", small_disk / out)
+    assert completed.returncode == 2, completed.stderr
+    assert re.fullmatch(f"error: {re.escape(str(small_disk))}/{named}: cannot write: No space left on device\n",
+                        completed.stderr), completed.stderr
+    assert [path.name for path in small_disk.iterdir()] == ["filler"]
