@@ -38,7 +38,7 @@ from ..outputs import check_output_path, made_directory, staged
 from ..rows import batch_to_conversations
 from ..tokens import TurnRow
 from .token_counts import count_token_export, token_export_files
-from .token_rows import CorpusTokenRows, corpus_token_rows
+from .token_rows import CorpusTokenRows, check_tokenizer_dir, corpus_token_rows
 
 FILE_SUFFIXES = (".npy", ".json", ".pt")
 TOKEN_FREQ = "token_freq.pt"
@@ -269,6 +269,8 @@ class _Input:
 def _open_input(source: Path, tokenizer: Path | None) -> _Input:
     if not holds_corpus(source):  # a corpus a build is writing may have no manifest yet: Corpus.open names the build
         files = token_export_files(source)
+        if tokenizer is not None:
+            check_tokenizer_dir(tokenizer)
         return _Input([*files, *([tokenizer] if tokenizer else [])], tokenizer,
                       lambda: Frequencies(count_token_export(files)))
     corpus = Corpus.open(source)

@@ -311,3 +311,14 @@ def test_an_empty_corpus_is_neither_exported_nor_counted(tmp_path: Path, tiny_mo
         refused = corpus_cli(command[0], str(empty.out_dir), *command[1:])
         assert refused.returncode == 2 and f"{empty.out_dir}: {problem}" in refused.stderr, refused.stderr
     assert not out.exists() and not frequencies.exists()
+
+
+@pytest.mark.parametrize("tokenizer", ["Org/Model-1B", "missing-dir"])
+def test_export_names_a_tokenizer_that_is_no_directory(corpus: Corpus, tmp_path: Path, tokenizer: str) -> None:
+    """The check `corpus vocab` makes: a Hub id or a mistyped path read as "no chat template"."""
+    completed = corpus_cli("export", str(corpus.root), "--format", "speculators-tokens", "--out", str(tmp_path / "out"),
+                           "--tokenizer", tokenizer)
+    assert completed.returncode == 2
+    assert completed.stderr.startswith(f"error: {tokenizer}: --tokenizer: no such directory"), completed.stderr
+    assert ("reads like a Hub model id" in completed.stderr) is (tokenizer == "Org/Model-1B")
+    assert not (tmp_path / "out").exists()

@@ -277,3 +277,28 @@ def test_a_full_disk_is_an_error_naming_the_file_and_leaves_nothing(corpus: Corp
     assert re.fullmatch(f"error: {re.escape(str(small_disk))}/{named}: cannot write: No space left on device\n",
                         completed.stderr), completed.stderr
     assert [path.name for path in small_disk.iterdir()] == ["filler"]
+
+
+@pytest.mark.parametrize(("given", "problem"), [
+    ("missing", "--tokenizer: no such directory"),
+    ("Org/Model-1B", "--tokenizer: no such directory (it reads like a Hub model id: --tokenizer takes a local "
+                     "directory; download the model first, e.g. huggingface-cli download Org/Model-1B "
+                     "--local-dir DIR)"),
+    ("file", "--tokenizer: not a directory"),
+    ("empty", "--tokenizer: no tokenizer.json in this directory"),
+])
+@pytest.mark.parametrize("source", ["corpus", "export"])
+def test_a_tokenizer_that_is_not_a_tokenizer_directory_says_what_it_is(corpus: Corpus, tmp_path: Path,  # noqa: F811
+                                                                       given: str, problem: str, source: str) -> None:
+    """A mistyped path or a Hub id read as "no chat template"."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    if source == "export":
+        export_corpus(corpus, "speculators-tokens", tmp_path / "export")
+    read = corpus.root if source == "corpus" else tmp_path / "export"
+    tokenizer = given if given == "Org/Model-1B" else str(tmp_path / given)
+    completed = subprocess.run([sys.executable, "-m", "corpus_builder", "vocab", str(read), "--tokenizer", tokenizer,
+                                "--size", "10", "--out", str(tmp_path / "out.npy")], capture_output=True, text=True)
+    assert completed.returncode == 2
+    assert completed.stderr.startswith(f"error: {tokenizer}: {problem}"), completed.stderr
+    assert not (tmp_path / "out.npy").exists()
