@@ -57,7 +57,7 @@ def commands(corpus: Path, out: Path) -> dict[str, list[str | Path]]:
     out.mkdir(exist_ok=True)
     return {
         "audit": ["audit", corpus],
-        "vocab": ["vocab", corpus, "--out", out / "freq.npy"],
+        "vocab": ["vocab", corpus, "--size", "50", "--out", out / "freq.npy"],
         "eval": ["eval", corpus, "--endpoint", "http://127.0.0.1:9", "--save-dir", out / "runs"],  # read first
         "vllm-bench": ["export", corpus, "--format", "vllm-bench", "--out", out / "bench"],
         "export": ["export", corpus, "--format", "messages", "--out", out / "messages"],

@@ -65,6 +65,14 @@ def check_tokenizer_dir(tokenizer: Path) -> Path:
     return tokenizer
 
 
+def tokenizer_entries(tokenizer: Path) -> int:
+    """How many entries the tokenizer in ``tokenizer`` (a checked directory) holds, added tokens included: the ids
+    it can give are below this."""
+    from tokenizers import Tokenizer
+
+    return int(Tokenizer.from_file(str(tokenizer / "tokenizer.json")).get_vocab_size(with_added_tokens=True))
+
+
 def corpus_token_rows(corpus: Corpus, tokenizer: Path | None = None) -> CorpusTokenRows | None:
     """Token rows on the tokenizer a built corpus's recipe names (``tokenizer`` overrides, checked first); None
     when no such tokenizer is found here."""

@@ -37,8 +37,8 @@ from ..layout import Corpus, holds_corpus
 from ..outputs import check_output_path, made_directory, staged
 from ..rows import batch_to_conversations
 from ..tokens import TurnRow
-from .token_counts import count_token_export, token_export_files
-from .token_rows import CorpusTokenRows, check_tokenizer_dir, corpus_token_rows
+from .token_counts import Vocabulary, count_token_export, token_export_files
+from .token_rows import CorpusTokenRows, check_tokenizer_dir, corpus_token_rows, tokenizer_entries
 
 FILE_SUFFIXES = (".npy", ".json", ".pt")
 TOKEN_FREQ = "token_freq.pt"
@@ -263,34 +263,50 @@ class _Input:
 
     paths: list[Path]  # everything read, kept apart from the output
     config_dir: Path | None  # where the verifier's config.json may be
+    vocabulary: Vocabulary | None  # the ids the counts hold (their length); None: unknown (an export alone)
     count: Callable[[], Frequencies]
 
 
-def _open_input(source: Path, tokenizer: Path | None) -> _Input:
+def _open_input(source: Path, tokenizer: Path | None, target_vocab_size: int | None) -> _Input:
+    """The input, with its vocabulary: its tokenizer's entries (the corpus recipe's, or ``tokenizer``); for an export
+    without a tokenizer the size given, else none known."""
     if not holds_corpus(source):  # a corpus a build is writing may have no manifest yet: Corpus.open names the build
         files = token_export_files(source)
         if tokenizer is not None:
-            check_tokenizer_dir(tokenizer)
-        return _Input([*files, *([tokenizer] if tokenizer else [])], tokenizer,
-                      lambda: Frequencies(count_token_export(files)))
+            vocabulary: Vocabulary | None = Vocabulary(tokenizer_entries(check_tokenizer_dir(tokenizer)),
+                                                       f"the tokenizer {tokenizer}")
+        else:
+            vocabulary = Vocabulary(target_vocab_size, "--target-vocab-size") if target_vocab_size else None
+        return _Input([*files, *([tokenizer] if tokenizer else [])], tokenizer, vocabulary,
+                      lambda: Frequencies(count_token_export(files, vocabulary)))
     corpus = Corpus.open(source)
     token_rows = corpus_token_rows(corpus, tokenizer)
     if token_rows is None:
         raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
                           file=str(source))
     directory = token_rows.renderer.tokenizer_dir
-    return _Input([corpus.root, directory], directory, lambda: count_frequencies(corpus, token_rows))
+    return _Input([corpus.root, directory], directory, Vocabulary(token_rows.vocab_size, f"the tokenizer {directory}"),
+                  lambda: count_frequencies(corpus, token_rows))
 
 
-def _target_size(given: int | None, source: _Input, draft_size: int) -> int:
-    size = given if given is not None else (verifier_vocab_size(source.config_dir) if source.config_dir else None)
+def _verifier_vocabulary(given: int | None, source: _Input) -> Vocabulary:
+    """t2d's length: the verifier's vocab_size, given or from the config.json beside the tokenizer."""
+    if given is not None:
+        return Vocabulary(given, "--target-vocab-size")
+    size = verifier_vocab_size(source.config_dir) if source.config_dir else None
     if size is None:
         where = f"no config.json in {source.config_dir}" if source.config_dir else "no --tokenizer DIR"
         raise CorpusError(f"t2d has one entry per token of the verifier's vocabulary ({where}): give "
                           "--target-vocab-size N (its config's vocab_size) or --tokenizer with the model's config.json")
-    if draft_size > size:
-        raise CorpusError(f"--draft-vocab-size {draft_size:,} exceeds the verifier's vocabulary ({size:,} tokens)")
-    return size
+    return Vocabulary(size, f"the vocab_size of {source.config_dir}/config.json")
+
+
+def _check_draft_size(draft_size: int, vocabulary: Vocabulary) -> None:
+    """A draft vocabulary is chosen among the ids of ``vocabulary`` (the counts a frequency file holds, t2d's for
+    speculators' files): one larger than it is refused, whichever the output."""
+    if draft_size > vocabulary.size:
+        raise CorpusError(f"--draft-vocab-size {draft_size:,} exceeds the vocabulary it is chosen from "
+                          f"({vocabulary.size:,} tokens: {vocabulary.source})")
 
 
 def _fitted(counts: np.ndarray, size: int, source: Path) -> np.ndarray:
@@ -312,7 +328,7 @@ def draft_vocab(source: Path | str, out: Path | str, *, size: int = 32000, token
     the config.json beside the tokenizer), a file the counts alone (.npy, .json or .pt). ``out`` is checked, as
     every output path, before anything is read; an input without any supervised token is refused."""
     source = Path(source)
-    opened = _open_input(source, tokenizer)
+    opened = _open_input(source, tokenizer, target_vocab_size)
     directory = names_directory(out)
     path = check_output_path(out, what="--out", inputs=opened.paths, directory=directory)
     if not directory:
@@ -320,18 +336,21 @@ def draft_vocab(source: Path | str, out: Path | str, *, size: int = 32000, token
     elif path.is_dir():  # files in a directory yet to be made cannot be anything the run reads
         for name in speculators_file_names(size):
             check_output_path(path / name, what="--out", inputs=opened.paths)
-    target_size = _target_size(target_vocab_size, opened, size) if directory else None
+    ranked = _verifier_vocabulary(target_vocab_size, opened) if directory else opened.vocabulary
+    if ranked is not None:  # an export's counts of no known vocabulary: no size to hold the draft to
+        _check_draft_size(size, ranked)
     if directory or path.suffix == ".pt":
         _torch()  # a missing torch is found before the counting, not after it
     frequencies = opened.count()
     if not frequencies.total.any():
         raise CorpusError(f"no supervised tokens to count: nothing was written to {out}", file=str(source))
-    report = vocab_report(frequencies, size)
-    if target_size is None:
+    report = {**vocab_report(frequencies, size), "target_vocab_size": ranked.size if ranked is not None else None}
+    if not directory:
         write_frequencies(frequencies.total, path)
         return VocabReport(path, report, (path,))
-    written = write_speculators_files(_fitted(frequencies.total, target_size, source), path, size)
-    return VocabReport(path, {**report, "target_vocab_size": target_size}, tuple(written))
+    assert ranked is not None
+    written = write_speculators_files(_fitted(frequencies.total, ranked.size, source), path, size)
+    return VocabReport(path, report, tuple(written))
 
 
 def _share(value: float | None) -> str:
@@ -339,11 +358,12 @@ def _share(value: float | None) -> str:
 
 
 def format_vocab_report(report: dict[str, Any]) -> str:
-    size = report["draft_vocab_size"]
+    size, vocabulary = report["draft_vocab_size"], report["target_vocab_size"]
     parts = ("" if report["reasoning_tokens"] is None  # a tokens export does not tell reasoning from answer
              else f", {_share(report['reasoning_coverage'])} of reasoning tokens, "
                   f"{_share(report['answer_coverage'])} of answer tokens")
-    lines = [f"top {size:,} of {report['target_vocab_size']:,} tokens covers {_share(report['coverage'])} of "
+    of = f"of {vocabulary:,} tokens" if vocabulary is not None else "tokens (of a vocabulary --tokenizer would name)"
+    lines = [f"top {size:,} {of} covers {_share(report['coverage'])} of "
              f"{report['supervised_tokens']:,} supervised tokens{parts} "
              f"({report['distinct_tokens']:,} distinct tokens supervised)"]
     sources = report["by_source"]

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 from corpus_builder import draft_vocab
 from corpus_builder.errors import CorpusError
@@ -210,26 +213,30 @@ def write_token_rows(path: Path, rows: list[dict]) -> Path:
 
 @pytest.mark.parametrize(("rows", "problem"), [
     ([{"input_ids": [1, 2], "loss_mask": [0, 1]}, {"input_ids": [1, 2, 3], "loss_mask": [1, 1]}],
-     "row 1: input_ids and loss_mask differ in length"),
-    ([{"input_ids": [1, 2], "loss_mask": [0, 1]}, {"input_ids": [4]}], "row 1 has no input_ids or no loss_mask"),
-    ([{"input_ids": [1, -2], "loss_mask": [1, 1]}], "a negative token id in rows 0-0"),
-    ([{"input_ids": ["a"], "loss_mask": [1]}], "cannot read the speculators-tokens export"),
-    ([{"input_ids": [1], "loss_mask": [0]}], "no supervised tokens to count"),
+     ":2: input_ids and loss_mask differ in length"),
+    ([{"input_ids": [1, 2], "loss_mask": [0, 1]}, {"input_ids": [4]}], ":2: no input_ids or no loss_mask list"),
+    ([{"input_ids": [1, -2], "loss_mask": [1, 1]}], ":1: token id -2 is negative"),
+    ([{"input_ids": ["a"], "loss_mask": [1]}], ": cannot read the speculators-tokens export"),
+    ([{"input_ids": [1], "loss_mask": [0]}], ": no supervised tokens to count"),
 ])
 def test_a_bad_tokens_export_is_named(tmp_path: Path, rows: list[dict], problem: str) -> None:
     source = write_token_rows(tmp_path / "train.jsonl", rows)
-    with pytest.raises(CorpusError, match=re.escape(problem)) as raised:
+    with pytest.raises(CorpusError) as raised:
         draft_vocab(source, tmp_path / "out.npy", size=2)
-    assert str(source) in str(raised.value) and not (tmp_path / "out.npy").exists()
+    assert str(raised.value).startswith(f"{source}{problem}") and not (tmp_path / "out.npy").exists()
 
 
 def test_vocab_directory_refusals_leave_nothing(tmp_path: Path, tiny_model_dir: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    source = write_token_rows(tmp_path / "train.jsonl", [{"input_ids": [1, 6100], "loss_mask": [1, 1]}])
-    with pytest.raises(CorpusError, match="token id 6,100 is supervised but the verifier's vocabulary has 6,016"):
-        draft_vocab(source, tmp_path / "out", size=2, tokenizer=tiny_model_dir)
-    with pytest.raises(CorpusError, match="--draft-vocab-size 7,000 exceeds the verifier's vocabulary"):
+    source = write_token_rows(tmp_path / "train.jsonl", [{"input_ids": [1, 6003], "loss_mask": [1, 1]}])
+    with pytest.raises(CorpusError) as raised:  # an id of the tokenizer's past a t2d given shorter than it
+        draft_vocab(source, tmp_path / "out", size=2, tokenizer=tiny_model_dir, target_vocab_size=6000)
+    assert str(raised.value) == (f"{source}: token id 6,003 is supervised but the verifier's vocabulary has 6,000 "
+                                 "tokens: the counts are of another tokenizer")
+    with pytest.raises(CorpusError) as raised:
         draft_vocab(source, tmp_path / "out", size=7000, target_vocab_size=6016)
+    assert str(raised.value) == ("--draft-vocab-size 7,000 exceeds the vocabulary it is chosen from (6,016 tokens: "
+                                 "--target-vocab-size)")
     (tmp_path / "empty").mkdir()
     with pytest.raises(CorpusError, match=r"manifest.json is missing \(interrupted or failed build\?\), and no "
                                           r"speculators-tokens export"):
@@ -277,6 +284,83 @@ def test_a_full_disk_is_an_error_naming_the_file_and_leaves_nothing(corpus: Corp
     assert re.fullmatch(f"error: {re.escape(str(small_disk))}/{named}: cannot write: No space left on device\n",
                         completed.stderr), completed.stderr
     assert [path.name for path in small_disk.iterdir()] == ["filler"]
+
+
+@pytest.mark.parametrize("token", [2 ** 40, 10 ** 9, 6007])
+@pytest.mark.parametrize("file_format", ["jsonl", "jsonl.zst", "parquet"])
+def test_an_id_outside_the_vocabulary_is_named_with_its_line_and_the_vocabulary(tmp_path: Path, tiny_model_dir: Path,
+                                                                                token: int, file_format: str) -> None:
+    """One huge id in a tokens export made counts as long as it (a MemoryError at 2^40, OOM-killed at 10^9): it is
+    found before any count grows, named with its file and line (row, for parquet), the id and the vocabulary."""
+    rows = [{"input_ids": [1, 2], "loss_mask": [1, 1]}, {"input_ids": [5, token, 7], "loss_mask": [0, 1, 1]}]
+    source = tmp_path / f"train.{file_format}"
+    if file_format == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), source)
+        where = f"{source}: row 1: "
+    else:
+        lines = b"\n\n".join(orjson.dumps(row) for row in rows) + b"\n"  # a blank line: the id is on line 3
+        source.write_bytes(zstandard.ZstdCompressor().compress(lines) if file_format == "jsonl.zst" else lines)
+        where = f"{source}:3: "
+    completed = vocab_cli(source, "--tokenizer", tiny_model_dir, "--size", "2", "--out", tmp_path / "out.npy")
+    assert completed.returncode == 2
+    assert completed.stderr == (f"error: {where}token id {token:,} is supervised but the vocabulary has 6,007 tokens "
+                                f"(the tokenizer {tiny_model_dir})\n")
+    unknown = vocab_cli(source, "--size", "2", "--out", tmp_path / "out.npy")
+    if token >= 1 << 24:
+        assert unknown.returncode == 2
+        assert unknown.stderr == (f"error: {where}token id {token:,} is supervised: no tokenizer has that many entries"
+                                  " (counted without a vocabulary, ids stay under 16,777,216); give --tokenizer DIR, "
+                                  "the target's\n")
+        assert not (tmp_path / "out.npy").exists()
+    else:  # an id some tokenizer may hold: counted, the counts as long as it
+        assert unknown.returncode == 0 and len(np.load(tmp_path / "out.npy")) == token + 1
+    given = vocab_cli(source, "--target-vocab-size", "6016", "--size", "2", "--out", tmp_path / "given.npy")
+    if token >= 6016:
+        assert given.stderr == (f"error: {where}token id {token:,} is supervised but the vocabulary has 6,016 tokens "
+                                "(--target-vocab-size)\n")
+    else:
+        assert given.returncode == 0 and len(np.load(tmp_path / "given.npy")) == 6016
+
+
+def test_a_negative_id_is_named_with_its_line(tmp_path: Path) -> None:
+    source = write_token_rows(tmp_path / "train.jsonl", [{"input_ids": [1], "loss_mask": [1]},
+                                                         {"input_ids": [-3, 4], "loss_mask": [1, 1]}])
+    with pytest.raises(CorpusError) as raised:
+        draft_vocab(source, tmp_path / "out.npy", size=2)
+    assert str(raised.value) == f"{source}:2: token id -3 is negative"
+
+
+@pytest.mark.parametrize("file_format", ["jsonl", "parquet"])
+def test_the_counts_of_an_export_are_as_long_as_the_tokenizer_given(corpus: Corpus, tmp_path: Path,  # noqa: F811
+                                                                    tiny_model_dir: Path, file_format: str) -> None:
+    """The .npy is one count per id of the tokenizer, as for a corpus: with --tokenizer an export's counts were as
+    long as its largest id plus one. Without one the vocabulary is unknown, and the report says so."""
+    export_corpus(corpus, "speculators-tokens", tmp_path / "export", file_format=file_format)
+    from_corpus = draft_vocab(corpus.root, tmp_path / "corpus.npy", size=10)
+    given = draft_vocab(tmp_path / "export", tmp_path / "export.npy", size=10, tokenizer=tiny_model_dir)
+    assert np.array_equal(np.load(tmp_path / "export.npy"), np.load(tmp_path / "corpus.npy"))
+    assert len(np.load(tmp_path / "export.npy")) == 6007 == given.coverage["target_vocab_size"]
+    assert given.describe().startswith("top 10 of 6,007 tokens covers ")
+    alone = draft_vocab(tmp_path / "export", tmp_path / "alone.npy", size=10)
+    counts = np.load(tmp_path / "alone.npy")
+    assert len(counts) == int(np.flatnonzero(counts)[-1]) + 1 < 6007 and alone.coverage["target_vocab_size"] is None
+    assert alone.describe().startswith("top 10 tokens (of a vocabulary --tokenizer would name) covers ")
+    assert alone.coverage["coverage"] == given.coverage["coverage"] == from_corpus.coverage["coverage"]
+
+
+@pytest.mark.parametrize("out", ["freq.npy", "freq.json", "freq.pt", "speculators"])
+def test_a_draft_larger_than_the_vocabulary_is_refused_for_every_output(corpus: Corpus, tmp_path: Path,  # noqa: F811
+                                                                        out: str) -> None:
+    """The frequency file took a draft of any size (its coverage then 100%) where speculators' files refused it:
+    both refuse, before counting, naming the vocabulary the draft is chosen from."""
+    vocabulary = {"speculators": "6,016 tokens: the vocab_size of "}.get(out, "6,007 tokens: the tokenizer ")
+    completed = vocab_cli(corpus.root, "--size", "7000", "--out", tmp_path / out)
+    assert completed.returncode == 2
+    assert completed.stderr.startswith(f"error: --draft-vocab-size 7,000 exceeds the vocabulary it is chosen from "
+                                       f"({vocabulary}")
+    assert list(tmp_path.iterdir()) == []
+    largest = 6016 if out == "speculators" else 6007
+    assert vocab_cli(corpus.root, "--size", str(largest), "--out", tmp_path / out).returncode == 0
 
 
 @pytest.mark.parametrize(("given", "problem"), [
