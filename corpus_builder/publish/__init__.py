@@ -110,6 +110,25 @@ def _check_card(docs: CorpusDocuments, files: list[UploadFile]) -> None:
         raise GateFailed(docs.root, [f"secrets: {finding}" for finding in findings])
 
 
+def check_repo_id(repo_id: str) -> None:
+    """Refuse a repository id the Hub would refuse at the first call (or that names no dataset of a user or an
+    organisation), before anything is read: the Hub's rules as huggingface_hub's ``validate_repo_id`` holds them
+    (ASCII letters, digits, '-', '_' and '.', at most 96 characters for the organisation and for the name, neither
+    starting nor ending with '-' or '.', no '--' or '..', no '.git' ending)."""
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise CorpusError(f"--repo must be ORG/NAME (a dataset repository of a user or an organisation), got "
+                          f"{repo_id!r}")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils._validators import validate_repo_id  # huggingface_hub.utils re-exports it untyped
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise CorpusError(f"--repo {repo_id!r} is not a dataset repository id the Hub takes: ORG/NAME, each of ASCII "
+                          "letters, digits, '-', '_' and '.', at most 96 characters, neither starting nor ending with "
+                          "'-' or '.', with no '--' or '..', the name not ending in '.git'") from None
+
+
 def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revision: str = "main",
                    endpoint: str | None = None, token: str | None = None, dry_run: bool = False,
                    retry: RetryPolicy | None = None, exports: Sequence[ExportSpec] | None = None,
@@ -122,6 +141,7 @@ def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False
     scrubbed) and while a build writes the directory. Safe to re-run: files already on the remote with the
     same bytes are not sent again, and an unchanged corpus makes no commit.
     """
+    check_repo_id(repo_id)
     # A build rewriting the directory makes the corpus look broken (files missing, counts off): that build is named
     # instead, before anything is read, and when publishing fails (the build may have started meanwhile).
     with no_build_writing(Path(corpus_dir)), tempfile.TemporaryDirectory(prefix="corpus-publish-") as scratch:
@@ -133,8 +153,6 @@ def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False
 def _gate_and_upload(corpus_dir: Path, repo_id: str, *, public: bool, revision: str, endpoint: str | None,
                      token: str | None, dry_run: bool, retry: RetryPolicy | None,
                      exports: Sequence[ExportSpec] | None, tokenizer: Path | None, scratch: Path) -> PublishReport:
-    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-        raise CorpusError(f"repository id must be ORG/NAME, got {repo_id!r}")
     gate = require_gate(corpus_dir)
     docs = gate.documents
     specs = tuple(exports) if exports is not None else recipe_exports(docs)
