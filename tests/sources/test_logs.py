@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from corpus_builder.errors import Skipped
 from corpus_builder.recipe.model import Fold, Mapping, Take
 from corpus_builder.records import FLAG_TRUNCATED, Conversation
-from corpus_builder.sources import iter_source
+from corpus_builder.sources import iter_file, iter_source
 from corpus_builder.sources.fold import FOLDED_KEY, FOLDED_PREFIX, PrefixFold
 from corpus_builder.sources.logs import read_exchange
 from corpus_builder.sources.source import source_parts
@@ -256,14 +256,13 @@ def test_the_fold_holds_at_most_max_open_conversations(tmp_path: Path) -> None:
     """Past the window the chat extended longest ago is written as it stands: its later requests are their own."""
     c0, c1, c2 = (logged_conversation("nested", {"messages": _chat(i, exchanges=2)}) for i in range(3))
     # with two open: c2's first request closes c0, whose second request then comes alone and closes c1's folded chat
-    path = write_lines(tmp_path / "log.jsonl", [c0[0], c1[0], c2[0], c1[1], c2[1], c0[1]])
+    write_lines(tmp_path / "log.jsonl", [c0[0], c1[0], c2[0], c1[1], c2[1], c0[1]])
     wide = split(list(iter_source(spec(paths=("log.jsonl",)), tmp_path)))
     narrow = split(list(iter_source(spec(paths=("log.jsonl",), fold=Fold(max_open=2)), tmp_path)))
     off = split(list(iter_source(spec(paths=("log.jsonl",), fold=Fold(enabled=False)), tmp_path)))
     assert (len(wide[0]), len(wide[1])) == (3, 3)
     assert (len(narrow[0]), len(narrow[1])) == (4, 2)  # the first chat closed before its second request came
     assert (len(off[0]), len(off[1])) == (6, 0)
-    assert path.exists()
 
 
 def test_a_fold_never_holds_more_than_max_open() -> None:
@@ -307,9 +306,12 @@ def test_a_mapping_may_name_the_log_style_and_other_styles_never_fold(tmp_path: 
     logged = logged_conversation("flat_choices", {"messages": CHAT})
     write_lines(tmp_path / "log.jsonl", logged)
     assert len(split(list(iter_source(spec(paths=("log.jsonl",), mapping=Mapping(style="log")), tmp_path)))[0]) == 1
-    # read as plain messages rows, a flat log's answers are not in its messages: no assistant turn, skipped
-    plain = split(list(iter_source(spec(paths=("log.jsonl",), mapping=Mapping(style="messages")), tmp_path)))
-    assert {s.reason for s in plain[1]} == {"no_assistant_turn"} or not plain[0]
+    # read as plain messages rows, a flat log's answers are not in its messages: the first request has no assistant
+    # turn (skipped); the later ones end on a user turn (trimmed) and none is folded
+    kept, skipped = split(list(iter_source(spec(paths=("log.jsonl",), mapping=Mapping(style="messages")), tmp_path)))
+    assert [(s.reason, s.location) for s in skipped] == [("no_assistant_turn", "log.jsonl:1")]
+    assert [turns(c) for c in kept] == [expected_turns(CHAT[:3], reasoning=False),
+                                        expected_turns(CHAT[:5], reasoning=False)]
 
 
 def _chat(i: int, *, exchanges: int) -> list[dict[str, Any]]:
@@ -360,3 +362,261 @@ def test_folded_logs_give_back_the_conversations_they_were_made_from(
     assert Counter(map(lambda c: orjson.dumps(turns(c)), kept)) == Counter(
         orjson.dumps(expected_turns(messages)) for messages in conversations)
     assert Counter(s.reason for s in skipped) == Counter({FOLDED_PREFIX: len(logged) - len(conversations)})
+
+
+# --- the fold's rules, each pinned by the conversations and ledger it gives ---------------------------------------
+
+QUESTION = {"role": "user", "content": "q"}
+
+
+def _call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _answered(turn: dict[str, Any]) -> list[dict[str, Any]]:
+    """What follows an answer sent back in a history: its calls' results (each call with an id), else a user turn."""
+    calls = [call for call in turn.get("tool_calls") or () if isinstance(call, dict) and "id" in call]
+    if calls:
+        return [{"role": "tool", "tool_call_id": call["id"], "content": "done"} for call in calls]
+    return [{"role": "user", "content": "next"}]
+
+
+def _first_fate(served: dict[str, Any], sent_back: dict[str, Any], tmp_path: Path) -> str:
+    """What becomes of a request whose answer is ``served`` when the next request sends it back as ``sent_back``:
+    folded into it, or read on its own (kept, or its skip reason)."""
+    first = log_row("nested", [QUESTION], served)
+    second = log_row("nested", [QUESTION, sent_back, *_answered(sent_back)], {"role": "assistant", "content": "end"})
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", [first, second]))
+    fates = [s.reason for s in skipped if s.location == "log.jsonl:1"]
+    fates += ["kept" for c in kept if c.provenance["source_line"] == 1]
+    [fate] = fates
+    return fate
+
+
+def _assistant(content: Any = None, **fields: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": content, **fields}
+
+
+def _calling(call_id: str, name: str, arguments: Any, content: str | None = None) -> dict[str, Any]:
+    return _assistant(content, tool_calls=[_call(call_id, name, arguments)])
+
+
+@pytest.mark.parametrize(("served", "sent_back", "fate"), [
+    (_assistant("<think>r</think>  4."), _assistant("4."), FOLDED_PREFIX),  # the think block is not the text
+    (_assistant("a</think>b</think>4."), _assistant("4."), FOLDED_PREFIX),  # the last one closes it
+    (_assistant("a</think>4."), _assistant("b</think>4."), FOLDED_PREFIX),
+    (_assistant("4."), _assistant("5."), "kept"),
+    (_calling("c1", "f", '{"q": 1}'), _calling("c9", "f", '{"q": 1}', ""), FOLDED_PREFIX),  # ids are the client's
+    (_calling("c1", "f", '{"q": 1}'), _calling("c1", "f", '{"q": 2}'), "kept"),
+    (_calling("c1", "f", '{"q": 1}'), _calling("c1", "g", '{"q": 1}'), "kept"),
+    (_calling("c1", "f", "{}", "x"), _assistant("x"), "kept"),
+    (_calling("c1", "f", {"a": 1, "b": [2, {"d": 4, "c": 3}]}),
+     _calling("c1", "f", {"b": [2, {"c": 3, "d": 4}], "a": 1}), FOLDED_PREFIX),  # an object: its keys in any order
+    (_calling("c1", "f", {"a": 1}), _calling("c1", "f", {"a": 2}), "kept"),
+    (_calling("c1", "f", {"a": 1, "b": 2}), _calling("c1", "f", '{"b":2,  "a": 1}'), FOLDED_PREFIX),  # written again
+    (_calling("c1", "f", '{"a": 1}'), _calling("c1", "f", '{"a": 1.5}'), "kept"),
+    (_calling("c1", "f", "not json"), _calling("c1", "f", "not json"), FOLDED_PREFIX),
+    (_calling("c1", "f", "not json"), _calling("c1", "f", "not json!"), "kept"),
+    (_calling("c1", "f", None), _calling("c1", "f", "null"), FOLDED_PREFIX),
+    (_assistant(None, tool_calls=[{"id": "1", "name": "f", "arguments": {"q": 1}}]),  # calls without their wrapper
+     _assistant(None, tool_calls=[{"id": "2", "name": "f", "arguments": {"q": 1}}]), FOLDED_PREFIX),
+    (_assistant(None, tool_calls=[{"id": "1", "name": "f", "arguments": {"q": 1}}]),
+     _assistant(None, tool_calls=[{"id": "1", "name": "f", "arguments": {"q": 2}}]), "kept"),
+    (_assistant(None, function_call={"name": "f", "arguments": "{}"}),  # OpenAI's legacy call
+     _assistant("", function_call={"name": "f", "arguments": "{}"}), FOLDED_PREFIX),
+    (_assistant(None, function_call={"name": "f", "arguments": "{}"}),
+     _assistant(None, function_call={"name": "f", "arguments": '{"a": 1}'}), "kept"),
+    (_assistant("x", tool_calls=["a"]), _assistant("x", tool_calls=["a"]), FOLDED_PREFIX),  # calls the readers refuse
+    (_assistant("x", tool_calls=["a"]), _assistant("x", tool_calls=["b"]), "bad_tool_call"),
+    (_assistant("x", tool_calls="a"), _assistant("x", tool_calls="b"), "bad_tool_call"),
+    (_assistant([{"type": "image_url", "image_url": {"url": "u"}}]),  # content the readers refuse, compared as JSON
+     _assistant([{"image_url": {"url": "u"}, "type": "image_url"}]), FOLDED_PREFIX),
+    (_assistant([{"type": "image_url", "image_url": {"url": "u"}}]),
+     _assistant([{"type": "image_url", "image_url": {"url": "v"}}]), "non_string_content"),
+    (_assistant(5), _assistant("5"), FOLDED_PREFIX),  # content that is no text, sent back as its JSON text
+], ids=["think", "two-thinks", "think-in-both", "other-text", "call-ids", "call-arguments", "call-names", "no-calls",
+        "object-arguments", "other-object-arguments", "object-and-its-text", "other-text-arguments",
+        "text-arguments", "other-non-json-arguments", "null-arguments", "flat-calls", "other-flat-calls", "legacy-call",
+        "other-legacy-call", "junk-calls", "other-junk-calls", "calls-not-a-list", "parts", "other-parts", "number"])
+def test_an_answer_is_matched_on_its_text_and_calls(tmp_path: Path, served: dict[str, Any], sent_back: dict[str, Any],
+                                                    fate: str) -> None:
+    """The served answer and the one the next request sends back are the same turn when their text (without a think
+    block, stripped) and their calls (name and arguments; an object's keys in any order) are: not their reasoning,
+    nor the ids a client gives its calls."""
+    assert _first_fate(served, sent_back, tmp_path) == fate
+
+
+@pytest.mark.parametrize("session", [None, "S"])
+def test_the_request_just_before_is_folded_not_every_open_request_of_the_chat(tmp_path: Path,
+                                                                             session: str | None) -> None:
+    """A log out of order (the second request logged before the first): the third request folds the one just before
+    it; the first, open beside it, is let out as its own conversation (the fold looks for every earlier request of
+    a chat only when the one just before is missing)."""
+    logged = logged_conversation("nested", {"messages": CHAT}, session=session)
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", [logged[1], logged[0], logged[2]]))
+    assert [(s.location, s.detail) for s in skipped] == [("log.jsonl:1", "folded into log.jsonl:3")]
+    assert [turns(c) for c in kept] == [expected_turns(CHAT[:3]), [*expected_turns(CHAT[:3], reasoning=False),
+                                                                   *expected_turns(CHAT[3:])]]
+
+
+def test_when_the_request_before_is_missing_every_earlier_open_request_of_the_chat_is_folded(tmp_path: Path) -> None:
+    """The third request missing, the first two logged out of order: the fourth folds both, each answer with the
+    reasoning it was served with (the third's never logged)."""
+    chat = [*CHAT, {"role": "user", "content": "Bye"},
+            {"role": "assistant", "content": "Bye.", "reasoning_content": "Close politely."}]
+    logged = logged_conversation("nested", {"messages": chat})
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", [logged[1], logged[0], logged[3]]))
+    assert [(s.location, s.detail) for s in skipped] == [("log.jsonl:2", "folded into log.jsonl:3"),
+                                                        ("log.jsonl:1", "folded into log.jsonl:3")]
+    [conversation] = kept
+    assert turns(conversation) == [*expected_turns(chat[:5]), ("user", "Thanks!", None),
+                                   ("assistant", "You are welcome.", None), *expected_turns(chat[7:])]
+    assert conversation.provenance[FOLDED_KEY] == 3
+
+
+def test_a_missing_request_folds_the_earlier_ones_of_its_own_session_only(tmp_path: Path) -> None:
+    """Sessions A and B begin alike; B's second request is missing: B's third folds B's first, never A's."""
+    logged_a, logged_b = (logged_conversation("nested", {"messages": CHAT}, session=name) for name in "AB")
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", [logged_a[0], logged_b[0], logged_b[2]]))
+    assert [(s.location, s.detail) for s in skipped] == [("log.jsonl:2", "folded into log.jsonl:3")]
+    assert [turns(c) for c in kept] == [expected_turns(CHAT[:3]), [
+        *expected_turns(CHAT[:3]), *expected_turns(CHAT[3:5], reasoning=False), *expected_turns(CHAT[5:])]]
+
+
+def test_past_max_open_the_chat_extended_longest_ago_is_let_out_first(tmp_path: Path) -> None:
+    """Two open at most: the third chat's first request lets out the first chat's (extended longest ago); the first
+    chat's second request then comes alone and lets out the second chat, whose last request was older than the
+    third's. Conversations come out as their chats are let out."""
+    c0, c1, c2 = ([{"role": "user", "content": f"chat {i} asks"}, {"role": "assistant", "content": f"{i} says"},
+                   {"role": "user", "content": f"chat {i} asks again"}, {"role": "assistant", "content": f"{i} again"}]
+                  for i in range(3))
+    l0, l1, l2 = (logged_conversation("nested", {"messages": chat}) for chat in (c0, c1, c2))
+    write_lines(tmp_path / "log.jsonl", [l0[0], l1[0], l2[0], l1[1], l2[1], l0[1]])
+    kept, skipped = split(list(iter_source(spec(paths=("log.jsonl",), fold=Fold(max_open=2)), tmp_path)))
+    assert [(c.provenance["source_line"], turns(c)) for c in kept] == [
+        (1, expected_turns(c0[:2])), (4, expected_turns(c1)), (5, expected_turns(c2)), (6, expected_turns(c0))]
+    assert [(s.source, s.reason, s.location, s.detail) for s in skipped] == [
+        ("src", FOLDED_PREFIX, "log.jsonl:2", "folded into log.jsonl:4"),
+        ("src", FOLDED_PREFIX, "log.jsonl:3", "folded into log.jsonl:5")]
+
+
+def test_one_open_chat_is_enough_for_a_chat_logged_in_order_and_none_is_refused() -> None:
+    fold: PrefixFold[int] = PrefixFold(max_open=1)
+    out = []
+    for line, row in enumerate(logged_conversation("nested", {"messages": CHAT})):
+        out += [(held.tag, folded) for held, folded in fold.add(read_exchange(row), line)]
+    out += [(held.tag, False) for held in fold.close()]
+    assert out == [(0, True), (1, True), (2, False)]
+    with pytest.raises(ValueError) as refused:
+        PrefixFold(max_open=0)
+    assert str(refused.value) == "max_open must be at least 1"
+
+
+def test_the_fold_remembers_a_chat_beginning_only_while_a_request_of_it_is_open() -> None:
+    """Memory is bounded by the open chats: each open request counts its chat's first exchange once, and none is
+    remembered once every chat is let out."""
+    fold: PrefixFold[int] = PrefixFold(max_open=3)
+    chats = [logged_conversation("nested", {"messages": _chat(i % 5, exchanges=3)}) for i in range(8)]
+    for line, row in enumerate(row for rows in zip(*chats, strict=True) for row in rows):
+        list(fold.add(read_exchange(row), line))
+        assert sum(fold._heads.values()) == len(fold._open) <= 3
+    list(fold.close())
+    assert fold._heads == {} and len(fold._open) == 0
+
+
+@pytest.mark.parametrize(("finish_reason", "flags"), [("length", [FLAG_TRUNCATED]), ("stop", [])])
+def test_an_earlier_answer_served_cut_flags_the_chat_it_is_folded_into(tmp_path: Path, finish_reason: str,
+                                                                       flags: list[str]) -> None:
+    history, answer = exchanges(CHAT)[0]
+    later_history, later_answer = exchanges(CHAT)[1]
+    lines = [log_row("nested", history, answer, finish_reason=finish_reason),
+             log_row("nested", later_history, later_answer), log_row("nested", later_history, later_answer)]
+    kept, _ = read(write_lines(tmp_path / "log.jsonl", lines))  # the third line a copy: the flag is carried twice
+    assert [c.flags for c in kept] == [flags]
+
+
+def test_reasoning_goes_to_the_answer_that_lacks_it_from_a_field_or_a_think_block(tmp_path: Path) -> None:
+    """The first answer was served with its reasoning in a think block, the second in a field; the client sent the
+    first back with reasoning of its own (kept), the second without (the served one is carried)."""
+    first = log_row("nested", [QUESTION], _assistant("<think>served one</think>a1"))
+    second = log_row("nested", [QUESTION, _assistant("a1", reasoning_content="the client's"), {"role": "user",
+                                                                                              "content": "q2"}],
+                     _assistant("a2", reasoning_content="served two"))
+    third = log_row("nested", [QUESTION, _assistant("a1", reasoning_content="the client's"),
+                               {"role": "user", "content": "q2"}, _assistant("a2"), {"role": "user", "content": "q3"}],
+                    _assistant("a3"))
+    only_block = log_row("nested", [{"role": "user", "content": "other"}], _assistant("<think>blocked</think>b1"))
+    after_block = log_row("nested", [{"role": "user", "content": "other"}, _assistant("b1"),
+                                     {"role": "user", "content": "more"}], _assistant("b2"))
+    kept, _ = read(write_lines(tmp_path / "log.jsonl", [first, second, third, only_block, after_block]))
+    assert [turns(c) for c in kept] == [
+        [("user", "q", None), ("assistant", "a1", "the client's"), ("user", "q2", None),
+         ("assistant", "a2", "served two"), ("user", "q3", None), ("assistant", "a3", None)],
+        [("user", "other", None), ("assistant", "b1", "blocked"), ("user", "more", None), ("assistant", "b2", None)]]
+
+
+def test_reasoning_is_carried_only_to_a_turn_with_the_served_text(tmp_path: Path) -> None:
+    """The history repeats an answer then a second assistant turn, which the readers merge into one (consecutive_turns:
+    merge): the merged turn is not the answer served, so the served reasoning stays out of it."""
+    first = log_row("nested", [QUESTION], _assistant("a1", reasoning_content="R1"))
+    second = log_row("nested", [QUESTION, _assistant("a1"), _assistant("a1b"), {"role": "user", "content": "q2"}],
+                     _assistant("a2", reasoning_content="R2"))
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", [first, second]))
+    assert [s.location for s in skipped] == ["log.jsonl:1"]
+    assert [turns(c) for c in kept] == [[("user", "q", None), ("assistant", "a1\n\na1b", None), ("user", "q2", None),
+                                         ("assistant", "a2", "R2")]]
+
+
+def test_a_chat_read_as_prompts_folds_into_one_prompt(tmp_path: Path) -> None:
+    """A prompts source keeps no assistant turn: nothing takes the carried reasoning, the cut flag still goes."""
+    first = log_row("nested", [QUESTION], _assistant("a1", reasoning_content="R1"), finish_reason="length")
+    second = log_row("nested", [QUESTION, _assistant("a1"), {"role": "user", "content": "q2"}],
+                     _assistant("a2", reasoning_content="R2"))
+    write_lines(tmp_path / "log.jsonl", [first, second])
+    kept, skipped = split(list(iter_source(spec(kind="prompts", paths=("log.jsonl",)), tmp_path)))
+    assert [(turns(c), c.flags) for c in kept] == [([("user", "q", None), ("user", "q2", None)], [FLAG_TRUNCATED])]
+    assert [s.location for s in skipped] == ["log.jsonl:1"]
+
+
+@pytest.mark.parametrize(("odd", "reason"), [("a string", "bad_messages"), ({"content": "no role"}, "unknown_role")])
+def test_a_turn_without_a_role_does_not_stop_the_fold(tmp_path: Path, odd: Any, reason: str) -> None:
+    """A history with a turn the readers refuse: the request before it is still folded into it (the chat is one,
+    though the readers then skip it)."""
+    first = log_row("nested", [odd, QUESTION], _assistant("a1"))
+    second = log_row("nested", [odd, QUESTION, _assistant("a1"), {"role": "user", "content": "q2"}], _assistant("a2"))
+    _, skipped = read(write_lines(tmp_path / "log.jsonl", [first, second]))
+    assert [(s.reason, s.location) for s in skipped] == [(FOLDED_PREFIX, "log.jsonl:1"), (reason, "log.jsonl:2")]
+
+
+def test_turns_json_cannot_hold_are_matched_by_their_text(tmp_path: Path) -> None:
+    """A parquet log with a binary field in its turns (orjson refuses bytes): two chats that differ only there are
+    still two, each folded into its own last request."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def asks(blob: bytes) -> dict[str, Any]:
+        return {"role": "user", "content": "same", "blob": blob}
+
+    rows = [log_row("nested", [asks(blob)], _assistant("a")) for blob in (b"\x01", b"\x02")]
+    rows += [log_row("nested", [asks(blob), _assistant("a"), {"role": "user", "content": "more"}],
+                     _assistant(f"b{blob[0]}")) for blob in (b"\x01", b"\x02")]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "log.parquet")
+    kept, skipped = split(list(iter_file(tmp_path / "log.parquet")))
+    assert [(s.location, s.detail) for s in skipped] == [("log.parquet#0", "folded into log.parquet#2"),
+                                                        ("log.parquet#1", "folded into log.parquet#3")]
+    assert [turns(c)[-1] for c in kept] == [("assistant", "b1", None), ("assistant", "b2", None)]
+
+
+def test_a_copy_carries_what_the_request_before_it_left_then_what_its_twin_did(tmp_path: Path) -> None:
+    """The first request logged twice with the same answer but other reasoning, each followed by the same second
+    request: the last line keeps the reasoning its own request before it was served with."""
+    first = log_row("nested", [QUESTION], _assistant("a1", reasoning_content="first serving"))
+    again = log_row("nested", [QUESTION], _assistant("a1", reasoning_content="second serving"))
+    second = log_row("nested", [QUESTION, _assistant("a1"), {"role": "user", "content": "q2"}], _assistant("a2"))
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", [first, second, again, second]))
+    assert [(s.location, s.detail) for s in skipped] == [
+        ("log.jsonl:1", "folded into log.jsonl:2"), ("log.jsonl:3", "folded into log.jsonl:4"),
+        ("log.jsonl:2", "folded into log.jsonl:4")]
+    [conversation] = kept
+    assert turns(conversation)[1] == ("assistant", "a1", "second serving")
+    assert conversation.provenance[FOLDED_KEY] == 4
