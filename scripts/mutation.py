@@ -67,6 +67,10 @@ OWNING_TESTS: dict[str, tuple[str, ...]] = {
     "corpus_builder/sources/mappings.py": ("tests/sources",),
     "corpus_builder/generate/tool_results.py": ("tests/generate/test_tool_results.py", "tests/sources"),
     "corpus_builder/secrets.py": ("tests/test_secrets.py", "tests/publish"),
+    # the fold and the logged exchanges: the readers' tests (the traffic audit reads them through the same functions)
+    "corpus_builder/sources/fold.py": ("tests/sources",),
+    "corpus_builder/sources/logs.py": ("tests/sources",),
+    "corpus_builder/export/vocab.py": ("tests/export/test_vocab.py",),
 }
 
 # Reasons shared by several mutants of one module (dedup, near_dedup, decontaminate).
@@ -97,11 +101,31 @@ _UINT64_BASES = "numpy infers uint64 for either base (both exceed 2^63): the sam
 _FLOAT_EDGES = "0/1 flags differenced as float64 give the same -1, 0 and 1 as int8: only memory"
 _DISTINCT_STARTS = ("the run starts sorted are distinct (a text shorter than n starts no full run): every sort gives "
                     "one order")
+_ROLES_BY_HAND = ("the fast path's TypeError falls to the per-turn loop, which reads the same roles (None for a turn "
+                  "without one): speed only")
+_TEXT_BY_HAND = ("the fast path's TypeError (orjson's JSONEncodeError is TypeError) falls to the turns' repr, as "
+                 "injective on JSON values within one process as orjson's bytes: the same keys, slower")
 _SHORTER = ("a text shorter than the runs looked up hashes fewer words than every entry of that length: no match "
             "either way")
 
 # Survivors judged equivalent: mutant name -> (a line its diff adds, why no behaviour tells it apart).
 EQUIVALENT: dict[str, tuple[str, str]] = {
+    # corpus_builder/sources/fold.py
+    "corpus_builder.sources.fold.x__roles__mutmut_1": ("return list(None)", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__roles__mutmut_2": ("return list(map(None, messages))", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__roles__mutmut_3": ("return list(map(_ROLE, None))", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__roles__mutmut_4": ("return list(map(messages))", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__roles__mutmut_5": ("return list(map(_ROLE, ))", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_1": ("return tuple(None)", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_2": ("return tuple(map(None, messages))", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_3": ("return tuple(map(orjson.dumps, None))", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_4": ("return tuple(map(messages))", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_5": ("return tuple(map(orjson.dumps, ))", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x_exchange_keys__mutmut_30": (
+        "head if (last == first) and False else", "with one answer in the history its key before the last answer is "
+        "the head's, computed again: the same key, slower"),
+    "corpus_builder.sources.fold.xǁPrefixFoldǁ_close_oldest__mutmut_2": (
+        "popitem(last=None)", "OrderedDict.popitem reads last as a truth value: None pops the oldest, as False does"),
     "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_3": (
         "len(value) >= 8", "an all-integer array of 8 validates the same whole or sampled: speed only"),
     "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_4": (
