@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corpus_builder.errors import Skipped
+from corpus_builder.errors import BadRow, Skipped
 from corpus_builder.recipe.model import Fold, Mapping, Take
 from corpus_builder.records import FLAG_TRUNCATED, Conversation
 from corpus_builder.sources import iter_file, iter_source
 from corpus_builder.sources.fold import FOLDED_KEY, FOLDED_PREFIX, PrefixFold
-from corpus_builder.sources.logs import read_exchange
+from corpus_builder.sources.logs import is_log_row, read_exchange
 from corpus_builder.sources.source import source_parts
 from tests.sources.test_sources import read, spec, split, write_lines
 from tests.support.serving_logs import SHAPES, exchanges, log_row, logged_conversation
@@ -620,3 +620,174 @@ def test_a_copy_carries_what_the_request_before_it_left_then_what_its_twin_did(t
     [conversation] = kept
     assert turns(conversation)[1] == ("assistant", "a1", "second serving")
     assert conversation.provenance[FOLDED_KEY] == 4
+
+
+# --- which choice and which fields of a logged request are read ----------------------------------------------------
+
+SERVED_BY_SHAPE = {  # how the second request of CHAT was served, as each shape records it
+    "nested": {"enable_thinking": True, "model": "tiny/target", "sampling": {"temperature": 0.6},
+               "finish_reason": "stop", "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}},
+    "litellm_payload": {"enable_thinking": True, "model": "tiny/target", "sampling": {"temperature": 0.6},
+                        "finish_reason": "stop", "reasoning_effort": "medium",
+                        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}},
+    "langfuse_api": {"enable_thinking": None, "model": "tiny/target",
+                     "sampling": {"temperature": 0.6, "max_tokens": 512}, "finish_reason": None,
+                     "usage": {"input": 11, "output": 7, "total": 18}},
+    "langfuse_export": {"enable_thinking": None, "model": "tiny/target",
+                        "sampling": {"temperature": 0.6, "max_tokens": 512}, "finish_reason": None,
+                        "usage": {"input": 11, "output": 7}},
+    "flat_output": {"enable_thinking": True, "model": "tiny/target", "sampling": {"temperature": 0.6},
+                    "finish_reason": "stop"},
+}
+
+
+@pytest.mark.parametrize("shape", SERVED_BY_SHAPE)
+def test_how_a_request_was_served_is_read_whole_from_each_shape(shape: str) -> None:
+    history, answer = exchanges(CHAT)[1]
+    exchange = read_exchange(log_row(shape, history, answer, session="S"))
+    assert exchange.served() == SERVED_BY_SHAPE[shape]
+    assert exchange.session == "S"
+
+
+ANSWER = {"role": "assistant", "content": "a"}
+
+
+@pytest.mark.parametrize(("row", "served"), [
+    ({"request": {"messages": [QUESTION], "reasoning_effort": "high", "enable_thinking": False},
+      "response": {"choices": [{"message": ANSWER}]}},
+     {"enable_thinking": False, "model": None, "sampling": {}, "finish_reason": None, "reasoning_effort": "high"}),
+    ({"request": {"messages": [QUESTION]}, "model": "row-model", "usage": {"completion_tokens": 3, "note": "x"},
+      "response": {"model": "served-model", "choices": [{"message": ANSWER, "finish_reason": "length"}]}},
+     {"enable_thinking": None, "model": "row-model", "sampling": {}, "finish_reason": "length",
+      "usage": {"completion_tokens": 3}}),  # the record's model before the completion's; its usage, numbers only
+    ({"request": {"messages": [QUESTION], "model": 5}, "response": {"model": "served-model", "choices": [
+        {"message": ANSWER}], "usage": {"prompt_tokens": 2}}},
+     {"enable_thinking": None, "model": "served-model", "sampling": {}, "finish_reason": None,
+      "usage": {"prompt_tokens": 2}}),  # no model named as text: the completion's
+    ({"messages": [QUESTION], "model_parameters": '{"enable_thinking": true, "top_k": 20}', "output": "a",
+      "finish_reason": 7},
+     {"enable_thinking": True, "model": None, "sampling": {"top_k": 20}, "finish_reason": None}),
+])
+def test_the_served_fields_are_read_where_each_log_keeps_them(row: dict[str, Any], served: dict[str, Any]) -> None:
+    assert read_exchange(row).served() == served
+
+
+@pytest.mark.parametrize(("messages", "mode"), [
+    ([{"role": "user", "content": "solve it /no_think  \n"}], False),  # trailing spaces after the switch
+    ([{"role": "user", "content": "/no_think solve it"}], None),  # a switch must end the turn
+    ([{"role": "user", "content": "plain"}, {"role": "tool", "content": "done /no_think"}], None),  # the user's turn
+    ([{"role": "user", "content": [{"type": "text", "text": "solve"}, {"type": "text", "text": "/think"}]}], True),
+    ([{"role": "system", "content": "be brief /no_think"}], None),  # no user turn at all
+    (["not a turn", {"role": "user", "content": "go /think"}], True),
+])
+def test_the_soft_switch_is_read_at_the_end_of_the_last_user_turn(messages: list[Any], mode: bool | None) -> None:
+    row = {"request": {"messages": messages}, "response": {"choices": [{"message": ANSWER}]}}
+    assert read_exchange(row).served()["enable_thinking"] is mode
+
+
+@pytest.mark.parametrize(("response", "answer", "finish_reason"), [
+    ({"status_code": 200, "body": {"choices": [{"message": {"role": "assistant", "content": "batched"},
+                                                "finish_reason": "stop"}]}}, "batched", "stop"),
+    ({"choices": [{"delta": {"content": "streamed"}, "finish_reason": "length"}]}, "streamed", "length"),
+    ({"choices": [{"message": {"content": "first"}}, {"message": {"content": "second"}}]}, "first", "row's"),
+    ([{"role": "assistant", "content": "n=2, first"}, {"role": "assistant", "content": "n=2, second"}], "n=2, first",
+     "row's"),
+    (["a message as text", "another"], "a message as text", "row's"),  # Langfuse's texts of an n > 1 call
+])
+def test_the_first_choice_is_the_answer_and_its_finish_reason_the_row_s_unless_it_has_one(
+        response: Any, answer: str, finish_reason: str) -> None:
+    exchange = read_exchange({"messages": [QUESTION], "response": response, "finish_reason": "row's"})
+    assert (exchange.answer, exchange.finish_reason) == ({"role": "assistant", "content": answer}, finish_reason)
+
+
+@pytest.mark.parametrize(("row", "detail"), [
+    ({"response": None, "error_str": "LiteLLM: 429"}, "error: LiteLLM: 429"),
+    ({"response": None, "error": "500", "error_str": "ignored"}, "error: 500"),
+    ({"response": {"id": "x"}}, "the response holds no answer message"),
+])
+def test_a_request_without_an_answer_names_the_error_the_log_kept(row: dict[str, Any], detail: str) -> None:
+    with pytest.raises(BadRow) as skipped:
+        read_exchange({"messages": [QUESTION], **row})
+    assert (skipped.value.reason, skipped.value.detail) == ("no_answer", detail)
+
+
+@pytest.mark.parametrize("messages", [[], "hi", None])
+def test_a_request_without_a_list_of_messages_is_bad_messages(messages: Any) -> None:
+    with pytest.raises(BadRow) as skipped:
+        read_exchange({"request": {"model": "m", "messages": messages}, "response": {"choices": [{"message": ANSWER}]},
+                       "messages": messages})
+    assert (skipped.value.reason, skipped.value.detail) == ("bad_messages",
+                                                            "the logged request has no list of messages")
+
+
+def test_a_langfuse_finish_reason_is_read_from_its_metadata_and_its_input_may_carry_tools() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    api = read_exchange({"input": {"messages": [QUESTION], "tools": tools}, "output": "streamed",
+                         "metadata": {"finish_reason": "length", "session_id": "L1"}})
+    export = read_exchange({"input": orjson.dumps([QUESTION]).decode(), "output": "x",
+                            "metadata": '{"finish_reason": "stop"}'})
+    odd = read_exchange({"input": [QUESTION], "output": "x", "metadata": "not json"})
+    assert (odd.finish_reason, odd.session) == (None, None)
+    assert (api.messages, api.tools, api.finish_reason, api.session) == ([QUESTION], tools, "length", "L1")
+    assert (export.messages, export.tools, export.finish_reason, export.session) == ([QUESTION], None, "stop", None)
+
+
+@pytest.mark.parametrize(("row", "tools"), [
+    ({"request": {"messages": [QUESTION]}, "tools": ["row"]}, ["row"]),  # beside the request: the row's
+    ({"request": {"messages": [QUESTION], "tools": ["request"]}, "tools": ["row"]}, ["request"]),
+    ({"messages": [QUESTION], "tools": ["flat"]}, ["flat"]),
+])
+def test_a_request_s_tools_before_the_record_s(row: dict[str, Any], tools: list[str]) -> None:
+    assert read_exchange({**row, "response": {"choices": [{"message": ANSWER}]}}).tools == tools
+
+
+def test_the_first_field_that_holds_a_request_body_is_the_request() -> None:
+    """A nested record may keep other fields under names the readers look at (a raw body text, an input string):
+    the request body found first stands."""
+    row = {"request": {"messages": [QUESTION], "model": "m"}, "body": "raw text", "input": "the prompt",
+           "response": {"choices": [{"message": ANSWER}]}}
+    exchange = read_exchange(row)
+    assert (exchange.messages, exchange.model()) == ([QUESTION], "m")
+    flat = read_exchange({"messages": [QUESTION], "input": [{"role": "user", "content": "other"}], "output": "a"})
+    assert flat.messages == [QUESTION]  # a flat record's messages before Langfuse's input
+
+
+@pytest.mark.parametrize(("row", "logged"), [
+    ({"input": "x"}, False), ({"output": "y"}, False), ({"input": [QUESTION], "output": "a"}, True),
+    ({"request": {"input": "embed me"}, "response": {}}, False),  # a body without messages
+    ({"request": {"messages": "hi"}, "response": {}}, False),
+    ({"request": {"messages": [QUESTION]}}, True), ({"messages": [QUESTION], "choices": []}, True),
+    ({"messages": [QUESTION]}, False),
+])
+def test_what_makes_a_row_a_logged_request(row: dict[str, Any], logged: bool) -> None:
+    assert is_log_row(row) is logged
+
+
+@pytest.mark.parametrize(("first", "second", "apart"), [
+    ({"metadata": {"session_id": "A"}}, {"metadata": {"session_id": "B"}}, True),  # LiteLLM's payload
+    ({"metadata": '{"session_id": "A"}'}, {"metadata": '{"session_id": "B"}'}, True),
+    ({"metadata": {"user": "u"}}, {"metadata": {"user": "u"}}, False),  # metadata without a session
+    ({"session_id": True}, {"session_id": 1.5}, False),  # neither text nor an integer: no session
+    ({"session_id": ""}, {"session_id": ""}, False),
+    ({"request_properties": {"Helicone-Session-Id": 7}}, {"request_properties": {"Helicone-Session-Id": 8}}, True),
+])
+def test_sessions_are_read_where_gateways_keep_them(tmp_path: Path, first: dict[str, Any], second: dict[str, Any],
+                                                    apart: bool) -> None:
+    """Two chats that begin alike, each with what its gateway records: apart by their sessions, or one prefix."""
+    begin = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    rows = []
+    for extra, topic in ((first, "joke"), (second, "poem")):
+        chat = [*begin, {"role": "user", "content": f"a {topic}"}, {"role": "assistant", "content": topic}]
+        rows.append([{**log_row("flat_choices", history, answer, thinking=None), **extra}
+                     for history, answer in exchanges(chat)])
+    kept, folded = read(write_lines(tmp_path / "log.jsonl", [rows[0][0], rows[1][0], rows[0][1], rows[1][1]]))
+    assert [(s.location, s.detail) for s in folded] == (
+        [("log.jsonl:1", "folded into log.jsonl:3"), ("log.jsonl:2", "folded into log.jsonl:4")] if apart else
+        [("log.jsonl:1", "folded into log.jsonl:2"), ("log.jsonl:2", "folded into log.jsonl:3")])
+    assert len(kept) == 2
+
+
+def test_only_text_parts_are_joined() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}]  # the Responses API's type: not joined
+    exchange = read_exchange({"messages": [{"role": "user", "content": parts}, QUESTION], "output": "x"})
+    assert exchange.turns()[0] == {"role": "user", "content": parts}
