@@ -8,8 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -18,6 +16,7 @@ import pytest
 from corpus_builder.build import build_corpus
 from corpus_builder.layout import Corpus, file_sha256
 from corpus_builder.recipe import load_recipe
+from tests.support.build_writing import build_writing
 
 SHARD = "data/train-00000-of-00003.parquet"
 PACK_SHARD = "eval/eval-00000-of-00001.parquet"
@@ -125,29 +124,6 @@ def test_a_shard_that_fails_to_decode_with_the_manifests_hash_is_named_not_blame
         assert completed.stderr.startswith(f"error: {shard}: cannot read shard: "), (name, completed.stderr)
         assert "Traceback" not in completed.stderr
     assert list((tmp_path / "out").iterdir()) == []
-
-
-# A second process holding the build's lock on a directory, as `corpus build` does while it writes there.
-HOLD_BUILD_LOCK = """
-import sys
-from pathlib import Path
-from corpus_builder.layout import build_lock
-with build_lock(Path(sys.argv[1])):
-    print("holding", flush=True)
-    sys.stdin.read()
-"""
-
-
-@contextmanager
-def build_writing(directory: Path) -> Iterator[subprocess.Popen[str]]:
-    """A real second process holding the build's lock on ``directory`` until the block ends."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_BUILD_LOCK, str(directory)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "holding\n", holder.communicate()[0]
-        yield holder
-    finally:
-        holder.communicate(timeout=30)  # closes its stdin: the holder lets go and exits
 
 
 @pytest.mark.parametrize("state", ["rebuilding", "first build"])

@@ -7,8 +7,8 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from corpus_builder.publish.card import card_license, parse_front_matter
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
 from tests.publish.conftest import FAST, TOKEN, edit_json, rewrite_shard
+from tests.support.build_writing import build_writing
 
 
 def _publish(corpus: Path, hub: HubServer, repo: str = "org/tiny", **kwargs: Any) -> Any:
@@ -452,29 +453,6 @@ def test_fetching_a_tokenizer_from_another_endpoint_downloads_with_telemetry_off
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     assert fetch_tokenizer("Org/Model", "main", endpoint="http://127.0.0.1:9/") == tmp_path
     assert seen["endpoint"] == "http://127.0.0.1:9" and seen["telemetry_off"] is True
-
-
-# A second process holding the build's lock on a directory, as `corpus build` does while it writes there.
-HOLD_BUILD_LOCK = """
-import sys
-from pathlib import Path
-from corpus_builder.layout import build_lock
-with build_lock(Path(sys.argv[1])):
-    print("holding", flush=True)
-    sys.stdin.read()
-"""
-
-
-@contextmanager
-def build_writing(directory: Path) -> Iterator[subprocess.Popen[str]]:
-    """A real second process holding the build's lock on ``directory`` until the block ends."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_BUILD_LOCK, str(directory)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "holding\n", holder.communicate()[0]
-        yield holder
-    finally:
-        holder.communicate(timeout=30)  # closes its stdin: the holder lets go and exits
 
 
 def test_publish_refuses_while_a_build_writes_the_directory_and_says_so(corpus: Path, hub: HubServer,
