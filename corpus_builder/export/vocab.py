@@ -42,6 +42,7 @@ from .token_rows import CorpusTokenRows, check_tokenizer_dir, corpus_token_rows,
 
 FILE_SUFFIXES = (".npy", ".json", ".pt")
 TOKEN_FREQ = "token_freq.pt"
+ROWS_PER_COUNT = 4096  # token rows gathered before they are counted: one bincount per source per batch of them
 
 
 def _bincount(ids: list[int], size: int) -> np.ndarray:
@@ -67,7 +68,7 @@ class Frequencies:
         return len(self.total)
 
     def add(self, source: str, rows: list[TurnRow]) -> None:
-        assert self.reasoning is not None, "rows are counted into a corpus's frequencies"
+        assert self.reasoning is not None  # rows are counted into a corpus's frequencies, which tell reasoning
         reasoning: list[int] = []
         answer: list[int] = []
         for row in rows:
@@ -97,7 +98,7 @@ def count_frequencies(corpus: Corpus, token_rows: CorpusTokenRows) -> Frequencie
     for source, rows in iter_token_rows(corpus, token_rows):
         pending.setdefault(source, []).extend(rows)
         pending_rows += len(rows)
-        if pending_rows >= 4096:  # one bincount per source per few thousand rows, not per row
+        if pending_rows >= ROWS_PER_COUNT:
             for name, group in pending.items():
                 frequencies.add(name, group)
             pending, pending_rows = {}, 0
@@ -181,7 +182,6 @@ def _check_suffix(path: Path) -> None:
 def write_frequencies(counts: np.ndarray, path: Path) -> None:
     """``counts`` as the frequency file ``path`` (its suffix says the format), complete or not at all."""
     _check_suffix(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     with staged(path) as partial:
         if path.suffix == ".npy":
             with partial.open("wb") as handle:
@@ -212,12 +212,9 @@ def write_speculators_files(counts: np.ndarray, directory: Path, draft_size: int
 
 def names_directory(out: Path | str) -> bool:
     """``--out`` names a directory, for speculators' three files: one that exists, or a new name without a suffix.
-    An empty path or one with a NUL byte names nothing (the output guard refuses it)."""
-    text = str(out)
-    if not text.strip() or "\0" in text:
-        return False
-    path = Path(text)
-    return path.is_dir() or (not path.suffix and not os.path.lexists(path))
+    A path with a NUL byte is none (the file system refuses it: the output guard names it)."""
+    path = Path(out)
+    return "\0" not in str(out) and (path.is_dir() or (not path.suffix and not os.path.lexists(path)))
 
 
 def verifier_vocab_size(directory: Path) -> int | None:
@@ -233,8 +230,9 @@ def verifier_vocab_size(directory: Path) -> int | None:
         config = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as error:
         raise CorpusError(f"cannot read the model config: {error}", file=str(path)) from None
-    text = config.get("text_config") if isinstance(config, dict) else None
-    size = (text if isinstance(text, dict) and "vocab_size" in text else config or {}).get("vocab_size")
+    config = config if isinstance(config, dict) else {}  # a list, a number: no vocab_size either
+    text = config.get("text_config")
+    size = (text if isinstance(text, dict) and "vocab_size" in text else config).get("vocab_size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise CorpusError(f"vocab_size is {size!r}, not a positive integer", file=str(path))
     return size
@@ -261,7 +259,7 @@ class VocabReport:
 class _Input:
     """What `corpus vocab` reads: a built corpus (with its token rows) or a speculators-tokens export's files."""
 
-    paths: list[Path]  # everything read, kept apart from the output
+    paths: list[Path | None]  # everything read, kept apart from the output (None: no tokenizer given)
     config_dir: Path | None  # where the verifier's config.json may be
     vocabulary: Vocabulary | None  # the ids the counts hold (their length); None: unknown (an export alone)
     count: Callable[[], Frequencies]
@@ -277,7 +275,7 @@ def _open_input(source: Path, tokenizer: Path | None, target_vocab_size: int | N
                                                        f"the tokenizer {tokenizer}")
         else:
             vocabulary = Vocabulary(target_vocab_size, "--target-vocab-size") if target_vocab_size else None
-        return _Input([*files, *([tokenizer] if tokenizer else [])], tokenizer, vocabulary,
+        return _Input([*files, tokenizer], tokenizer, vocabulary,
                       lambda: Frequencies(count_token_export(files, vocabulary)))
     corpus = Corpus.open(source)
     token_rows = corpus_token_rows(corpus, tokenizer)

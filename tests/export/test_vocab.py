@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import errno
 import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -18,9 +20,20 @@ import zstandard
 
 from corpus_builder import draft_vocab
 from corpus_builder.errors import CorpusError
-from corpus_builder.export import corpus_token_rows, export_corpus
-from corpus_builder.export.vocab import count_frequencies, top_k, vocab_report, write_frequencies
+from corpus_builder.export import corpus_token_rows, export_corpus, vocab
+from corpus_builder.export.vocab import (
+    Frequencies,
+    count_frequencies,
+    format_vocab_report,
+    speculators_mappings,
+    top_k,
+    verifier_vocab_size,
+    vocab_report,
+    write_frequencies,
+    write_speculators_files,
+)
 from corpus_builder.layout import Corpus
+from corpus_builder.tokens import TurnRow
 from tests.build.test_failures import small_disk  # noqa: F401  (a 6 MiB tmpfs: a real full disk)
 from tests.export.test_export import corpus  # noqa: F401  (the module-scoped built corpus fixture)
 from tests.support.trainers import speculators_python
@@ -386,3 +399,214 @@ def test_a_tokenizer_that_is_not_a_tokenizer_directory_says_what_it_is(corpus: C
     assert completed.returncode == 2
     assert completed.stderr.startswith(f"error: {tokenizer}: {problem}"), completed.stderr
     assert not (tmp_path / "out.npy").exists()
+
+
+# --- the file's figures by hand: per source, reasoning and answer, coverage, the draft's mappings ----------------
+
+def counted_by_hand() -> Frequencies:
+    """Two sources over six ids: a (a turn of 4 supervised, its first 2 reasoning, after 1 prompt token; and one
+    turn of reasoning alone) and bb (3 answer tokens)."""
+    frequencies = Frequencies.empty(6)
+    frequencies.add("a", [TurnRow("a/1", 1, [3, 1, 2, 2, 3], 1, 2, True)])
+    frequencies.add("bb", [TurnRow("b/1", 1, [4, 4, 5], 0, 0, False)])
+    frequencies.add("a", [TurnRow("a/3", 3, [5], 0, 1, True)])
+    return frequencies
+
+
+def test_reasoning_answer_and_sources_are_counted_apart() -> None:
+    frequencies = counted_by_hand()
+    assert frequencies.total.tolist() == [0, 1, 2, 1, 2, 2]
+    assert frequencies.reasoning is not None and frequencies.reasoning.tolist() == [0, 1, 1, 0, 0, 1]
+    assert {name: [part.tolist() for part in parts] for name, parts in frequencies.by_source.items()} == {
+        "a": [[0, 1, 1, 0, 0, 1], [0, 0, 1, 1, 0, 0]], "bb": [[0] * 6, [0, 0, 0, 0, 2, 1]]}
+
+
+def test_the_report_s_figures_and_text_by_hand() -> None:
+    """The top 2 of counts 0,1,2,1,2,2 are ids 2 and 4 (ties to the lower id): 4 of 8 supervised tokens, 1 of 3
+    reasoning, 3 of 5 answer; a source without reasoning has no reasoning coverage (not 0%)."""
+    report = vocab_report(counted_by_hand(), 2)
+    assert report == {
+        "draft_vocab_size": 2, "target_vocab_size": 6, "supervised_tokens": 8, "reasoning_tokens": 3,
+        "answer_tokens": 5, "distinct_tokens": 5, "coverage": 0.5, "reasoning_coverage": 0.333333,
+        "answer_coverage": 0.6, "by_source": {
+            "a": {"supervised_tokens": 5, "reasoning_tokens": 3, "answer_tokens": 2, "distinct_tokens": 4,
+                  "coverage": 0.4, "reasoning_coverage": 0.333333, "answer_coverage": 0.5},
+            "bb": {"supervised_tokens": 3, "reasoning_tokens": 0, "answer_tokens": 3, "distinct_tokens": 2,
+                   "coverage": 0.666667, "reasoning_coverage": None, "answer_coverage": 0.666667}}}
+    assert format_vocab_report(report) == (
+        "top 2 of 6 tokens covers 50.0% of 8 supervised tokens, 33.3% of reasoning tokens, 60.0% of answer tokens "
+        "(5 distinct tokens supervised)\n"
+        "\n"
+        "source   supervised  coverage  reasoning   answer\n"
+        "a                 5     40.0%      33.3%    50.0%\n"
+        "bb                3     66.7%          -    66.7%")
+    named = {**report, "by_source": {"a long source": report["by_source"]["a"]}}
+    assert format_vocab_report(named).splitlines()[2:] == [
+        "source          supervised  coverage  reasoning   answer",
+        "a long source            5     40.0%      33.3%    50.0%"]
+    export = {**report, "target_vocab_size": None, "reasoning_tokens": None, "by_source": {}}
+    assert format_vocab_report(export) == ("top 2 tokens (of a vocabulary --tokenizer would name) covers 50.0% of 8 "
+                                           "supervised tokens (5 distinct tokens supervised)")
+
+
+def test_speculators_mappings_by_hand(tmp_path: Path) -> None:
+    """The draft's ids: the most counted (ties to the lower id), made up with the lowest unsupervised ones, in id
+    order; d2t the int64 offsets to them, t2d a bool per target id."""
+    counts = np.array([0, 5, 0, 2, 5, 1], dtype=np.int64)
+    d2t, t2d = speculators_mappings(counts, 3)
+    assert (d2t.tolist(), d2t.dtype, t2d.tolist(), t2d.dtype) == (
+        [1, 2, 2], np.int64, [False, True, False, True, True, False], np.bool_)
+    assert speculators_mappings(counts, 5)[0].tolist() == [0, 0, 1, 1, 1]  # ids 0, 1, 3, 4, 5
+    written = write_speculators_files(counts, tmp_path / "data", 3)
+    assert [path.name for path in written] == ["token_freq.pt", "d2t-3.npy", "t2d-3.npy"]
+    import torch
+
+    assert torch.load(written[0], weights_only=True) == {1: 5, 3: 2, 4: 5, 5: 1}
+    assert np.load(written[1]).tolist() == [1, 2, 2] and np.load(written[1]).dtype == np.int64
+    assert np.load(written[2]).tolist() == [False, True, False, True, True, False]
+
+
+@pytest.mark.parametrize(("config", "size"), [
+    ({"vocab_size": 10}, 10), ({"text_config": {"vocab_size": 20}, "vocab_size": 10}, 20),
+    ({"text_config": {"hidden_size": 8}, "vocab_size": 10}, 10), ({"vocab_size": 1}, 1),
+    ({"vocab_size": 0}, "vocab_size is 0, not a positive integer"),
+    ({"vocab_size": True}, "vocab_size is True, not a positive integer"),
+    ([10], "vocab_size is None, not a positive integer"),
+    ("{", "cannot read the model config: unexpected end of data: line 1 column 2 (char 1)"),
+])
+def test_the_verifier_s_vocab_size_is_read_as_speculators_reads_it(tmp_path: Path, config: Any,
+                                                                   size: int | str) -> None:
+    (tmp_path / "config.json").write_bytes(config.encode() if isinstance(config, str) else orjson.dumps(config))
+    if isinstance(size, int):
+        assert verifier_vocab_size(tmp_path) == size
+    else:
+        with pytest.raises(CorpusError) as refused:
+            verifier_vocab_size(tmp_path)
+        assert str(refused.value) == f"{tmp_path / 'config.json'}: {size}"
+    assert verifier_vocab_size(tmp_path / "missing") is None
+
+
+def test_speculators_files_from_a_corpus_in_process(corpus: Corpus, tmp_path: Path,  # noqa: F811
+                                                    tiny_model_dir: Path) -> None:
+    """What the speculators test checks through its own loader (skipped where speculators is not installed), checked
+    here too: t2d as long as the config's vocab_size, the report of the directory and what it wrote."""
+    report = draft_vocab(corpus.root, tmp_path / "vocab", size=16)
+    assert report.file == tmp_path / "vocab" and report.coverage["target_vocab_size"] == 6016
+    assert report.written == tuple(tmp_path / "vocab" / name for name in ("token_freq.pt", "d2t-16.npy", "t2d-16.npy"))
+    assert set(report.to_json()) == {"draft_vocab_size", "target_vocab_size", "supervised_tokens", "reasoning_tokens",
+                                     "answer_tokens", "distinct_tokens", "coverage", "reasoning_coverage",
+                                     "answer_coverage", "by_source", "file", "written"}
+    expected = by_hand(corpus, tmp_path / "by-hand")
+    d2t, t2d = np.load(tmp_path / "vocab" / "d2t-16.npy"), np.load(tmp_path / "vocab" / "t2d-16.npy")
+    chosen = sorted(sorted(expected, key=lambda i: (-expected[i], i))[:16])
+    assert (np.arange(16) + d2t).tolist() == chosen and len(t2d) == 6016 and np.flatnonzero(t2d).tolist() == chosen
+
+
+@pytest.mark.parametrize(("out", "largest", "vocabulary"), [
+    ("freq.npy", 6007, "6,007 tokens: the tokenizer {tokenizer}"),
+    ("vocab", 6016, "6,016 tokens: the vocab_size of {tokenizer}/config.json"),
+])
+def test_the_draft_may_be_as_large_as_the_vocabulary_and_no_larger(corpus: Corpus, tmp_path: Path,  # noqa: F811
+                                                                   out: str, largest: int, vocabulary: str) -> None:
+    tokenizer = corpus_token_rows(corpus).renderer.tokenizer_dir
+    assert draft_vocab(corpus.root, tmp_path / out, size=largest).coverage["draft_vocab_size"] == largest
+    (tmp_path / "refused").mkdir()
+    for size in (largest + 1, None):  # None: the default, 32,000
+        with pytest.raises(CorpusError) as refused:
+            draft_vocab(corpus.root, tmp_path / "refused" / out, **({} if size is None else {"size": size}))
+        assert str(refused.value) == (f"--draft-vocab-size {size or 32000:,} exceeds the vocabulary it is chosen from "
+                                      f"({vocabulary.format(tokenizer=tokenizer)})")
+    assert list((tmp_path / "refused").iterdir()) == []
+
+
+def test_an_export_s_vocabulary_may_be_given_by_its_size(tmp_path: Path) -> None:
+    source = write_token_rows(tmp_path / "train.jsonl", [{"input_ids": [1, 2], "loss_mask": [1, 1]}])
+    report = draft_vocab(source, tmp_path / "out.npy", size=2, target_vocab_size=20)
+    assert report.coverage["target_vocab_size"] == 20 and np.load(tmp_path / "out.npy").tolist() == [0, 1, 1] + [0] * 17
+    write_token_rows(source, [{"input_ids": [25], "loss_mask": [1]}])
+    with pytest.raises(CorpusError) as refused:
+        draft_vocab(source, tmp_path / "again.npy", size=2, target_vocab_size=20)
+    assert str(refused.value) == f"{source}:1: token id 25 is supervised but the vocabulary has 20 tokens " \
+                                 "(--target-vocab-size)"
+
+
+def test_speculators_files_need_the_verifier_s_vocabulary(tmp_path: Path, tiny_model_dir: Path) -> None:
+    source = write_token_rows(tmp_path / "train.jsonl", [{"input_ids": [1, 2], "loss_mask": [1, 1]}])
+    with pytest.raises(CorpusError) as refused:
+        draft_vocab(source, tmp_path / "vocab", size=2)
+    assert str(refused.value) == ("t2d has one entry per token of the verifier's vocabulary (no --tokenizer DIR): give "
+                                  "--target-vocab-size N (its config's vocab_size) or --tokenizer with the model's "
+                                  "config.json")
+    tokenizer = tmp_path / "tokenizer"  # the tokenizer alone, without the model's config.json
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_bytes((tiny_model_dir / "tokenizer.json").read_bytes())
+    with pytest.raises(CorpusError) as refused:
+        draft_vocab(source, tmp_path / "vocab", size=2, tokenizer=tokenizer)
+    assert str(refused.value).startswith(f"t2d has one entry per token of the verifier's vocabulary (no config.json "
+                                         f"in {tokenizer}): ")
+    with pytest.raises(CorpusError) as refused:  # the tokenizer is an input: nothing is written into it
+        draft_vocab(source, tokenizer / "freq.npy", size=2, tokenizer=tokenizer)
+    assert str(refused.value) == f"{tokenizer / 'freq.npy'}: --out: this run reads {tokenizer}; writing there would " \
+                                 "overwrite its input"
+    assert not (tmp_path / "vocab").exists()
+
+
+def test_a_frequency_file_is_named_by_its_suffix_and_every_speculators_file_is_checked(corpus: Corpus,  # noqa: F811
+                                                                                     tmp_path: Path) -> None:
+    rule = ("--out: a frequency file must end in one of .npy, .json, .pt (or name a directory for speculators' "
+            "token_freq.pt, d2t-N.npy and t2d-N.npy)")
+    with pytest.raises(CorpusError) as refused:
+        draft_vocab(corpus.root, tmp_path / "freq.txt", size=10)
+    assert str(refused.value) == f"{tmp_path / 'freq.txt'}: {rule}"
+    with pytest.raises(CorpusError) as refused:
+        write_frequencies(np.array([1]), tmp_path / "freq.csv")
+    assert str(refused.value) == f"{tmp_path / 'freq.csv'}: {rule}"
+    (tmp_path / "vocab" / "t2d-10.npy").mkdir(parents=True)  # a directory where speculators' file goes
+    with pytest.raises(CorpusError) as refused:
+        draft_vocab(corpus.root, tmp_path / "vocab", size=10)
+    assert str(refused.value) == f"{tmp_path / 'vocab' / 't2d-10.npy'}: --out: a directory; give the path of a file " \
+                                 "to write"
+    nul = str(tmp_path / "out\0x")
+    with pytest.raises(CorpusError) as refused:
+        draft_vocab(corpus.root, nul, size=10)
+    assert str(refused.value) == f"{nul!r}: --out: the output path contains a NUL byte"
+    write_frequencies(np.array([0, 5], dtype=np.int32), tmp_path / "freq.npy")
+    assert np.load(tmp_path / "freq.npy").dtype == np.int64  # the file's type whatever the counts'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["freq.npy", "vocab"]
+
+
+def test_a_missing_torch_stops_a_pt_output_before_counting_and_no_other(corpus: Corpus, tmp_path: Path,  # noqa: F811
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    needs = ("writing token_freq.pt (speculators' torch.save of {id: count}) needs torch: pip install torch (or write "
+             "a .npy or .json frequency file)")
+    for out in ("freq.pt", "vocab"):
+        with pytest.raises(CorpusError) as refused:
+            draft_vocab(corpus.root, tmp_path / out, size=10)
+        assert str(refused.value) == needs
+    assert draft_vocab(corpus.root, tmp_path / "freq.npy", size=10).written == (tmp_path / "freq.npy",)
+
+
+def test_counting_in_batches_of_any_size_gives_the_same_figures(corpus: Corpus,  # noqa: F811
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = corpus_token_rows(corpus)
+    whole = count_frequencies(corpus, rows)
+    monkeypatch.setattr(vocab, "ROWS_PER_COUNT", 1)  # counted after every conversation
+    each = count_frequencies(corpus, rows)
+    assert whole.reasoning is not None and each.reasoning is not None
+    assert (each.total.tolist(), each.reasoning.tolist()) == (whole.total.tolist(), whole.reasoning.tolist())
+    assert {name: [part.tolist() for part in parts] for name, parts in each.by_source.items()} == {
+        name: [part.tolist() for part in parts] for name, parts in whole.by_source.items()}
+
+
+def test_a_corpus_whose_tokenizer_is_not_here_asks_for_one(corpus: Corpus, tmp_path: Path,  # noqa: F811
+                                                          tiny_model_dir: Path) -> None:
+    copy = Path(shutil.copytree(corpus.root, tmp_path / "corpus"))
+    for name in ("recipe.yaml", "audit.json"):  # the path as the recipe gives it, and as the build resolved it
+        text = (copy / name).read_text()
+        for given in (tiny_model_dir, tiny_model_dir.resolve()):
+            text = text.replace(str(given), "/nowhere/tokenizer")
+        (copy / name).write_text(text)
+    with pytest.raises(CorpusError) as refused:
+        draft_vocab(copy, tmp_path / "freq.npy", size=10)
+    assert str(refused.value) == f"{copy}: the corpus recipe names no target.tokenizer found here: give --tokenizer DIR"
