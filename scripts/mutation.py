@@ -108,6 +108,10 @@ _TEXT_BY_HAND = ("the fast path's TypeError (orjson's JSONEncodeError is TypeErr
 _SHORTER = ("a text shorter than the runs looked up hashes fewer words than every entry of that length: no match "
             "either way")
 
+_BATCHES = ("when the gathered rows are counted: the sums are the same whatever the batches (test_counting_in_batches_"
+            "of_any_size_gives_the_same_figures); memory only")
+_FLOAT_COUNTS = ("the fitted counts are read only as Python ints (token_freq.pt) and by their order (top_k): float64 "
+                 "holds every count below 2^53 exactly, so the same three files")
 # Survivors judged equivalent: mutant name -> (a line its diff adds, why no behaviour tells it apart).
 EQUIVALENT: dict[str, tuple[str, str]] = {
     # corpus_builder/sources/fold.py
@@ -126,6 +130,18 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "the head's, computed again: the same key, slower"),
     "corpus_builder.sources.fold.xǁPrefixFoldǁ_close_oldest__mutmut_2": (
         "popitem(last=None)", "OrderedDict.popitem reads last as a truth value: None pops the oldest, as False does"),
+    # corpus_builder/export/vocab.py
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_15": ("pending_rows = len(rows)", _BATCHES),
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_16": ("pending_rows -= len(rows)", _BATCHES),
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_5": ("pending_rows = 1", _BATCHES),
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_17": ("pending_rows > ROWS_PER_COUNT", _BATCHES),
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_23": ("pending, pending_rows = {}, 1", _BATCHES),
+    "corpus_builder.export.vocab.x_iter_token_rows__mutmut_1": (
+        "batch_size: int = 513", "the corpus read in batches of 513 rows, not 512: the same conversations, in order"),
+    "corpus_builder.export.vocab.x_speculators_mappings__mutmut_10": ("np.arange(draft_size, dtype=None)", _ARANGE),
+    "corpus_builder.export.vocab.x_speculators_mappings__mutmut_12": ("np.arange(draft_size, )", _ARANGE),
+    "corpus_builder.export.vocab.x__fitted__mutmut_14": ("fitted = np.zeros(size, None)", _FLOAT_COUNTS),
+    "corpus_builder.export.vocab.x__fitted__mutmut_16": ("fitted = np.zeros(size, )", _FLOAT_COUNTS),
     "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_3": (
         "len(value) >= 8", "an all-integer array of 8 validates the same whole or sampled: speed only"),
     "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_4": (

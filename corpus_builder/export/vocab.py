@@ -212,9 +212,9 @@ def write_speculators_files(counts: np.ndarray, directory: Path, draft_size: int
 
 def names_directory(out: Path | str) -> bool:
     """``--out`` names a directory, for speculators' three files: one that exists, or a new name without a suffix.
-    A path with a NUL byte is none (the file system refuses it: the output guard names it)."""
+    (A path the output guard refuses, empty or with a NUL byte, is refused whichever this says.)"""
     path = Path(out)
-    return "\0" not in str(out) and (path.is_dir() or (not path.suffix and not os.path.lexists(path)))
+    return path.is_dir() or (not path.suffix and not os.path.lexists(path))
 
 
 def verifier_vocab_size(directory: Path) -> int | None:

@@ -415,10 +415,12 @@ def counted_by_hand() -> Frequencies:
 
 def test_reasoning_answer_and_sources_are_counted_apart() -> None:
     frequencies = counted_by_hand()
-    assert frequencies.total.tolist() == [0, 1, 2, 1, 2, 2]
+    assert frequencies.total.tolist() == [0, 1, 2, 1, 2, 2] and frequencies.total.dtype == np.int64  # exact counts
     assert frequencies.reasoning is not None and frequencies.reasoning.tolist() == [0, 1, 1, 0, 0, 1]
+    assert frequencies.reasoning.dtype == np.int64
     assert {name: [part.tolist() for part in parts] for name, parts in frequencies.by_source.items()} == {
         "a": [[0, 1, 1, 0, 0, 1], [0, 0, 1, 1, 0, 0]], "bb": [[0] * 6, [0, 0, 0, 0, 2, 1]]}
+    assert {part.dtype for parts in frequencies.by_source.values() for part in parts} == {np.dtype(np.int64)}
 
 
 def test_the_report_s_figures_and_text_by_hand() -> None:
@@ -610,3 +612,14 @@ def test_a_corpus_whose_tokenizer_is_not_here_asks_for_one(corpus: Corpus, tmp_p
     with pytest.raises(CorpusError) as refused:
         draft_vocab(copy, tmp_path / "freq.npy", size=10)
     assert str(refused.value) == f"{copy}: the corpus recipe names no target.tokenizer found here: give --tokenizer DIR"
+    draft_vocab(copy, tmp_path / "given.npy", size=10, tokenizer=tiny_model_dir)  # as asked: counted with it
+    draft_vocab(corpus.root, tmp_path / "here.npy", size=10)
+    assert np.load(tmp_path / "given.npy").tolist() == np.load(tmp_path / "here.npy").tolist()
+
+
+def test_an_export_s_vocabulary_is_the_tokenizer_given(tmp_path: Path, tiny_model_dir: Path) -> None:
+    source = write_token_rows(tmp_path / "train.jsonl", [{"input_ids": [1, 6007], "loss_mask": [1, 1]}])
+    with pytest.raises(CorpusError) as refused:
+        draft_vocab(source, tmp_path / "out.npy", size=2, tokenizer=tiny_model_dir)
+    assert str(refused.value) == (f"{source}:1: token id 6,007 is supervised but the vocabulary has 6,007 tokens "
+                                  f"(the tokenizer {tiny_model_dir})")
