@@ -28,13 +28,13 @@ from corpus_builder.audit.inputs import read_parts, traffic_units
 from corpus_builder.errors import CorpusError
 from corpus_builder.sources.readers import UTF8_BOM
 from tests.audit.test_traffic_logs import logged_traffic
-from tests.support.ray_cluster import local_cluster
+from tests.support.ray_cluster import imported_ray, local_cluster
 from tests.support.real_data import write_chitchat, write_rows, write_sharegpt
 from tests.support.serving_logs import logged_conversation
 
 from .fixtures import chat_row, corpus_rows, dialogue_row, mixed_traffic, summary_row, write_jsonl
 
-ray = pytest.importorskip("ray")
+ray = imported_ray()
 
 TOKEN_SAMPLE = 60  # fewer than every side's rows: the sample, and the share the driver decides, are exercised
 MAX_SKIPPED_SHARE = 0.01  # below the messy traffic's: its figures describe the readable part, and the check fails

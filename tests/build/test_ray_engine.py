@@ -33,10 +33,10 @@ from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
 from tests.support.chats import served
-from tests.support.ray_cluster import local_cluster
+from tests.support.ray_cluster import imported_ray, local_cluster
 from tests.support.real_data import write_chitchat, write_gsm8k, write_rows, write_sharegpt
 
-ray = pytest.importorskip("ray")
+ray = imported_ray()
 
 MODEL = "tiny-target"  # the loopback server's
 
