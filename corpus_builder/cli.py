@@ -110,8 +110,9 @@ def validate(recipe: Path) -> None:
 @click.option("--engine", type=click.Choice(["local", "ray"]),
               help="What runs the build (overrides the recipe's engine): this machine, or a Ray cluster through Ray "
                    "Data (pip install 'corpus-builder[ray]'); the same corpus.")
-@click.option("--address", metavar="ADDR", help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else "
-                                                "a cluster started on this machine).")
+@click.option("--address", metavar="HOST:PORT",
+              help="With --engine ray: the cluster to join, by its head's address (default: RAY_ADDRESS, else a "
+                   "cluster the command starts on this machine, on loopback).")
 def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, allow_short: bool,
           allow_empty: bool, engine: Engine | None, address: str | None) -> None:
     """Build the corpus a recipe describes."""
@@ -176,8 +177,9 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="With --against: what reads the traffic: this machine, or a Ray cluster through Ray Data (pip "
                    "install 'corpus-builder[ray]'); the same figures.")
-@click.option("--address", metavar="ADDR", help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else "
-                                                "a cluster started on this machine).")
+@click.option("--address", metavar="HOST:PORT",
+              help="With --engine ray: the cluster to join, by its head's address (default: RAY_ADDRESS, else a "
+                   "cluster the command starts on this machine, on loopback).")
 def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None, no_secrets: bool,
           traffic: str | None, max_divergence: float | None, max_skipped_share: float, allow_skipped: bool,
           allow_other_models: bool, html_path: str | None, tokenizer: Path | None, token_sample: int,

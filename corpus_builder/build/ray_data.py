@@ -80,7 +80,7 @@ import ray.data
 from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
-from ..ray_extra import RAY_ENVIRONMENT, is_loopback, named_address
+from ..ray_extra import RAY_ENVIRONMENT, NamedCluster, is_loopback, named_cluster, probe_cluster
 from ..recipe.model import Recipe
 from ..records import Conversation, row_location
 from ..screen.checks import BatchStats, Checker
@@ -120,17 +120,14 @@ GENERATED = "generated"
 
 
 def connect(address: str | None) -> None:
-    """Join the cluster the user named (``address``, else RAY_ADDRESS: ``ray_extra.named_address``), or start one
-    on this machine (``start_cluster``), unless this process is connected already."""
+    """Join the cluster the user named (``address``, else RAY_ADDRESS: ``ray_extra.named_cluster``), or start one on
+    this machine (``start_cluster``), unless this process is connected already."""
+    cluster = named_cluster(address)
     if not ray.is_initialized():
-        named = named_address(address)
-        if named is None:
+        if cluster is None:
             start_cluster()
         else:
-            try:
-                ray.init(address=named, log_to_driver=False)
-            except ConnectionError as error:
-                raise CorpusError(f"--address: cannot join the Ray cluster at {named}: {error}") from None
+            join_cluster(cluster)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the build prints its own lines
     context.enable_operator_progress_bars = False
@@ -149,6 +146,16 @@ def start_cluster(num_cpus: int | None = None) -> None:
                           f"imported before the Ray engine set {settings}; set them in the environment, or start "
                           "a cluster yourself and name it with --address")
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+def join_cluster(cluster: NamedCluster) -> None:
+    """Join the named cluster once its head answers (``ray_extra.probe_cluster``: at once a CorpusError where
+    nothing does, rather than Ray's minutes of retries)."""
+    probe_cluster(cluster)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as error:
+        raise CorpusError(f"{cluster}: cannot join the Ray cluster: {error}") from None
 
 
 def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contamination: Contamination | None,

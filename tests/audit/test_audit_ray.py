@@ -270,6 +270,18 @@ def test_a_bad_traffic_file_is_the_local_audit_s_error(cluster: str, corpus: Pat
     assert the_error(corpus, traffic, cluster) == "error: b-empty.jsonl: file has no rows"
 
 
+def test_an_address_that_is_not_one_is_a_usage_error(corpus: Path, messy: Path) -> None:
+    """Named by --address or by RAY_ADDRESS: refused as the build refuses it, before Ray is asked to join it."""
+    arguments = ("audit", corpus, "--against", messy / "served.jsonl", "--no-secrets", "--engine", "ray")
+    for named_by, more, address in (("--address", ("--address", "head:port"), None), ("RAY_ADDRESS", (), "head:port")):
+        env = {name: value for name, value in os.environ.items() if name != "RAY_ADDRESS"}
+        env.update({"RAY_ADDRESS": address} if address is not None else {})
+        done = subprocess.run([sys.executable, "-m", "corpus_builder", *map(str, arguments), *more],
+                              capture_output=True, text=True, env=env, check=False)
+        assert error_lines(done) == [f"error: {named_by} head:port: not a Ray cluster's address: a Ray head's address "
+                                     "is HOST:PORT, as `ray start --head` prints it (port 6379 by default)"]
+
+
 def test_an_address_without_the_ray_engine_is_a_usage_error(corpus: Path, messy: Path) -> None:
     done = corpus_cli("audit", corpus, "--against", messy / "served.jsonl", "--address", "auto")
     assert done.returncode == 2

@@ -10,11 +10,14 @@ another Ray cluster or a vLLM server may run beside the suite.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +30,9 @@ from tests.support.ray_cluster import Socket, imported_ray, local_cluster, proce
 from tests.support.real_data import write_chitchat
 
 ray = imported_ray()
+
+HOW_TO_NAME = "a Ray head's address is HOST:PORT, as `ray start --head` prints it (port 6379 by default)"
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
@@ -56,6 +62,19 @@ def environment(**changes: str | None) -> dict[str, str]:
         else:
             env[name] = value
     return env
+
+
+def corpus_cli(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI, bounded: a command that would wait on a cluster for minutes fails the test instead."""
+    return subprocess.run([sys.executable, "-m", "corpus_builder", *map(str, args)], capture_output=True, text=True,
+                          env=env if env is not None else environment(), timeout=180, check=False)
+
+
+def error_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """What the CLI says of a usage error (exit 2, no traceback; Ray may log its own lines around it)."""
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    return [line for line in done.stderr.splitlines() if line.startswith("error: ")]
 
 
 def listening(found: set[Socket], process: str) -> list[Socket]:
@@ -140,6 +159,62 @@ def test_a_ray_build_joins_the_cluster_ray_address_names(cluster: str, recipe: P
     port = cluster.rpartition(":")[2]
     assert any(found_socket.remote.rpartition(":")[2] == port for found_socket in found)  # the driver's, to the GCS
     assert sorted(found_socket for found_socket in found if found_socket.outside) == []
+
+
+@pytest.mark.parametrize("address", ["auto:port", "head", "10.0.0.1:99999", "10.0.0.1:0", "[::1]x:6379", ":6379",
+                                     "ray://10.0.0.1:10001"])
+def test_an_address_that_is_not_one_is_a_usage_error(recipe: Path, address: str, tmp_path: Path) -> None:
+    """Refused before anything is read or written, named by where it came from: --address, or RAY_ADDRESS."""
+    out = tmp_path / "out"
+    for named_by, arguments, env in (("--address", ("--address", address), environment()),
+                                     ("RAY_ADDRESS", (), environment(RAY_ADDRESS=address))):
+        [error] = error_lines(corpus_cli("build", recipe, "--out", out, "--engine", "ray", *arguments, env=env))
+        if address.startswith("ray://"):
+            assert error == (f"error: {named_by} {address}: the Ray engine joins a cluster by its head's address, "
+                             f"not a URL (Ray Client's ray:// is not supported): {HOW_TO_NAME}")
+        else:
+            assert error == f"error: {named_by} {address}: not a Ray cluster's address: {HOW_TO_NAME}"
+        assert not out.exists()
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on (bound, never listening, for the test's time: no one else takes it)."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield bound.getsockname()[1]
+
+
+@pytest.fixture
+def web_port() -> Iterator[int]:
+    """A loopback port where an HTTP/1.1 server answers (as a dashboard's port does): not a Ray head."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_address_where_no_ray_head_answers_fails_at_once(recipe: Path, closed_port: int, web_port: int,
+                                                            tmp_path: Path) -> None:
+    """Ray itself retries such an address for minutes; the engine probes it first and says what it found."""
+    out = tmp_path / "out"
+    [refused] = error_lines(corpus_cli("build", recipe, "--out", out, "--engine", "ray", "--address",
+                                       f"127.0.0.1:{closed_port}"))
+    assert refused == (f"error: --address 127.0.0.1:{closed_port}: no Ray cluster there (nothing listens on port "
+                       f"{closed_port} of 127.0.0.1): {HOW_TO_NAME}")
+    [web] = error_lines(corpus_cli("build", recipe, "--out", out, "--engine", "ray",
+                                   env=environment(RAY_ADDRESS=f"localhost:{web_port}")))
+    assert web == (f"error: RAY_ADDRESS localhost:{web_port}: something listens there, but it is not a Ray "
+                   "cluster's head (it does not answer as gRPC does; the dashboard's port is not the head's): "
+                   f"{HOW_TO_NAME}")
+    [unknown] = error_lines(corpus_cli("build", recipe, "--out", out, "--engine", "ray", "--address",
+                                       "no-such-host.invalid:6379"))
+    assert unknown == "error: --address no-such-host.invalid:6379: cannot resolve the host no-such-host.invalid"
+    assert not out.exists()
 
 
 def test_a_cluster_is_not_started_where_ray_would_give_it_the_network_address() -> None:
