@@ -119,10 +119,12 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
     from .recipe import load_recipe
 
     loaded = load_recipe(recipe)
+    if address is not None and (engine or loaded.engine) != "ray":
+        raise CorpusError("--address names a Ray cluster: it needs --engine ray (or engine: ray in the recipe)")
     if dry_run:
         from .build import format_plan, plan_build
 
-        plan = plan_build(loaded, out, allow_short=True if allow_short else None)
+        plan = plan_build(loaded, out, allow_short=True if allow_short else None, engine=engine, address=address)
         click.echo(f"dry run of recipe '{loaded.name}': nothing is generated or written\n")
         click.echo(format_plan(plan))
         if plan.problems:
@@ -131,8 +133,6 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
     from .audit import format_report
     from .build import build_corpus
 
-    if address is not None and (engine or loaded.engine) != "ray":
-        raise CorpusError("--address names a Ray cluster: it needs --engine ray (or engine: ray in the recipe)")
     result = build_corpus(loaded, out, allow_partial=True if allow_partial else None,
                           allow_short=True if allow_short else None, allow_empty=allow_empty, engine=engine,
                           address=address)

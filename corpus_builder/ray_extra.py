@@ -46,8 +46,13 @@ def ray_engine(module: str, command: str) -> ModuleType:
     except ImportError as error:
         if error.name is None or error.name.split(".")[0] != "ray":
             raise
-        raise CorpusError("the Ray engine needs Ray Data, which is not installed: pip install "
-                          f"'corpus-builder[ray]' (or {command} with --engine local)") from None
+        raise CorpusError(ray_missing(command)) from None
+
+
+def ray_missing(command: str) -> str:
+    """What to do when Ray Data is not installed (``command``: what to run with ``--engine local`` instead)."""
+    return ("the Ray engine needs Ray Data, which is not installed: pip install 'corpus-builder[ray]' "
+            f"(or {command} with --engine local)")
 
 
 @dataclass(frozen=True)

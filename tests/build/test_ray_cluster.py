@@ -217,6 +217,32 @@ def test_an_address_where_no_ray_head_answers_fails_at_once(recipe: Path, closed
     assert not out.exists()
 
 
+def test_the_dry_run_says_which_cluster_the_build_would_run_on(cluster: str, recipe: Path, closed_port: int,
+                                                               tmp_path: Path) -> None:
+    """Started here, or the named cluster's head probed (not joined); a head that does not answer, or an address
+    that is none, is a problem of the plan (exit 2); --address without the Ray engine a usage error."""
+    dry = ("build", recipe, "--out", tmp_path / "out", "--dry-run")
+    own = corpus_cli(*dry, "--engine", "ray")
+    assert own.returncode == 0, own.stderr
+    assert ("\nengine: ray, on a cluster the build starts on this machine (loopback alone, no dashboard, no usage "
+            "statistics) and stops when it ends\n") in own.stdout
+    named = corpus_cli(*dry, "--engine", "ray", env=environment(RAY_ADDRESS=cluster))
+    assert named.returncode == 0, named.stderr
+    assert (f"\nengine: ray, on the cluster at {cluster} (RAY_ADDRESS): its head answers (probed, not joined: the "
+            "dry run runs nothing on it)\n") in named.stdout
+    down = corpus_cli(*dry, "--engine", "ray", "--address", f"127.0.0.1:{closed_port}")
+    assert down.returncode == 2
+    assert f"\nengine: ray, on the cluster at 127.0.0.1:{closed_port} (--address): does not answer\n" in down.stdout
+    assert down.stdout.endswith(f"\nproblems:\n  --address 127.0.0.1:{closed_port}: no Ray cluster there (nothing "
+                                f"listens on port {closed_port} of 127.0.0.1): {HOW_TO_NAME}\n")
+    malformed = corpus_cli(*dry, "--engine", "ray", "--address", "head")
+    assert malformed.returncode == 2
+    assert malformed.stdout.endswith(f"\nproblems:\n  --address head: not a Ray cluster's address: {HOW_TO_NAME}\n")
+    [error] = error_lines(corpus_cli(*dry, "--address", cluster))
+    assert error == "error: --address names a Ray cluster: it needs --engine ray (or engine: ray in the recipe)"
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_cluster_is_not_started_where_ray_would_give_it_the_network_address() -> None:
     """Ray imported before the engine set its environment (a program that imports Ray itself first): the engine
     refuses to start a cluster Ray would put on the machine's network address, and starts nothing."""
