@@ -392,6 +392,40 @@ def test_the_ray_engine_generates_a_declared_corpus_in_the_local_engine_s_rounds
     assert_same_corpus(tmp_path / "local", tmp_path / "ray")
 
 
+def test_the_ray_engine_lists_the_served_ids_mismatches_as_the_local_engine(
+        cluster: None, asked: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Measured in the target's tokens, every turn the loopback server generates differs from the ids it says it
+    served. Two prompt sources, the later in the recipe first in dedup (so generated first), a split: audit.json
+    lists the mismatches by row id and turn, not in the order the rows reached the statistics (the local writer's
+    row groups of each split; on the cluster, the writing tasks', each a block of rows by priority)."""
+    chats = [orjson.loads(line) for line in (asked / "chitchat.jsonl").read_bytes().splitlines()]
+    write_rows(tmp_path / "later.jsonl", [{"messages": row["messages"][:1]} for row in chats[100:112]])
+    with FaultServer(model=MODEL) as server:
+        (tmp_path / "recipe.yaml").write_text(
+            "name: ray-mismatches\n"
+            f"target: {{model: {MODEL}, tokenizer: {tiny_model_dir}, endpoints: [{server.base_url}], "
+            "generation: {max_tokens: 64, timeout_s: 5, max_retries: 1}}\n"
+            "sources:\n"
+            f"  - {{name: asks, kind: prompts, path: {asked}/asks.jsonl}}\n"
+            f"  - {{name: chitchat, kind: replay, path: {asked}/chitchat.jsonl}}\n"
+            "  - {name: later, kind: prompts, path: later.jsonl}\n"
+            "checks: {dedup: exact, dedup_priority: [later]}\n"
+            "split: {validation_fraction: 0.2, seed: 3}\n"
+            "output: {dir: out, rows_per_shard: 16}\n", encoding="utf-8")
+        recipe = load_recipe(tmp_path / "recipe.yaml")
+        local = build_corpus(recipe, tmp_path / "local", progress=io.StringIO())
+        build_corpus(recipe, tmp_path / "ray", engine="ray", progress=io.StringIO())
+    # the fixture exercises what it means to: a mismatch for every generated row written, of both sources and splits
+    rows = {row.id: row for row in Corpus.open(local.out_dir).iter_conversations()}
+    turns = [(mismatch["id"], mismatch["message_index"]) for mismatch in local.audit["tokens"]["mismatches"]["turns"]]
+    assert sorted({row_id for row_id, _ in turns}) == sorted(row_id for row_id, row in rows.items()
+                                                             if row.source != "chitchat")
+    assert {(rows[row_id].source, rows[row_id].split) for row_id, _ in turns} == {
+        (source, split) for source in ("asks", "later") for split in ("train", "validation")}
+    assert turns == sorted(turns)
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
 def worker_pids() -> set[int]:
     """The pids of this cluster's worker processes, as Ray reports them to tasks that run there."""
 
