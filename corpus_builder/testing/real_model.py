@@ -9,7 +9,7 @@ sha256 is checked against ``GGUF_SHA256``, and transformers' GGUF loader dequant
 and ``accelerate`` packages: the ``realmodel`` extra, with torch).
 
 The directory written holds bf16 safetensors (tied embeddings, 269 MB), the config, a generation config
-without sampling defaults (as the original's), the tokenizer and the chat template the GGUF file carries
+without sampling defaults, the tokenizer and the chat template the GGUF file carries
 (ChatML with a default system prompt, no thinking mode), the package's ``LICENSE`` and a marker. The weights
 are the Q4_1 file's values dequantized: the network llama.cpp runs, not the original bf16 checkpoint.
 
