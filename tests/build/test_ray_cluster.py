@@ -30,6 +30,7 @@ from tests.support.ray_cluster import Socket, imported_ray, local_cluster, proce
 from tests.support.real_data import write_chitchat
 
 ray = imported_ray()
+RAY_PACKAGE = str(Path(ray.__file__).parent)
 
 HOW_TO_NAME = "a Ray head's address is HOST:PORT, as `ray start --head` prints it (port 6379 by default)"
 
@@ -77,14 +78,24 @@ def error_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in done.stderr.splitlines() if line.startswith("error: ")]
 
 
+def runs_ray(process: psutil.Process) -> bool:
+    """Whether a process runs Ray's code: a worker (``ray::...``) or one of Ray's own programs and scripts."""
+    with contextlib.suppress(psutil.Error):
+        return process.name().startswith("ray::") or any(
+            argument.startswith(RAY_PACKAGE) for argument in process.cmdline())
+    return False
+
+
 def listening(found: set[Socket], process: str) -> list[Socket]:
     return [found_socket for found_socket in found if found_socket.process == process and not found_socket.remote]
 
 
 def test_the_tests_cluster_listens_on_loopback_alone(cluster: str) -> None:
-    """Every process of the cluster (this process, the driver; the GCS, the raylet, the agents, the workers: its
-    children) listens on 127.0.0.0/8 alone and is connected to nothing outside; no dashboard listens."""
-    tree = process_tree(os.getpid())
+    """Every process of the cluster (this process, the driver; the GCS, the raylet, the agents, the workers: the
+    children that run Ray's code, not a server another module's fixture left running) listens on 127.0.0.0/8 alone
+    and is connected to nothing outside; no dashboard listens."""
+    driver, *children = process_tree(os.getpid())
+    tree = [driver, *(child for child in children if runs_ray(child))]
     found = sockets(tree)
     port = cluster.rpartition(":")[2]
     # the fixture exercises what it means to: the GCS on the cluster's address, the raylet and the workers
