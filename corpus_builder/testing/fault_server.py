@@ -13,7 +13,12 @@ speculative-decoding counters too: each answered request adds drafts of ``specul
 the first ``accepted_per_draft`` are accepted (0 tokens: counters that never move). ``foreign`` (chat request
 index -> requests) counts requests of other clients as finished while that request is served (a server someone
 else uses too). ``server_info`` is the ``vllm_config`` that ``/server_info`` tells, as vLLM's development mode does
-(without it the route is missing, as on a production server).
+(without it the route is missing, as on a production server). ``drafts_in`` names the modes (``enable_thinking``
+values) in which the speculator drafts at all (an n-gram speculator finds nothing to copy in some outputs).
+``page_faults`` (chat requests answered -> fault) serves a broken counters page while that many requests are
+answered (``PAGE_FAULTS``); ``misreported`` adds accepted tokens to the own counts of requests from
+``misreported_from`` on; ``usage=False`` leaves ``usage`` out of answers; ``on_chat`` is called with each chat
+request's index as it arrives (a test's hook to change the world mid-run, e.g. fill the disk).
 
 Tool calls, like a server with ``--enable-auto-tool-choice``: a request with ``tools`` whose last turn is the
 user's (or any request with ``tool_choice`` "required" or a named function) is answered by calling each of its
@@ -30,7 +35,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +58,16 @@ FAULT_KINDS = (
     "raw_think",  # no reasoning parser: the reasoning stays in content, ending with </think>
     "legacy",  # an older server: reasoning in message.reasoning_content
     "truncated",  # 200 whose body stops short of its Content-Length (a connection cut mid-answer)
+)
+
+
+# What a broken /metrics page looks like (``page_faults``).
+PAGE_FAULTS = (
+    "cut",  # cut short in the middle of a sample line
+    "nan",  # the accepted tokens' counter holds NaN
+    "html",  # an HTML page (a proxy's, a web UI's)
+    "missing_position",  # the sample of draft position 1 is left out
+    "down",  # every counter at a quarter of its count (below the page before: counters that go down)
 )
 
 
@@ -100,7 +115,9 @@ class FaultServer:
                  die_after: int | None = None, fault_mix: dict[str, float] | None = None, seed: int = 0,
                  root: str | None = None, speculative_tokens: int | None = None, accepted_per_draft: int = 0,
                  foreign: dict[int, int] | None = None, server_info: dict[str, Any] | None = None,
-                 per_request_metrics: bool = False, misreported: int = 0) -> None:
+                 per_request_metrics: bool = False, misreported: int = 0, misreported_from: int = 0,
+                 drafts_in: tuple[bool, ...] = (True, False), page_faults: dict[int, str] | None = None,
+                 usage: bool = True, on_chat: Callable[[int], None] | None = None) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.by_index = dict(by_index or {})
@@ -122,6 +139,14 @@ class FaultServer:
         # accepted tokens than it counted, a server whose two accounts disagree)
         self.per_request_metrics = per_request_metrics
         self.misreported = misreported
+        self.misreported_from = misreported_from
+        self.drafts_in = drafts_in
+        self.page_faults = dict(page_faults or {})
+        unknown = set(self.page_faults.values()) - set(PAGE_FAULTS)
+        if unknown:
+            raise ValueError(f"unknown page fault(s) {sorted(unknown)}; known: {PAGE_FAULTS}")
+        self.usage = usage
+        self.on_chat = on_chat
         self.counters = {"requests": 0, "tokens": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0}
         self.accepted_by_position = [0] * (speculative_tokens or 0)
         self.requests: list[Recorded] = []
@@ -250,6 +275,8 @@ class FaultServer:
         self._record(request, body)
         index = self._chat_count
         self._chat_count += 1
+        if self.on_chat is not None:
+            self.on_chat(index)
         if self.die_after is not None and index >= self.die_after and not self.dead:
             self.dead = True
             asyncio.get_running_loop().create_task(self._stop_site())
@@ -284,30 +311,35 @@ class FaultServer:
             return _json(context_error(self.max_model_len, prompt_tokens), status=400)
         completion = self._completion(body, prompt, prompt_tokens, kind)
         tokens = completion["usage"]["completion_tokens"]
-        self._count(tokens, foreign=self.foreign.get(index, 0))
+        drafting = bool((body.get("chat_template_kwargs") or {}).get("enable_thinking", True)) in self.drafts_in
+        self._count(tokens, foreign=self.foreign.get(index, 0), drafting=drafting)
         if self.per_request_metrics and self.speculative_tokens:
-            completion["metrics"] = {"speculative_decoding": self._own_counts(tokens)}
+            misreported = self.misreported if index >= self.misreported_from else 0
+            completion["metrics"] = {"speculative_decoding": self._own_counts(tokens if drafting else 0, misreported)}
+        if not self.usage:
+            del completion["usage"]
         return _json(completion)
 
-    def _own_counts(self, tokens: int) -> dict[str, Any]:
+    def _own_counts(self, tokens: int, misreported: int) -> dict[str, Any]:
         """A request's ``metrics.speculative_decoding`` as vLLM 0.32 writes it: every verify step accepted
-        ``accepted_per_draft`` of its drafted tokens."""
+        ``accepted_per_draft`` of its drafted tokens (``misreported`` more counted accepted)."""
         assert self.speculative_tokens is not None
         steps = -(-tokens // (self.accepted_per_draft + 1))
         histogram = [0] * (self.speculative_tokens + 1)
         histogram[self.accepted_per_draft] = steps
-        accepted = steps * self.accepted_per_draft + self.misreported
+        accepted = steps * self.accepted_per_draft + misreported
         return {"mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
                 "draft_acceptance_rate": accepted / (steps * self.speculative_tokens) if steps else 0.0,
                 "acceptance_histogram": histogram, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
                 "num_draft_tokens": steps * self.speculative_tokens, "num_spec_tokens": self.speculative_tokens}
 
-    def _count(self, tokens: int, *, foreign: int) -> None:
-        """vLLM's counters after a request of ``tokens`` (and ``foreign`` requests of others, alike) finished."""
+    def _count(self, tokens: int, *, foreign: int, drafting: bool = True) -> None:
+        """vLLM's counters after a request of ``tokens`` (and ``foreign`` requests of others, alike) finished;
+        its speculator drafted only when ``drafting``."""
         for _ in range(1 + foreign):
             self.counters["requests"] += 1
             self.counters["tokens"] += tokens
-            if self.speculative_tokens:
+            if self.speculative_tokens and drafting:
                 drafts = -(-tokens // (self.accepted_per_draft + 1))
                 self.counters["drafts"] += drafts
                 self.counters["draft_tokens"] += drafts * self.speculative_tokens
@@ -319,19 +351,29 @@ class FaultServer:
         self._record(request, None)
         if self.dead:
             return _reset(request)
+        fault = self.page_faults.get(self._chat_count)
+        if fault == "html":
+            return web.Response(text="<!DOCTYPE html><html><body>Metrics dashboard</body></html>\n",
+                                content_type="text/html")
+        scale = 0.25 if fault == "down" else 1.0
         labels = f'engine="0",model_name="{self.model}"'
-        counters = self.counters
+        counters = {name: scale * count for name, count in self.counters.items()}
+        accepted = "NaN" if fault == "nan" else f"{counters['accepted']:.1f}"
         lines = ["# TYPE vllm:request_success_total counter",
-                 f'vllm:request_success_total{{{labels},finished_reason="stop"}} {counters["requests"]}.0',
+                 f'vllm:request_success_total{{{labels},finished_reason="stop"}} {counters["requests"]:.1f}',
                  f'vllm:request_success_total{{{labels},finished_reason="length"}} 0.0',
-                 f"vllm:generation_tokens_total{{{labels}}} {counters['tokens']}.0"]
+                 f"vllm:generation_tokens_total{{{labels}}} {counters['tokens']:.1f}"]
         if self.speculative_tokens is not None:  # 0: a speculator that never drafts
-            lines += [f"vllm:spec_decode_num_drafts_total{{{labels}}} {counters['drafts']}.0",
-                      f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {counters['draft_tokens']}.0",
-                      f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {counters['accepted']}.0"]
-            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{position}"}} {count}.0'
-                      for position, count in enumerate(self.accepted_by_position)]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+            lines += [f"vllm:spec_decode_num_drafts_total{{{labels}}} {counters['drafts']:.1f}",
+                      f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {counters['draft_tokens']:.1f}",
+                      f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {accepted}"]
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{position}"}} '
+                      f"{scale * count:.1f}" for position, count in enumerate(self.accepted_by_position)
+                      if not (fault == "missing_position" and position == 1)]
+        page = "\n".join(lines) + "\n"
+        if fault == "cut":
+            page = page[:page.rindex("{") + 5]  # in the middle of the last sample's labels
+        return web.Response(text=page, content_type="text/plain")
 
     async def _server_info(self, request: web.Request) -> web.Response:
         self._record(request, None)
