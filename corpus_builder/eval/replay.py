@@ -420,7 +420,7 @@ def _impossible(counters: Counters, draft_length: int | None) -> str | None:
     if fallen:
         return f"counters went down ({', '.join(fallen)}): the server restarted, or its page is wrong"
     del values["time per output token"]  # seconds; the others count events
-    broken = [name for name, value in values.items() if not value.is_integer()]
+    broken = [name for name, value in values.items() if not float(value).is_integer()]
     if broken:
         return f"counts that are not whole numbers ({', '.join(broken)})"
     if c.accepted > c.draft_tokens:
