@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 from corpus_builder.errors import CorpusError
 from corpus_builder.eval import PackLosses, RunNotSaved, acceptance_sections, compare, evaluate, format_run, load_run
 from corpus_builder.testing.fault_server import FaultServer
+from tests.support.disks import tmpfs
 
 from .conftest import chat_rows, write_jsonl
 from .test_pack import fake_corpus
@@ -197,22 +196,6 @@ def test_a_saved_run_is_readable_by_all_like_every_other_output(tmp_path: Path) 
     finally:
         os.umask(previous)
     assert saved.stat().st_mode & 0o777 == 0o644
-
-
-@contextmanager
-def tmpfs(mount: Path, size: str) -> Iterator[Path]:
-    """A real small disk (a tmpfs; mounting needs root, and under CI its absence fails the test)."""
-    mount.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
-    if mounted.returncode != 0:
-        reason = f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}"
-        if os.environ.get("CI"):
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill(disk: Path) -> None:
