@@ -4,6 +4,8 @@ target, and what is sent."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from corpus_builder.errors import CorpusError
@@ -132,3 +134,67 @@ def test_a_replay_needs_an_endpoint_and_known_modes() -> None:
     with pytest.raises(CorpusError) as refused:
         replay_pack(pack_of(), ["http://127.0.0.1:9"], EvalSettings(modes=("thinking", "fast", "slow")))
     assert str(refused.value) == "unknown mode(s) ['fast', 'slow'] (expected thinking, non-thinking)"
+
+
+class Clock:
+    """time as the replay reads it, one second a reading: each window of one request takes one second, each read of
+    the counters one second; ``monotonic`` stands still unless told (the progress gate)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.still = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.still
+
+
+def test_the_runs_seconds_and_progress_follow_the_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from corpus_builder.eval import evaluate, replay
+    from corpus_builder.testing.fault_server import FaultServer
+
+    from .conftest import chat_rows, write_jsonl
+
+    clock = Clock()
+    monkeypatch.setattr(replay, "time", clock)
+    pack = write_jsonl(tmp_path / "p.jsonl", chat_rows(2))
+    told: list[str] = []
+
+    def progress(message: str) -> None:
+        told.append(message)
+        clock.still += 6.0  # each message: six seconds later
+
+    with FaultServer(speculative_tokens=3, accepted_per_draft=2) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs", progress=progress).run
+    assert [w["seconds"] for w in run["windows"]] == [1.0] * 4
+    assert run["metrics_reads"] == {"count": 5, "seconds": 5.0}
+    # a message at most every ten seconds, "done" always: 1/2 at 0 s is too soon, 2/2 at 0 s too, done (6 s),
+    # then 1/2 at 6 s is too soon after it, 2/2 too; done (12 s)
+    assert told == ["thinking: done", "non-thinking: done"]
+    tokens = sum(w["output_tokens"] for w in run["windows"][:2])
+    assert run["figures"][0]["output_tokens_per_s"] == tokens / 2.0
+    clock.still = 100.0
+    told.clear()
+    monkeypatch.setattr(replay, "PROGRESS_EVERY_S", 6.0)
+    with FaultServer(speculative_tokens=3, accepted_per_draft=2) as server:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs", concurrency=2, progress=progress)
+    # A's thinking phase ends at 100 s, no later than the last message (the start): not told; done always; A's
+    # non-thinking phase ends six seconds after the last message: told
+    assert told == ["thinking: done", "non-thinking: A done", "non-thinking: done"]
+
+
+def test_every_prompt_is_told_when_the_gate_is_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from corpus_builder.eval import evaluate, replay
+    from corpus_builder.testing.fault_server import FaultServer
+
+    from .conftest import chat_rows, write_jsonl
+
+    monkeypatch.setattr(replay, "PROGRESS_EVERY_S", 0.0)
+    told: list[str] = []
+    with FaultServer(speculative_tokens=3, accepted_per_draft=2) as server:
+        evaluate(write_jsonl(tmp_path / "p.jsonl", chat_rows(2)), [server.base_url], temperature=0,
+                 modes=["non-thinking"], save_dir=tmp_path / "runs", progress=told.append)
+    assert told == ["non-thinking: 1/2 prompts", "non-thinking: 2/2 prompts", "non-thinking: done"]
