@@ -332,8 +332,8 @@ class _Replayer:
                 return None
             delta = after - before
             fault = _impossible(delta, length)
-            reason = None if fault is not None else _shared(
-                delta, len(sent.answered), sent.tokens, sum(server.pool.counters.retries.values()) != retries)
+            reason = _shared(delta, len(sent.answered), sent.tokens,
+                             sum(server.pool.counters.retries.values()) != retries)
             if fault is None and reason is None:
                 if server.per_request is None:  # decided on a window no one else shared, never on another
                     server.per_request = (sent.counted is not None and _agree(delta, sent.counted)
@@ -342,14 +342,14 @@ class _Replayer:
                 return self._window(server, mode, index, sent, seconds, counters)
             if fault is not None:
                 faults.append(fault)
-            else:
-                shared.append(reason or "")
+            elif reason is not None:
+                shared.append(reason)
             self.remeasured += 1
         where = f"prompt {index}" if index is not None else f"the {mode} phase"
         if faults:
             raise EvalIncomplete(f"{server.url}: counters no speculating server counts, in {len(faults)} of "
-                                 f"{len(faults) + len(shared)} measurements of {where}: a fault of the server, not a "
-                                 "figure", details=faults + shared)
+                                 f"{MAX_REMEASURES + 1} measurements of {where}: a fault of the server, not a figure",
+                                 details=faults + shared)
         raise CorpusError(f"{server.url}: other traffic reached the server in every measurement of {where}: its "
                           "counters count every client's requests, so the eval needs a server no one else uses now",
                           details=shared)

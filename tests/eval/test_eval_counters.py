@@ -5,6 +5,7 @@ only, a first window shared with other traffic, a page that is not vLLM's, a mod
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,13 +107,96 @@ def test_a_first_page_that_is_not_vllms_is_named_so_not_does_not_speculate(pack:
 def test_impossible_own_counts_are_measured_again_then_a_fault(pack: Path, tmp_path: Path) -> None:
     """A server whose per-request counts agreed with its page on the first window, then claim more tokens accepted
     than drafted (the probe's rate 1.449): never a figure."""
-    with speculating(per_request_metrics=True, misreported=50, misreported_from=1) as server, \
+    later = dict.fromkeys(range(1, 100), "overaccepted")
+    with speculating(per_request_metrics=True, own_count_faults=later) as server, \
             pytest.raises(EvalIncomplete) as stopped:
         evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
-    message = str(stopped.value)
-    assert message.startswith(f"{server.base_url}: counters no speculating server counts, in {MAX_REMEASURES + 1} "
-                              "of")
+    assert str(stopped.value) == (
+        f"{server.base_url}: counters no speculating server counts, in {MAX_REMEASURES + 1} of {MAX_REMEASURES + 1} "
+        "measurements of prompt 1: a fault of the server, not a figure\n"
+        + "\n".join(["  - its own counts: 41 tokens accepted of 24 drafted"] * (MAX_REMEASURES + 1)))
     assert len(server.chat_requests) == 1 + MAX_REMEASURES + 1
+
+
+@pytest.mark.parametrize(("faults", "problem"), [
+    ({"page_faults": dict.fromkeys(range(1, 100), "overdrafted")},
+     "  - 32 tokens drafted in 8 drafts of at most 3 tokens"),
+    ({"per_request_metrics": True, "own_count_faults": dict.fromkeys(range(1, 100), "overdrafted")},
+     "  - its own counts: 32 tokens drafted in 8 drafts of at most 3 tokens"),
+])
+def test_more_tokens_drafted_than_the_speculator_drafts_is_a_fault(pack: Path, tmp_path: Path,
+                                                                    faults: dict[str, Any], problem: str) -> None:
+    with speculating(**faults) as server, pytest.raises(EvalIncomplete) as stopped:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert str(stopped.value).splitlines()[1:] == [problem] * (MAX_REMEASURES + 1)
+
+
+def test_own_counts_wrong_once_are_measured_again(pack: Path, tmp_path: Path) -> None:
+    with speculating(per_request_metrics=True, own_count_faults={2: "overaccepted"}) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+    assert run["remeasured_windows"] == 1 and len(server.chat_requests) == 3 + 1
+    assert every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
+
+
+def test_a_server_that_stops_sending_its_own_counts_stops_the_eval(pack: Path, tmp_path: Path) -> None:
+    with speculating(per_request_metrics=True, own_count_faults={2: "missing"}) as server, \
+            pytest.raises(EvalIncomplete) as stopped:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert str(stopped.value) == (f"{server.base_url}: stopped sending its per-request counts "
+                                  "(metrics.speculative_decoding) halfway through the eval")
+
+
+def test_a_server_that_counts_late_is_waited_for_not_measured_again(pack: Path, tmp_path: Path) -> None:
+    with speculating(count_lag_reads=2) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+    assert run["remeasured_windows"] == 0 and len(server.chat_requests) == 3
+    assert metrics_reads(server) == 1 + 3 * 3  # each request: two reads of the old counts, then the new
+    assert every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
+
+
+def test_tokens_the_eval_did_not_receive_make_a_window_shared(pack: Path, tmp_path: Path) -> None:
+    with speculating(page_faults=dict.fromkeys(range(1, 100), "extra_tokens")) as server, \
+            pytest.raises(CorpusError) as refused:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    details = [re.fullmatch(r"  - the server generated (\d+) tokens while the eval received (\d+)", line)
+               for line in str(refused.value).splitlines()[1:]]
+    assert len(details) == MAX_REMEASURES + 1
+    assert all(found is not None and int(found[1]) == int(found[2]) + 1 for found in details), details
+    assert not isinstance(refused.value, EvalIncomplete)
+
+
+def test_a_retried_request_makes_its_window_measured_again(pack: Path, tmp_path: Path) -> None:
+    from corpus_builder.testing.fault_server import Fault
+
+    with speculating(by_index={1: Fault("500")}) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+    assert run["remeasured_windows"] == 1 and len(server.chat_requests) == 3 + 2  # the failed try, and again
+    assert every(run)[0]["requests"] == 3 and every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
+
+
+def test_a_counters_page_that_fails_mid_run_stops_the_eval(pack: Path, tmp_path: Path) -> None:
+    with speculating(page_faults={1: "status"}) as server, pytest.raises(EvalIncomplete) as stopped:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert str(stopped.value) == f"{server.base_url}: GET /metrics answered HTTP 503"
+
+
+def test_a_phase_others_keep_sharing_is_named(pack: Path, tmp_path: Path) -> None:
+    with speculating(foreign=dict.fromkeys(range(100), 1)) as server, pytest.raises(CorpusError) as refused:
+        evaluate(pack, [server.base_url], temperature=0, concurrency=3, save_dir=tmp_path / "runs")
+    assert str(refused.value).startswith(f"{server.base_url}: other traffic reached the server in every measurement "
+                                         "of the thinking phase: ")
+    assert str(refused.value).splitlines()[1] == "  - the server finished 6 requests while the eval sent 3"
+
+
+def test_the_time_per_output_token_is_the_requests_own_or_the_pages(pack: Path, tmp_path: Path) -> None:
+    """A per-request server's first window, measured both ways, takes the requests' own timing too (10 ms), as
+    every later window does; a server counted by its page gives the page's (20 ms)."""
+    with speculating(per_request_metrics=True) as server:
+        own = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run
+    with speculating() as server:
+        paged = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run
+    assert [f["tpot_ms"] for f in own["figures"]] == [pytest.approx(10.0)] * len(own["figures"])
+    assert [f["tpot_ms"] for f in paged["figures"]] == [pytest.approx(20.0)] * len(paged["figures"])
 
 
 def test_a_shared_first_window_does_not_skip_the_agreement_check(pack: Path, tmp_path: Path) -> None:
@@ -133,10 +217,11 @@ def test_a_speculator_that_drafts_in_one_mode_only_keeps_the_mode_it_measured(pa
     assert (plain["mode"], plain["acceptance_rate"]) == ("non-thinking", pytest.approx(2 / 3))
     assert "no drafts: A in thinking mode (an n-gram speculator drafts only where the output repeats the prompt): " \
            "no acceptance figures there" in run["notes"]
-    with speculating(drafts_in=()) as server, pytest.raises(CorpusError) as refused:
-        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    long = write_jsonl(tmp_path / "long.jsonl", [*chat_rows(2), {"messages": [{"role": "user", "content": "w " * 90}]}])
+    with speculating(drafts_in=(), max_model_len=60) as server, pytest.raises(CorpusError) as refused:
+        evaluate(long, [server.base_url], temperature=0, save_dir=tmp_path / "runs", max_lost_share=0.5)
     assert str(refused.value) == (f"{server.base_url}: does not speculate: its speculative-decoding counters did not "
-                                  "move over 3 request(s) in thinking or non-thinking mode")
+                                  "move over 2 request(s) in thinking or non-thinking mode")
 
 
 def test_a_model_the_server_does_not_serve_is_refused(pack: Path, tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def test_a_pack_of_questions_and_answered_chats_is_measured_whole_with_each_rows
     pack = write_jsonl(tmp_path / "mt.jsonl", rows)
     with speculating() as server:
         run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+    assert [r.body["model"] for r in server.chat_requests] == ["fault-model"] * 3
     assert sent_turns(server) == [[("user", "write a haiku")],
                                   [("user", "what is 2 + 2?"), ("assistant", "4"), ("user", "and times 3?")],
                                   [("user", "hello")]]
@@ -97,9 +98,10 @@ def test_a_prompt_over_a_servers_context_is_left_out_of_every_head_and_counted(t
                           progress=told.append)
     run = result.run
     assert len(a.chat_requests) == 3 + 2 and len(b.chat_requests) == 3 + 2
-    assert [(skip["prompt"], skip["endpoint"], skip["mode"]) for skip in run["skipped_prompts"]] == \
-        [(1, "A", "thinking")]
-    assert "maximum context length is 50 tokens" in run["skipped_prompts"][0]["reason"]
+    [skip] = run["skipped_prompts"]
+    assert skip == {"prompt": 1, "id": run["prompts"][1]["id"], "source": "p.jsonl", "endpoint": "A",
+                    "mode": "thinking", "reason": skip["reason"]}
+    assert skip["reason"].startswith(f"{a.base_url}: HTTP 400: This model's maximum context length is 50 tokens.")
     assert {(f["endpoint"], f["mode"]): f["requests"] for f in run["figures"] if f["group"] == "all"} == \
         dict.fromkeys([("A", "thinking"), ("B", "thinking"), ("A", "non-thinking"), ("B", "non-thinking")], 2)
     assert sorted(w["prompt"] for w in run["windows"]) == [0, 0, 0, 0, 2, 2, 2, 2]
@@ -307,3 +309,13 @@ def test_a_saved_run_missing_a_key_or_holding_a_null_count_is_refused_naming_it(
     assert f"left out: {broken}: not a whole saved eval run: {problem}" in section.body.replace("&quot;", '"')
     cli = corpus_cli("eval", "--compare", str(good), str(broken))
     assert cli.returncode == 2 and "Traceback" not in cli.stderr and problem in cli.stderr
+
+
+def test_a_rows_tools_are_sent_with_its_prompt(tmp_path: Path) -> None:
+    tools = [{"type": "function", "function": {"name": "look", "description": "look it up",
+                                                "parameters": {"type": "object", "properties": {}}}}]
+    pack = write_jsonl(tmp_path / "p.jsonl", [{"messages": [user("find it")], "tools": tools},
+                                              {"messages": [user("no tools")]}])
+    with speculating() as server:
+        evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs")
+    assert [r.body.get("tools") for r in server.chat_requests] == [tools, None]

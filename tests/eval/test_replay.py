@@ -176,6 +176,10 @@ def test_the_runs_seconds_and_progress_follow_the_clock(tmp_path: Path, monkeypa
     assert told == ["thinking: done", "non-thinking: done"]
     tokens = sum(w["output_tokens"] for w in run["windows"][:2])
     assert run["figures"][0]["output_tokens_per_s"] == tokens / 2.0
+    with FaultServer(speculative_tokens=3, accepted_per_draft=2, per_request_metrics=True) as server:
+        own = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs", progress=progress).run
+    assert [w["seconds"] for w in own["windows"]] == [1.0] * 4
+    assert own["metrics_reads"] == {"count": 2, "seconds": 2.0}  # before the run, after its first window
     clock.still = 100.0
     told.clear()
     monkeypatch.setattr(replay, "PROGRESS_EVERY_S", 6.0)
