@@ -109,6 +109,10 @@ _SHORTER = ("a text shorter than the runs looked up hashes fewer words than ever
 
 _FLOATS = ("the windows' counts and seconds are floats (or NaN): numpy makes the array float64 without being told, "
            "and a true division of integers is a float anyway")
+_RECHECK = ("the pool's recheck loop re-probes endpoints marked down; the eval's one endpoint is never marked down "
+            "while the eval goes on (a failing request ends it): the loop, on or off, sends nothing")
+_PROBLEM = "every pass of the loop that reaches its end sets the problem first: its first value is never shown"
+_ONE_OUTCOME = "asyncio.gather gives one outcome a prompt: zip's strictness never applies"
 _PADDED = "both sides are padded to one width first: zip's strictness never applies"
 
 # Survivors judged equivalent: mutant name -> (a line its diff adds, why no behaviour tells it apart).
@@ -117,6 +121,22 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.build.eval_pack.x_cut_eval_pack__mutmut_57": (
         "if len(held) > _INDEX_BATCH:", "the pack's rows are indexed in batches of 1025 instead of 1024: the same "
         "index, memory only"),
+    # corpus_builder/eval/replay.py
+    "corpus_builder.eval.replay.x__server_info__mutmut_14": (
+        "if (status == 200) or True else None", "a /server_info that does not answer 200 holds no vllm_config: "
+        "vLLM's 404 outside development mode, read either way, gives no speculator"),
+    "corpus_builder.eval.replay.x__server_info__mutmut_21": (
+        'config = ""', "a config that is not an object, None or an empty string, tells nothing either way"),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_open__mutmut_12": ("concurrency=settings.concurrency, )", _RECHECK),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_open__mutmut_13": ("recheck_interval_s=1)", _RECHECK),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_read__mutmut_2": ("problem = None", _PROBLEM),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_read__mutmut_3": ('problem = "XXXX"', _PROBLEM),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_send__mutmut_45": ("outcomes, strict=None)", _ONE_OUTCOME),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_send__mutmut_48": ("zip(prompts, outcomes, )", _ONE_OUTCOME),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_send__mutmut_49": ("outcomes, strict=False)", _ONE_OUTCOME),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_send__mutmut_61": (
+        "request_counters(result.metrics, None)", "the generated tokens of a request's own counts are never read: a "
+        "window's output tokens are the answers' usage"),
     # corpus_builder/eval/figures.py
     "corpus_builder.eval.figures.x_paired_ratios__mutmut_18": ("dtype=None)", _FLOATS),
     "corpus_builder.eval.figures.x_paired_ratios__mutmut_20": ("for side in (a, b)], )", _FLOATS),

@@ -20,9 +20,9 @@ request), and a response's own counts say 10 ms. ``page_faults`` (chat requests 
 broken counters page while that many requests are answered (``PAGE_FAULTS``); ``count_lag_reads`` reads of the
 page after a request still show the counts from before it (a server that counts late). ``misreported`` adds
 accepted tokens to every request's own counts; ``own_count_faults`` (chat request index -> fault) breaks the own
-counts of chosen requests (``OWN_COUNT_FAULTS``). ``usage=False`` leaves ``usage`` out of answers; ``on_chat`` is
-called with each chat request's index as it arrives (a test's hook to change the world mid-run, e.g. fill the
-disk).
+counts of chosen requests (``OWN_COUNT_FAULTS``). ``usage=False`` leaves ``usage`` out of answers; ``also_serves``
+lists more served names; ``on_chat`` is called with each chat request's index as it arrives (a test's hook to
+change the world mid-run, e.g. fill the disk).
 
 Tool calls, like a server with ``--enable-auto-tool-choice``: a request with ``tools`` whose last turn is the
 user's (or any request with ``tool_choice`` "required" or a named function) is answered by calling each of its
@@ -75,6 +75,7 @@ PAGE_FAULTS = (
     "overdrafted",  # one draft token more per draft than the speculator drafts
     "extra_tokens",  # one generated token more a request than the answers held (another client's, as far as it shows)
     "status",  # HTTP 503 instead of the page
+    "reset",  # the connection reset instead of an answer
 )
 # What a broken response's own counts look like (``own_count_faults``).
 OWN_COUNT_FAULTS = (
@@ -133,8 +134,9 @@ class FaultServer:
                  per_request_metrics: bool = False, misreported: int = 0,
                  own_count_faults: dict[int, str] | None = None, drafts_in: tuple[bool, ...] = (True, False),
                  page_faults: dict[int, str] | None = None, count_lag_reads: int = 0, usage: bool = True,
-                 on_chat: Callable[[int], None] | None = None) -> None:
+                 on_chat: Callable[[int], None] | None = None, also_serves: tuple[str, ...] = ()) -> None:
         self.model = model
+        self.also_serves = also_serves  # other names /v1/models lists (the same weights served twice)
         self.max_model_len = max_model_len
         self.by_index = dict(by_index or {})
         self.by_prompt = dict(by_prompt or {})
@@ -285,9 +287,9 @@ class FaultServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         self._record(request, None)
-        card = {"id": self.model, "object": "model", "owned_by": "vllm", "root": self.root,
-                "max_model_len": self.max_model_len}
-        return web.json_response({"object": "list", "data": [card]})
+        cards = [{"id": name, "object": "model", "owned_by": "vllm", "root": self.root,
+                  "max_model_len": self.max_model_len} for name in (self.model, *self.also_serves)]
+        return web.json_response({"object": "list", "data": cards})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -377,10 +379,12 @@ class FaultServer:
             return _reset(request)
         fault = self.page_faults.get(self._chat_count)
         if fault == "html":
-            return web.Response(text="<!DOCTYPE html><html><body>Metrics dashboard</body></html>\n",
+            return web.Response(text="\n  <!DOCTYPE html><html><body>Metrics dashboard</body></html>\n",
                                 content_type="text/html")
         if fault == "status":
             return web.Response(status=503, text="metrics are not ready")
+        if fault == "reset":
+            return _reset(request)
         shown: dict[str, float] = dict(self.counters)
         positions = list(self.accepted_by_position)
         if self._lagging is not None:  # the counts from before the last request, for a few reads more

@@ -265,3 +265,37 @@ def test_answers_without_usage_have_no_speed_rather_than_zero(pack: Path, tmp_pa
     row = next(line for line in format_run(run).splitlines() if line.startswith("| thinking | A"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert (cells[4], cells[8]) == ("n/a", "n/a")
+
+
+def test_a_counters_page_that_stops_answering_mid_run_stops_the_eval(pack: Path, tmp_path: Path) -> None:
+    with speculating(page_faults={1: "reset"}) as server, pytest.raises(EvalIncomplete) as stopped:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    found = re.fullmatch(rf"{re.escape(server.base_url)}: /metrics did not answer \((\w+): .*\): the server is gone "
+                         "or stuck", str(stopped.value))
+    assert found is not None and found[1] in ("ServerDisconnectedError", "ClientOSError"), str(stopped.value)
+
+
+def test_a_first_counters_page_that_fails_is_not_a_vllm_server(pack: Path, tmp_path: Path) -> None:
+    with speculating(page_faults={0: "status"}) as server, pytest.raises(CorpusError) as refused:
+        evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert str(refused.value) == (f"{server.base_url}: GET /metrics answered HTTP 503: the eval reads the server's own "
+                                  "counters (a vLLM server)")
+    assert not isinstance(refused.value, EvalIncomplete)
+
+
+def test_a_server_serving_several_names_is_sent_the_one_asked_for(pack: Path, tmp_path: Path) -> None:
+    with speculating(also_serves=("second-name",)) as server:
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], model="second-name",
+                       save_dir=tmp_path / "runs").run
+        with pytest.raises(CorpusError, match="the endpoints serve more than one model: name the one to use"):
+            evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
+    assert [r.body["model"] for r in server.chat_requests] == ["second-name"] * 3
+    assert run["endpoints"][0]["identity"]["served_model"] == "second-name"
+
+
+def test_endpoints_past_the_alphabet_are_labelled_by_number(tmp_path: Path) -> None:
+    one = write_jsonl(tmp_path / "one.jsonl", chat_rows(1))
+    with speculating() as server:
+        run = evaluate(one, [server.base_url] * 28, temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+    labels = [endpoint["label"] for endpoint in run["endpoints"]]
+    assert labels[:2] == ["A", "B"] and labels[25:] == ["Z", "E26", "E27"]

@@ -239,10 +239,20 @@ def test_the_speculator_and_revision_where_the_server_tells(pack: Path, tmp_path
     assert run["endpoints"][1]["speculator"] == {"told_by": None, "num_speculative_tokens": K}
     assert [f["method"] for f in run["figures"] if f["group"] == "all"] == ["eagle3", None]
     assert "eagle3 /heads/h1, 3 tokens (told by /server_info)" in format_run(run)
+    assert run["endpoints"][0]["identity"]["served_model"] == "fault-model"
     with speculating(server_info=told("r1")) as a, speculating(server_info=told("r2")) as b, \
             pytest.raises(CorpusError, match="different targets") as error:
         evaluate(pack, [a.base_url, b.base_url], temperature=0, save_dir=tmp_path)
     assert "revision r2" in str(error.value)
+    # what a server tells is taken as far as it goes: its draft length over its counters', no revision that is not
+    # a name, no model config at all
+    odd = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5}, "model_config": {"revision": 7}}
+    bare = {"speculative_config": {"method": "ngram"}}
+    with speculating(server_info=odd) as a, speculating(server_info=bare) as b:
+        run = evaluate(pack, [a.base_url, b.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path).run
+    assert [(e["speculator"], e["identity"]["revision"]) for e in run["endpoints"]] == [
+        ({"told_by": "/server_info", "method": "ngram", "model": None, "num_speculative_tokens": 5}, None),
+        ({"told_by": "/server_info", "method": "ngram", "model": None, "num_speculative_tokens": K}, None)]
 
 
 # --- a server that counts per request (vLLM's --per-request-spec-decode-metrics) ------------------------------------
