@@ -127,6 +127,10 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "vLLM's 404 outside development mode, read either way, gives no speculator"),
     "corpus_builder.eval.replay.x__server_info__mutmut_21": (
         'config = ""', "a config that is not an object, None or an empty string, tells nothing either way"),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_measured__mutmut_103": (
+        "and _impossible(sent.counted, None) is None)", "the own counts are judged there only once they agree with "
+        "the page, whose drafts and draft tokens passed the length rule already: only their other counts can "
+        "still be impossible, and the length does not bear on those"),
     "corpus_builder.eval.replay.xǁ_Replayerǁ_open__mutmut_12": ("concurrency=settings.concurrency, )", _RECHECK),
     "corpus_builder.eval.replay.xǁ_Replayerǁ_open__mutmut_13": ("recheck_interval_s=1)", _RECHECK),
     "corpus_builder.eval.replay.xǁ_Replayerǁ_read__mutmut_2": ("problem = None", _PROBLEM),

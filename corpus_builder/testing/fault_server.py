@@ -18,7 +18,8 @@ text otherwise. ``drafts_in`` names the modes (``enable_thinking`` values) in wh
 (an n-gram speculator finds nothing to copy in some outputs). The page holds the time per output token (20 ms a
 request), and a response's own counts say 10 ms. ``page_faults`` (chat requests answered -> fault) serves a
 broken counters page while that many requests are answered (``PAGE_FAULTS``); ``count_lag_reads`` reads of the
-page after a request still show the counts from before it (a server that counts late). ``misreported`` adds
+page after a request still show the counts from before it (a server that counts late; a page fault shows after
+them). ``misreported`` adds
 accepted tokens to every request's own counts; ``own_count_faults`` (chat request index -> fault) breaks the own
 counts of chosen requests (``OWN_COUNT_FAULTS``). ``usage=False`` leaves ``usage`` out of answers; ``also_serves``
 lists more served names; ``on_chat`` is called with each chat request's index as it arrives (a test's hook to
@@ -377,7 +378,8 @@ class FaultServer:
         self._record(request, None)
         if self.dead:
             return _reset(request)
-        fault = self.page_faults.get(self._chat_count)
+        # a late count shows the counts from before the last request, faults apart; then the page as it is now
+        fault = self.page_faults.get(self._chat_count) if self._lagging is None else None
         if fault == "html":
             return web.Response(text="\n  <!DOCTYPE html><html><body>Metrics dashboard</body></html>\n",
                                 content_type="text/html")

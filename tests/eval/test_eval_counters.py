@@ -131,10 +131,11 @@ def test_more_tokens_drafted_than_the_speculator_drafts_is_a_fault(pack: Path, t
     assert str(stopped.value).splitlines()[1:] == [problem] * (MAX_REMEASURES + 1)
 
 
-def test_own_counts_wrong_once_are_measured_again(pack: Path, tmp_path: Path) -> None:
-    with speculating(per_request_metrics=True, own_count_faults={2: "overaccepted"}) as server:
+def test_own_counts_wrong_now_and_then_are_measured_again(pack: Path, tmp_path: Path) -> None:
+    faults = {1: "overaccepted", 3: "overdrafted"}
+    with speculating(per_request_metrics=True, own_count_faults=faults) as server:
         run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
-    assert run["remeasured_windows"] == 1 and len(server.chat_requests) == 3 + 1
+    assert run["remeasured_windows"] == 2 and len(server.chat_requests) == 3 + 2
     assert every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
 
 
@@ -174,10 +175,14 @@ def test_a_retried_request_makes_its_window_measured_again(pack: Path, tmp_path:
     assert every(run)[0]["requests"] == 3 and every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
 
 
-def test_a_counters_page_that_fails_mid_run_stops_the_eval(pack: Path, tmp_path: Path) -> None:
-    with speculating(page_faults={1: "status"}) as server, pytest.raises(EvalIncomplete) as stopped:
+@pytest.mark.parametrize("lag", [0, 1])
+def test_a_counters_page_that_fails_mid_run_stops_the_eval(pack: Path, tmp_path: Path, lag: int) -> None:
+    """At once, or on the read that waits for a late count."""
+    with speculating(page_faults={1: "status"}, count_lag_reads=lag) as server, \
+            pytest.raises(EvalIncomplete) as stopped:
         evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
     assert str(stopped.value) == f"{server.base_url}: GET /metrics answered HTTP 503"
+    assert metrics_reads(server) == 1 + 1 + lag
 
 
 def test_a_phase_others_keep_sharing_is_named(pack: Path, tmp_path: Path) -> None:
