@@ -39,7 +39,7 @@ from .readers import (
 )
 from .take import CountSelection, fraction_filter
 
-ORIGIN: dict[str, Origin] = {"replay": "replay", "prompts": "prompt"}
+ORIGIN: dict[str, Origin] = {"replay": "replay", "prompts": "prompt", "pack": "replay"}
 DEFAULT_MAPPING = Mapping()
 
 
