@@ -149,12 +149,13 @@ def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, 
     import pyarrow as pa
 
     from corpus_builder.build import ray_data
+    from corpus_builder.build.plan import Plan
     from corpus_builder.recipe import load_recipe
-    from corpus_builder.sources.parallel import replay_parts
 
     recipe = load_recipe(recipe_path)
-    parts = dict(enumerate(replay_parts(recipe, 1)))
-    batches = ray_data._screen_parts({"part": np.array([0])}, parts=parts, recipe=recipe, contamination=None,
+    plan = Plan.of(recipe, None)
+    parts = dict(enumerate(plan.read.parts(1)))
+    batches = ray_data._screen_parts({"part": np.array([0])}, parts=parts, screen=plan.screen, checks=recipe.checks,
                                      settings=None, pack_cut=None, pack_files=[])
     taken: list[pa.Table] = []
     while sum(map(len, taken)) < sample and (batch := next(batches, None)) is not None:  # not the whole file

@@ -1,18 +1,17 @@
-"""Collecting a declared corpus: every source's rows that pass the checks, spooled, then the rows the mixture
-takes, in recipe order.
+"""The select stage of a build's plan: the keys of the rows that pass the checks, the prompt sources' rounds, and
+the report of a declared corpus.
 
-Rows that pass the checks are spooled per source in the staging directory (the Arrow row form), with their
-split (decided by their id) and what selection needs kept in memory as integers: priority, split and
-thinking, per row. Prompt sources are generated in priority order, round after round, each round asking for
-what the previous ones fell short by (``mixture.next_round``), until every source has its rows or its pool
-is exhausted; every round goes through the journal like any generation, so a rebuild asks for nothing new.
+What the take reads of each kept row is kept in memory as integers (``MixtureKeys``): its source, split (decided by
+its id), reasoning and priority; the engine holds the rows themselves (the local engine spools them per source).
+Prompt sources are generated in priority order, round after round, each round asking for what the previous ones
+fell short by (``mixture.next_round``), until every source has its rows or its pool is exhausted; every round goes
+through the journal like any generation, so a rebuild asks for nothing new.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -21,21 +20,10 @@ from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
 from ..recipe.model import Recipe
 from ..records import Conversation, row_location
-from ..rows import RowSpool, batch_to_conversations
-from ..screen.checks import BatchStats, Checker
+from ..rows import batch_to_conversations
 from ..screen.dedup import Evicted, Verdict
-from ..sources import MeasuredRows
-from .mixture import (
-    Available,
-    RowBounds,
-    Selection,
-    certain_shortfalls,
-    next_round,
-    plan_selection,
-    resolve_counts,
-)
+from .mixture import Available, RowBounds, Selection, certain_shortfalls, next_round, resolve_counts
 from .prompt_stage import GenerationSession
-from .shards import LedgerWriter
 from .split import Splitter
 
 
@@ -87,58 +75,6 @@ class Evictions:
         return Skipped(row.source, verdict.reason, row_location(row), verdict.detail, id=row.id)
 
 
-class KeptRows(MixtureKeys):
-    """The rows that passed every check, spooled per source, with their selection keys in memory."""
-
-    def __init__(self, recipe: Recipe, staging: Path, splitter: Splitter) -> None:
-        super().__init__(recipe, splitter)
-        self.directory = staging / "kept"
-        self.directory.mkdir()
-        self._spools: dict[str, RowSpool] = {}  # only sources that kept a row have one
-
-    def add(self, conversation: Conversation) -> None:
-        conversation.split = self.add_keys(conversation.source, conversation.id, conversation.thinking)
-        spool = self._spools.get(conversation.source)
-        if spool is None:
-            spool = self._spools[conversation.source] = RowSpool(self.directory / f"{len(self._spools):04d}.arrow")
-        spool.append(conversation)
-
-    def close(self) -> None:
-        for spool in self._spools.values():
-            spool.close()
-
-    def selected(self, selection: Selection) -> Iterator[Conversation | Skipped]:
-        """The rows the selection takes: source by source in recipe order, each in the order it was kept; and
-        the evicted rows, as the ledger's records."""
-        for spec in self.recipe.sources:
-            spool = self._spools.get(spec.name)
-            if spool is None:
-                continue
-            for row in spool:
-                assert row.split is not None
-                evicted = self.evictions.skipped(row)
-                if evicted is not None:
-                    yield evicted
-                elif selection.takes(row.source, row.split, row.thinking,
-                                     mixture_priority(self.recipe.mixture.seed, row.id)):
-                    yield row
-
-
-def collect(recipe: Recipe, checker: Checker, kept: KeptRows, ledger: LedgerWriter,
-            replay: Iterable[Conversation | Skipped | MeasuredRows[BatchStats]],
-            session: GenerationSession | None, *, allow_short: bool = False) -> Selection:
-    """Check every replay row and generate prompt sources in rounds until the declared corpus is met (or
-    cannot be); returns the selection of rows to write. Dropped rows go to the ledger as they are decided.
-    A declared corpus the rows certainly cannot meet stops before any request, unless ``allow_short``."""
-    _absorb(checker.run(replay), kept, ledger)
-    generated: dict[str, int] = {}
-    if session is not None:
-        generated = generate_in_rounds(recipe, session, lambda: kept.available,
-                                       lambda rows: _absorb(checker.run(rows), kept, ledger), allow_short)
-    kept.close()
-    return plan_selection(recipe, kept.available, generated)
-
-
 def declared_mixture(recipe: Recipe, selection: Selection, allow_short: bool) -> dict[str, Any]:
     """The manifest's report of the declared corpus the selection takes; MixtureShort, before anything is
     written, when it falls short and not ``allow_short``."""
@@ -156,14 +92,6 @@ def _reached(report: dict[str, Any]) -> list[str]:
              for name, s in report["sources"].items()]
     share = report["thinking_share"]
     return [*lines, f"thinking share reached {share['reached']:.1%}"]
-
-
-def _absorb(items: Iterator[Conversation | Skipped], kept: KeptRows, ledger: LedgerWriter) -> None:
-    for item in items:
-        if isinstance(item, Skipped):
-            ledger.write(item)
-        else:
-            kept.add(item)
 
 
 def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Callable[[], dict[str, Available]],

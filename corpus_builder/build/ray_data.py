@@ -14,7 +14,7 @@ Ray). The stages are the local engine's functions, run as Ray Data operators, an
    provenance and ledger location) and id must be what the local readers give, and every format they read
    (globs, .jsonl.zst, .json arrays, parquet, Hub snapshots) comes along.
 2. **ids**: the checked rows' ids, hash-partitioned by id (each block every row of its ids), give the ids
-   several rows carry; the k-th of them by priority gets suffix k, as ``Checker._unique_id`` gives it (a
+   several rows carry; the k-th of them by priority gets suffix k, as ``screen.ids.UniqueIds`` gives it (a
    suffixed id that is another row's own id fails the build: the local engine would give it another suffix).
 3. **dedup**: every bucket of every checked row (``NearDuplicates.bucket_entries``: the exact text's hash and
    each LSH band's), with the row's priority, sketch and name, hash-partitioned by bucket (one shuffle: each
@@ -80,20 +80,19 @@ import ray.data
 from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
-from ..recipe.model import Recipe
+from ..recipe.model import Checks, Recipe
 from ..records import Conversation, row_location
-from ..screen.checks import BatchStats, Checker
-from ..screen.decontaminate import Contamination
+from ..screen.checks import BatchStats
 from ..screen.dedup import Dedup, Verdict, dedup_key, parse_dedup_key
 from ..screen.near_dedup import Duplicate, ExactDuplicates, NearDuplicates, Signatures
-from ..sources.parallel import Part, measured_rows, replay_parts
+from ..sources.parallel import Part, measured_rows
 from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenFacts, TokenSettings, TurnTokens
-from .collect import Evictions, MixtureKeys, declared_mixture, generate_in_rounds
+from .collect import Evictions, MixtureKeys
 from .eval_pack import EvalPack, PackCut, read_pack_screen
-from .mixture import Available, Selection, plan_selection
-from .prompt_stage import GenerationSession
+from .mixture import Available, Selection
+from .plan import KeyedStage, Plan, ScreenStage, SelectStage
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
 
@@ -132,42 +131,57 @@ def connect(address: str | None) -> None:
     context.shuffle_input_batch_bytes = SHUFFLE_INPUT_BYTES
 
 
-def write_on_ray(recipe: Recipe, staging: Path, ledger: LedgerWriter, contamination: Contamination | None,
-                 auditor: CorpusStats, *, pack: EvalPack | None = None, session: GenerationSession | None = None,
-                 allow_short: bool = False, address: str | None = None
-                 ) -> tuple[list[ShardInfo], dict[str, Any] | None]:
-    """Read, check, dedup, split and write the recipe's replay sources, and the rows ``session`` generates of its
-    prompt sources, into ``staging`` on the cluster; the dropped rows go to ``ledger`` (closed at the end) in the
-    local engine's order, the statistics of the rows written into ``auditor`` (its token statistics' settings are
-    those the tasks measure with). ``pack``: the eval pack cut and written into ``staging``, whose rows the screen
-    holds out. Returns the shards and, when the recipe declares the corpus, the mixture's report (a corpus that
-    falls short is a MixtureShort before anything is written, unless ``allow_short``)."""
-    connect(address)
-    settings = auditor.tokens.settings if auditor.tokens is not None else None
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
-    parts = replay_parts(recipe, PARTS_PER_CPU * cpus)
-    if len(parts) + recipe.mixture.max_rounds >= 1 << (63 - PART_SHIFT):
-        raise CorpusError(f"the replay sources make {len(parts):,} parts, more than the Ray engine numbers")
-    screen = partial(_screen_parts, recipe=recipe, contamination=contamination, settings=settings,
-                     pack_cut=pack.cut if pack is not None else None,
-                     pack_files=[staging / info.path for info in pack.files] if pack is not None else [])
-    declared = recipe.mixture.declared(recipe.sources)
-    keys = MixtureKeys(recipe, Splitter(recipe.split.validation_fraction, recipe.split.seed))
-    rows = _CorpusRows(recipe, _screened(dict(enumerate(parts)), screen), screen, len(parts), staging, cpus, keys,
-                       declared=declared)
-    generated: dict[str, int] = {}
-    if session is not None:
-        generated = generate_in_rounds(recipe, session, rows.available, rows.absorb, allow_short)
-    selection = mixture = None
-    if declared:  # nothing declared: the local engine's take is every row kept
-        selection = plan_selection(recipe, rows.available(), generated)
-        mixture = declared_mixture(recipe, selection, allow_short)
-    everything = rows.everything()
-    written = everything.map_batches(
-        partial(_write_rows, recipe=recipe, staging=staging, final_ids=rows.final_ids, settings=settings,
-                selection=selection, judged=rows.judged, evictions=keys.evictions),
-        batch_size=ROWS_PER_WRITE, batch_format="pyarrow").take_all() if everything is not None else []
-    return _assemble(staging, written, ledger, auditor), mixture
+class RayEngine:
+    """The plan on a Ray cluster (see the module): the screen, ids and dedup of ``_CorpusRows``, the writing tasks of
+    ``_write_rows``."""
+
+    def __init__(self, plan: Plan, recipe: Recipe, staging: Path, ledger: LedgerWriter, auditor: CorpusStats,
+                 pack: EvalPack | None, address: str | None) -> None:
+        connect(address)
+        self.plan = plan
+        self.recipe = recipe
+        self.staging = staging
+        self.ledger = ledger
+        self.auditor = auditor
+        self.settings = auditor.tokens.settings if auditor.tokens is not None else None
+        self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
+        self.keys = MixtureKeys(recipe, plan.write.splitter)
+        self.screen_parts = partial(_screen_parts, screen=plan.screen, checks=recipe.checks, settings=self.settings,
+                                    pack_cut=pack.cut if pack is not None else None,
+                                    pack_files=[staging / info.path for info in pack.files] if pack is not None else [])
+        self._declared = False
+        self._rows: _CorpusRows | None = None
+
+    def screen(self) -> None:
+        parts = self.plan.read.parts(PARTS_PER_CPU * self.cpus)
+        if len(parts) + self.recipe.mixture.max_rounds >= 1 << (63 - PART_SHIFT):
+            raise CorpusError(f"the replay sources make {len(parts):,} parts, more than the Ray engine numbers")
+        self._rows = _CorpusRows(self.recipe, _screened(dict(enumerate(parts)), self.screen_parts), self.screen_parts,
+                                 len(parts), self.staging, self.cpus, self.keys, declared=self.plan.select.declared)
+
+    def group(self, stage: KeyedStage) -> None:
+        """The ids and the dedup are ``_CorpusRows``' shuffles."""
+
+    def take(self, select: SelectStage) -> None:
+        self._declared = select.declared
+
+    def available(self) -> dict[str, Available]:
+        assert self._rows is not None
+        return self._rows.available()
+
+    def extend(self, rows: Iterator[Conversation | Skipped]) -> None:
+        assert self._rows is not None
+        self._rows.absorb(rows)
+
+    def write(self, selection: Selection | None) -> list[ShardInfo]:
+        assert self._rows is not None
+        everything = self._rows.everything()
+        written = everything.map_batches(
+            partial(_write_rows, recipe=self.recipe, staging=self.staging, final_ids=self._rows.final_ids,
+                    settings=self.settings, selection=selection, judged=self._rows.judged,
+                    evictions=self.keys.evictions),
+            batch_size=ROWS_PER_WRITE, batch_format="pyarrow").take_all() if everything is not None else []
+        return _assemble(self.staging, written, self.ledger, self.auditor)
 
 
 def _screened(parts: Mapping[int, Part], screen: Callable[..., Iterator[pa.Table]]) -> ray.data.Dataset | None:
@@ -208,7 +222,8 @@ class _CorpusRows:
                  first_part: int, staging: Path, cpus: int, keys: MixtureKeys, *, declared: bool) -> None:
         self.recipe = recipe
         self.keys = keys  # kept up to date only for a declared corpus, the only one whose take reads them
-        self.judge = Dedup.for_recipe(recipe)  # its index stays empty: the heads are found on the cluster
+        # its index stays empty: the heads are found on the cluster
+        self.judge = Dedup.for_checks(recipe.checks, recipe.dedup_ranks()) if recipe.checks.dedup != "none" else None
         self.judged: dict[int, Verdict | None] = {}  # generated rows whose head the judge overrules (None: kept)
         self.final_ids: dict[int, str] = {}
         self._declared = declared
@@ -371,19 +386,17 @@ def _renderer(settings: TokenSettings) -> TemplateRenderer:
     return settings.renderer()
 
 
-def _screen_parts(batch: dict[str, np.ndarray], *, parts: Mapping[int, Part], recipe: Recipe,
-                  contamination: Contamination | None, settings: TokenSettings | None, pack_cut: PackCut | None,
-                  pack_files: list[Path]) -> Iterator[pa.Table]:
+def _screen_parts(batch: dict[str, np.ndarray], *, parts: Mapping[int, Part], screen: ScreenStage, checks: Checks,
+                  settings: TokenSettings | None, pack_cut: PackCut | None, pack_files: list[Path]
+                  ) -> Iterator[pa.Table]:
     """Read, measure and screen parts: one record per row, checked (a dedup candidate) or skipped (a copy of the
     eval pack among them), with its token facts when the target's tokenizer measured it whole (a row truncated
     to the budget is another text: the writing task measures it, as the local writer does); the rows the eval
     pack holds are left out. A table per batch the local engine measures at once, so that a task's memory does
     not grow with its part."""
-    # ``measured`` makes Checker.measure compute the token facts; they are read off each batch's statistics
-    # here, and the dict, where Checker.run would leave them, stays empty.
-    checker = Checker.for_recipe(recipe, _renderer(settings) if settings is not None else None, contamination,
-                                 pack=read_pack_screen(recipe, pack_cut, pack_files) if pack_cut is not None else None,
-                                 measured={} if settings is not None else None)
+    checker = screen.checker(_renderer(settings) if settings is not None else None,
+                             read_pack_screen(checks, pack_cut, pack_files) if pack_cut is not None else None,
+                             facts=settings is not None)
     names = ("priority", "item", "checked", "raw_id", "source", "thinking", "facts")
     types = {"priority": pa.int64(), "item": pa.binary(), "checked": pa.bool_(), "raw_id": pa.string(),
              "source": pa.string(), "thinking": pa.bool_(), "facts": pa.binary()}
@@ -456,7 +469,7 @@ def _having(column: str, values: set[str] | set[int]) -> Callable[[pa.Table], pa
 
 def _unique_ids(screened: ray.data.Dataset, *, partitions: int) -> dict[int, str]:
     """The id of each checked row whose own id an earlier checked row carries (priority -> id with its suffix),
-    as ``Checker._unique_id`` gives them; a suffixed id that is another row's own id is a CorpusError. The rows'
+    as ``screen.ids.UniqueIds`` gives them; a suffixed id that is another row's own id is a CorpusError. The rows'
     ids are read once (a few bytes a row, kept for the clash check), hash-partitioned by id: each block holds
     every row of its ids (``_repeated_ids``)."""
     ids = screened.map_batches(lambda table: _checked(table).select(["priority", "raw_id"]),
@@ -526,9 +539,7 @@ def _verdict(duplicate: Duplicate) -> Verdict:
 def _index(recipe: Recipe) -> ExactDuplicates:
     """A fresh index of the recipe's dedup settings, for its layout and sketches (an index holds memory maps:
     each task makes its own rather than receive one)."""
-    dedup = Dedup.for_recipe(recipe)
-    assert dedup is not None  # the dedup stages run only when the recipe asks for dedup
-    return dedup.index
+    return Dedup.for_checks(recipe.checks, recipe.dedup_ranks()).index
 
 
 def _bucket_entries(table: pa.Table, *, recipe: Recipe, final_ids: dict[int, str]) -> pa.Table:

@@ -31,6 +31,7 @@ from ..sources.readers import detect_format, iter_rows
 from .decontaminate import Contamination, EvalSetSummary
 from .near_dedup import Duplicate, ExactDuplicates, NearDuplicates, Rule, Signatures
 from .normalise import ConversationText, NormalisedChunk, conversation_text
+from .screened import Screened
 
 DUPLICATE = "duplicate"
 NEAR_DUPLICATE = "near_duplicate"
@@ -87,12 +88,10 @@ class Dedup:
         self._dropped: set[str] = set()
 
     @classmethod
-    def for_recipe(cls, recipe: Recipe, turns: ConversationText | None = None) -> Dedup | None:
-        """The recipe's dedup (None with ``checks.dedup: none``); ``turns`` defaults to what dedup compares."""
-        mode = recipe.checks.dedup
-        if mode == "none":
-            return None
-        return cls(recipe.checks, recipe.dedup_ranks(), turns or ("prompt" if mode == "prompt" else "all"))
+    def for_checks(cls, checks: Checks, ranks: Mapping[str, int], turns: ConversationText | None = None) -> Dedup:
+        """The dedup the checks ask for (not ``dedup: none``), sources ranked by ``ranks``; ``turns`` defaults to
+        what dedup compares."""
+        return cls(checks, ranks, turns or ("prompt" if checks.dedup == "prompt" else "all"))
 
     def signatures(self, rows: Sequence[Conversation]) -> Signatures:
         return self.index.signatures([conversation_text(row, self.turns) for row in rows])
@@ -108,6 +107,14 @@ class Dedup:
         (callers read sources in rank order, so only a later phase can outrank an earlier one)."""
         keys = [dedup_key(row.thinking, row.source, row_id) for row, row_id in zip(rows, ids, strict=True)]
         return self.judge(keys, self.index.decide(keys, signatures), evict)
+
+    def judge_batch(self, batch: Screened, evict: Callable[[Evicted], None] | None = None) -> None:
+        """The verdicts of a batch's rows (under the ids the ids stage gave them), the batches offered in priority
+        order: ``decide``."""
+        if batch.signatures is None or not batch.rows:
+            return
+        ids = batch.ids if batch.ids is not None else [row.id for row in batch.rows]
+        batch.verdicts = self.decide(batch.rows, ids, batch.signatures, evict)
 
     def judge(self, keys: Sequence[str], found: Sequence[Duplicate | None], evict: Callable[[Evicted], None] | None
               ) -> list[Verdict | None]:

@@ -167,13 +167,14 @@ def test_the_dedup_verdicts_are_the_same_however_the_buckets_are_cut_into_blocks
     import pyarrow as pa
 
     from corpus_builder.build import ray_data
-    from corpus_builder.sources.parallel import replay_parts
+    from corpus_builder.build.plan import Plan
 
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy))
-    parts = dict(enumerate(replay_parts(recipe, 1)))
+    plan = Plan.of(recipe, None)
+    parts = dict(enumerate(plan.read.parts(1)))
     screened = pa.concat_tables(table for part in parts for table in ray_data._screen_parts(
-        {"part": np.array([part])}, parts=parts, recipe=recipe, contamination=None, settings=None, pack_cut=None,
-        pack_files=[]))
+        {"part": np.array([part])}, parts=parts, screen=plan.screen, checks=recipe.checks, settings=None,
+        pack_cut=None, pack_files=[]))
     entries = ray_data._bucket_entries(screened, recipe=recipe, final_ids={})
     whole = ray_data._bucket_verdicts(entries, recipe=recipe)
     rules = Counter(ray_data._found(tag).duplicate.rule for tag in whole.column("verdict").to_pylist())
