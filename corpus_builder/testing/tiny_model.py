@@ -42,14 +42,13 @@ from Python. A ``corpus-tiny.json`` marker records a hash of this file, so cache
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from .model_cache import ensure_built, read_marker, replaced_whole, source_hash
 
 MARKER_NAME = "corpus-tiny.json"
 SEED = 1234
@@ -153,16 +152,13 @@ CHAT_TEMPLATE = (
 
 def builder_hash() -> str:
     """Hash of this file: a cached model directory is valid only for the builder that wrote it."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return source_hash(__file__)
 
 
 def is_current(model_dir: Path) -> bool:
     """True when ``model_dir`` holds a complete model written by this version of the builder."""
-    try:
-        marker = json.loads((model_dir / MARKER_NAME).read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(marker.get("builder_sha256") == builder_hash())
+    marker = read_marker(model_dir, MARKER_NAME)
+    return marker is not None and marker.get("builder_sha256") == builder_hash()
 
 
 def _training_texts() -> list[str]:
@@ -349,9 +345,7 @@ def build_tiny_model(out_dir: Path, *, seed: int = SEED) -> Path:
     interrupted build never leaves a directory that looks complete.
     """
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    with replaced_whole(out_dir) as staging:
         tokenizer = _train_tokenizer()
         token_ids = {t: tokenizer.token_to_id(t)
                      for t in (IM_START, IM_END, END_OF_TEXT, THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)}
@@ -361,26 +355,13 @@ def build_tiny_model(out_dir: Path, *, seed: int = SEED) -> Path:
         marker = {"builder_sha256": builder_hash(), "seed": seed, "token_ids": token_ids,
                   "default_system_prompt": DEFAULT_SYSTEM_PROMPT}
         (staging / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
 
 def ensure_tiny_model(model_dir: Path) -> Path:
     """The tiny model in ``model_dir``, built unless a current build is there; under a lock beside it, so two
     processes (two pytest sessions, a benchmark) never build into it at once or see a half-replaced one."""
-    import fcntl
-
-    model_dir = Path(model_dir)
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(model_dir.parent / f"{model_dir.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_current(model_dir):
-            build_tiny_model(model_dir)
-    return model_dir
+    return ensure_built(model_dir, is_current, build_tiny_model)
 
 
 def main(argv: list[str]) -> int:

@@ -411,11 +411,28 @@ class TurnTokens:
             position = min(len(prompt), len(served_prompt))
         if position is None:
             offset = _first_difference(served_completion, completion)
-            if offset is None:
+            if offset is None or (served.get("finish_reason") == "length"
+                                  and offset >= self._settled(served_completion)):
                 return None
             position = len(served_prompt) + offset
         return self._mismatch(conversation_id, turn, position, len(served_prompt), served_prompt + served_completion,
                               prompt + completion)
+
+    def _settled(self, ids: list[int]) -> int:
+        """How many first ``ids`` of a turn cut at max_tokens come before the last piece of its text (a word, a
+        number, a run of whitespace, as the pre-tokenizer cuts it). That piece's tokens depend on what follows it,
+        and the render closes the turn right after it, where the model went on: ChatML's "\\n\\n" before
+        ``<|im_end|>`` is one token, before more text two."""
+        tokenizer = self.renderer.tokenizer
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        pieces = tokenizer.pre_tokenizer.pre_tokenize_str(text) if tokenizer.pre_tokenizer is not None else []
+        if not pieces:
+            return len(ids)
+        start = pieces[-1][1][0]
+        settled = len(ids)
+        while settled and len(tokenizer.decode(ids[:settled], skip_special_tokens=False)) > start:
+            settled -= 1
+        return settled
 
     def _mismatch(self, conversation_id: str, turn: int, position: int, prompt_length: int,
                   served: list[int], rendered: list[int]) -> TokenMismatch:

@@ -26,7 +26,9 @@ The turn's own text (what the served view of ``[:j+1]`` adds to that prompt, thr
 must tokenize to the served ``token_ids``: a difference there means whitespace the template normalises,
 or an output the model tokenized differently from the canonical tokenization. The first differing position
 (an index into ``prompt_token_ids + token_ids``) is reported per turn. A turn cut at max_tokens matches
-when its served ids are a prefix of the render (the render closes what the model never finished).
+when its served ids are a prefix of the render (the render closes what the model never finished) up to the
+last piece of its text (a word, a number, a run of whitespace): that piece tokenizes otherwise once the render
+closes the turn right after it (``\\n\\n`` then ``<|im_end|>`` is one token, ``\\n\\n`` then more text two).
 
 Reasoning tokens of a turn are its supervised tokens up to and including ``</think>``; with a
 pre-opened think block and no ``</think>`` (truncated thinking) all of them are reasoning; a turn with no

@@ -50,6 +50,7 @@ _PROBE: list[dict[str, Any]] = [
 ]
 _PROBE_MARKS = {"corpus_probe_tool": "the tools", "corpus_probe_call": "the call's name",
                 "corpus_probe_argument": "the call's arguments", "corpus_probe_result": "the tool's result"}
+_THINK_TAGS = ("<think>", "</think>")
 
 
 class TemplateWithoutTools(CorpusError):
@@ -155,14 +156,14 @@ class TemplateRenderer:
         self.enable_thinking = enable_thinking
         self.history_reasoning = history_reasoning
         self.template_kwargs = template_kwargs or {}
-        template_text, config = load_chat_template(tokenizer_dir)
+        self.template_text, config = load_chat_template(tokenizer_dir)
         from jinja2.ext import loopcontrols
 
         environment = _sandbox()(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         environment.filters["tojson"] = _tojson
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        self._template = environment.from_string(template_text)
+        self._template = environment.from_string(self.template_text)
         # The template's globals as one dict, made once: jinja's ``Template.render`` copies them out of a ChainMap
         # twice a call, a quarter of a short render's time.
         self._globals = dict(self._template.globals)
@@ -221,6 +222,21 @@ class TemplateRenderer:
             return f"rendering a tool call failed: {type(error).__name__}: {error}"
         missing = [what for mark, what in _PROBE_MARKS.items() if mark not in text]
         return f"its render leaves out {', '.join(missing)}" if missing else None
+
+    @cached_property
+    def thinking_mode_problem(self) -> str | None:
+        """Why the template has no thinking mode, or None. A template has one when ``enable_thinking`` changes its
+        generation prompt (a think block pre-opened, or closed empty when off), or when it names the think tags
+        at all: a template that always thinks ignores the flag but writes the tags (to open the block, or to split
+        earlier reasoning off)."""
+        try:
+            prompts = {self.render(_PROBE[:1], add_generation_prompt=True, enable_thinking=on) for on in (True, False)}
+        except Exception:  # a template that cannot render a lone user turn fails where it renders rows, saying why
+            return None
+        if len(prompts) > 1 or any(tag in self.template_text for tag in _THINK_TAGS):
+            return None
+        return (f"its generation prompt is the same with enable_thinking true and false, and it writes no "
+                f"{' or '.join(_THINK_TAGS)}")
 
     def template_input(self, conversation: Conversation, end: int, *, current: int
                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
