@@ -45,7 +45,8 @@ import zstandard
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.real_data import write_chitchat, write_gsm8k, write_rows, write_sharegpt  # noqa: E402
+from tests.support.messy import write_messy  # noqa: E402
+from tests.support.real_data import write_chitchat, write_rows  # noqa: E402
 from tests.support.serving_logs import logged_conversation  # noqa: E402
 from tests.support.tool_chats import glaive_rows, log_rows  # noqa: E402
 
@@ -72,34 +73,11 @@ def row_lines(path: Path) -> list[bytes]:
     return [orjson.dumps(row, option=orjson.OPT_SORT_KEYS) for row in pq.read_table(path).to_pylist()]
 
 
-def edited(text: str) -> str:
-    """A near copy: one word of a long text changed."""
-    words = text.split(" ")
-    words[len(words) // 2] = "changed"
-    return " ".join(words)
-
-
 def messy_data(root: Path) -> None:
-    """The real dumps of the suite, with planted copies (exact, near, of an eval set's texts), tool traffic and
-    serving logs (tests/build/test_ray_engine.py's fixture, and more)."""
+    """The real dumps of the Ray engine's tests (``tests.support.messy``), and tool traffic (logged, and as glaive
+    dumps it) and serving logs folded by chat."""
     root.mkdir(parents=True)
-    sharegpt = write_sharegpt(root / "sharegpt.jsonl", 300)
-    chats = write_chitchat(root / "chitchat.jsonl", 200)
-    long_chats = [row for row in sharegpt if sum(len(str(turn.get("value", ""))) for turn in row["conversations"])
-                  > 2000][:30]
-    mirror: list[dict[str, Any]] = []
-    for copy in range(2):
-        mirror += [{"id": f"exact-{copy}-{index}", "messages": row["messages"]} for index, row in enumerate(chats[:25])]
-    for index, row in enumerate(long_chats):
-        turns = [{"role": "user" if turn["from"] == "human" else "assistant", "content": edited(turn["value"])}
-                 for turn in row["conversations"] if turn["from"] in ("human", "gpt") and turn["value"]]
-        mirror.append({"id": f"near-{index}", "messages": turns})
-    mirror += [{"id": "broken", "messages": "not a list"}, {"id": "empty", "messages": []},
-               {"id": "endless", "messages": [{"role": "user", "content": "word " * 50_000},
-                                              {"role": "assistant", "content": "noted"}]}]
-    write_rows(root / "mirror.jsonl", mirror)
-    write_rows(root / "eval.jsonl", [{"question": " ".join(turn["content"] for turn in row["messages"])}
-                                     for row in chats[150:160]])
+    write_messy(root)
     write_rows(root / "tools.jsonl", log_rows() * 2)  # each row twice: the copy is a duplicate
     write_rows(root / "glaive.jsonl", glaive_rows())
     logged: list[dict[str, Any]] = []
@@ -108,11 +86,6 @@ def messy_data(root: Path) -> None:
     for index, chat in enumerate(served):
         logged += logged_conversation("nested", chat, session=f"s{index}", thinking=index % 3 == 0)
     write_rows(root / "served.jsonl", logged)
-    problems = write_gsm8k(root / "gsm8k.jsonl", 90)
-    write_rows(root / "reasoning.jsonl", [
-        {"messages": [{"role": "user", "content": problem["question"]},
-                      {"role": "assistant", "content": f"<think>{problem['answer']}</think>Solved."
-                       if index % 3 else problem["answer"]}]} for index, problem in enumerate(problems)])
 
 
 def messy_recipe(root: Path, name: str, *, dedup: str = "exact", tokenizer: bool = True, declared: bool = False

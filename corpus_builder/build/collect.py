@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -21,10 +22,15 @@ from ..errors import CorpusError, Skipped
 from ..recipe.model import Recipe
 from ..records import Conversation, row_location
 from ..rows import batch_to_conversations
-from ..screen.dedup import Evicted, Verdict
+from ..screen.dedup import Dedup, Evicted, Verdict, dedup_key
+from ..screen.near_dedup import Duplicate
 from .mixture import Available, RowBounds, Selection, certain_shortfalls, next_round, resolve_counts
 from .prompt_stage import GenerationSession
 from .split import Splitter
+
+# What the take reads of each kept row, where the rows are (``TakeRule.keys_table``).
+KEYS = pa.schema([("source", pa.string()), ("split", pa.string()), ("thinking", pa.bool_()),
+                  ("row_priority", pa.uint64())])
 
 
 class MixtureShort(CorpusError):
@@ -42,6 +48,7 @@ class MixtureKeys:
         self.splitter = splitter
         self.available = {spec.name: Available() for spec in recipe.sources}
         self.evictions = Evictions()
+        self.rule = TakeRule(splitter, recipe.mixture.seed, self.evictions)
 
     def add_keys(self, source: str, row_id: str, thinking: bool) -> str:
         """A kept row's keys; returns its split."""
@@ -55,6 +62,64 @@ class MixtureKeys:
         row_priority = mixture_priority(self.recipe.mixture.seed, evicted.id)
         self.available[evicted.source].discard(self.splitter.assign_id(evicted.id), evicted.thinking, row_priority)
         self.evictions.add(evicted)
+
+    def add_table(self, keys: pa.Table) -> None:
+        """Kept rows' keys, as ``TakeRule.keys_table`` gives them where the rows are."""
+        for source, split, thinking, row_priority in zip(*(keys.column(name).to_pylist() for name in KEYS.names),
+                                                         strict=True):
+            self.available[source].add(split, thinking, row_priority)
+
+    def judge_generated(self, judge: Dedup | None, rows: list[tuple[int, str, str, bool]],
+                        heads: dict[int, Duplicate], final_ids: dict[int, str], evict: Callable[[Evicted], None],
+                        *, keep: bool) -> dict[int, Verdict | None]:
+        """Generated rows, each ``(priority, own id, source, reasoning)``, in priority order, judged against the
+        head each duplicates (what the local engine's index answers for it, found by a group-by) as the local
+        engine's stream judges them: a row that outranks the row of its head evicts it and is kept (``evict``),
+        one that does not is dropped as its duplicate. Returns the verdicts of the rows with a head (None: kept);
+        ``keep``: the rows kept join the take's keys, one at a time (a row kept may be evicted by the next)."""
+        verdicts: dict[int, Verdict | None] = {}
+        for priority, raw_id, source, thinking in rows:
+            row_id = final_ids.get(priority, raw_id)
+            head = heads.get(priority)
+            verdict = None
+            if judge is not None and head is not None:
+                [verdict] = judge.judge([dedup_key(thinking, source, row_id)], [head], evict)
+                verdicts[priority] = verdict
+            if verdict is None and keep:
+                self.add_keys(source, row_id, thinking)
+        return verdicts
+
+
+@dataclass(frozen=True)
+class TakeRule:
+    """What the take decides of a row where the row is (a writing task's, too: it carries no key of the others):
+    its keys, and whether it is written."""
+
+    splitter: Splitter
+    seed: int  # mixture.seed
+    evictions: Evictions
+
+    def keys_table(self, sources: pa.Array | pa.ChunkedArray, ids: list[str],
+                   thinking: pa.Array | pa.ChunkedArray) -> pa.Table:
+        """What the take reads of kept rows (``KEYS``), where they are: their source, split (by the id each is
+        written under), reasoning and priority; ``add_table`` adds them."""
+        return pa.table({"source": sources, "split": pa.array([self.splitter.assign_id(i) for i in ids], pa.string()),
+                         "thinking": thinking,
+                         "row_priority": pa.array([mixture_priority(self.seed, i) for i in ids],
+                                                  pa.uint64())}, schema=KEYS)
+
+    def taken(self, row: Conversation, selection: Selection | None) -> Conversation | Skipped | None:
+        """A kept row as the take writes it: its record when it was evicted, else the row, split, when the
+        ``selection`` takes it (None: every row), else None."""
+        evicted = self.evictions.skipped(row)
+        if evicted is not None:
+            return evicted
+        if row.split is None:
+            row.split = self.splitter.assign(row)
+        if selection is None or selection.takes(row.source, row.split, row.thinking,
+                                                mixture_priority(self.seed, row.id)):
+            return row
+        return None
 
 
 class Evictions:

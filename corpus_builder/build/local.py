@@ -13,7 +13,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from ..draws import mixture_priority
 from ..errors import Skipped
 from ..layout import ShardInfo
 from ..progress import ProgressLine
@@ -63,13 +62,9 @@ class KeptRows(MixtureKeys):
             if spool is None:
                 continue
             for row in spool:
-                assert row.split is not None
-                evicted = self.evictions.skipped(row)
-                if evicted is not None:
-                    yield evicted
-                elif selection is None or selection.takes(row.source, row.split, row.thinking,
-                                                          mixture_priority(self.recipe.mixture.seed, row.id)):
-                    yield row
+                taken = self.rule.taken(row, selection)
+                if taken is not None:
+                    yield taken
 
 
 def handed_over(batches: Iterable[Screened], measured: dict[str, TokenFacts]) -> Iterator[Conversation | Skipped]:

@@ -38,18 +38,26 @@ against the rows before it as it comes (a first-seen index: ``UniqueIds``, ``Ded
 every row writes each batch as it is judged, its memory flat. A take spools the kept rows per source in the row
 form, their keys in memory, and reads the spools back once the selection is known.
 
-**The Ray engine** (``ray_data.RayEngine``) runs the per-batch stages as Ray Data tasks over parts of the sources.
-A keyed stage's entries are hash-partitioned by key (one shuffle each: a block holds whole groups) and each block is
-judged whole (sorted by key, then priority: each group's first entry is its head); the tasks that write read each
-row's verdict. The take streams the kept rows' keys to the driver, which plans it as the local engine does.
+**The Ray engine** (``ray_data.RayEngine``) runs the per-batch stages as Ray Data tasks over parts of the sources;
+between tasks, rows travel as Arrow record batches of the corpus's row form with the build's side columns
+(``Screened.to_arrow``: skip records, priority, token facts, dedup signatures). A keyed stage's entries are
+hash-partitioned by its key (one shuffle each: a block holds whole groups) and its grouped form judges each block
+(sorted by key, then priority: each group's first entry is its head); the tasks that write read each row's verdict.
+The take streams the kept rows' keys to the driver, which plans it as the local engine does.
+
+The engines share every stage; neither holds stage logic. A stage's batch is ``Screened``: its records as
+``Conversation`` objects today, converted at a task's border; a stage that works on Arrow batches (the columnar path
+of issue 42) takes and gives the batch's Arrow form instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
+
+import pyarrow as pa
 
 from ..errors import Skipped
 from ..layout import ShardInfo
@@ -58,7 +66,7 @@ from ..records import Conversation
 from ..screen.checks import Checker
 from ..screen.decontaminate import Contamination
 from ..screen.dedup import Dedup, Evicted
-from ..screen.ids import UniqueIds
+from ..screen.ids import UniqueIds, id_entries, numbered_copies
 from ..screen.pack import PackScreen
 from ..screen.stream import StreamJudge, outcomes, screened_in_order
 from ..sources.parallel import Part, replay_parts
@@ -129,28 +137,52 @@ class ScreenStage:
 
 
 class KeyedStage(Protocol):
-    """A stage that needs every row's keys: each member of a key group judged against its first by priority."""
+    """A stage that needs every row's keys: each member of a key group judged against its first by priority, in two
+    forms of one rule. The stream form judges batches offered in priority order (the local engine); the grouped form
+    gives each row's entries (``group_by`` their key columns) and judges a block of whole groups in any order (an
+    engine that shuffles the entries by key)."""
+
+    group_by: ClassVar[tuple[str, ...]]
 
     def stream_judge(self, evict: Callable[[Evicted], None] | None) -> StreamJudge:
-        """The stage's judge of a stream offered in priority order (``evict``: where a row that outranks the kept
-        row it duplicates sends that row, when later rows may outrank earlier ones)."""
+        """The judge of a stream offered in priority order (``evict``: where a row that outranks the kept row it
+        duplicates sends that row, when later rows may outrank earlier ones)."""
+        ...
+
+    def entries(self, rows: pa.Table, ids: Sequence[str]) -> pa.Table:
+        """The entries of a batch's rows in their Arrow form (``Screened.to_arrow``; ``ids``: the ids they are
+        written under, the ids stage's answer)."""
+        ...
+
+    def judge_groups(self, entries: pa.Table) -> pa.Table:
+        """The answers of a block of whole groups of entries, by the rows' priorities."""
         ...
 
 
 @dataclass(frozen=True)
 class IdsStage:
-    """The ids rows are written under (``screen.ids``)."""
+    """The ids rows are written under (``screen.ids``): the answers are the copies' ids."""
+
+    group_by: ClassVar[tuple[str, ...]] = ("raw_id",)
 
     def stream_judge(self, evict: Callable[[Evicted], None] | None) -> StreamJudge:
         return UniqueIds().judge
 
+    def entries(self, rows: pa.Table, ids: Sequence[str]) -> pa.Table:
+        return id_entries(rows)
+
+    def judge_groups(self, entries: pa.Table) -> pa.Table:
+        return numbered_copies(entries)
+
 
 @dataclass(frozen=True)
 class DedupStage:
-    """Exact and near duplicates across sources, by source rank (``screen.dedup``)."""
+    """Exact and near duplicates across sources, by source rank (``screen.dedup``): the answers are the verdicts
+    of the rows that duplicate the head of one of their buckets (each row's least, when several blocks judge it)."""
 
     checks: Checks
     ranks: dict[str, int]
+    group_by: ClassVar[tuple[str, ...]] = ("kind", "key")
 
     def index(self) -> Dedup:
         """An empty index of these settings (for the signatures it computes, or the judge it is)."""
@@ -159,6 +191,12 @@ class DedupStage:
     def stream_judge(self, evict: Callable[[Evicted], None] | None) -> StreamJudge:
         index = self.index()
         return lambda batch: index.judge_batch(batch, evict)
+
+    def entries(self, rows: pa.Table, ids: Sequence[str]) -> pa.Table:
+        return self.index().bucket_entries(rows, ids)
+
+    def judge_groups(self, entries: pa.Table) -> pa.Table:
+        return self.index().bucket_verdicts(entries)
 
 
 @dataclass(frozen=True)

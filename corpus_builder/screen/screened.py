@@ -6,6 +6,11 @@ not among them). Of the rows, in order, the batch keeps what the keyed stages co
 what the writer adds up (the token facts, where a row was measured whole); the keyed stages then give each row the
 id it is written under (``ids``) and, to a duplicate, its verdict (``dedup``). ``outcomes`` is the batch as the
 writer takes it: kept rows under their ids, a duplicate as its skip record, under its own id.
+
+Between a cluster's tasks a batch is its Arrow form (``to_arrow``): the records in ``rows.RECORD_SCHEMA`` and the
+typed side columns, ``priority`` (each record's place in the read order), ``facts`` (``tokens.FACTS_TYPE``) and the
+dedup signatures (``Signatures.to_arrow``: ``hashes``, ``present``, ``sketch``), null on skip records. A stage that
+works on Arrow batches reads and adds columns there; ``from_arrow`` gives the records back.
 """
 
 from __future__ import annotations
@@ -13,8 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ..errors import Skipped
 from ..records import Conversation, row_location
+from ..rows import batch_to_records, records_to_batch
+from ..tokens.measure import facts_from_arrow, facts_to_arrow
 
 if TYPE_CHECKING:
     from ..tokens import TokenFacts
@@ -66,3 +78,28 @@ class Screened:
         return [(ids[index] if ids is not None else row.id, facts)
                 for index, (row, facts) in enumerate(zip(self.rows, self.facts, strict=True))
                 if facts is not None and (verdicts is None or verdicts[index] is None)]
+
+    def to_arrow(self, priorities: npt.NDArray[np.int64]) -> pa.Table:
+        """The batch's Arrow form (see the module), each record with its ``priorities`` entry."""
+        table = pa.Table.from_batches([records_to_batch(self.records)]).append_column(
+            "priority", pa.array(priorities, pa.int64()))
+        places = np.asarray([place for place, record in enumerate(self.records) if isinstance(record, Conversation)],
+                            dtype=np.int64)
+        if self.facts is not None:
+            spread: list[TokenFacts | None] = [None] * len(self.records)
+            for place, facts in zip(places.tolist(), self.facts, strict=True):
+                spread[place] = facts
+            table = table.append_column("facts", facts_to_arrow(spread))
+        if self.signatures is not None:
+            for name, column in self.signatures.to_arrow(places, len(self.records)).items():
+                table = table.append_column(name, column)
+        return table
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table) -> Screened:
+        """The records of a batch's Arrow form and their token facts (the signatures stay in the table: a keyed
+        stage reads them there)."""
+        facts = None
+        if "facts" in table.column_names:
+            facts = facts_from_arrow(table.filter(pc.is_null(table.column("skip_reason"))).column("facts"))
+        return cls(batch_to_records(table), facts=facts)
