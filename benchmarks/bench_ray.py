@@ -5,8 +5,8 @@ copies, 2% normalisation copies and 2% related rows planted), written as a messa
 deduplicates exactly and near (threshold 0.8) and splits 2% to validation. Each build runs in a process of its
 own, alternated engine by engine per repetition; the parent samples RSS every 50 ms (psutil): the driver's and,
 for Ray, the largest of its worker processes (also its USS every 0.5 s: RSS counts the object store's shared
-pages a worker reads blocks from) (``ray::*``, children of the cluster the child starts with
-``ray.init(address="local", num_cpus=W)``: never an existing cluster). Reported per size:
+pages a worker reads blocks from) (``ray::*``, children of the cluster the child starts as the engine starts its
+own, ``ray_data.start_cluster(num_cpus=W)``: on loopback, never an existing cluster). Reported per size:
 
 * wall seconds and conversations/s of the local engine and of Ray with 1 and 2 worker processes, the ratio
   Ray(2) / local (the goal: <= 1.5 on one machine);
@@ -77,9 +77,9 @@ engine, workers, recipe, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]),
 from corpus_builder.build import build_corpus
 from corpus_builder.recipe import load_recipe
 if engine == "ray":
-    import ray
+    from corpus_builder.ray_extra import ray_engine
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    ray_engine("corpus_builder.build.ray_data", "build").start_cluster(num_cpus=workers)  # on loopback
 began = time.perf_counter()
 result = build_corpus(load_recipe(recipe), out, engine=engine, progress=open(os.devnull, "w"))
 print(time.perf_counter() - began, result.manifest.conversations, flush=True)

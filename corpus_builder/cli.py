@@ -178,18 +178,21 @@ def validate(recipe: Path) -> None:
 @click.option("--engine", type=click.Choice(["local", "ray"]),
               help="What runs the build (overrides the recipe's engine): this machine, or a Ray cluster through Ray "
                    "Data (pip install 'corpus-builder[ray]'); the same corpus.")
-@click.option("--address", metavar="ADDR", help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else "
-                                                "a cluster started on this machine).")
+@click.option("--address", metavar="HOST:PORT",
+              help="With --engine ray: the cluster to join, by its head's address (default: RAY_ADDRESS, else a "
+                   "cluster the command starts on this machine, on loopback).")
 def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, allow_short: bool,
           allow_empty: bool, engine: Engine | None, address: str | None) -> None:
     """Build the corpus a recipe describes."""
     from .recipe import load_recipe
 
     loaded = load_recipe(recipe)
+    if address is not None and (engine or loaded.engine) != "ray":
+        raise CorpusError("--address names a Ray cluster: it needs --engine ray (or engine: ray in the recipe)")
     if dry_run:
         from .build import format_plan, plan_build
 
-        plan = plan_build(loaded, out, allow_short=True if allow_short else None)
+        plan = plan_build(loaded, out, allow_short=True if allow_short else None, engine=engine, address=address)
         click.echo(f"dry run of recipe '{loaded.name}': nothing is generated or written\n")
         click.echo(format_plan(plan))
         if plan.problems:
@@ -198,8 +201,6 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
     from .audit import format_report
     from .build import build_corpus
 
-    if address is not None and (engine or loaded.engine) != "ray":
-        raise CorpusError("--address names a Ray cluster: it needs --engine ray (or engine: ray in the recipe)")
     result = build_corpus(loaded, out, allow_partial=True if allow_partial else None,
                           allow_short=True if allow_short else None, allow_empty=allow_empty, engine=engine,
                           address=address)
@@ -244,8 +245,9 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="With --against: what reads the traffic: this machine, or a Ray cluster through Ray Data (pip "
                    "install 'corpus-builder[ray]'); the same figures.")
-@click.option("--address", metavar="ADDR", help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else "
-                                                "a cluster started on this machine).")
+@click.option("--address", metavar="HOST:PORT",
+              help="With --engine ray: the cluster to join, by its head's address (default: RAY_ADDRESS, else a "
+                   "cluster the command starts on this machine, on loopback).")
 def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: str | None, no_secrets: bool,
           traffic: str | None, max_divergence: float | None, max_skipped_share: float, allow_skipped: bool,
           allow_other_models: bool, html_path: str | None, tokenizer: Path | None, token_sample: int,

@@ -12,6 +12,7 @@ stage makes over them (``SourceCounter``), so a build reads its prompt sources o
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -21,7 +22,8 @@ from pathlib import Path
 from ..errors import CorpusError, Skipped
 from ..generate import EndpointInfo, JournalCoverage, journal_coverage
 from ..layout import JOURNAL
-from ..recipe.model import Recipe
+from ..ray_extra import named_cluster, probe_cluster, ray_missing
+from ..recipe.model import Engine, Recipe
 from ..records import Conversation
 from ..screen.dedup import EvalSets, read_eval_sets
 from ..sources import iter_source, prompt_stream
@@ -53,6 +55,7 @@ class BuildPlan:
     prompt_lengths: Counter[int] = field(default_factory=Counter)  # first-turn prompt tokens -> prompts
     context_limit: int | None = None
     eval_sets: EvalSets | None = None  # the decontamination's sets, read and indexed
+    cluster: str | None = None  # with the Ray engine: the cluster the build would run on, and what was checked of it
     problems: list[str] = field(default_factory=list)  # the build would not start
     warnings: list[str] = field(default_factory=list)  # it starts, but should be looked at (an endpoint down)
 
@@ -142,13 +145,17 @@ class SourceCounter:
         self._first_prompts.clear()
 
 
-def plan_build(recipe: Recipe, out: Path | None = None, *, allow_short: bool | None = None) -> BuildPlan:
+def plan_build(recipe: Recipe, out: Path | None = None, *, allow_short: bool | None = None,
+               engine: Engine | None = None, address: str | None = None) -> BuildPlan:
     """The dry run: read every source once, probe the endpoints, measure first-turn prompts against the
     context and count what the journal already holds. Sends no generation request, starts no server. An
     evaluation set that would check nothing is a CorpusError, as it is for the build.
 
     What the declared corpus certainly misses with the rows read is a problem, or with ``allow_short``
-    (default: ``mixture.allow_short``) a warning: the build would write it short."""
+    (default: ``mixture.allow_short``) a warning: the build would write it short. With the Ray engine
+    (``engine``, else the recipe's), the cluster the build would run on (``address``, else RAY_ADDRESS, else one
+    it starts here): a named cluster's head is probed, not joined; Ray missing or a cluster that does not answer is
+    a problem."""
     eval_sets = read_eval_sets(recipe.decontamination)
     settings = TokenSettings.from_recipe(recipe)
     counter = SourceCounter(recipe, settings.renderer() if settings is not None else None)
@@ -166,6 +173,8 @@ def plan_build(recipe: Recipe, out: Path | None = None, *, allow_short: bool | N
             for _ in prompts:
                 pass
     plan = complete_plan(recipe, counter, ("replay", "prompts"), coverage)
+    if (engine or recipe.engine) == "ray":
+        _check_ray_cluster(plan, address)
     plan.eval_sets = eval_sets
     plan.warnings += eval_sets.warnings() if eval_sets is not None else []
     allowed = recipe.mixture.allow_short if allow_short is None else allow_short
@@ -175,6 +184,34 @@ def plan_build(recipe: Recipe, out: Path | None = None, *, allow_short: bool | N
         else:
             plan.problems.append(f"declared corpus: {line}")
     return plan
+
+
+def _check_ray_cluster(plan: BuildPlan, address: str | None) -> None:
+    """Where a Ray build would run, and what the dry run checked of it (Ray installed; a named cluster's head
+    answering, ``ray_extra.probe_cluster``), into the plan; what fails a problem."""
+    if importlib.util.find_spec("ray") is None:
+        plan.problems.append(ray_missing("build"))
+    try:
+        cluster = named_cluster(address)
+    except CorpusError as error:
+        plan.cluster = "ray, on a cluster named by what is not an address (see the problems)"
+        plan.problems.append(str(error))
+        return
+    if cluster is None:
+        plan.cluster = ("ray, on a cluster the build starts on this machine (loopback alone, no dashboard, no usage "
+                        "statistics) and stops when it ends")
+    elif cluster.address == "auto":
+        plan.cluster = (f"ray, on the cluster Ray finds on this machine ({cluster}): not checked (Ray finds it when "
+                        "the build joins)")
+    else:
+        plan.cluster = f"ray, on the cluster at {cluster.address} ({cluster.named_by})"
+        try:
+            probe_cluster(cluster)
+        except CorpusError as error:
+            plan.cluster += ": does not answer"
+            plan.problems.append(str(error))
+        else:
+            plan.cluster += ": its head answers (probed, not joined: the dry run runs nothing on it)"
 
 
 def _has_journal(journal_dir: Path) -> bool:
@@ -292,6 +329,8 @@ def format_plan(plan: BuildPlan) -> str:
             lines.append(f"prompt lengths: {plan.prompts_measured:,} first-turn prompts measured; "
                          f"{plan.prompts_over_context:,} leave less than max_tokens of the "
                          f"{plan.context_limit:,}-token context (the server will refuse them)")
+    if plan.cluster is not None:
+        lines += ["", f"engine: {plan.cluster}"]
     if plan.eval_sets is not None:
         lines += ["", f"decontamination against {len(plan.eval_sets.reads)} eval set(s), "
                       f"{plan.eval_sets.index.n}-word runs:"]

@@ -45,7 +45,7 @@ from ..layout import (
     write_json,
 )
 from ..outputs import check_output_path
-from ..ray_extra import ray_engine
+from ..ray_extra import named_cluster, ray_engine
 from ..recipe import recipe_sha256, resolved_yaml
 from ..recipe.crosscheck import match_source_pattern
 from ..recipe.model import Engine as EngineName
@@ -228,7 +228,7 @@ def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | 
     corpus."""
     on_ray = (engine or recipe.engine) == "ray"
     if on_ray:
-        check_ray_engine()
+        check_ray_engine(address)
     out_dir = out if out is not None else recipe.output.dir
     with filesystem_errors(out_dir):  # a directory that cannot be listed
         check_output_dir(recipe, out_dir, "--out" if out is not None else "output.dir")
@@ -249,10 +249,11 @@ def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | 
             raise
 
 
-def check_ray_engine() -> None:
+def check_ray_engine(address: str | None) -> None:
     """Refuse, before anything is touched, a Ray build without Ray installed (a CorpusError that says how to
-    install it)."""
+    install it) or on a cluster named by what is not an address (``address``, else RAY_ADDRESS)."""
     ray_engine("corpus_builder.build.ray_data", "build")
+    named_cluster(address)
 
 
 @dataclass(frozen=True)

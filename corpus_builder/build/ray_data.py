@@ -58,6 +58,7 @@ import ray.data
 
 from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
+from ..ray_extra import RAY_ENVIRONMENT, NamedCluster, is_loopback, named_cluster, probe_cluster
 from ..recipe.model import Recipe
 from ..records import Conversation
 from ..rows import RECORD_SCHEMA, batch_to_records, records_to_batch, spool_writer
@@ -100,17 +101,42 @@ _WRITTEN = pa.schema([("first", pa.int64()), ("directory", pa.string()), ("shard
 
 
 def connect(address: str | None) -> None:
-    """Join the cluster at ``address`` (None: RAY_ADDRESS, else a cluster on this machine), unless this process
-    is connected already."""
+    """Join the cluster the user named (``address``, else RAY_ADDRESS: ``ray_extra.named_cluster``), or start one on
+    this machine (``start_cluster``), unless this process is connected already."""
+    cluster = named_cluster(address)
     if not ray.is_initialized():
-        try:
-            ray.init(address=address, log_to_driver=False)
-        except ConnectionError as error:
-            raise CorpusError(f"--address: cannot join the Ray cluster at {address}: {error}") from None
+        if cluster is None:
+            start_cluster()
+        else:
+            join_cluster(cluster)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the build prints its own lines
     context.enable_operator_progress_bars = False
     context.shuffle_input_batch_bytes = SHUFFLE_INPUT_BYTES
+
+
+def start_cluster(num_cpus: int | None = None) -> None:
+    """A new cluster of this process (``num_cpus``: its CPUs, default the machine's), every process of it on
+    loopback (``ray_extra.RAY_ENVIRONMENT``), without a dashboard or usage statistics; never one already running
+    on the machine. A CorpusError, before anything starts, when Ray would give it the machine's network address
+    (Ray was imported before the engine set its environment)."""
+    node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    if not is_loopback(node):
+        settings = " ".join(f"{name}={value}" for name, value in RAY_ENVIRONMENT.items())
+        raise CorpusError(f"a Ray cluster started here would listen on {node}, not on loopback alone: Ray was "
+                          f"imported before the Ray engine set {settings}; set them in the environment, or start "
+                          "a cluster yourself and name it with --address")
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+def join_cluster(cluster: NamedCluster) -> None:
+    """Join the named cluster once its head answers (``ray_extra.probe_cluster``: at once a CorpusError where
+    nothing does, rather than Ray's minutes of retries)."""
+    probe_cluster(cluster)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as error:
+        raise CorpusError(f"{cluster}: cannot join the Ray cluster: {error}") from None
 
 
 class RayEngine:

@@ -146,7 +146,7 @@ class TokenFigures:
                    document["mismatches"], document["checked_turns"])
 
     def merge(self, other: TokenFigures) -> None:
-        """Add another's rows: mismatches after this one's (only generated rows have any)."""
+        """Add another's rows (the report orders the mismatches: only generated rows have any)."""
         self.overall.merge(other.overall)
         for grouping, groups in other.groups.items():
             for key, totals in groups.items():
@@ -194,7 +194,14 @@ class TokenStats:
                 "token_mismatch": self.settings.mismatch_policy, **figures.overall.report(budgeted),
                 "by_source": grouped("source"), "by_split": grouped("split"),
                 "mismatches": {"count": len(figures.mismatches), "checked_turns": figures.checked_turns,
-                               "turns": figures.mismatches}}
+                               "turns": sorted(figures.mismatches, key=_turn)}}
+
+
+def _turn(mismatch: dict[str, Any]) -> tuple[str, int]:
+    """A mismatch's place in the report: by the row's id, then its turn. The order the rows reach the statistics is
+    how a writer cuts them into shards (a row group of a split at a time; on Ray, a writing task at a time), which
+    no reader should see."""
+    return mismatch["id"], mismatch["message_index"]
 
 
 def mismatch_problem(tokens: dict[str, Any] | None) -> str | None:

@@ -1,5 +1,5 @@
 """`corpus audit --against TRAFFIC --engine ray`: the local audit's figures, the traffic read on a real Ray cluster the
-module starts (``ray.init(address="local", num_cpus=2)``, as tests/build/test_ray_engine.py starts it, and why).
+module starts (``ray_data.start_cluster(num_cpus=2)``, as tests/build/test_ray_engine.py starts it, and why).
 
 The traffic is messy on purpose: real ShareGPT records (repairs, skips), rows served in thinking and non-thinking
 mode with tasks and turn counts on the buckets' edges, tool calls, bad lines, a parquet file and a .json document,
@@ -28,13 +28,13 @@ from corpus_builder.audit.inputs import read_parts, traffic_units
 from corpus_builder.errors import CorpusError
 from corpus_builder.sources.readers import UTF8_BOM
 from tests.audit.test_traffic_logs import logged_traffic
-from tests.support.ray_cluster import local_cluster
+from tests.support.ray_cluster import imported_ray, local_cluster
 from tests.support.real_data import write_chitchat, write_rows, write_sharegpt
 from tests.support.serving_logs import logged_conversation
 
 from .fixtures import chat_row, corpus_rows, dialogue_row, mixed_traffic, summary_row, write_jsonl
 
-ray = pytest.importorskip("ray")
+ray = imported_ray()
 
 TOKEN_SAMPLE = 60  # fewer than every side's rows: the sample, and the share the driver decides, are exercised
 MAX_SKIPPED_SHARE = 0.01  # below the messy traffic's: its figures describe the readable part, and the check fails
@@ -268,6 +268,18 @@ def test_a_bad_traffic_file_is_the_local_audit_s_error(cluster: str, corpus: Pat
     assert the_error(corpus, traffic, cluster).startswith("error: d-broken.json:2: not valid JSON")
     (tmp_path / "b-empty.jsonl").write_bytes(b"\n\n")
     assert the_error(corpus, traffic, cluster) == "error: b-empty.jsonl: file has no rows"
+
+
+def test_an_address_that_is_not_one_is_a_usage_error(corpus: Path, messy: Path) -> None:
+    """Named by --address or by RAY_ADDRESS: refused as the build refuses it, before Ray is asked to join it."""
+    arguments = ("audit", corpus, "--against", messy / "served.jsonl", "--no-secrets", "--engine", "ray")
+    for named_by, more, address in (("--address", ("--address", "head:port"), None), ("RAY_ADDRESS", (), "head:port")):
+        env = {name: value for name, value in os.environ.items() if name != "RAY_ADDRESS"}
+        env.update({"RAY_ADDRESS": address} if address is not None else {})
+        done = subprocess.run([sys.executable, "-m", "corpus_builder", *map(str, arguments), *more],
+                              capture_output=True, text=True, env=env, check=False)
+        assert error_lines(done) == [f"error: {named_by} head:port: not a Ray cluster's address: a Ray head's address "
+                                     "is HOST:PORT, as `ray start --head` prints it (port 6379 by default)"]
 
 
 def test_an_address_without_the_ray_engine_is_a_usage_error(corpus: Path, messy: Path) -> None:

@@ -1,10 +1,12 @@
 """`corpus build --engine ray`: the same corpus as the local engine, on a real Ray cluster the module starts.
 
-The cluster is ``ray.init(address="local", num_cpus=2)``: a new head node in this process's session with two
-worker processes, never an existing cluster on the machine (another test run's or a user's), and what CI's
-two cores hold; a second node (``ray start``) would add a raylet and a GCS client on the same two cores and
-test nothing the two worker processes do not (every stage is a task on the workers, every group-by and join a
-shuffle between them). RAY_AUTH_MODE=disabled: the cluster is private to the test, no token to set up.
+The cluster is the one the engine starts without a named one (``ray_data.start_cluster``, on loopback alone; which
+cluster, and its sockets, are tests/build/test_ray_cluster.py's), with ``num_cpus=2``: a new head node in this
+process's session with two worker processes, never an existing cluster on the machine (another test run's or a
+user's), and what CI's two cores hold; a second node (``ray start``) would add a raylet and a GCS client on the
+same two cores and test nothing the two worker processes do not (every stage is a task on the workers, every
+group-by and join a shuffle between them). RAY_AUTH_MODE=disabled: the cluster is private to the test, no token to
+set up.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
 from tests.support.chats import served
 from tests.support.messy import write_messy
-from tests.support.ray_cluster import local_cluster
+from tests.support.ray_cluster import imported_ray, local_cluster
 from tests.support.real_data import write_rows
 
-ray = pytest.importorskip("ray")
+ray = imported_ray()
 
 MODEL = "tiny-target"  # the loopback server's
 
@@ -366,6 +368,40 @@ def test_the_ray_engine_generates_a_declared_corpus_in_the_local_engine_s_rounds
     assert mixture["sources"]["asks"]["reached"] == 20 and not mixture["shortfalls"]
     assert asked_on_ray > 20 and mixture["sources"]["asks"]["generated_rows"] == asked_on_ray
     assert local.audit["skipped"]["unclosed_think"] >= 5
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+def test_the_ray_engine_lists_the_served_ids_mismatches_as_the_local_engine(
+        cluster: None, asked: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Measured in the target's tokens, every turn the loopback server generates differs from the ids it says it
+    served. Two prompt sources, the later in the recipe first in dedup (so generated first), a split: audit.json
+    lists the mismatches by row id and turn, not in the order the rows reached the statistics (the local writer's
+    row groups of each split; on the cluster, the writing tasks', each a block of rows by priority)."""
+    chats = [orjson.loads(line) for line in (asked / "chitchat.jsonl").read_bytes().splitlines()]
+    write_rows(tmp_path / "later.jsonl", [{"messages": row["messages"][:1]} for row in chats[100:112]])
+    with FaultServer(model=MODEL) as server:
+        (tmp_path / "recipe.yaml").write_text(
+            "name: ray-mismatches\n"
+            f"target: {{model: {MODEL}, tokenizer: {tiny_model_dir}, endpoints: [{server.base_url}], "
+            "generation: {max_tokens: 64, timeout_s: 5, max_retries: 1}}\n"
+            "sources:\n"
+            f"  - {{name: asks, kind: prompts, path: {asked}/asks.jsonl}}\n"
+            f"  - {{name: chitchat, kind: replay, path: {asked}/chitchat.jsonl}}\n"
+            "  - {name: later, kind: prompts, path: later.jsonl}\n"
+            "checks: {dedup: exact, dedup_priority: [later]}\n"
+            "split: {validation_fraction: 0.2, seed: 3}\n"
+            "output: {dir: out, rows_per_shard: 16}\n", encoding="utf-8")
+        recipe = load_recipe(tmp_path / "recipe.yaml")
+        local = build_corpus(recipe, tmp_path / "local", progress=io.StringIO())
+        build_corpus(recipe, tmp_path / "ray", engine="ray", progress=io.StringIO())
+    # the fixture exercises what it means to: a mismatch for every generated row written, of both sources and splits
+    rows = {row.id: row for row in Corpus.open(local.out_dir).iter_conversations()}
+    turns = [(mismatch["id"], mismatch["message_index"]) for mismatch in local.audit["tokens"]["mismatches"]["turns"]]
+    assert sorted({row_id for row_id, _ in turns}) == sorted(row_id for row_id, row in rows.items()
+                                                             if row.source != "chitchat")
+    assert {(rows[row_id].source, rows[row_id].split) for row_id, _ in turns} == {
+        (source, split) for source in ("asks", "later") for split in ("train", "validation")}
+    assert turns == sorted(turns)
     assert_same_corpus(tmp_path / "local", tmp_path / "ray")
 
 
