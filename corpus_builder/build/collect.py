@@ -19,12 +19,12 @@ import pyarrow as pa
 
 from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
-from ..recipe.model import Recipe
+from ..recipe.model import Mixture
 from ..records import Conversation, row_location
 from ..rows import batch_to_conversations
 from ..screen.dedup import Dedup, Evicted, Verdict, dedup_key
 from ..screen.near_dedup import Duplicate
-from .mixture import Available, RowBounds, Selection, certain_shortfalls, next_round, resolve_counts
+from .mixture import Available, RowBounds, Selection, SelectStage, certain_shortfalls, next_round, resolve_counts
 from .prompt_stage import GenerationSession
 from .split import Splitter
 
@@ -43,23 +43,24 @@ class MixtureKeys:
     """What the mixture's take reads of the rows that passed every check, per source: each row's split (decided by
     its id), reasoning and priority; and the kept rows evicted since."""
 
-    def __init__(self, recipe: Recipe, splitter: Splitter) -> None:
-        self.recipe = recipe
-        self.splitter = splitter
-        self.available = {spec.name: Available() for spec in recipe.sources}
+    def __init__(self, select: SelectStage) -> None:
+        self.select = select
+        self.splitter = select.splitter
+        self.seed = select.mixture.seed
+        self.available = {spec.name: Available() for spec in select.sources}
         self.evictions = Evictions()
-        self.rule = TakeRule(splitter, recipe.mixture.seed, self.evictions)
+        self.rule = TakeRule(select.splitter, self.seed, self.evictions)
 
     def add_keys(self, source: str, row_id: str, thinking: bool) -> str:
         """A kept row's keys; returns its split."""
         split = self.splitter.assign_id(row_id)
-        self.available[source].add(split, thinking, mixture_priority(self.recipe.mixture.seed, row_id))
+        self.available[source].add(split, thinking, mixture_priority(self.seed, row_id))
         return split
 
     def evict(self, evicted: Evicted) -> None:
         """A kept row a later row of a higher-priority source duplicates: out of the selection, into the ledger
         when the selection is read."""
-        row_priority = mixture_priority(self.recipe.mixture.seed, evicted.id)
+        row_priority = mixture_priority(self.seed, evicted.id)
         self.available[evicted.source].discard(self.splitter.assign_id(evicted.id), evicted.thinking, row_priority)
         self.evictions.add(evicted)
 
@@ -140,10 +141,10 @@ class Evictions:
         return Skipped(row.source, verdict.reason, row_location(row), verdict.detail, id=row.id)
 
 
-def declared_mixture(recipe: Recipe, selection: Selection, allow_short: bool) -> dict[str, Any]:
+def declared_mixture(mixture: Mixture, selection: Selection, allow_short: bool) -> dict[str, Any]:
     """The manifest's report of the declared corpus the selection takes; MixtureShort, before anything is
     written, when it falls short and not ``allow_short``."""
-    report = selection.report(recipe)
+    report = selection.report(mixture)
     if selection.shortfalls and not allow_short:
         raise MixtureShort("the corpus the recipe declares cannot be met: nothing was written (--allow-short "
                            "writes it anyway, marked in the manifest and the card)",
@@ -159,19 +160,19 @@ def _reached(report: dict[str, Any]) -> list[str]:
     return [*lines, f"thinking share reached {share['reached']:.1%}"]
 
 
-def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Callable[[], dict[str, Available]],
+def generate_in_rounds(select: SelectStage, session: GenerationSession, kept: Callable[[], dict[str, Available]],
                        absorb: Callable[[Iterator[Conversation | Skipped]], None], allow_short: bool) -> dict[str, int]:
     """Generate the prompt sources in rounds; ``absorb`` checks each round's rows and keeps some, ``kept()`` is what
     every source has kept so far (the replayed rows first), read before each round is planned. A corpus that
     declares nothing asks every prompt once and reads no count. Returns the rows asked for per prompts source,
     over every round."""
-    samples = recipe.target.generation.n
-    pools = _prompt_pools(recipe, session)
+    samples = select.samples
+    pools = _prompt_pools(select, session)
     counts: dict[str, int | None] = dict.fromkeys(pools)  # no count declared: every prompt, once
-    if recipe.mixture.declared(recipe.sources):
-        counts = _declared_counts(recipe, session, kept(), pools, allow_short)
+    if select.declared:
+        counts = _declared_counts(select, session, kept(), pools, allow_short)
     asked = dict.fromkeys(pools, 0)  # prompts asked for so far, per source
-    for _ in range(recipe.mixture.max_rounds):
+    for _ in range(select.mixture.max_rounds):
         batch: dict[str, tuple[int, int]] = {}  # source -> [first, last) ranks of its pool to ask this round
         for name, pool in pools.items():
             declared = counts[name]
@@ -193,7 +194,7 @@ def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Callabl
             for batch in session.spool.batches():
                 in_round = [index for index, (source, row_id) in enumerate(_sources_and_ids(batch))
                             if source in bounds
-                            and bounds[source][0] <= mixture_priority(recipe.mixture.seed, row_id) <= bounds[source][1]]
+                            and bounds[source][0] <= mixture_priority(select.mixture.seed, row_id) <= bounds[source][1]]
                 if in_round:
                     yield from batch_to_conversations(batch.take(in_round))
 
@@ -201,30 +202,30 @@ def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Callabl
     return {name: count * samples for name, count in asked.items()}
 
 
-def _declared_counts(recipe: Recipe, session: GenerationSession, kept: dict[str, Available],
+def _declared_counts(select: SelectStage, session: GenerationSession, kept: dict[str, Available],
                      pools: dict[str, list[int]], allow_short: bool) -> dict[str, int | None]:
     """The rows each source must contribute to the declared corpus, known from the rows kept and the prompt pools
     before any request; a CorpusError when they certainly cannot meet it, unless ``allow_short``."""
-    samples = recipe.target.generation.n
+    samples = select.samples
     at_most = ({name: RowBounds.of_rows(have.count(), have.count(thinking=True), "rows pass every check")
                 for name, have in kept.items()}
                | {name: RowBounds.of_prompts(len(pool), samples) for name, pool in pools.items()})
-    short = certain_shortfalls(recipe, at_most)
+    short = certain_shortfalls(select, at_most)
     if short and not allow_short:
         raise CorpusError("the corpus the recipe declares cannot be met, as the rows at hand show before any "
                           "request: nothing was generated or written (--allow-short builds it anyway, marked "
                           "short in the manifest and the card)", details=short)
     for line in short:
         print(f"declared corpus: {line} (--allow-short: building it short)", file=session.stream)
-    return resolve_counts(recipe, {name: bound.rows for name, bound in at_most.items()})
+    return resolve_counts(select, {name: bound.rows for name, bound in at_most.items()})
 
 
-def _prompt_pools(recipe: Recipe, session: GenerationSession) -> dict[str, list[int]]:
+def _prompt_pools(select: SelectStage, session: GenerationSession) -> dict[str, list[int]]:
     """Each prompts source's prompts as sorted priorities: the order they are generated in."""
-    pools: dict[str, list[int]] = {spec.name: [] for spec in recipe.sources if spec.kind == "prompts"}
+    pools: dict[str, list[int]] = {spec.name: [] for spec in select.sources if spec.kind == "prompts"}
     for batch in session.spool.batches():
         for source, row_id in _sources_and_ids(batch):
-            pools[source].append(mixture_priority(recipe.mixture.seed, row_id))
+            pools[source].append(mixture_priority(select.mixture.seed, row_id))
     for pool in pools.values():
         pool.sort()
     return pools

@@ -78,16 +78,32 @@ def _stratum_order(item: tuple[Stratum, Any]) -> tuple[str, str, bool]:
     return source, task or "", thinking
 
 
-def cut_eval_pack(recipe: Recipe, parts: Callable[[int], list[Part]], staging: Path, stream: TextIO
-                  ) -> EvalPack | None:
-    """Cut the recipe's eval pack (None without one) from the replay sources' ``parts`` (``ReadStage.parts``) and
-    write it into ``staging``'s eval/."""
-    shares = recipe.pack_shares()
-    if not shares:
-        return None
-    cut = plan_cut(recipe, shares, _source_rows(parts, shares, "eval pack: draw", stream))
-    screen = PackScreen(recipe.checks, cut.holds)
-    writer = ShardWriter(staging, recipe.output.rows_per_shard, directory=EVAL)
+@dataclass(frozen=True)
+class PackStage:
+    """The eval pack's cut in a build's plan: each replay source's share, the seed of the draw, the checks whose
+    near rule keeps the corpus apart from the pack."""
+
+    shares: dict[str, PackShare]
+    seed: int
+    checks: Checks
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> PackStage | None:
+        """The recipe's pack (None: it holds none out)."""
+        shares = recipe.pack_shares()
+        if not shares:
+            return None
+        return cls(shares, recipe.eval.seed if recipe.eval is not None else 0, recipe.checks)
+
+
+def cut_eval_pack(stage: PackStage, parts: Callable[[int], list[Part]], rows_per_shard: int, staging: Path,
+                  stream: TextIO) -> EvalPack:
+    """Cut the eval pack from the replay sources' ``parts`` (``ReadStage.parts``) and write it into ``staging``'s
+    eval/, ``rows_per_shard`` a shard."""
+    shares = stage.shares
+    cut = plan_cut(shares, stage.seed, _source_rows(parts, shares, "eval pack: draw", stream))
+    screen = PackScreen(stage.checks, cut.holds)
+    writer = ShardWriter(staging, rows_per_shard, directory=EVAL)
     held: list[Conversation] = []
     # rows written per stratum: copies of one conversation share its draw, so a stratum can hold more than its quota
     written = dict.fromkeys(cut.strata, 0)
@@ -119,9 +135,9 @@ def read_pack_screen(checks: Checks, cut: PackCut, files: Sequence[Path]) -> Pac
     return screen
 
 
-def plan_cut(recipe: Recipe, shares: dict[str, PackShare], rows: Iterator[Conversation]) -> PackCut:
-    """The cut of ``rows`` (the replay sources' conversations) that gives each source its share."""
-    seed = recipe.eval.seed if recipe.eval is not None else 0
+def plan_cut(shares: dict[str, PackShare], seed: int, rows: Iterator[Conversation]) -> PackCut:
+    """The cut of ``rows`` (the replay sources' conversations) that gives each source its share, drawn with
+    ``seed``."""
     draws: dict[Stratum, array[int]] = {}
     for row in rows:
         key = stratum(row)

@@ -16,7 +16,6 @@ from typing import TextIO
 from ..errors import Skipped
 from ..layout import ShardInfo
 from ..progress import ProgressLine
-from ..recipe.model import Recipe
 from ..records import Conversation
 from ..rows import RowSpool
 from ..screen.checks import BatchStats, Checker
@@ -27,8 +26,8 @@ from ..sources import MeasuredRows, replay_stream
 from ..stats.corpus import CorpusStats
 from ..tokens import TokenFacts
 from .collect import MixtureKeys
-from .mixture import Available, Selection
-from .plan import KeyedStage, Plan, SelectStage, TargetTokens
+from .mixture import Available, Selection, SelectStage
+from .plan import KeyedStage, Plan, TargetTokens
 from .shards import LedgerWriter, ShardWriter
 from .split import Splitter
 
@@ -36,8 +35,8 @@ from .split import Splitter
 class KeptRows(MixtureKeys):
     """The rows that passed every check, spooled per source, with their selection keys in memory."""
 
-    def __init__(self, recipe: Recipe, staging: Path, splitter: Splitter) -> None:
-        super().__init__(recipe, splitter)
+    def __init__(self, select: SelectStage, staging: Path) -> None:
+        super().__init__(select)
         self.directory = staging / "kept"
         self.directory.mkdir()
         self._spools: dict[str, RowSpool] = {}  # only sources that kept a row have one
@@ -57,7 +56,7 @@ class KeptRows(MixtureKeys):
         """The rows the selection takes (None: every row): source by source in recipe order, each in the order it
         was kept; and the evicted rows, as the ledger's records."""
         self.close()
-        for spec in self.recipe.sources:
+        for spec in self.select.sources:
             spool = self._spools.get(spec.name)
             if spool is None:
                 continue
@@ -101,10 +100,9 @@ class LocalEngine:
     """The plan on this machine (see the module). ``tokens``: the target's renderer and the token facts handed to
     the writer; ``pack``: the eval pack's index (None: no pack); ``auditor``: the statistics of the rows written."""
 
-    def __init__(self, plan: Plan, recipe: Recipe, staging: Path, ledger: LedgerWriter, tokens: TargetTokens,
-                 auditor: CorpusStats, stream: TextIO, pack: PackScreen | None) -> None:
+    def __init__(self, plan: Plan, staging: Path, ledger: LedgerWriter, tokens: TargetTokens, auditor: CorpusStats,
+                 stream: TextIO, pack: PackScreen | None) -> None:
         self.plan = plan
-        self.recipe = recipe
         self.staging = staging
         self.ledger = ledger
         self.tokens = tokens
@@ -125,7 +123,7 @@ class LocalEngine:
         self._keyed.append(stage)
 
     def take(self, select: SelectStage) -> None:
-        kept = self._kept = KeptRows(self.recipe, self.staging, select.splitter)
+        kept = self._kept = KeptRows(select, self.staging)
         self._judges = [stage.stream_judge(kept.evict) for stage in self._keyed]
         self._absorb(self._replay())
 

@@ -72,13 +72,13 @@ class EmptyCorpus(CorpusError):
     exit_code = 1
 
     @classmethod
-    def from_audit(cls, audit: AuditReport, recipe: Recipe) -> EmptyCorpus:
+    def from_audit(cls, audit: AuditReport, recipe_path: Path | None) -> EmptyCorpus:
         skipped = audit["skipped"]
         found = f"all {sum(skipped.values()):,} rows were dropped or skipped" if skipped else "the sources gave no rows"
         reasons = [f"{reason}: {count:,} rows ({REASONS.get(reason, reason)})"
                    for reason, count in sorted(skipped.items(), key=lambda item: -item[1])]
         return cls(f"the corpus would be empty: {found}; nothing was written (--allow-empty writes an empty corpus "
-                   "anyway)", file=str(recipe.path) if recipe.path is not None else None, details=reasons)
+                   "anyway)", file=str(recipe_path) if recipe_path is not None else None, details=reasons)
 
 
 @dataclass
@@ -273,7 +273,8 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
         contamination = eval_sets.index if eval_sets is not None else None
         plan = Plan.of(recipe, contamination)
         screening = describe_screening(recipe, eval_sets)
-        pack = cut_eval_pack(recipe, plan.read.parts, staging, stream)
+        pack = (cut_eval_pack(plan.pack, plan.read.parts, plan.write.rows_per_shard, staging, stream)
+                if plan.pack is not None else None)
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
             stack.callback(ledger.close)  # the write closes it too, but a build can fail before that
@@ -281,13 +282,13 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
                                          screen=plan.prompt_screen())
                        if plan.generates else None)
             auditor = tokens.auditor()
-            engine = _engine(cluster, plan, recipe, staging, ledger, tokens, auditor, stream, pack)
-            shard_infos, mixture = run_plan(plan, engine, recipe, session, allow_short)
+            engine = _engine(cluster, plan, staging, ledger, tokens, auditor, stream, pack)
+            shard_infos, mixture = run_plan(plan, engine, session, allow_short)
             result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops,
                                    unfinished=unfinished_rows(ledger.drops, allow_partial), mixture=mixture,
                                    screening=screening, pack=pack)
         if not result.manifest.conversations and not allow_empty:
-            raise EmptyCorpus.from_audit(result.audit, recipe)
+            raise EmptyCorpus.from_audit(result.audit, recipe.path)
         _commit(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -297,18 +298,17 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
     return result
 
 
-def _engine(cluster: RayCluster | None, plan: Plan, recipe: Recipe, staging: Path, ledger: LedgerWriter,
-            tokens: TargetTokens, auditor: CorpusStats, stream: TextIO, pack: EvalPack | None) -> Engine:
+def _engine(cluster: RayCluster | None, plan: Plan, staging: Path, ledger: LedgerWriter, tokens: TargetTokens,
+            auditor: CorpusStats, stream: TextIO, pack: EvalPack | None) -> Engine:
     """The engine the build runs on: the Ray cluster's, else this machine's."""
     if cluster is not None:
         from .ray_data import RayEngine
 
-        return RayEngine(plan, recipe, staging, ledger, auditor, pack, cluster.address)
-    return LocalEngine(plan, recipe, staging, ledger, tokens, auditor, stream,
-                       pack.screen if pack is not None else None)
+        return RayEngine(plan, staging, ledger, auditor, pack, cluster.address)
+    return LocalEngine(plan, staging, ledger, tokens, auditor, stream, pack.screen if pack is not None else None)
 
 
-def run_plan(plan: Plan, engine: Engine, recipe: Recipe, session: GenerationSession | None, allow_short: bool
+def run_plan(plan: Plan, engine: Engine, session: GenerationSession | None, allow_short: bool
              ) -> tuple[list[ShardInfo], dict[str, Any] | None]:
     """The plan's stages on ``engine``: the screen, the keyed stages, the take (prompt sources generated in rounds,
     a declared corpus planned: one that cannot be met stops here, before anything is written, unless
@@ -319,9 +319,9 @@ def run_plan(plan: Plan, engine: Engine, recipe: Recipe, session: GenerationSess
     selection = mixture = None
     if plan.takes:
         engine.take(plan.select)
-        generated = (generate_in_rounds(recipe, session, engine.available, engine.extend, allow_short)
+        generated = (generate_in_rounds(plan.select, session, engine.available, engine.extend, allow_short)
                      if session is not None else {})
         if plan.select.declared:
-            selection = plan_selection(recipe, engine.available(), generated)
-            mixture = declared_mixture(recipe, selection, allow_short)
+            selection = plan_selection(plan.select, engine.available(), generated)
+            mixture = declared_mixture(plan.select.mixture, selection, allow_short)
     return engine.write(selection), mixture

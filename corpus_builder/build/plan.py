@@ -21,6 +21,10 @@ write    per batch    parquet shards of a bounded size, the statistics of the ro
                       (``shards``, ``stats``)
 ======== ============ ====================================================================================
 
+Before them, the eval pack (``eval_pack.PackStage``) is cut on the machine that runs the build from the rows as
+the sources give them, and the screen holds its rows out; the prompt sources' rows are screened before generation
+(``Plan.prompt_screen``: their ids and dedup on their prompts, in the order read).
+
 A row's **priority** is the order the local engine meets it in: the sources in dedup order, each in the order it
 is read (its parts in order), then the generated rows of each round. The keyed stages judge each member of a group
 against the group's first member by priority (the ids' numbering, the duplicates' heads), which makes their answer
@@ -61,7 +65,7 @@ import pyarrow as pa
 
 from ..errors import Skipped
 from ..layout import ShardInfo
-from ..recipe.model import Checks, Mixture, Recipe, SourceSpec, SplitSpec
+from ..recipe.model import Checks, Recipe, SourceSpec
 from ..records import Conversation
 from ..screen.checks import Checker
 from ..screen.decontaminate import Contamination
@@ -73,7 +77,8 @@ from ..sources.parallel import Part, replay_parts
 from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenStats
 from ..tokens import TemplateRenderer, TokenFacts, TokenRows, TokenSettings
-from .mixture import Available, Selection
+from .eval_pack import PackStage
+from .mixture import Available, Selection, SelectStage
 from .split import Splitter
 
 
@@ -200,20 +205,6 @@ class DedupStage:
 
 
 @dataclass(frozen=True)
-class SelectStage:
-    """The take of a declared corpus (``mixture``, ``collect``): the mixture, the sources' targets, the split
-    the keys are read with."""
-
-    mixture: Mixture
-    sources: tuple[SourceSpec, ...]
-    splitter: Splitter
-
-    @property
-    def declared(self) -> bool:
-        return self.mixture.declared(self.sources)
-
-
-@dataclass(frozen=True)
 class WriteStage:
     """The split and the shards: rows per shard, the split of each row by its id."""
 
@@ -231,17 +222,18 @@ class Plan:
     dedup: DedupStage | None
     select: SelectStage
     write: WriteStage
+    pack: PackStage | None  # the eval pack cut before anything else decides on the rows (None: none)
     generates: bool  # prompt sources: their rows are generated in rounds and join after the replayed ones
 
     @classmethod
     def of(cls, recipe: Recipe, contamination: Contamination | None) -> Plan:
         checks = recipe.checks
         dedup = DedupStage(checks, recipe.dedup_ranks()) if checks.dedup != "none" else None
-        splitter = splitter_of(recipe.split)
+        select = SelectStage.of(recipe)
         return cls(ReadStage(tuple(recipe.sources_in_dedup_order("replay")), recipe.base_dir, checks.redact_secrets),
                    ScreenStage(checks, dedup, contamination, recipe.target.generation.on_length == "keep"),
-                   IdsStage(), dedup, SelectStage(recipe.mixture, recipe.sources, splitter),
-                   WriteStage(recipe.output.rows_per_shard, splitter), recipe.has_prompts)
+                   IdsStage(), dedup, select, WriteStage(recipe.output.rows_per_shard, select.splitter),
+                   PackStage.of(recipe), recipe.has_prompts)
 
     def prompt_screen(self) -> Callable[[Iterable[Conversation | Skipped]], Iterator[Conversation | Skipped]]:
         """The checks a prompt source's rows pass before generation, in the order read: dedup on their prompts (no
@@ -265,10 +257,6 @@ class Plan:
         """Whether every row must be judged before any is written: prompt sources (generated rows may evict
         replayed ones) or a declared corpus."""
         return self.generates or self.select.declared
-
-
-def splitter_of(split: SplitSpec) -> Splitter:
-    return Splitter(split.validation_fraction, split.seed)
 
 
 class Engine(Protocol):

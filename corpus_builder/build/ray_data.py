@@ -59,7 +59,6 @@ import ray.data
 from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
 from ..ray_extra import RAY_ENVIRONMENT, NamedCluster, is_loopback, named_cluster, probe_cluster
-from ..recipe.model import Recipe
 from ..records import Conversation
 from ..rows import RECORD_SCHEMA, batch_to_records, records_to_batch, spool_writer
 from ..screen.dedup import BUCKET_VERDICTS, Verdict, heads_of, least_verdicts
@@ -71,8 +70,8 @@ from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenSettings, TurnTokens
 from .collect import MixtureKeys, TakeRule
 from .eval_pack import EvalPack, PackCut, read_pack_screen
-from .mixture import Available, Selection
-from .plan import KeyedStage, Plan, ScreenStage, SelectStage
+from .mixture import Available, Selection, SelectStage
+from .plan import KeyedStage, Plan, ScreenStage
 from .shards import LedgerWriter, ShardWriter
 
 # Read priority: the part in the high bits, the row's position in its part in the low ones.
@@ -143,11 +142,10 @@ class RayEngine:
     """The plan on a Ray cluster (see the module): every screened part a materialized dataset of record batches; the
     keyed stages' answers found over every part (again when a round of generated rows came since)."""
 
-    def __init__(self, plan: Plan, recipe: Recipe, staging: Path, ledger: LedgerWriter, auditor: CorpusStats,
-                 pack: EvalPack | None, address: str | None) -> None:
+    def __init__(self, plan: Plan, staging: Path, ledger: LedgerWriter, auditor: CorpusStats, pack: EvalPack | None,
+                 address: str | None) -> None:
         connect(address)
         self.plan = plan
-        self.recipe = recipe
         self.staging = staging
         self.ledger = ledger
         self.auditor = auditor
@@ -156,7 +154,7 @@ class RayEngine:
         self.screen_parts = partial(_screen_parts, screen=plan.screen, settings=self.settings,
                                     pack_cut=pack.cut if pack is not None else None,
                                     pack_files=[staging / info.path for info in pack.files] if pack is not None else [])
-        self.keys = MixtureKeys(recipe, plan.write.splitter)  # read only by a take
+        self.keys = MixtureKeys(plan.select)  # read only by a take
         self._keyed: list[KeyedStage] = []
         self._taking = False
         self._parts: list[ray.data.Dataset] = []  # every part screened: the replayed rows', then each round's

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from corpus_builder.build.local import write_rows
 from corpus_builder.build.pipeline import BuildResult, finish_corpus
-from corpus_builder.build.plan import TargetTokens, splitter_of
+from corpus_builder.build.plan import TargetTokens
 from corpus_builder.build.shards import LedgerWriter
+from corpus_builder.build.split import Splitter
 from corpus_builder.errors import Skipped
 from corpus_builder.layout import LEDGER
 from corpus_builder.recipe.model import Recipe
@@ -20,5 +21,5 @@ def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, stagin
     """``items`` split and written into ``staging`` as the recipe's corpus (its manifest, audit and ledger too)."""
     ledger = LedgerWriter(staging / LEDGER)
     auditor = tokens.auditor()
-    shards = write_rows(items, staging, recipe.output.rows_per_shard, splitter_of(recipe.split), ledger, auditor)
+    shards = write_rows(items, staging, recipe.output.rows_per_shard, Splitter.of(recipe.split), ledger, auditor)
     return finish_corpus(recipe, staging, shards, auditor, ledger.drops)
