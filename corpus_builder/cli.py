@@ -75,9 +75,12 @@ EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {
     ),
     "eval": (
         (EXIT_OK, "the run was measured and saved (--compare: the runs compared)"),
-        (EXIT_USAGE, "a server does not speculate, the endpoints serve different targets, another client shares a "
-                     "server, or bad input"),
-        (EXIT_INCOMPLETE, "a server failed during the run: nothing is reported"),
+        (EXIT_CHECKS_FAILED, "more of the pack was lost than --max-lost-share allows: unreadable rows (before any "
+                             "request), or prompts a server refused (after the run, which is saved and printed)"),
+        (EXIT_USAGE, "a server does not speculate, does not serve --model, serves another target or is shared by "
+                     "another client, bad input, or the finished run cannot be saved (it is printed)"),
+        (EXIT_INCOMPLETE, "a server failed during the run or counted what no speculating server counts: nothing is "
+                          "reported"),
     ),
 }
 
@@ -117,6 +120,22 @@ class Share(click.FloatRange):
         if math.isnan(share):
             self.fail(f"{value!r} is not a number from 0 to 1", param, ctx)
         return share
+
+
+class Temperature(click.FloatRange):
+    """A sampling temperature, 0 or more. ``nan`` and ``inf`` are refused: JSON has neither (a request would
+    carry null), and ``nan`` passes every range check."""
+
+    name = "temperature"
+
+    def __init__(self) -> None:
+        super().__init__(min=0)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        temperature = super().convert(value, param, ctx)
+        if not math.isfinite(temperature):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return temperature
 
 
 def _print_json(value: object) -> None:
@@ -376,7 +395,7 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
               help="The template's enable_thinking.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests in flight per endpoint; above 1 the counters are read per phase only.")
-@click.option("--temperature", type=click.FloatRange(min=0),
+@click.option("--temperature", type=Temperature(),
               help="Sampling temperature (0: greedy); default the recipe's, else the target's.")
 @click.option("--max-tokens", type=click.IntRange(min=1),
               help="Output cap per request; default the recipe's, else 1024.")
@@ -384,7 +403,12 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
               help="Recipe whose target.generation settings apply (default: the corpus's, for a pack in a corpus).")
 @click.option("--model", help="Served model name (default: the recipe's target.model, else the one served).")
 @click.option("--save-dir", type=OutputPath(),
-              help="Where the run is saved (default: eval/results/ beside the pack or the corpus).")
+              help="Where the run is saved (default: eval/results/ beside a built corpus for its pack, else under the "
+                   "current directory; never the pack's own folder).")
+@click.option("--max-lost-share", type=Share(), default=0.0, show_default=True,
+              help="The share of the pack's rows that may be lost (unreadable, or refused by a server) without "
+                   "failing: past it, exit 1 (before any request for unreadable rows; after the run, which is "
+                   "saved, for refused prompts).")
 @click.option("--compare", "runs", nargs=2, type=click.Path(path_type=Path), metavar="RUN_A RUN_B",
               help="Put two saved runs side by side instead of running.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -392,7 +416,7 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
               help="Write the run's page (with --compare, the two runs'): self-contained HTML, plots inline.")
 def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concurrency: int, temperature: float | None,
                  max_tokens: int | None, recipe: Path | None, model: str | None, save_dir: Path | None,
-                 runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
+                 max_lost_share: float, runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
     """Replay an eval pack (a conversations file, a directory of them, or a built corpus's eval/) against vLLM
     servers with speculators: acceptance rate, mean acceptance length and acceptance by position from each server's
     own counters, per mode, source and task; with two or more endpoints, head B / head A with a bootstrap interval."""
@@ -412,16 +436,31 @@ def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concu
     if pack is None or not endpoints:
         raise click.UsageError("give a PACK and at least one --endpoint URL (or --compare RUN_A RUN_B)")
     modes = ("thinking", "non-thinking") if mode == "both" else (mode,)
-    result = evaluation.evaluate(pack, endpoints, modes=modes, concurrency=concurrency, temperature=temperature,
-                                 max_tokens=max_tokens, recipe=recipe, model=model, save_dir=save_dir,
-                                 html=html_path, progress=lambda message: click.echo(message, err=True))
-    if as_json:
-        _print_json(result.run)
-    else:
-        click.echo(evaluation.format_run(result.run))
+    try:
+        result = evaluation.evaluate(pack, endpoints, modes=modes, concurrency=concurrency, temperature=temperature,
+                                     max_tokens=max_tokens, recipe=recipe, model=model, save_dir=save_dir,
+                                     html=html_path, max_lost_share=max_lost_share,
+                                     progress=lambda message: _echo_to_user(message, err=True))
+    except evaluation.RunNotSaved as unsaved:  # never lose a finished run: it is printed, then the error
+        _print_run(unsaved.run, as_json)
+        raise
+    _print_run(result.run, as_json)
     click.echo(f"saved {result.saved}", err=True)
     if result.html is not None:
         click.echo(f"wrote {result.html}", err=True)
+    for problem in result.problems:
+        click.echo(f"check failed: {problem}", err=True)
+    if result.problems:
+        sys.exit(EXIT_CHECKS_FAILED)
+
+
+def _print_run(run: dict[str, Any], as_json: bool) -> None:
+    from .eval import format_run
+
+    if as_json:
+        _print_json(run)
+    else:
+        click.echo(format_run(run))
 
 def main() -> None:
     try:

@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pack", type=Path)
     parser.add_argument("url_a")
     parser.add_argument("url_b")
-    parser.add_argument("--save-dir", type=Path, help="where the run is saved (default: beside the pack)")
+    parser.add_argument("--save-dir", type=Path, help="where the run is saved (default: eval/results/ beside a "
+                                                      "built corpus, else under the current directory)")
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args(argv)
     result = evaluate(args.pack, [args.url_a, args.url_b], temperature=0, max_tokens=args.max_tokens,

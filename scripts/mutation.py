@@ -67,6 +67,13 @@ OWNING_TESTS: dict[str, tuple[str, ...]] = {
     "corpus_builder/sources/mappings.py": ("tests/sources",),
     "corpus_builder/generate/tool_results.py": ("tests/generate/test_tool_results.py", "tests/sources"),
     "corpus_builder/secrets.py": ("tests/test_secrets.py", "tests/publish"),
+    # The eval: the rules against scripted servers (no vLLM); the cut on its own, without building a corpus.
+    "corpus_builder/eval/figures.py": ("tests/eval/test_figures.py",),
+    "corpus_builder/eval/metrics.py": ("tests/eval/test_metrics.py",),
+    "corpus_builder/eval/replay.py": ("tests/eval/test_replay.py", "tests/eval/test_eval_counters.py",
+                                      "tests/eval/test_eval_faults.py", "tests/eval/test_eval_losses.py"),
+    "corpus_builder/eval/pack.py": ("tests/eval/test_pack.py",),
+    "corpus_builder/build/eval_pack.py": ("tests/build/test_eval_pack_cut.py",),
 }
 
 # Reasons shared by several mutants of one module (dedup, near_dedup, decontaminate).
@@ -100,8 +107,67 @@ _DISTINCT_STARTS = ("the run starts sorted are distinct (a text shorter than n s
 _SHORTER = ("a text shorter than the runs looked up hashes fewer words than every entry of that length: no match "
             "either way")
 
+_FLOATS = ("the windows' counts and seconds are floats (or NaN): numpy makes the array float64 without being told, "
+           "and a true division of integers is a float anyway")
+_RECHECK = ("the pool's recheck loop re-probes endpoints marked down; the eval's one endpoint is never marked down "
+            "while the eval goes on (a failing request ends it): the loop, on or off, sends nothing")
+_PROBLEM = "every pass of the loop that reaches its end sets the problem first: its first value is never shown"
+_ONE_OUTCOME = "asyncio.gather gives one outcome a prompt: zip's strictness never applies"
+_PADDED = "both sides are padded to one width first: zip's strictness never applies"
+
 # Survivors judged equivalent: mutant name -> (a line its diff adds, why no behaviour tells it apart).
 EQUIVALENT: dict[str, tuple[str, str]] = {
+    # corpus_builder/build/eval_pack.py
+    "corpus_builder.build.eval_pack.x_cut_eval_pack__mutmut_57": (
+        "if len(held) > _INDEX_BATCH:", "the pack's rows are indexed in batches of 1025 instead of 1024: the same "
+        "index, memory only"),
+    # corpus_builder/eval/replay.py
+    "corpus_builder.eval.replay.x__server_info__mutmut_14": (
+        "if (status == 200) or True else None", "a /server_info that does not answer 200 holds no vllm_config: "
+        "vLLM's 404 outside development mode, read either way, gives no speculator"),
+    "corpus_builder.eval.replay.x__server_info__mutmut_21": (
+        'config = ""', "a config that is not an object, None or an empty string, tells nothing either way"),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_measured__mutmut_103": (
+        "and _impossible(sent.counted, None) is None)", "the own counts are judged there only once they agree with "
+        "the page, whose drafts and draft tokens passed the length rule already: only their other counts can "
+        "still be impossible, and the length does not bear on those"),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_open__mutmut_12": ("concurrency=settings.concurrency, )", _RECHECK),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_open__mutmut_13": ("recheck_interval_s=1)", _RECHECK),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_read__mutmut_2": ("problem = None", _PROBLEM),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_read__mutmut_3": ('problem = "XXXX"', _PROBLEM),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_send__mutmut_45": ("outcomes, strict=None)", _ONE_OUTCOME),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_send__mutmut_48": ("zip(prompts, outcomes, )", _ONE_OUTCOME),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_send__mutmut_49": ("outcomes, strict=False)", _ONE_OUTCOME),
+    "corpus_builder.eval.replay.xǁ_Replayerǁ_send__mutmut_61": (
+        "request_counters(result.metrics, None)", "the generated tokens of a request's own counts are never read: a "
+        "window's output tokens are the answers' usage"),
+    # corpus_builder/eval/figures.py
+    "corpus_builder.eval.figures.x_paired_ratios__mutmut_18": ("dtype=None)", _FLOATS),
+    "corpus_builder.eval.figures.x_paired_ratios__mutmut_20": ("for side in (a, b)], )", _FLOATS),
+    "corpus_builder.eval.figures.x_paired_ratios__mutmut_21": (
+        "np.nan if (w.output_tokens is None) and False", "None in a float64 array is NaN already"),
+    "corpus_builder.eval.figures.x_paired_ratios__mutmut_25": (
+        "size=resamples).astype(None)", "astype(None) is float64, numpy's default float"),
+    "corpus_builder.eval.figures.x_paired_ratios__mutmut_72": (
+        "if not np.isfinite(ratio) and not resampled.size:", "counts are never negative: a ratio that is not "
+        "finite comes from a column of A summing to 0 (or NaN), which every resample shares, so no resample is "
+        "finite either; a finite ratio has finite resamples but where all 2000 miss every pair that drafted"),
+    # corpus_builder/eval/metrics.py
+    "corpus_builder.eval.metrics.x__samples__mutmut_29": (
+        "line[close + 2:]", "Prometheus's text format puts a space between a label set and its value: one byte more "
+        "skips that space, and the value is the first field after it either way"),
+    "corpus_builder.eval.metrics.x__samples__mutmut_35": (
+        'labels, rest = b"XXXX", line', "an unlabelled sample's labels are read only for a position label, which "
+        "neither holds"),
+    "corpus_builder.eval.metrics.x_parse_metrics__mutmut_57": (
+        "default=-2", "range(-1) and range(0) are both empty: no position"),
+    "corpus_builder.eval.metrics.x_parse_metrics__mutmut_61": (
+        "page.rfind(", "whether the counter is on the page: the first or the last match, found either way"),
+    "corpus_builder.eval.metrics.x_request_counters__mutmut_34": (
+        "(metrics is not None) or True", "reached only when metrics held speculative_decoding: never None there"),
+    "corpus_builder.eval.metrics.xǁCountersǁ_combined__mutmut_45": ("strict=None)", _PADDED),
+    "corpus_builder.eval.metrics.xǁCountersǁ_combined__mutmut_48": ("zip(mine, theirs, ))", _PADDED),
+    "corpus_builder.eval.metrics.xǁCountersǁ_combined__mutmut_49": ("strict=False)", _PADDED),
     "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_3": (
         "len(value) >= 8", "an all-integer array of 8 validates the same whole or sampled: speed only"),
     "corpus_builder.publish.gate.x__sample_int_arrays__mutmut_4": (

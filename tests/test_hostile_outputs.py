@@ -36,6 +36,7 @@ from corpus_builder.cli import cli, main
 from corpus_builder.layout import LEDGER, MANIFEST, Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import FaultServer
+from tests.eval.runs import synthetic_run
 from tests.support.chats import synthetic_chats
 from tests.support.fuzz import fuzz_settings
 
@@ -77,6 +78,11 @@ class Workspace:
         return self.root / "out"
 
     @property
+    def runs(self) -> tuple[Path, Path]:
+        """Two saved eval runs, for `corpus eval --compare`."""
+        return self.root / "runs" / "a.json", self.root / "runs" / "b.json"
+
+    @property
     def shard(self) -> Path:
         return self.corpus / Corpus.open(self.corpus).files[0].path
 
@@ -113,6 +119,9 @@ def template(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
     build_corpus(load_recipe(root / "src" / "recipe.yaml"))
     (root / "a-directory").mkdir()
     (root / "plain.txt").write_text("a plain file\n")
+    (root / "runs").mkdir()
+    for name, shift in (("a.json", 0.0), ("b.json", -0.2)):
+        (root / "runs" / name).write_bytes(orjson.dumps(synthetic_run(shift=shift)))
     return root
 
 
@@ -143,6 +152,7 @@ class OutputOption:
     inputs: Callable[[Workspace], dict[str, Path]]
     file_name: str = ""  # a name the option accepts, for a file in a missing directory
     rebuilds_corpus: bool = False  # the corpus's own directory is a legitimate output (a rebuild)
+    refused: Callable[[Workspace], dict[str, Path]] | None = None  # other paths the option refuses, by what they are
 
 
 # (command, option), and what the path names where an option takes a file or a directory: each form is swept.
@@ -164,13 +174,18 @@ OUTPUTS: dict[tuple[str, ...], OutputOption] = {
     ("eval", "--save-dir"): OutputOption(
         "directory", lambda ws, out: ["eval", str(ws.traffic), "--endpoint", SPECULATING["url"], "--mode",
                                       "non-thinking", "--temperature", "0", "--save-dir", out],
-        lambda ws: {"the pack": ws.traffic}),
+        lambda ws: {"the pack": ws.traffic},
+        # a run saved beside the pack would be read as part of it by the next eval of its folder
+        refused=lambda ws: {"the pack's own folder": ws.traffic.parent}),
     ("eval", "--html"): OutputOption(
         "file", lambda ws, out: ["eval", str(ws.traffic), "--endpoint", SPECULATING["url"], "--mode",
                                  "non-thinking", "--temperature", "0", "--html", out,
                                  # the run itself is saved outside the workspace the sweep watches
                                  "--save-dir", tempfile.mkdtemp(prefix="eval-runs-")],
         lambda ws: {"the pack": ws.traffic}, file_name="acceptance.html"),
+    ("eval", "--html", "with --compare"): OutputOption(
+        "file", lambda ws, out: ["eval", "--compare", *map(str, ws.runs), "--html", out],
+        lambda ws: {"run A": ws.runs[0], "run B": ws.runs[1]}, file_name="compare.html"),
     ("vocab", "--out"): OutputOption(
         "file", lambda ws, out: ["vocab", str(ws.corpus), "--size", "10", "--out", out, "--tokenizer",
                                  str(ws.tokenizer)],
@@ -233,7 +248,11 @@ def hostile_values(key: tuple[str, ...]) -> dict[str, Value]:
     if option.file_name:
         values["a missing parent directory"] = lambda ws: ws.root / "missing" / option.file_name
     names = option.inputs(Workspace(Path("/")))  # the inputs' names only
-    return values | {f"its input: {name}": (lambda ws, name=name: option.inputs(ws)[name]) for name in names}
+    values |= {f"its input: {name}": (lambda ws, name=name: option.inputs(ws)[name]) for name in names}
+    refused = option.refused
+    if refused is not None:
+        values |= {name: (lambda ws, name=name: refused(ws)[name]) for name in refused(Workspace(Path("/")))}
+    return values
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
@@ -304,7 +323,7 @@ def test_a_fresh_path_is_written(workspace: Workspace, key: tuple[str, ...], cas
 # Paths made of the workspace's own names, relative to it or absolute: they land on the corpus, its files, the
 # inputs, the parents of them, or somewhere new.
 NAMES = ["out", "data", MANIFEST, LEDGER, "src", "recipe.yaml", "log.jsonl", "tok", "tokenizer.json", "traffic.jsonl",
-         "plain.txt", "a-directory", "null", "new", "report.html", "token_freq.npy", "..", "."]
+         "plain.txt", "a-directory", "null", "new", "report.html", "token_freq.npy", "runs", "a.json", "..", "."]
 WALKS = st.tuples(st.booleans(), st.lists(st.sampled_from(NAMES), min_size=1, max_size=4), st.booleans())
 
 

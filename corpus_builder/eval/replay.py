@@ -8,13 +8,20 @@ higher concurrency each endpoint runs the whole pack as one phase per mode, read
 The counters are per server and cumulative: anyone else's requests land in them. A window is kept only when
 the server finished exactly the requests the eval sent in it and generated exactly the tokens the eval
 received, and no request of it was retried; otherwise it is measured again, and after ``MAX_REMEASURES``
-shared windows in a row the eval refuses the server. The clients are the generator's (``generate.client``):
-its retries, its fault classes, its endpoint identity.
+shared windows in a row the eval refuses the server. Counters no speculating server can count (counters that
+went down, more tokens accepted than drafted, acceptance that rises with the draft position, positions that do
+not sum to the tokens accepted, an unreadable page) are a fault of the server: measured again, then the eval
+stops (EvalIncomplete), never a figure. The clients are the generator's (``generate.client``): its retries,
+its fault classes, its endpoint identity.
+
+A prompt a server refuses (a 4xx: over its context, say) is left out of every head's and mode's figures and
+counted (``Replay.skipped``); the eval goes on. A phase that answered a prompt another phase was refused is
+measured again without it, so the heads are compared on the same prompts.
 
 A server started with ``--per-request-spec-decode-metrics`` (vLLM 0.32) puts each request's own counts in its
-response (``metrics.speculative_decoding``). Its first window is measured both ways and must agree; from then on
-its windows are the sums of their requests' own counts: no GET /metrics at all (the eval costs the server
-nothing between requests), and no one else's traffic in them, whatever the concurrency.
+response (``metrics.speculative_decoding``). Its first window that no one else shared is measured both ways and
+must agree; from then on its windows are the sums of their requests' own counts: no GET /metrics at all (the
+eval costs the server nothing between requests), and no one else's traffic in them, whatever the concurrency.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from ..generate.types import (
     describe_identity,
 )
 from .figures import Window
-from .metrics import Counters, parse_metrics, request_counters
+from .metrics import VLLM_PREFIX, Counters, UnreadablePage, parse_metrics, request_counters
 from .pack import Pack, PackPrompt
 
 MODES = {"thinking": True, "non-thinking": False}  # mode -> the template's enable_thinking
@@ -111,12 +118,14 @@ class Server:
 
 @dataclass
 class Replay:
-    """What a replay produced: the servers (with their windows) and how many windows were measured again."""
+    """What a replay produced: the servers (with their windows), how many windows were measured again, and the
+    prompts left out because a server refused them."""
 
     servers: list[Server]
     remeasured: int = 0
     reads: int = 0  # GET /metrics, and the seconds they took (fetched and parsed): the eval's own cost
     read_seconds: float = 0.0
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # prompts a server refused, in pack order
 
 
 def replay_pack(pack: Pack, endpoints: Sequence[str], settings: EvalSettings, *,
@@ -132,6 +141,17 @@ def replay_pack(pack: Pack, endpoints: Sequence[str], settings: EvalSettings, *,
     return asyncio.run(_Replayer(pack, settings, progress).run(list(endpoints)))
 
 
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """What sending a window's prompts gave: the prompts answered (the others were refused), the output tokens
+    the server reported (None when a response had no usage), and the sum of the requests' own counts (None
+    unless every answer had them)."""
+
+    answered: tuple[int, ...]
+    tokens: int | None
+    counted: Counters | None
+
+
 class _Replayer:
     def __init__(self, pack: Pack, settings: EvalSettings, progress: Callable[[str], None] | None) -> None:
         self.pack = pack
@@ -142,6 +162,8 @@ class _Replayer:
         self.remeasured = 0
         self.reads = 0
         self.read_seconds = 0.0
+        self.skipped: dict[int, dict[str, Any]] = {}  # pack index -> the first refusal of the prompt
+        self.phase_prompts: dict[tuple[str, str], tuple[int, ...]] = {}  # (label, mode) -> the prompts a phase had
         self._last_progress = time.monotonic()
 
     async def run(self, endpoints: list[str]) -> Replay:
@@ -154,12 +176,40 @@ class _Replayer:
                     await self._one_at_a_time(servers, mode)
                 else:
                     await self._phases(servers, mode)
-                for server in servers:
-                    if not any(w.counters.drafts for w in server.windows if w.mode == mode):
-                        raise CorpusError(f"{server.url}: does not speculate: its speculative-decoding counters did "
-                                          f"not move over {len(self.pack.prompts)} {mode} request(s)")
                 self._report(f"{mode}: done", force=True)
-        return Replay(servers, self.remeasured, self.reads, self.read_seconds)
+            await self._without_skipped(servers)
+        self._check_measured(servers)
+        skipped = [self.skipped[index] for index in sorted(self.skipped)]
+        return Replay(servers, self.remeasured, self.reads, self.read_seconds, skipped)
+
+    async def _without_skipped(self, servers: list[Server]) -> None:
+        """Every window of a prompt some server refused left out, and every phase that answered such a prompt
+        measured again without it (until no phase holds one: a phase measured again may meet another refusal)."""
+        for server in servers:
+            server.windows = [w for w in server.windows if w.prompt not in self.skipped]
+        while stale := [(server, window) for server in servers for window in server.windows if window.prompt is None
+                        and set(self.phase_prompts[server.label, window.mode]) & self.skipped.keys()]:
+            server, window = stale[0]
+            server.windows.remove(window)
+            measured = await self._measured(server, window.mode, self._kept(), None)
+            if measured is not None:
+                server.windows.append(measured)
+
+    def _check_measured(self, servers: list[Server]) -> None:
+        """Refuse a server that drafted in no mode (a mode without drafts is kept: an n-gram speculator drafts only
+        where the output repeats the prompt), and a pack no prompt of which was answered."""
+        if len(self.skipped) == len(self.pack.prompts):
+            first = next(iter(self.skipped.values()))
+            raise CorpusError(f"every prompt of the pack was refused: {first['endpoint']} refused prompt "
+                              f"{first['prompt']} ({first['mode']}): {first['reason']}")
+        for server in servers:
+            if not any(w.counters.drafts for w in server.windows):
+                raise CorpusError(f"{server.url}: does not speculate: its speculative-decoding counters did not move "
+                                  f"over {len(self.pack.prompts) - len(self.skipped)} request(s) in "
+                                  f"{' or '.join(self.settings.modes)} mode")
+
+    def _kept(self) -> list[tuple[int, PackPrompt]]:
+        return [(index, prompt) for index, prompt in enumerate(self.pack.prompts) if index not in self.skipped]
 
     # ---- endpoints -------------------------------------------------------------------------------
 
@@ -170,6 +220,9 @@ class _Replayer:
         await stack.enter_async_context(pool)
         served, infos = await check_served_model(pool, settings.model)
         shown = pool.urls[0]
+        if settings.model is not None and served != settings.model:  # as a build refuses a target not served
+            raise CorpusError(f"{shown} does not serve the model {settings.model!r} (it serves {served!r}): name the "
+                              "model the server serves with --model")
         reading = await self._read(pool, shown, first=True)
         if not reading.speculating:
             raise CorpusError(f"{shown}: does not speculate: its /metrics has no speculative-decoding counters "
@@ -181,21 +234,34 @@ class _Replayer:
         return Server(label, shown, pool, served, TargetIdentity.of(infos[0], served), revision, speculator)
 
     async def _read(self, pool: EndpointPool, url: str, *, first: bool = False) -> Counters:
-        started = time.perf_counter()
-        try:
-            status, page = await pool.fetch("/metrics")
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise EvalIncomplete(f"{url}: /metrics did not answer ({type(error).__name__}: {error}): the server is "
-                                 "gone or stuck") from None
-        if status != 200:
-            problem = f"{url}: GET /metrics answered HTTP {status}"
-            if first:
-                raise CorpusError(f"{problem}: the eval reads the server's own counters (a vLLM server)")
-            raise EvalIncomplete(problem)
-        counters = parse_metrics(page)
-        self.reads += 1
-        self.read_seconds += time.perf_counter() - started
-        return counters
+        """The server's counters now; a page cut short or holding a value that is not a number is read again
+        (``MAX_REMEASURES`` times) before the eval stops. The first read refuses a page that is not a vLLM
+        server's (an HTML page, another server's metrics)."""
+        problem = ""
+        for _ in range(MAX_REMEASURES + 1):
+            started = time.perf_counter()
+            try:
+                status, page = await pool.fetch("/metrics")
+            except (aiohttp.ClientError, TimeoutError) as error:
+                raise EvalIncomplete(f"{url}: /metrics did not answer ({type(error).__name__}: {error}): the server "
+                                     "is gone or stuck") from None
+            if status != 200:
+                problem = f"{url}: GET /metrics answered HTTP {status}"
+                if first:
+                    raise CorpusError(f"{problem}: the eval reads the server's own counters (a vLLM server)")
+                raise EvalIncomplete(problem)
+            if first and VLLM_PREFIX not in page:
+                raise CorpusError(f"{url}: GET /metrics answered a page without vLLM's counters (it begins "
+                                  f"{page.lstrip()[:40]!r}): the eval reads a vLLM server's own counters")
+            try:
+                counters = parse_metrics(page)
+            except UnreadablePage as error:
+                problem = f"{url}: GET /metrics answered a page the eval cannot read: {error}"
+                continue
+            self.reads += 1
+            self.read_seconds += time.perf_counter() - started
+            return counters
+        raise EvalIncomplete(f"{problem} (read {MAX_REMEASURES + 1} times)")
 
     async def _settled(self, server: Server, before: Counters, requests: int) -> Counters:
         after = await self._read(server.pool, server.url)
@@ -214,75 +280,113 @@ class _Replayer:
         for index, prompt in enumerate(self.pack.prompts):
             turn = index % len(servers)
             for server in servers[turn:] + servers[:turn]:
-                server.windows.append(await self._measured(server, mode, [(index, prompt)], index))
+                if index in self.skipped:
+                    break  # refused: no other head measures it either
+                window = await self._measured(server, mode, [(index, prompt)], index)
+                if window is not None:
+                    server.windows.append(window)
             self._report(f"{mode}: {index + 1}/{total} prompts")
 
     async def _phases(self, servers: list[Server], mode: str) -> None:
         turn = self.settings.modes.index(mode) % len(servers)
         for server in servers[turn:] + servers[:turn]:
-            server.windows.append(await self._measured(server, mode, list(enumerate(self.pack.prompts)), None))
+            window = await self._measured(server, mode, self._kept(), None)
+            if window is not None:
+                server.windows.append(window)
             self._report(f"{mode}: {server.label} done")
 
     async def _measured(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]],
-                        index: int | None) -> Window:
-        """One window the eval alone moved the counters in, measured again while other traffic shares it (a server
-        that counts per request: the sum of the requests' own counts)."""
-        reasons = []
+                        index: int | None) -> Window | None:
+        """One window the eval alone moved the counters in, measured again while other traffic shares it or the
+        counters are impossible (a server that counts per request: the sum of the requests' own counts); None when
+        the server refused every prompt of it."""
+        shared: list[str] = []
+        faults: list[str] = []
+        length = server.speculator.get("num_speculative_tokens")
         for _ in range(MAX_REMEASURES + 1):
+            prompts = [(at, prompt) for at, prompt in prompts if at not in self.skipped]
+            if not prompts:
+                return None
             if server.per_request:
                 started = time.perf_counter()
-                tokens, counted = await self._send(server, mode, prompts)
+                sent = await self._send(server, mode, prompts)
                 seconds = time.perf_counter() - started
-                if counted is not None:
-                    return Window(server.label, mode, index, len(prompts), tokens or 0, seconds, counted)
-                raise EvalIncomplete(f"{server.url}: stopped sending its per-request counts "
-                                     "(metrics.speculative_decoding) halfway through the eval")
+                if not sent.answered:
+                    return None
+                if sent.counted is None:
+                    raise EvalIncomplete(f"{server.url}: stopped sending its per-request counts "
+                                         "(metrics.speculative_decoding) halfway through the eval")
+                fault = _impossible(sent.counted, length)
+                if fault is None:
+                    return self._window(server, mode, index, sent, seconds, sent.counted)
+                faults.append(f"its own counts: {fault}")
+                self.remeasured += 1
+                continue
             before = self.readings[server.url]
             retries = sum(server.pool.counters.retries.values())
             started = time.perf_counter()
-            tokens, counted = await self._send(server, mode, prompts)
+            sent = await self._send(server, mode, prompts)
             seconds = time.perf_counter() - started
-            after = await self._settled(server, before, len(prompts))
+            after = await self._settled(server, before, len(sent.answered))
+            if not sent.answered:
+                return None
             delta = after - before
-            reason = _shared(delta, len(prompts), tokens, sum(server.pool.counters.retries.values()) != retries)
-            if server.per_request is None:
-                server.per_request = counted is not None and (reason is not None or _agree(delta, counted))
-                if server.per_request and counted is not None:  # from now on the requests' own counts alone
-                    return Window(server.label, mode, index, len(prompts), tokens or 0, seconds, counted)
-            if reason is None:
-                return Window(server.label, mode, index, len(prompts), tokens or 0, seconds, delta)
-            reasons.append(reason)
+            fault = _impossible(delta, length)
+            reason = _shared(delta, len(sent.answered), sent.tokens,
+                             sum(server.pool.counters.retries.values()) != retries)
+            if fault is None and reason is None:
+                if server.per_request is None:  # decided on a window no one else shared, never on another
+                    server.per_request = (sent.counted is not None and _agree(delta, sent.counted)
+                                          and _impossible(sent.counted, length) is None)
+                counters = sent.counted if server.per_request and sent.counted is not None else delta
+                return self._window(server, mode, index, sent, seconds, counters)
+            if fault is not None:
+                faults.append(fault)
+            elif reason is not None:
+                shared.append(reason)
             self.remeasured += 1
         where = f"prompt {index}" if index is not None else f"the {mode} phase"
+        if faults:
+            raise EvalIncomplete(f"{server.url}: counters no speculating server counts, in {len(faults)} of "
+                                 f"{MAX_REMEASURES + 1} measurements of {where}: a fault of the server, not a figure",
+                                 details=faults + shared)
         raise CorpusError(f"{server.url}: other traffic reached the server in every measurement of {where}: its "
                           "counters count every client's requests, so the eval needs a server no one else uses now",
-                          details=reasons)
+                          details=shared)
 
-    async def _send(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]]
-                    ) -> tuple[int | None, Counters | None]:
-        """Send ``prompts`` (at most ``concurrency`` at a time); the output tokens the server reported (None when
-        it reports none), and the sum of the requests' own counts (None unless every response has them)."""
+    def _window(self, server: Server, mode: str, index: int | None, sent: _Sent, seconds: float,
+                counters: Counters) -> Window:
+        if index is None:
+            self.phase_prompts[server.label, mode] = sent.answered
+        return Window(server.label, mode, index, len(sent.answered), sent.tokens, seconds, counters)
+
+    async def _send(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]]) -> _Sent:
+        """Send ``prompts`` (at most ``concurrency`` at a time); a prompt the server refuses is recorded in
+        ``skipped``, the others make the window."""
         limit = asyncio.Semaphore(self.settings.concurrency)
 
-        async def one(index: int, prompt: PackPrompt) -> TurnResult:
+        async def one(index: int, prompt: PackPrompt) -> TurnResult | None:
             request = TurnRequest(messages=prompt.messages, sampling=self.sampling, enable_thinking=MODES[mode],
                                   model=server.served_model, tools=prompt.tools)
             async with limit:
                 try:
-                    result = await server.pool.complete(request)
+                    return await server.pool.complete(request)
                 except (RetriesExhausted, GenerationIncomplete) as error:
                     raise EvalIncomplete(f"{error}") from None
                 except PermanentError as error:
-                    raise CorpusError(f"{server.url} refused prompt {index} (source {prompt.source}): "
-                                      f"{error.message}") from None
-            return result
+                    self.skipped.setdefault(index, {"prompt": index, "id": prompt.id, "source": prompt.source,
+                                                    "endpoint": server.label, "mode": mode, "reason": error.message})
+                    self._report(f"{mode}: {server.url} refused prompt {index} (source {prompt.source}): "
+                                 f"{error.message}: left out of every head's figures", force=True)
+                    return None
 
-        results = await asyncio.gather(*(one(index, prompt) for index, prompt in prompts))
-        counts = [result.completion_tokens for result in results]
+        outcomes = await asyncio.gather(*(one(index, prompt) for index, prompt in prompts))
+        answered = [(index, result) for (index, _), result in zip(prompts, outcomes, strict=True) if result is not None]
+        counts = [result.completion_tokens for _, result in answered]
         tokens = None if any(count is None for count in counts) else sum(c for c in counts if c is not None)
-        own = [request_counters(result.metrics, result.completion_tokens) for result in results]
+        own = [request_counters(result.metrics, result.completion_tokens) for _, result in answered]
         counted = None if any(c is None for c in own) else sum((c for c in own if c is not None), Counters())
-        return tokens, counted
+        return _Sent(tuple(index for index, _ in answered), tokens, counted)
 
     def _report(self, message: str, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -299,6 +403,42 @@ def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -
         return f"the server finished {delta.finished_requests:g} requests while the eval sent {requests}"
     if tokens is not None and delta.generation_tokens != tokens:
         return f"the server generated {delta.generation_tokens:g} tokens while the eval received {tokens}"
+    return None
+
+
+def _impossible(counters: Counters, draft_length: int | None) -> str | None:
+    """Why ``counters`` (what moved over a window) are not what a speculating server counts, or None. A draft
+    proposes at most ``draft_length`` tokens (None: not known) and is accepted as a prefix, so a drafted token is
+    accepted at most once, at position i only when it was at every position before it, and the positions sum to
+    the tokens accepted."""
+    c = counters
+    values = {"drafts": c.drafts, "draft tokens": c.draft_tokens, "accepted tokens": c.accepted,
+              "finished requests": c.finished_requests, "generated tokens": c.generation_tokens,
+              "time per output token": c.tpot_sum, **{f"accepted at position {position}": value
+                                                      for position, value in enumerate(c.accepted_by_position)}}
+    fallen = [name for name, value in values.items() if value < 0]
+    if fallen:
+        return f"counters went down ({', '.join(fallen)}): the server restarted, or its page is wrong"
+    del values["time per output token"]  # seconds; the others count events
+    broken = [name for name, value in values.items() if not float(value).is_integer()]
+    if broken:
+        return f"counts that are not whole numbers ({', '.join(broken)})"
+    if c.accepted > c.draft_tokens:
+        return f"{c.accepted:g} tokens accepted of {c.draft_tokens:g} drafted"
+    if draft_length is not None and c.draft_tokens > draft_length * c.drafts:
+        return f"{c.draft_tokens:g} tokens drafted in {c.drafts:g} drafts of at most {draft_length} tokens"
+    positions = c.accepted_by_position
+    if not positions:
+        return None  # a page without the counter by position (or a window without drafts)
+    if positions[0] > c.drafts:
+        return f"{positions[0]:g} tokens accepted at position 0 of {c.drafts:g} drafts"
+    for position in range(1, len(positions)):
+        if positions[position] > positions[position - 1]:
+            return (f"more tokens accepted at position {position} than at position {position - 1} "
+                    f"({positions[position]:g} > {positions[position - 1]:g}): a position's sample is missing or "
+                    "wrong")
+    if sum(positions) != c.accepted:
+        return f"the tokens accepted by position sum to {sum(positions):g}, not to the {c.accepted:g} accepted"
     return None
 
 

@@ -8,8 +8,10 @@ and every measurement window, so that ``--compare`` can pair two runs of the sam
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
+from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,34 +20,57 @@ import orjson
 
 from ..errors import CorpusError
 from ..generate.types import IDENTITY_FIELDS, describe_identity
+from ..outputs import staged
 from .figures import BOOTSTRAP_SEED, CONFIDENCE, RATIO_FIGURES, RESAMPLES, Sums, Window, figure_ratios, paired_ratios
 from .pack import Pack
 
 RUN_FORMAT = "corpus-eval/1"
+PROBE_BYTES = 64 * 1024  # what check_writable writes: room for a run of a few hundred windows
 ALL = "all"
 _POSITIONS_SHOWN = 4
 FIGURE_TITLES = {"acceptance_rate": "acceptance rate", "mean_acceptance_length": "mean acceptance length",
                  "output_tokens_per_s": "output tok/s"}
 
 
+class RunNotSaved(CorpusError):
+    """A finished run that could not be saved (a full disk, a directory gone): ``run`` holds it, to be printed."""
+
+    exit_code = 2  # as a build that meets a full disk
+
+    def __init__(self, message: str, run: dict[str, Any], *, file: str) -> None:
+        super().__init__(message, file=file)
+        self.run = run
+
+
 def run_document(pack: Pack, endpoints: list[dict[str, Any]], windows: list[Window], settings: dict[str, Any],
-                 notes: list[str], remeasured: int, metrics_reads: dict[str, Any]) -> dict[str, Any]:
-    """The saved form of a run; figures and ratios are computed from ``windows``."""
+                 notes: list[str], remeasured: int, metrics_reads: dict[str, Any],
+                 skipped: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The saved form of a run; figures and ratios are computed from ``windows``; ``skipped``: the prompts a server
+    refused (each with its pack index), left out of every figure."""
     prompts = [{"id": p.id, "source": p.source, "task": p.task} for p in pack.prompts]
     document = {
         "format": RUN_FORMAT,
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "pack": {"path": str(pack.path), "sha256": pack.sha256, "prompts": len(pack.prompts),
-                 "unreadable_rows": pack.unreadable},
+        "pack": {"path": str(pack.path), "sha256": pack.sha256, "prompts": len(pack.prompts), "rows": pack.rows,
+                 "unreadable_rows": pack.unreadable, "folded_requests": pack.folded,
+                 "repeated_prompts": pack.repeated},
         "settings": settings,
         "endpoints": endpoints,
         "notes": notes,
         "remeasured_windows": remeasured,
         "metrics_reads": metrics_reads,
         "prompts": prompts,
+        "skipped_prompts": skipped or [],
         "windows": [w.to_dict() for w in windows],
     }
     return document | _figures_and_ratios(document)
+
+
+def lost_rows(run: dict[str, Any]) -> tuple[int, int]:
+    """(rows of the pack lost: unreadable, or refused by a server; the rows read)."""
+    pack = run["pack"]
+    lost = sum(pack["unreadable_rows"].values()) + len(run.get("skipped_prompts", ()))
+    return lost, pack.get("rows", pack["prompts"] + sum(pack["unreadable_rows"].values()))
 
 
 def _figures_and_ratios(run: dict[str, Any]) -> dict[str, Any]:
@@ -76,9 +101,13 @@ def _chosen(windows: list[Window], mode: str, endpoint: str, members: set[int] |
 
 
 def _run_groups(run: dict[str, Any]) -> dict[str, set[int] | None]:
-    """Group -> the pack indices in it (None: every prompt): all, then each source, then each task, by name."""
+    """Group -> the pack indices in it (None: every prompt): all, then each source, then each task, by name; the
+    prompts a server refused are in none."""
+    skipped = {skip["prompt"] for skip in run.get("skipped_prompts", ())}
     named: dict[str, set[int]] = {}
     for index, prompt in enumerate(run["prompts"]):
+        if index in skipped:
+            continue
         named.setdefault(f"source:{prompt['source']}", set()).add(index)
         if prompt["task"] is not None:
             named.setdefault(f"task:{prompt['task']}", set()).add(index)
@@ -86,27 +115,101 @@ def _run_groups(run: dict[str, Any]) -> dict[str, set[int] | None]:
     return {ALL: None, **{group: named[group] for group in order}}
 
 
+def check_writable(directory: Path, what: str) -> None:
+    """Write ``PROBE_BYTES`` to a file in ``directory`` (made for it) and remove both again: a run is saved only
+    once it is finished, so a place that cannot take it (read-only, full) is found before the first request."""
+    made = [folder for folder in (directory, *directory.parents) if not folder.exists()]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory) as probe:
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as error:
+        raise CorpusError(f"{what}: cannot save a run there: {error.strerror or error}", file=str(directory)) from None
+    finally:
+        for folder in made:  # deepest first: nothing is left behind by the check
+            with suppress(OSError):
+                folder.rmdir()
+
+
 def save_run(run: dict[str, Any], directory: Path) -> Path:
-    """Write ``run`` as ``directory/<timestamp>-<hash>.json`` (staged, then renamed into place)."""
+    """Write ``run`` as ``directory/<timestamp>-<hash>.json`` (staged, then renamed into place; readable by all,
+    as every output is); RunNotSaved, holding the run, when it cannot be written."""
     body = orjson.dumps(run, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
     stamp = run["created"].replace("-", "").replace(":", "")
     path = directory / f"{stamp}-{hashlib.sha256(body).hexdigest()[:12]}.json"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        handle, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-        try:
-            with os.fdopen(handle, "wb") as file:
-                file.write(body)
-            os.replace(staged, path)
-        except BaseException:
-            Path(staged).unlink(missing_ok=True)
-            raise
-    except OSError as error:
-        raise CorpusError(f"cannot write the run: {error.strerror or error}", file=str(path)) from None
+        with staged(path) as partial:
+            partial.write_bytes(body)
+    except (OSError, CorpusError) as error:
+        cause = error.__cause__ if isinstance(error, CorpusError) else error  # staged's error names the file
+        problem = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause or error)
+        raise RunNotSaved(f"the run is finished but cannot be saved: {problem}", run, file=str(path)) from None
     return path
 
 
+class _Number:
+    """A finite number in a saved run (JSON has no NaN: a figure that was one is saved as null)."""
+
+
+_OR_NONE = type(None)
+_FIGURES = {"mode": str, "endpoint": str, "group": str, "requests": int, "output_tokens": (int, _OR_NONE),
+            "acceptance_rate": (_Number, _OR_NONE), "mean_acceptance_length": (_Number, _OR_NONE),
+            "acceptance_by_position": [_Number], "output_tokens_per_s": (_Number, _OR_NONE),
+            "tpot_ms": (_Number, _OR_NONE), "method": (str, _OR_NONE)}
+# What reading a saved run (its tables, its page, a comparison, the audit's section) relies on.
+_RUN_SHAPE: dict[str, Any] = {
+    "created": str,
+    "pack": {"path": str, "sha256": str, "prompts": int, "unreadable_rows": dict},
+    "settings": {"modes": [str], "concurrency": int, "temperature": (_Number, _OR_NONE), "temperature_from": str,
+                 "max_tokens": int},
+    "endpoints": [{"label": str, "url": str, "identity": dict, "speculator": dict}],
+    "notes": [str],
+    "metrics_reads": {"count": int, "seconds": _Number},
+    "prompts": [{"id": str, "source": str, "task": (str, _OR_NONE)}],
+    "windows": [{"endpoint": str, "mode": str, "prompt": (int, _OR_NONE), "requests": int,
+                 "output_tokens": (int, _OR_NONE), "seconds": _Number, "drafts": _Number, "draft_tokens": _Number,
+                 "accepted": _Number, "accepted_by_position": [_Number], "tpot_sum": _Number, "tpot_count": _Number}],
+    "figures": [_FIGURES],
+    "ratios": [{"a": str, "b": str, "mode": str, "group": str, "figure": str, "ratio": (_Number, _OR_NONE),
+                "low": (_Number, _OR_NONE), "high": (_Number, _OR_NONE)}],
+}
+
+
+def _shape_problem(value: Any, shape: Any, where: str) -> str | None:
+    """Where ``value`` breaks ``shape`` (a type, a tuple of them, {key: shape} for an object, [shape] for a list of
+    them), or None."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{where} is not an object"
+        for key, inner in shape.items():
+            if key not in value:
+                return f"{where}.{key} is missing".lstrip(".")
+            problem = _shape_problem(value[key], inner, f"{where}.{key}")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where} is not a list"
+        return next((problem for index, item in enumerate(value)
+                     if (problem := _shape_problem(item, shape[0], f"{where}[{index}]")) is not None), None)
+    kinds = shape if isinstance(shape, tuple) else (shape,)
+    number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if any(value is None if kind is _OR_NONE else number if kind is _Number
+           else isinstance(value, kind) and not isinstance(value, bool) for kind in kinds):
+        return None
+    return f"{where} is {orjson.dumps(value).decode()[:40]}, not {' or '.join(_KIND_NAMES[kind] for kind in kinds)}"
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", dict: "an object", _Number: "a number", _OR_NONE: "null"}
+
+
 def load_run(path: Path) -> dict[str, Any]:
+    """A run ``evaluate`` saved, checked to hold what its readers read (a run cut short or edited by hand, or saved
+    by an eval that let a NaN through as null, is refused, naming the key)."""
     try:
         run = orjson.loads(Path(path).read_bytes())
     except FileNotFoundError:
@@ -115,6 +218,9 @@ def load_run(path: Path) -> dict[str, Any]:
         raise CorpusError(f"not a saved eval run: {error}", file=str(path)) from None
     if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
         raise CorpusError(f"not a saved eval run (format {RUN_FORMAT})", file=str(path))
+    problem = _shape_problem(run, _RUN_SHAPE, "")
+    if problem is not None:
+        raise CorpusError(f"not a whole saved eval run: {problem.lstrip('.')}", file=str(path))
     return run
 
 
@@ -187,7 +293,8 @@ def describe_run(run: dict[str, Any]) -> list[str]:
 
 def figure_cells(row: dict[str, Any], settings: dict[str, Any]) -> list[str]:
     """One of a run's ``figures`` as a row of its table (``FIGURE_HEADER``)."""
-    return [row["mode"], row["endpoint"], row["group"], str(row["requests"]), str(row["output_tokens"]),
+    tokens = row["output_tokens"]
+    return [row["mode"], row["endpoint"], row["group"], str(row["requests"]), "n/a" if tokens is None else str(tokens),
             _number(row["acceptance_rate"]), _number(row["mean_acceptance_length"], 2),
             _positions(row["acceptance_by_position"]), _number(row["output_tokens_per_s"], 1),
             _number(row["tpot_ms"], 2), _temperature(settings), str(row["method"] or "not told")]

@@ -158,8 +158,9 @@ class RowNormaliser:
 
     ``kind`` "replay" keeps every turn and needs an assistant turn; "prompts" checks the order, then
     keeps only the system and user turns (the target regenerates the rest) and adds ``system_prompt``
-    when the row has no system turn. A prompt with tool traffic keeps its recorded assistant and tool turns:
-    the tool-result policy (``sources[].tool_results``) needs the recorded calls and their results.
+    when the row has no system turn; "pack" (an eval pack's file) keeps every turn and needs no assistant turn (a
+    row may end with the question the target answers). A prompt with tool traffic keeps its recorded assistant and
+    tool turns: the tool-result policy (``sources[].tool_results``) needs the recorded calls and their results.
     ``repair`` says which repairs may save a row that breaks the order. ``tool_choice_function``, the function
     a prompts source's tool_choice names, skips a row with tools that do not define it: the server refuses its
     every request.
@@ -169,6 +170,7 @@ class RowNormaliser:
                  repair: RepairRules = DEFAULT_REPAIRS, tool_choice_function: str | None = None) -> None:
         self.mapping = mapping
         self.replay = kind == "replay"
+        self.every_turn = kind != "prompts"  # assistant turns kept (and their content checked)
         self.system_prompt = system_prompt
         self.repair = repair
         self.tool_choice_function = tool_choice_function
@@ -237,8 +239,8 @@ class RowNormaliser:
         # with tool calls or results: whether their results answer their calls is in the ids, not in the roles.
         # A ``tools`` list alone does not matter to the order, so those rows take this way too.
         if empty is None and not turn_traffic and tuple(map(_ROLE, messages)) in self._accepted_roles:
-            return [NormalisedRow(messages if self.replay else self._prompt(messages, tooled), row_flags, source_id,
-                                  reference, tools=tools, served=served, session=session)]
+            return [NormalisedRow(messages if self.every_turn else self._prompt(messages, tooled), row_flags,
+                                  source_id, reference, tools=tools, served=served, session=session)]
         if empty is not None:
             row_flags.append(_EMPTY_TURNS_DROPPED)
         problem = empty or self._order_problem(messages, remember=not turn_traffic)
@@ -254,7 +256,8 @@ class RowNormaliser:
         if turn_traffic and self.replay:  # a prompt's recorded calls are regenerated, or flagged where kept
             parts = [(part, [*flags, FLAG_INVALID_TOOL_CALL] if has_non_object_arguments(part) else flags)
                      for part, flags in parts]
-        return [NormalisedRow(part if self.replay else self._prompt(part, tooled and carries_tool_traffic(part, tools)),
+        return [NormalisedRow(part if self.every_turn
+                              else self._prompt(part, tooled and carries_tool_traffic(part, tools)),
                               flags, source_id, reference, index if _SPLIT in flags else None, tools, served, session)
                 for index, (part, flags) in enumerate(parts)]
 
@@ -287,7 +290,7 @@ class RowNormaliser:
         if not isinstance(turns, list) or not turns:
             raise BadRow("bad_messages", f"'{layout.field}' is {_describe(turns)}")
         role_key, content_key = TURN_KEYS[layout.style]
-        check_assistant = self.replay  # prompts discard assistant turns, so their content is not checked
+        check_assistant = self.every_turn  # prompts discard assistant turns, so their content is not checked
         messages: list[Message] = []
         unclosed = tool_traffic = False
         empty: BadRow | None = None
@@ -331,7 +334,7 @@ class RowNormaliser:
     def _gsm8k(self, row: dict[str, Any]) -> tuple[list[Message], bool, str | None]:
         messages = [_user_turn(row, GSM8K_QUESTION)]
         answer = row.get(GSM8K_ANSWER)
-        if not self.replay:
+        if not self.every_turn:
             return messages, False, None if answer is None else str(answer)
         if GSM8K_ANSWER not in row:
             return messages, False, None  # check_role_order reports the missing assistant turn

@@ -13,7 +13,17 @@ speculative-decoding counters too: each answered request adds drafts of ``specul
 the first ``accepted_per_draft`` are accepted (0 tokens: counters that never move). ``foreign`` (chat request
 index -> requests) counts requests of other clients as finished while that request is served (a server someone
 else uses too). ``server_info`` is the ``vllm_config`` that ``/server_info`` tells, as vLLM's development mode does
-(without it the route is missing, as on a production server).
+(without it the route is missing, as on a production server), as JSON when asked ``config_format=json`` and as
+text otherwise. ``drafts_in`` names the modes (``enable_thinking`` values) in which the speculator drafts at all
+(an n-gram speculator finds nothing to copy in some outputs). The page holds the time per output token (20 ms a
+request), and a response's own counts say 10 ms. ``page_faults`` (chat requests answered -> fault) serves a
+broken counters page while that many requests are answered (``PAGE_FAULTS``); ``count_lag_reads`` reads of the
+page after a request still show the counts from before it (a server that counts late; a page fault shows after
+them). ``misreported`` adds
+accepted tokens to every request's own counts; ``own_count_faults`` (chat request index -> fault) breaks the own
+counts of chosen requests (``OWN_COUNT_FAULTS``). ``usage=False`` leaves ``usage`` out of answers; ``also_serves``
+lists more served names; ``on_chat`` is called with each chat request's index as it arrives (a test's hook to
+change the world mid-run, e.g. fill the disk).
 
 Tool calls, like a server with ``--enable-auto-tool-choice``: a request with ``tools`` whose last turn is the
 user's (or any request with ``tool_choice`` "required" or a named function) is answered by calling each of its
@@ -30,7 +40,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +64,28 @@ FAULT_KINDS = (
     "legacy",  # an older server: reasoning in message.reasoning_content
     "truncated",  # 200 whose body stops short of its Content-Length (a connection cut mid-answer)
 )
+
+
+# What a broken /metrics page looks like (``page_faults``).
+PAGE_FAULTS = (
+    "cut",  # cut short in the middle of a sample line
+    "nan",  # the accepted tokens' counter holds NaN
+    "html",  # an HTML page (a proxy's, a web UI's)
+    "missing_position",  # the sample of draft position 1 is left out
+    "down",  # every counter at a quarter of its count (below the page before: counters that go down)
+    "overdrafted",  # one draft token more per draft than the speculator drafts
+    "extra_tokens",  # one generated token more a request than the answers held (another client's, as far as it shows)
+    "status",  # HTTP 503 instead of the page
+    "reset",  # the connection reset instead of an answer
+)
+# What a broken response's own counts look like (``own_count_faults``).
+OWN_COUNT_FAULTS = (
+    "missing",  # no metrics.speculative_decoding
+    "overaccepted",  # more tokens accepted than drafted
+    "overdrafted",  # one draft token more per draft than the speculator drafts
+)
+OWN_TPOT_MS = 10.0  # a response's own mean inter-token latency
+PAGE_TPOT_S = 0.02  # each request's time per output token on the page
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +132,12 @@ class FaultServer:
                  die_after: int | None = None, fault_mix: dict[str, float] | None = None, seed: int = 0,
                  root: str | None = None, speculative_tokens: int | None = None, accepted_per_draft: int = 0,
                  foreign: dict[int, int] | None = None, server_info: dict[str, Any] | None = None,
-                 per_request_metrics: bool = False, misreported: int = 0) -> None:
+                 per_request_metrics: bool = False, misreported: int = 0,
+                 own_count_faults: dict[int, str] | None = None, drafts_in: tuple[bool, ...] = (True, False),
+                 page_faults: dict[int, str] | None = None, count_lag_reads: int = 0, usage: bool = True,
+                 on_chat: Callable[[int], None] | None = None, also_serves: tuple[str, ...] = ()) -> None:
         self.model = model
+        self.also_serves = also_serves  # other names /v1/models lists (the same weights served twice)
         self.max_model_len = max_model_len
         self.by_index = dict(by_index or {})
         self.by_prompt = dict(by_prompt or {})
@@ -122,8 +158,19 @@ class FaultServer:
         # accepted tokens than it counted, a server whose two accounts disagree)
         self.per_request_metrics = per_request_metrics
         self.misreported = misreported
+        self.own_count_faults = dict(own_count_faults or {})
+        self.drafts_in = drafts_in
+        self.page_faults = dict(page_faults or {})
+        for faults, known in ((self.page_faults, PAGE_FAULTS), (self.own_count_faults, OWN_COUNT_FAULTS)):
+            unknown = set(faults.values()) - set(known)
+            if unknown:
+                raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {known}")
+        self.count_lag_reads = count_lag_reads
+        self._lagging: tuple[int, dict[str, int], list[float]] | None = None  # reads left, counts shown meanwhile
+        self.usage = usage
+        self.on_chat = on_chat
         self.counters = {"requests": 0, "tokens": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0}
-        self.accepted_by_position = [0] * (speculative_tokens or 0)
+        self.accepted_by_position: list[float] = [0] * (speculative_tokens or 0)
         self.requests: list[Recorded] = []
         self._port = port
         self._chat_count = 0
@@ -241,15 +288,17 @@ class FaultServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         self._record(request, None)
-        card = {"id": self.model, "object": "model", "owned_by": "vllm", "root": self.root,
-                "max_model_len": self.max_model_len}
-        return web.json_response({"object": "list", "data": [card]})
+        cards = [{"id": name, "object": "model", "owned_by": "vllm", "root": self.root,
+                  "max_model_len": self.max_model_len} for name in (self.model, *self.also_serves)]
+        return web.json_response({"object": "list", "data": cards})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self._record(request, body)
         index = self._chat_count
         self._chat_count += 1
+        if self.on_chat is not None:
+            self.on_chat(index)
         if self.die_after is not None and index >= self.die_after and not self.dead:
             self.dead = True
             asyncio.get_running_loop().create_task(self._stop_site())
@@ -284,30 +333,40 @@ class FaultServer:
             return _json(context_error(self.max_model_len, prompt_tokens), status=400)
         completion = self._completion(body, prompt, prompt_tokens, kind)
         tokens = completion["usage"]["completion_tokens"]
-        self._count(tokens, foreign=self.foreign.get(index, 0))
-        if self.per_request_metrics and self.speculative_tokens:
-            completion["metrics"] = {"speculative_decoding": self._own_counts(tokens)}
+        drafting = bool((body.get("chat_template_kwargs") or {}).get("enable_thinking", True)) in self.drafts_in
+        if self.count_lag_reads:
+            self._lagging = (self.count_lag_reads, dict(self.counters), list(self.accepted_by_position))
+        self._count(tokens, foreign=self.foreign.get(index, 0), drafting=drafting)
+        own_fault = self.own_count_faults.get(index)
+        if self.per_request_metrics and self.speculative_tokens and own_fault != "missing":
+            completion["metrics"] = {"speculative_decoding": self._own_counts(tokens if drafting else 0, own_fault),
+                                     "mean_itl_ms": OWN_TPOT_MS}
+        if not self.usage:
+            del completion["usage"]
         return _json(completion)
 
-    def _own_counts(self, tokens: int) -> dict[str, Any]:
+    def _own_counts(self, tokens: int, fault: str | None) -> dict[str, Any]:
         """A request's ``metrics.speculative_decoding`` as vLLM 0.32 writes it: every verify step accepted
-        ``accepted_per_draft`` of its drafted tokens."""
+        ``accepted_per_draft`` of its drafted tokens (``misreported`` more counted accepted; ``fault`` breaks
+        them)."""
         assert self.speculative_tokens is not None
         steps = -(-tokens // (self.accepted_per_draft + 1))
         histogram = [0] * (self.speculative_tokens + 1)
         histogram[self.accepted_per_draft] = steps
-        accepted = steps * self.accepted_per_draft + self.misreported
+        drafted = steps * (self.speculative_tokens + (fault == "overdrafted"))
+        accepted = steps * self.accepted_per_draft + self.misreported + (drafted + 1 if fault == "overaccepted" else 0)
         return {"mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
-                "draft_acceptance_rate": accepted / (steps * self.speculative_tokens) if steps else 0.0,
+                "draft_acceptance_rate": accepted / drafted if steps else 0.0,
                 "acceptance_histogram": histogram, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
-                "num_draft_tokens": steps * self.speculative_tokens, "num_spec_tokens": self.speculative_tokens}
+                "num_draft_tokens": drafted, "num_spec_tokens": self.speculative_tokens}
 
-    def _count(self, tokens: int, *, foreign: int) -> None:
-        """vLLM's counters after a request of ``tokens`` (and ``foreign`` requests of others, alike) finished."""
+    def _count(self, tokens: int, *, foreign: int, drafting: bool = True) -> None:
+        """vLLM's counters after a request of ``tokens`` (and ``foreign`` requests of others, alike) finished;
+        its speculator drafted only when ``drafting``."""
         for _ in range(1 + foreign):
             self.counters["requests"] += 1
             self.counters["tokens"] += tokens
-            if self.speculative_tokens:
+            if self.speculative_tokens and drafting:
                 drafts = -(-tokens // (self.accepted_per_draft + 1))
                 self.counters["drafts"] += drafts
                 self.counters["draft_tokens"] += drafts * self.speculative_tokens
@@ -319,23 +378,50 @@ class FaultServer:
         self._record(request, None)
         if self.dead:
             return _reset(request)
+        # a late count shows the counts from before the last request, faults apart; then the page as it is now
+        fault = self.page_faults.get(self._chat_count) if self._lagging is None else None
+        if fault == "html":
+            return web.Response(text="\n  <!DOCTYPE html><html><body>Metrics dashboard</body></html>\n",
+                                content_type="text/html")
+        if fault == "status":
+            return web.Response(status=503, text="metrics are not ready")
+        if fault == "reset":
+            return _reset(request)
+        shown: dict[str, float] = dict(self.counters)
+        positions = list(self.accepted_by_position)
+        if self._lagging is not None:  # the counts from before the last request, for a few reads more
+            reads, before, positions = self._lagging
+            shown = dict(before)
+            self._lagging = (reads - 1, before, positions) if reads > 1 else None
+        scale = 0.25 if fault == "down" else 1.0
         labels = f'engine="0",model_name="{self.model}"'
-        counters = self.counters
+        counters = {name: scale * count for name, count in shown.items()}
+        counters["draft_tokens"] += counters["drafts"] if fault == "overdrafted" else 0
+        counters["tokens"] += self._chat_count if fault == "extra_tokens" else 0
+        accepted = "NaN" if fault == "nan" else f"{counters['accepted']:.1f}"
         lines = ["# TYPE vllm:request_success_total counter",
-                 f'vllm:request_success_total{{{labels},finished_reason="stop"}} {counters["requests"]}.0',
+                 f'vllm:request_success_total{{{labels},finished_reason="stop"}} {counters["requests"]:.1f}',
                  f'vllm:request_success_total{{{labels},finished_reason="length"}} 0.0',
-                 f"vllm:generation_tokens_total{{{labels}}} {counters['tokens']}.0"]
+                 f"vllm:generation_tokens_total{{{labels}}} {counters['tokens']:.1f}",
+                 f"vllm:request_time_per_output_token_seconds_sum{{{labels}}} {PAGE_TPOT_S * counters['requests']}",
+                 f"vllm:request_time_per_output_token_seconds_count{{{labels}}} {counters['requests']:.1f}"]
         if self.speculative_tokens is not None:  # 0: a speculator that never drafts
-            lines += [f"vllm:spec_decode_num_drafts_total{{{labels}}} {counters['drafts']}.0",
-                      f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {counters['draft_tokens']}.0",
-                      f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {counters['accepted']}.0"]
-            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{position}"}} {count}.0'
-                      for position, count in enumerate(self.accepted_by_position)]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+            lines += [f"vllm:spec_decode_num_drafts_total{{{labels}}} {counters['drafts']:.1f}",
+                      f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {counters['draft_tokens']:.1f}",
+                      f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {accepted}"]
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{position}"}} '
+                      f"{scale * count:.1f}" for position, count in enumerate(positions)
+                      if not (fault == "missing_position" and position == 1)]
+        page = "\n".join(lines) + "\n"
+        if fault == "cut":
+            page = page[:page.rindex("{") + 5]  # in the middle of the last sample's labels
+        return web.Response(text=page, content_type="text/plain")
 
     async def _server_info(self, request: web.Request) -> web.Response:
+        """vLLM's development route: its config as JSON when asked, as text (a str of it) otherwise."""
         self._record(request, None)
-        return web.json_response({"vllm_config": self.server_info})
+        as_json = request.query.get("config_format") == "json"
+        return web.json_response({"vllm_config": self.server_info if as_json else str(self.server_info)})
 
     def _mixed_fault(self) -> Fault | None:
         draw = self._mix_random.random()

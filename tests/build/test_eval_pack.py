@@ -264,3 +264,22 @@ def test_the_dry_run_says_what_the_pack_holds_out_and_counts_without_it(tmp_path
     assert "eval pack: conversations held out of chat 10 of 100, code 10 of 50" in format_plan(plan)
     # 100 rows less the pack's 10 cannot give 95
     assert any("chat" in problem and "95" in problem for problem in plan.problems), plan.problems
+
+
+def test_a_share_that_rounds_to_no_row_leaves_no_empty_pack_and_the_eval_says_why(tmp_path: Path) -> None:
+    write_traffic(tmp_path)
+    corpus = build(write_recipe(tmp_path, "eval: {fraction: 0.001}", SOURCES.replace(", eval: {fraction: 0.2}", "")))
+    assert not (corpus.root / EVAL).exists()
+    section = corpus.manifest.section("eval")
+    assert section["conversations"] == 0 and section["files"] == []
+    assert {name: (entry["read"], entry["held"]) for name, entry in section["sources"].items()} == {
+        "chat": (100, 0), "code": (50, 0)}
+    assert corpus.manifest.conversations == 150 and corpus.verify_files() == []
+    from corpus_builder.errors import CorpusError
+
+    with pytest.raises(CorpusError) as refused:
+        read_pack(corpus.root)
+    assert str(refused.value) == (
+        f"{corpus.root}: the corpus's eval pack holds no conversation: the recipe's eval share held none of the rows "
+        "its replay sources gave (chat 0 of 100, code 0 of 50; a fraction that rounds to 0 rows holds none): "
+        "rebuild with a larger eval.rows or eval.fraction, or give a conversations file instead")

@@ -19,6 +19,7 @@ from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
 from corpus_builder.testing.trials import corpus_rows, shard_hashes
+from tests.support.disks import grow, tmpfs
 from tests.support.real_data import write_chitchat, write_rows
 
 MODEL = "tiny-target"
@@ -154,24 +155,9 @@ def test_an_output_path_that_cannot_be_written_is_a_user_error(tmp_path: Path, w
 
 @pytest.fixture()
 def small_disk(tmp_path: Path):
-    """A 6 MiB tmpfs (a real full disk) that ``grow`` enlarges. Mounting needs root; under CI its absence
-    fails the test."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True)
-    if mounted.returncode != 0:
-        reason = f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}"
-        if os.environ.get("CI"):
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    try:
+    """A 6 MiB tmpfs (a real full disk) that ``grow`` enlarges."""
+    with tmpfs(tmp_path / "disk", "6m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def grow(mount: Path) -> None:
-    subprocess.run(["mount", "-o", "remount,size=256m", str(mount)], check=True)
 
 
 def test_a_full_disk_mid_build_is_a_clean_error_and_a_rerun_with_space_completes(tmp_path: Path,

