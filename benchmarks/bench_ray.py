@@ -136,7 +136,8 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
     sampler.join()
     if process.returncode:
         raise RuntimeError(f"{engine} build failed ({process.returncode})")
-    seconds, rows = stdout.split()
+    # the child's figures are its last line: a Ray worker's log lines forwarded to the driver may come before it
+    seconds, rows = stdout.splitlines()[-1].split()
     return {"engine": engine, "workers": workers, "seconds": float(seconds), "rows": int(rows),
             "driver_rss_mib": peaks["driver"] / 2**20, "worker_rss_mib": peaks["worker"] / 2**20,
             "worker_uss_mib": peaks["worker_uss"] / 2**20, "worker_heap_mib": peaks["worker_heap"] / 2**20}
