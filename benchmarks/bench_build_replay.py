@@ -1,7 +1,8 @@
 """Benchmark: `corpus build` of a replay-only corpus from a ShareGPT-style JSONL file.
 
-Reports conversations/s end to end (process start to exit) and the peak memory of the build process and its
-forked readers (``Memory``: RSS and PSS summed, and the largest process's RSS) at 20k and 200k conversations,
+Reports conversations/s end to end (process start to exit), the CPU seconds of the build and its forked readers
+(user and system: on a machine others load, what their load moves least) and the peak memory of the build process
+and its readers (``Memory``: RSS and PSS summed, and the largest process's RSS) at 20k and 200k conversations,
 alternating sizes across repetitions so machine noise hits both alike.
 
     python benchmarks/bench_build_replay.py [--sizes 20000 200000] [--repeats 3] [--workdir DIR]
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -109,14 +111,17 @@ def write_recipe(path: Path, data: Path, out: Path, tokenizer: Path | None = Non
     )
 
 
-def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = None) -> tuple[float, Memory]:
-    """(seconds, peak memory) of one `corpus build` process and its worker processes (``peak_memory``).
-    ``code``: a checkout whose corpus_builder is imported instead of this one."""
+def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = None
+              ) -> tuple[float, Memory, float]:
+    """(seconds, peak memory, CPU seconds) of one `corpus build` process and its worker processes
+    (``peak_memory``; the CPU time, user and system, of the process and its children: on a machine others load,
+    the figure their load moves least). ``code``: a checkout whose corpus_builder is imported instead of this one."""
     env = dict(os.environ)
     if workers is not None:
         env["CORPUS_WORKERS"] = str(workers)
     # `python -m` puts its working directory first on the path: run where no checkout is, import through PYTHONPATH
     env["PYTHONPATH"] = str(code if code is not None else REPO)
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "corpus_builder", "build", str(recipe), "--out", str(out)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=recipe.parent)
@@ -124,7 +129,9 @@ def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = 
     seconds = time.perf_counter() - start
     if process.returncode != 0:
         raise SystemExit(f"build failed: {process.stderr.read().decode()[-2000:]}")
-    return seconds, peak
+    done = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = done.ru_utime - used.ru_utime + done.ru_stime - used.ru_stime
+    return seconds, peak, cpu
 
 
 class Memory(NamedTuple):
@@ -263,17 +270,17 @@ def main() -> None:
                 write_recipe(recipes[(variant, size)], data, work / f"out-{size}",
                              tokenizer if variant == "tokens" else None, args.max_seq_len)
         runs = [(name, variant, size) for name in codes for variant in args.variants for size in args.sizes]
-        results: dict[tuple[str, str, int], list[tuple[float, Memory, int]]] = {run: [] for run in runs}
+        results: dict[tuple[str, str, int], list[tuple[float, Memory, int, float]]] = {run: [] for run in runs}
         anchors: dict[tuple[str, int], list[tuple[dict[str, Any], float]]] = {}
         for repeat in range(args.repeats):
             for name, variant, size in runs:
                 out = work / f"out-{name}-{variant}-{size}-{repeat}"
-                seconds, memory = run_build(recipes[(variant, size)], out, args.workers, codes[name])
+                seconds, memory, cpu = run_build(recipes[(variant, size)], out, args.workers, codes[name])
                 tokens = audit_tokens(out)
-                results[(name, variant, size)].append((seconds, memory, tokens))
+                results[(name, variant, size)].append((seconds, memory, tokens, cpu))
                 rate = f"{tokens / seconds:11,.0f} tok/s" if tokens else ""
                 print(f"run {repeat} {name:<5} {variant:<6} size {size:>7}: {seconds:7.2f} s  {size / seconds:9,.0f} "
-                      f"conv/s  peak RSS {memory.rss:7.1f} MiB  PSS {memory.pss:7.1f} MiB  "
+                      f"conv/s  CPU {cpu:7.2f} s  peak RSS {memory.rss:7.1f} MiB  PSS {memory.pss:7.1f} MiB  "
                       f"largest {memory.largest:7.1f} MiB  {rate}", flush=True)
                 shutil.rmtree(out, ignore_errors=True)  # 200k corpora add up
             for anchor in ANCHORS if args.anchors else ():
@@ -288,7 +295,7 @@ def main() -> None:
 
 
 def report(sizes: list[int], codes: dict[str, Path | None], variants: list[str],
-           results: dict[tuple[str, str, int], list[tuple[float, Memory, int]]],
+           results: dict[tuple[str, str, int], list[tuple[float, Memory, int, float]]],
            anchors: dict[tuple[str, int], list[tuple[dict[str, Any], float]]]) -> None:
     """Medians per code, variant and size; the tokens variant against the plain build and the anchors."""
     medians: dict[tuple[str, str, int], tuple[float, float, float, float, float]] = {}
@@ -302,10 +309,12 @@ def report(sizes: list[int], codes: dict[str, Path | None], variants: list[str],
                 pss = statistics.median(r[1].pss for r in runs)
                 largest = statistics.median(r[1].largest for r in runs)
                 rate = statistics.median(r[2] / r[0] for r in runs)
+                cpu = statistics.median(r[3] for r in runs)
                 medians[(name, variant, size)] = (seconds, rss, rate, pss, largest)
                 tokens = f"  {rate:11,.0f} tok/s" if rate else ""
                 print(f"  {variant:<6} {size:>7} conversations: {seconds:7.2f} s  {size / seconds:9,.0f} conv/s  "
-                      f"peak RSS {rss:7.1f} MiB  PSS {pss:7.1f} MiB  largest {largest:7.1f} MiB{tokens}")
+                      f"CPU {cpu:7.2f} s  peak RSS {rss:7.1f} MiB  PSS {pss:7.1f} MiB  largest {largest:7.1f} MiB"
+                      f"{tokens}")
             if len(sizes) >= 2:
                 small, large = min(sizes), max(sizes)
                 print(f"  {variant:<6} peak RSS ratio {large} / {small}: "

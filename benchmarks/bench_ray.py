@@ -136,36 +136,43 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
     sampler.join()
     if process.returncode:
         raise RuntimeError(f"{engine} build failed ({process.returncode})")
-    seconds, rows = stdout.split()
+    # the child's figures are its last line: a Ray worker's log lines forwarded to the driver may come before it
+    seconds, rows = stdout.splitlines()[-1].split()
     return {"engine": engine, "workers": workers, "seconds": float(seconds), "rows": int(rows),
             "driver_rss_mib": peaks["driver"] / 2**20, "worker_rss_mib": peaks["worker"] / 2**20,
             "worker_uss_mib": peaks["worker_uss"] / 2**20, "worker_heap_mib": peaks["worker_heap"] / 2**20}
 
 
 def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, float]:
-    """Bytes per input row each shuffle of the Ray engine moves, from its own stage functions, on the file's first
+    """Bytes per input row each shuffle of the Ray engine moves, from the plan's own stages, on the file's first
     ``sample`` rows."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    from corpus_builder.build import ray_data
+    from corpus_builder.build.plan import Plan
     from corpus_builder.recipe import load_recipe
-    from corpus_builder.sources.parallel import replay_parts
+    from corpus_builder.sources.parallel import measured_rows
 
-    recipe = load_recipe(recipe_path)
-    parts = dict(enumerate(replay_parts(recipe, 1)))
-    batches = ray_data._screen_parts({"part": np.array([0])}, parts=parts, recipe=recipe, contamination=None,
-                                     settings=None, pack_cut=None, pack_files=[])
+    plan = Plan.of(load_recipe(recipe_path), None)
+    assert plan.dedup is not None
+    checker = plan.screen.checker(None)
     taken: list[pa.Table] = []
-    while sum(map(len, taken)) < sample and (batch := next(batches, None)) is not None:  # not the whole file
-        taken.append(batch)
-    screened = pa.concat_tables(taken).slice(0, sample)
-    entries = ray_data._bucket_entries(screened, recipe=recipe, final_ids={})
-    verdicts = ray_data._bucket_verdicts(entries, recipe=recipe)
-    rows = len(screened)
-    return {"bucket_entries": entries.nbytes / rows,
-            "ids_aggregate": screened.select(["priority", "raw_id"]).nbytes / rows,
-            "verdicts_sorted": verdicts.nbytes / rows}
+    rows_read = 0
+    for measured in measured_rows(plan.read.parts(1)[0](), checker.measure):
+        screened = checker.screened(measured.items, measured.measurement)
+        taken.append(screened.to_arrow(np.arange(rows_read, rows_read + len(screened.records))))
+        rows_read += len(screened.records)
+        if rows_read >= sample:  # not the whole file
+            break
+    screened_rows = pa.concat_tables(taken).slice(0, sample)
+    rows = screened_rows.filter(pc.is_null(screened_rows.column("skip_reason")))
+    ids = rows.column("id").to_pylist()
+    entries = plan.dedup.entries(rows, ids)
+    verdicts = plan.dedup.judge_groups(entries)
+    count = len(screened_rows)
+    return {"bucket_entries": entries.nbytes / count, "ids_aggregate": plan.ids.entries(rows, ids).nbytes / count,
+            "verdicts_sorted": verdicts.nbytes / count}
 
 
 def load_rule_before(base: str) -> Any:

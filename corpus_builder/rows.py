@@ -3,6 +3,11 @@
 A row is a ``Conversation`` in the pipeline and an Arrow record (``ARROW_SCHEMA``) in shards and files;
 ``conversations_to_batch`` and ``batch_to_conversations`` are the only conversions between them.
 
+Between a build's tasks a batch is *records*: its rows and, in their place, the skip records of the rows that did
+not make it (``errors.Skipped``), in ``RECORD_SCHEMA``: the row form and three skip columns (``skip_reason`` set on
+a skip record only, which keeps its source and id in the row columns and leaves the others null);
+``records_to_batch`` and ``batch_to_records`` convert. A stage adds its own typed columns beside them.
+
 Tool traffic: a turn's ``tool_calls`` are a list of ``{id, name, arguments}`` structs (every call has exactly
 these three strings, so polars and pyarrow count and read calls without parsing JSON; ``arguments`` stays the
 model's own text), and a tool turn's ``tool_call_id`` is a string. The row's ``tools`` are a JSON string, as
@@ -12,7 +17,7 @@ null on rows and turns without tool traffic.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -22,6 +27,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .errors import Skipped
 from .records import Conversation, Message, ToolCall
 
 TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
@@ -40,13 +46,16 @@ ARROW_SCHEMA = pa.schema([
     ("split", pa.string()),
     ("provenance", pa.string()),  # JSON-encoded object: its keys differ between replayed and generated rows
 ])
+SKIP_FIELDS = (pa.field("skip_reason", pa.string()), pa.field("skip_location", pa.string()),
+               pa.field("skip_detail", pa.string()))
+RECORD_SCHEMA = pa.schema([*ARROW_SCHEMA, *SKIP_FIELDS])
 SPOOL_BATCH = 2048  # rows per batch of a RowSpool
 
 
-def spool_writer(sink: pa.NativeFile) -> pa.RecordBatchStreamWriter:
-    """An Arrow stream of rows in the row form, zstd-compressed: a build's spools hold every row it keeps (or
-    prompts), which for text is several times smaller compressed, at little CPU."""
-    return pa.ipc.new_stream(sink, ARROW_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="zstd"))
+def spool_writer(sink: pa.NativeFile, schema: pa.Schema = ARROW_SCHEMA) -> pa.RecordBatchStreamWriter:
+    """An Arrow stream of rows in the row form (or records, ``RECORD_SCHEMA``), zstd-compressed: a build's spools
+    hold every row it keeps (or prompts), which for text is several times smaller compressed, at little CPU."""
+    return pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd"))
 
 
 class RowSpool:
@@ -150,7 +159,7 @@ def _thinking(offsets: np.ndarray, roles: pa.Array, reasonings: pa.Array) -> np.
     return thinking
 
 
-def batch_to_conversations(batch: pa.RecordBatch) -> list[Conversation]:
+def batch_to_conversations(batch: pa.RecordBatch | pa.Table) -> list[Conversation]:
     """The rows of a batch (a shard's, or a raw file's converted batch) as conversations; a shard written
     before tool traffic existed (no tool columns) reads as rows without it."""
     conversations = []
@@ -177,3 +186,44 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     if isinstance(value, str):
         value = orjson.loads(value)
     return value or None
+
+
+def records_to_batch(records: Sequence[Conversation | Skipped]) -> pa.RecordBatch:
+    """Rows and skip records, in order, as one batch of ``RECORD_SCHEMA``."""
+    rows: list[Conversation] = []
+    skips: list[Skipped] = []
+    places: tuple[list[int], list[int]] = ([], [])  # where each row, and each skip record, is among the records
+    for place, record in enumerate(records):
+        if isinstance(record, Conversation):
+            rows.append(record)
+            places[0].append(place)
+        else:
+            skips.append(record)
+            places[1].append(place)
+    converted = conversations_to_batch(rows)
+    kept = pa.RecordBatch.from_arrays([*converted.columns, *(pa.nulls(len(rows), field.type) for field in SKIP_FIELDS)],
+                                      schema=RECORD_SCHEMA)
+    if not skips:
+        return kept
+    given = {"id": pa.array([skip.id for skip in skips], pa.string()),
+             "source": pa.array([skip.source for skip in skips], pa.string()),
+             "skip_reason": pa.array([skip.reason for skip in skips], pa.string()),
+             "skip_location": pa.array([skip.location for skip in skips], pa.string()),
+             "skip_detail": pa.array([skip.detail for skip in skips], pa.string())}
+    dropped = pa.RecordBatch.from_arrays([given.get(field.name, pa.nulls(len(skips), field.type))
+                                          for field in RECORD_SCHEMA], schema=RECORD_SCHEMA)
+    order = np.argsort(np.asarray(places[0] + places[1], dtype=np.int64), kind="stable")
+    return pa.Table.from_batches([kept, dropped]).take(pa.array(order)).combine_chunks().to_batches()[0]
+
+
+def batch_to_records(batch: pa.RecordBatch | pa.Table) -> list[Conversation | Skipped]:
+    """The rows and skip records of a batch of ``RECORD_SCHEMA`` (a stage's own columns beside them left out), in
+    order."""
+    batch = batch.select(RECORD_SCHEMA.names)
+    is_skip = pc.is_valid(batch.column("skip_reason"))
+    rows = iter(batch_to_conversations(batch.filter(pc.invert(is_skip))))
+    skips = batch.filter(is_skip)
+    skipped = iter([Skipped(source, reason, location, detail, id=row_id) for source, reason, location, detail, row_id
+                    in zip(*(skips.column(name).to_pylist() for name in (
+                        "source", "skip_reason", "skip_location", "skip_detail", "id")), strict=True)])
+    return [next(skipped) if skip else next(rows) for skip in is_skip.to_pylist()]

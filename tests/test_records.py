@@ -39,8 +39,7 @@ def test_the_origins_are_the_schemas_and_a_prompt_row_is_no_corpus_row() -> None
 
 
 def test_a_pickled_turn_comes_back_with_every_field() -> None:
-    """Rows cross processes pickled (the Ray engine's tasks, the forked readers); a turn pickles by its
-    constructor's arguments, so a field left out of them would come back as its default."""
+    """Rows cross the forked readers' queues pickled: a turn comes back with every field."""
     import dataclasses
     import pickle
 

@@ -27,8 +27,10 @@ from ..records import Conversation
 from ..rows import batch_to_conversations, conversations_to_batch
 from ..screen.checks import Checker
 from ..screen.dedup import Dedup
+from ..screen.ids import UniqueIds
 from ..screen.near_dedup import NearDuplicates
 from ..screen.normalise import conversation_text
+from ..screen.stream import outcomes, screened_in_order
 from ..secrets import Finding, scan_conversations, scan_corpus
 from ..stats.corpus import AuditReport, CorpusStats, SecretsReport, corpus_problems
 from ..stats.pack import pack_mix, stratum
@@ -212,8 +214,10 @@ def audited(path: str | Path, *, endpoint: str | None = None, secrets: bool = Tr
     # dump's audit and a default build of it agree on every count. Near duplicates are counted besides:
     # what checks.near_duplicates (off by default) would drop.
     checks = Checks()
-    report = audit_conversations(Checker(checks, None, dedup=Dedup(checks)).run(iter_file(target)),
-                                 near=NearDuplicateSettings())
+    dedup = Dedup(checks)
+    judged = screened_in_order(iter_file(target), Checker(checks, None, dedup=dedup),
+                               [UniqueIds().judge, dedup.judge_batch])
+    report = audit_conversations(outcomes(judged), near=NearDuplicateSettings())
     if secrets:
         report["secrets"] = _secrets_section(
             scan_conversations(item for item in iter_file(target) if isinstance(item, Conversation)))

@@ -15,6 +15,7 @@ sample is one ``TokenSample`` for every part, keyed by each row's place in its u
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Final
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from ..errors import Skipped
 from ..records import Conversation
@@ -40,6 +42,7 @@ LENGTH_MEASURES: Final = ("prompt_tokens", "response_tokens", "reasoning_tokens"
 COPY_EDGES: Final = (0.1, 0.25, 0.5, 0.75, 1.0)
 COPY_BUCKETS: Final = ("0", "0-10%", "10-25%", "25-50%", "50-75%", "75-100%")
 _COMPACT_PARTS = 32
+_COUNTS = pa.map_(pa.string(), pa.int64())  # a Counter as a typed column
 
 
 class _Table:
@@ -62,6 +65,17 @@ class _Table:
         """Another table's counts added to these."""
         if other.parts:
             self.add(other.frame())
+
+    def to_ipc(self) -> bytes:
+        """The counts as an Arrow IPC file (typed: its schema travels with it); ``add_ipc`` adds them back."""
+        sink = io.BytesIO()
+        self.frame().write_ipc(sink)
+        return sink.getvalue()
+
+    def add_ipc(self, data: bytes) -> None:
+        frame = pl.read_ipc(io.BytesIO(data))
+        if frame.width:
+            self.add(frame)
 
     def frame(self) -> pl.DataFrame:
         """The parts merged: one row per group, sorted by the keys (merged once; the report reads it often)."""
@@ -99,6 +113,28 @@ class TokenTables:
         self.conversations += other.conversations
         self.unmeasured_turns += other.unmeasured_turns
         self.skipped.update(other.skipped)
+
+    def to_arrow(self) -> dict[str, pa.Array]:
+        """The measures as typed columns of one row (``Profile.to_arrow``)."""
+        return {"span_tokens": pa.array([self.span_tokens], pa.int64()),
+                "frequencies": pa.array([self.frequencies], pa.list_(pa.int64())),
+                "buckets": pa.array([self.buckets.to_ipc()], pa.binary()),
+                "exact": pa.array([self.exact.to_ipc()], pa.binary()),
+                "copies": pa.array([self.copies.to_ipc()], pa.binary()),
+                "conversations": pa.array([self.conversations], pa.int64()),
+                "unmeasured_turns": pa.array([self.unmeasured_turns], pa.int64()),
+                "token_skipped": pa.array([list(self.skipped.items())], _COUNTS)}
+
+    @classmethod
+    def from_arrow(cls, row: pa.Table) -> TokenTables:
+        tables = cls(row.column("span_tokens")[0].as_py(),
+                     np.asarray(row.column("frequencies")[0].values.to_numpy(zero_copy_only=False), dtype=np.int64),
+                     conversations=row.column("conversations")[0].as_py(),
+                     unmeasured_turns=row.column("unmeasured_turns")[0].as_py(),
+                     skipped=Counter(dict(row.column("token_skipped")[0].as_py())))
+        for name, table in (("buckets", tables.buckets), ("exact", tables.exact), ("copies", tables.copies)):
+            table.add_ipc(row.column(name)[0].as_py())
+        return tables
 
     def add(self, keys: pl.DataFrame, measured: Measured) -> None:
         self.conversations += keys.height
@@ -145,6 +181,28 @@ class Profile:
         if meter is None:
             return cls(label)
         return cls(label, tokens=TokenTables(meter.span_tokens, np.zeros(meter.vocab_size, dtype=np.int64)))
+
+    def to_arrow(self) -> pa.Table:
+        """The profile as one row of typed columns, to cross from a task to the driver: the count tables as Arrow
+        IPC files, the counters as maps, the token tables' columns (null without a token pass)."""
+        columns: dict[str, pa.Array] = {
+            "label": pa.array([self.label], pa.string()), "facts": pa.array([self.facts.to_ipc()], pa.binary()),
+            "skipped": pa.array([list(self.skipped.items())], _COUNTS),
+            "rows_read": pa.array([self.rows_read], pa.int64()), "folded": pa.array([self.folded], pa.int64()),
+            "models": pa.array([list(self.models.items())], _COUNTS)}
+        if self.tokens is not None:
+            columns |= self.tokens.to_arrow()
+        return pa.table(columns)
+
+    @classmethod
+    def from_arrow(cls, row: pa.Table) -> Profile:
+        """The profile of ``to_arrow``'s row."""
+        profile = cls(row.column("label")[0].as_py(), skipped=Counter(dict(row.column("skipped")[0].as_py())),
+                      tokens=TokenTables.from_arrow(row) if "frequencies" in row.column_names else None,
+                      rows_read=row.column("rows_read")[0].as_py(), folded=row.column("folded")[0].as_py(),
+                      models=Counter(dict(row.column("models")[0].as_py())))
+        profile.facts.add_ipc(row.column("facts")[0].as_py())
+        return profile
 
     def merge(self, other: Profile) -> None:
         """Another part's counts added to these (both measured by the same meter, or neither)."""

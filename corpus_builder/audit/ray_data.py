@@ -27,13 +27,13 @@ the tokenizer must be on storage every node sees (one machine, or a shared files
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 
 import numpy as np
 import pyarrow as pa
+import ray
 import ray.data
 
 from ..build.ray_data import PARTS_PER_CPU, connect
@@ -92,9 +92,14 @@ def _read_on_ray(label: str, parts: list[list[Unit]], numbers: list[int], meter:
     results = ray.data.from_items([{"part": number} for number in numbers],
                                   override_num_blocks=max(1, len(numbers))).map_batches(
         partial(_read_parts, label=label, parts=parts, meter=meter, sample=sample), batch_size=1,
-        batch_format="numpy").take_all()
-    return {result["part"]: result["problem"] if result["problem"] is not None else pickle.loads(result["profile"])
-            for result in sorted(results, key=lambda result: result["part"])}
+        batch_format="numpy")
+    read: dict[int, Profile | str] = {}
+    for table in ray.get(results.to_arrow_refs()):
+        for index in range(len(table)):
+            row = table.slice(index, 1)
+            problem = row.column("problem")[0].as_py()
+            read[row.column("part")[0].as_py()] = problem if problem is not None else Profile.from_arrow(row)
+    return dict(sorted(read.items()))
 
 
 def _decided_sample(traffic: str, meter: TokenMeter | None, token_sample: int, seed: int) -> TokenSample:
@@ -114,18 +119,14 @@ def _decided_sample(traffic: str, meter: TokenMeter | None, token_sample: int, s
 
 def _read_parts(batch: dict[str, np.ndarray], *, label: str, parts: Sequence[Sequence[Unit]],
                 meter: TokenMeter | None, sample: TokenSample) -> pa.Table:
-    """Each part's profile, pickled, or the problem that stopped its reading."""
-    numbers = batch["part"].tolist()
-    problems: list[str | None] = []
-    profiles: list[bytes] = []
-    for number in numbers:
+    """Each part's profile (``Profile.to_arrow``), or the problem that stopped its reading (and an empty profile)."""
+    tables = []
+    for number in batch["part"].tolist():
+        problem = None
         try:
             profile = read_part(label, parts[number], meter, sample)
         except CorpusError as error:
-            problems.append(str(error))
-            profiles.append(b"")
-        else:
-            problems.append(None)
-            profiles.append(pickle.dumps(profile, protocol=pickle.HIGHEST_PROTOCOL))
-    return pa.table({"part": pa.array(numbers, pa.int64()), "problem": pa.array(problems, pa.string()),
-                     "profile": pa.array(profiles, pa.binary())})
+            problem, profile = str(error), Profile.empty(label, meter)
+        tables.append(profile.to_arrow().append_column("part", pa.array([number], pa.int64())).append_column(
+            "problem", pa.array([problem], pa.string())))
+    return pa.concat_tables(tables)

@@ -1,42 +1,36 @@
-"""Collecting a declared corpus: every source's rows that pass the checks, spooled, then the rows the mixture
-takes, in recipe order.
+"""The select stage of a build's plan: the keys of the rows that pass the checks, the prompt sources' rounds, and
+the report of a declared corpus.
 
-Rows that pass the checks are spooled per source in the staging directory (the Arrow row form), with their
-split (decided by their id) and what selection needs kept in memory as integers: priority, split and
-thinking, per row. Prompt sources are generated in priority order, round after round, each round asking for
-what the previous ones fell short by (``mixture.next_round``), until every source has its rows or its pool
-is exhausted; every round goes through the journal like any generation, so a rebuild asks for nothing new.
+What the take reads of each kept row is kept in memory as integers (``MixtureKeys``): its source, split (decided by
+its id), reasoning and priority; the engine holds the rows themselves (the local engine spools them per source).
+Prompt sources are generated in priority order, round after round, each round asking for what the previous ones
+fell short by (``mixture.next_round``), until every source has its rows or its pool is exhausted; every round goes
+through the journal like any generation, so a rebuild asks for nothing new.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
-from ..recipe.model import Recipe
+from ..recipe.model import Mixture
 from ..records import Conversation, row_location
-from ..rows import RowSpool, batch_to_conversations
-from ..screen.checks import BatchStats, Checker
-from ..screen.dedup import Evicted, Verdict
-from ..sources import MeasuredRows
-from .mixture import (
-    Available,
-    RowBounds,
-    Selection,
-    certain_shortfalls,
-    next_round,
-    plan_selection,
-    resolve_counts,
-)
+from ..rows import batch_to_conversations
+from ..screen.dedup import Dedup, Evicted, Verdict, dedup_key
+from ..screen.near_dedup import Duplicate
+from .mixture import Available, RowBounds, Selection, SelectStage, certain_shortfalls, next_round, resolve_counts
 from .prompt_stage import GenerationSession
-from .shards import LedgerWriter
 from .split import Splitter
+
+# What the take reads of each kept row, where the rows are (``TakeRule.keys_table``).
+KEYS = pa.schema([("source", pa.string()), ("split", pa.string()), ("thinking", pa.bool_()),
+                  ("row_priority", pa.uint64())])
 
 
 class MixtureShort(CorpusError):
@@ -49,24 +43,84 @@ class MixtureKeys:
     """What the mixture's take reads of the rows that passed every check, per source: each row's split (decided by
     its id), reasoning and priority; and the kept rows evicted since."""
 
-    def __init__(self, recipe: Recipe, splitter: Splitter) -> None:
-        self.recipe = recipe
-        self.splitter = splitter
-        self.available = {spec.name: Available() for spec in recipe.sources}
+    def __init__(self, select: SelectStage) -> None:
+        self.select = select
+        self.splitter = select.splitter
+        self.seed = select.mixture.seed
+        self.available = {spec.name: Available() for spec in select.sources}
         self.evictions = Evictions()
+        self.rule = TakeRule(select.splitter, self.seed, self.evictions)
 
     def add_keys(self, source: str, row_id: str, thinking: bool) -> str:
         """A kept row's keys; returns its split."""
         split = self.splitter.assign_id(row_id)
-        self.available[source].add(split, thinking, mixture_priority(self.recipe.mixture.seed, row_id))
+        self.available[source].add(split, thinking, mixture_priority(self.seed, row_id))
         return split
 
     def evict(self, evicted: Evicted) -> None:
         """A kept row a later row of a higher-priority source duplicates: out of the selection, into the ledger
         when the selection is read."""
-        row_priority = mixture_priority(self.recipe.mixture.seed, evicted.id)
+        row_priority = mixture_priority(self.seed, evicted.id)
         self.available[evicted.source].discard(self.splitter.assign_id(evicted.id), evicted.thinking, row_priority)
         self.evictions.add(evicted)
+
+    def add_table(self, keys: pa.Table) -> None:
+        """Kept rows' keys, as ``TakeRule.keys_table`` gives them where the rows are."""
+        for source, split, thinking, row_priority in zip(*(keys.column(name).to_pylist() for name in KEYS.names),
+                                                         strict=True):
+            self.available[source].add(split, thinking, row_priority)
+
+    def judge_generated(self, judge: Dedup | None, rows: list[tuple[int, str, str, bool]],
+                        heads: dict[int, Duplicate], final_ids: dict[int, str], evict: Callable[[Evicted], None],
+                        *, keep: bool) -> dict[int, Verdict | None]:
+        """Generated rows, each ``(priority, own id, source, reasoning)``, in priority order, judged against the
+        head each duplicates (what the local engine's index answers for it, found by a group-by) as the local
+        engine's stream judges them: a row that outranks the row of its head evicts it and is kept (``evict``),
+        one that does not is dropped as its duplicate. Returns the verdicts of the rows with a head (None: kept);
+        ``keep``: the rows kept join the take's keys, one at a time (a row kept may be evicted by the next)."""
+        verdicts: dict[int, Verdict | None] = {}
+        for priority, raw_id, source, thinking in rows:
+            row_id = final_ids.get(priority, raw_id)
+            head = heads.get(priority)
+            verdict = None
+            if judge is not None and head is not None:
+                [verdict] = judge.judge([dedup_key(thinking, source, row_id)], [head], evict)
+                verdicts[priority] = verdict
+            if verdict is None and keep:
+                self.add_keys(source, row_id, thinking)
+        return verdicts
+
+
+@dataclass(frozen=True)
+class TakeRule:
+    """What the take decides of a row where the row is (a writing task's, too: it carries no key of the others):
+    its keys, and whether it is written."""
+
+    splitter: Splitter
+    seed: int  # mixture.seed
+    evictions: Evictions
+
+    def keys_table(self, sources: pa.Array | pa.ChunkedArray, ids: list[str],
+                   thinking: pa.Array | pa.ChunkedArray) -> pa.Table:
+        """What the take reads of kept rows (``KEYS``), where they are: their source, split (by the id each is
+        written under), reasoning and priority; ``add_table`` adds them."""
+        return pa.table({"source": sources, "split": pa.array([self.splitter.assign_id(i) for i in ids], pa.string()),
+                         "thinking": thinking,
+                         "row_priority": pa.array([mixture_priority(self.seed, i) for i in ids],
+                                                  pa.uint64())}, schema=KEYS)
+
+    def taken(self, row: Conversation, selection: Selection | None) -> Conversation | Skipped | None:
+        """A kept row as the take writes it: its record when it was evicted, else the row, split, when the
+        ``selection`` takes it (None: every row), else None."""
+        evicted = self.evictions.skipped(row)
+        if evicted is not None:
+            return evicted
+        if row.split is None:
+            row.split = self.splitter.assign(row)
+        if selection is None or selection.takes(row.source, row.split, row.thinking,
+                                                mixture_priority(self.seed, row.id)):
+            return row
+        return None
 
 
 class Evictions:
@@ -87,62 +141,10 @@ class Evictions:
         return Skipped(row.source, verdict.reason, row_location(row), verdict.detail, id=row.id)
 
 
-class KeptRows(MixtureKeys):
-    """The rows that passed every check, spooled per source, with their selection keys in memory."""
-
-    def __init__(self, recipe: Recipe, staging: Path, splitter: Splitter) -> None:
-        super().__init__(recipe, splitter)
-        self.directory = staging / "kept"
-        self.directory.mkdir()
-        self._spools: dict[str, RowSpool] = {}  # only sources that kept a row have one
-
-    def add(self, conversation: Conversation) -> None:
-        conversation.split = self.add_keys(conversation.source, conversation.id, conversation.thinking)
-        spool = self._spools.get(conversation.source)
-        if spool is None:
-            spool = self._spools[conversation.source] = RowSpool(self.directory / f"{len(self._spools):04d}.arrow")
-        spool.append(conversation)
-
-    def close(self) -> None:
-        for spool in self._spools.values():
-            spool.close()
-
-    def selected(self, selection: Selection) -> Iterator[Conversation | Skipped]:
-        """The rows the selection takes: source by source in recipe order, each in the order it was kept; and
-        the evicted rows, as the ledger's records."""
-        for spec in self.recipe.sources:
-            spool = self._spools.get(spec.name)
-            if spool is None:
-                continue
-            for row in spool:
-                assert row.split is not None
-                evicted = self.evictions.skipped(row)
-                if evicted is not None:
-                    yield evicted
-                elif selection.takes(row.source, row.split, row.thinking,
-                                     mixture_priority(self.recipe.mixture.seed, row.id)):
-                    yield row
-
-
-def collect(recipe: Recipe, checker: Checker, kept: KeptRows, ledger: LedgerWriter,
-            replay: Iterable[Conversation | Skipped | MeasuredRows[BatchStats]],
-            session: GenerationSession | None, *, allow_short: bool = False) -> Selection:
-    """Check every replay row and generate prompt sources in rounds until the declared corpus is met (or
-    cannot be); returns the selection of rows to write. Dropped rows go to the ledger as they are decided.
-    A declared corpus the rows certainly cannot meet stops before any request, unless ``allow_short``."""
-    _absorb(checker.run(replay), kept, ledger)
-    generated: dict[str, int] = {}
-    if session is not None:
-        generated = generate_in_rounds(recipe, session, lambda: kept.available,
-                                       lambda rows: _absorb(checker.run(rows), kept, ledger), allow_short)
-    kept.close()
-    return plan_selection(recipe, kept.available, generated)
-
-
-def declared_mixture(recipe: Recipe, selection: Selection, allow_short: bool) -> dict[str, Any]:
+def declared_mixture(mixture: Mixture, selection: Selection, allow_short: bool) -> dict[str, Any]:
     """The manifest's report of the declared corpus the selection takes; MixtureShort, before anything is
     written, when it falls short and not ``allow_short``."""
-    report = selection.report(recipe)
+    report = selection.report(mixture)
     if selection.shortfalls and not allow_short:
         raise MixtureShort("the corpus the recipe declares cannot be met: nothing was written (--allow-short "
                            "writes it anyway, marked in the manifest and the card)",
@@ -158,27 +160,19 @@ def _reached(report: dict[str, Any]) -> list[str]:
     return [*lines, f"thinking share reached {share['reached']:.1%}"]
 
 
-def _absorb(items: Iterator[Conversation | Skipped], kept: KeptRows, ledger: LedgerWriter) -> None:
-    for item in items:
-        if isinstance(item, Skipped):
-            ledger.write(item)
-        else:
-            kept.add(item)
-
-
-def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Callable[[], dict[str, Available]],
+def generate_in_rounds(select: SelectStage, session: GenerationSession, kept: Callable[[], dict[str, Available]],
                        absorb: Callable[[Iterator[Conversation | Skipped]], None], allow_short: bool) -> dict[str, int]:
     """Generate the prompt sources in rounds; ``absorb`` checks each round's rows and keeps some, ``kept()`` is what
     every source has kept so far (the replayed rows first), read before each round is planned. A corpus that
     declares nothing asks every prompt once and reads no count. Returns the rows asked for per prompts source,
     over every round."""
-    samples = recipe.target.generation.n
-    pools = _prompt_pools(recipe, session)
+    samples = select.samples
+    pools = _prompt_pools(select, session)
     counts: dict[str, int | None] = dict.fromkeys(pools)  # no count declared: every prompt, once
-    if recipe.mixture.declared(recipe.sources):
-        counts = _declared_counts(recipe, session, kept(), pools, allow_short)
+    if select.declared:
+        counts = _declared_counts(select, session, kept(), pools, allow_short)
     asked = dict.fromkeys(pools, 0)  # prompts asked for so far, per source
-    for _ in range(recipe.mixture.max_rounds):
+    for _ in range(select.mixture.max_rounds):
         batch: dict[str, tuple[int, int]] = {}  # source -> [first, last) ranks of its pool to ask this round
         for name, pool in pools.items():
             declared = counts[name]
@@ -200,7 +194,7 @@ def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Callabl
             for batch in session.spool.batches():
                 in_round = [index for index, (source, row_id) in enumerate(_sources_and_ids(batch))
                             if source in bounds
-                            and bounds[source][0] <= mixture_priority(recipe.mixture.seed, row_id) <= bounds[source][1]]
+                            and bounds[source][0] <= mixture_priority(select.mixture.seed, row_id) <= bounds[source][1]]
                 if in_round:
                     yield from batch_to_conversations(batch.take(in_round))
 
@@ -208,30 +202,30 @@ def generate_in_rounds(recipe: Recipe, session: GenerationSession, kept: Callabl
     return {name: count * samples for name, count in asked.items()}
 
 
-def _declared_counts(recipe: Recipe, session: GenerationSession, kept: dict[str, Available],
+def _declared_counts(select: SelectStage, session: GenerationSession, kept: dict[str, Available],
                      pools: dict[str, list[int]], allow_short: bool) -> dict[str, int | None]:
     """The rows each source must contribute to the declared corpus, known from the rows kept and the prompt pools
     before any request; a CorpusError when they certainly cannot meet it, unless ``allow_short``."""
-    samples = recipe.target.generation.n
+    samples = select.samples
     at_most = ({name: RowBounds.of_rows(have.count(), have.count(thinking=True), "rows pass every check")
                 for name, have in kept.items()}
                | {name: RowBounds.of_prompts(len(pool), samples) for name, pool in pools.items()})
-    short = certain_shortfalls(recipe, at_most)
+    short = certain_shortfalls(select, at_most)
     if short and not allow_short:
         raise CorpusError("the corpus the recipe declares cannot be met, as the rows at hand show before any "
                           "request: nothing was generated or written (--allow-short builds it anyway, marked "
                           "short in the manifest and the card)", details=short)
     for line in short:
         print(f"declared corpus: {line} (--allow-short: building it short)", file=session.stream)
-    return resolve_counts(recipe, {name: bound.rows for name, bound in at_most.items()})
+    return resolve_counts(select, {name: bound.rows for name, bound in at_most.items()})
 
 
-def _prompt_pools(recipe: Recipe, session: GenerationSession) -> dict[str, list[int]]:
+def _prompt_pools(select: SelectStage, session: GenerationSession) -> dict[str, list[int]]:
     """Each prompts source's prompts as sorted priorities: the order they are generated in."""
-    pools: dict[str, list[int]] = {spec.name: [] for spec in recipe.sources if spec.kind == "prompts"}
+    pools: dict[str, list[int]] = {spec.name: [] for spec in select.sources if spec.kind == "prompts"}
     for batch in session.spool.batches():
         for source, row_id in _sources_and_ids(batch):
-            pools[source].append(mixture_priority(recipe.mixture.seed, row_id))
+            pools[source].append(mixture_priority(select.mixture.seed, row_id))
     for pool in pools.values():
         pool.sort()
     return pools

@@ -28,7 +28,7 @@ from ..records import Conversation
 from ..screen.dedup import EvalSets, read_eval_sets
 from ..sources import iter_source, prompt_stream
 from ..tokens import TemplateRenderer, TokenSettings
-from .mixture import RowBounds, certain_shortfalls
+from .mixture import RowBounds, SelectStage, certain_shortfalls
 
 MEASURE_BATCH = 512
 
@@ -178,7 +178,7 @@ def plan_build(recipe: Recipe, out: Path | None = None, *, allow_short: bool | N
     plan.eval_sets = eval_sets
     plan.warnings += eval_sets.warnings() if eval_sets is not None else []
     allowed = recipe.mixture.allow_short if allow_short is None else allow_short
-    for line in certain_shortfalls(recipe, counter.bounds(recipe)):
+    for line in certain_shortfalls(SelectStage.of(recipe), counter.bounds(recipe)):
         if allowed:
             plan.warnings.append(f"declared corpus: {line} (--allow-short: the build writes it short)")
         else:

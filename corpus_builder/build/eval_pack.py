@@ -13,7 +13,7 @@ which ``PackCut.holds`` keeps the pack's rows out of. The pack is cut from the r
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,11 +24,12 @@ import pyarrow.parquet as pq
 from ..draws import pack_priority
 from ..layout import EVAL, ShardInfo
 from ..progress import ProgressLine
-from ..recipe.model import PackShare, Recipe
+from ..recipe.model import Checks, PackShare, Recipe
 from ..records import Conversation
 from ..rows import batch_to_conversations
 from ..screen.pack import PackScreen
 from ..sources import replay_stream
+from ..sources.parallel import Part
 from ..stats.pack import Stratum, stratum
 from .mixture import apportion
 from .shards import ShardWriter
@@ -77,19 +78,37 @@ def _stratum_order(item: tuple[Stratum, Any]) -> tuple[str, str, bool]:
     return source, task or "", thinking
 
 
-def cut_eval_pack(recipe: Recipe, staging: Path, stream: TextIO) -> EvalPack | None:
-    """Cut the recipe's eval pack (None without one) and write it into ``staging``'s eval/."""
-    shares = recipe.pack_shares()
-    if not shares:
-        return None
-    cut = plan_cut(recipe, shares, _source_rows(recipe, shares, "eval pack: draw", stream))
-    screen = PackScreen(recipe.checks, cut.holds)
-    writer = ShardWriter(staging, recipe.output.rows_per_shard, directory=EVAL)
+@dataclass(frozen=True)
+class PackStage:
+    """The eval pack's cut in a build's plan: each replay source's share, the seed of the draw, the checks whose
+    near rule keeps the corpus apart from the pack."""
+
+    shares: dict[str, PackShare]
+    seed: int
+    checks: Checks
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> PackStage | None:
+        """The recipe's pack (None: it holds none out)."""
+        shares = recipe.pack_shares()
+        if not shares:
+            return None
+        return cls(shares, recipe.eval.seed if recipe.eval is not None else 0, recipe.checks)
+
+
+def cut_eval_pack(stage: PackStage, parts: Callable[[int], list[Part]], rows_per_shard: int, staging: Path,
+                  stream: TextIO) -> EvalPack:
+    """Cut the eval pack from the replay sources' ``parts`` (``ReadStage.parts``) and write it into ``staging``'s
+    eval/, ``rows_per_shard`` a shard."""
+    shares = stage.shares
+    cut = plan_cut(shares, stage.seed, _source_rows(parts, shares, "eval pack: draw", stream))
+    screen = PackScreen(stage.checks, cut.holds)
+    writer = ShardWriter(staging, rows_per_shard, directory=EVAL)
     held: list[Conversation] = []
     # rows written per stratum: copies of one conversation share its draw, so a stratum can hold more than its quota
     written = dict.fromkeys(cut.strata, 0)
     try:
-        for row in _source_rows(recipe, shares, "eval pack: write", stream):
+        for row in _source_rows(parts, shares, "eval pack: write", stream):
             if cut.holds(row):
                 row.split = EVAL
                 writer.write(row)
@@ -109,19 +128,19 @@ def cut_eval_pack(recipe: Recipe, staging: Path, stream: TextIO) -> EvalPack | N
     return EvalPack(PackCut(cut.seed, cut.cutoffs, strata), screen, files, shares)
 
 
-def read_pack_screen(recipe: Recipe, cut: PackCut, files: Sequence[Path]) -> PackScreen:
+def read_pack_screen(checks: Checks, cut: PackCut, files: Sequence[Path]) -> PackScreen:
     """The pack's screen indexed again from its written shards, in the order they were written: what a process
     that did not cut the pack checks rows against (a Ray task: an index holds memory maps, it cannot travel)."""
-    screen = PackScreen(recipe.checks, cut.holds)
+    screen = PackScreen(checks, cut.holds)
     for path in files:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=_INDEX_BATCH):
             screen.add(batch_to_conversations(batch))
     return screen
 
 
-def plan_cut(recipe: Recipe, shares: dict[str, PackShare], rows: Iterator[Conversation]) -> PackCut:
-    """The cut of ``rows`` (the replay sources' conversations) that gives each source its share."""
-    seed = recipe.eval.seed if recipe.eval is not None else 0
+def plan_cut(shares: dict[str, PackShare], seed: int, rows: Iterator[Conversation]) -> PackCut:
+    """The cut of ``rows`` (the replay sources' conversations) that gives each source its share, drawn with
+    ``seed``."""
     draws: dict[Stratum, array[int]] = {}
     for row in rows:
         key = stratum(row)
@@ -141,10 +160,11 @@ def plan_cut(recipe: Recipe, shares: dict[str, PackShare], rows: Iterator[Conver
     return PackCut(seed, cutoffs, strata)
 
 
-def _source_rows(recipe: Recipe, shares: dict[str, PackShare], phase: str, stream: TextIO) -> Iterator[Conversation]:
+def _source_rows(parts: Callable[[int], list[Part]], shares: dict[str, PackShare], phase: str, stream: TextIO
+                 ) -> Iterator[Conversation]:
     """The conversations of the replay sources the pack is cut from, as the build reads them."""
     progress = ProgressLine(phase, stream=stream)
-    for measured in replay_stream(recipe, _unmeasured):
+    for measured in replay_stream(parts, _unmeasured):
         progress.advance(len(measured.items))
         yield from (item for item in measured.items if isinstance(item, Conversation) and item.source in shares)
     progress.finish()

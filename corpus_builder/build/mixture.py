@@ -20,11 +20,30 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..recipe.model import Recipe, ThinkingShare
-from .split import TRAIN, VALIDATION
+from ..recipe.model import Mixture, Recipe, SourceSpec, ThinkingShare
+from .split import TRAIN, VALIDATION, Splitter
 
 SPLITS = (TRAIN, VALIDATION)
 K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class SelectStage:
+    """The take of a build's plan (``plan``): what the recipe declares of its corpus (the mixture, the sources'
+    targets, in recipe order), the split the take's keys are read with, and the samples each prompt gives."""
+
+    mixture: Mixture
+    sources: tuple[SourceSpec, ...]
+    splitter: Splitter
+    samples: int  # target.generation.n
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> SelectStage:
+        return cls(recipe.mixture, recipe.sources, Splitter.of(recipe.split), recipe.target.generation.n)
+
+    @property
+    def declared(self) -> bool:
+        return self.mixture.declared(self.sources)
 
 
 @dataclass
@@ -107,8 +126,7 @@ class Selection:
         threshold = self.thresholds.get((source, split, thinking))
         return threshold is not None and row_priority <= threshold
 
-    def report(self, recipe: Recipe) -> dict[str, Any]:
-        mixture = recipe.mixture
+    def report(self, mixture: Mixture) -> dict[str, Any]:
         thinking = mixture.thinking_share
         return {
             "sources": {name: outcome.to_dict() for name, outcome in self.sources.items()},
@@ -120,7 +138,7 @@ class Selection:
         }
 
 
-def resolve_counts(recipe: Recipe, sizes: dict[str, int]) -> dict[str, int | None]:
+def resolve_counts(select: SelectStage, sizes: dict[str, int]) -> dict[str, int | None]:
     """Rows each source must contribute: a declared count; a share of the total (the shares' rows allotted by
     largest remainders, so that the parts add up to the total); for a source with no target every kept row
     (None; ``sizes`` says how many that is), or with ``mixture.total`` its part of the rows the targets leave,
@@ -129,7 +147,7 @@ def resolve_counts(recipe: Recipe, sizes: dict[str, int]) -> dict[str, int | Non
     counts: dict[str, int | None] = {}
     shares: dict[str, float] = {}
     open_sizes: dict[str, int] = {}  # the sources with no target
-    for spec in recipe.sources:
+    for spec in select.sources:
         if spec.target is not None and spec.target.count is not None:
             counts[spec.name] = spec.target.count
         elif spec.target is not None and spec.target.share is not None:
@@ -137,7 +155,7 @@ def resolve_counts(recipe: Recipe, sizes: dict[str, int]) -> dict[str, int | Non
         else:
             open_sizes[spec.name] = sizes.get(spec.name, 0)
     fixed = sum(count for count in counts.values() if count is not None)
-    total = recipe.mixture.total
+    total = select.mixture.total
     if total is None:
         fixed += sum(open_sizes.values())
         total = round(fixed / (1 - sum(shares.values()))) if shares else fixed
@@ -189,23 +207,23 @@ class RowBounds:
         return cls(rows, thinking, rows - thinking, f"{rows:,} {counted}")
 
 
-def certain_shortfalls(recipe: Recipe, bounds: dict[str, RowBounds]) -> list[str]:
+def certain_shortfalls(select: SelectStage, bounds: dict[str, RowBounds]) -> list[str]:
     """What the declared corpus certainly misses, known from the most each source can give before any request:
     a target above it, the rows ``mixture.total`` leaves to the sources with no target above theirs, or a
     thinking share outside what any mix of the rows reaches, every generated row counted as reasoning (or as
     not). A share of a total that the rows of the sources with no target make up is not judged: those rows
     are known only after the checks."""
-    if not recipe.mixture.declared(recipe.sources):
+    if not select.declared:
         return []
-    counts = resolve_counts(recipe, {name: bound.rows for name, bound in bounds.items()})
-    total = recipe.mixture.total
-    open_sources = [spec.name for spec in recipe.sources if spec.target is None]
+    counts = resolve_counts(select, {name: bound.rows for name, bound in bounds.items()})
+    total = select.mixture.total
+    open_sources = [spec.name for spec in select.sources if spec.target is None]
     # a share of a total that the rows of the sources with no target make up: known only after the checks
     shares_unknown = total is None and bool(open_sources) and any(
-        spec.target is not None and spec.target.share is not None for spec in recipe.sources)
+        spec.target is not None and spec.target.share is not None for spec in select.sources)
     shortfalls = []
     wants: list[tuple[int, RowBounds]] = []  # the rows each target takes, with what its source can give
-    for spec in recipe.sources:
+    for spec in select.sources:
         want = counts[spec.name]
         if spec.target is None or want is None or (spec.target.share is not None and shares_unknown):
             continue
@@ -224,7 +242,7 @@ def certain_shortfalls(recipe: Recipe, bounds: dict[str, RowBounds]) -> list[str
             names = ", ".join(f"'{name}'" for name in open_sources)
             shortfalls.append(f"the sources with no target ({names}): at most {untargeted.rows:,} rows, {rest:,} "
                               f"left to them by mixture.total ({total:,})")
-    target = recipe.mixture.thinking_share
+    target = select.mixture.thinking_share
     if target is None or shares_unknown:
         return shortfalls
     # a target above what its source can give takes every row it has (reported above): of those, not of rows
@@ -262,7 +280,7 @@ def next_round(declared: int, kept: int, generated: int, pool_left: int) -> int:
     return min(pool_left, -(-missing * generated // max(kept, 1)))
 
 
-def plan_selection(recipe: Recipe, available: dict[str, Available], generated: dict[str, int]) -> Selection:
+def plan_selection(select: SelectStage, available: dict[str, Available], generated: dict[str, int]) -> Selection:
     """Decide how many rows of each (source, split, thinking) cell to take.
 
     Each source's rows are taken by priority: its thinking and plain rows in the proportion that gives, each
@@ -271,12 +289,12 @@ def plan_selection(recipe: Recipe, available: dict[str, Available], generated: d
     order) to the share, within what each source has; per split, when a split then misses it, rows also move
     between the splits, the split sizes nearest these first, whenever any choice of the rows reaches every
     split. Anything unmet is a shortfall, named."""
-    counts = resolve_counts(recipe, {name: have.count() for name, have in available.items()})
-    target = recipe.mixture.thinking_share
+    counts = resolve_counts(select, {name: have.count() for name, have in available.items()})
+    target = select.mixture.thinking_share
     outcomes: dict[str, SourceOutcome] = {}
     shortfalls: list[str] = []
     wants: dict[str, int] = {}
-    for spec in recipe.sources:
+    for spec in select.sources:
         have = available[spec.name]
         declared = counts[spec.name]
         want = have.count() if declared is None else declared
@@ -316,8 +334,8 @@ def plan_selection(recipe: Recipe, available: dict[str, Available], generated: d
             if abs(outcome.reached - outcome.declared_share * total) >= 1 and not short:
                 shortfalls.append(f"source '{name}': {outcome.reached:,} rows, {outcome.reached / total:.1%} of the "
                                   f"{total:,} written, {outcome.declared_share:.1%} declared")
-    if recipe.mixture.total is not None and total != recipe.mixture.total:
-        shortfalls.append(f"corpus: {total:,} rows reached, mixture.total declares {recipe.mixture.total:,}")
+    if select.mixture.total is not None and total != select.mixture.total:
+        shortfalls.append(f"corpus: {total:,} rows reached, mixture.total declares {select.mixture.total:,}")
     thinking_total = sum(o.thinking for o in outcomes.values())
     share = thinking_total / total if total else 0.0
     splits = _by_split(plan)

@@ -15,14 +15,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from .._version import __version__
-from ..errors import REASONS, CorpusError, DropCounts, Skipped
+from ..errors import REASONS, CorpusError, DropCounts
 from ..export import EXPORTS_DIR, ExportReport, run_recipe_exports
 from ..generate import GenerationIncomplete
 from ..generate.journal import LOCK_NAME as JOURNAL_LOCK
@@ -45,25 +45,22 @@ from ..layout import (
     write_json,
 )
 from ..outputs import check_output_path
-from ..progress import ProgressLine
 from ..ray_extra import named_cluster, ray_engine
 from ..recipe import recipe_sha256, resolved_yaml
 from ..recipe.crosscheck import match_source_pattern
-from ..recipe.model import Engine, Recipe
-from ..records import Conversation
-from ..screen.checks import BatchStats, Checker
-from ..screen.decontaminate import Contamination
+from ..recipe.model import Engine as EngineName
+from ..recipe.model import Recipe
 from ..screen.dedup import EvalSets, describe_screening, read_eval_sets
-from ..sources import MeasuredRows, replay_stream
 from ..stats.corpus import AuditReport, CorpusStats, corpus_problems, generation_targets
 from ..stats.pack import pack_mix
-from ..stats.tokens import TokenStats
-from ..tokens import TemplateRenderer, TokenFacts, TokenRows, TokenSettings
-from .collect import KeptRows, collect, declared_mixture
+from .collect import declared_mixture, generate_in_rounds
 from .eval_pack import EvalPack, cut_eval_pack
+from .local import LocalEngine
+from .mixture import plan_selection
+from .plan import Engine, Plan, TargetTokens
 from .prompt_stage import GenerationSession
-from .shards import LedgerWriter, ShardWriter
-from .split import Splitter, split_balance
+from .shards import LedgerWriter
+from .split import split_balance
 
 STAGING_PREFIX = ".staging-"
 
@@ -75,13 +72,13 @@ class EmptyCorpus(CorpusError):
     exit_code = 1
 
     @classmethod
-    def from_audit(cls, audit: AuditReport, recipe: Recipe) -> EmptyCorpus:
+    def from_audit(cls, audit: AuditReport, recipe_path: Path | None) -> EmptyCorpus:
         skipped = audit["skipped"]
         found = f"all {sum(skipped.values()):,} rows were dropped or skipped" if skipped else "the sources gave no rows"
         reasons = [f"{reason}: {count:,} rows ({REASONS.get(reason, reason)})"
                    for reason, count in sorted(skipped.items(), key=lambda item: -item[1])]
         return cls(f"the corpus would be empty: {found}; nothing was written (--allow-empty writes an empty corpus "
-                   "anyway)", file=str(recipe.path) if recipe.path is not None else None, details=reasons)
+                   "anyway)", file=str(recipe_path) if recipe_path is not None else None, details=reasons)
 
 
 @dataclass
@@ -95,32 +92,6 @@ class BuildResult:
     @property
     def passed(self) -> bool:
         return not self.problems
-
-
-@dataclass(frozen=True)
-class TargetTokens:
-    """The target's tokenizer and template, loaded once per build (None parts when the recipe names none), and
-    the token statistics' figures of rows measured where they were read, by id, until they are written."""
-
-    settings: TokenSettings | None
-    rows: TokenRows | None
-    measured: dict[str, TokenFacts] = field(default_factory=dict)
-
-    @classmethod
-    def for_recipe(cls, recipe: Recipe) -> TargetTokens:
-        settings = TokenSettings.from_recipe(recipe)
-        return cls(settings, TokenRows(settings.renderer()) if settings is not None else None)
-
-    @property
-    def renderer(self) -> TemplateRenderer | None:
-        """The target's template renderer, for the checks and the prompt stage."""
-        return self.rows.renderer if self.rows is not None else None
-
-    def auditor(self) -> CorpusStats:
-        """An empty accumulator of the statistics of the rows written (audit.json), with the token statistics
-        when the recipe names the target's tokenizer; rows measured upstream come with their figures by id."""
-        return CorpusStats(tokens=TokenStats(self.settings, self.rows.turns, self.measured)
-                           if self.settings is not None and self.rows is not None else None)
 
 
 def recipe_inputs(recipe: Recipe) -> list[Path | None]:
@@ -190,48 +161,6 @@ def _commit(staging: Path, out_dir: Path) -> None:
     shutil.rmtree(staging)
 
 
-def _replay_rows(recipe: Recipe, checker: Checker, stream: TextIO
-                 ) -> Iterator[Conversation | Skipped | MeasuredRows[BatchStats]]:
-    if not any(spec.kind == "replay" for spec in recipe.sources):
-        return
-    progress = ProgressLine("read replay", stream=stream)
-    for measured in replay_stream(recipe, checker.measure, in_tokens=checker.in_tokens):
-        progress.advance(len(measured.items))
-        yield measured
-    progress.finish()
-
-
-def write_corpus(items: Iterable[Conversation | Skipped], recipe: Recipe, staging: Path, ledger: LedgerWriter,
-                 tokens: TargetTokens, *, allow_partial: bool = False, mixture: dict[str, Any] | None = None,
-                 screening: dict[str, Any] | None = None, pack: EvalPack | None = None) -> BuildResult:
-    """Split and writing of one stream of checked rows into ``staging``; returns the staged manifest and audit.
-    The ledger is closed once the rows are written (or fail to be).
-
-    Rows left unfinished by the generation (requests out of retries) fail it with GenerationIncomplete
-    unless ``allow_partial``: then the manifest records how many. ``mixture``: declared vs reached, when the
-    recipe declares the corpus; ``screening``: how rows were deduplicated and decontaminated; ``pack``: the eval
-    pack held out of it."""
-    splitter = Splitter(recipe.split.validation_fraction, recipe.split.seed)
-    auditor = tokens.auditor()  # sees exactly the rows written; `corpus audit` recomputes the same from the files
-    shards = ShardWriter(staging, recipe.output.rows_per_shard, observe=auditor.add_rows)
-    try:
-        for item in items:
-            if isinstance(item, Skipped):
-                ledger.write(item)
-            else:
-                if item.split is None:  # a collected row was split when it was kept; sources leave it unset
-                    item.split = splitter.assign(item)
-                shards.write(item)
-        unfinished = unfinished_rows(ledger.drops, allow_partial)
-    except BaseException:
-        shards.abort()
-        raise
-    finally:
-        ledger.close()
-    return finish_corpus(recipe, staging, shards.close(), auditor, ledger.drops, unfinished=unfinished,
-                         mixture=mixture, screening=screening, pack=pack)
-
-
 def unfinished_rows(drops: DropCounts, allow_partial: bool) -> int:
     """The generated rows left unfinished (requests out of retries), by the ledger's counts; GenerationIncomplete,
     before the corpus is finished, when there are any and not ``allow_partial``."""
@@ -288,8 +217,8 @@ def finish_corpus(recipe: Recipe, staging: Path, shard_infos: list[ShardInfo], a
 
 
 def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | None = None,
-                 allow_partial: bool | None = None, allow_short: bool | None = None,
-                 allow_empty: bool = False, engine: Engine | None = None, address: str | None = None) -> BuildResult:
+                 allow_partial: bool | None = None, allow_short: bool | None = None, allow_empty: bool = False,
+                 engine: EngineName | None = None, address: str | None = None) -> BuildResult:
     """Build the corpus a recipe describes into ``out`` (default: the recipe's output.dir).
 
     ``progress`` is where phase lines, the preflight and server notes go (default: standard error);
@@ -342,33 +271,24 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
     try:
         tokens = TargetTokens.for_recipe(recipe)
         contamination = eval_sets.index if eval_sets is not None else None
+        plan = Plan.of(recipe, contamination)
         screening = describe_screening(recipe, eval_sets)
-        pack = cut_eval_pack(recipe, staging, stream)
+        pack = (cut_eval_pack(plan.pack, plan.read.parts, plan.write.rows_per_shard, staging, stream)
+                if plan.pack is not None else None)
         ledger = LedgerWriter(staging / LEDGER)
         with ExitStack() as stack:
-            stack.callback(ledger.close)  # write_corpus closes it too, but a build can fail before that
-            if cluster is not None:
-                from .ray_data import write_on_ray
-
-                auditor = tokens.auditor()
-                session = (_generation_session(recipe, out_dir, staging, stream, ledger, tokens, contamination, stack)
-                           if recipe.has_prompts else None)
-                shard_infos, mixture = write_on_ray(recipe, staging, ledger, contamination, auditor, pack=pack,
-                                                    session=session, allow_short=allow_short, address=cluster.address)
-                result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops,
-                                       unfinished=unfinished_rows(ledger.drops, allow_partial), mixture=mixture,
-                                       screening=screening, pack=pack)
-            elif recipe.has_prompts or recipe.mixture.declared(recipe.sources):
-                result = _write_collected(recipe, out_dir, staging, stream, ledger, tokens, contamination, screening,
-                                          pack, stack, allow_partial=allow_partial, allow_short=allow_short)
-            else:  # replay alone, nothing declared: rows stream from the sources to the shards, measured once
-                checker = Checker.for_recipe(recipe, tokens.renderer, contamination,
-                                             pack=pack.screen if pack is not None else None,
-                                             measured=tokens.measured if tokens.settings is not None else None)
-                result = write_corpus(checker.run(_replay_rows(recipe, checker, stream)), recipe, staging, ledger,
-                                      tokens, allow_partial=allow_partial, screening=screening, pack=pack)
+            stack.callback(ledger.close)  # the write closes it too, but a build can fail before that
+            session = (GenerationSession(recipe, out_dir / JOURNAL, staging, ledger, tokens.renderer, stream, stack,
+                                         screen=plan.prompt_screen())
+                       if plan.generates else None)
+            auditor = tokens.auditor()
+            engine = _engine(cluster, plan, staging, ledger, tokens, auditor, stream, pack)
+            shard_infos, mixture = run_plan(plan, engine, session, allow_short)
+            result = finish_corpus(recipe, staging, shard_infos, auditor, ledger.drops,
+                                   unfinished=unfinished_rows(ledger.drops, allow_partial), mixture=mixture,
+                                   screening=screening, pack=pack)
         if not result.manifest.conversations and not allow_empty:
-            raise EmptyCorpus.from_audit(result.audit, recipe)
+            raise EmptyCorpus.from_audit(result.audit, recipe.path)
         _commit(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -378,28 +298,30 @@ def _build_locked(recipe: Recipe, out_dir: Path, eval_sets: EvalSets | None, str
     return result
 
 
-def _write_collected(recipe: Recipe, out_dir: Path, staging: Path, stream: TextIO, ledger: LedgerWriter,
-                     tokens: TargetTokens, contamination: Contamination | None, screening: dict[str, Any],
-                     pack: EvalPack | None, stack: ExitStack, *, allow_partial: bool, allow_short: bool) -> BuildResult:
-    """Every source checked and spooled, prompts generated (in rounds, when the recipe declares the corpus),
-    then the selection written: a generated row can evict the replayed row of a lower-priority source it
-    duplicates, and a declared corpus that cannot be met stops here, before anything is written."""
-    session = (_generation_session(recipe, out_dir, staging, stream, ledger, tokens, contamination, stack)
-               if recipe.has_prompts else None)
-    kept = KeptRows(recipe, staging, Splitter(recipe.split.validation_fraction, recipe.split.seed))
-    checker = Checker.for_recipe(recipe, tokens.renderer, contamination, evict=kept.evict,
-                                 pack=pack.screen if pack is not None else None)
-    selection = collect(recipe, checker, kept, ledger, _replay_rows(recipe, checker, stream), session,
-                        allow_short=allow_short)
-    mixture = declared_mixture(recipe, selection, allow_short) if recipe.mixture.declared(recipe.sources) else None
-    return write_corpus(kept.selected(selection), recipe, staging, ledger, tokens, allow_partial=allow_partial,
-                        mixture=mixture, screening=screening, pack=pack)
+def _engine(cluster: RayCluster | None, plan: Plan, staging: Path, ledger: LedgerWriter, tokens: TargetTokens,
+            auditor: CorpusStats, stream: TextIO, pack: EvalPack | None) -> Engine:
+    """The engine the build runs on: the Ray cluster's, else this machine's."""
+    if cluster is not None:
+        from .ray_data import RayEngine
+
+        return RayEngine(plan, staging, ledger, auditor, pack, cluster.address)
+    return LocalEngine(plan, staging, ledger, tokens, auditor, stream, pack.screen if pack is not None else None)
 
 
-def _generation_session(recipe: Recipe, out_dir: Path, staging: Path, stream: TextIO, ledger: LedgerWriter,
-                        tokens: TargetTokens, contamination: Contamination | None, stack: ExitStack
-                        ) -> GenerationSession:
-    """The prompt sources' generation, on this machine whichever engine checks and writes its rows: the prompts
-    read, screened and spooled once (their drops the ledger's first records), the journal in ``out_dir``."""
-    return GenerationSession(recipe, out_dir / JOURNAL, staging, ledger, tokens.renderer, stream, stack,
-                             screen=Checker.for_prompts(recipe, contamination))
+def run_plan(plan: Plan, engine: Engine, session: GenerationSession | None, allow_short: bool
+             ) -> tuple[list[ShardInfo], dict[str, Any] | None]:
+    """The plan's stages on ``engine``: the screen, the keyed stages, the take (prompt sources generated in rounds,
+    a declared corpus planned: one that cannot be met stops here, before anything is written, unless
+    ``allow_short``), the write. Returns the shards and the declared corpus's report (None: nothing declared)."""
+    engine.screen()
+    for stage in plan.keyed:
+        engine.group(stage)
+    selection = mixture = None
+    if plan.takes:
+        engine.take(plan.select)
+        generated = (generate_in_rounds(plan.select, session, engine.available, engine.extend, allow_short)
+                     if session is not None else {})
+        if plan.select.declared:
+            selection = plan_selection(plan.select, engine.available(), generated)
+            mixture = declared_mixture(plan.select.mixture, selection, allow_short)
+    return engine.write(selection), mixture

@@ -13,7 +13,7 @@ engine``). Generation reads the spool.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TextIO
@@ -24,7 +24,6 @@ from ..generate.journal import SEGMENT_GLOB
 from ..recipe.model import Recipe
 from ..records import Conversation
 from ..rows import RowSpool
-from ..screen.checks import Checker
 from ..sources import prompt_stream
 from ..tokens import TemplateRenderer
 from .dry_run import SourceCounter, complete_plan, format_plan
@@ -54,14 +53,15 @@ class GenerationSession:
     the journal alone whether it covers the batch, so a rebuild needs no server at all."""
 
     def __init__(self, recipe: Recipe, journal_dir: Path, staging: Path, ledger: LedgerWriter,
-                 renderer: TemplateRenderer | None, stream: TextIO, stack: ExitStack, *, screen: Checker) -> None:
+                 renderer: TemplateRenderer | None, stream: TextIO, stack: ExitStack, *,
+                 screen: Callable[[Iterable[Conversation | Skipped]], Iterator[Conversation | Skipped]]) -> None:
         self.recipe = recipe
         self.journal_dir = journal_dir
         self.stream = stream
         self._stack = stack
         self._counter = SourceCounter(recipe, renderer)
         # duplicate and contaminated prompts are dropped before they cost a request
-        self.spool = spool_prompts(staging / SPOOL, self._counter.count(screen.run(prompt_stream(recipe))), ledger)
+        self.spool = spool_prompts(staging / SPOOL, self._counter.count(screen(prompt_stream(recipe))), ledger)
         journal_dir.mkdir(parents=True, exist_ok=True)
         self._backend: tuple[tuple[str, ...], Callable[[], None] | None] | None = None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from ..draws import split_draw
+from ..recipe.model import SplitSpec
 from ..records import Conversation
 
 TRAIN = "train"
@@ -26,6 +27,10 @@ class Splitter:
     def __init__(self, validation_fraction: float, seed: int) -> None:
         self.fraction = validation_fraction
         self.seed = seed
+
+    @classmethod
+    def of(cls, split: SplitSpec) -> Splitter:
+        return cls(split.validation_fraction, split.seed)
 
     def assign(self, conversation: Conversation) -> str:
         return self.assign_id(conversation.id)

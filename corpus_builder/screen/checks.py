@@ -6,19 +6,19 @@ workers) and lets a policy change (drop vs truncate, dedup mode) be a decision, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..errors import CONTAMINATED, Skipped, contamination_detail
-from ..recipe.model import Checks, Recipe
+from ..recipe.model import Checks
 from ..records import FLAG_TRUNCATED, FLAG_UNCLOSED_THINK, Conversation, row_location
-from ..sources import MeasuredRows
 from ..tokens import TemplateRenderer, TokenFacts, TurnTokens
 from .decontaminate import Contamination
-from .dedup import Dedup, Evicted
+from .dedup import Dedup
 from .near_dedup import Signatures
 from .normalise import ConversationText, conversation_text, normalised_chunks
 from .pack import EVAL_PACK_COPY, PackScreen
+from .screened import Screened
 
 FLAG_TRUNCATED_TO_BUDGET = "truncated_to_budget"
 # What contamination is checked on: the whole conversation (a response that reproduces a reference answer is
@@ -39,59 +39,36 @@ class BatchStats:
 
 
 class Checker:
-    """Applies a recipe's row checks to a stream (corpus-level checks run on the written audit): unclosed
-    think blocks, the token budget, evaluation-set contamination, copies of the eval pack, duplicates, unique
-    ids, in that order. Rows the eval pack holds out leave the stream first, before any check.
+    """The screen, the per-batch stage of a build's plan (``build/plan.py``): it measures a batch of rows (their
+    length in the target's tokens, the dedup signatures, the evaluation sets they match), then applies the checks
+    that judge a row on its own: unclosed think blocks, the token budget, evaluation-set contamination, copies of
+    the eval pack, in that order. Rows the eval pack holds out leave first, before any check. It holds no state of
+    the stream: what needs every row's keys (ids, duplicates) is the keyed stages' (``screen.stream`` runs them
+    after it, on a stream in priority order).
 
-    ``evict`` takes the kept rows a later row of a higher-priority source duplicates (see ``dedup``); a
-    caller that writes rows as they come reads sources in dedup order and passes none.
-
-    ``measured``: where a caller that writes rows as they come takes their token statistics' figures from. The
-    rows are then measured whole where they are read (every turn, in one encode per view: the budget is one of
-    the figures) and each kept row's figures are left there under the id it is written under, so the writer
-    adds numbers instead of tokenizing again."""
+    ``dedup``: the index whose signatures the batch's rows get (None without dedup). ``facts``: the rows are
+    measured whole where they are read (every turn, in one encode per view: the budget is one of the figures), so
+    the writer adds their token facts instead of tokenizing them again."""
 
     def __init__(self, checks: Checks, renderer: TemplateRenderer | None, *, dedup: Dedup | None = None,
-                 contamination: Contamination | None = None, evict: Callable[[Evicted], None] | None = None,
-                 pack: PackScreen | None = None, measured: dict[str, TokenFacts] | None = None,
-                 batch_size: int = 512, keep_truncated: bool = False) -> None:
+                 contamination: Contamination | None = None, pack: PackScreen | None = None, facts: bool = False,
+                 keep_truncated: bool = False) -> None:
         self.checks = checks
         # target.generation.on_length for a served answer cut at max_tokens (a logged one): keep it, flagged, or
         # drop it (retry drops it too: a logged request cannot be asked again). Generated ones are judged as
         # they come back; those that reach here were kept.
         self.keep_truncated = keep_truncated
         self.renderer = renderer if checks.max_seq_len is not None else None
-        self.measured = measured
-        self.turns = TurnTokens(renderer) if renderer is not None and measured is not None else None
+        self.turns = TurnTokens(renderer) if renderer is not None and facts else None
         self.dedup = dedup
         self.contamination = contamination
-        self.evict = evict
         self.pack = pack
         self._pack_shares_signatures = pack is not None and pack.shares_signatures(dedup)
-        self.batch_size = batch_size
-        # Hashes of the ids kept: a dict used as a set because a dict holding only ints is not tracked by the
-        # garbage collector, while a set always is (each full collection would walk every kept hash).
-        self._seen_ids: dict[int, None] = {}
 
     @property
     def in_tokens(self) -> bool:
         """Whether ``measure`` renders and encodes the rows in the target's tokens: most of a batch's cost."""
         return self.turns is not None or self.renderer is not None
-
-    @classmethod
-    def for_recipe(cls, recipe: Recipe, renderer: TemplateRenderer | None, contamination: Contamination | None,
-                   evict: Callable[[Evicted], None] | None = None, pack: PackScreen | None = None,
-                   measured: dict[str, TokenFacts] | None = None) -> Checker:
-        """The checks of every row a build writes."""
-        return cls(recipe.checks, renderer, dedup=Dedup.for_recipe(recipe), contamination=contamination,
-                   evict=evict, pack=pack, measured=measured,
-                   keep_truncated=recipe.target.generation.on_length == "keep")
-
-    @classmethod
-    def for_prompts(cls, recipe: Recipe, contamination: Contamination | None) -> Checker:
-        """The checks a prompt source's rows pass before generation: dedup on their prompts, contamination."""
-        checks = replace(recipe.checks, max_seq_len=None, on_unclosed_think="keep")
-        return cls(checks, None, dedup=Dedup.for_recipe(recipe, "prompt"), contamination=contamination)
 
     def measure(self, batch: list[Conversation]) -> BatchStats:
         stats = BatchStats([None] * len(batch), [False] * len(batch), *self._screen(batch))
@@ -137,70 +114,37 @@ class Checker:
             return None
         return self.contamination.matches([conversation_text(row, CONTAMINATION_TEXT) for row in batch])
 
-    def run(self, items: Iterable[Conversation | Skipped | MeasuredRows[BatchStats]]
-            ) -> Iterator[Conversation | Skipped]:
-        """Kept rows (and the skipped ones, in their place) in the order they came in; rows the eval pack holds
-        out are not among them. Rows measured upstream (the replay readers') come with their statistics; the
-        others are measured in batches."""
-        for outcome in self._outcomes(items):
-            if outcome is not None:
-                yield outcome
-
-    def _outcomes(self, items: Iterable[Conversation | Skipped | MeasuredRows[BatchStats]]
-                  ) -> Iterator[Conversation | Skipped | None]:
-        batch: list[Conversation] = []
+    def screened(self, items: Sequence[Conversation | Skipped], stats: BatchStats) -> Screened:
+        """A batch of consecutive records (``stats``: its rows' measurement) screened: the rows kept (perhaps
+        truncated) and the skip records in their place, the rows the eval pack holds out left out; the kept rows'
+        signatures and, where measured whole and not truncated, their token facts."""
+        rows = [item for item in items if isinstance(item, Conversation)]
+        outcomes, signatures = self.screen(rows, stats)
+        records: list[Conversation | Skipped] = []
+        kept: list[int] = []
+        decided = iter(outcomes)
+        row = 0
         for item in items:
-            if isinstance(item, Conversation):
-                batch.append(item)
-                if len(batch) >= self.batch_size:
-                    yield from self._decide(batch, self.measure(batch))
-                    batch = []
-                continue
-            if batch:
-                yield from self._decide(batch, self.measure(batch))
-                batch = []
             if isinstance(item, Skipped):
-                yield item
-            else:
-                yield from self._decide_measured(item)
-        if batch:
-            yield from self._decide(batch, self.measure(batch))
-
-    def _decide_measured(self, measured: MeasuredRows[BatchStats]) -> Iterator[Conversation | Skipped | None]:
-        rows = [item for item in measured.items if isinstance(item, Conversation)]
-        decided = iter(self._decide(rows, measured.measurement))
-        for item in measured.items:
-            yield item if isinstance(item, Skipped) else next(decided)
-
-    def _decide(self, batch: list[Conversation], stats: BatchStats) -> list[Conversation | Skipped | None]:
-        """Per row: kept (perhaps truncated), skipped, or None when the eval pack holds it out."""
-        outcomes, signatures = self.screen(batch, stats)
-        kept = {i: row for i, row in enumerate(outcomes) if isinstance(row, Conversation)}
-        # ids are made unique first: the dedup index keeps the ids rows are written under
-        ids = {i: self._unique_id(row.id) for i, row in kept.items()}
-        if self.dedup is not None and signatures is not None and kept:
-            verdicts = self.dedup.decide(list(kept.values()), list(ids.values()), signatures.rows(list(kept)),
-                                         self.evict)
-            for i, verdict in zip(kept, verdicts, strict=True):
-                if verdict is not None:
-                    del ids[i]
-                    outcomes[i] = Skipped(batch[i].source, verdict.reason, row_location(batch[i]), verdict.detail,
-                                          id=batch[i].id)
-        for i, row_id in ids.items():
-            kept[i].id = row_id
-        if self.measured is not None and stats.token_facts is not None:
-            for i, row_id in ids.items():
-                facts = stats.token_facts[i]
-                if facts is not None and kept[i] is batch[i]:  # a truncated row is another text: not measured
-                    self.measured[row_id] = facts
-        return outcomes
+                records.append(item)
+                continue
+            outcome = next(decided)
+            if outcome is not None:  # None: held out by the eval pack
+                records.append(outcome)
+                if isinstance(outcome, Conversation):
+                    kept.append(row)
+            row += 1
+        facts = None
+        if stats.token_facts is not None:
+            measured = stats.token_facts
+            facts = [measured[i] if outcomes[i] is rows[i] else None for i in kept]
+        return Screened(records, signatures.rows(kept) if signatures is not None else None, facts)
 
     def screen(self, batch: list[Conversation], stats: BatchStats
                ) -> tuple[list[Conversation | Skipped | None], Signatures | None]:
         """The checks that judge each row on its own (the row checks, the evaluation sets, the eval pack), no
         state of the stream: per row kept (perhaps truncated), skipped, or None when the eval pack holds it out;
-        and every row's dedup signatures (a truncated row's of its new text), None without dedup. The Ray engine
-        runs this in its tasks and decides ids and duplicates by group-bys."""
+        and every row's dedup signatures (a truncated row's of its new text), None without dedup."""
         holds = self.pack.holds if self.pack is not None else None
         outcomes: list[Conversation | Skipped | None] = [None if holds is not None and holds(row)
                                                          else self._row_checks(row, stats, i)
@@ -266,14 +210,3 @@ class Checker:
                     and self.renderer.count_tokens([candidate])[0] <= limit):
                 return candidate
         return None
-
-    def _unique_id(self, row_id: str) -> str:
-        """Ids stay unique when identical rows are kept (dedup off): later copies get a suffix. Every row that
-        passed the row checks holds its id, kept by dedup or not: the k-th row of an id gets suffix k whichever
-        rows dedup drops, so that the Ray engine gives each its id by a group-by on ids."""
-        new_id, copy = row_id, 0
-        while hash(new_id) in self._seen_ids:
-            copy += 1
-            new_id = f"{row_id}-{copy}"
-        self._seen_ids[hash(new_id)] = None
-        return new_id

@@ -10,6 +10,11 @@ evicted (``Evicted``: the build drops it from its spool and ledgers it) and the 
 row kept. The keys of the index carry what an eviction needs: the row's thinking flag, source and id (the
 source gives its rank).
 
+A keyed stage of the build's plan, in two forms of the one rule: the index judges a stream offered in priority
+order (``decide``, ``judge_batch``: the local engine); ``bucket_entries`` and ``bucket_verdicts`` judge a block of
+whole buckets in any order (an engine that shuffles the entries by bucket), each row's verdict its least
+(``least_verdicts``) of the blocks that hold its buckets.
+
 ``read_eval_sets`` reads the recipe's evaluation sets (local files or Hub datasets, with the sources'
 readers) into a ``Contamination`` index, counting the rows it skips; a set that contributes no text is an
 error, since it would check nothing. A row matching any set is dropped as ``contaminated``, its detail naming
@@ -23,6 +28,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
 from ..errors import BadRow, CorpusError
 from ..recipe.model import Checks, Decontamination, EvalSet, Recipe
 from ..records import Conversation
@@ -31,10 +40,16 @@ from ..sources.readers import detect_format, iter_rows
 from .decontaminate import Contamination, EvalSetSummary
 from .near_dedup import Duplicate, ExactDuplicates, NearDuplicates, Rule, Signatures
 from .normalise import ConversationText, NormalisedChunk, conversation_text
+from .screened import Screened
 
 DUPLICATE = "duplicate"
 NEAR_DUPLICATE = "near_duplicate"
 RULE_REASONS: dict[Rule, str] = {"exact": DUPLICATE, "near": NEAR_DUPLICATE}
+# The grouped form: what it reads of each bucket a row is in, and the verdicts it gives (the rank: the head's
+# priority, a near verdict's with NEAR_RANK set, so that a row's least verdict is its exact one, then the head of
+# least priority; the head: its ``dedup_key``).
+BUCKET_VERDICTS = pa.schema([("priority", pa.int64()), ("rank", pa.int64()), ("head", pa.string())])
+NEAR_RANK = 1 << 62
 _SEPARATOR = "\x1f"
 
 
@@ -87,12 +102,10 @@ class Dedup:
         self._dropped: set[str] = set()
 
     @classmethod
-    def for_recipe(cls, recipe: Recipe, turns: ConversationText | None = None) -> Dedup | None:
-        """The recipe's dedup (None with ``checks.dedup: none``); ``turns`` defaults to what dedup compares."""
-        mode = recipe.checks.dedup
-        if mode == "none":
-            return None
-        return cls(recipe.checks, recipe.dedup_ranks(), turns or ("prompt" if mode == "prompt" else "all"))
+    def for_checks(cls, checks: Checks, ranks: Mapping[str, int], turns: ConversationText | None = None) -> Dedup:
+        """The dedup the checks ask for (not ``dedup: none``), sources ranked by ``ranks``; ``turns`` defaults to
+        what dedup compares."""
+        return cls(checks, ranks, turns or ("prompt" if checks.dedup == "prompt" else "all"))
 
     def signatures(self, rows: Sequence[Conversation]) -> Signatures:
         return self.index.signatures([conversation_text(row, self.turns) for row in rows])
@@ -108,6 +121,57 @@ class Dedup:
         (callers read sources in rank order, so only a later phase can outrank an earlier one)."""
         keys = [dedup_key(row.thinking, row.source, row_id) for row, row_id in zip(rows, ids, strict=True)]
         return self.judge(keys, self.index.decide(keys, signatures), evict)
+
+    def judge_batch(self, batch: Screened, evict: Callable[[Evicted], None] | None = None) -> None:
+        """The verdicts of a batch's rows (under the ids the ids stage gave them), the batches offered in priority
+        order: ``decide``."""
+        if batch.signatures is None or not batch.rows:
+            return
+        ids = batch.ids if batch.ids is not None else [row.id for row in batch.rows]
+        batch.verdicts = self.decide(batch.rows, ids, batch.signatures, evict)
+
+    def bucket_entries(self, rows: pa.Table, ids: Sequence[str]) -> pa.Table:
+        """The grouped form's entries of a batch's rows in their Arrow form (their priority, source, reasoning and
+        signatures; ``ids``: the ids they are written under): one per bucket each row is in, keyed by ``kind`` and
+        ``key`` (``ExactDuplicates.bucket_entries``), with the row's priority, the band, its sketch and its name
+        (``dedup_key``, what a verdict names)."""
+        index = self.index
+        signatures = Signatures.from_arrow(rows)
+        positions, kinds, keys, bands = index.bucket_entries(signatures)
+        names = [dedup_key(thinking, source, row_id) for thinking, source, row_id in zip(
+            rows.column("thinking").to_pylist(), rows.column("source").to_pylist(), ids, strict=True)]
+        at = pa.array(positions)
+        sketches = (rows.column("sketch").take(at) if "sketch" in rows.column_names
+                    else pa.nulls(len(positions), pa.null()))
+        return pa.table({"kind": kinds, "key": keys, "priority": rows.column("priority").take(at), "band": bands,
+                         "sketch": sketches, "name": pa.array(names, pa.string()).take(at)})
+
+    def bucket_verdicts(self, entries: pa.Table) -> pa.Table:
+        """The grouped form's judge of a block of whole buckets (``bucket_entries``, any order): a bucket's head is
+        its entry of least priority, every other entry a candidate against it, which holds when the bucket is the
+        exact rule's or the sketches confirm it; each row's least verdict of the block (``BUCKET_VERDICTS``: an exact
+        verdict ranks first, then the head of least priority)."""
+        if not len(entries):  # an empty partition (its block may have no columns)
+            return BUCKET_VERDICTS.empty_table()
+        kinds, keys = np.asarray(entries.column("kind")), np.asarray(entries.column("key"))
+        priorities = np.asarray(entries.column("priority"))
+        order = np.lexsort((priorities, keys, kinds))  # each bucket's head first
+        kinds, keys, priorities = kinds[order], keys[order], priorities[order]
+        # each entry's bucket's head: the last bucket start at or before it
+        heads = np.maximum.accumulate(np.where(run_starts(kinds, keys), np.arange(len(order)), 0))
+        candidate = priorities != priorities[heads]
+        exact = kinds == 0
+        holds = candidate & exact
+        near = np.flatnonzero(candidate & ~exact)
+        if len(near):
+            sketches = Signatures.from_arrow(entries.select(["sketch"])).sketches[order]
+            holds[near] = self.index.confirmed(sketches[near], sketches[heads[near]],
+                                               np.asarray(entries.column("band"))[order][near])
+        rows = np.flatnonzero(holds)
+        ranks = priorities[heads[rows]] | np.where(exact[rows], 0, NEAR_RANK)
+        return least_verdicts(pa.table({
+            "priority": priorities[rows], "rank": ranks,
+            "head": entries.column("name").take(pa.array(order[heads[rows]]))}, schema=BUCKET_VERDICTS))
 
     def judge(self, keys: Sequence[str], found: Sequence[Duplicate | None], evict: Callable[[Evicted], None] | None
               ) -> list[Verdict | None]:
@@ -139,6 +203,43 @@ class Dedup:
                 self._replaced[kept] = key
             return None
         return Verdict(kept_id, kept_source, found.rule)
+
+
+def least_verdicts(verdicts: pa.Table) -> pa.Table:
+    """Each row's least verdict of those given (``BUCKET_VERDICTS``, by priority, sorted): a row whose buckets fall
+    in several blocks has a verdict from each."""
+    ordered = verdicts.sort_by([("priority", "ascending"), ("rank", "ascending")])
+    return ordered.filter(pa.array(run_starts(np.asarray(ordered.column("priority")))))
+
+
+def run_starts(*columns: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """Of sorted ``columns``, whether each record starts a run of equal values (its group's first)."""
+    starts = np.zeros(len(columns[0]), dtype=bool)
+    starts[:1] = True
+    for column in columns:
+        starts[1:] |= column[1:] != column[:-1]
+    return starts
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A verdict's head: its priority, and what the local engine's index answers for the row (``Duplicate``)."""
+
+    priority: int
+    duplicate: Duplicate
+
+    @property
+    def verdict(self) -> Verdict:
+        """Why the row is dropped: the row of its index answer."""
+        _, source, row_id = parse_dedup_key(self.duplicate.of)
+        return Verdict(row_id, source, self.duplicate.rule)
+
+
+def heads_of(ranks: pa.Array | pa.ChunkedArray, heads: pa.Array | pa.ChunkedArray) -> list[Head | None]:
+    """The heads of verdicts given as their ``rank`` and ``head`` columns (null: no verdict)."""
+    return [None if rank is None else
+            Head(rank & ~NEAR_RANK, Duplicate(head, "near" if rank & NEAR_RANK else "exact"))
+            for rank, head in zip(ranks.to_pylist(), heads.to_pylist(), strict=True)]
 
 
 def dedup_key(thinking: bool, source: str, row_id: str) -> str:

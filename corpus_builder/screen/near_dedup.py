@@ -3,8 +3,8 @@
 Both indexes stream: ``offer(keys, texts)`` decides a batch of rows offered in priority order (the caller
 orders rows by source priority, then the order they are read in) and remembers them. Every decision depends
 only on the set of rows and their priorities, never on which rows were kept before: deciding a batch of one
-row at a time or of a million, or the rows partitioned any way and grouped by hash (the Ray engine,
-``build/ray_data.py``), gives the same answers.
+row at a time or of a million, or the rows partitioned any way and grouped by hash (``dedup.Dedup``'s grouped
+form, which the Ray engine runs), gives the same answers.
 
 Both compare the normalised text of ``normalise`` (:func:`~corpus_builder.screen.normalise.normalise_text`).
 
@@ -52,10 +52,12 @@ import math
 import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..recipe.model import band_layout
 from .normalise import I64, U64, NormalisedChunk, mix64, normalised_chunks
@@ -105,6 +107,36 @@ class Signatures:
         """The signatures of the given rows, in that order."""
         picked = np.asarray(indices, dtype=np.int64)
         return Signatures(self.hashes[picked], self.present[picked], self.sketches[picked])
+
+    def to_arrow(self, places: npt.NDArray[np.int64], length: int) -> dict[str, pa.Array]:
+        """The signatures as typed columns of ``length`` records, row i at record ``places[i]`` (null elsewhere):
+        ``hashes`` and ``present`` (a fixed-size list of each row's columns), ``sketch`` (of its words; no column
+        for the exact rule, which has none)."""
+        mask = np.ones(length, dtype=bool)
+        mask[places] = False
+        arrow_mask = pa.array(mask)
+
+        def column(values: npt.NDArray[Any]) -> pa.Array:
+            spread = np.zeros((length, values.shape[1]), dtype=values.dtype)
+            spread[places] = values
+            return pa.FixedSizeListArray.from_arrays(pa.array(spread.reshape(-1)), values.shape[1], mask=arrow_mask)
+
+        columns = {"hashes": column(self.hashes), "present": column(self.present)}
+        if self.sketches.shape[1]:
+            columns["sketch"] = column(self.sketches)
+        return columns
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table) -> Signatures:
+        """The signatures of every record of ``table`` (``to_arrow``'s columns; no record null)."""
+        def values(name: str, dtype: type[np.generic]) -> npt.NDArray[Any]:
+            if name not in table.column_names:
+                return np.zeros((len(table), 0), dtype=dtype)
+            width = table.schema.field(name).type.list_size
+            flat = pc.list_flatten(table.column(name)).to_numpy(zero_copy_only=False)
+            return np.asarray(flat, dtype=dtype).reshape(len(table), width)
+
+        return cls(values("hashes", np.uint64), values("present", np.bool_), values("sketch", np.uint64))
 
     def replaced(self, indices: Sequence[int], other: Signatures) -> Signatures:
         """A copy with rows ``indices`` replaced by the rows of ``other``, in order."""

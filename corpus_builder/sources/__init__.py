@@ -1,7 +1,7 @@
 """The sources stage: stream rows from local files or the Hub and normalise them into ``Conversation``.
 
 ``iter_source`` reads one recipe source; ``iter_file`` one raw file (``corpus audit FILE``);
-``replay_stream`` every replay source of a recipe, on several processes when that pays. Bad rows come
+``replay_stream`` the parts of a recipe's replay sources, on several processes when that pays. Bad rows come
 out as ``errors.Skipped`` with a reason from ``errors.REASONS``; problems with a whole file or source
 raise ``errors.CorpusError``.
 """

@@ -14,15 +14,16 @@ import multiprocessing
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from ..collector import rare_collections
 from ..errors import CorpusError, Skipped
-from ..recipe.model import Recipe
+from ..recipe.model import SourceSpec
 from ..records import Conversation
 from ..secrets import redact_conversations
 from .source import source_parts
@@ -189,21 +190,20 @@ def _redacted(part: Part) -> Iterator[Conversation | Skipped]:
     return redact_conversations(part())
 
 
-def replay_parts(recipe: Recipe, parts: int) -> list[Part]:
-    """Every replay source of a recipe as consecutive parts (about ``parts`` per source file worth cutting), in
-    dedup order (the row kept of duplicates is the first read); secrets redacted first when the recipe asks."""
-    cut = [part for spec in recipe.sources_in_dedup_order("replay")
-           for part in source_parts(spec, recipe.base_dir, parts)]
-    if recipe.checks.redact_secrets:
+def replay_parts(sources: Sequence[SourceSpec], base_dir: Path, parts: int, *, redact: bool = False) -> list[Part]:
+    """Replay sources (in dedup order: the row kept of duplicates is the first read) as consecutive parts (about
+    ``parts`` per source file worth cutting); secrets redacted first when ``redact``."""
+    cut = [part for spec in sources for part in source_parts(spec, base_dir, parts)]
+    if redact:
         return [partial(_redacted, part) for part in cut]
     return cut
 
 
-def replay_stream(recipe: Recipe, measure: Callable[[list[Conversation]], T], *, in_tokens: bool = False
-                  ) -> Iterator[MeasuredRows[T]]:
-    """Every replay source of a recipe (``replay_parts``), read and measured on ``worker_count()`` processes;
-    ``in_tokens``: ``measure`` renders and encodes the rows in the target's tokens."""
+def replay_stream(parts: Callable[[int], list[Part]], measure: Callable[[list[Conversation]], T], *,
+                  in_tokens: bool = False) -> Iterator[MeasuredRows[T]]:
+    """The replay sources' ``parts(count)`` (cut for ``count`` workers), read and measured on ``worker_count()``
+    processes; ``in_tokens``: ``measure`` renders and encodes the rows in the target's tokens."""
     workers = worker_count(in_tokens=in_tokens)
     if in_tokens:  # every worker reads every row (whole files, not cut), measures its turns' batches
-        return measured_parts(replay_parts(recipe, 1), measure, workers, PREPARED_TOKEN_ROWS, by_turns=True)
-    return measured_parts(replay_parts(recipe, workers), measure, workers)
+        return measured_parts(parts(1), measure, workers, PREPARED_TOKEN_ROWS, by_turns=True)
+    return measured_parts(parts(workers), measure, workers)

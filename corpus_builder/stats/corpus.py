@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
 import numpy as np
@@ -17,7 +17,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import DropCounts
+from ..errors import DropCounts, DropReport
 from ..records import Conversation
 from .tokens import TokenReport, TokenStats, mismatch_problem
 
@@ -146,6 +146,23 @@ def _calls_per_turn(turns: pa.StructArray) -> np.ndarray:
     counts: np.ndarray = pc.fill_null(pc.list_value_length(turns.field("tool_calls")), 0).to_numpy(
         zero_copy_only=False)
     return counts
+
+
+class StatsJson(TypedDict):
+    """``CorpusStats`` as JSON (``to_json``), what a task that wrote rows sends the driver; the token statistics
+    apart (``TokenFigures.to_json``)."""
+
+    overall: dict[str, int]
+    groups: dict[str, dict[str, dict[str, int]]]
+    strata: list[tuple[str, bool, str | None, int]]
+    source_info: dict[str, dict[str, Any]]
+    flags: dict[str, int]
+    flags_by_source: dict[str, dict[str, int]]
+    skipped: DropReport
+    generation: list[tuple[str, int]]
+    finish_reasons: dict[str, int]
+    served: list[tuple[str, bool | None, bool, int]]
+    served_models: dict[str, int]
 
 
 @dataclass
@@ -283,6 +300,36 @@ class CorpusStats:
         self.finish_reasons.update(other.finish_reasons)
         self.served.update(other.served)
         self.served_models.update(other.served_models)
+
+    def to_json(self) -> StatsJson:
+        """The counts as JSON; ``from_json`` reads them back (its token statistics are not among them)."""
+        return {"overall": asdict(self.overall),
+                "groups": {grouping: {key: asdict(totals) for key, totals in groups.items()}
+                           for grouping, groups in self.groups.items()},
+                "strata": [(*stratum, count) for stratum, count in self.strata.items()],
+                "source_info": self.source_info, "flags": dict(self.flags),
+                "flags_by_source": {source: dict(counts) for source, counts in self.flags_by_source.items()},
+                "skipped": self.skipped.report(),
+                "generation": [(settings.decode(), count) for settings, count in self.generation.items()],
+                "finish_reasons": dict(self.finish_reasons),
+                "served": [(*served, count) for served, count in self.served.items()],
+                "served_models": dict(self.served_models)}
+
+    @classmethod
+    def from_json(cls, document: StatsJson) -> CorpusStats:
+        return cls(overall=Totals(**document["overall"]),
+                   groups={grouping: {key: Totals(**totals) for key, totals in groups.items()}
+                           for grouping, groups in document["groups"].items()},
+                   strata=Counter({(source, thinking, split): count
+                                   for source, thinking, split, count in document["strata"]}),
+                   source_info=document["source_info"], flags=Counter(document["flags"]),
+                   flags_by_source={source: Counter(counts) for source, counts in document["flags_by_source"].items()},
+                   skipped=DropCounts.from_report(dict(document["skipped"])),
+                   generation=Counter({settings.encode(): count for settings, count in document["generation"]}),
+                   finish_reasons=Counter(document["finish_reasons"]),
+                   served=Counter({(source, mode, reasoning): count
+                                   for source, mode, reasoning, count in document["served"]}),
+                   served_models=Counter(document["served_models"]))
 
     def add_skipped(self, drops: DropCounts) -> None:
         self.skipped.update(drops)

@@ -77,6 +77,15 @@ class _Totals:
         self.reasoning += other.reasoning
         self.over_budget += other.over_budget
 
+    def to_json(self) -> TotalsJson:
+        return {"lengths": list(self.lengths.items()), "tokens": self.tokens, "supervised": self.supervised,
+                "reasoning": self.reasoning, "over_budget": self.over_budget}
+
+    @classmethod
+    def from_json(cls, document: TotalsJson) -> _Totals:
+        return cls(Counter(dict(document["lengths"])), document["tokens"], document["supervised"],
+                   document["reasoning"], document["over_budget"])
+
     def report(self, budgeted: bool) -> TokenTotalsReport:
         conversations = sum(self.lengths.values())
         lengths = np.array(sorted(self.lengths), dtype=np.int64)
@@ -89,9 +98,26 @@ class _Totals:
                 "over_budget": self.over_budget if budgeted else None}
 
 
+class TotalsJson(TypedDict):
+    lengths: list[tuple[int, int]]
+    tokens: int
+    supervised: int
+    reasoning: int
+    over_budget: int
+
+
+class FiguresJson(TypedDict):
+    """``TokenFigures`` as JSON, what a task that wrote rows sends the driver."""
+
+    overall: TotalsJson
+    groups: dict[str, dict[str, TotalsJson]]
+    mismatches: list[dict[str, Any]]
+    checked_turns: int
+
+
 @dataclass
 class TokenFigures:
-    """What the token statistics add up, apart from the tokenizer that measures the rows: picklable and merged
+    """What the token statistics add up, apart from the tokenizer that measures the rows: sent as JSON and merged
     (the Ray engine's writing tasks each add their rows' and the driver merges them)."""
 
     overall: _Totals = field(default_factory=_Totals)
@@ -105,6 +131,19 @@ class TokenFigures:
             self.groups[grouping].setdefault(key, _Totals()).add(facts, over)
         self.checked_turns += facts.checked_turns
         self.mismatches += [m.to_dict() for m in facts.named(conversation.id).mismatches]
+
+    def to_json(self) -> FiguresJson:
+        return {"overall": self.overall.to_json(),
+                "groups": {grouping: {key: totals.to_json() for key, totals in groups.items()}
+                           for grouping, groups in self.groups.items()},
+                "mismatches": self.mismatches, "checked_turns": self.checked_turns}
+
+    @classmethod
+    def from_json(cls, document: FiguresJson) -> TokenFigures:
+        return cls(_Totals.from_json(document["overall"]),
+                   {grouping: {key: _Totals.from_json(totals) for key, totals in groups.items()}
+                    for grouping, groups in document["groups"].items()},
+                   document["mismatches"], document["checked_turns"])
 
     def merge(self, other: TokenFigures) -> None:
         """Add another's rows (the report orders the mismatches: only generated rows have any)."""

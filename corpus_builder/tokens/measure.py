@@ -31,6 +31,7 @@ from itertools import chain
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import CorpusError
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation
@@ -79,6 +80,31 @@ class TokenFacts:
         if all(m.id == conversation_id for m in self.mismatches):
             return self
         return replace(self, mismatches=tuple(replace(m, id=conversation_id) for m in self.mismatches))
+
+
+# A row's facts as a typed Arrow column (null: not measured), for the rows that travel between a build's tasks.
+MISMATCH_TYPE = pa.struct([("id", pa.string()), ("message_index", pa.int64()), ("position", pa.int64()),
+                           ("part", pa.string()), ("served", pa.list_(pa.int64())),
+                           ("rendered", pa.list_(pa.int64())), ("served_text", pa.string()),
+                           ("rendered_text", pa.string())])
+FACTS_TYPE = pa.struct([("tokens", pa.int64()), ("supervised", pa.int64()), ("reasoning", pa.int64()),
+                        ("checked_turns", pa.int64()), ("mismatches", pa.list_(MISMATCH_TYPE))])
+
+
+def facts_to_arrow(facts: Sequence[TokenFacts | None]) -> pa.Array:
+    """Rows' facts as a ``FACTS_TYPE`` column."""
+    return pa.array([None if found is None else
+                     {"tokens": found.tokens, "supervised": found.supervised, "reasoning": found.reasoning,
+                      "checked_turns": found.checked_turns, "mismatches": [m.to_dict() for m in found.mismatches]}
+                     for found in facts], FACTS_TYPE)
+
+
+def facts_from_arrow(column: pa.Array | pa.ChunkedArray) -> list[TokenFacts | None]:
+    """The facts of a ``FACTS_TYPE`` column."""
+    return [None if found is None else
+            TokenFacts(found["tokens"], found["supervised"], found["reasoning"], found["checked_turns"],
+                       tuple(TokenMismatch(**mismatch) for mismatch in found["mismatches"]))
+            for found in column.to_pylist()]
 
 
 def served_turns(conversation: Conversation) -> dict[int, dict[str, Any]]:

@@ -192,11 +192,11 @@ def test_killed_build_never_looks_complete(tmp_path: Path, data_dir: Path) -> No
         "from pathlib import Path\n"
         "from corpus_builder.build import pipeline\n"
         "from corpus_builder.recipe import load_recipe\n"
-        "real = pipeline.write_corpus\n"
+        "real = pipeline.finish_corpus\n"
         "def dying(*args, **kwargs):\n"
         "    result = real(*args, **kwargs)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "pipeline.write_corpus = dying\n"
+        "pipeline.finish_corpus = dying\n"
         f"pipeline.build_corpus(load_recipe(Path({str(recipe_path)!r})))\n")])
     assert process.wait() == -9
     assert not (out / "manifest.json").exists()

@@ -231,9 +231,8 @@ def test_the_cut_holds_exactly_each_share_apportioned_over_the_strata(sizes: lis
     strata = {("a", f"t{i // 2}", i % 2 == 0): size for i, size in enumerate(sizes)}
     strata[("b", None, True)] = sizes[0]
     shares = {"a": PackShare(rows=rows), "b": PackShare(fraction=fraction)}
-    recipe = _recipe_with_seed(seed)
     conversations = _rows(strata)
-    cut = plan_cut(recipe, shares, iter(conversations))
+    cut = plan_cut(shares, seed, iter(conversations))
     held = Counter((row.source, row.task, row.thinking) for row in conversations if cut.holds(row))
     for source, share in shares.items():
         sizes_of = {stratum: count for stratum, count in strata.items() if stratum[0] == source}
@@ -244,12 +243,6 @@ def test_the_cut_holds_exactly_each_share_apportioned_over_the_strata(sizes: lis
             assert held[stratum] <= size
             assert abs(held[stratum] - wanted * size / total) < 1 if total else held[stratum] == 0
             assert cut.strata.get(stratum) == ((size, held[stratum]) if size else None)
-
-
-def _recipe_with_seed(seed: int) -> Any:
-    from corpus_builder.recipe.model import EvalPackSpec, OutputSpec, Recipe, Target
-
-    return Recipe("r", Target("m"), (), OutputSpec(Path("out")), eval=EvalPackSpec(seed=seed))
 
 
 def test_the_manifest_refuses_a_hand_edited_pack_entry(packed: Corpus) -> None:

@@ -13,11 +13,12 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_builder.build.eval_pack import EvalPack, PackCut, cut_eval_pack, plan_cut, read_pack_screen
+from corpus_builder.build.eval_pack import EvalPack, PackCut, PackStage, cut_eval_pack, plan_cut, read_pack_screen
+from corpus_builder.build.plan import Plan
 from corpus_builder.draws import pack_priority
 from corpus_builder.layout import EVAL
 from corpus_builder.recipe import load_recipe
-from corpus_builder.recipe.model import EvalPackSpec, OutputSpec, PackShare, Recipe, Target
+from corpus_builder.recipe.model import PackShare, Recipe
 from corpus_builder.records import Conversation, Message
 from corpus_builder.rows import batch_to_conversations
 
@@ -28,8 +29,11 @@ def rows(source: str, task: str | None, thinking: bool, count: int, start: int =
                          task=task) for i in range(start, start + count)]
 
 
-def recipe(seed: int = 0) -> Recipe:
-    return Recipe("r", Target("m"), (), OutputSpec(Path("out")), eval=EvalPackSpec(seed=seed))
+def cut_pack(recipe: Recipe, staging: Path, progress: io.StringIO) -> EvalPack:
+    """The recipe's pack cut as a build cuts it: from its plan's stage and replay parts."""
+    plan = Plan.of(recipe, None)
+    assert plan.pack is not None
+    return cut_eval_pack(plan.pack, plan.read.parts, plan.write.rows_per_shard, staging, progress)
 
 
 def lowest(conversations: list[Conversation], count: int, seed: int = 0) -> set[str]:
@@ -39,7 +43,7 @@ def lowest(conversations: list[Conversation], count: int, seed: int = 0) -> set[
 
 def test_the_cut_holds_the_lowest_draws_of_each_stratum_in_proportion() -> None:
     plain, thinking = rows("a", "t", False, 6), rows("a", "t", True, 4)
-    cut = plan_cut(recipe(), {"a": PackShare(rows=5)}, iter(plain + thinking))
+    cut = plan_cut({"a": PackShare(rows=5)}, 0, iter(plain + thinking))
     # 5 of 10: 3 of the 6 plain rows, 2 of the 4 with reasoning
     assert cut.strata == {("a", "t", False): (6, 3), ("a", "t", True): (4, 2)}
     held = {row.id for row in plain + thinking if cut.holds(row)}
@@ -52,36 +56,34 @@ def test_a_tie_in_the_remainders_goes_to_the_stratum_first_in_order() -> None:
     """Two rows from three equal strata: the remainders tie, and the first strata by (task, thinking) take them,
     however the rows came."""
     strata = [rows("a", "z", True, 2), rows("a", "y", True, 2), rows("a", "y", False, 2)]
-    cut = plan_cut(recipe(), {"a": PackShare(rows=2)}, iter([row for part in strata for row in part]))
+    cut = plan_cut({"a": PackShare(rows=2)}, 0, iter([row for part in strata for row in part]))
     assert cut.strata == {("a", "y", False): (2, 1), ("a", "y", True): (2, 1), ("a", "z", True): (2, 0)}
     assert ("a", "z", True) not in cut.cutoffs
-    no_task = plan_cut(recipe(), {"a": PackShare(rows=1)},
+    no_task = plan_cut({"a": PackShare(rows=1)}, 0,
                        iter(rows("a", "Alpha", False, 2) + rows("a", None, True, 2)))
     assert no_task.strata == {("a", None, True): (2, 1), ("a", "Alpha", False): (2, 0)}  # no task sorts first
 
 
 def test_each_source_is_cut_on_its_own_share_and_sources_without_one_are_left_whole() -> None:
     a, b, c = rows("a", None, False, 10), rows("b", None, True, 7), rows("c", None, False, 3)
-    cut = plan_cut(recipe(seed=5), {"a": PackShare(fraction=0.25), "b": PackShare(rows=9)}, iter(a + b + c))
+    cut = plan_cut({"a": PackShare(fraction=0.25), "b": PackShare(rows=9)}, 5, iter(a + b + c))
     assert cut.strata == {("a", None, False): (10, 3), ("b", None, True): (7, 7)}  # 2.5 rounds half up; b all
     assert {row.id for row in a + b + c if cut.holds(row)} == lowest(a, 3, seed=5) | {row.id for row in b}
     assert not any(cut.holds(row) for row in c)
-    other_seed = plan_cut(recipe(seed=6), {"a": PackShare(fraction=0.25)}, iter(a))
+    other_seed = plan_cut({"a": PackShare(fraction=0.25)}, 6, iter(a))
     assert {row.id for row in a if other_seed.holds(row)} == lowest(a, 3, seed=6)
 
 
-def test_a_share_of_no_row_and_a_recipe_without_eval_hold_nothing() -> None:
+def test_a_share_of_no_row_holds_nothing() -> None:
     a = rows("a", None, False, 4)
-    cut = plan_cut(recipe(), {"a": PackShare(fraction=0.1)}, iter(a))
+    cut = plan_cut({"a": PackShare(fraction=0.1)}, 0, iter(a))
     assert cut.strata == {("a", None, False): (4, 0)} and cut.cutoffs == {} and not any(map(cut.holds, a))
-    bare = Recipe("r", Target("m"), (), OutputSpec(Path("out")))
-    assert plan_cut(bare, {"a": PackShare(rows=1)}, iter(a)).seed == 0
 
 
 def test_copies_share_a_draw_so_a_stratum_may_hold_more_than_its_quota() -> None:
     a = rows("a", None, False, 3)
     copies = [*a, a[0], a[0]]
-    cut = plan_cut(recipe(), {"a": PackShare(rows=1)}, iter(copies))
+    cut = plan_cut({"a": PackShare(rows=1)}, 0, iter(copies))
     first = min(a, key=lambda row: pack_priority(0, row.id))
     assert cut.strata == {("a", None, False): (5, 1)}
     assert sum(map(cut.holds, copies)) == 1 + 2 * (first is a[0])
@@ -121,7 +123,7 @@ def test_the_cut_writes_the_rows_it_holds_indexes_them_and_records_each_stratum(
                                                                                tmp_path: Path) -> None:
     staging = tmp_path / "staging"
     progress = io.StringIO()
-    pack = cut_eval_pack(two_sources, staging, progress)
+    pack = cut_pack(two_sources, staging, progress)
     assert isinstance(pack, EvalPack)
     written = [row for info in pack.files for row in batch_to_conversations(pq.read_table(staging / info.path)
                                                                             .to_batches()[0])]
@@ -143,7 +145,8 @@ def test_the_cut_writes_the_rows_it_holds_indexes_them_and_records_each_stratum(
                 {"task": "code", "thinking": False, "read": 4, "held": 2},
                 {"task": "code", "thinking": True, "read": 2, "held": 1}]}}}
     # the index knows every row held, and a process that did not cut the pack indexes the same from the shards
-    for screen in (pack.screen, read_pack_screen(two_sources, pack.cut, [staging / info.path for info in pack.files])):
+    shards = [staging / info.path for info in pack.files]
+    for screen in (pack.screen, read_pack_screen(two_sources.checks, pack.cut, shards)):
         found = screen.copies(screen.signatures(written))
         assert [detail is not None and detail.startswith("copy of eval pack row ") for detail in found] == [True] * 7
         assert all(map(screen.holds, written)) and not any(map(screen.holds, rows("chat", "chat", True, 3, 50)))
@@ -155,18 +158,23 @@ def test_a_cut_that_holds_no_row_writes_no_directory(two_sources: Recipe, tmp_pa
     text = (tmp_path / "recipe.yaml").read_text().replace("eval: {rows: 4}", "eval: {rows: 0}").replace(
         "eval: {fraction: 0.5}", "eval: {fraction: 0.01}")
     (tmp_path / "recipe.yaml").write_text(text)
-    pack = cut_eval_pack(load_recipe(tmp_path / "recipe.yaml"), tmp_path / "staging", io.StringIO())
-    assert pack is not None and pack.files == [] and pack.describe()["conversations"] == 0
+    pack = cut_pack(load_recipe(tmp_path / "recipe.yaml"), tmp_path / "staging", io.StringIO())
+    assert pack.files == [] and pack.describe()["conversations"] == 0
     assert not (tmp_path / "staging" / EVAL).exists()
     assert pack.cut.strata[("code", "code", False)] == (4, 0)
 
 
-def test_a_recipe_without_a_pack_cuts_none(tmp_path: Path) -> None:
+def test_a_recipe_without_a_pack_plans_no_cut_and_a_share_without_an_eval_section_draws_with_seed_0(
+        tmp_path: Path) -> None:
     write_source(tmp_path / "chat.jsonl", 3)
     (tmp_path / "recipe.yaml").write_text("name: cut\ntarget: {model: m}\nsources:\n"
                                           "  - {name: chat, kind: replay, path: chat.jsonl}\noutput: {dir: out}\n")
-    assert cut_eval_pack(load_recipe(tmp_path / "recipe.yaml"), tmp_path / "staging", io.StringIO()) is None
-    assert not (tmp_path / "staging").exists()
+    assert Plan.of(load_recipe(tmp_path / "recipe.yaml"), None).pack is None
+    (tmp_path / "recipe.yaml").write_text("name: cut\ntarget: {model: m}\nsources:\n"
+                                          "  - {name: chat, kind: replay, path: chat.jsonl, eval: {rows: 1}}\n"
+                                          "output: {dir: out}\n")
+    stage = PackStage.of(load_recipe(tmp_path / "recipe.yaml"))
+    assert stage is not None and stage.seed == 0 and stage.shares == {"chat": PackShare(rows=1)}
 
 
 def test_a_failed_write_leaves_no_shard(two_sources: Recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,7 +186,7 @@ def test_a_failed_write_leaves_no_shard(two_sources: Recipe, tmp_path: Path, mon
     monkeypatch.setattr(PackScreen, "add", failing)
     staging = tmp_path / "staging"
     with pytest.raises(OSError, match="the index failed"):
-        cut_eval_pack(two_sources, staging, io.StringIO())
+        cut_pack(two_sources, staging, io.StringIO())
     assert not list(staging.rglob("*.parquet"))
 
 
@@ -192,7 +200,7 @@ def test_the_cut_holds_only_by_its_cutoffs() -> None:
 
 def test_the_strata_are_described_in_order_whatever_their_tasks() -> None:
     a = rows("a", "named", True, 2) + rows("a", None, False, 2)
-    cut = plan_cut(recipe(), {"a": PackShare(rows=2)}, iter(a))
+    cut = plan_cut({"a": PackShare(rows=2)}, 0, iter(a))
     pack = EvalPack(cut, None, [], {"a": PackShare(rows=2)})  # type: ignore[arg-type]
     assert [(entry["task"], entry["thinking"]) for entry in pack.describe()["sources"]["a"]["strata"]] == [
         (None, False), ("named", True)]
@@ -204,8 +212,8 @@ def test_a_pack_of_more_rows_than_one_index_batch_holds_exactly_its_share(tmp_pa
                                           "  - {name: big, kind: replay, path: big.jsonl, eval: {rows: 1100}}\n"
                                           "output: {dir: out, rows_per_shard: 5000}\n")
     big = load_recipe(tmp_path / "recipe.yaml")
-    pack = cut_eval_pack(big, tmp_path / "staging", io.StringIO())
-    assert pack is not None and [info.rows for info in pack.files] == [1100]
+    pack = cut_pack(big, tmp_path / "staging", io.StringIO())
+    assert [info.rows for info in pack.files] == [1100]
     written = batch_to_conversations(pq.read_table(tmp_path / "staging" / pack.files[0].path).to_batches()[0])
     from corpus_builder.sources import iter_file
 
@@ -219,6 +227,6 @@ def test_the_cutoff_is_exactly_the_quota_th_lowest_draw() -> None:
     """A stratum large enough that numpy's partition leaves other draws than the quota-th lowest just past the
     position it places (found by search: 500 rows, seed 1, 352 held)."""
     a = rows("a", None, True, 500)
-    cut = plan_cut(recipe(seed=1), {"a": PackShare(rows=352)}, iter(a))
+    cut = plan_cut({"a": PackShare(rows=352)}, 1, iter(a))
     assert {row.id for row in a if cut.holds(row)} == lowest(a, 352, seed=1)
     assert cut.cutoffs[("a", None, True)] == sorted(pack_priority(1, row.id) for row in a)[351]

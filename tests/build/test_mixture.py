@@ -24,6 +24,7 @@ from corpus_builder.build.mixture import (
     Available,
     RowBounds,
     Selection,
+    SelectStage,
     apportion,
     certain_shortfalls,
     next_round,
@@ -392,7 +393,7 @@ def _selection(sources: Sources, share: float, tolerance: float, per_split: bool
             rows[(f"s{index}", kind)] = [next(drawn) for _ in range(count)]
             for row_priority in rows[(f"s{index}", kind)]:
                 have.add(*kind, row_priority)
-    selection = plan_selection(recipe, available, {})
+    selection = plan_selection(SelectStage.of(recipe), available, {})
     taken = []
     for name in available:
         taken.append([])
@@ -509,7 +510,7 @@ def test_a_reachable_thinking_share_is_reached_and_an_unreachable_one_reported(
             assert abs(in_all[0] - share * train) <= min(abs(c[0] - share * train) for c in alike) + 1e-9
     # what is reported before any request, from the rows each source holds, is certain: the plan falls short too;
     # with every source a count it holds and one share for the whole, it is exact
-    certain = certain_shortfalls(_recipe(sources, share, tolerance, per_split), {
+    certain = certain_shortfalls(SelectStage.of(_recipe(sources, share, tolerance, per_split)), {
         f"s{index}": RowBounds.of_rows(sum(cells), cells[0] + cells[2], "rows") for index, (cells, _) in
         enumerate(sources)})
     assert [line for line in certain if line.startswith("source")] == [
@@ -622,7 +623,7 @@ def test_the_declared_counts_add_up_to_the_total_and_no_source_is_given_more_tha
         SourceSpec(f"s{index}", "replay", target=None if value is None else SourceTarget(count=int(value))
                    if kind == "count" else SourceTarget(share=value))
         for index, (kind, value, _) in enumerate(sources)), OutputSpec(Path("out")), mixture=Mixture(total=total))
-    counts = resolve_counts(recipe, {f"s{index}": held for index, (_, _, held) in enumerate(sources)})
+    counts = resolve_counts(SelectStage.of(recipe), {f"s{index}": held for index, (_, _, held) in enumerate(sources)})
     names = [f"s{index}" for index in range(len(sources))]
     assert set(counts) == set(names)
     assert all(counts[name] == value for name, (kind, value, _) in zip(names, sources, strict=True) if kind == "count")
@@ -671,38 +672,41 @@ def test_the_rows_mixture_total_leaves_to_the_sources_with_no_target_are_judged_
         SourceSpec("chats", "replay")), OutputSpec(Path("out")), mixture=Mixture(total=200))
     bounds = {"logs": RowBounds.of_rows(60, 10, "rows read"), "asks": RowBounds.of_prompts(40, 2),
               "chats": RowBounds.of_rows(30, 0, "rows read")}
-    assert certain_shortfalls(recipe, bounds) == [
+    assert certain_shortfalls(SelectStage.of(recipe), bounds) == [
         "the sources with no target ('asks', 'chats'): at most 110 rows, 150 left to them by mixture.total (200)"]
     assert bounds["asks"].counted == "a pool of 40 prompts x 2 samples"
     with_share = Recipe("bounds", Target(model="m"), recipe.sources, OutputSpec(Path("out")),
                         mixture=Mixture(total=200, thinking_share=ThinkingShare(0.9)))
-    assert certain_shortfalls(with_share, bounds)[1:] == [  # 50 rows of 'logs' and the 110 the others can give
+    # 50 rows of 'logs' and the 110 the others can give
+    assert certain_shortfalls(SelectStage.of(with_share), bounds)[1:] == [
         "thinking share: at most 56.2% of the rows can reason (every generated row counted as reasoning), declared "
         "90.0% +- 2.0%"]
     reasoning = dict(bounds, logs=RowBounds.of_rows(60, 55, "rows read"))  # 'logs' gives at least 45 reasoning rows
     low_share = Recipe("bounds", Target(model="m"), recipe.sources, OutputSpec(Path("out")),
                        mixture=Mixture(total=200, thinking_share=ThinkingShare(0.1)))
-    assert certain_shortfalls(low_share, reasoning)[1:] == [
+    assert certain_shortfalls(SelectStage.of(low_share), reasoning)[1:] == [
         "thinking share: at least 28.1% of the rows reason (no generated row counted as reasoning), declared 10.0% "
         "+- 2.0%"]
     # a share of a known total is judged as a count
     shared = Recipe("bounds", Target(model="m"), (SourceSpec("logs", "replay", target=SourceTarget(share=0.5)),
                                                    SourceSpec("chats", "replay")), OutputSpec(Path("out")),
                     mixture=Mixture(total=100))
-    assert certain_shortfalls(shared, dict(bounds, logs=RowBounds.of_rows(40, 0, "rows read"))) == [
+    assert certain_shortfalls(SelectStage.of(shared), dict(bounds, logs=RowBounds.of_rows(40, 0, "rows read"))) == [
         "source 'logs': at most 40 rows (40 rows read), 50 declared",
         "the sources with no target ('chats'): at most 30 rows, 50 left to them by mixture.total (100)"]
     bounds["asks"] = RowBounds.of_prompts(120, 1)
-    assert certain_shortfalls(recipe, bounds) == [] and bounds["asks"].counted == "a pool of 120 prompts x 1 sample"
+    assert certain_shortfalls(SelectStage.of(recipe), bounds) == []
+    assert bounds["asks"].counted == "a pool of 120 prompts x 1 sample"
     # a share of a total the sources with no target make up is not judged: their rows are known after the checks
     shared = Recipe("bounds", Target(model="m"), (
         SourceSpec("logs", "replay", target=SourceTarget(share=0.5)), SourceSpec("chats", "replay")),
         OutputSpec(Path("out")), mixture=Mixture(thinking_share=ThinkingShare(0.9)))
-    assert certain_shortfalls(shared, {"logs": RowBounds.of_rows(10, 0, "rows read"),
+    assert certain_shortfalls(SelectStage.of(shared), {"logs": RowBounds.of_rows(10, 0, "rows read"),
                                        "chats": RowBounds.of_rows(30, 0, "rows read")}) == []
     # no declared corpus: nothing to judge
-    assert certain_shortfalls(Recipe("none", Target(model="m"), (SourceSpec("chats", "replay"),),
-                                     OutputSpec(Path("out"))), {"chats": RowBounds.of_rows(0, 0, "rows read")}) == []
+    assert certain_shortfalls(SelectStage.of(Recipe("none", Target(model="m"), (SourceSpec("chats", "replay"),),
+                                                    OutputSpec(Path("out")))),
+                              {"chats": RowBounds.of_rows(0, 0, "rows read")}) == []
 
 
 def test_a_row_evicted_after_it_was_kept_is_no_longer_available() -> None:
@@ -739,11 +743,11 @@ def test_a_source_with_no_target_short_of_its_part_of_the_total_is_named() -> No
         available["logs"].add("train", row_priority % 3 == 0, row_priority)
     for row_priority in range(4):
         available["chats"].add("validation", False, 100 + row_priority)
-    selection = plan_selection(recipe, available, {})
+    selection = plan_selection(SelectStage.of(recipe), available, {})
     assert selection.shortfalls == ["source 'chats': 4 rows pass every check, 10 declared (its part of "
                                     "mixture.total)", "source 'logs': 10 rows, 71.4% of the 14 written, 50.0% declared",
                                     "corpus: 14 rows reached, mixture.total declares 20"]
-    assert selection.report(recipe) == {
+    assert selection.report(recipe.mixture) == {
         "sources": {"logs": {"declared": 10, "declared_share": 0.5, "available": 12, "reached": 10,
                              "reached_share": round(10 / 14, 6), "thinking": 4, "generated_rows": 0},
                     "chats": {"declared": 10, "declared_share": None, "available": 4, "reached": 4,
@@ -769,12 +773,12 @@ def test_a_thinking_share_is_judged_before_any_request_with_sources_that_give_ev
                     mixture=Mixture(thinking_share=ThinkingShare(0.5)))
     bounds = {"logs": RowBounds.of_rows(100, logs_thinking, "rows read"),
               "chats": RowBounds.of_rows(30, chats_thinking, "rows read")}
-    assert certain_shortfalls(recipe, bounds) == ([problem] if problem else [])
+    assert certain_shortfalls(SelectStage.of(recipe), bounds) == ([problem] if problem else [])
     # a share of a total those rows make up is not judged
     shared = Recipe("open", Target(model="m"), (SourceSpec("logs", "replay", target=SourceTarget(share=0.5)),
                                                  SourceSpec("chats", "replay")), OutputSpec(Path("out")),
                     mixture=Mixture(thinking_share=ThinkingShare(0.5)))
-    assert certain_shortfalls(shared, bounds) == []
+    assert certain_shortfalls(SelectStage.of(shared), bounds) == []
 
 
 def _plan(targets: dict[str, SourceTarget | None], rows: dict[str, int], mixture: Mixture) -> Selection:
@@ -786,7 +790,7 @@ def _plan(targets: dict[str, SourceTarget | None], rows: dict[str, int], mixture
     for offset, (name, count) in enumerate(rows.items()):
         for row_priority in range(count):
             available[name].add("train", False, 1000 * offset + row_priority)
-    return plan_selection(recipe, available, {})
+    return plan_selection(SelectStage.of(recipe), available, {})
 
 
 @pytest.mark.parametrize(("held", "shortfalls"), [

@@ -35,8 +35,9 @@ from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
 from tests.support.chats import served
+from tests.support.messy import write_messy
 from tests.support.ray_cluster import imported_ray, local_cluster
-from tests.support.real_data import write_chitchat, write_gsm8k, write_rows, write_sharegpt
+from tests.support.real_data import write_rows
 
 ray = imported_ray()
 
@@ -49,42 +50,10 @@ def cluster() -> Iterator[None]:
         yield
 
 
-def edited(text: str) -> str:
-    """A near copy: one word of a long text changed."""
-    words = text.split(" ")
-    words[len(words) // 2] = "changed"
-    return " ".join(words)
-
-
 @pytest.fixture(scope="module")
 def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Real ShareGPT records (empty turns, odd roles, a leading gpt turn: repairs and skips), real chit-chat, and
-    a mirror source of exact copies (of chit-chat and of its own rows), near copies of ShareGPT, a row far over
-    any token budget by its characters alone, chit-chat rows an eval set holds, and for a declared mixture real
-    grade-school math with reasoning (two rows in three) or without."""
     root = tmp_path_factory.mktemp("messy")
-    sharegpt = write_sharegpt(root / "sharegpt.jsonl", 300)
-    chats = write_chitchat(root / "chitchat.jsonl", 200)
-    long_chats = [row for row in sharegpt if sum(len(str(turn.get("value", ""))) for turn in row["conversations"])
-                  > 2000][:30]
-    mirror: list[dict[str, Any]] = []
-    for copy in range(2):  # the second copy of a text in one source has the first's id (ids are content keys)
-        mirror += [{"id": f"exact-{copy}-{index}", "messages": row["messages"]} for index, row in enumerate(chats[:25])]
-    for index, row in enumerate(long_chats):
-        turns = [{"role": "user" if turn["from"] == "human" else "assistant", "content": edited(turn["value"])}
-                 for turn in row["conversations"] if turn["from"] in ("human", "gpt") and turn["value"]]
-        mirror.append({"id": f"near-{index}", "messages": turns})
-    mirror += [{"id": "broken", "messages": "not a list"}, {"id": "empty", "messages": []},
-               {"id": "endless", "messages": [{"role": "user", "content": "word " * 50_000},
-                                              {"role": "assistant", "content": "noted"}]}]
-    write_rows(root / "mirror.jsonl", mirror)
-    write_rows(root / "eval.jsonl", [{"question": " ".join(turn["content"] for turn in row["messages"])}
-                                     for row in chats[150:160]])
-    problems = write_gsm8k(root / "gsm8k.jsonl", 90)
-    write_rows(root / "reasoning.jsonl", [
-        {"messages": [{"role": "user", "content": problem["question"]},
-                      {"role": "assistant", "content": f"<think>{problem['answer']}</think>Solved."
-                       if index % 3 else problem["answer"]}]} for index, problem in enumerate(problems)])
+    write_messy(root)
     return root
 
 
@@ -167,18 +136,26 @@ def test_the_dedup_verdicts_are_the_same_however_the_buckets_are_cut_into_blocks
     row's least kept, must be those of every bucket in one block, whatever the cut and the entries' order."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    from corpus_builder.build import ray_data
-    from corpus_builder.sources.parallel import replay_parts
+    from corpus_builder.build.plan import Plan
+    from corpus_builder.screen.dedup import heads_of, least_verdicts
+    from corpus_builder.sources.parallel import measured_rows
 
-    recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy))
-    parts = dict(enumerate(replay_parts(recipe, 1)))
-    screened = pa.concat_tables(table for part in parts for table in ray_data._screen_parts(
-        {"part": np.array([part])}, parts=parts, recipe=recipe, contamination=None, settings=None, pack_cut=None,
-        pack_files=[]))
-    entries = ray_data._bucket_entries(screened, recipe=recipe, final_ids={})
-    whole = ray_data._bucket_verdicts(entries, recipe=recipe)
-    rules = Counter(ray_data._found(tag).duplicate.rule for tag in whole.column("verdict").to_pylist())
+    plan = Plan.of(load_recipe(write_recipe(tmp_path / "recipe.yaml", messy)), None)
+    dedup = plan.dedup
+    assert dedup is not None
+    checker = plan.screen.checker(None)
+    batches = []
+    for part in plan.read.parts(1):
+        for measured in measured_rows(part(), checker.measure):
+            screened = checker.screened(measured.items, measured.measurement)
+            batches.append(screened.to_arrow(np.arange(len(screened.records)) + 10_000 * len(batches)))
+    table = pa.concat_tables(batches)
+    rows = table.filter(pc.is_null(table.column("skip_reason")))
+    entries = dedup.entries(rows, rows.column("id").to_pylist())
+    whole = dedup.judge_groups(entries)
+    rules = Counter(head.duplicate.rule for head in heads_of(whole.column("rank"), whole.column("head")) if head)
     assert rules["exact"] >= 25 and rules["near"] >= 20
     rng = np.random.default_rng(0)
     given_twice = 0
@@ -186,11 +163,11 @@ def test_the_dedup_verdicts_are_the_same_however_the_buckets_are_cut_into_blocks
         keys = np.asarray(entries.column("key"))
         cut = [entries.take(pa.array(rng.permutation(np.flatnonzero(keys % blocks == block))))
                for block in range(blocks)]
-        given = pa.concat_tables(ray_data._bucket_verdicts(block, recipe=recipe) for block in cut)
+        given = pa.concat_tables(dedup.judge_groups(block) for block in cut)
         given_twice += len(given) - len(set(given.column("priority").to_pylist()))
-        assert ray_data._least_verdicts(given).to_pylist() == whole.to_pylist()
+        assert least_verdicts(given).to_pylist() == whole.to_pylist()
     assert given_twice  # some row has verdicts from buckets in two blocks: its least is taken
-    assert not len(ray_data._bucket_verdicts(pa.table({}), recipe=recipe))
+    assert not len(dedup.judge_groups(pa.table({})))
 
 
 def test_without_dedup_the_copies_are_numbered_as_the_local_engine_numbers_them(cluster: None, messy: Path,

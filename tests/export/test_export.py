@@ -13,17 +13,17 @@ import orjson
 import pytest
 
 from corpus_builder.build import build_corpus
-from corpus_builder.build.pipeline import TargetTokens, write_corpus
-from corpus_builder.build.shards import LedgerWriter
+from corpus_builder.build.plan import TargetTokens
 from corpus_builder.errors import CorpusError
 from corpus_builder.export import EXPORT_FORMATS, FILE_FORMATS, export_corpus, formats
 from corpus_builder.export.formats import specforge_problems
-from corpus_builder.layout import LEDGER, Corpus
+from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation
 from corpus_builder.sources import iter_file
 from corpus_builder.tokens import TemplateRenderer
 from tests.support.chats import synthetic_chats
+from tests.support.corpora import write_corpus
 
 RECIPE = """\
 name: export
@@ -256,7 +256,7 @@ def generated_corpus(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: P
     rows = [as_generated(c, tokens.renderer) for c in iter_file(directory / "log.jsonl") if isinstance(c, Conversation)]
     staging = directory / "corpus"
     staging.mkdir()
-    write_corpus(iter(rows), recipe, staging, LedgerWriter(staging / LEDGER), tokens)
+    write_corpus(iter(rows), recipe, staging, tokens)
     return Corpus.open(staging)
 
 

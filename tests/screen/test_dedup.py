@@ -16,6 +16,7 @@ import pytest
 
 from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.build import build_corpus
+from corpus_builder.build.plan import Plan
 from corpus_builder.build.split import Splitter
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
@@ -398,18 +399,23 @@ checks: {{dedup: {mode}}}
 output: {{dir: out}}
 """, encoding="utf-8")
         recipes[mode] = load_recipe(tmp_path / f"{mode}.yaml")
-    assert Dedup.for_recipe(recipes["none"]) is None
+    plans = {mode: Plan.of(recipe, None) for mode, recipe in recipes.items()}
+    assert plans["none"].dedup is None
     rows = [row("logs", "How far is the moon?"), row("logs", "how far is the moon")]
     rows[1].messages[1].content = "Far."
 
-    def verdicts(dedup: Dedup | None) -> list[Verdict | None]:
-        assert dedup is not None
+    def verdicts(dedup: Dedup) -> list[Verdict | None]:
         return dedup.decide(rows, ["a", "b"], dedup.signatures(rows), None)
 
+    def index(mode: str) -> Dedup:
+        stage = plans[mode].dedup
+        assert stage is not None
+        return stage.index()
+
     duplicate = [None, Verdict("a", "logs", "exact")]
-    assert verdicts(Dedup.for_recipe(recipes["prompt"])) == duplicate
-    assert verdicts(Dedup.for_recipe(recipes["exact"])) == [None, None]
-    assert verdicts(Dedup.for_recipe(recipes["exact"], "prompt")) == duplicate
+    assert verdicts(index("prompt")) == duplicate
+    assert verdicts(index("exact")) == [None, None]
+    assert verdicts(Dedup.for_checks(recipes["exact"].checks, {}, "prompt")) == duplicate
 
 
 def test_the_shingle_length_of_the_near_rule_is_the_recipe_s() -> None:

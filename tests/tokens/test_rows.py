@@ -12,14 +12,17 @@ import pytest
 
 from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.build import build_corpus
-from corpus_builder.build.pipeline import TargetTokens, write_corpus
-from corpus_builder.build.shards import LedgerWriter
+from corpus_builder.build.local import handed_over
+from corpus_builder.build.plan import TargetTokens
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
 from corpus_builder.screen.checks import FLAG_TRUNCATED_TO_BUDGET, Checker
+from corpus_builder.screen.ids import UniqueIds
+from corpus_builder.screen.stream import screened_in_order
 from corpus_builder.testing.tiny_model import DEFAULT_SYSTEM_PROMPT
 from corpus_builder.tokens import TemplateRenderer, TokenRows, served_turns
+from tests.support.corpora import write_corpus
 from tests.support.hf_template import hf_ids
 
 ID = "0123456789abcdef0123"
@@ -261,9 +264,9 @@ def test_mismatches_warn_or_fail_the_build(tmp_path: Path, tiny_model_dir: Path,
     staging = tmp_path / "staging"
     staging.mkdir()
     tokens = TargetTokens.for_recipe(recipe)
-    checker = Checker(recipe.checks, tokens.renderer, measured=tokens.measured if upstream else None)
-    result = write_corpus(checker.run([good, bad]), recipe, staging, LedgerWriter(staging / "ledger.jsonl.zst"),
-                          tokens)
+    judged = screened_in_order([good, bad], Checker(recipe.checks, tokens.renderer, facts=upstream),
+                               [UniqueIds().judge])
+    result = write_corpus(handed_over(judged, tokens.measured), recipe, staging, tokens)
     mismatches = result.audit["tokens"]["mismatches"]
     assert bad.id == f"{ID}-1" and not tokens.measured  # every figure handed over was taken
     # The changed answer differs in its own turn and in the next turn's prompt, which re-renders it.

@@ -1,0 +1,67 @@
+"""The ids rows are written under: unique, the first row of an id keeping it and each later copy a suffix.
+
+Ids are content keys (``records.conversation_id``), so identical rows of one source share one. Every row that
+passed the row checks holds its id, kept by dedup or not: the k-th row of an id, by priority (the order rows are
+read in), is written under ``ID-k``: a keyed stage of the build's plan (``build/plan.py``), in two forms of the
+one rule. ``UniqueIds`` numbers the rows of a stream offered in priority order (the local engine);
+``numbered_copies`` numbers a block of whole id groups in any order (an engine that shuffles the ids by key). A
+suffixed id can be another row's own id: the stream gives that copy the next free suffix, the grouped form cannot
+see it (the engine refuses such a build).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .screened import Screened
+
+# What the grouped form reads of each row (``id_entries``) and gives for each copy (``numbered_copies``).
+ID_ENTRIES = pa.schema([("priority", pa.int64()), ("raw_id", pa.string())])
+NUMBERED = pa.schema([("priority", pa.int64()), ("id", pa.string())])
+
+
+class UniqueIds:
+    """The ids of a stream of rows offered in priority order: a later copy of an id gets the first free suffix."""
+
+    def __init__(self) -> None:
+        # Hashes of the ids given: a dict used as a set because a dict holding only ints is not tracked by the
+        # garbage collector, while a set always is (each full collection would walk every hash).
+        self._seen: dict[int, None] = {}
+
+    def assign(self, row_id: str) -> str:
+        new_id, copy = row_id, 0
+        while hash(new_id) in self._seen:
+            copy += 1
+            new_id = f"{row_id}-{copy}"
+        self._seen[hash(new_id)] = None
+        return new_id
+
+    def judge(self, batch: Screened) -> None:
+        """The ids of a batch's rows, the batches offered in priority order."""
+        batch.ids = [self.assign(row.id) for row in batch.rows]
+
+
+def id_entries(rows: pa.Table) -> pa.Table:
+    """Each row's entry (``ID_ENTRIES``) of a batch's rows in their Arrow form (``Screened.to_arrow``)."""
+    return pa.table({"priority": rows.column("priority"), "raw_id": rows.column("id")}, schema=ID_ENTRIES)
+
+
+def numbered_copies(entries: pa.Table) -> pa.Table:
+    """The ids of the copies in a block of whole id groups (``ID_ENTRIES``, any order): each group's k-th entry by
+    priority gets ``ID-k`` (k >= 1); the first keeps its id and is not listed (``NUMBERED``)."""
+    if not len(entries):  # an empty partition (its block may have no columns)
+        return NUMBERED.empty_table()
+    counts = pc.value_counts(entries.column("raw_id"))
+    repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    copies = entries.filter(pc.is_in(entries.column("raw_id"), value_set=repeated)).sort_by(
+        [("raw_id", "ascending"), ("priority", "ascending")])
+    raw_ids = copies.column("raw_id").to_pylist()
+    ranks = np.zeros(len(raw_ids), dtype=np.int64)
+    for index in range(1, len(raw_ids)):
+        ranks[index] = ranks[index - 1] + 1 if raw_ids[index] == raw_ids[index - 1] else 0
+    later = np.flatnonzero(ranks)
+    return pa.table({"priority": copies.column("priority").take(pa.array(later)),
+                     "id": pa.array([f"{raw_ids[i]}-{ranks[i]}" for i in later.tolist()], pa.string())},
+                    schema=NUMBERED)
