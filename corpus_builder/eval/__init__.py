@@ -45,7 +45,7 @@ __all__ = ["MODES", "BenchExport", "EvalIncomplete", "EvalResult", "EvalSettings
            "read_pack"]
 
 if TYPE_CHECKING:
-    from ..audit.html import PageSection
+    from ..report import PageSection
 
 DEFAULT_MAX_TOKENS = 1024
 DEFAULT_MAX_LOST_SHARE = 0.0  # a pack is measured whole unless the user allows a share of it lost

@@ -1,5 +1,6 @@
 """The acceptance eval as a section of the HTML report, from saved runs (``report.run_document``) and from two runs
-side by side (``report.compare_runs``), on the audit report's page (its styles, plotly inline, escaping).
+side by side (``report.compare_runs``), on a page of the shared kit (``corpus_builder.report``: its styles,
+plotly inline, escaping).
 
 A run: the pack, the settings and the endpoints; the figures of every head and mode over the whole pack, the
 temperature and the speculative method beside them; acceptance by draft position, grouped by head and mode; head
@@ -15,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..audit.html import PageSection, bars, figure_html, layout, page, table, write_page
+from ..report import PageSection, bars, figure_html, layout, page, table, write_page
 from .figures import RATIO_FIGURES
 from .report import (
     ALL,
