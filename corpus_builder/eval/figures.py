@@ -18,10 +18,10 @@ over the prompts, seeded, so a rerun of the same measurements gives the same int
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import Counters
+from .metrics import COUNTERS, Counters, made_counters
 
 RATIO_FIGURES = ("acceptance_rate", "mean_acceptance_length", "output_tokens_per_s")
 RESAMPLES = 2000
@@ -43,61 +43,50 @@ class Window:
     counters: Counters
 
     def to_dict(self) -> dict[str, Any]:
-        c = self.counters
+        saved = {c.name: value for c in COUNTERS if c.saved for value in [getattr(self.counters, c.name)]}
         return {"endpoint": self.endpoint, "mode": self.mode, "prompt": self.prompt, "requests": self.requests,
-                "output_tokens": self.output_tokens, "seconds": self.seconds, "drafts": c.drafts,
-                "draft_tokens": c.draft_tokens, "accepted": c.accepted,
-                "accepted_by_position": list(c.accepted_by_position), "tpot_sum": c.tpot_sum,
-                "tpot_count": c.tpot_count}
+                "output_tokens": self.output_tokens, "seconds": self.seconds, **saved,
+                "accepted_by_position": list(self.counters.accepted_by_position)}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Window:
-        counters = Counters(True, doc["drafts"], doc["draft_tokens"], doc["accepted"],
-                            tuple(doc["accepted_by_position"]), doc["requests"], doc["output_tokens"] or 0,
-                            doc["tpot_sum"], doc["tpot_count"])
+        # the requests and tokens a window checks are the window's own, not a saved counter
+        counted = {"finished_requests": doc["requests"], "generation_tokens": doc["output_tokens"] or 0}
+        counters = made_counters(True, tuple(doc["accepted_by_position"]),
+                                 {c.name: doc[c.name] if c.saved else counted[c.name] for c in COUNTERS})
         return cls(doc["endpoint"], doc["mode"], doc["prompt"], doc["requests"], doc["output_tokens"],
                    doc["seconds"], counters)
 
 
 @dataclass(frozen=True, slots=True)
 class Sums:
+    """What a set of windows sums to: their requests, output tokens and seconds, and their counters."""
+
     requests: int = 0
     output_tokens: int | None = 0  # None when a window's are not known
     seconds: float = 0.0
-    drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
-    accepted_by_position: tuple[float, ...] = ()
-    tpot_sum: float = 0.0
-    tpot_count: float = 0.0
+    counters: Counters = field(default_factory=Counters)
 
     @classmethod
     def of(cls, windows: Sequence[Window]) -> Sums:
-        width = max((len(w.counters.accepted_by_position) for w in windows), default=0)
-        positions = [0.0] * width
-        for window in windows:
-            for index, value in enumerate(window.counters.accepted_by_position):
-                positions[index] += value
         tokens = [w.output_tokens for w in windows]
         return cls(sum(w.requests for w in windows),
                    None if None in tokens else sum(count for count in tokens if count is not None),
-                   sum(w.seconds for w in windows), sum(w.counters.drafts for w in windows),
-                   sum(w.counters.draft_tokens for w in windows), sum(w.counters.accepted for w in windows),
-                   tuple(positions), sum(w.counters.tpot_sum for w in windows),
-                   sum(w.counters.tpot_count for w in windows))
+                   sum(w.seconds for w in windows), sum((w.counters for w in windows), Counters()))
 
     def figures(self) -> dict[str, Any]:
         """The figures (None where the denominator is 0: no drafts, no time)."""
-        drafts = self.drafts
+        c = self.counters
+        drafts = c.drafts
         return {
             "requests": self.requests, "output_tokens": self.output_tokens, "drafts": drafts,
-            "draft_tokens": self.draft_tokens, "accepted": self.accepted,
-            "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else None,
-            "mean_acceptance_length": 1 + self.accepted / drafts if drafts else None,
-            "acceptance_by_position": [value / drafts for value in self.accepted_by_position] if drafts else [],
+            "draft_tokens": c.draft_tokens, "accepted": c.accepted,
+            "acceptance_rate": c.accepted / c.draft_tokens if c.draft_tokens else None,
+            "mean_acceptance_length": 1 + c.accepted / drafts if drafts else None,
+            "acceptance_by_position": [value / drafts for value in c.accepted_by_position] if drafts else [],
             "output_tokens_per_s": self.output_tokens / self.seconds
             if self.output_tokens is not None and self.seconds > 0 else None,
-            "tpot_ms": 1000 * self.tpot_sum / self.tpot_count if self.tpot_count else None,
+            "tpot_ms": 1000 * c.tpot_sum / c.tpot_count if c.tpot_count else None,
         }
 
 

@@ -49,7 +49,7 @@ from ..generate.types import (
     describe_identity,
 )
 from .figures import Window
-from .metrics import VLLM_PREFIX, Counters, UnreadablePage, parse_metrics, request_counters
+from .metrics import COUNTERS, VLLM_PREFIX, Counters, UnreadablePage, parse_metrics, request_counters
 from .pack import Pack, PackPrompt
 
 MODES = {"thinking": True, "non-thinking": False}  # mode -> the template's enable_thinking
@@ -412,33 +412,31 @@ def _impossible(counters: Counters, draft_length: int | None) -> str | None:
     accepted at most once, at position i only when it was at every position before it, and the positions sum to
     the tokens accepted."""
     c = counters
-    values = {"drafts": c.drafts, "draft tokens": c.draft_tokens, "accepted tokens": c.accepted,
-              "finished requests": c.finished_requests, "generated tokens": c.generation_tokens,
-              "time per output token": c.tpot_sum, **{f"accepted at position {position}": value
-                                                      for position, value in enumerate(c.accepted_by_position)}}
+    positions = {f"accepted at position {position}": value for position, value in enumerate(c.accepted_by_position)}
+    values = {counter.label: getattr(c, counter.name) for counter in COUNTERS} | positions
     fallen = [name for name, value in values.items() if value < 0]
     if fallen:
         return f"counters went down ({', '.join(fallen)}): the server restarted, or its page is wrong"
-    del values["time per output token"]  # seconds; the others count events
-    broken = [name for name, value in values.items() if not float(value).is_integer()]
+    counts = {counter.label: getattr(c, counter.name) for counter in COUNTERS if counter.whole} | positions
+    broken = [name for name, value in counts.items() if not float(value).is_integer()]
     if broken:
         return f"counts that are not whole numbers ({', '.join(broken)})"
     if c.accepted > c.draft_tokens:
         return f"{c.accepted:g} tokens accepted of {c.draft_tokens:g} drafted"
     if draft_length is not None and c.draft_tokens > draft_length * c.drafts:
         return f"{c.draft_tokens:g} tokens drafted in {c.drafts:g} drafts of at most {draft_length} tokens"
-    positions = c.accepted_by_position
-    if not positions:
+    by_position = c.accepted_by_position
+    if not by_position:
         return None  # a page without the counter by position (or a window without drafts)
-    if positions[0] > c.drafts:
-        return f"{positions[0]:g} tokens accepted at position 0 of {c.drafts:g} drafts"
-    for position in range(1, len(positions)):
-        if positions[position] > positions[position - 1]:
+    if by_position[0] > c.drafts:
+        return f"{by_position[0]:g} tokens accepted at position 0 of {c.drafts:g} drafts"
+    for position in range(1, len(by_position)):
+        if by_position[position] > by_position[position - 1]:
             return (f"more tokens accepted at position {position} than at position {position - 1} "
-                    f"({positions[position]:g} > {positions[position - 1]:g}): a position's sample is missing or "
+                    f"({by_position[position]:g} > {by_position[position - 1]:g}): a position's sample is missing or "
                     "wrong")
-    if sum(positions) != c.accepted:
-        return f"the tokens accepted by position sum to {sum(positions):g}, not to the {c.accepted:g} accepted"
+    if sum(by_position) != c.accepted:
+        return f"the tokens accepted by position sum to {sum(by_position):g}, not to the {c.accepted:g} accepted"
     return None
 
 

@@ -46,7 +46,7 @@ ALWAYS = dict.fromkeys(range(1, 100))  # every page after the first request
 
 @pytest.mark.parametrize(("fault", "problem"), [
     ("missing_position", "the tokens accepted by position sum to 8, not to the 16 accepted"),
-    ("down", "counts that are not whole numbers (finished requests)"),
+    ("down", "counts that are not whole numbers (finished requests, requests timed)"),
 ])
 def test_impossible_counters_are_measured_again_then_a_fault_not_a_figure(pack: Path, tmp_path: Path, fault: str,
                                                                           problem: str) -> None:

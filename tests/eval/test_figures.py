@@ -184,7 +184,7 @@ def test_the_saved_form_of_a_window_holds_every_count() -> None:
 def test_sums_add_every_position_and_every_count() -> None:
     sums = Sums.of([window(5, 12, 4, tokens=20, seconds=1.0, positions=(3, 2)),
                     window(6, 9, 3, tokens=10, seconds=0.5, positions=(3, 2, 1))])
-    assert sums == Sums(2, 30, 1.5, 7, 21, 11, (6, 4, 1), 0.01 * 20 + 0.01 * 10, 2)
+    assert sums == Sums(2, 30, 1.5, Counters(True, 7, 21, 11, (6, 4, 1), 2, 30, 0.01 * 20 + 0.01 * 10, 2))
     assert sums.figures() == {
         "requests": 2, "output_tokens": 30, "drafts": 7, "draft_tokens": 21, "accepted": 11,
         "acceptance_rate": 11 / 21, "mean_acceptance_length": 1 + 11 / 7,
