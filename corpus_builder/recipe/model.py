@@ -18,8 +18,7 @@ Backend = Literal["server", "engine"]
 # What runs a build: this machine, or a Ray cluster (build/ray_data.py); the same corpus either way.
 Engine = Literal["local", "ray"]
 MappingStyle = Literal["auto", "sharegpt", "messages", "gsm8k", "field", "log"]
-# "pack": a file `corpus eval` replays (no recipe names it): every turn kept, and its last may be a question
-SourceKind = Literal["replay", "prompts", "pack"]
+SourceKind = Literal["replay", "prompts"]
 SourceFormat = Literal["auto", "jsonl", "jsonl.zst", "json", "parquet"]
 ToolResults = Literal["match", "recorded"]
 OnOverLength = Literal["drop", "truncate"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..collector import rare_collections
 from ..draws import take_priority
@@ -39,7 +39,7 @@ from .readers import (
 )
 from .take import CountSelection, fraction_filter
 
-ORIGIN: dict[str, Origin] = {"replay": "replay", "prompts": "prompt", "pack": "replay"}
+ORIGIN: dict[str, Origin] = {"replay": "replay", "prompts": "prompt"}
 DEFAULT_MAPPING = Mapping()
 
 
@@ -137,11 +137,25 @@ def source_parts(spec: SourceSpec, base_dir: Path, parts: int) -> list[Callable[
     return thunks
 
 
-def iter_file(path: Path, *, source: str | None = None, kind: SourceKind = "replay", fmt: SourceFormat = "auto",
-              mapping: Mapping = DEFAULT_MAPPING) -> Iterator[Conversation | Skipped]:
+@dataclass(frozen=True, slots=True)
+class PackSpec(SourceSpec):
+    """An eval pack's file (no recipe names one): read as replay, except that a row needs no assistant turn, since
+    it may end with the question the target answers."""
+
+
+def _normaliser(spec: SourceSpec) -> RowNormaliser:
+    kind = "pack" if isinstance(spec, PackSpec) else spec.kind
+    return RowNormaliser(spec.mapping, kind, spec.system_prompt, spec.repair, spec.tool_choice_function)
+
+
+def iter_file(path: Path, *, source: str | None = None, kind: SourceKind | Literal["pack"] = "replay",
+              fmt: SourceFormat = "auto", mapping: Mapping = DEFAULT_MAPPING) -> Iterator[Conversation | Skipped]:
     """One raw file, as ``corpus audit FILE`` reads it; rows are named by the file's name."""
     path = Path(path)
-    spec = SourceSpec(name=source or path.name, kind=kind, paths=(str(path),), format=fmt, mapping=mapping)
+    paths = (str(path),)
+    name = source or path.name
+    spec = (PackSpec(name=name, kind="replay", paths=paths, format=fmt, mapping=mapping) if kind == "pack"
+            else SourceSpec(name=name, kind=kind, paths=paths, format=fmt, mapping=mapping))
     check_mapping(mapping, spec.name)
     return _select(spec, [_file_unit(path, fmt, path.name)])
 
@@ -198,7 +212,7 @@ def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
 def _checked_rows(spec: SourceSpec, unit: _Unit,
                   keep: PositionFilter | None) -> Iterator[tuple[int, list[NormalisedRow] | Skipped]]:
     """Each row's conversations (several when a repair split it), or why it was skipped."""
-    normalise = RowNormaliser(spec.mapping, spec.kind, spec.system_prompt, spec.repair, spec.tool_choice_function)
+    normalise = _normaliser(spec)
     name, label, separator = spec.name, unit.label, unit.separator
     for position, row in unit.rows(keep):
         checked: list[NormalisedRow] | Skipped
@@ -333,8 +347,7 @@ def _folded(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[int, i
 
 def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
     fold: PrefixFold[tuple[int, int]] = PrefixFold(spec.fold.max_open)
-    normalisers = [RowNormaliser(spec.mapping, spec.kind, spec.system_prompt, spec.repair, spec.tool_choice_function)
-                   for _ in units]
+    normalisers = [_normaliser(spec) for _ in units]
 
     def location(tag: tuple[int, int]) -> str:
         unit = units[tag[0]]
