@@ -23,6 +23,7 @@ from .errors import CorpusError
 from .trainer_formats import BENCH_FORMAT, BENCH_TURNS, EXPORT_FORMATS, FILE_FORMATS
 
 if TYPE_CHECKING:
+    from .eval import Run
     from .recipe.model import Engine
 
 EXIT_OK = 0
@@ -427,7 +428,7 @@ def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concu
             raise click.UsageError("--compare takes two saved runs and nothing else")
         comparison = evaluation.compare(*runs, html=html_path)
         if as_json:
-            _print_json(comparison)
+            _print_json(comparison.to_json())
         else:
             click.echo(evaluation.format_comparison(comparison, (str(runs[0]), str(runs[1]))))
         if html_path is not None:
@@ -454,11 +455,11 @@ def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concu
         sys.exit(EXIT_CHECKS_FAILED)
 
 
-def _print_run(run: dict[str, Any], as_json: bool) -> None:
+def _print_run(run: Run, as_json: bool) -> None:
     from .eval import format_run
 
     if as_json:
-        _print_json(run)
+        _print_json(run.to_json())
     else:
         click.echo(format_run(run))
 

@@ -29,6 +29,7 @@ from .bench import BenchExport, export_bench
 from .pack import Pack, read_pack
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import (
+    Comparison,
     RunNotSaved,
     check_writable,
     compare_runs,
@@ -39,8 +40,10 @@ from .report import (
     run_document,
     save_run,
 )
+from .run import RUN_FORMAT, Reads, Run
 
-__all__ = ["MODES", "BenchExport", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "PackLosses", "RunNotSaved",
+__all__ = ["MODES", "RUN_FORMAT", "BenchExport", "Comparison", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack",
+           "PackLosses", "Run", "RunNotSaved",
            "acceptance_sections", "compare", "evaluate", "export_bench", "format_comparison", "format_run", "load_run",
            "read_pack"]
 
@@ -59,7 +62,7 @@ class PackLosses(CorpusError):
 
 @dataclass(frozen=True)
 class EvalResult:
-    run: dict[str, Any]  # the saved document
+    run: Run  # what was saved
     saved: Path
     html: Path | None = None  # the run's page, when asked for
     problems: tuple[str, ...] = ()  # checks the run failed (the pack lost more than the share allowed)
@@ -103,7 +106,7 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
     run = run_document(pack, [server.describe() for server in replayed.servers],
                        [window for server in replayed.servers for window in server.windows], record,
                        _notes(record, pack, replayed), replayed.remeasured,
-                       {"count": replayed.reads, "seconds": replayed.read_seconds}, replayed.skipped)
+                       Reads(replayed.reads, replayed.read_seconds), replayed.skipped)
     saved = save_run(run, results)
     if page is not None:
         from .html import write_run_page
@@ -156,7 +159,7 @@ def _check_losses(pack: Pack, max_lost_share: float, progress: Callable[[str], N
                            "pack lost with --max-lost-share; nothing was sent", file=str(pack.path))
 
 
-def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> dict[str, Any]:
+def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> Comparison:
     """Two saved runs (``evaluate``'s files) side by side; with ``html`` their page is written there (the path
     checked first)."""
     page = check_output_path(html, what="--html", inputs=[run_a, run_b]) if html is not None else None
@@ -165,7 +168,7 @@ def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> dict[str, 
     if page is not None:
         from .html import write_comparison_page
 
-        write_comparison_page(page, comparison, runs, (str(run_a), str(run_b)))
+        write_comparison_page(page, comparison, (str(run_a), str(run_b)))
     return comparison
 
 
@@ -183,7 +186,7 @@ def acceptance_sections(corpus: str | Path) -> list[PageSection]:
         return []  # no pack: nothing was measured on it
     results = pack.default_results_dir()
     files = sorted(results.glob("*.json")) if results.is_dir() else []
-    runs: list[tuple[Path, dict[str, Any]]] = []
+    runs: list[tuple[Path, Run]] = []
     notes: list[str] = []
     for file in files:
         try:
@@ -191,7 +194,7 @@ def acceptance_sections(corpus: str | Path) -> list[PageSection]:
         except CorpusError as error:
             notes.append(f"left out: {error}")
             continue
-        if run["pack"]["sha256"] == pack.sha256:
+        if run.pack.sha256 == pack.sha256:
             runs.append((file, run))
     if not runs:
         return []
@@ -200,7 +203,7 @@ def acceptance_sections(corpus: str | Path) -> list[PageSection]:
         notes.append(f"{others} run(s) in {results} replayed another pack: left out")
     from .html import runs_section
 
-    runs.sort(key=lambda item: item[1]["created"], reverse=True)
+    runs.sort(key=lambda item: item[1].created, reverse=True)
     return [runs_section(runs, notes, files)]
 
 

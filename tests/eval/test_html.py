@@ -3,6 +3,7 @@ a corpus with saved runs, and the pages opened in a real headless Chromium; ever
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def test_compare_html_puts_run_b_beside_run_a_then_each_run(tmp_path: Path) -> N
     tables = [table for kind, table in page_tables(page.read_text(encoding="utf-8")) if kind]
     assert parts(page) == ["acceptance-comparison", *RUN_PARTS, *RUN_PARTS]
     comparison = compare(first, second)
-    assert check_comparison(tables[0], comparison) == len(comparison["rows"]) == 2 * 2 * 6
+    assert check_comparison(tables[0], comparison) == len(comparison.rows) == 2 * 2 * 6
     assert check_figures(tables[1], load_run(first)) == check_figures(tables[4], load_run(second)) == 4
     assert page.read_text(encoding="utf-8").count(PLOT_DIV) == 2 + 2 * 2
     before = first.read_bytes()
@@ -108,7 +109,7 @@ def corpus(tmp_path: Path) -> Path:
 def test_the_audit_page_has_the_acceptance_of_the_runs_saved_of_its_pack(corpus: Path, tmp_path: Path) -> None:
     pack = read_pack(corpus)
     results = pack.default_results_dir()
-    older = save_run(synthetic_run(pack) | {"created": "2000-01-01T00:00:00Z"}, results)
+    older = save_run(replace(synthetic_run(pack), created="2000-01-01T00:00:00Z"), results)
     newer = save_run(synthetic_run(pack, shift=-0.2), results)
     another = save_run(synthetic_run(pack_of()), results)  # a neighbouring corpus's pack: left out
     (results / "notes.json").write_bytes(orjson.dumps({"not": "a run"}))
