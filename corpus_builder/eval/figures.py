@@ -1,11 +1,14 @@
 """What an eval measured, as figures: measurement windows, their sums, and the paired ratio of two heads.
 
 A window is one stretch of a server's counters the eval alone moved: one request at concurrency 1, one phase
-(the whole pack in one mode) otherwise. Figures are ratios of sums over windows, never means of per-window
-ratios, so a long answer weighs as many tokens as it has:
+(the whole pack in one mode) otherwise. Acceptance is given two ways, named, since they differ and can order two
+heads differently (vLLM #42508): POOLED, a ratio of sums over every window (vLLM's counters: a long answer weighs
+as many verify steps as it has), and PER REQUEST, each request's own figure, then their mean (SpecForge's and
+AIPerf's: every request weighs alike):
 
-  acceptance rate         accepted / draft tokens
-  mean acceptance length  1 + accepted / drafts (tokens per target step: the accepted drafts and the target's own)
+  acceptance rate         pooled: accepted / draft tokens; per request: the mean of each request's own
+  mean acceptance length  pooled: 1 + accepted / drafts (tokens per target step: the accepted drafts and the
+                          target's own); per request: the mean of each request's own (requests that drafted)
   acceptance by position  accepted at position i / drafts (the chance the first i+1 drafted tokens all survive)
   output tok/s            output tokens / seconds the requests took (a phase's wall time at concurrency > 1); n/a
                           when a response told no output tokens (no ``usage``)
@@ -17,16 +20,34 @@ over the prompts, seeded, so a rerun of the same measurements gives the same int
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .metrics import COUNTERS, Counters, made_counters
 
-RATIO_FIGURES = ("acceptance_rate", "mean_acceptance_length", "output_tokens_per_s")
+RATIO_FIGURES = ("acceptance_rate_pooled", "acceptance_rate_per_request", "mean_acceptance_length_pooled",
+                 "mean_acceptance_length_per_request", "output_tokens_per_s")
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One answer of a window: its prompt (pack index), and its own counts where the response carried them
+    (``--per-request-spec-decode-metrics``; None otherwise)."""
+
+    prompt: int
+    drafts: float | None = None
+    draft_tokens: float | None = None
+    accepted: float | None = None
+
+    def counts(self) -> tuple[float, float, float] | None:
+        if self.drafts is None or self.draft_tokens is None or self.accepted is None:
+            return None
+        return self.drafts, self.draft_tokens, self.accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +62,24 @@ class Window:
     output_tokens: int | None
     seconds: float
     counters: Counters
+    answers: tuple[Answer, ...] = ()  # one per request (none in a run saved before answers were recorded)
 
     def to_dict(self) -> dict[str, Any]:
         saved = {c.name: value for c in COUNTERS if c.saved for value in [getattr(self.counters, c.name)]}
+        answers = [{name: getattr(answer, name) for name in Answer.__slots__} for answer in self.answers]
         return {"endpoint": self.endpoint, "mode": self.mode, "prompt": self.prompt, "requests": self.requests,
                 "output_tokens": self.output_tokens, "seconds": self.seconds, **saved,
-                "accepted_by_position": list(self.counters.accepted_by_position)}
+                "accepted_by_position": list(self.counters.accepted_by_position), "answers": answers}
+
+    def request_counts(self) -> list[tuple[float, float, float]] | None:
+        """(drafts, draft tokens, accepted) of each of its requests: the window's own for a window of one request,
+        else its answers' own counts; None when they are not known (a phase counted by /metrics)."""
+        if self.requests == 1:
+            return [(self.counters.drafts, self.counters.draft_tokens, self.counters.accepted)]
+        counts = [answer.counts() for answer in self.answers]
+        if len(counts) != self.requests or None in counts:
+            return None
+        return [count for count in counts if count is not None]
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Window:
@@ -55,34 +88,43 @@ class Window:
         counters = made_counters(True, tuple(doc["accepted_by_position"]),
                                  {c.name: doc[c.name] if c.saved else counted[c.name] for c in COUNTERS})
         return cls(doc["endpoint"], doc["mode"], doc["prompt"], doc["requests"], doc["output_tokens"],
-                   doc["seconds"], counters)
+                   doc["seconds"], counters, tuple(Answer(**answer) for answer in doc.get("answers", ())))
 
 
 @dataclass(frozen=True, slots=True)
 class Sums:
-    """What a set of windows sums to: their requests, output tokens and seconds, and their counters."""
+    """What a set of windows sums to: their requests, output tokens and seconds, their counters, and each
+    request's own (drafts, draft tokens, accepted), None when not known."""
 
     requests: int = 0
     output_tokens: int | None = 0  # None when a window's are not known
     seconds: float = 0.0
     counters: Counters = field(default_factory=Counters)
+    per_request: tuple[tuple[float, float, float], ...] | None = ()
 
     @classmethod
     def of(cls, windows: Sequence[Window]) -> Sums:
         tokens = [w.output_tokens for w in windows]
+        counts = [w.request_counts() for w in windows]
+        per_request = None if None in counts else tuple(c for each in counts if each is not None for c in each)
         return cls(sum(w.requests for w in windows),
                    None if None in tokens else sum(count for count in tokens if count is not None),
-                   sum(w.seconds for w in windows), sum((w.counters for w in windows), Counters()))
+                   sum(w.seconds for w in windows), sum((w.counters for w in windows), Counters()), per_request)
 
     def figures(self) -> dict[str, Any]:
         """The figures (None where the denominator is 0: no drafts, no time)."""
         c = self.counters
         drafts = c.drafts
+        own = self.per_request or ()
+        rates = [accepted / tokens for _, tokens, accepted in own if tokens]
+        lengths = [1 + accepted / steps for steps, _, accepted in own if steps]
         return {
             "requests": self.requests, "output_tokens": self.output_tokens, "drafts": drafts,
             "draft_tokens": c.draft_tokens, "accepted": c.accepted,
-            "acceptance_rate": c.accepted / c.draft_tokens if c.draft_tokens else None,
-            "mean_acceptance_length": 1 + c.accepted / drafts if drafts else None,
+            "acceptance_rate_pooled": c.accepted / c.draft_tokens if c.draft_tokens else None,
+            "acceptance_rate_per_request": sum(rates) / len(rates) if rates else None,
+            "mean_acceptance_length_pooled": 1 + c.accepted / drafts if drafts else None,
+            "mean_acceptance_length_per_request": sum(lengths) / len(lengths) if lengths else None,
             "acceptance_by_position": tuple(value / drafts for value in c.accepted_by_position) if drafts else (),
             "output_tokens_per_s": self.output_tokens / self.seconds
             if self.output_tokens is not None and self.seconds > 0 else None,
@@ -90,12 +132,24 @@ class Sums:
         }
 
 
-# Each figure as a function of the column sums (accepted, draft tokens, drafts, output tokens, seconds).
+# Each figure as a function of the column sums (accepted, draft tokens, drafts, output tokens, seconds; a pair's
+# own rate where it drafted, and whether it did; its own acceptance length where it drafted, and whether it did).
 _FIGURE_OF_SUMS: dict[str, Callable[[Any], Any]] = {
-    "acceptance_rate": lambda s: s[..., 0] / s[..., 1],
-    "mean_acceptance_length": lambda s: 1 + s[..., 0] / s[..., 2],
+    "acceptance_rate_pooled": lambda s: s[..., 0] / s[..., 1],
+    "acceptance_rate_per_request": lambda s: s[..., 5] / s[..., 6],
+    "mean_acceptance_length_pooled": lambda s: 1 + s[..., 0] / s[..., 2],
+    "mean_acceptance_length_per_request": lambda s: s[..., 7] / s[..., 8],
     "output_tokens_per_s": lambda s: s[..., 3] / s[..., 4],
 }
+
+
+def _columns(window: Window) -> list[float]:
+    """A window's columns for ``_FIGURE_OF_SUMS`` (a paired window holds one request: its counts are its own)."""
+    c = window.counters
+    drafted, stepped = c.draft_tokens > 0, c.drafts > 0
+    return [c.accepted, c.draft_tokens, c.drafts, math.nan if window.output_tokens is None else window.output_tokens,
+            window.seconds, c.accepted / c.draft_tokens if drafted else 0.0, float(drafted),
+            1 + c.accepted / c.drafts if stepped else 0.0, float(stepped)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +175,7 @@ def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = 
     pairs = len(a)
     if not pairs:
         return [Ratio(figure, None, pairs=0) for figure in RATIO_FIGURES]
-    columns = np.array([[[w.counters.accepted, w.counters.draft_tokens, w.counters.drafts,
-                          np.nan if w.output_tokens is None else w.output_tokens, w.seconds]
-                         for w in side] for side in (a, b)], dtype=np.float64)
+    columns = np.array([[_columns(w) for w in side] for side in (a, b)], dtype=np.float64)
     # resample i takes pair j weights[i, j] times: the column sums of every resample in one product
     weights = np.random.default_rng(seed).multinomial(pairs, [1 / pairs] * pairs, size=resamples).astype(np.float64)
     tail = 100 * (1 - confidence) / 2
@@ -145,5 +197,5 @@ def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = 
 def figure_ratios(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Ratio]:
     """B over A for each of RATIO_FIGURES from two sets of figures (by name), without an interval: for
     measurements that are not paired prompt by prompt."""
-    return [Ratio(figure, b[figure] / a[figure] if a[figure] and b[figure] is not None else None)
+    return [Ratio(figure, b[figure] / a[figure] if a.get(figure) and b.get(figure) is not None else None)
             for figure in RATIO_FIGURES]

@@ -48,7 +48,7 @@ from ..generate.types import (
     TurnResult,
     describe_identity,
 )
-from .figures import Window
+from .figures import Answer, Window
 from .metrics import COUNTERS, VLLM_PREFIX, Counters, UnreadablePage, parse_metrics, request_counters
 from .pack import Pack, PackPrompt
 
@@ -150,6 +150,7 @@ class _Sent:
     answered: tuple[int, ...]
     tokens: int | None
     counted: Counters | None
+    answers: tuple[Answer, ...] = ()
 
 
 class _Replayer:
@@ -358,7 +359,7 @@ class _Replayer:
                 counters: Counters) -> Window:
         if index is None:
             self.phase_prompts[server.label, mode] = sent.answered
-        return Window(server.label, mode, index, len(sent.answered), sent.tokens, seconds, counters)
+        return Window(server.label, mode, index, len(sent.answered), sent.tokens, seconds, counters, sent.answers)
 
     async def _send(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]]) -> _Sent:
         """Send ``prompts`` (at most ``concurrency`` at a time); a prompt the server refuses is recorded in
@@ -386,7 +387,9 @@ class _Replayer:
         tokens = None if any(count is None for count in counts) else sum(c for c in counts if c is not None)
         own = [request_counters(result.metrics, result.completion_tokens) for _, result in answered]
         counted = None if any(c is None for c in own) else sum((c for c in own if c is not None), Counters())
-        return _Sent(tuple(index for index, _ in answered), tokens, counted)
+        answers = tuple(Answer(index) if c is None else Answer(index, c.drafts, c.draft_tokens, c.accepted)
+                        for (index, _), c in zip(answered, own, strict=True))
+        return _Sent(tuple(index for index, _ in answered), tokens, counted, answers)
 
     def _report(self, message: str, *, force: bool = False) -> None:
         now = time.monotonic()

@@ -50,7 +50,10 @@ from .run import (
 PROBE_BYTES = 64 * 1024  # what check_writable writes: room for a run of a few hundred windows
 ALL = "all"
 _POSITIONS_SHOWN = 4
-FIGURE_TITLES = {"acceptance_rate": "acceptance rate", "mean_acceptance_length": "mean acceptance length",
+FIGURE_TITLES = {"acceptance_rate_pooled": "acceptance rate (pooled)",
+                 "acceptance_rate_per_request": "acceptance rate (per request)",
+                 "mean_acceptance_length_pooled": "mean acceptance length (pooled)",
+                 "mean_acceptance_length_per_request": "mean acceptance length (per request)",
                  "output_tokens_per_s": "output tok/s"}
 
 
@@ -108,7 +111,16 @@ def with_figures(run: Run) -> Run:
                 compared = (paired_ratios(chosen[labels[0]], chosen[label]) if paired
                             else figure_ratios(measured[labels[0]], measured[label]))
                 ratios += [HeadRatio(labels[0], label, mode, group, value) for value in compared]
-    return replace(run, figures=tuple(figures), ratios=tuple(ratios))
+    return replace(run, figures=tuple(figures), ratios=tuple(ratios), missing=_missing(figures))
+
+
+def _missing(figures: list[Figure]) -> tuple[str, ...]:
+    """The figures a run cannot give, named (printed under its heading; n/a in its tables)."""
+    missing = []
+    if any(f.drafts and f.mean_acceptance_length_per_request is None for f in figures):
+        missing.append("per-request acceptance: each request's own counts are not known (a phase at concurrency > 1 "
+                       "counted by /metrics: a server with --per-request-spec-decode-metrics gives them)")
+    return tuple(missing)
 
 
 def _chosen(windows: tuple[Window, ...], mode: str, endpoint: str, members: set[int] | None) -> list[Window]:
@@ -224,7 +236,7 @@ def describe_endpoint(endpoint: Endpoint) -> str:
     return f"{endpoint.label} {endpoint.url}: {identity}; speculator: {told}; counted by {endpoint.counters}"
 
 
-FIGURE_HEADER = ("mode", "head", "group", "requests", "output tokens", "acceptance rate", "mean acceptance length",
+FIGURE_HEADER = ("mode", "head", "group", "requests", "output tokens", *(FIGURE_TITLES[f] for f in RATIO_FIGURES[:4]),
                  "acceptance by position", "output tok/s", "TPOT ms", "temperature", "method")
 
 
@@ -249,7 +261,8 @@ def figure_cells(row: Figure, settings: RunSettings) -> list[str]:
     """One of a run's ``figures`` as a row of its table (``FIGURE_HEADER``)."""
     tokens = row.output_tokens
     return [row.mode, row.endpoint, row.group, str(row.requests), "n/a" if tokens is None else str(tokens),
-            _number(row.acceptance_rate), _number(row.mean_acceptance_length, 2),
+            _number(row.acceptance_rate_pooled), _number(row.acceptance_rate_per_request),
+            _number(row.mean_acceptance_length_pooled, 2), _number(row.mean_acceptance_length_per_request, 2),
             _positions(row.acceptance_by_position), _number(row.output_tokens_per_s, 1),
             _number(row.tpot_ms, 2), _temperature(settings), str(row.method or "not told")]
 

@@ -105,8 +105,10 @@ class Figure:
     drafts: float
     draft_tokens: float
     accepted: float
-    acceptance_rate: float | None
-    mean_acceptance_length: float | None
+    acceptance_rate_pooled: float | None  # over every verify step (vLLM's counters)
+    acceptance_rate_per_request: float | None  # each request's own, then their mean
+    mean_acceptance_length_pooled: float | None
+    mean_acceptance_length_per_request: float | None
     acceptance_by_position: tuple[float, ...]
     output_tokens_per_s: float | None
     tpot_ms: float | None
@@ -159,7 +161,7 @@ class Run:
         key of a document that is not a whole run."""
         if not isinstance(document, dict) or document.get("format") not in (FORMAT_1, RUN_FORMAT):
             raise CorpusError(f"not a saved eval run (format {RUN_FORMAT} or {FORMAT_1})", file=file)
-        problem = _shape_problem(document, _RUN_SHAPE, "")
+        problem = _shape_problem(document, _RUN_SHAPE if document["format"] == FORMAT_1 else _RUN_SHAPE_2, "")
         if problem is not None:
             raise CorpusError(f"not a whole saved eval run: {problem.lstrip('.')}", file=file)
         pack, settings = document["pack"], document["settings"]
@@ -226,6 +228,11 @@ _RUN_SHAPE: dict[str, Any] = {
                  "output_tokens": (int, _OR_NONE), "seconds": _Number, "drafts": _Number, "draft_tokens": _Number,
                  "accepted": _Number, "accepted_by_position": [_Number], "tpot_sum": _Number, "tpot_count": _Number}],
 }
+
+
+_ANSWER_SHAPE = {"prompt": int, "drafts": (_Number, _OR_NONE), "draft_tokens": (_Number, _OR_NONE),
+                 "accepted": (_Number, _OR_NONE)}
+_RUN_SHAPE_2 = _RUN_SHAPE | {"windows": [_RUN_SHAPE["windows"][0] | {"answers": [_ANSWER_SHAPE]}]}
 
 
 def _shape_problem(value: Any, shape: Any, where: str) -> str | None:

@@ -82,7 +82,7 @@ def test_a_fault_that_passes_is_measured_again_and_the_figures_are_exact(pack: P
     assert run["remeasured_windows"] == 2 and len(server.chat_requests) == 3 + 2
     [figures] = every(run)
     assert figures["acceptance_by_position"] == [1.0, 1.0, 0.0]
-    assert figures["acceptance_rate"] == pytest.approx(2 / 3) and figures["requests"] == 3
+    assert figures["acceptance_rate_pooled"] == pytest.approx(2 / 3) and figures["requests"] == 3
 
 
 @pytest.mark.parametrize("fault", ["cut", "nan"])
@@ -139,7 +139,7 @@ def test_own_counts_wrong_now_and_then_are_measured_again(pack: Path, tmp_path: 
         run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"],
                        save_dir=tmp_path / "runs").run.to_json()
     assert run["remeasured_windows"] == 2 and len(server.chat_requests) == 3 + 2
-    assert every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
+    assert every(run)[0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)
 
 
 def test_a_server_that_stops_sending_its_own_counts_stops_the_eval(pack: Path, tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def test_a_server_that_counts_late_is_waited_for_not_measured_again(pack: Path, 
                        save_dir=tmp_path / "runs").run.to_json()
     assert run["remeasured_windows"] == 0 and len(server.chat_requests) == 3
     assert metrics_reads(server) == 1 + 3 * 3  # each request: two reads of the old counts, then the new
-    assert every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
+    assert every(run)[0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)
 
 
 def test_tokens_the_eval_did_not_receive_make_a_window_shared(pack: Path, tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_a_retried_request_makes_its_window_measured_again(pack: Path, tmp_path:
         run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"],
                        save_dir=tmp_path / "runs").run.to_json()
     assert run["remeasured_windows"] == 1 and len(server.chat_requests) == 3 + 2  # the failed try, and again
-    assert every(run)[0]["requests"] == 3 and every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
+    assert every(run)[0]["requests"] == 3 and every(run)[0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)
 
 
 @pytest.mark.parametrize("lag", [0, 1])
@@ -215,7 +215,7 @@ def test_a_shared_first_window_does_not_skip_the_agreement_check(pack: Path, tmp
     with speculating(accepted=1, per_request_metrics=True, misreported=1, foreign={0: 1}) as server:
         run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run.to_json()
     assert run["endpoints"][0]["counters"] == "/metrics" and run["remeasured_windows"] == 1
-    assert [f["acceptance_rate"] for f in every(run)] == [pytest.approx(1 / 3)] * 2
+    assert [f["acceptance_rate_pooled"] for f in every(run)] == [pytest.approx(1 / 3)] * 2
 
 
 def test_a_speculator_that_drafts_in_one_mode_only_keeps_the_mode_it_measured(pack: Path, tmp_path: Path) -> None:
@@ -223,8 +223,8 @@ def test_a_speculator_that_drafts_in_one_mode_only_keeps_the_mode_it_measured(pa
     with speculating(drafts_in=(False,)) as server:
         run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run.to_json()
     thinking, plain = every(run)
-    assert (thinking["mode"], thinking["drafts"], thinking["acceptance_rate"]) == ("thinking", 0, None)
-    assert (plain["mode"], plain["acceptance_rate"]) == ("non-thinking", pytest.approx(2 / 3))
+    assert (thinking["mode"], thinking["drafts"], thinking["acceptance_rate_pooled"]) == ("thinking", 0, None)
+    assert (plain["mode"], plain["acceptance_rate_pooled"]) == ("non-thinking", pytest.approx(2 / 3))
     assert "no drafts: A in thinking mode (an n-gram speculator drafts only where the output repeats the prompt): " \
            "no acceptance figures there" in run["notes"]
     long = write_jsonl(tmp_path / "long.jsonl", [*chat_rows(2), {"messages": [{"role": "user", "content": "w " * 90}]}])
@@ -272,10 +272,10 @@ def test_answers_without_usage_have_no_speed_rather_than_zero(pack: Path, tmp_pa
                        save_dir=tmp_path / "runs").run.to_json()
     [figures] = every(run)
     assert (figures["output_tokens"], figures["output_tokens_per_s"]) == (None, None)
-    assert figures["acceptance_rate"] == pytest.approx(2 / 3)
+    assert figures["acceptance_rate_pooled"] == pytest.approx(2 / 3)
     row = next(line for line in text_of(run).splitlines() if line.startswith("| thinking | A"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert (cells[4], cells[8]) == ("n/a", "n/a")
+    assert (cells[4], cells[10]) == ("n/a", "n/a")  # output tokens, output tok/s
 
 
 def test_a_counters_page_that_stops_answering_mid_run_stops_the_eval(pack: Path, tmp_path: Path) -> None:

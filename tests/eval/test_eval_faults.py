@@ -42,8 +42,8 @@ def test_figures_are_the_server_counters_and_one_read_per_request(pack: Path, tm
     every = [f for f in run["figures"] if f["group"] == "all"]
     assert [f["mode"] for f in every] == ["thinking", "non-thinking"]
     for figures in every:
-        assert figures["acceptance_rate"] == pytest.approx(2 / 3)
-        assert figures["mean_acceptance_length"] == pytest.approx(3.0)
+        assert figures["acceptance_rate_pooled"] == pytest.approx(2 / 3)
+        assert figures["mean_acceptance_length_pooled"] == pytest.approx(3.0)
         assert figures["acceptance_by_position"] == [1.0, 1.0, 0.0]
         assert figures["requests"] == 3 and figures["temperature"] == 0
     groups = {f["group"] for f in run["figures"]}
@@ -87,7 +87,7 @@ def test_traffic_of_others_is_measured_again(pack: Path, tmp_path: Path) -> None
         run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"],
                        save_dir=tmp_path / "runs").run.to_json()
     assert run["remeasured_windows"] == 1 and len(server.chat_requests) == 4
-    assert run["figures"][0]["acceptance_rate"] == pytest.approx(2 / 3)  # the shared window is not counted
+    assert run["figures"][0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)  # the shared window is not counted
     assert run["figures"][0]["requests"] == 3
     assert "1 measurement(s) shared with other traffic, or whose counters were impossible, were measured again" in \
         run["notes"]
@@ -137,9 +137,9 @@ def test_two_heads_paired_and_the_same_head_twice(pack: Path, tmp_path: Path) ->
         run = evaluate(pack, [a.base_url, b.base_url, a.base_url], temperature=0,
                        save_dir=tmp_path / "runs").run.to_json()
     ratios = {(r["b"], r["figure"]): r for r in run["ratios"] if r["mode"] == "thinking" and r["group"] == "all"}
-    assert ratios["B", "acceptance_rate"]["ratio"] == pytest.approx(0.5)
-    assert ratios["B", "acceptance_rate"]["pairs"] == 3
-    same = ratios["C", "acceptance_rate"]
+    assert ratios["B", "acceptance_rate_pooled"]["ratio"] == pytest.approx(0.5)
+    assert ratios["B", "acceptance_rate_pooled"]["pairs"] == 3
+    same = ratios["C", "acceptance_rate_pooled"]
     assert same["low"] <= 1.0 <= same["high"] and same["ratio"] == 1.0
     # the order rotates from prompt to prompt so that drift cancels: A B C, B C A, C A B (C is server a again)
     order = sorted([(r.time, "a") for r in a.chat_requests] + [(r.time, "b") for r in b.chat_requests])
@@ -153,7 +153,7 @@ def test_concurrency_measures_phases(pack: Path, tmp_path: Path) -> None:
     with speculating(accepted=1) as server:
         run = evaluate(pack, [server.base_url], temperature=0, concurrency=3, save_dir=tmp_path / "runs").run.to_json()
     assert {f["group"] for f in run["figures"]} == {"all"}
-    assert run["figures"][0]["acceptance_rate"] == pytest.approx(1 / 3) and run["figures"][0]["requests"] == 3
+    assert run["figures"][0]["acceptance_rate_pooled"] == pytest.approx(1 / 3) and run["figures"][0]["requests"] == 3
     assert metrics_reads(server) == 1 + 2  # one reading per phase
     assert ("concurrency > 1: the counters are read around each phase, so there is no breakdown by source or task "
             "and no interval (both need concurrency 1)") in run["notes"]
@@ -169,14 +169,14 @@ def test_compare_puts_two_saved_runs_side_by_side(pack: Path, tmp_path: Path) ->
     comparison = compared.to_json()
     assert comparison["paired"] and comparison["notes"] == []
     row = next(r for r in comparison["rows"] if (r["mode"], r["group"]) == ("thinking", "all"))
-    assert row["ratios"]["acceptance_rate"]["ratio"] == pytest.approx(0.5)
-    assert row["ratios"]["acceptance_rate"]["low"] == pytest.approx(0.5)  # paired prompt by prompt
+    assert row["ratios"]["acceptance_rate_pooled"]["ratio"] == pytest.approx(0.5)
+    assert row["ratios"]["acceptance_rate_pooled"]["low"] == pytest.approx(0.5)  # paired prompt by prompt
     assert "B / A paired prompt by prompt (the same pack at concurrency 1), 95% bootstrap interval" in \
         format_comparison(compared, (str(first), str(second))).splitlines()
     unpaired = compare(first, third).to_json()
     assert not unpaired["paired"]
     assert unpaired["notes"] == ["the runs replayed different packs: their figures are not paired"]
-    assert all(r["ratios"]["acceptance_rate"]["low"] is None for r in unpaired["rows"])
+    assert all(r["ratios"]["acceptance_rate_pooled"]["low"] is None for r in unpaired["rows"])
     with pytest.raises(CorpusError, match="not a saved eval run"):
         compare(first, pack)
 
@@ -277,8 +277,8 @@ def test_per_request_counts_need_no_metrics_read_after_the_first_window(pack: Pa
     own = {(f["mode"], f["group"]): f for f in run["figures"]}
     for figures in paged["figures"]:
         mine = own[figures["mode"], figures["group"]]
-        for name in ("requests", "drafts", "draft_tokens", "accepted", "acceptance_rate", "mean_acceptance_length",
-                     "acceptance_by_position"):
+        for name in ("requests", "drafts", "draft_tokens", "accepted", "acceptance_rate_pooled",
+                     "mean_acceptance_length_pooled", "acceptance_by_position"):
             assert mine[name] == figures[name], name
     assert run["endpoints"][0]["counters"] == "per request" and paged["endpoints"][0]["counters"] == "/metrics"
     assert text_of(run).splitlines()[1].endswith("; counted by per request")
@@ -296,14 +296,14 @@ def test_per_request_counts_keep_other_traffic_out(pack: Path, tmp_path: Path) -
     with speculating(accepted=2, per_request_metrics=True, foreign=dict.fromkeys(range(1, 100), 1)) as server:
         run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run.to_json()
     assert run["remeasured_windows"] == 0 and len(server.chat_requests) == 6
-    assert run["figures"][0]["acceptance_rate"] == pytest.approx(2 / 3)
+    assert run["figures"][0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)
 
 
 def test_a_server_whose_two_accounts_disagree_is_counted_by_its_page(pack: Path, tmp_path: Path) -> None:
     with speculating(accepted=1, per_request_metrics=True, misreported=1) as server:
         run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run.to_json()
     assert run["endpoints"][0]["counters"] == "/metrics" and metrics_reads(server) == 1 + 6
-    assert run["figures"][0]["acceptance_rate"] == pytest.approx(1 / 3)
+    assert run["figures"][0]["acceptance_rate_pooled"] == pytest.approx(1 / 3)
 
 
 def test_per_request_counts_at_concurrency(pack: Path, tmp_path: Path) -> None:
@@ -311,4 +311,4 @@ def test_per_request_counts_at_concurrency(pack: Path, tmp_path: Path) -> None:
         run = evaluate(pack, [server.base_url], temperature=0, concurrency=3, save_dir=tmp_path / "runs").run.to_json()
     # the first phase measured both ways; the second by its requests' own counts alone, though others came
     assert metrics_reads(server) == 1 + 1 and run["remeasured_windows"] == 0
-    assert [f["acceptance_rate"] for f in run["figures"]] == [pytest.approx(1 / 3)] * 2
+    assert [f["acceptance_rate_pooled"] for f in run["figures"]] == [pytest.approx(1 / 3)] * 2

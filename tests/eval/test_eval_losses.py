@@ -108,7 +108,7 @@ def test_a_prompt_over_a_servers_context_is_left_out_of_every_head_and_counted(t
         dict.fromkeys([("A", "thinking"), ("B", "thinking"), ("A", "non-thinking"), ("B", "non-thinking")], 2)
     assert sorted(w["prompt"] for w in run["windows"]) == [0, 0, 0, 0, 2, 2, 2, 2]
     assert next(r for r in run["ratios"] if (r["mode"], r["group"], r["figure"]) ==
-                ("thinking", "all", "acceptance_rate"))["pairs"] == 2
+                ("thinking", "all", "acceptance_rate_pooled"))["pairs"] == 2
     assert result.problems == ("1 of the pack's 3 rows lost (33.3%: 1 prompt(s) refused by a server, 0 row(s) "
                                "unreadable), over --max-lost-share 0",)
     assert load_run(result.saved).to_json() == run
@@ -239,7 +239,7 @@ def test_a_run_the_full_disk_cannot_take_at_the_end_is_printed_and_fails(tmp_pat
             cli = corpus_cli("eval", str(pack), "--endpoint", server.base_url, "--temperature", "0", "--mode",
                              "thinking", "--json", "--save-dir", str(disk / "runs"))
         assert cli.returncode == 2 and "Traceback" not in cli.stderr
-        assert orjson.loads(cli.stdout)["figures"][0]["acceptance_rate"] == pytest.approx(2 / 3)
+        assert orjson.loads(cli.stdout)["figures"][0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)
         assert "the run is finished but cannot be saved: No space left on device" in cli.stderr
         assert not list((disk / "runs").glob("*.json")) and not list((disk / "runs").glob(".*"))
 
