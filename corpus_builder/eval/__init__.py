@@ -26,6 +26,7 @@ import orjson
 from ..errors import CorpusError
 from ..outputs import check_output_path, enclosing_corpus
 from .bench import BenchExport, export_bench
+from .loops import DEFAULT_LOOP_THRESHOLD
 from .pack import Pack, read_pack
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import (
@@ -71,12 +72,13 @@ class EvalResult:
 def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] = tuple(MODES), concurrency: int = 1,
              temperature: float | None = None, max_tokens: int | None = None, recipe: Path | None = None,
              model: str | None = None, save_dir: Path | None = None, html: Path | None = None,
-             max_lost_share: float = DEFAULT_MAX_LOST_SHARE,
+             max_lost_share: float = DEFAULT_MAX_LOST_SHARE, loop_threshold: float = DEFAULT_LOOP_THRESHOLD,
              progress: Callable[[str], None] | None = None) -> EvalResult:
     """Replay the pack at ``pack_path`` against ``endpoints`` and save the run (``save_dir``, default
     ``Pack.default_results_dir``), and with ``html`` write its page there (both checked, the results directory
     written to, before any request). Settings not given come from ``recipe`` or the recipe of the corpus the pack
-    belongs to.
+    belongs to. An answer whose repetition (``loops.repetition``) is ``loop_threshold`` or more loops: counted,
+    and every figure given also without the prompts of such answers.
 
     The rows of the pack that cannot be read and the prompts a server refuses are its losses: told through
     ``progress`` and in the run; past ``max_lost_share`` of its rows, unreadable rows raise PackLosses before any
@@ -86,6 +88,8 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
         raise CorpusError(f"--temperature {temperature}: a sampling temperature is a finite number, 0 or more")
     if not 0 <= max_lost_share <= 1:  # nan too
         raise CorpusError(f"--max-lost-share {max_lost_share}: a share from 0 to 1")
+    if not 0 < loop_threshold <= 1:
+        raise CorpusError(f"--loop-threshold {loop_threshold}: a share above 0, at most 1")
     pack, generation, target_model = _open_pack(Path(pack_path), recipe)
     results = _results_dir(pack, save_dir)
     page = check_output_path(html, what="--html", inputs=pack.files) if html is not None else None
@@ -102,7 +106,7 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
         timeout_s=DEFAULT_TIMEOUT_S if timeout is None else timeout,
         max_retries=DEFAULT_MAX_RETRIES if retries is None else int(retries))
     replayed = replay_pack(pack, endpoints, settings, progress=progress)
-    record = _settings_record(settings, temperature_from, replayed, generation)
+    record = _settings_record(settings, temperature_from, replayed, generation) | {"loop_threshold": loop_threshold}
     run = run_document(pack, [server.describe() for server in replayed.servers],
                        [window for server in replayed.servers for window in server.windows], record,
                        _notes(record, pack, replayed), replayed.remeasured,

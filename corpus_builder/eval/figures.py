@@ -36,13 +36,14 @@ BOOTSTRAP_SEED = 0
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One answer of a window: its prompt (pack index), and its own counts where the response carried them
-    (``--per-request-spec-decode-metrics``; None otherwise)."""
+    """One answer of a window: its prompt (pack index), its own counts where the response carried them
+    (``--per-request-spec-decode-metrics``; None otherwise), and its repetition (``loops.repetition``)."""
 
     prompt: int
     drafts: float | None = None
     draft_tokens: float | None = None
     accepted: float | None = None
+    repetition: float | None = None
 
     def counts(self) -> tuple[float, float, float] | None:
         if self.drafts is None or self.draft_tokens is None or self.accepted is None:
@@ -192,6 +193,39 @@ def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = 
             low, high = np.percentile(resampled, [tail, 100 - tail])
             ratios.append(Ratio(figure, ratio, float(low), float(high), pairs))
     return ratios
+
+
+@dataclass(frozen=True, slots=True)
+class LoopGap:
+    """The share of answers that loop under head A and under head B over the same prompts, B - A with its
+    bootstrap interval; ``flagged`` when the interval excludes 0 (the heads' targets looped differently)."""
+
+    share_a: float
+    share_b: float
+    difference: float
+    low: float
+    high: float
+    pairs: int
+    flagged: bool
+
+
+def loop_gap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = RESAMPLES, confidence: float = CONFIDENCE,
+             seed: int = BOOTSTRAP_SEED) -> LoopGap | None:
+    """B's share of looping answers minus A's, paired prompt by prompt (``a[i]``, ``b[i]``: whether each head's
+    answer to prompt i loops); None without pairs."""
+    import numpy as np
+
+    if len(a) != len(b):
+        raise ValueError("paired answers must come in pairs")
+    pairs = len(a)
+    if not pairs:
+        return None
+    gaps = np.array(b, dtype=np.float64) - np.array(a, dtype=np.float64)
+    weights = np.random.default_rng(seed).multinomial(pairs, [1 / pairs] * pairs, size=resamples)
+    tail = 100 * (1 - confidence) / 2
+    low, high = (float(value) for value in np.percentile(weights @ gaps / pairs, [tail, 100 - tail]))
+    share_a, share_b = sum(a) / pairs, sum(b) / pairs
+    return LoopGap(share_a, share_b, share_b - share_a, low, high, pairs, low > 0 or high < 0)
 
 
 def figure_ratios(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Ratio]:

@@ -22,11 +22,13 @@ from .report import (
     ALL,
     FIGURE_HEADER,
     FIGURE_TITLES,
+    WITHOUT_LOOPS,
     Comparison,
     comparison_table,
     describe_comparison,
     describe_run,
     figure_cells,
+    loop_table,
     ratio_table,
 )
 from .run import Run
@@ -87,14 +89,16 @@ def _ratio_plot(title: str, series: Sequence[tuple[str, Sequence[Ratio]]]) -> An
 def run_body(run: Run, name: str) -> str:
     """One run (``name``: how it is named, its file) as HTML."""
     settings = run.settings
-    every = [figure for figure in run.figures if figure.group == ALL]
-    by_group = [figure_cells(figure, settings) for figure in run.figures if figure.group != ALL]
+    whole = (ALL, ALL + WITHOUT_LOOPS)
+    every = [figure for figure in run.figures if figure.group in whole]
+    by_group = [figure_cells(figure, settings) for figure in run.figures if figure.group not in whole]
     parts = [f"<h3>run {html.escape(name)}</h3>", _lines(describe_run(run)),
              _part("acceptance-figures", "figures over the whole pack",
                    table(list(FIGURE_HEADER), [figure_cells(figure, settings) for figure in every], text_last=True,
                          names=_NAMES),
-                   _plot(_positions_plot([(f"{figure.endpoint} · {figure.mode}", figure.acceptance_by_position)
-                                          for figure in every])))]
+                   _plot(_positions_plot([(f"{figure.endpoint} · {figure.mode}"
+                                           + (WITHOUT_LOOPS if figure.group != ALL else ""),
+                                           figure.acceptance_by_position) for figure in every])))]
     if run.ratios:
         caption, header, rows = ratio_table(run)
         keyed: dict[tuple[str, str, str], list[Ratio]] = {}
@@ -105,6 +109,9 @@ def run_body(run: Run, name: str) -> str:
                            _plot(_ratio_plot("head B / head A over the whole pack",
                                              [(f"{b} / {a} · {mode}", ratios)
                                               for (mode, a, b), ratios in keyed.items()]))))
+    if run.loop_gaps:
+        caption, header, rows = loop_table(run)
+        parts.append(_part("acceptance-loops", caption, table(header, rows, names=_NAMES)))
     if by_group:
         parts.append(_part("acceptance-groups", "by source and task",
                            table(list(FIGURE_HEADER), by_group, text_last=True, names=_NAMES)))

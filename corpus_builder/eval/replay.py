@@ -49,6 +49,7 @@ from ..generate.types import (
     describe_identity,
 )
 from .figures import Answer, Window
+from .loops import answer_tokens, repetition
 from .metrics import COUNTERS, VLLM_PREFIX, Counters, UnreadablePage, parse_metrics, request_counters
 from .pack import Pack, PackPrompt
 
@@ -387,8 +388,7 @@ class _Replayer:
         tokens = None if any(count is None for count in counts) else sum(c for c in counts if c is not None)
         own = [request_counters(result.metrics, result.completion_tokens) for _, result in answered]
         counted = None if any(c is None for c in own) else sum((c for c in own if c is not None), Counters())
-        answers = tuple(Answer(index) if c is None else Answer(index, c.drafts, c.draft_tokens, c.accepted)
-                        for (index, _), c in zip(answered, own, strict=True))
+        answers = tuple(_answer(index, result, counts) for (index, result), counts in zip(answered, own, strict=True))
         return _Sent(tuple(index for index, _ in answered), tokens, counted, answers)
 
     def _report(self, message: str, *, force: bool = False) -> None:
@@ -396,6 +396,14 @@ class _Replayer:
         if self.progress is not None and (force or now - self._last_progress >= PROGRESS_EVERY_S):
             self._last_progress = now
             self.progress(message)
+
+
+def _answer(index: int, result: TurnResult, own: Counters | None) -> Answer:
+    """What the eval keeps of one answer: its own counts (if the response had them) and its repetition."""
+    repeated = repetition(answer_tokens(result.token_ids, result.reasoning, result.content))
+    if own is None:
+        return Answer(index, repetition=repeated)
+    return Answer(index, own.drafts, own.draft_tokens, own.accepted, repeated)
 
 
 def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -> str | None:

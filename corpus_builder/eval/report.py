@@ -25,16 +25,20 @@ from .figures import (
     CONFIDENCE,
     RATIO_FIGURES,
     RESAMPLES,
+    LoopGap,
     Ratio,
     Sums,
     Window,
     figure_ratios,
+    loop_gap,
     paired_ratios,
 )
+from .loops import DEFAULT_LOOP_THRESHOLD, LOOP_NGRAM
 from .pack import Pack
 from .run import (
     Endpoint,
     Figure,
+    HeadLoops,
     HeadRatio,
     PackInfo,
     PromptInfo,
@@ -49,6 +53,7 @@ from .run import (
 
 PROBE_BYTES = 64 * 1024  # what check_writable writes: room for a run of a few hundred windows
 ALL = "all"
+WITHOUT_LOOPS = " without loops"  # a group without the prompts on which some head's answer loops
 _POSITIONS_SHOWN = 4
 FIGURE_TITLES = {"acceptance_rate_pooled": "acceptance rate (pooled)",
                  "acceptance_rate_per_request": "acceptance rate (per request)",
@@ -79,7 +84,8 @@ def run_document(pack: Pack, endpoints: list[dict[str, Any]], windows: list[Wind
                       pack.repeated),
         settings=RunSettings(tuple(settings["modes"]), settings["concurrency"], settings["temperature"],
                              settings["temperature_from"], settings["max_tokens"], settings.get("top_p"),
-                             dict(settings.get("sent", {})), settings.get("recipe_top_k")),
+                             dict(settings.get("sent", {})), settings.get("recipe_top_k"),
+                             settings.get("loop_threshold", DEFAULT_LOOP_THRESHOLD)),
         endpoints=tuple(endpoint_of(endpoint) for endpoint in endpoints),
         notes=tuple(notes),
         prompts=tuple(PromptInfo(p.id, p.source, p.task) for p in pack.prompts),
@@ -94,33 +100,71 @@ def lost_rows(run: Run) -> tuple[int, int]:
 
 
 def with_figures(run: Run) -> Run:
-    """``run`` with its figures and ratios, computed from its windows."""
+    """``run`` with its figures, ratios and loop gaps, computed from its windows."""
     labels = [endpoint.label for endpoint in run.endpoints]
-    methods = {endpoint.label: endpoint.speculator.method for endpoint in run.endpoints}
     paired = run.settings.concurrency == 1
-    groups = _run_groups(run) if paired else {ALL: None}
+    threshold = run.settings.loop_threshold
     figures: list[Figure] = []
     ratios: list[HeadRatio] = []
+    gaps: list[HeadLoops] = []
     for mode in run.settings.modes:
+        groups = _run_groups(run, mode) if paired else {ALL: None}
         for group, members in groups.items():
             chosen = {label: _chosen(run.windows, mode, label, members) for label in labels}
-            measured = {label: Sums.of(chosen[label]).figures() for label in labels}
-            figures += [Figure(label, mode, group, run.settings.temperature, methods[label], **measured[label])
-                        for label in labels]
+            measured = {label: _figure(run, label, mode, group, chosen[label]) for label in labels}
+            figures += measured.values()
             for label in labels[1:]:
                 compared = (paired_ratios(chosen[labels[0]], chosen[label]) if paired
-                            else figure_ratios(measured[labels[0]], measured[label]))
+                            else figure_ratios(_values(measured[labels[0]]), _values(measured[label])))
                 ratios += [HeadRatio(labels[0], label, mode, group, value) for value in compared]
-    return replace(run, figures=tuple(figures), ratios=tuple(ratios), missing=_missing(figures))
+                gap = _gap(chosen[labels[0]], chosen[label], threshold) if paired else None
+                if gap is not None and not group.endswith(WITHOUT_LOOPS):
+                    gaps.append(HeadLoops(labels[0], label, mode, group, gap))
+    return replace(run, figures=tuple(figures), ratios=tuple(ratios), loop_gaps=tuple(gaps),
+                   missing=_missing(run, figures))
 
 
-def _missing(figures: list[Figure]) -> tuple[str, ...]:
+def _figure(run: Run, endpoint: str, mode: str, group: str, windows: list[Window]) -> Figure:
+    """The figures of one endpoint's windows in one mode and group."""
+    method = next(e.speculator.method for e in run.endpoints if e.label == endpoint)
+    return Figure(endpoint, mode, group, run.settings.temperature, method,
+                  loops=_loops(windows, run.settings.loop_threshold), **Sums.of(windows).figures())
+
+
+def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
     """The figures a run cannot give, named (printed under its heading; n/a in its tables)."""
     missing = []
     if any(f.drafts and f.mean_acceptance_length_per_request is None for f in figures):
         missing.append("per-request acceptance: each request's own counts are not known (a phase at concurrency > 1 "
                        "counted by /metrics: a server with --per-request-spec-decode-metrics gives them)")
+    if any(f.loops is None for f in figures):
+        missing.append("loops: the answers' repetition is not recorded (a run saved before it was: format "
+                       "corpus-eval/1), so no loop share and no figures without loops")
+    elif run.settings.concurrency > 1 and any(f.loops for f in figures):
+        missing.append("figures without loops: a phase at concurrency > 1 is counted as a whole, not answer by answer")
     return tuple(missing)
+
+
+def _loops(windows: list[Window], threshold: float) -> int | None:
+    """How many of the windows' answers loop; None when an answer's repetition is not known."""
+    shares = [answer.repetition for w in windows for answer in w.answers]
+    if len(shares) != sum(w.requests for w in windows) or None in shares:
+        return None
+    return sum(share >= threshold for share in shares if share is not None)
+
+
+def _looped(window: Window, threshold: float) -> bool | None:
+    """Whether the answer of a window of one request loops (None: not known)."""
+    count = _loops([window], threshold) if window.requests == 1 else None
+    return None if count is None else count > 0
+
+
+def _gap(a: list[Window], b: list[Window], threshold: float) -> LoopGap | None:
+    """B's loop share minus A's over the same prompts (windows of one request, paired in pack order)."""
+    looped = [[_looped(w, threshold) for w in side] for side in (a, b)]
+    if any(flag is None for side in looped for flag in side):
+        return None
+    return loop_gap(*(tuple(bool(flag) for flag in side) for side in looped))
 
 
 def _chosen(windows: tuple[Window, ...], mode: str, endpoint: str, members: set[int] | None) -> list[Window]:
@@ -129,19 +173,29 @@ def _chosen(windows: tuple[Window, ...], mode: str, endpoint: str, members: set[
                    and (members is None or w.prompt in members)), key=lambda w: w.prompt or 0)
 
 
-def _run_groups(run: Run) -> dict[str, set[int] | None]:
+def _run_groups(run: Run, mode: str) -> dict[str, set[int] | None]:
     """Group -> the pack indices in it (None: every prompt): all, then each source, then each task, by name; the
-    prompts a server refused are in none."""
+    prompts a server refused are in none. Where some head's answer loops in ``mode``, each group is followed by
+    itself without the prompts of those answers (every head's, so that the heads stay paired)."""
     skipped = {skip.prompt for skip in run.skipped_prompts}
+    kept = {index for index in range(len(run.prompts)) if index not in skipped}
     named: dict[str, set[int]] = {}
-    for index, prompt in enumerate(run.prompts):
-        if index in skipped:
-            continue
+    for index in sorted(kept):
+        prompt = run.prompts[index]
         named.setdefault(f"source:{prompt.source}", set()).add(index)
         if prompt.task is not None:
             named.setdefault(f"task:{prompt.task}", set()).add(index)
     order = sorted(named, key=lambda group: (not group.startswith("source:"), group))
-    return {ALL: None, **{group: named[group] for group in order}}
+    groups: dict[str, set[int] | None] = {ALL: None, **{group: named[group] for group in order}}
+    threshold = run.settings.loop_threshold
+    looping = {w.prompt for w in run.windows if w.mode == mode and w.prompt is not None and _looped(w, threshold)}
+    if not looping:
+        return groups
+    with_loops_apart: dict[str, set[int] | None] = {}
+    for group, members in groups.items():
+        with_loops_apart[group] = members
+        with_loops_apart[group + WITHOUT_LOOPS] = (kept if members is None else members) - looping
+    return with_loops_apart
 
 
 def check_writable(directory: Path, what: str) -> None:
@@ -236,8 +290,9 @@ def describe_endpoint(endpoint: Endpoint) -> str:
     return f"{endpoint.label} {endpoint.url}: {identity}; speculator: {told}; counted by {endpoint.counters}"
 
 
-FIGURE_HEADER = ("mode", "head", "group", "requests", "output tokens", *(FIGURE_TITLES[f] for f in RATIO_FIGURES[:4]),
-                 "acceptance by position", "output tok/s", "TPOT ms", "temperature", "method")
+FIGURE_HEADER = ("mode", "head", "group", "requests", "loops", "output tokens",
+                 *(FIGURE_TITLES[f] for f in RATIO_FIGURES[:4]), "acceptance by position", "output tok/s", "TPOT ms",
+                 "temperature", "method")
 
 
 def describe_run(run: Run) -> list[str]:
@@ -260,7 +315,8 @@ def describe_run(run: Run) -> list[str]:
 def figure_cells(row: Figure, settings: RunSettings) -> list[str]:
     """One of a run's ``figures`` as a row of its table (``FIGURE_HEADER``)."""
     tokens = row.output_tokens
-    return [row.mode, row.endpoint, row.group, str(row.requests), "n/a" if tokens is None else str(tokens),
+    return [row.mode, row.endpoint, row.group, str(row.requests), "n/a" if row.loops is None else str(row.loops),
+            "n/a" if tokens is None else str(tokens),
             _number(row.acceptance_rate_pooled), _number(row.acceptance_rate_per_request),
             _number(row.mean_acceptance_length_pooled, 2), _number(row.mean_acceptance_length_per_request, 2),
             _positions(row.acceptance_by_position), _number(row.output_tokens_per_s, 1),
@@ -281,12 +337,30 @@ def ratio_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
     return caption, ["mode", "heads", "group", *(FIGURE_TITLES[f] for f in RATIO_FIGURES)], rows
 
 
+LOOP_HEADER = ("mode", "heads", "group", "loop share A", "loop share B", "B - A", "loops")
+
+
+def _gap_cells(gap: LoopGap) -> list[str]:
+    return [f"{gap.share_a:.3f}", f"{gap.share_b:.3f}", f"{gap.difference:+.3f} [{gap.low:+.3f}, {gap.high:+.3f}]",
+            "DIFFER: compare without loops" if gap.flagged else "alike"]
+
+
+def loop_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
+    """Each head's share of looping answers beside head A's: (how, header, rows); flagged where they differ."""
+    caption = (f"loop share: answers whose repetition (the share of their tokens inside {LOOP_NGRAM}-grams seen "
+               f"earlier in them) is {run.settings.loop_threshold:g} or more; B - A paired over the same prompts, "
+               f"{100 * CONFIDENCE:g}% bootstrap interval, DIFFER where it excludes 0")
+    rows = [[gap.mode, f"{gap.b} / {gap.a}", gap.group, *_gap_cells(gap.value)] for gap in run.loop_gaps]
+    return caption, list(LOOP_HEADER), rows
+
+
 def format_run(run: Run) -> str:
     rows = [figure_cells(row, run.settings) for row in run.figures]
     lines = [*describe_run(run), "", *_markdown(list(FIGURE_HEADER), rows)]
-    if run.ratios:
-        caption, header, rows = ratio_table(run)
-        lines += ["", caption, *_markdown(header, rows)]
+    for part in (ratio_table, loop_table):
+        caption, header, rows = part(run)
+        if rows:
+            lines += ["", caption, *_markdown(header, rows)]
     return "\n".join(lines)
 
 
@@ -300,6 +374,7 @@ class ComparedRow:
     a: Figure
     b: Figure
     ratios: tuple[Ratio, ...]
+    loops: LoopGap | None = None  # B's loop share minus A's, where both runs' answers tell theirs
 
     def ratio(self, figure: str) -> Ratio:
         return next(ratio for ratio in self.ratios if ratio.figure == figure)
@@ -320,7 +395,8 @@ class Comparison:
                         "settings": as_json(run.settings), "endpoints": [as_json(e) for e in run.endpoints],
                         "missing": list(run.missing)} for side, run in zip("ab", self.runs, strict=True)}
         rows = [{"mode": row.mode, "endpoint": row.endpoint, "group": row.group, "a": as_json(row.a),
-                 "b": as_json(row.b), "ratios": {ratio.figure: as_json(ratio) for ratio in row.ratios}}
+                 "b": as_json(row.b), "ratios": {ratio.figure: as_json(ratio) for ratio in row.ratios},
+                 "loops": None if row.loops is None else as_json(row.loops)}
                 for row in self.rows]
         return {**sides, "paired": self.paired, "notes": list(self.notes), "rows": rows}
 
@@ -344,19 +420,45 @@ def compare_runs(run_a: Run, run_b: Run) -> Comparison:
     identities_a = {e.label: e.identity for e in run_a.endpoints}
     notes += [f"head {e.label} ran on different targets in the two runs" for e in run_b.endpoints
               if e.label in identities_a and identities_a[e.label] != e.identity]
-    figures_b = {(f.mode, f.endpoint, f.group): f for f in run_b.figures}
-    groups = _run_groups(run_a) if paired else {}
-    rows = []
-    for figure_a in run_a.figures:
-        mode, endpoint, group = figure_a.mode, figure_a.endpoint, figure_a.group
-        figure_b = figures_b.get((mode, endpoint, group))
-        if figure_b is None:
-            continue
-        members = groups.get(group)
-        ratios = (paired_ratios(*(_chosen(run.windows, mode, endpoint, members) for run in (run_a, run_b)))
-                  if paired else figure_ratios(_values(figure_a), _values(figure_b)))
-        rows.append(ComparedRow(mode, endpoint, group, figure_a, figure_b, tuple(ratios)))
+    rows = _paired_rows(run_a, run_b) if paired else _unpaired_rows(run_a, run_b)
     return Comparison((run_a, run_b), paired, tuple(notes), tuple(rows))
+
+
+def _unpaired_rows(run_a: Run, run_b: Run) -> list[ComparedRow]:
+    """The (mode, head, group) both runs have, B over A from their figures."""
+    figures_b = {(f.mode, f.endpoint, f.group): f for f in run_b.figures}
+    return [ComparedRow(a.mode, a.endpoint, a.group, a, b, tuple(figure_ratios(_values(a), _values(b))))
+            for a in run_a.figures if (b := figures_b.get((a.mode, a.endpoint, a.group))) is not None]
+
+
+def _paired_rows(run_a: Run, run_b: Run) -> list[ComparedRow]:
+    """Every (mode, head, group) of two runs of one pack, over the prompts the group has in both (a group without
+    loops leaves out the prompts either run's heads looped on), B over A paired prompt by prompt."""
+    rows = []
+    endpoints = [e.label for e in run_a.endpoints if e.label in {other.label for other in run_b.endpoints}]
+    for mode in (mode for mode in run_a.settings.modes if mode in run_b.settings.modes):
+        groups = [_run_groups(run, mode) for run in (run_a, run_b)]
+        for group in dict.fromkeys([*groups[0], *groups[1]]):
+            members = _both(*(_members_of(each, group) for each in groups))
+            for endpoint in endpoints:
+                a, b = (_chosen(run.windows, mode, endpoint, members) for run in (run_a, run_b))
+                if not a or not b:
+                    continue
+                gap = None if group.endswith(WITHOUT_LOOPS) else _gap(a, b, run_a.settings.loop_threshold)
+                rows.append(ComparedRow(mode, endpoint, group, _figure(run_a, endpoint, mode, group, a),
+                                        _figure(run_b, endpoint, mode, group, b), tuple(paired_ratios(a, b)), gap))
+    return rows
+
+
+def _members_of(groups: dict[str, set[int] | None], group: str) -> set[int] | None:
+    """A group's prompts in one run; a group without loops that a run does not have is the group itself there (no
+    head of that run looped in it)."""
+    return groups[group] if group in groups else groups.get(group.removesuffix(WITHOUT_LOOPS))
+
+
+def _both(a: set[int] | None, b: set[int] | None) -> set[int] | None:
+    """The prompts in both (None: every prompt)."""
+    return b if a is None else a if b is None else a & b
 
 
 def describe_comparison(comparison: Comparison, names: tuple[str, str]) -> list[str]:
@@ -376,6 +478,7 @@ def comparison_table(comparison: Comparison) -> tuple[str, list[str], list[list[
     header = ["mode", "head", "group"]
     for figure in RATIO_FIGURES:
         header += [f"{FIGURE_TITLES[figure]} A", "B", "B / A"]
+    header += ["loop share B - A", "loops"]
     rows = []
     for row in comparison.rows:
         cells = [row.mode, row.endpoint, row.group]
@@ -383,7 +486,7 @@ def comparison_table(comparison: Comparison) -> tuple[str, list[str], list[list[
             digits = 1 if figure == "output_tokens_per_s" else 3
             cells += [_number(getattr(row.a, figure), digits), _number(getattr(row.b, figure), digits),
                       _interval(row.ratio(figure))]
-        rows.append(cells)
+        rows.append(cells + (_gap_cells(row.loops)[2:] if row.loops is not None else ["n/a", "n/a"]))
     caption = ("B / A paired prompt by prompt (the same pack at concurrency 1), "
                f"{100 * CONFIDENCE:g}% bootstrap interval") if comparison.paired else "B / A (not paired)"
     return caption, header, rows

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from ..errors import CorpusError
-from .figures import Ratio, Window
+from .figures import LoopGap, Ratio, Window
+from .loops import DEFAULT_LOOP_THRESHOLD
 
 RUN_FORMAT = "corpus-eval/2"
 FORMAT_1 = "corpus-eval/1"  # before answers were recorded: no input lengths, turns or loop shares
@@ -62,6 +63,7 @@ class RunSettings:
     top_p: float | None = None
     sent: dict[str, float] = field(default_factory=dict)  # the sampling fields sent
     recipe_top_k: int | None = None
+    loop_threshold: float = DEFAULT_LOOP_THRESHOLD  # an answer whose repetition is this or more loops
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,7 @@ class Figure:
     temperature: float | None
     method: str | None
     requests: int
+    loops: int | None  # answers that loop (None: their repetition is not known)
     output_tokens: int | None
     drafts: float
     draft_tokens: float
@@ -126,6 +129,17 @@ class HeadRatio:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadLoops:
+    """Head ``b``'s loop share beside head ``a``'s within one run, in one mode and group."""
+
+    a: str
+    b: str
+    mode: str
+    group: str
+    value: LoopGap
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     created: str
     pack: PackInfo
@@ -139,6 +153,7 @@ class Run:
     skipped_prompts: tuple[Skip, ...] = ()
     figures: tuple[Figure, ...] = ()
     ratios: tuple[HeadRatio, ...] = ()
+    loop_gaps: tuple[HeadLoops, ...] = ()
     format: str = RUN_FORMAT  # the format it was saved in (a run read from an older file keeps its own)
     missing: tuple[str, ...] = ()  # figures its format did not record, named
 
@@ -152,6 +167,8 @@ class Run:
             "skipped_prompts": [as_json(s) for s in self.skipped_prompts],
             "windows": [w.to_dict() for w in self.windows], "figures": [as_json(f) for f in self.figures],
             "ratios": [{"a": r.a, "b": r.b, "mode": r.mode, "group": r.group, **as_json(r.value)} for r in self.ratios],
+            "loop_gaps": [{"a": g.a, "b": g.b, "mode": g.mode, "group": g.group, **as_json(g.value)}
+                          for g in self.loop_gaps],
             "missing": list(self.missing),
         }
 
@@ -173,7 +190,8 @@ class Run:
                           pack.get("repeated_prompts", 0)),
             settings=RunSettings(tuple(settings["modes"]), settings["concurrency"], settings["temperature"],
                                  settings["temperature_from"], settings["max_tokens"], settings.get("top_p"),
-                                 dict(settings.get("sent", {})), settings.get("recipe_top_k")),
+                                 dict(settings.get("sent", {})), settings.get("recipe_top_k"),
+                                 settings.get("loop_threshold", DEFAULT_LOOP_THRESHOLD)),
             endpoints=tuple(endpoint_of(e) for e in document["endpoints"]),
             notes=tuple(document["notes"]),
             prompts=tuple(PromptInfo(p["id"], p["source"], p["task"]) for p in document["prompts"]),
@@ -231,8 +249,9 @@ _RUN_SHAPE: dict[str, Any] = {
 
 
 _ANSWER_SHAPE = {"prompt": int, "drafts": (_Number, _OR_NONE), "draft_tokens": (_Number, _OR_NONE),
-                 "accepted": (_Number, _OR_NONE)}
-_RUN_SHAPE_2 = _RUN_SHAPE | {"windows": [_RUN_SHAPE["windows"][0] | {"answers": [_ANSWER_SHAPE]}]}
+                 "accepted": (_Number, _OR_NONE), "repetition": (_Number, _OR_NONE)}
+_RUN_SHAPE_2 = _RUN_SHAPE | {"windows": [_RUN_SHAPE["windows"][0] | {"answers": [_ANSWER_SHAPE]}],
+                             "settings": _RUN_SHAPE["settings"] | {"loop_threshold": _Number}}
 
 
 def _shape_problem(value: Any, shape: Any, where: str) -> str | None:

@@ -490,7 +490,11 @@ class FaultServer:
         }
         if body.get("return_token_ids"):
             doc["prompt_token_ids"] = list(range(100, 100 + prompt_tokens))
-            doc["choices"][0]["token_ids"] = list(range(5000, 5000 + completion_tokens))
+            # a scripted answer's tokens are its words (one id a word) and the end of the turn; others all differ
+            words = content.split() if scripted is not None and content else []
+            vocabulary = {word: 5000 + index for index, word in enumerate(dict.fromkeys(words))}
+            doc["choices"][0]["token_ids"] = ([vocabulary[word] for word in words] + [2] if words
+                                              else list(range(5000, 5000 + completion_tokens)))
         return doc
 
 

@@ -148,6 +148,7 @@ def check_figures(table: Table, record: Run) -> int:
         row = dict(zip(header, cells, strict=True))
         figure = figures[row["mode"], row["head"], row["group"]]
         assert row["requests"] == str(figure["requests"]) and row["output tokens"] == str(figure["output_tokens"])
+        assert row["loops"] == ("n/a" if figure["loops"] is None else str(figure["loops"]))
         for column, key in [*((title, key) for key, title in FIGURE_TITLES.items()), ("TPOT ms", "tpot_ms")]:
             assert shows(row[column], figure[key]), (column, row[column], figure[key])
         positions = row["acceptance by position"].removesuffix(" ...").split()

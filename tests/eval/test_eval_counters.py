@@ -275,7 +275,7 @@ def test_answers_without_usage_have_no_speed_rather_than_zero(pack: Path, tmp_pa
     assert figures["acceptance_rate_pooled"] == pytest.approx(2 / 3)
     row = next(line for line in text_of(run).splitlines() if line.startswith("| thinking | A"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert (cells[4], cells[10]) == ("n/a", "n/a")  # output tokens, output tok/s
+    assert (cells[5], cells[11]) == ("n/a", "n/a")  # output tokens, output tok/s
 
 
 def test_a_counters_page_that_stops_answering_mid_run_stops_the_eval(pack: Path, tmp_path: Path) -> None:

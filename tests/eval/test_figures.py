@@ -195,9 +195,10 @@ def test_the_saved_form_of_a_window_holds_every_count() -> None:
         "drafts": 9, "draft_tokens": 27, "accepted": 13, "accepted_by_position": [7, 4, 2], "tpot_sum": 0.125,
         "tpot_count": 2, "answers": []}
     assert Window.from_dict(original.to_dict()) == original
-    answered = replace(original, answers=(Answer(4, 5, 15, 8), Answer(7)))
-    assert answered.to_dict()["answers"] == [{"prompt": 4, "drafts": 5, "draft_tokens": 15, "accepted": 8},
-                                             {"prompt": 7, "drafts": None, "draft_tokens": None, "accepted": None}]
+    answered = replace(original, answers=(Answer(4, 5, 15, 8, 0.25), Answer(7)))
+    assert answered.to_dict()["answers"] == [
+        {"prompt": 4, "drafts": 5, "draft_tokens": 15, "accepted": 8, "repetition": 0.25},
+        {"prompt": 7, "drafts": None, "draft_tokens": None, "accepted": None, "repetition": None}]
     assert Window.from_dict(answered.to_dict()) == answered
 
 

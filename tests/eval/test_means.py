@@ -17,7 +17,7 @@ from .runs import check_figures, check_ratios, page_tables
 
 K = 3
 SHORT = "a b c d e f g"  # 7 words and the end of the turn: 8 tokens
-LONG = " ".join(["word"] * 199)  # 200 tokens
+LONG = " ".join(f"w{i}" for i in range(199))  # 200 tokens, none repeated (no loop)
 
 
 def steps_and_accepted(tokens: int, accepting: int) -> tuple[int, int]:

@@ -26,7 +26,7 @@ def test_a_run_saved_by_an_earlier_eval_loads_and_prints_the_figures_it_saved(pa
     # its figures and ratios are computed again from its windows: the same as the eval that saved it computed
     again = run.to_json()
     renamed = {"acceptance_rate": "acceptance_rate_pooled", "mean_acceptance_length": "mean_acceptance_length_pooled"}
-    pooled = [{key: value for key, value in figure.items() if not key.endswith("_per_request")}
+    pooled = [{key: value for key, value in figure.items() if not key.endswith("_per_request") and key != "loops"}
               for figure in again["figures"]]
     assert [{renamed.get(key, key): value for key, value in figure.items()} for figure in saved["figures"]] == pooled
     assert [ratio | {"figure": renamed.get(ratio["figure"], ratio["figure"])} for ratio in saved["ratios"]] == [
@@ -65,10 +65,11 @@ def test_an_earlier_run_gives_what_its_windows_allow_and_names_what_they_do_not(
     """At concurrency 1 a window is one request, so its per-request means follow from an earlier run's windows;
     phases counted by /metrics hold no request's own counts: named missing, n/a in the tables."""
     paired = load_run(OLD / "two-heads-c1.json")
-    assert paired.missing == ()
+    assert [missing.split(":")[0] for missing in paired.missing] == ["loops"]  # repetition was not recorded
+    assert {f.loops for f in paired.figures} == {None} and paired.loop_gaps == ()
     assert all(f.mean_acceptance_length_per_request is not None for f in paired.figures if f.drafts)
     phases = load_run(OLD / "two-heads-c2.json")
-    assert [missing.split(":")[0] for missing in phases.missing] == ["per-request acceptance"]
+    assert [missing.split(":")[0] for missing in phases.missing] == ["per-request acceptance", "loops"]
     assert all(f.mean_acceptance_length_per_request is None for f in phases.figures)
     assert f"missing: {phases.missing[0]}" in format_run(phases).splitlines()
     comparison = compare(OLD / "two-heads-c2.json", OLD / "two-heads-c2.json")
