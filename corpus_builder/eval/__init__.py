@@ -41,7 +41,7 @@ from .report import (
     run_document,
     save_run,
 )
-from .run import RUN_FORMAT, Reads, Run
+from .run import DEFAULT_LENGTH_EDGES, RUN_FORMAT, Reads, Run
 
 __all__ = ["MODES", "RUN_FORMAT", "BenchExport", "Comparison", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack",
            "PackLosses", "Run", "RunNotSaved",
@@ -73,12 +73,14 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
              temperature: float | None = None, max_tokens: int | None = None, recipe: Path | None = None,
              model: str | None = None, save_dir: Path | None = None, html: Path | None = None,
              max_lost_share: float = DEFAULT_MAX_LOST_SHARE, loop_threshold: float = DEFAULT_LOOP_THRESHOLD,
+             length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES,
              progress: Callable[[str], None] | None = None) -> EvalResult:
     """Replay the pack at ``pack_path`` against ``endpoints`` and save the run (``save_dir``, default
     ``Pack.default_results_dir``), and with ``html`` write its page there (both checked, the results directory
     written to, before any request). Settings not given come from ``recipe`` or the recipe of the corpus the pack
     belongs to. An answer whose repetition (``loops.repetition``) is ``loop_threshold`` or more loops: counted,
-    and every figure given also without the prompts of such answers.
+    and every figure given also without the prompts of such answers. The figures are also sliced by input length
+    (``length_edges``, target tokens) and by turn.
 
     The rows of the pack that cannot be read and the prompts a server refuses are its losses: told through
     ``progress`` and in the run; past ``max_lost_share`` of its rows, unreadable rows raise PackLosses before any
@@ -90,6 +92,8 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
         raise CorpusError(f"--max-lost-share {max_lost_share}: a share from 0 to 1")
     if not 0 < loop_threshold <= 1:
         raise CorpusError(f"--loop-threshold {loop_threshold}: a share above 0, at most 1")
+    if not length_edges or any(edge < 1 for edge in length_edges) or list(length_edges) != sorted(set(length_edges)):
+        raise CorpusError(f"--length-edges {','.join(map(str, length_edges))}: token counts above 0, ascending")
     pack, generation, target_model = _open_pack(Path(pack_path), recipe)
     results = _results_dir(pack, save_dir)
     page = check_output_path(html, what="--html", inputs=pack.files) if html is not None else None
@@ -106,7 +110,8 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
         timeout_s=DEFAULT_TIMEOUT_S if timeout is None else timeout,
         max_retries=DEFAULT_MAX_RETRIES if retries is None else int(retries))
     replayed = replay_pack(pack, endpoints, settings, progress=progress)
-    record = _settings_record(settings, temperature_from, replayed, generation) | {"loop_threshold": loop_threshold}
+    record = _settings_record(settings, temperature_from, replayed, generation)
+    record |= {"loop_threshold": loop_threshold, "length_edges": list(length_edges)}
     run = run_document(pack, [server.describe() for server in replayed.servers],
                        [window for server in replayed.servers for window in server.windows], record,
                        _notes(record, pack, replayed), replayed.remeasured,

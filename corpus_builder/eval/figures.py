@@ -29,6 +29,7 @@ from .metrics import COUNTERS, Counters, made_counters
 
 RATIO_FIGURES = ("acceptance_rate_pooled", "acceptance_rate_per_request", "mean_acceptance_length_pooled",
                  "mean_acceptance_length_per_request", "output_tokens_per_s")
+MIN_INTERVAL_PAIRS = 10  # fewer prompts give no interval: a bootstrap over a handful of pairs says little
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
@@ -44,6 +45,7 @@ class Answer:
     draft_tokens: float | None = None
     accepted: float | None = None
     repetition: float | None = None
+    input_tokens: int | None = None  # the prompt's length in target tokens, as the server counted it
 
     def counts(self) -> tuple[float, float, float] | None:
         if self.drafts is None or self.draft_tokens is None or self.accepted is None:
@@ -165,10 +167,11 @@ class Ratio:
 
 
 def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = RESAMPLES,
-                  confidence: float = CONFIDENCE, seed: int = BOOTSTRAP_SEED) -> list[Ratio]:
-    """Head B over head A for each of RATIO_FIGURES, with a bootstrap interval over the pairs: ``a[i]`` and
-    ``b[i]`` measured the same prompt. None where undefined (a figure of A is 0 or has no denominator, in the
-    measurement or in every resample)."""
+                  confidence: float = CONFIDENCE, seed: int = BOOTSTRAP_SEED,
+                  min_pairs: int = MIN_INTERVAL_PAIRS) -> list[Ratio]:
+    """Head B over head A for each of RATIO_FIGURES, with a bootstrap interval over the pairs (none under
+    ``min_pairs``): ``a[i]`` and ``b[i]`` measured the same prompt. None where undefined (a figure of A is 0 or has
+    no denominator, in the measurement or in every resample)."""
     import numpy as np
 
     if len(a) != len(b):
@@ -190,6 +193,9 @@ def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = 
             if not np.isfinite(ratio) or not resampled.size:
                 ratios.append(Ratio(figure, None, pairs=pairs))
                 continue
+            if pairs < min_pairs:
+                ratios.append(Ratio(figure, ratio, pairs=pairs))
+                continue
             low, high = np.percentile(resampled, [tail, 100 - tail])
             ratios.append(Ratio(figure, ratio, float(low), float(high), pairs))
     return ratios
@@ -203,8 +209,8 @@ class LoopGap:
     share_a: float
     share_b: float
     difference: float
-    low: float
-    high: float
+    low: float | None  # None: too few pairs for an interval (MIN_INTERVAL_PAIRS)
+    high: float | None
     pairs: int
     flagged: bool
 
@@ -220,11 +226,13 @@ def loop_gap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = RESAMPLES
     pairs = len(a)
     if not pairs:
         return None
+    share_a, share_b = sum(a) / pairs, sum(b) / pairs
+    if pairs < MIN_INTERVAL_PAIRS:
+        return LoopGap(share_a, share_b, share_b - share_a, None, None, pairs, False)
     gaps = np.array(b, dtype=np.float64) - np.array(a, dtype=np.float64)
     weights = np.random.default_rng(seed).multinomial(pairs, [1 / pairs] * pairs, size=resamples)
     tail = 100 * (1 - confidence) / 2
     low, high = (float(value) for value in np.percentile(weights @ gaps / pairs, [tail, 100 - tail]))
-    share_a, share_b = sum(a) / pairs, sum(b) / pairs
     return LoopGap(share_a, share_b, share_b - share_a, low, high, pairs, low > 0 or high < 0)
 
 

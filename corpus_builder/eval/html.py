@@ -113,7 +113,7 @@ def run_body(run: Run, name: str) -> str:
         caption, header, rows = loop_table(run)
         parts.append(_part("acceptance-loops", caption, table(header, rows, names=_NAMES)))
     if by_group:
-        parts.append(_part("acceptance-groups", "by source and task",
+        parts.append(_part("acceptance-groups", "by source, task, input length and turn",
                            table(list(FIGURE_HEADER), by_group, text_last=True, names=_NAMES)))
     return "".join(parts)
 

@@ -402,8 +402,8 @@ def _answer(index: int, result: TurnResult, own: Counters | None) -> Answer:
     """What the eval keeps of one answer: its own counts (if the response had them) and its repetition."""
     repeated = repetition(answer_tokens(result.token_ids, result.reasoning, result.content))
     if own is None:
-        return Answer(index, repetition=repeated)
-    return Answer(index, own.drafts, own.draft_tokens, own.accepted, repeated)
+        return Answer(index, repetition=repeated, input_tokens=result.prompt_tokens)
+    return Answer(index, own.drafts, own.draft_tokens, own.accepted, repeated, result.prompt_tokens)
 
 
 def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from ..outputs import staged
 from .figures import (
     BOOTSTRAP_SEED,
     CONFIDENCE,
+    MIN_INTERVAL_PAIRS,
     RATIO_FIGURES,
     RESAMPLES,
     LoopGap,
@@ -33,7 +35,7 @@ from .figures import (
     loop_gap,
     paired_ratios,
 )
-from .loops import DEFAULT_LOOP_THRESHOLD, LOOP_NGRAM
+from .loops import LOOP_NGRAM
 from .pack import Pack
 from .run import (
     Endpoint,
@@ -82,13 +84,11 @@ def run_document(pack: Pack, endpoints: list[dict[str, Any]], windows: list[Wind
         created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         pack=PackInfo(str(pack.path), pack.sha256, len(pack.prompts), pack.rows, dict(pack.unreadable), pack.folded,
                       pack.repeated),
-        settings=RunSettings(tuple(settings["modes"]), settings["concurrency"], settings["temperature"],
-                             settings["temperature_from"], settings["max_tokens"], settings.get("top_p"),
-                             dict(settings.get("sent", {})), settings.get("recipe_top_k"),
-                             settings.get("loop_threshold", DEFAULT_LOOP_THRESHOLD)),
+        settings=RunSettings.from_json(settings),
         endpoints=tuple(endpoint_of(endpoint) for endpoint in endpoints),
         notes=tuple(notes),
-        prompts=tuple(PromptInfo(p.id, p.source, p.task) for p in pack.prompts),
+        prompts=tuple(PromptInfo(p.id, p.source, p.task, 1 + sum(m.get("role") == "assistant" for m in p.messages))
+                      for p in pack.prompts),
         windows=tuple(windows), remeasured_windows=remeasured, metrics_reads=metrics_reads,
         skipped_prompts=tuple(Skip(**skip) for skip in skipped or ()))
     return with_figures(run)
@@ -142,6 +142,12 @@ def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
                        "corpus-eval/1), so no loop share and no figures without loops")
     elif run.settings.concurrency > 1 and any(f.loops for f in figures):
         missing.append("figures without loops: a phase at concurrency > 1 is counted as a whole, not answer by answer")
+    if run.settings.concurrency == 1:  # slices need a window a request
+        if any(not w.answers or w.answers[0].input_tokens is None for w in run.windows):
+            missing.append("input-length slices: the prompts' lengths in target tokens are not known (a run saved as "
+                           "corpus-eval/1, or a server that told no usage)")
+        if any(prompt.turn is None for prompt in run.prompts):
+            missing.append("turn slices: the prompts' turns are not recorded (a run saved as corpus-eval/1)")
     return tuple(missing)
 
 
@@ -167,6 +173,40 @@ def _gap(a: list[Window], b: list[Window], threshold: float) -> LoopGap | None:
     return loop_gap(*(tuple(bool(flag) for flag in side) for side in looped))
 
 
+SLICE_KINDS = ("source", "task", "length", "turn")
+LATER_TURNS = 4  # turns from the fourth on are one slice
+
+
+def _length_slice(tokens: int, edges: tuple[int, ...]) -> str:
+    """The input-length slice of a prompt of ``tokens`` target tokens: length:<512, length:512-2k, ...,
+    length:>=32k."""
+    below = next((index for index, edge in enumerate(edges) if tokens < edge), len(edges))
+    if below == 0:
+        return f"length:<{_tokens(edges[0])}"
+    if below == len(edges):
+        return f"length:>={_tokens(edges[-1])}"
+    return f"length:{_tokens(edges[below - 1])}-{_tokens(edges[below])}"
+
+
+def _tokens(count: int) -> str:
+    return f"{count // 1024}k" if count >= 1024 and count % 1024 == 0 else str(count)
+
+
+def _turn_slice(turn: int) -> str:
+    return f"turn:{turn}" if turn < LATER_TURNS else f"turn:{LATER_TURNS}+"
+
+
+def _group_order(edges: tuple[int, ...]) -> Callable[[str], tuple[int, int, str]]:
+    """Sources, tasks, input lengths (shortest first), turns; by name within each."""
+    slices = [_length_slice(tokens, edges) for tokens in (0, *edges)]
+
+    def order(group: str) -> tuple[int, int, str]:
+        kind = group.partition(":")[0]
+        return SLICE_KINDS.index(kind), slices.index(group) if group in slices else 0, group
+
+    return order
+
+
 def _chosen(windows: tuple[Window, ...], mode: str, endpoint: str, members: set[int] | None) -> list[Window]:
     """The windows of one endpoint, mode and group (None: every prompt), in pack order."""
     return sorted((w for w in windows if w.endpoint == endpoint and w.mode == mode
@@ -174,18 +214,23 @@ def _chosen(windows: tuple[Window, ...], mode: str, endpoint: str, members: set[
 
 
 def _run_groups(run: Run, mode: str) -> dict[str, set[int] | None]:
-    """Group -> the pack indices in it (None: every prompt): all, then each source, then each task, by name; the
+    """Group -> the pack indices in it (None: every prompt): all, then each source, task, input length (the
+    slices of ``length_edges``, in target tokens as the server counted them in ``mode``) and turn, by name; the
     prompts a server refused are in none. Where some head's answer loops in ``mode``, each group is followed by
     itself without the prompts of those answers (every head's, so that the heads stay paired)."""
     skipped = {skip.prompt for skip in run.skipped_prompts}
     kept = {index for index in range(len(run.prompts)) if index not in skipped}
+    lengths = {answer.prompt: answer.input_tokens for w in run.windows if w.mode == mode for answer in w.answers
+               if answer.input_tokens is not None}
     named: dict[str, set[int]] = {}
     for index in sorted(kept):
         prompt = run.prompts[index]
-        named.setdefault(f"source:{prompt.source}", set()).add(index)
-        if prompt.task is not None:
-            named.setdefault(f"task:{prompt.task}", set()).add(index)
-    order = sorted(named, key=lambda group: (not group.startswith("source:"), group))
+        names = [f"source:{prompt.source}", f"task:{prompt.task}" if prompt.task is not None else None,
+                 _length_slice(lengths[index], run.settings.length_edges) if index in lengths else None,
+                 _turn_slice(prompt.turn) if prompt.turn is not None else None]
+        for name in filter(None, names):
+            named.setdefault(name, set()).add(index)
+    order = sorted(named, key=_group_order(run.settings.length_edges))
     groups: dict[str, set[int] | None] = {ALL: None, **{group: named[group] for group in order}}
     threshold = run.settings.loop_threshold
     looping = {w.prompt for w in run.windows if w.mode == mode and w.prompt is not None and _looped(w, threshold)}
@@ -270,11 +315,17 @@ def _positions(values: tuple[float, ...]) -> str:
     return shown + (" ..." if len(values) > _POSITIONS_SHOWN else "") if values else "n/a"
 
 
+def _too_few(pairs: int | None) -> str:
+    """What stands for an interval a slice is too small for ("" where it is not: unpaired, or enough pairs)."""
+    return f" (no interval: {pairs} prompts, under {MIN_INTERVAL_PAIRS})" if pairs is not None and \
+        pairs < MIN_INTERVAL_PAIRS else ""
+
+
 def _interval(ratio: Ratio) -> str:
     if ratio.ratio is None:
         return "n/a"
     if ratio.low is None or ratio.high is None:
-        return f"{ratio.ratio:.3f}"
+        return f"{ratio.ratio:.3f}{_too_few(ratio.pairs)}"
     return f"{ratio.ratio:.3f} [{ratio.low:.3f}, {ratio.high:.3f}]"
 
 
@@ -341,6 +392,8 @@ LOOP_HEADER = ("mode", "heads", "group", "loop share A", "loop share B", "B - A"
 
 
 def _gap_cells(gap: LoopGap) -> list[str]:
+    if gap.low is None or gap.high is None:
+        return [f"{gap.share_a:.3f}", f"{gap.share_b:.3f}", f"{gap.difference:+.3f}{_too_few(gap.pairs)}", "n/a"]
     return [f"{gap.share_a:.3f}", f"{gap.share_b:.3f}", f"{gap.difference:+.3f} [{gap.low:+.3f}, {gap.high:+.3f}]",
             "DIFFER: compare without loops" if gap.flagged else "alike"]
 

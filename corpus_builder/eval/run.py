@@ -18,6 +18,8 @@ from ..errors import CorpusError
 from .figures import LoopGap, Ratio, Window
 from .loops import DEFAULT_LOOP_THRESHOLD
 
+DEFAULT_LENGTH_EDGES = (512, 2048, 8192, 32768)  # input-length slices: under 512 target tokens, 512 to 2k, ...
+
 RUN_FORMAT = "corpus-eval/2"
 FORMAT_1 = "corpus-eval/1"  # before answers were recorded: no input lengths, turns or loop shares
 
@@ -64,6 +66,16 @@ class RunSettings:
     sent: dict[str, float] = field(default_factory=dict)  # the sampling fields sent
     recipe_top_k: int | None = None
     loop_threshold: float = DEFAULT_LOOP_THRESHOLD  # an answer whose repetition is this or more loops
+    length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES  # the input-length slices' edges, in target tokens
+
+    @classmethod
+    def from_json(cls, settings: Mapping[str, Any]) -> RunSettings:
+        """Settings as saved (or as ``evaluate`` records them); what an earlier run did not record, its default."""
+        return cls(tuple(settings["modes"]), settings["concurrency"], settings["temperature"],
+                   settings["temperature_from"], settings["max_tokens"], settings.get("top_p"),
+                   dict(settings.get("sent", {})), settings.get("recipe_top_k"),
+                   settings.get("loop_threshold", DEFAULT_LOOP_THRESHOLD),
+                   tuple(settings.get("length_edges", DEFAULT_LENGTH_EDGES)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +83,7 @@ class PromptInfo:
     id: str
     source: str
     task: str | None
+    turn: int | None = None  # the answer's turn: 1 the first answer of its conversation (None: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,13 +201,10 @@ class Run:
                           pack.get("rows", pack["prompts"] + sum(pack["unreadable_rows"].values())),
                           dict(pack["unreadable_rows"]), pack.get("folded_requests", 0),
                           pack.get("repeated_prompts", 0)),
-            settings=RunSettings(tuple(settings["modes"]), settings["concurrency"], settings["temperature"],
-                                 settings["temperature_from"], settings["max_tokens"], settings.get("top_p"),
-                                 dict(settings.get("sent", {})), settings.get("recipe_top_k"),
-                                 settings.get("loop_threshold", DEFAULT_LOOP_THRESHOLD)),
+            settings=RunSettings.from_json(settings),
             endpoints=tuple(endpoint_of(e) for e in document["endpoints"]),
             notes=tuple(document["notes"]),
-            prompts=tuple(PromptInfo(p["id"], p["source"], p["task"]) for p in document["prompts"]),
+            prompts=tuple(PromptInfo(p["id"], p["source"], p["task"], p.get("turn")) for p in document["prompts"]),
             windows=tuple(Window.from_dict(w) for w in document["windows"]),
             remeasured_windows=document.get("remeasured_windows", 0),
             metrics_reads=Reads(document["metrics_reads"]["count"], document["metrics_reads"]["seconds"]),
@@ -249,9 +259,10 @@ _RUN_SHAPE: dict[str, Any] = {
 
 
 _ANSWER_SHAPE = {"prompt": int, "drafts": (_Number, _OR_NONE), "draft_tokens": (_Number, _OR_NONE),
-                 "accepted": (_Number, _OR_NONE), "repetition": (_Number, _OR_NONE)}
+                 "accepted": (_Number, _OR_NONE), "repetition": (_Number, _OR_NONE), "input_tokens": (int, _OR_NONE)}
 _RUN_SHAPE_2 = _RUN_SHAPE | {"windows": [_RUN_SHAPE["windows"][0] | {"answers": [_ANSWER_SHAPE]}],
-                             "settings": _RUN_SHAPE["settings"] | {"loop_threshold": _Number}}
+                             "settings": _RUN_SHAPE["settings"] | {"loop_threshold": _Number, "length_edges": [int]},
+                             "prompts": [_RUN_SHAPE["prompts"][0] | {"turn": int}]}
 
 
 def _shape_problem(value: Any, shape: Any, where: str) -> str | None:

@@ -60,7 +60,8 @@ def test_a_pack_of_questions_and_answered_chats_is_measured_whole_with_each_rows
                                   [("user", "what is 2 + 2?"), ("assistant", "4"), ("user", "and times 3?")],
                                   [("user", "hello")]]
     requests = {f["group"]: f["requests"] for f in run["figures"]}
-    assert requests == {"all": 3, "source:mt.jsonl": 3, "task:math": 1, "task:writing": 1}
+    assert requests == {"all": 3, "source:mt.jsonl": 3, "task:math": 1, "task:writing": 1, "length:<512": 3,
+                        "turn:1": 2, "turn:2": 1}  # the chat's second answer is its turn 2
     assert run["pack"]["rows"] == 3 and run["pack"]["unreadable_rows"] == {} and run["skipped_prompts"] == []
     assert not any("lost" in note for note in run["notes"])
 

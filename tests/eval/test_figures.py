@@ -27,7 +27,8 @@ def by_figure(ratios: list[Ratio]) -> dict[str, dict[str, Any]]:
 
 
 def paired_ratios(a: Sequence[Window], b: Sequence[Window], **options: Any) -> dict[str, dict[str, Any]]:
-    return by_figure(measured_figures.paired_ratios(a, b, **options))
+    """The bootstrap itself, on however few pairs (the floor is tested on its own)."""
+    return by_figure(measured_figures.paired_ratios(a, b, **{"min_pairs": 1, **options}))
 
 
 def figure_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -197,8 +198,9 @@ def test_the_saved_form_of_a_window_holds_every_count() -> None:
     assert Window.from_dict(original.to_dict()) == original
     answered = replace(original, answers=(Answer(4, 5, 15, 8, 0.25), Answer(7)))
     assert answered.to_dict()["answers"] == [
-        {"prompt": 4, "drafts": 5, "draft_tokens": 15, "accepted": 8, "repetition": 0.25},
-        {"prompt": 7, "drafts": None, "draft_tokens": None, "accepted": None, "repetition": None}]
+        {"prompt": 4, "drafts": 5, "draft_tokens": 15, "accepted": 8, "repetition": 0.25, "input_tokens": None},
+        {"prompt": 7, "drafts": None, "draft_tokens": None, "accepted": None, "repetition": None,
+         "input_tokens": None}]
     assert Window.from_dict(answered.to_dict()) == answered
 
 
@@ -228,3 +230,17 @@ def test_unpaired_ratios_of_every_figure() -> None:
         "output_tokens_per_s": {"ratio": None, "low": None, "high": None, "pairs": None}}
     zero = figure_ratios({**a, "acceptance_rate_pooled": 0.0}, b)["acceptance_rate_pooled"]
     assert zero["ratio"] is None
+
+
+def test_too_few_pairs_give_the_ratio_without_an_interval() -> None:
+    a = [window(2, 6, 2, prompt=i) for i in range(measured_figures.MIN_INTERVAL_PAIRS)]
+    b = [window(i % 3, 6, 2, prompt=i) for i in range(measured_figures.MIN_INTERVAL_PAIRS)]
+    few = by_figure(measured_figures.paired_ratios(a[:-1], b[:-1]))["acceptance_rate_pooled"]
+    assert few["ratio"] == pytest.approx(sum(i % 3 for i in range(9)) / 18)
+    assert (few["low"], few["high"], few["pairs"]) == (None, None, 9)
+    enough = by_figure(measured_figures.paired_ratios(a, b))["acceptance_rate_pooled"]
+    assert enough["low"] is not None and enough["low"] <= enough["high"] and enough["pairs"] == 10
+    assert measured_figures.loop_gap([False] * 9, [True] * 9) == measured_figures.LoopGap(
+        0.0, 1.0, 1.0, None, None, 9, False)
+    assert measured_figures.loop_gap([False] * 10, [True] * 10) == measured_figures.LoopGap(
+        0.0, 1.0, 1.0, 1.0, 1.0, 10, True)

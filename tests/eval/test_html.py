@@ -38,8 +38,8 @@ def test_a_run_page_shows_the_figures_positions_ratios_and_groups(tmp_path: Path
     assert parts(page) == RUN_PARTS
     assert check_figures(tables["acceptance-figures"], run) == 2 * 2  # heads x modes, over the whole pack
     assert {row[2] for row in tables["acceptance-figures"][1:]} == {"all"}
-    assert check_ratios(tables["acceptance-ratios"], run) == 2 * 6  # B / A per mode: all, 3 sources, 2 tasks
-    assert check_figures(tables["acceptance-groups"], run) == 2 * 2 * 5
+    assert check_ratios(tables["acceptance-ratios"], run) == 2 * 7  # B / A per mode: all, 3 sources, 2 tasks, turn 1
+    assert check_figures(tables["acceptance-groups"], run) == 2 * 2 * 6
     assert text.count(PLOT_DIV) == 2  # acceptance by draft position; B / A with its interval
     assert "<h2>Acceptance</h2><h3>run runs/run.json</h3>" in text
     assert "temperature 0 (--temperature)" in text and "note: a synthetic run" in text
@@ -66,7 +66,7 @@ def test_compare_html_puts_run_b_beside_run_a_then_each_run(tmp_path: Path) -> N
     tables = [table for kind, table in page_tables(page.read_text(encoding="utf-8")) if kind]
     assert parts(page) == ["acceptance-comparison", *RUN_PARTS, *RUN_PARTS]
     comparison = compare(first, second)
-    assert check_comparison(tables[0], comparison) == len(comparison.rows) == 2 * 2 * 6
+    assert check_comparison(tables[0], comparison) == len(comparison.rows) == 2 * 2 * 7
     assert check_figures(tables[1], load_run(first)) == check_figures(tables[4], load_run(second)) == 4
     assert page.read_text(encoding="utf-8").count(PLOT_DIV) == 2 + 2 * 2
     before = first.read_bytes()
@@ -159,9 +159,9 @@ def test_the_pages_open_offline_and_show_the_runs_numbers(tmp_path: Path) -> Non
             shown[page] = (tools.evaluate(TABLES), tools.evaluate(f"document.querySelectorAll('{PLOTS}').length"))
     tables, plots = shown[single]
     assert [kind for kind, _ in tables] == RUN_PARTS and plots == 2
-    assert check_figures(tables[0][1], load_run(first)) == 4 and check_ratios(tables[1][1], load_run(first)) == 12
-    assert check_figures(tables[2][1], load_run(first)) == 20
+    assert check_figures(tables[0][1], load_run(first)) == 4 and check_ratios(tables[1][1], load_run(first)) == 14
+    assert check_figures(tables[2][1], load_run(first)) == 24
     tables, plots = shown[both]
     assert [kind for kind, _ in tables] == ["acceptance-comparison", *RUN_PARTS, *RUN_PARTS] and plots == 6
-    assert check_comparison(tables[0][1], comparison) == 24
+    assert check_comparison(tables[0][1], comparison) == 28
     assert check_figures(tables[4][1], load_run(second)) == 4

@@ -20,8 +20,8 @@ from .runs import check_figures, page_tables
 K = 3
 PROSE = " ".join(f"w{i}" for i in range(59))  # 60 tokens, none repeated
 LOOP = " ".join(["go", "round"] * 50)  # 101 tokens: "go round" over and over
-PROMPTS = [f"question {i}" for i in range(6)]
-LOOPING = {0, 1, 3, 4}  # the prompts head B's target loops on
+PROMPTS = [f"question {i}" for i in range(12)]
+LOOPING = {0, 1, 3, 4, 6, 7, 9, 10}  # the prompts head B's target loops on
 
 
 def test_repetition_is_the_share_of_tokens_inside_an_ngram_seen_earlier() -> None:
@@ -57,7 +57,8 @@ def test_loops_are_counted_set_apart_and_a_head_whose_target_loops_more_is_flagg
     assert shares["B", 0] == pytest.approx(98 / 101) and shares["B", 2] == 0.0 and shares["A", 0] == 0.0
     figures = {(f.endpoint, f.group): f for f in run.figures}
     assert [f.group for f in run.figures if f.endpoint == "A"] == [
-        "all", "all without loops", "source:chat", "source:chat without loops"]
+        "all", "all without loops", "source:chat", "source:chat without loops", "length:<512",
+        "length:<512 without loops", "turn:1", "turn:1 without loops"]
     assert (figures["A", "all"].loops, figures["B", "all"].loops) == (0, len(LOOPING))
     # with the loops: B looks better than it is (a loop is drafted whole); without them: the same as A
     assert figures["B", "all"].mean_acceptance_length_pooled > 3
@@ -69,7 +70,7 @@ def test_loops_are_counted_set_apart_and_a_head_whose_target_loops_more_is_flagg
     assert ratios["B", "all", "mean_acceptance_length_pooled"].ratio > 1.5
     assert ratios["B", "all without loops", "mean_acceptance_length_pooled"].ratio == 1.0
     gaps = {(g.b, g.group): g.value for g in run.loop_gaps}
-    assert set(gaps) == {("B", "all"), ("B", "source:chat"), ("C", "all"), ("C", "source:chat")}
+    assert set(gaps) == {(head, group) for head in "BC" for group in ("all", "source:chat", "length:<512", "turn:1")}
     differ = gaps["B", "all"]
     assert (differ.share_a, differ.share_b, differ.pairs) == (0.0, len(LOOPING) / len(PROMPTS), len(PROMPTS))
     assert 0 < differ.low <= differ.high and differ.flagged
@@ -105,7 +106,9 @@ def test_the_threshold_decides_what_loops(pack: Path, tmp_path: Path) -> None:
     with server(True) as b:
         run = evaluate(pack, [b.base_url], temperature=0, modes=["non-thinking"], loop_threshold=0.99,
                        save_dir=tmp_path / "runs").run
-    assert [(f.group, f.loops) for f in run.figures] == [("all", 0), ("source:chat", 0)]  # 98/101 is under 0.99
+    # 98/101 is under 0.99
+    assert [(f.group, f.loops) for f in run.figures] == [("all", 0), ("source:chat", 0), ("length:<512", 0),
+                                                         ("turn:1", 0)]
     assert run.settings.loop_threshold == 0.99 and run.missing == ()
     with pytest.raises(CorpusError, match="--loop-threshold 0: a share above 0, at most 1"):
         evaluate(pack, ["http://127.0.0.1:9/v1"], loop_threshold=0)

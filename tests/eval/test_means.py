@@ -28,7 +28,7 @@ def steps_and_accepted(tokens: int, accepting: int) -> tuple[int, int]:
 
 # head A drafts the short answers perfectly and the long ones not at all; head B accepts one token a step on both
 HEADS = {"A": {"short": 3, "long": 0}, "B": {"short": 1, "long": 1}}
-PROMPTS = [("short", f"short question {i}") for i in range(3)] + [("long", f"long question {i}") for i in range(3)]
+PROMPTS = [("short", f"short question {i}") for i in range(6)] + [("long", f"long question {i}") for i in range(6)]
 
 
 def scripted(head: str) -> dict[str, Scripted]:
@@ -84,7 +84,7 @@ def test_pooled_and_per_request_means_differ_and_each_is_computed_as_named(pack:
     assert "mean acceptance length (per request)" in tables["acceptance-figures"][0]
     assert check_figures(tables["acceptance-figures"], result.run) == 2
     assert "mean acceptance length (pooled)" in tables["acceptance-ratios"][0]
-    assert check_ratios(tables["acceptance-ratios"], result.run) == 3  # all, source:long, source:short
+    assert check_ratios(tables["acceptance-ratios"], result.run) == 5  # all, 2 sources, length:<512, turn:1
 
 
 def test_a_phase_counted_by_metrics_names_its_per_request_means_missing(pack: Path, tmp_path: Path) -> None:
