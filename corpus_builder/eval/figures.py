@@ -46,6 +46,7 @@ class Answer:
     accepted: float | None = None
     repetition: float | None = None
     input_tokens: int | None = None  # the prompt's length in target tokens, as the server counted it
+    per_step_accepted: tuple[int, ...] | None = None  # each verify step's accepted drafted tokens (``detailed``)
 
     def counts(self) -> tuple[float, float, float] | None:
         if self.drafts is None or self.draft_tokens is None or self.accepted is None:
@@ -69,7 +70,8 @@ class Window:
 
     def to_dict(self) -> dict[str, Any]:
         saved = {c.name: value for c in COUNTERS if c.saved for value in [getattr(self.counters, c.name)]}
-        answers = [{name: getattr(answer, name) for name in Answer.__slots__} for answer in self.answers]
+        answers = [{name: list(value) if isinstance(value, tuple) else value for name in Answer.__slots__
+                    for value in [getattr(answer, name)]} for answer in self.answers]
         return {"endpoint": self.endpoint, "mode": self.mode, "prompt": self.prompt, "requests": self.requests,
                 "output_tokens": self.output_tokens, "seconds": self.seconds, **saved,
                 "accepted_by_position": list(self.counters.accepted_by_position), "answers": answers}
@@ -91,7 +93,12 @@ class Window:
         counters = made_counters(True, tuple(doc["accepted_by_position"]),
                                  {c.name: doc[c.name] if c.saved else counted[c.name] for c in COUNTERS})
         return cls(doc["endpoint"], doc["mode"], doc["prompt"], doc["requests"], doc["output_tokens"],
-                   doc["seconds"], counters, tuple(Answer(**answer) for answer in doc.get("answers", ())))
+                   doc["seconds"], counters, tuple(_answer(answer) for answer in doc.get("answers", ())))
+
+
+def _answer(saved: dict[str, Any]) -> Answer:
+    steps = saved.get("per_step_accepted")
+    return Answer(**saved | {"per_step_accepted": None if steps is None else tuple(steps)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +136,31 @@ class Sums:
             "mean_acceptance_length_pooled": 1 + c.accepted / drafts if drafts else None,
             "mean_acceptance_length_per_request": sum(lengths) / len(lengths) if lengths else None,
             "acceptance_by_position": tuple(value / drafts for value in c.accepted_by_position) if drafts else (),
+            "conditional_by_position": _conditional(drafts, c.accepted_by_position),
+            "accepted_histogram": _histogram(drafts, c.accepted_by_position),
             "output_tokens_per_s": self.output_tokens / self.seconds
             if self.output_tokens is not None and self.seconds > 0 else None,
             "tpot_ms": 1000 * c.tpot_sum / c.tpot_count if c.tpot_count else None,
         }
+
+
+def _conditional(drafts: float, by_position: tuple[float, ...]) -> tuple[float, ...]:
+    """The chance a drafted token at position i is accepted when every one before it was: accepted at i over
+    accepted at i - 1 (over the drafts at 0); 0 where no step reached it."""
+    if not drafts or not by_position:
+        return ()
+    reached = (drafts, *by_position[:-1])
+    return tuple(here / before if before else 0.0 for here, before in zip(by_position, reached, strict=True))
+
+
+def _histogram(drafts: float, by_position: tuple[float, ...]) -> tuple[float, ...]:
+    """The share of verify steps that accepted exactly j drafted tokens, j = 0..k. A step accepts a prefix of its
+    draft, so the steps that accepted at position i are those that accepted more than i tokens: the counts by
+    position are the histogram's survival function, and vLLM's pooled counters give the histogram exactly."""
+    if not drafts or not by_position:
+        return ()
+    survived = (drafts, *by_position, 0.0)
+    return tuple((survived[j] - survived[j + 1]) / drafts for j in range(len(by_position) + 1))
 
 
 # Each figure as a function of the column sums (accepted, draft tokens, drafts, output tokens, seconds; a pair's

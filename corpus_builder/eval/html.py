@@ -28,6 +28,7 @@ from .report import (
     describe_comparison,
     describe_run,
     figure_cells,
+    length_table,
     loop_table,
     ratio_table,
 )
@@ -109,6 +110,8 @@ def run_body(run: Run, name: str) -> str:
                            _plot(_ratio_plot("head B / head A over the whole pack",
                                              [(f"{b} / {a} · {mode}", ratios)
                                               for (mode, a, b), ratios in keyed.items()]))))
+    caption, header, rows = length_table(run)
+    parts.append(_part("acceptance-lengths", caption, table(header, rows, names=_NAMES)))
     if run.loop_gaps:
         caption, header, rows = loop_table(run)
         parts.append(_part("acceptance-loops", caption, table(header, rows, names=_NAMES)))

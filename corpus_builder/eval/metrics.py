@@ -115,6 +115,16 @@ def request_counters(metrics: Mapping[str, object] | None, output_tokens: int | 
         "tpot_count": 0.0 if seconds is None else 1.0})
 
 
+def per_step_accepted(metrics: Mapping[str, object] | None) -> tuple[int, ...] | None:
+    """Each verify step's accepted drafted tokens, in order, from a response's own metrics (vLLM's
+    ``--per-request-spec-decode-metrics detailed``); None when the response has none (``summary``, or no counts)."""
+    speculative = metrics.get("speculative_decoding") if metrics is not None else None
+    steps = speculative.get("per_step_accepted") if isinstance(speculative, dict) else None
+    if not isinstance(steps, list) or not all(isinstance(step, int) and not isinstance(step, bool) for step in steps):
+        return None
+    return tuple(steps)
+
+
 def parse_metrics(page: bytes) -> Counters:
     """The counters of a Prometheus text page (``Counters()`` of a page without any of them); UnreadablePage for a
     page cut short (Prometheus ends every line, the last one too, with a newline) or a sample of the counters read

@@ -50,7 +50,15 @@ from ..generate.types import (
 )
 from .figures import Answer, Window
 from .loops import answer_tokens, repetition
-from .metrics import COUNTERS, VLLM_PREFIX, Counters, UnreadablePage, parse_metrics, request_counters
+from .metrics import (
+    COUNTERS,
+    VLLM_PREFIX,
+    Counters,
+    UnreadablePage,
+    parse_metrics,
+    per_step_accepted,
+    request_counters,
+)
 from .pack import Pack, PackPrompt
 
 MODES = {"thinking": True, "non-thinking": False}  # mode -> the template's enable_thinking
@@ -403,7 +411,8 @@ def _answer(index: int, result: TurnResult, own: Counters | None) -> Answer:
     repeated = repetition(answer_tokens(result.token_ids, result.reasoning, result.content))
     if own is None:
         return Answer(index, repetition=repeated, input_tokens=result.prompt_tokens)
-    return Answer(index, own.drafts, own.draft_tokens, own.accepted, repeated, result.prompt_tokens)
+    return Answer(index, own.drafts, own.draft_tokens, own.accepted, repeated, result.prompt_tokens,
+                  per_step_accepted(result.metrics))
 
 
 def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -> str | None:

@@ -142,6 +142,15 @@ def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
                        "corpus-eval/1), so no loop share and no figures without loops")
     elif run.settings.concurrency > 1 and any(f.loops for f in figures):
         missing.append("figures without loops: a phase at concurrency > 1 is counted as a whole, not answer by answer")
+    for endpoint in run.endpoints:
+        answers = [answer for w in run.windows if w.endpoint == endpoint.label for answer in w.answers]
+        if not any(answer.drafts is not None for answer in answers):
+            missing.append(f"per-step counts of {endpoint.label}: counted by /metrics, whose pooled counters give the "
+                           "histogram of accepted lengths exactly but no request's own and no verify step's; a server "
+                           "with --per-request-spec-decode-metrics detailed gives each step")
+        elif not any(answer.per_step_accepted is not None for answer in answers):
+            missing.append(f"per-step counts of {endpoint.label}: --per-request-spec-decode-metrics summary gives each "
+                           "request's totals and histogram, not its verify steps in order (detailed does)")
     if run.settings.concurrency == 1:  # slices need a window a request
         if any(not w.answers or w.answers[0].input_tokens is None for w in run.windows):
             missing.append("input-length slices: the prompts' lengths in target tokens are not known (a run saved as "
@@ -388,6 +397,25 @@ def ratio_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
     return caption, ["mode", "heads", "group", *(FIGURE_TITLES[f] for f in RATIO_FIGURES)], rows
 
 
+LENGTH_HEADER = ("mode", "head", "group", "verify steps", "accepted 0..k (share of steps)", "marginal by position",
+                 "conditional by position")
+
+
+def _shares(values: tuple[float, ...]) -> str:
+    return " ".join(f"{value:.2f}" for value in values) if values else "n/a"
+
+
+def length_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
+    """The accepted lengths over the whole pack: (how, header, rows)."""
+    caption = ("accepted lengths: the share of verify steps that accepted exactly 0, 1, ..., k drafted tokens; "
+               "marginal: the first i+1 drafted tokens all accepted; conditional: position i accepted given every "
+               "one before it")
+    rows = [[f.mode, f.endpoint, f.group, f"{f.drafts:g}", _shares(f.accepted_histogram),
+             _shares(f.acceptance_by_position), _shares(f.conditional_by_position)]
+            for f in run.figures if f.group in (ALL, ALL + WITHOUT_LOOPS)]
+    return caption, list(LENGTH_HEADER), rows
+
+
 LOOP_HEADER = ("mode", "heads", "group", "loop share A", "loop share B", "B - A", "loops")
 
 
@@ -410,7 +438,7 @@ def loop_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
 def format_run(run: Run) -> str:
     rows = [figure_cells(row, run.settings) for row in run.figures]
     lines = [*describe_run(run), "", *_markdown(list(FIGURE_HEADER), rows)]
-    for part in (ratio_table, loop_table):
+    for part in (length_table, ratio_table, loop_table):
         caption, header, rows = part(run)
         if rows:
             lines += ["", caption, *_markdown(header, rows)]

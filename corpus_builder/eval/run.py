@@ -125,7 +125,9 @@ class Figure:
     acceptance_rate_per_request: float | None  # each request's own, then their mean
     mean_acceptance_length_pooled: float | None
     mean_acceptance_length_per_request: float | None
-    acceptance_by_position: tuple[float, ...]
+    acceptance_by_position: tuple[float, ...]  # marginal: the first i+1 drafted tokens all accepted, per step
+    conditional_by_position: tuple[float, ...]  # position i accepted when every one before it was
+    accepted_histogram: tuple[float, ...]  # the share of verify steps that accepted exactly j tokens, j = 0..k
     output_tokens_per_s: float | None
     tpot_ms: float | None
 
@@ -259,7 +261,8 @@ _RUN_SHAPE: dict[str, Any] = {
 
 
 _ANSWER_SHAPE = {"prompt": int, "drafts": (_Number, _OR_NONE), "draft_tokens": (_Number, _OR_NONE),
-                 "accepted": (_Number, _OR_NONE), "repetition": (_Number, _OR_NONE), "input_tokens": (int, _OR_NONE)}
+                 "accepted": (_Number, _OR_NONE), "repetition": (_Number, _OR_NONE), "input_tokens": (int, _OR_NONE),
+                 "per_step_accepted": ([int], _OR_NONE)}
 _RUN_SHAPE_2 = _RUN_SHAPE | {"windows": [_RUN_SHAPE["windows"][0] | {"answers": [_ANSWER_SHAPE]}],
                              "settings": _RUN_SHAPE["settings"] | {"loop_threshold": _Number, "length_edges": [int]},
                              "prompts": [_RUN_SHAPE["prompts"][0] | {"turn": int}]}
@@ -286,9 +289,15 @@ def _shape_problem(value: Any, shape: Any, where: str) -> str | None:
     kinds = shape if isinstance(shape, tuple) else (shape,)
     number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     if any(value is None if kind is _OR_NONE else number if kind is _Number
+           else _shape_problem(value, kind, where) is None if isinstance(kind, list)
            else isinstance(value, kind) and not isinstance(value, bool) for kind in kinds):
         return None
-    return f"{where} is {_shown(value)}, not {' or '.join(_KIND_NAMES[kind] for kind in kinds)}"
+    return f"{where} is {_shown(value)}, not {' or '.join(_kind_name(kind) for kind in kinds)}"
+
+
+def _kind_name(kind: Any) -> str:
+    return f"a list of {_kind_name(kind[0]).removeprefix('a ').removeprefix('an ')}s" if isinstance(kind, list) \
+        else _KIND_NAMES[kind]
 
 
 def _shown(value: Any) -> str:

@@ -147,7 +147,7 @@ class FaultServer:
                  own_count_faults: dict[int, str] | None = None, drafts_in: tuple[bool, ...] = (True, False),
                  page_faults: dict[int, str] | None = None, count_lag_reads: int = 0, usage: bool = True,
                  on_chat: Callable[[int], None] | None = None, also_serves: tuple[str, ...] = (),
-                 answers: dict[str, Scripted] | None = None) -> None:
+                 answers: dict[str, Scripted] | None = None, detailed: bool = False) -> None:
         self.model = model
         self.also_serves = also_serves  # other names /v1/models lists (the same weights served twice)
         self.max_model_len = max_model_len
@@ -170,6 +170,7 @@ class FaultServer:
         # vLLM's --per-request-spec-decode-metrics: each response carries its own counts (``misreported`` more
         # accepted tokens than it counted, a server whose two accounts disagree)
         self.per_request_metrics = per_request_metrics
+        self.detailed = detailed  # --per-request-spec-decode-metrics detailed: each verify step's counts too
         self.misreported = misreported
         self.own_count_faults = dict(own_count_faults or {})
         self.drafts_in = drafts_in
@@ -370,10 +371,13 @@ class FaultServer:
         histogram[accepting] = steps
         drafted = steps * (self.speculative_tokens + (fault == "overdrafted"))
         accepted = steps * accepting + self.misreported + (drafted + 1 if fault == "overaccepted" else 0)
-        return {"mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
-                "draft_acceptance_rate": accepted / drafted if steps else 0.0,
-                "acceptance_histogram": histogram, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
-                "num_draft_tokens": drafted, "num_spec_tokens": self.speculative_tokens}
+        counts = {"mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+                  "draft_acceptance_rate": accepted / drafted if steps else 0.0,
+                  "acceptance_histogram": histogram, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
+                  "num_draft_tokens": drafted, "num_spec_tokens": self.speculative_tokens}
+        if self.detailed:
+            counts |= {"per_step_accepted": [accepting] * steps, "per_step_drafted": [self.speculative_tokens] * steps}
+        return counts
 
     def _count(self, tokens: int, accepting: int, *, foreign: int, drafting: bool = True) -> None:
         """vLLM's counters after a request of ``tokens`` (and ``foreign`` requests of others, alike) finished,

@@ -196,11 +196,12 @@ def test_the_saved_form_of_a_window_holds_every_count() -> None:
         "drafts": 9, "draft_tokens": 27, "accepted": 13, "accepted_by_position": [7, 4, 2], "tpot_sum": 0.125,
         "tpot_count": 2, "answers": []}
     assert Window.from_dict(original.to_dict()) == original
-    answered = replace(original, answers=(Answer(4, 5, 15, 8, 0.25), Answer(7)))
+    answered = replace(original, answers=(Answer(4, 5, 15, 8, 0.25, per_step_accepted=(3, 1, 0, 2, 2)), Answer(7)))
     assert answered.to_dict()["answers"] == [
-        {"prompt": 4, "drafts": 5, "draft_tokens": 15, "accepted": 8, "repetition": 0.25, "input_tokens": None},
+        {"prompt": 4, "drafts": 5, "draft_tokens": 15, "accepted": 8, "repetition": 0.25, "input_tokens": None,
+         "per_step_accepted": [3, 1, 0, 2, 2]},
         {"prompt": 7, "drafts": None, "draft_tokens": None, "accepted": None, "repetition": None,
-         "input_tokens": None}]
+         "input_tokens": None, "per_step_accepted": None}]
     assert Window.from_dict(answered.to_dict()) == answered
 
 
@@ -216,6 +217,8 @@ def test_sums_add_every_position_and_every_count() -> None:
         "acceptance_rate_per_request": pytest.approx((5 / 12 + 6 / 9) / 2),
         "mean_acceptance_length_per_request": pytest.approx((1 + 5 / 4 + 1 + 6 / 3) / 2),
         "acceptance_by_position": (6 / 7, 4 / 7, 1 / 7), "output_tokens_per_s": 20.0,
+        # of 7 steps: 1 accepted none, 2 one, 3 two, 1 three; position i given every one before it
+        "accepted_histogram": (1 / 7, 2 / 7, 3 / 7, 1 / 7), "conditional_by_position": (6 / 7, 4 / 6, 1 / 4),
         "tpot_ms": pytest.approx(1000 * 0.3 / 2)}
 
 

@@ -37,7 +37,7 @@ def server(loops: bool, *, per_request: bool = True) -> FaultServer:
     """Accepts 1 of 3 drafted tokens a step on prose and all 3 on a loop (a loop is drafted almost perfectly)."""
     answers = {text: Scripted(LOOP, 3) if loops and index in LOOPING else Scripted(PROSE, 1)
                for index, text in enumerate(PROMPTS)}
-    return FaultServer(speculative_tokens=K, per_request_metrics=per_request, answers=answers)
+    return FaultServer(speculative_tokens=K, per_request_metrics=per_request, detailed=per_request, answers=answers)
 
 
 @pytest.fixture

@@ -72,7 +72,8 @@ def test_pooled_and_per_request_means_differ_and_each_is_computed_as_named(pack:
         assert ratios[name]["ratio"] == pytest.approx(b[name] / a[name]), name
         assert ratios[name]["pairs"] == len(PROMPTS) and ratios[name]["low"] <= ratios[name]["high"], name
     assert ratios["mean_acceptance_length_pooled"]["ratio"] > 1 > ratios["mean_acceptance_length_per_request"]["ratio"]
-    assert run["missing"] == []
+    # A's own counts are totals (summary), B's the page's: neither gives a verify step's
+    assert [m.split(":")[0] for m in run["missing"]] == ["per-step counts of A", "per-step counts of B"]
 
     # named in the text, and the page shows the numbers the run holds, each mean under its own name
     text = format_run(result.run)
@@ -94,10 +95,10 @@ def test_a_phase_counted_by_metrics_names_its_per_request_means_missing(pack: Pa
     [figures] = [f for f in run.figures if f.group == "all"]
     assert figures.mean_acceptance_length_pooled == pytest.approx(expected("A")["mean_acceptance_length_pooled"])
     assert figures.mean_acceptance_length_per_request is None and figures.acceptance_rate_per_request is None
-    assert [m.split(":")[0] for m in run.missing] == ["per-request acceptance"]
+    assert [m.split(":")[0] for m in run.missing] == ["per-request acceptance", "per-step counts of A"]
     assert f"missing: {run.missing[0]}" in format_run(run).splitlines()
     # with each request's own counts, a phase gives them
-    with FaultServer(speculative_tokens=K, per_request_metrics=True, answers=scripted("A")) as server:
+    with FaultServer(speculative_tokens=K, per_request_metrics=True, detailed=True, answers=scripted("A")) as server:
         own = evaluate(pack, [server.base_url], temperature=0, modes=["non-thinking"], concurrency=2,
                        save_dir=tmp_path / "runs").run
     [figures] = [f for f in own.figures if f.group == "all"]

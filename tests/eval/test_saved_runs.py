@@ -26,7 +26,8 @@ def test_a_run_saved_by_an_earlier_eval_loads_and_prints_the_figures_it_saved(pa
     # its figures and ratios are computed again from its windows: the same as the eval that saved it computed
     again = run.to_json()
     renamed = {"acceptance_rate": "acceptance_rate_pooled", "mean_acceptance_length": "mean_acceptance_length_pooled"}
-    pooled = [{key: value for key, value in figure.items() if not key.endswith("_per_request") and key != "loops"}
+    new = ("loops", "conditional_by_position", "accepted_histogram")
+    pooled = [{key: value for key, value in figure.items() if not key.endswith("_per_request") and key not in new}
               for figure in again["figures"]]
     assert [{renamed.get(key, key): value for key, value in figure.items()} for figure in saved["figures"]] == pooled
     # 7 prompts are too few for an interval now (MIN_INTERVAL_PAIRS): the ratio stays, its interval goes
@@ -69,12 +70,14 @@ def test_an_earlier_run_gives_what_its_windows_allow_and_names_what_they_do_not(
     phases counted by /metrics hold no request's own counts: named missing, n/a in the tables."""
     paired = load_run(OLD / "two-heads-c1.json")
     # nor were the answers' repetition, the prompts' lengths in tokens and their turns
-    assert [missing.split(":")[0] for missing in paired.missing] == ["loops", "input-length slices", "turn slices"]
+    assert [missing.split(":")[0] for missing in paired.missing] == [
+        "loops", "per-step counts of A", "per-step counts of B", "input-length slices", "turn slices"]
     assert not any(f.group.startswith(("length:", "turn:")) for f in paired.figures)
     assert {f.loops for f in paired.figures} == {None} and paired.loop_gaps == ()
     assert all(f.mean_acceptance_length_per_request is not None for f in paired.figures if f.drafts)
     phases = load_run(OLD / "two-heads-c2.json")
-    assert [missing.split(":")[0] for missing in phases.missing] == ["per-request acceptance", "loops"]
+    assert [missing.split(":")[0] for missing in phases.missing] == [
+        "per-request acceptance", "loops", "per-step counts of A", "per-step counts of B"]
     assert all(f.mean_acceptance_length_per_request is None for f in phases.figures)
     assert f"missing: {phases.missing[0]}" in format_run(phases).splitlines()
     comparison = compare(OLD / "two-heads-c2.json", OLD / "two-heads-c2.json")
