@@ -28,6 +28,7 @@ from ..outputs import check_output_path, enclosing_corpus
 from .bench import BenchExport, export_bench
 from .loops import DEFAULT_LOOP_THRESHOLD
 from .pack import Pack, read_pack
+from .profile import profile_paths, speculation_profile, write_profile
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import (
     Comparison,
@@ -46,7 +47,7 @@ from .run import DEFAULT_LENGTH_EDGES, RUN_FORMAT, Reads, Run
 __all__ = ["MODES", "RUN_FORMAT", "BenchExport", "Comparison", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack",
            "PackLosses", "Run", "RunNotSaved",
            "acceptance_sections", "compare", "evaluate", "export_bench", "format_comparison", "format_run", "load_run",
-           "read_pack"]
+           "read_pack", "speculation_profile"]
 
 if TYPE_CHECKING:
     from ..report import PageSection
@@ -66,6 +67,7 @@ class EvalResult:
     run: Run  # what was saved
     saved: Path
     html: Path | None = None  # the run's page, when asked for
+    profiles: tuple[Path, ...] = ()  # each head's speculation_profile.json, when asked for
     problems: tuple[str, ...] = ()  # checks the run failed (the pack lost more than the share allowed)
 
 
@@ -73,14 +75,15 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
              temperature: float | None = None, max_tokens: int | None = None, recipe: Path | None = None,
              model: str | None = None, save_dir: Path | None = None, html: Path | None = None,
              max_lost_share: float = DEFAULT_MAX_LOST_SHARE, loop_threshold: float = DEFAULT_LOOP_THRESHOLD,
-             length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES,
+             length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES, profile: Path | None = None,
              progress: Callable[[str], None] | None = None) -> EvalResult:
     """Replay the pack at ``pack_path`` against ``endpoints`` and save the run (``save_dir``, default
     ``Pack.default_results_dir``), and with ``html`` write its page there (both checked, the results directory
     written to, before any request). Settings not given come from ``recipe`` or the recipe of the corpus the pack
     belongs to. An answer whose repetition (``loops.repetition``) is ``loop_threshold`` or more loops: counted,
     and every figure given also without the prompts of such answers. The figures are also sliced by input length
-    (``length_edges``, target tokens) and by turn.
+    (``length_edges``, target tokens) and by turn. With ``profile`` each head's ``speculation_profile.json`` is
+    written (``profile.profile_paths``: head A's there, head B's beside it as STEM-B.json).
 
     The rows of the pack that cannot be read and the prompts a server refuses are its losses: told through
     ``progress`` and in the run; past ``max_lost_share`` of its rows, unreadable rows raise PackLosses before any
@@ -97,6 +100,7 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
     pack, generation, target_model = _open_pack(Path(pack_path), recipe)
     results = _results_dir(pack, save_dir)
     page = check_output_path(html, what="--html", inputs=pack.files) if html is not None else None
+    profile = check_output_path(profile, what="--profile", inputs=pack.files) if profile is not None else None
     _check_losses(pack, max_lost_share, progress)
     recipe_temperature, cap = _number(generation, "temperature"), _number(generation, "max_tokens")
     timeout, retries = _number(generation, "timeout_s"), _number(generation, "max_retries")
@@ -124,11 +128,17 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
             write_run_page(page, run, str(saved), f"corpus eval {pack.path}")
         except CorpusError as error:
             raise CorpusError(f"{error} (the run itself is saved: {saved})") from None
+    profiles: dict[str, Path] = profile_paths(profile, [e.label for e in run.endpoints]) if profile else {}
+    for label, path in profiles.items():
+        try:
+            write_profile(path, speculation_profile(run, label))
+        except CorpusError as error:
+            raise CorpusError(f"{error} (the run itself is saved: {saved})") from None
     lost, rows = lost_rows(run)
     problems = () if lost <= max_lost_share * rows else (
         f"{lost} of the pack's {rows} rows lost ({lost / rows:.1%}: {len(replayed.skipped)} prompt(s) refused by a "
         f"server, {lost - len(replayed.skipped)} row(s) unreadable), over --max-lost-share {max_lost_share:g}",)
-    return EvalResult(run, saved, page, problems)
+    return EvalResult(run, saved, page, profiles=tuple(profiles.values()), problems=problems)
 
 
 def _results_dir(pack: Pack, save_dir: Path | None) -> Path:
