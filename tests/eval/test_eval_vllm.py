@@ -124,12 +124,15 @@ def test_a_draft_with_other_weights_accepts_almost_nothing(self_draft: str, rand
         random_head = figures(run, "B", mode)
         assert random_head["drafts"] > 0 and random_head["acceptance_rate_pooled"] < 0.05, random_head
         against = ratio(run, mode)
-        assert against["high"] < 0.1, against  # B / A: the random head is told apart from the perfect one
+        # B / A: the random head is told apart from the perfect one (5 prompts: too few for an interval, which the
+        # fault servers' tests check on 10 and more)
+        assert against["ratio"] < 0.1 and against["pairs"] == 5 and against["low"] is None, against
         print(mode, "random draft", {k: random_head[k] for k in (
             "acceptance_rate_pooled", "mean_acceptance_length_pooled", "acceptance_by_position",
             "output_tokens_per_s")},
               "B/A", against)
-    assert run["endpoints"][1]["speculator"] == {"told_by": None, "num_speculative_tokens": DRAFT_TOKENS}
+    assert run["endpoints"][1]["speculator"] == {"told_by": None, "method": None, "model": None,
+                                                 "num_speculative_tokens": DRAFT_TOKENS}
     assert [endpoint["counters"] for endpoint in run["endpoints"]] == ["per request", "/metrics"]
 
 
