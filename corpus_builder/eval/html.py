@@ -31,6 +31,8 @@ from .report import (
     length_table,
     loop_table,
     ratio_table,
+    routing,
+    winner_table,
 )
 from .run import Run
 
@@ -115,6 +117,9 @@ def run_body(run: Run, name: str) -> str:
     if run.loop_gaps:
         caption, header, rows = loop_table(run)
         parts.append(_part("acceptance-loops", caption, table(header, rows, names=_NAMES)))
+    caption, header, rows = winner_table(run)
+    if rows:
+        parts.append(_part("acceptance-winners", caption, table(header, rows, names=2), _lines(routing(run))))
     if by_group:
         parts.append(_part("acceptance-groups", "by source, task, input length and turn",
                            table(list(FIGURE_HEADER), by_group, text_last=True, names=_NAMES)))

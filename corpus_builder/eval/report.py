@@ -435,14 +435,67 @@ def loop_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
     return caption, list(LOOP_HEADER), rows
 
 
+WIN_FIGURES = ("mean_acceptance_length_pooled", "output_tokens_per_s")
+
+
+def _winner(run: Run, mode: str, group: str, figure: str) -> str | None:
+    """The head that wins ``figure`` in a mode and group: one whose ratio to head A has an interval above 1 (the
+    highest such), else head A when every other's is below 1; None for a tie or where there is no interval."""
+    ratios = [r for r in run.ratios if (r.mode, r.group, r.value.figure) == (mode, group, figure)]
+    if not ratios or any(r.value.low is None or r.value.high is None for r in ratios):
+        return None
+    above = [r for r in ratios if r.value.low is not None and r.value.low > 1]
+    if above:
+        return max(above, key=lambda r: r.value.ratio or 0.0).b
+    return ratios[0].a if all(r.value.high is not None and r.value.high < 1 for r in ratios) else None
+
+
+def _drafter(run: Run, label: str | None) -> str:
+    if label is None:
+        return "tie"
+    method = next(e.speculator.method for e in run.endpoints if e.label == label)
+    return f"{label} ({method})" if method else label
+
+
+def winner_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
+    """Which head wins where: per mode and slice, the head with the higher mean acceptance length and output tok/s
+    where the interval excludes a tie: (how, header, rows)."""
+    caption = (f"which drafter wins where: the head whose B / A interval ({100 * CONFIDENCE:g}%) excludes 1; tie "
+               "where it does not, or where a slice is too small for an interval")
+    keys = dict.fromkeys((r.mode, r.group) for r in run.ratios if not r.group.endswith(WITHOUT_LOOPS))
+    requests = {(f.mode, f.group): f.requests for f in run.figures if f.endpoint == run.endpoints[0].label}
+    rows = [[mode, group, str(requests[mode, group]),
+             *(_drafter(run, _winner(run, mode, group, figure)) for figure in WIN_FIGURES)]
+            for mode, group in keys] if run.settings.concurrency == 1 else []
+    return caption, ["mode", "group", "requests", "mean acceptance length", "output tok/s"], rows
+
+
+def routing(run: Run) -> list[str]:
+    """The routing the winners imply, per mode: the slices whose winner by mean acceptance length differs from the
+    whole pack's, then everything else; only where the interval excludes a tie."""
+    lines = []
+    for mode in run.settings.modes:
+        overall = _winner(run, mode, ALL, WIN_FIGURES[0])
+        exceptions = [(group, winner) for _, group, _, winner, _ in
+                      (row for row in winner_table(run)[2] if row[0] == mode and row[1] != ALL)
+                      if winner != "tie" and winner != _drafter(run, overall)]
+        if overall is None and not exceptions:
+            continue
+        parts = [f"{group}: {winner}" for group, winner in exceptions]
+        parts.append(f"everything else: {_drafter(run, overall)}" if overall is not None else
+                     "everything else: no winner (tie)")
+        lines.append(f"routing, {mode} mode: " + "; ".join(parts))
+    return lines
+
+
 def format_run(run: Run) -> str:
     rows = [figure_cells(row, run.settings) for row in run.figures]
     lines = [*describe_run(run), "", *_markdown(list(FIGURE_HEADER), rows)]
-    for part in (length_table, ratio_table, loop_table):
+    for part in (length_table, ratio_table, loop_table, winner_table):
         caption, header, rows = part(run)
         if rows:
             lines += ["", caption, *_markdown(header, rows)]
-    return "\n".join(lines)
+    return "\n".join([*lines, *routing(run)])
 
 
 @dataclass(frozen=True, slots=True)

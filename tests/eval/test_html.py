@@ -21,7 +21,8 @@ from .runs import HEADS, check_comparison, check_figures, check_ratios, pack_of,
 from .test_eval_faults import corpus_cli, speculating
 from .test_pack import fake_corpus
 
-RUN_PARTS = ["acceptance-figures", "acceptance-ratios", "acceptance-lengths", "acceptance-groups"]
+RUN_PARTS = ["acceptance-figures", "acceptance-ratios", "acceptance-lengths", "acceptance-winners",
+             "acceptance-groups"]
 PLOT_DIV = 'class="plotly-graph-div"'
 
 
@@ -67,7 +68,7 @@ def test_compare_html_puts_run_b_beside_run_a_then_each_run(tmp_path: Path) -> N
     assert parts(page) == ["acceptance-comparison", *RUN_PARTS, *RUN_PARTS]
     comparison = compare(first, second)
     assert check_comparison(tables[0], comparison) == len(comparison.rows) == 2 * 2 * 7
-    assert check_figures(tables[1], load_run(first)) == check_figures(tables[5], load_run(second)) == 4
+    assert check_figures(tables[1], load_run(first)) == check_figures(tables[6], load_run(second)) == 4
     assert page.read_text(encoding="utf-8").count(PLOT_DIV) == 2 + 2 * 2
     before = first.read_bytes()
     refused = corpus_cli("eval", "--compare", str(first), str(second), "--html", str(first))
@@ -119,7 +120,7 @@ def test_the_audit_page_has_the_acceptance_of_the_runs_saved_of_its_pack(corpus:
     text = page.read_text(encoding="utf-8")
     tables = [table for kind, table in page_tables(text) if kind]
     assert parts(page) == RUN_PARTS * 2
-    assert check_figures(tables[0], load_run(newer)) == check_figures(tables[4], load_run(older)) == 4  # newest first
+    assert check_figures(tables[0], load_run(newer)) == check_figures(tables[5], load_run(older)) == 4  # newest first
     assert text.index("<h2>Plots</h2>") < text.index("<h2>Acceptance</h2>") < text.index(f"run {newer}") \
         < text.index(f"run {older}")
     assert another.name not in text
@@ -160,8 +161,8 @@ def test_the_pages_open_offline_and_show_the_runs_numbers(tmp_path: Path) -> Non
     tables, plots = shown[single]
     assert [kind for kind, _ in tables] == RUN_PARTS and plots == 2
     assert check_figures(tables[0][1], load_run(first)) == 4 and check_ratios(tables[1][1], load_run(first)) == 14
-    assert check_figures(tables[3][1], load_run(first)) == 24
+    assert check_figures(tables[4][1], load_run(first)) == 24
     tables, plots = shown[both]
     assert [kind for kind, _ in tables] == ["acceptance-comparison", *RUN_PARTS, *RUN_PARTS] and plots == 6
     assert check_comparison(tables[0][1], comparison) == 28
-    assert check_figures(tables[5][1], load_run(second)) == 4
+    assert check_figures(tables[6][1], load_run(second)) == 4
