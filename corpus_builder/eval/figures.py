@@ -212,11 +212,12 @@ def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = 
     weights = np.random.default_rng(seed).multinomial(pairs, [1 / pairs] * pairs, size=resamples).astype(np.float64)
     tail = 100 * (1 - confidence) / 2
     ratios: list[Ratio] = []
+    resampled_a, resampled_b = weights @ columns[0], weights @ columns[1]  # every resample's column sums, once
     with np.errstate(divide="ignore", invalid="ignore"):
         for figure in RATIO_FIGURES:
             of = _FIGURE_OF_SUMS[figure]
             ratio = float(of(columns[1].sum(axis=0)) / of(columns[0].sum(axis=0)))
-            resampled = of(weights @ columns[1]) / of(weights @ columns[0])
+            resampled = of(resampled_b) / of(resampled_a)
             resampled = resampled[np.isfinite(resampled)]
             if not np.isfinite(ratio) or not resampled.size:
                 ratios.append(Ratio(figure, None, pairs=pairs))
