@@ -367,7 +367,7 @@ def export(corpus_dir: Path, fmt: str, out: Path, file_format: str, tokenizer: P
                    "given to speculators train); or a frequency file: .npy (dense int64 by token id), .json or .pt.")
 @click.option("--target-vocab-size", type=click.IntRange(min=1),
               help="With --out DIR: the verifier's vocab_size, t2d's length (default: the config.json beside the "
-                   "tokenizer).")
+                   "tokenizer). For an export counted without --tokenizer: the vocabulary its ids are held to.")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory (default: the corpus recipe's target.tokenizer); its config.json "
                    "gives --target-vocab-size.")

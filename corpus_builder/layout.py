@@ -218,16 +218,56 @@ def build_lock(directory: Path) -> Iterator[None]:
 
 
 def writing_build(directory: Path) -> str | None:
-    """The pid ("unknown" until it is written) of the build writing ``directory`` now, or None when none is.
-    A shared probe of the build's lock, let go at once: a reader never holds a build up."""
+    """The pid ("unknown" until it is written) of the build writing ``directory`` now, or None when none is (or
+    when it is this process's: a build reads what it wrote, for its exports). A shared probe of the build's lock,
+    let go at once: a reader never holds a build up."""
     try:
         fd = os.open(directory / BUILD_LOCK, os.O_RDONLY)
     except OSError:  # no lock file (no build ever wrote here) or no directory: nothing is writing
         return None
     try:
-        return None if _flock_now(fd, fcntl.LOCK_SH) else _lock_holder(fd)
+        if _flock_now(fd, fcntl.LOCK_SH):
+            return None
+        holder = _lock_holder(fd)
+        return None if holder == str(os.getpid()) else holder
     finally:
         os.close(fd)
+
+
+class BuildRunning(CorpusError):
+    """A build is writing the directory a command reads: its files come and go (the manifest last), so what is read
+    may be half the old corpus and half the new one, or look broken. The build is named, not the corpus."""
+
+    def __init__(self, directory: Path, pid: str) -> None:
+        super().__init__(f"a build is writing {directory} now (pid {pid}); wait for it to finish, then run the "
+                         "command again")
+
+
+def check_no_build(directory: Path) -> None:
+    """Refuse a directory a build is writing now (``BuildRunning``): every command that reads a corpus asks first
+    (``Corpus.open``), and again when a read fails (the build may have started meanwhile)."""
+    pid = writing_build(directory)
+    if pid is not None:
+        raise BuildRunning(directory, pid)
+
+
+@contextmanager
+def no_build_writing(directory: Path) -> Iterator[None]:
+    """``check_no_build`` before the block, and for any CorpusError the block raises: a build that started while
+    the block read the directory is named instead of the damage it did."""
+    check_no_build(directory)
+    try:
+        yield
+    except CorpusError as error:
+        if not isinstance(error, BuildRunning) and (pid := writing_build(directory)) is not None:
+            raise BuildRunning(directory, pid) from error
+        raise
+
+
+def holds_corpus(directory: Path) -> bool:
+    """Whether ``directory`` is a built corpus, or one a build is writing (whose manifest may not be there yet:
+    ``Corpus.open`` names the build)."""
+    return (directory / MANIFEST).is_file() or writing_build(directory) is not None
 
 
 def iter_ledger(path: Path) -> Iterator[dict[str, Any]]:
@@ -265,14 +305,34 @@ def _read_json(path: Path) -> Any:
         raise CorpusError(f"not valid JSON: {error}", file=str(path)) from None
 
 
-def _shard_batches(paths: list[Path], what: str, columns: list[str] | None, batch_size: int) -> Iterator[Any]:
-    """The batches of parquet shards in turn; one that cannot be opened is a CorpusError naming it."""
-    for path in paths:
-        try:
-            parquet = open_parquet(path)
-        except (OSError, ValueError) as error:
-            raise CorpusError(f"cannot read {what}: {error}", file=str(path)) from None
-        yield from parquet.iter_batches(batch_size=batch_size, columns=columns)
+def _shard_batches(root: Path, shards: list[ShardInfo], what: str, columns: list[str] | None,
+                   batch_size: int) -> Iterator[Any]:
+    """The batches of a corpus's parquet shards in turn, each shard checked first against the manifest (its size and
+    sha256: a flipped byte may decode to other text without any error); a shard that differs, or cannot be opened
+    or read, is a CorpusError naming it (or the build writing the corpus now, which explains it)."""
+    import pyarrow
+
+    with no_build_writing(root):
+        for shard in shards:
+            path = root / shard.path
+            _check_shard(path, shard, what)
+            try:
+                yield from open_parquet(path).iter_batches(batch_size=batch_size, columns=columns)
+            except (pyarrow.ArrowException, OSError, ValueError) as error:  # ValueError: a string that is not UTF-8
+                raise CorpusError(f"cannot read {what}: {error}", file=str(path)) from None
+
+
+def _check_shard(path: Path, shard: ShardInfo, what: str) -> None:
+    try:
+        size = path.stat().st_size
+        same = size == shard.bytes and file_sha256(path) == shard.sha256
+    except OSError as error:
+        raise CorpusError(f"cannot read {what}: {error.strerror or error}", file=str(path)) from None
+    if not same:
+        changed = f"{size:,} bytes, not the {shard.bytes:,} of manifest.json" if size != shard.bytes \
+            else "its sha256 is not manifest.json's"
+        raise CorpusError(f"the {what} was changed or damaged since the build ({changed}): restore it, or build the "
+                          "corpus again (generations are reused from its journal)", file=str(path))
 
 
 @dataclass(frozen=True)
@@ -288,6 +348,7 @@ class Corpus:
         if not root.is_dir():
             raise CorpusError("not a corpus directory (a built corpus is a directory with manifest.json)",
                               file=str(root))
+        check_no_build(root)
         if not (root / MANIFEST).exists():
             raise CorpusError("not a complete corpus: manifest.json is missing (interrupted or failed build?)",
                               file=str(root))
@@ -298,12 +359,10 @@ class Corpus:
     def files(self) -> list[ShardInfo]:
         return list(self.manifest.files)
 
-    def shard_paths(self, split: str | None = None) -> list[Path]:
-        return [self.root / f.path for f in self.files if split is None or f.split == split]
-
     def iter_batches(self, *, split: str | None = None, columns: list[str] | None = None,
                      batch_size: int = 4096) -> Iterator[Any]:
-        yield from _shard_batches(self.shard_paths(split), "shard", columns, batch_size)
+        shards = [info for info in self.files if split is None or info.split == split]
+        yield from _shard_batches(self.root, shards, "shard", columns, batch_size)
 
     def iter_conversations(self, *, split: str | None = None) -> Iterator[Conversation]:
         from .rows import batch_to_conversations
@@ -332,8 +391,7 @@ class Corpus:
         """The eval pack's rows, as the build wrote them (none when the corpus has no pack)."""
         from .rows import batch_to_conversations
 
-        paths = [self.root / info.path for info in self.manifest.pack_files]
-        for batch in _shard_batches(paths, "the eval pack", None, 4096):
+        for batch in _shard_batches(self.root, self.manifest.pack_files, "eval pack shard", None, 4096):
             yield from batch_to_conversations(batch)
 
     def verify_files(self) -> list[str]:

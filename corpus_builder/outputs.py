@@ -17,7 +17,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .errors import CorpusError
-from .layout import MANIFEST
+from .layout import holds_corpus
 
 
 def _resolved(path: Path) -> Path:
@@ -37,9 +37,10 @@ def _input_paths(inputs: Iterable[Path | str | None]) -> list[Path]:
 
 
 def enclosing_corpus(path: Path) -> Path | None:
-    """The built corpus directory that holds ``path`` (or is it), if any."""
+    """The built corpus directory that holds ``path`` (or is it), if any: one with its manifest, or one a build is
+    writing (``layout.holds_corpus``)."""
     for directory in (path, *path.parents):
-        if (directory / MANIFEST).is_file():
+        if holds_corpus(directory):
             return directory
     return None
 

@@ -67,6 +67,10 @@ OWNING_TESTS: dict[str, tuple[str, ...]] = {
     "corpus_builder/sources/mappings.py": ("tests/sources",),
     "corpus_builder/generate/tool_results.py": ("tests/generate/test_tool_results.py", "tests/sources"),
     "corpus_builder/secrets.py": ("tests/test_secrets.py", "tests/publish"),
+    # the fold and the logged exchanges: the readers' tests (the traffic audit reads them through the same functions)
+    "corpus_builder/sources/fold.py": ("tests/sources",),
+    "corpus_builder/sources/logs.py": ("tests/sources",),
+    "corpus_builder/export/vocab.py": ("tests/export/test_vocab.py",),
     # The eval: the rules against scripted servers (no vLLM); the cut on its own, without building a corpus.
     "corpus_builder/eval/figures.py": ("tests/eval/test_figures.py",),
     "corpus_builder/eval/metrics.py": ("tests/eval/test_metrics.py",),
@@ -104,9 +108,17 @@ _UINT64_BASES = "numpy infers uint64 for either base (both exceed 2^63): the sam
 _FLOAT_EDGES = "0/1 flags differenced as float64 give the same -1, 0 and 1 as int8: only memory"
 _DISTINCT_STARTS = ("the run starts sorted are distinct (a text shorter than n starts no full run): every sort gives "
                     "one order")
+_ROLES_BY_HAND = ("the fast path's TypeError falls to the per-turn loop, which reads the same roles (None for a turn "
+                  "without one): speed only")
+_TEXT_BY_HAND = ("the fast path's TypeError (orjson's JSONEncodeError is TypeError) falls to the turns' repr, as "
+                 "injective on JSON values within one process as orjson's bytes: the same keys, slower")
 _SHORTER = ("a text shorter than the runs looked up hashes fewer words than every entry of that length: no match "
             "either way")
 
+_BATCHES = ("when the gathered rows are counted: the sums are the same whatever the batches (test_counting_in_batches_"
+            "of_any_size_gives_the_same_figures); memory only")
+_FLOAT_COUNTS = ("the fitted counts are read only as Python ints (token_freq.pt) and by their order (top_k): float64 "
+                 "holds every count below 2^53 exactly, so the same three files")
 _FLOATS = ("the windows' counts and seconds are floats (or NaN): numpy makes the array float64 without being told, "
            "and a true division of integers is a float anyway")
 _RECHECK = ("the pool's recheck loop re-probes endpoints marked down; the eval's one endpoint is never marked down "
@@ -117,6 +129,34 @@ _PADDED = "both sides are padded to one width first: zip's strictness never appl
 
 # Survivors judged equivalent: mutant name -> (a line its diff adds, why no behaviour tells it apart).
 EQUIVALENT: dict[str, tuple[str, str]] = {
+    # corpus_builder/sources/fold.py
+    "corpus_builder.sources.fold.x__roles__mutmut_1": ("return list(None)", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__roles__mutmut_2": ("return list(map(None, messages))", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__roles__mutmut_3": ("return list(map(_ROLE, None))", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__roles__mutmut_4": ("return list(map(messages))", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__roles__mutmut_5": ("return list(map(_ROLE, ))", _ROLES_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_1": ("return tuple(None)", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_2": ("return tuple(map(None, messages))", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_3": ("return tuple(map(orjson.dumps, None))", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_4": ("return tuple(map(messages))", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x__serialised__mutmut_5": ("return tuple(map(orjson.dumps, ))", _TEXT_BY_HAND),
+    "corpus_builder.sources.fold.x_exchange_keys__mutmut_30": (
+        "head if (last == first) and False else", "with one answer in the history its key before the last answer is "
+        "the head's, computed again: the same key, slower"),
+    "corpus_builder.sources.fold.xǁPrefixFoldǁ_close_oldest__mutmut_2": (
+        "popitem(last=None)", "OrderedDict.popitem reads last as a truth value: None pops the oldest, as False does"),
+    # corpus_builder/export/vocab.py
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_15": ("pending_rows = len(rows)", _BATCHES),
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_16": ("pending_rows -= len(rows)", _BATCHES),
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_5": ("pending_rows = 1", _BATCHES),
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_17": ("pending_rows > ROWS_PER_COUNT", _BATCHES),
+    "corpus_builder.export.vocab.x_count_frequencies__mutmut_23": ("pending, pending_rows = {}, 1", _BATCHES),
+    "corpus_builder.export.vocab.x_iter_token_rows__mutmut_1": (
+        "batch_size: int = 513", "the corpus read in batches of 513 rows, not 512: the same conversations, in order"),
+    "corpus_builder.export.vocab.x_speculators_mappings__mutmut_10": ("np.arange(draft_size, dtype=None)", _ARANGE),
+    "corpus_builder.export.vocab.x_speculators_mappings__mutmut_12": ("np.arange(draft_size, )", _ARANGE),
+    "corpus_builder.export.vocab.x__fitted__mutmut_14": ("fitted = np.zeros(size, None)", _FLOAT_COUNTS),
+    "corpus_builder.export.vocab.x__fitted__mutmut_16": ("fitted = np.zeros(size, )", _FLOAT_COUNTS),
     # corpus_builder/build/eval_pack.py
     "corpus_builder.build.eval_pack.x_cut_eval_pack__mutmut_57": (
         "if len(held) > _INDEX_BATCH:", "the pack's rows are indexed in batches of 1025 instead of 1024: the same "

@@ -1,4 +1,4 @@
-"""The public Python API: what ``corpus_builder`` exports, that it stays lazy, and the README's example."""
+"""The public Python API: what ``corpus_builder`` exports, that it stays lazy, and the documentation's example."""
 
 from __future__ import annotations
 
@@ -105,19 +105,19 @@ def test_importing_the_package_loads_no_stage() -> None:
     assert lines == ["['corpus_builder', 'corpus_builder._version']", "False False"]
 
 
-def readme_example() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Python API"):]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "README's Python API section has no python block"
-    return match.group(1)
+def documented_example() -> Path:
+    """The script the documentation shows as the Python API end to end (docs/examples.md embeds it)."""
+    text = (REPO / "docs" / "examples.md").read_text(encoding="utf-8")
+    section = text[text.index("## The Python API in one script"):]
+    match = re.search(r'```python\n--8<-- "(examples/[^"]+\.py)"\n```', section)
+    assert match, "the Python API section of docs/examples.md embeds no script"
+    return REPO / match.group(1)
 
 
-def test_the_readme_example_runs(tmp_path: Path) -> None:
-    """The README's example, as written, on a replay recipe of its own (no server needed)."""
-    script = tmp_path / "example.py"
-    script.write_text(readme_example(), encoding="utf-8")
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
+def test_the_documented_example_runs(tmp_path: Path) -> None:
+    """The documentation's example, as written, in an empty directory (no server needed)."""
+    result = subprocess.run([sys.executable, str(documented_example()), str(tmp_path)], capture_output=True,
+                            text=True, cwd=tmp_path,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert "conversations" in result.stdout

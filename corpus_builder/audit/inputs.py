@@ -47,7 +47,15 @@ from ..screen.normalise import mix64
 from ..sources.fold import Held, PrefixFold, carry
 from ..sources.logs import read_exchange
 from ..sources.mappings import TURN_KEYS, Layout, NormalisedRow, RowNormaliser, detect_layout
-from ..sources.readers import UTF8_BOM, decode_lines, detect_format, first_objects, iter_rows, zstd_chunks
+from ..sources.readers import (
+    UTF8_BOM,
+    check_text_start,
+    decode_lines,
+    detect_format,
+    first_objects,
+    iter_rows,
+    zstd_chunks,
+)
 from .frames import RAW_SCHEMA, plain_rows
 
 CHUNK_BYTES = 32 << 20  # one block of log lines: large enough for the parser's threads, small next to memory
@@ -516,19 +524,21 @@ def _row_form(made: list[tuple[bool | None, Conversation]]) -> pl.DataFrame:
 def _line_chunks(blocks: Iterable[bytes], rows: TrafficRows, *, starts_file: bool = True) -> Iterator[Chunk]:
     """Blocks of bytes -> chunks of whole lines, each line decoded on the read-ahead thread (orjson holds the
     lock per line only, so it runs while pyarrow and polars work on the block before)."""
-    decoded = map(DecodedLines.of, _whole_lines(blocks, starts_file=starts_file))
+    decoded = map(DecodedLines.of, _whole_lines(blocks, rows.label if starts_file else None))
     for lines in _read_ahead(lambda: next(decoded, None)):
         yield _lines_chunk(lines, rows)
     yield from _last(rows)
 
 
-def _whole_lines(blocks: Iterable[bytes], *, starts_file: bool = True) -> Iterator[bytes]:
-    """Blocks of bytes -> blocks of whole lines (a line cut by a block's end waits for the next block); the
-    byte order mark an editor may put before a file's first line is not part of it."""
+def _whole_lines(blocks: Iterable[bytes], file: str | None) -> Iterator[bytes]:
+    """Blocks of bytes -> blocks of whole lines (a line cut by a block's end waits for the next block). When the
+    blocks start the ``file`` (its label), its start is checked as the readers check it (``check_text_start``) and
+    the byte order mark an editor may put before its first line is not part of it."""
     pending = b""
-    first = starts_file
+    first = file is not None
     for block in blocks:
-        if first:
+        if first and file is not None:
+            check_text_start(block, file)
             block, first = block.removeprefix(UTF8_BOM), False
         cut = block.rfind(b"\n") + 1
         if cut:
@@ -549,7 +559,7 @@ class DecodedLines:
     data: bytes
     lines: list[memoryview]  # the lines that are rows (a blank line is none)
     objects: list[int]  # which of them hold an object
-    others: dict[int, Any]  # the rows that are not objects: a BadRow, or another value
+    others: dict[int, Any]  # the rows not parsed as objects from their line: a BadRow, another value, a marked row
 
     @classmethod
     def of(cls, data: bytes) -> DecodedLines:
@@ -560,12 +570,12 @@ class DecodedLines:
         for end in ends.tolist():
             line, start = view[start:end], end + 1
             try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError:  # the readers' verdict on the line: a BadRow, or no row (blank)
-                value = next(decode_lines([bytes(line)]), _BLANK)
+                value, parsed = orjson.loads(line), True
+            except orjson.JSONDecodeError:  # the readers' verdict: a BadRow, a row behind a mark, or none (blank)
+                value, parsed = next(decode_lines([bytes(line)]), _BLANK), False
                 if value is _BLANK:
                     continue
-            if isinstance(value, dict):
+            if parsed and isinstance(value, dict):  # a row behind a mark is kept as read: its line is not JSON
                 decoded.objects.append(len(decoded.lines))
             else:
                 decoded.others[len(decoded.lines)] = value

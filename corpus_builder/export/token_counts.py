@@ -7,8 +7,11 @@ Python object, and only one batch is in memory at a time, so memory stays flat h
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,8 +26,19 @@ TOKEN_COLUMNS = ("input_ids", "loss_mask")
 _JSON_SCHEMA = pa.schema([(name, pa.list_(pa.int64())) for name in TOKEN_COLUMNS])
 _JSON_BLOCK_BYTES = 16 << 20  # the JSON reader's block: a batch of rows (a row must fit in one)
 _PARQUET_BATCH_ROWS = 8192
+# Supervised ids counted without a known vocabulary stay under this: no tokenizer has as many entries (the largest
+# have about a million), and counts of this length take 128 MB. Past it an id is a damaged row, not a token.
+MAX_UNKNOWN_VOCABULARY = 1 << 24
 
 _Item = TypeVar("_Item")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The ids a count may hold (0 to ``size`` - 1) and where that size comes from, for messages."""
+
+    size: int
+    source: str  # e.g. "the tokenizer DIR", "--target-vocab-size"
 
 
 def _file_format(path: Path) -> str | None:
@@ -82,20 +96,38 @@ def _read_ahead(items: Iterator[_Item]) -> Iterator[_Item]:
             yield item
 
 
+def _line(path: Path, row: int) -> int:
+    """The line of a JSON-lines file that holds its ``row``-th row (0-based; Arrow's reader skips blank lines)."""
+    import zstandard
+
+    with path.open("rb") as raw:
+        lines = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw)) if path.name.endswith(".zst") \
+            else raw
+        rows_so_far = accumulate(bool(line.strip()) for line in lines)
+        return next(number for number, rows in enumerate(rows_so_far, 1) if rows == row + 1)
+
+
+def _row_error(path: Path, row: int, problem: str) -> CorpusError:
+    """``problem`` of the file's ``row``-th row (0-based), located: by its line in a JSON-lines file, by its row in
+    a parquet file."""
+    if _file_format(path) == "parquet":
+        return CorpusError(f"row {row}: {problem}", file=str(path))
+    return CorpusError(problem, file=str(path), line=_line(path, row))
+
+
 def _masked_ids(batch: Any, path: Path, first_row: int) -> np.ndarray:
     """The ids of one batch under its loss mask; a row without both lists, or with lists of two lengths, is
-    named by its index in the file."""
+    named by its place in the file."""
     import pyarrow.compute as pc
 
     ids, mask = batch.column(0), batch.column(1)
     if ids.null_count or mask.null_count:
         missing = pc.or_(ids.is_null(), mask.is_null()).to_numpy(zero_copy_only=False)
-        raise CorpusError(f"row {first_row + int(np.flatnonzero(missing)[0])} has no input_ids or no loss_mask list",
-                          file=str(path))
+        raise _row_error(path, first_row + int(np.flatnonzero(missing)[0]), "no input_ids or no loss_mask list")
     lengths = pc.list_value_length(ids).to_numpy(), pc.list_value_length(mask).to_numpy()
     if not np.array_equal(*lengths):
         row = first_row + int(np.flatnonzero(lengths[0] != lengths[1])[0])
-        raise CorpusError(f"row {row}: input_ids and loss_mask differ in length", file=str(path))
+        raise _row_error(path, row, "input_ids and loss_mask differ in length")
     values, weights = ids.flatten(), mask.flatten()
     if values.null_count or weights.null_count:
         raise CorpusError(f"a null in the input_ids or loss_mask of rows {first_row}-{first_row + len(batch) - 1}",
@@ -104,21 +136,39 @@ def _masked_ids(batch: Any, path: Path, first_row: int) -> np.ndarray:
     return supervised
 
 
-def count_token_export(files: list[Path]) -> np.ndarray:
+def _outside(batch: Any, path: Path, first_row: int, vocabulary: Vocabulary | None) -> CorpusError:
+    """The error of the batch's first row with a supervised id outside ``vocabulary`` (None: unknown, so past
+    MAX_UNKNOWN_VOCABULARY), naming the row, the id and the vocabulary."""
+    bound = vocabulary.size if vocabulary is not None else MAX_UNKNOWN_VOCABULARY
+    index, token = next((index, token) for index, row in enumerate(batch.to_pylist())
+                        for token, mask in zip(row["input_ids"], row["loss_mask"], strict=True)
+                        if mask and not 0 <= token < bound)
+    if token < 0:
+        problem = f"token id {token:,} is negative"
+    elif vocabulary is not None:
+        problem = f"token id {token:,} is supervised but the vocabulary has {bound:,} tokens ({vocabulary.source})"
+    else:
+        problem = (f"token id {token:,} is supervised: no tokenizer has that many entries (counted without a "
+                   f"vocabulary, ids stay under {bound:,}); give --tokenizer DIR, the target's")
+    return _row_error(path, first_row + index, problem)
+
+
+def count_token_export(files: list[Path], vocabulary: Vocabulary | None) -> np.ndarray:
     """How often each id is supervised in the export ``files``: a dense int64 array, index = token id, as long as
-    the largest id counted plus one."""
-    counts = np.zeros(0, np.int64)
+    ``vocabulary`` (None: unknown, as long as the largest id counted plus one). A supervised id outside it (or,
+    unknown, past MAX_UNKNOWN_VOCABULARY), or negative, is an error naming its row, the id and the vocabulary:
+    counts as long as such an id would not fit in memory."""
+    bound = vocabulary.size if vocabulary is not None else MAX_UNKNOWN_VOCABULARY
+    counts = np.zeros(vocabulary.size if vocabulary is not None else 0, np.int64)
     for path in files:
         row = 0
         try:
             for batch in _read_ahead(_batches(path)):
                 supervised = _masked_ids(batch, path, row)
+                if supervised.size and (supervised.min() < 0 or supervised.max() >= bound):
+                    raise _outside(batch, path, row, vocabulary)
                 row += batch.num_rows
-                try:
-                    found = np.bincount(supervised, minlength=len(counts))
-                except ValueError:  # bincount refuses a negative id, found in the same pass
-                    raise CorpusError(f"a negative token id in rows {row - batch.num_rows}-{row - 1}",
-                                      file=str(path)) from None
+                found = np.bincount(supervised, minlength=len(counts))
                 if len(found) > len(counts):
                     counts = np.concatenate([counts, np.zeros(len(found) - len(counts), np.int64)])
                 counts += found

@@ -3,6 +3,7 @@ draft vocabulary."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,8 +45,36 @@ class CorpusTokenRows(TokenRows):
                            "tokenizer (--tokenizer DIR)", file=str(self.corpus.root))
 
 
+# A Hub model id (ORG/NAME), which --tokenizer does not fetch.
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def check_tokenizer_dir(tokenizer: Path) -> Path:
+    """``--tokenizer`` as given, once it is a directory with a tokenizer.json: a missing path (a Hub id, a typo) or
+    another file is named for what it is, not found wanting a chat template."""
+    if not tokenizer.exists():
+        hub = (" (it reads like a Hub model id: --tokenizer takes a local directory; download the model first, e.g. "
+               f"huggingface-cli download {tokenizer} --local-dir DIR)") if _HUB_ID.fullmatch(str(tokenizer)) else ""
+        raise CorpusError(f"--tokenizer: no such directory{hub}", file=str(tokenizer))
+    if not tokenizer.is_dir():
+        raise CorpusError("--tokenizer: not a directory (give the target model's directory, which holds its "
+                          "tokenizer.json)", file=str(tokenizer))
+    if not (tokenizer / "tokenizer.json").is_file():
+        raise CorpusError("--tokenizer: no tokenizer.json in this directory (give the target model's directory, "
+                          "which holds it)", file=str(tokenizer))
+    return tokenizer
+
+
+def tokenizer_entries(tokenizer: Path) -> int:
+    """How many entries the tokenizer in ``tokenizer`` (a checked directory) holds, added tokens included: the ids
+    it can give are below this."""
+    from tokenizers import Tokenizer
+
+    return int(Tokenizer.from_file(str(tokenizer / "tokenizer.json")).get_vocab_size(with_added_tokens=True))
+
+
 def corpus_token_rows(corpus: Corpus, tokenizer: Path | None = None) -> CorpusTokenRows | None:
-    """Token rows on the tokenizer a built corpus's recipe names (``tokenizer`` overrides); None when no
-    such tokenizer is found here."""
-    settings = TokenSettings.from_corpus(corpus, tokenizer)
+    """Token rows on the tokenizer a built corpus's recipe names (``tokenizer`` overrides, checked first); None
+    when no such tokenizer is found here."""
+    settings = TokenSettings.from_corpus(corpus, check_tokenizer_dir(tokenizer) if tokenizer is not None else None)
     return CorpusTokenRows(settings.renderer(), corpus) if settings is not None else None

@@ -22,6 +22,7 @@ Frequency files (by the suffix of ``--out``):
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -32,15 +33,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorpusError
-from ..layout import MANIFEST, Corpus
+from ..layout import Corpus, holds_corpus
 from ..outputs import check_output_path, made_directory, staged
 from ..rows import batch_to_conversations
 from ..tokens import TurnRow
-from .token_counts import count_token_export, token_export_files
-from .token_rows import CorpusTokenRows, corpus_token_rows
+from .token_counts import Vocabulary, count_token_export, token_export_files
+from .token_rows import CorpusTokenRows, check_tokenizer_dir, corpus_token_rows, tokenizer_entries
 
 FILE_SUFFIXES = (".npy", ".json", ".pt")
 TOKEN_FREQ = "token_freq.pt"
+ROWS_PER_COUNT = 4096  # token rows gathered before they are counted: one bincount per source per batch of them
 
 
 def _bincount(ids: list[int], size: int) -> np.ndarray:
@@ -66,7 +68,7 @@ class Frequencies:
         return len(self.total)
 
     def add(self, source: str, rows: list[TurnRow]) -> None:
-        assert self.reasoning is not None, "rows are counted into a corpus's frequencies"
+        assert self.reasoning is not None  # rows are counted into a corpus's frequencies, which tell reasoning
         reasoning: list[int] = []
         answer: list[int] = []
         for row in rows:
@@ -96,7 +98,7 @@ def count_frequencies(corpus: Corpus, token_rows: CorpusTokenRows) -> Frequencie
     for source, rows in iter_token_rows(corpus, token_rows):
         pending.setdefault(source, []).extend(rows)
         pending_rows += len(rows)
-        if pending_rows >= 4096:  # one bincount per source per few thousand rows, not per row
+        if pending_rows >= ROWS_PER_COUNT:
             for name, group in pending.items():
                 frequencies.add(name, group)
             pending, pending_rows = {}, 0
@@ -164,8 +166,11 @@ def _torch() -> Any:
 
 
 def _save_token_freq(counts: np.ndarray, path: Path) -> None:
-    """speculators' token_freq.pt: ``torch.save`` of {token id: count} over the ids that occur, Python ints."""
-    _torch().save({int(i): int(counts[i]) for i in np.flatnonzero(counts)}, path)
+    """speculators' token_freq.pt: ``torch.save`` of {token id: count} over the ids that occur, Python ints. Saved
+    to memory, then written by Python: torch's own file writer turns a full disk into a RuntimeError."""
+    serialised = io.BytesIO()
+    _torch().save({int(i): int(counts[i]) for i in np.flatnonzero(counts)}, serialised)
+    path.write_bytes(serialised.getbuffer())
 
 
 def _check_suffix(path: Path) -> None:
@@ -177,7 +182,6 @@ def _check_suffix(path: Path) -> None:
 def write_frequencies(counts: np.ndarray, path: Path) -> None:
     """``counts`` as the frequency file ``path`` (its suffix says the format), complete or not at all."""
     _check_suffix(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     with staged(path) as partial:
         if path.suffix == ".npy":
             with partial.open("wb") as handle:
@@ -208,11 +212,8 @@ def write_speculators_files(counts: np.ndarray, directory: Path, draft_size: int
 
 def names_directory(out: Path | str) -> bool:
     """``--out`` names a directory, for speculators' three files: one that exists, or a new name without a suffix.
-    An empty path or one with a NUL byte names nothing (the output guard refuses it)."""
-    text = str(out)
-    if not text.strip() or "\0" in text:
-        return False
-    path = Path(text)
+    (A path the output guard refuses, empty or with a NUL byte, is refused whichever this says.)"""
+    path = Path(out)
     return path.is_dir() or (not path.suffix and not os.path.lexists(path))
 
 
@@ -229,8 +230,9 @@ def verifier_vocab_size(directory: Path) -> int | None:
         config = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as error:
         raise CorpusError(f"cannot read the model config: {error}", file=str(path)) from None
-    text = config.get("text_config") if isinstance(config, dict) else None
-    size = (text if isinstance(text, dict) and "vocab_size" in text else config or {}).get("vocab_size")
+    config = config if isinstance(config, dict) else {}  # a list, a number: no vocab_size either
+    text = config.get("text_config")
+    size = (text if isinstance(text, dict) and "vocab_size" in text else config).get("vocab_size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise CorpusError(f"vocab_size is {size!r}, not a positive integer", file=str(path))
     return size
@@ -257,34 +259,52 @@ class VocabReport:
 class _Input:
     """What `corpus vocab` reads: a built corpus (with its token rows) or a speculators-tokens export's files."""
 
-    paths: list[Path]  # everything read, kept apart from the output
+    paths: list[Path | None]  # everything read, kept apart from the output (None: no tokenizer given)
     config_dir: Path | None  # where the verifier's config.json may be
+    vocabulary: Vocabulary | None  # the ids the counts hold (their length); None: unknown (an export alone)
     count: Callable[[], Frequencies]
 
 
-def _open_input(source: Path, tokenizer: Path | None) -> _Input:
-    if not (source / MANIFEST).is_file():
+def _open_input(source: Path, tokenizer: Path | None, target_vocab_size: int | None) -> _Input:
+    """The input, with its vocabulary: its tokenizer's entries (the corpus recipe's, or ``tokenizer``); for an export
+    without a tokenizer the size given, else none known."""
+    if not holds_corpus(source):  # a corpus a build is writing may have no manifest yet: Corpus.open names the build
         files = token_export_files(source)
-        return _Input([*files, *([tokenizer] if tokenizer else [])], tokenizer,
-                      lambda: Frequencies(count_token_export(files)))
+        if tokenizer is not None:
+            vocabulary: Vocabulary | None = Vocabulary(tokenizer_entries(check_tokenizer_dir(tokenizer)),
+                                                       f"the tokenizer {tokenizer}")
+        else:
+            vocabulary = Vocabulary(target_vocab_size, "--target-vocab-size") if target_vocab_size else None
+        return _Input([*files, tokenizer], tokenizer, vocabulary,
+                      lambda: Frequencies(count_token_export(files, vocabulary)))
     corpus = Corpus.open(source)
     token_rows = corpus_token_rows(corpus, tokenizer)
     if token_rows is None:
         raise CorpusError("the corpus recipe names no target.tokenizer found here: give --tokenizer DIR",
                           file=str(source))
     directory = token_rows.renderer.tokenizer_dir
-    return _Input([corpus.root, directory], directory, lambda: count_frequencies(corpus, token_rows))
+    return _Input([corpus.root, directory], directory, Vocabulary(token_rows.vocab_size, f"the tokenizer {directory}"),
+                  lambda: count_frequencies(corpus, token_rows))
 
 
-def _target_size(given: int | None, source: _Input, draft_size: int) -> int:
-    size = given if given is not None else (verifier_vocab_size(source.config_dir) if source.config_dir else None)
+def _verifier_vocabulary(given: int | None, source: _Input) -> Vocabulary:
+    """t2d's length: the verifier's vocab_size, given or from the config.json beside the tokenizer."""
+    if given is not None:
+        return Vocabulary(given, "--target-vocab-size")
+    size = verifier_vocab_size(source.config_dir) if source.config_dir else None
     if size is None:
         where = f"no config.json in {source.config_dir}" if source.config_dir else "no --tokenizer DIR"
         raise CorpusError(f"t2d has one entry per token of the verifier's vocabulary ({where}): give "
                           "--target-vocab-size N (its config's vocab_size) or --tokenizer with the model's config.json")
-    if draft_size > size:
-        raise CorpusError(f"--draft-vocab-size {draft_size:,} exceeds the verifier's vocabulary ({size:,} tokens)")
-    return size
+    return Vocabulary(size, f"the vocab_size of {source.config_dir}/config.json")
+
+
+def _check_draft_size(draft_size: int, vocabulary: Vocabulary) -> None:
+    """A draft vocabulary is chosen among the ids of ``vocabulary`` (the counts a frequency file holds, t2d's for
+    speculators' files): one larger than it is refused, whichever the output."""
+    if draft_size > vocabulary.size:
+        raise CorpusError(f"--draft-vocab-size {draft_size:,} exceeds the vocabulary it is chosen from "
+                          f"({vocabulary.size:,} tokens: {vocabulary.source})")
 
 
 def _fitted(counts: np.ndarray, size: int, source: Path) -> np.ndarray:
@@ -306,7 +326,7 @@ def draft_vocab(source: Path | str, out: Path | str, *, size: int = 32000, token
     the config.json beside the tokenizer), a file the counts alone (.npy, .json or .pt). ``out`` is checked, as
     every output path, before anything is read; an input without any supervised token is refused."""
     source = Path(source)
-    opened = _open_input(source, tokenizer)
+    opened = _open_input(source, tokenizer, target_vocab_size)
     directory = names_directory(out)
     path = check_output_path(out, what="--out", inputs=opened.paths, directory=directory)
     if not directory:
@@ -314,18 +334,21 @@ def draft_vocab(source: Path | str, out: Path | str, *, size: int = 32000, token
     elif path.is_dir():  # files in a directory yet to be made cannot be anything the run reads
         for name in speculators_file_names(size):
             check_output_path(path / name, what="--out", inputs=opened.paths)
-    target_size = _target_size(target_vocab_size, opened, size) if directory else None
+    ranked = _verifier_vocabulary(target_vocab_size, opened) if directory else opened.vocabulary
+    if ranked is not None:  # an export's counts of no known vocabulary: no size to hold the draft to
+        _check_draft_size(size, ranked)
     if directory or path.suffix == ".pt":
         _torch()  # a missing torch is found before the counting, not after it
     frequencies = opened.count()
     if not frequencies.total.any():
         raise CorpusError(f"no supervised tokens to count: nothing was written to {out}", file=str(source))
-    report = vocab_report(frequencies, size)
-    if target_size is None:
+    report = {**vocab_report(frequencies, size), "target_vocab_size": ranked.size if ranked is not None else None}
+    if not directory:
         write_frequencies(frequencies.total, path)
         return VocabReport(path, report, (path,))
-    written = write_speculators_files(_fitted(frequencies.total, target_size, source), path, size)
-    return VocabReport(path, {**report, "target_vocab_size": target_size}, tuple(written))
+    assert ranked is not None
+    written = write_speculators_files(_fitted(frequencies.total, ranked.size, source), path, size)
+    return VocabReport(path, report, tuple(written))
 
 
 def _share(value: float | None) -> str:
@@ -333,11 +356,12 @@ def _share(value: float | None) -> str:
 
 
 def format_vocab_report(report: dict[str, Any]) -> str:
-    size = report["draft_vocab_size"]
+    size, vocabulary = report["draft_vocab_size"], report["target_vocab_size"]
     parts = ("" if report["reasoning_tokens"] is None  # a tokens export does not tell reasoning from answer
              else f", {_share(report['reasoning_coverage'])} of reasoning tokens, "
                   f"{_share(report['answer_coverage'])} of answer tokens")
-    lines = [f"top {size:,} of {report['target_vocab_size']:,} tokens covers {_share(report['coverage'])} of "
+    of = f"of {vocabulary:,} tokens" if vocabulary is not None else "tokens (of a vocabulary --tokenizer would name)"
+    lines = [f"top {size:,} {of} covers {_share(report['coverage'])} of "
              f"{report['supervised_tokens']:,} supervised tokens{parts} "
              f"({report['distinct_tokens']:,} distinct tokens supervised)"]
     sources = report["by_source"]

@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorpusError
 from ..hub import HubSession, RetryPolicy, resolve_endpoint, resolve_token
-from ..layout import AUDIT, MANIFEST, RECIPE, writing_build
+from ..layout import AUDIT, MANIFEST, RECIPE, no_build_writing
 from ..recipe.model import ExportSpec
 from ..secrets import scan_text
 from .card import render_card, scrub_local_paths, scrub_value
@@ -111,26 +110,23 @@ def _check_card(docs: CorpusDocuments, files: list[UploadFile]) -> None:
         raise GateFailed(docs.root, [f"secrets: {finding}" for finding in findings])
 
 
-def _build_writing(corpus_dir: Path) -> CorpusError | None:
-    """The error to give while a build writes ``corpus_dir``, or None when none does."""
-    pid = writing_build(corpus_dir)
-    if pid is None:
-        return None
-    return CorpusError(f"a build is writing {corpus_dir} now (pid {pid}); wait for it to finish, then publish again")
+def check_repo_id(repo_id: str) -> None:
+    """Refuse a repository id the Hub would refuse at the first call (or that names no dataset of a user or an
+    organisation), before anything is read: the Hub's rules as huggingface_hub's ``validate_repo_id`` holds them
+    (ASCII letters, digits, '-', '_' and '.', at most 96 characters for the organisation and for the name, neither
+    starting nor ending with '-' or '.', no '--' or '..', no '.git' ending)."""
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise CorpusError(f"--repo must be ORG/NAME (a dataset repository of a user or an organisation), got "
+                          f"{repo_id!r}")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils._validators import validate_repo_id  # huggingface_hub.utils re-exports it untyped
 
-
-@contextmanager
-def _no_build_writing(corpus_dir: Path) -> Iterator[None]:
-    """A build rewriting the directory makes the corpus look broken (files missing, counts off): that build is
-    named instead, before anything is read, and when publishing fails (the build may have started meanwhile)."""
-    if (building := _build_writing(corpus_dir)) is not None:
-        raise building
     try:
-        yield
-    except CorpusError as error:
-        if (building := _build_writing(corpus_dir)) is not None:
-            raise building from error
-        raise
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise CorpusError(f"--repo {repo_id!r} is not a dataset repository id the Hub takes: ORG/NAME, each of ASCII "
+                          "letters, digits, '-', '_' and '.', at most 96 characters, neither starting nor ending with "
+                          "'-' or '.', with no '--' or '..', the name not ending in '.git'") from None
 
 
 def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revision: str = "main",
@@ -145,7 +141,10 @@ def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False
     scrubbed) and while a build writes the directory. Safe to re-run: files already on the remote with the
     same bytes are not sent again, and an unchanged corpus makes no commit.
     """
-    with _no_build_writing(Path(corpus_dir)), tempfile.TemporaryDirectory(prefix="corpus-publish-") as scratch:
+    check_repo_id(repo_id)
+    # A build rewriting the directory makes the corpus look broken (files missing, counts off): that build is named
+    # instead, before anything is read, and when publishing fails (the build may have started meanwhile).
+    with no_build_writing(Path(corpus_dir)), tempfile.TemporaryDirectory(prefix="corpus-publish-") as scratch:
         return _gate_and_upload(Path(corpus_dir), repo_id, public=public, revision=revision, endpoint=endpoint,
                                 token=token, dry_run=dry_run, retry=retry, exports=exports, tokenizer=tokenizer,
                                 scratch=Path(scratch))
@@ -154,8 +153,6 @@ def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False
 def _gate_and_upload(corpus_dir: Path, repo_id: str, *, public: bool, revision: str, endpoint: str | None,
                      token: str | None, dry_run: bool, retry: RetryPolicy | None,
                      exports: Sequence[ExportSpec] | None, tokenizer: Path | None, scratch: Path) -> PublishReport:
-    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-        raise CorpusError(f"repository id must be ORG/NAME, got {repo_id!r}")
     gate = require_gate(corpus_dir)
     docs = gate.documents
     specs = tuple(exports) if exports is not None else recipe_exports(docs)

@@ -2,7 +2,7 @@
 
 ``yaml_reader`` reads safe YAML with positions, ``schema`` validates against schemas/recipe.schema.json
 and words the errors, ``crosscheck`` holds the rules the schema cannot express, ``load`` puts them
-together, ``model`` is the typed view and ``reference`` renders the README's recipe reference.
+together, ``model`` is the typed view and ``reference`` renders the recipe reference page.
 """
 
 from .crosscheck import match_source_pattern

@@ -1,25 +1,13 @@
-"""The recipe reference, generated from schemas/recipe.schema.json so that no copy drifts from it: the README's
-section between its markers, and the documentation site's page (``render_page``, written with the other references
-by ``python -m corpus_builder.reference``).
-
-    python -m corpus_builder.recipe.reference                   # print the reference
-    python -m corpus_builder.recipe.reference --write README.md # rewrite it between the markers
-    python -m corpus_builder.recipe.reference --check README.md # exit 1 when README.md is stale
-"""
+"""The recipe reference, generated from schemas/recipe.schema.json so that no copy drifts from it: the documentation
+site's page (``render_page``, written with the other references by ``python -m corpus_builder.reference``)."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from .schema import deref, recipe_schema
-
-START_MARKER = "<!-- recipe-reference:start -->"
-END_MARKER = "<!-- recipe-reference:end -->"
+from .schema import deref
 
 _HEADER = "| Key | Type | Default | Allowed values | Description |\n|---|---|---|---|---|\n"
 
@@ -63,27 +51,6 @@ def render_page(schema: dict[str, Any]) -> str:
 def _demote(markdown: str) -> str:
     """The reference's ``###`` sections as a page's ``##``."""
     return "\n".join(line[1:] if line.startswith("### ") else line for line in markdown.split("\n"))
-
-
-def reference_block(reference: str) -> str:
-    """What README.md holds between the markers (blank lines keep the table apart from the markers)."""
-    return f"\n\n{reference}\n"
-
-
-def extract_reference_block(document: str) -> str | None:
-    """The text between the markers, or None when a marker is missing."""
-    start, end = document.find(START_MARKER), document.find(END_MARKER)
-    if start < 0 or end < start:
-        return None
-    return document[start + len(START_MARKER):end]
-
-
-def replace_reference(document: str, reference: str) -> str:
-    """document with the text between the markers replaced by the reference."""
-    start, end = document.find(START_MARKER), document.find(END_MARKER)
-    if start < 0 or end < start:
-        raise ValueError(f"the document needs the markers {START_MARKER} and {END_MARKER}, in that order")
-    return document[: start + len(START_MARKER)] + reference_block(reference) + document[end:]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -171,37 +138,3 @@ def _allowed_text(schema: dict[str, Any]) -> str:
     if isinstance(extra, dict) and "type" in extra:
         parts.append(f"values: {extra['type']}")
     return "; ".join(parts)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m corpus_builder.recipe.reference",
-                                     description="Generate the README's recipe reference from the schema.")
-    action = parser.add_mutually_exclusive_group()
-    action.add_argument("--write", type=Path, metavar="README",
-                        help="rewrite the reference between the markers")
-    action.add_argument("--check", type=Path, metavar="README", help="exit 1 when the reference is stale")
-    args = parser.parse_args(argv)
-    reference = render_reference(recipe_schema())
-    target = args.write or args.check
-    if target is None:
-        sys.stdout.write(reference)
-        return 0
-    document = target.read_text(encoding="utf-8")
-    try:
-        updated = replace_reference(document, reference)
-    except ValueError as error:
-        print(f"{target}: {error}", file=sys.stderr)
-        return 2
-    if args.check:
-        if updated != document:
-            print(f"{target}: the recipe reference is stale: run python -m corpus_builder.recipe.reference "
-                  f"--write {target}", file=sys.stderr)
-            return 1
-        return 0
-    if updated != document:
-        target.write_text(updated, encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,19 +2,19 @@
 
 A chat is logged once per request and every request repeats the whole history, so a 6-turn chat is 3 logged
 rows: read as they are, they are 3 overlapping conversations that count its first turns three times. A row whose
-turns (its request's messages and the answer) are a prefix of a later row's turns, of the same conversation,
-is folded into that row: it is dropped (``folded_prefix``, in the ledger with the row it was folded into) and the
-later row keeps what only the earlier one held: the reasoning of an answer, which clients rarely send back in the
-history, and a cut answer's flag. The same conversation is the same session where the log records one, else any
-row with the prefix.
+turns (its request's messages and the answer) are a prefix of a later row's turns, of the same conversation (or
+all of them: a line logged twice), is folded into that row: it is dropped (``folded_prefix``, in the ledger with
+the row it was folded into) and the later row keeps what only the earlier one held: the reasoning of an answer,
+which clients rarely send back in the history, and a cut answer's flag. The same conversation is the same session
+where the log records one, else any row with the prefix.
 
 The fold works on the logged exchanges as read (``logs.LoggedExchange``), before they are normalised: a request
 folded into a later one is never normalised, so a chat costs one normalisation however many requests logged it.
-Turns are matched on role, text (stripped, an answer's think block left out) and tool calls (name and arguments):
-the reasoning and the call ids a client sends back are not trusted to be the served ones. Memory is bounded by
-the number of open conversations (``max_open``), not by the file: past it the conversation extended longest ago is
-let out as it stands (a later request of it is then its own conversation). Rows come out when they close, so a
-log's conversations come out in the order their chats ended.
+Turns are matched on role, text (stripped, an answer's think block left out) and tool calls (name and arguments, as
+JSON whether an object or its text): the reasoning and the call ids a client sends back are not trusted to be the
+served ones. Memory is bounded by the number of open conversations (``max_open``), not by the file: past it the
+conversation extended longest ago is let out as it stands (a later request of it is then its own conversation). Rows
+come out when they close, so a log's conversations come out in the order their chats ended.
 """
 
 from __future__ import annotations
@@ -67,15 +67,24 @@ class Held(Generic[Tag]):
     requests: int = 1
 
 
-def _turn_text(turn: Any) -> Any:
-    if type(turn) is not dict:
-        return repr(turn)
-    content = turn.get("content")
+def _turn_text(answer: dict[str, Any]) -> str:
+    """An answer's text as the fold compares it: stripped, its think block left out (null: none; other content as
+    its JSON text, which a client may send back instead)."""
+    content = answer.get("content")
     if type(content) is str:
-        if THINK_CLOSE in content and turn.get("role") == "assistant":
-            content = content.rsplit(THINK_CLOSE, 1)[1]
-        return content.strip()
-    return "" if content is None else orjson.dumps(content, option=orjson.OPT_SORT_KEYS)  # null: no text
+        return content.rpartition(THINK_CLOSE)[2].strip()
+    return "" if content is None else orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _arguments(arguments: Any) -> Any:
+    """A call's arguments as the fold compares them: as JSON with its keys sorted, whether an object or its text (a
+    client may write the text it sends back again, in its own spacing and key order); other text as it is."""
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
 
 
 def _calls(turn: dict[str, Any]) -> tuple[Any, ...]:
@@ -86,24 +95,19 @@ def _calls(turn: dict[str, Any]) -> tuple[Any, ...]:
     for call in calls:
         function = call.get("function", call) if isinstance(call, dict) else call
         if isinstance(function, dict):
-            arguments = function.get("arguments")
-            found.append((function.get("name"), arguments if isinstance(arguments, str) or arguments is None
-                          else orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)))
+            found.append((function.get("name"), _arguments(function.get("arguments"))))
         else:
             found.append(repr(function))
     return tuple(found)
 
 
-def _answer_sign(turn: Any) -> tuple[Any, ...]:
+def _answer_sign(answer: dict[str, Any]) -> tuple[Any, ...]:
     """An answer as the fold compares it: its text and calls, whether served (with reasoning, nulls) or sent back in a
     later request's history (without them)."""
-    if type(turn) is not dict:
-        return (repr(turn),)
-    calls = _calls(turn) if turn.get("tool_calls") or turn.get("function_call") else ()
-    return _turn_text(turn), calls
+    return _turn_text(answer), _calls(answer)
 
 
-def _key(session: str | None, history: tuple[bytes, ...], answer: Any) -> int:
+def _key(session: str | None, history: tuple[bytes, ...], answer: dict[str, Any]) -> int:
     """The key of a conversation of ``session`` that ends with ``answer`` after ``history``: the history's turns as
     the client sent them (each serialised in C: a client sends its history back as it sent it before) and the
     answer as the fold compares it. Equal within one process (Python's hashes: a request is only matched with those
@@ -181,9 +185,11 @@ class PrefixFold(Generic[Tag]):
                     earlier = self._pop(candidate)
                     if earlier is not None:
                         self._fold(earlier, held, finished)
-        same = self._pop(full)  # the same request logged twice: both stay (dedup's to judge)
+        same = self._pop(full)  # the same request logged again (a line written twice): one request of its chat
         if same is not None:
-            finished.append((same, False))
+            held.carried += same.carried  # its answer is this one's: only what was folded into it is carried
+            held.requests += same.requests
+            finished.append((same, True))
         self._open[full] = held
         self._heads[head] = self._heads.get(head, 0) + 1
         if len(self._open) > self.max_open:
@@ -233,13 +239,13 @@ def carry(messages: list[Message], flags: list[str], held: Held[Any]) -> None:
     for earlier in held.carried:
         if earlier.cut and FLAG_TRUNCATED not in flags:
             flags.append(FLAG_TRUNCATED)
-        ordinal = bisect_right(positions, earlier.position)  # the chat's nth answer
-        target = answers[ordinal - 1] if 0 < ordinal <= len(answers) else None
-        if target is None or target.reasoning:
+        ordinal = bisect_right(positions, earlier.position)  # the chat's nth answer (its position is one of them)
+        found = answers[ordinal - 1:ordinal]  # none when the kept turns hold fewer answers (a prompt holds none)
+        if not found or found[0].reasoning:
             continue
         reasoning = _reasoning(earlier.answer)
-        if reasoning and target.content.strip() == _turn_text(earlier.answer):
-            target.reasoning = reasoning
+        if reasoning and found[0].content.strip() == _turn_text(earlier.answer):
+            found[0].reasoning = reasoning
 
 
 def _reasoning(answer: dict[str, Any]) -> str | None:

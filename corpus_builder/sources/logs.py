@@ -65,8 +65,7 @@ class LoggedExchange:
 
     def turns(self) -> list[Any]:
         """The request's messages then the answer, OpenAI's content parts joined (``_text_parts``)."""
-        return [*(_text_parts(turn) if type(turn) is dict and type(turn.get("content")) is list else turn
-                  for turn in self.messages), self.answer]
+        return [*map(_text_parts, self.messages), self.answer]
 
     def model(self) -> str | None:
         """The model the request was sent to (else the one the response names)."""
@@ -130,7 +129,7 @@ def read_exchange(row: dict[str, Any]) -> LoggedExchange:
     if not isinstance(messages, list) or not messages:
         raise BadRow("bad_messages", "the logged request has no list of messages")
     if tools is None:
-        tools = request.get("tools", row.get("tools") if request is not row else None)
+        tools = request.get("tools", row.get("tools"))  # the request's, else the record's (one dict when flat)
     answer, finish_reason, completion = _answer(row)
     return LoggedExchange(row, request, messages, answer, tools, finish_reason, completion, _session(row, request))
 
@@ -146,7 +145,7 @@ def _decoded(value: Any) -> Any:
 
 
 def _request_body(value: Any) -> dict[str, Any] | None:
-    body = value if type(value) is dict else _decoded(value)
+    body = _decoded(value)
     if not isinstance(body, dict):
         return None
     messages = body.get("messages")
@@ -163,8 +162,8 @@ def _answer(row: dict[str, Any]) -> tuple[dict[str, Any], str | None, dict[str, 
             response = _decoded(value)
             break
     completion = None
-    finish_reason = row["finish_reason"] if "finish_reason" in row else (
-        _metadata(row).get("finish_reason") if "metadata" in row else None)  # Langfuse: a streamed call's
+    # the record's finish reason (Langfuse keeps a streamed call's in its metadata), unless the choice has one
+    finish_reason = row["finish_reason"] if "finish_reason" in row else _metadata(row).get("finish_reason")
     if type(response) is dict and "status_code" in response and isinstance(response.get("body"), dict):
         response = response["body"]  # a batch-style wrapper: {status_code, body: chat.completion}
     if type(response) is dict and "choices" in response:
@@ -177,8 +176,8 @@ def _answer(row: dict[str, Any]) -> tuple[dict[str, Any], str | None, dict[str, 
         if isinstance(response, dict) and ("message" in response or "finish_reason" in response):
             finish_reason = response.get("finish_reason", finish_reason)
             response = response["message"] if "message" in response else response.get("delta")
-    if isinstance(response, str):  # a streamed call's answer as Langfuse keeps it: the text alone
-        response = {"role": "assistant", "content": response}
+    if isinstance(response, str):  # a streamed call's answer as Langfuse keeps it: the text alone (its role below)
+        response = {"content": response}
     if not isinstance(response, dict) or _ANSWER_KEYS.isdisjoint(response):
         error = row.get("error", row.get("error_str"))
         detail = ("the response holds no answer message" if error is None
@@ -250,20 +249,30 @@ def _first_text(holder: dict[str, Any], names: tuple[str, ...]) -> str | None:
     return None
 
 
+def _session_id(holder: dict[str, Any], names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` that holds an id: a non-empty string, or an integer (logs that number their sessions;
+    0 is one), as its text."""
+    for name in names:
+        value = holder.get(name)
+        if type(value) is int:  # not a bool: ``type`` is exact
+            return str(value)
+        if value and type(value) is str:
+            return value
+    return None
+
+
 def _session(row: dict[str, Any], request: dict[str, Any]) -> str | None:
     """The conversation id the log records: a session field on the record, in its metadata or in the request's,
     or Helicone's session header."""
     if _SESSION_HOLDERS.isdisjoint(row) and _SESSION_HOLDERS.isdisjoint(request):
         return None  # the log records none (most logs): nothing to look through
     for holder in (row, request):
-        found = _first_text(holder, SESSION_FIELDS)
+        found = _session_id(holder, SESSION_FIELDS)
         if found is not None:
             return found
         if "metadata" in holder:
-            found = _first_text(_metadata(holder), SESSION_FIELDS)
+            found = _session_id(_metadata(holder), SESSION_FIELDS)
             if found is not None:
                 return found
     properties = row.get("request_properties")
-    if isinstance(properties, dict) and isinstance(properties.get(HELICONE_SESSION), str):
-        return str(properties[HELICONE_SESSION])
-    return None
+    return _session_id(properties, (HELICONE_SESSION,)) if isinstance(properties, dict) else None

@@ -12,6 +12,7 @@ so it is parsed whole.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import chain, pairwise
 from pathlib import Path
@@ -44,12 +45,46 @@ _DETAIL_CHARS = 200
 MIN_RANGE_BYTES = 8 << 20
 # Editors on Windows start UTF-8 files with a byte order mark; JSON parsers refuse it.
 UTF8_BOM = b"\xef\xbb\xbf"
+# What a file named as JSON may be instead, by its first bytes (none of which starts a UTF-8 JSON line): read as
+# lines, every row of it would be skipped and a run would succeed with none. (magic, what it is, what to do).
+_NOT_TEXT = (
+    (b"\x1f\x8b", "gzip-compressed", "decompress it (gunzip), or recompress JSON lines as .jsonl.zst"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it (zstd -d), or name it .jsonl.zst if it holds JSON lines"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it (xz -d)"),
+    (b"PK\x03\x04", "a zip archive", "extract it"),
+    (b"PAR1", "a parquet file", "name it .parquet"),
+)
+_BZIP2 = re.compile(rb"BZh[1-9]1AY&SY")  # its magic, the block size, then the first block's magic
+# UTF-16 and UTF-32 (with a byte order mark or without): JSON whose first character reads as "{" or "[" in them.
+_WIDE_TEXT = (("UTF-32", "utf-32-le", 4), ("UTF-32", "utf-32-be", 4), ("UTF-16", "utf-16-le", 2),
+              ("UTF-16", "utf-16-be", 2))
+_HEAD_BYTES = 64  # what the checks look at
 
 # Keeps or drops a row by its position before it is decoded (used by take.fraction).
 PositionFilter = Callable[[int], bool]
 # A format reader yields the kept (position, row) pairs and returns whether the file had any row at all,
 # kept or not, so that an empty file is told apart from a file whose rows were all filtered out.
 RowReader = Generator[tuple[int, Any], None, bool]
+
+
+def check_text_start(head: bytes, label: str) -> None:
+    """Refuse a file named as JSON whose first bytes (``head``) show it is something else: compressed under a plain
+    name, a zip archive or a parquet file, or JSON in UTF-16 or UTF-32. A line of other bytes is a bad row, no more.
+    """
+    for magic, what, remedy in _NOT_TEXT:
+        if head.startswith(magic):
+            raise CorpusError(f"not UTF-8 JSON: the file is {what} (it starts with bytes {magic.hex(' ')}); {remedy}",
+                              file=label)
+    if _BZIP2.match(head):
+        raise CorpusError("not UTF-8 JSON: the file is bzip2-compressed (it starts with BZh); decompress it (bunzip2)",
+                          file=label)
+    if b"\0" in head:  # UTF-8 JSON holds no NUL byte; every wide encoding of "{" does
+        head = head[:_HEAD_BYTES]
+        for name, encoding, width in _WIDE_TEXT:
+            text = head[:len(head) - len(head) % width].decode(encoding, errors="replace")
+            if text.lstrip("\ufeff \t\r\n")[:1] in ("{", "["):
+                raise CorpusError(f"not UTF-8 JSON: the file is {name} text ({encoding.upper()}); the readers take "
+                                  f"UTF-8: convert it (iconv -f {encoding.upper()} -t UTF-8)", file=label)
 
 
 def detect_format(path: Path, fmt: str = "auto") -> str:
@@ -85,9 +120,11 @@ def iter_rows(path: Path, fmt: str, label: str,
     if fmt == "jsonl":
         # The file object hands its lines straight to the decoder: the hot path has no layer between.
         with path.open("rb", buffering=_READ_BUFFER) as handle:
+            check_text_start(handle.read(_HEAD_BYTES), label)
+            handle.seek(0)  # within the buffer the read filled: nothing is read again
             seen = yield from _decode_lines(handle, keep)
     elif fmt == "jsonl.zst":
-        seen = yield from _decode_lines(_zstd_lines(path, label), keep)
+        seen = yield from _decode_lines(_checked_start(_zstd_lines(path, label), label), keep)
     elif fmt == "json":
         seen = yield from _json_rows(path, label, keep)
     else:
@@ -102,13 +139,15 @@ def first_objects(path: Path, fmt: str, label: str) -> Iterator[dict[str, Any]]:
     return (row for _, row in iter_rows(path, fmt, label) if isinstance(row, dict))
 
 
-def line_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
+def line_ranges(path: Path, parts: int, label: str) -> list[tuple[int, int]]:
     """Split a plain .jsonl file into up to ``parts`` byte ranges that start and end on line boundaries,
-    each at least MIN_RANGE_BYTES long, so several processes can parse one large file."""
+    each at least MIN_RANGE_BYTES long, so several processes can parse one large file; one that is not UTF-8 text
+    is refused here (``check_text_start``), before the processes read it."""
     size = path.stat().st_size
     parts = max(1, min(parts, size // MIN_RANGE_BYTES))
     bounds = [0]
     with path.open("rb") as handle:
+        check_text_start(handle.read(_HEAD_BYTES), label)
         for index in range(1, parts):
             handle.seek(max(size * index // parts, bounds[-1]))
             handle.readline()  # move to the start of the next line
@@ -203,9 +242,18 @@ def zstd_chunks(path: Path, label: str) -> Iterator[bytes]:
                           file=label)
 
 
+def _checked_start(lines: Iterable[bytes], label: str) -> Iterator[bytes]:
+    """The lines of a file once its first shows it is UTF-8 text (``check_text_start``); ``chain`` hands the rest
+    on in C, so the per-line path gains no layer."""
+    remaining = iter(lines)
+    first = next(remaining, None)
+    if first is None:
+        return remaining
+    check_text_start(first, label)
+    return chain((first,), remaining)
+
+
 def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_line: int = 1) -> RowReader:
-    if first_line == 1:
-        lines = _without_bom(lines)
     loads = orjson.loads
     any_row = False
     for number, line in enumerate(lines, first_line):
@@ -216,9 +264,9 @@ def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_lin
         try:
             row = loads(line)
         except orjson.JSONDecodeError as error:
-            if not line.strip():
+            row = _refused_line(line, error)
+            if row is _BLANK:
                 continue  # blank lines separate nothing and are not rows
-            row = _undecodable(line, error)
         any_row = True
         yield number, row
     return any_row
@@ -226,17 +274,27 @@ def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_lin
 
 def decode_lines(lines: Iterable[bytes]) -> Iterator[Any]:
     """The rows of ``lines`` as ``iter_rows`` decodes a line format's (a value, or a ``BadRow``; a blank line is
-    no row), for a reader that cuts the lines itself. No byte order mark is removed: a file's first line is the
-    caller's."""
-    return (row for _, row in _decode_lines(lines, None, first_line=2))  # not line 1: no mark is removed
+    no row), for a reader that cuts the lines itself."""
+    return (row for _, row in _decode_lines(lines, None))
 
 
-def _without_bom(lines: Iterable[bytes]) -> Iterator[bytes]:
-    """The lines of a file with the byte order mark its first line may start with removed; the rest are
-    handed on by ``chain`` (in C), so the per-line path gains no layer."""
-    remaining = iter(lines)
-    first = next(remaining, None)
-    return remaining if first is None else chain((first.removeprefix(UTF8_BOM),), remaining)
+# A refused line that holds no row (blank, or a byte order mark alone).
+_BLANK = object()
+
+
+def _refused_line(line: bytes, error: orjson.JSONDecodeError) -> Any:
+    """What a line the decoder refused holds: the row behind a byte order mark (a file's first line, or the first
+    line of each file of several concatenated into one: ``cat`` keeps their marks), nothing (``_BLANK``) when it is
+    blank, else a ``BadRow``. Only refused lines are looked at: the per-line path gains nothing."""
+    if line.startswith(UTF8_BOM):
+        line = line[len(UTF8_BOM):]
+        try:
+            return orjson.loads(line)
+        except orjson.JSONDecodeError as behind:
+            error = behind
+    if not line.strip():
+        return _BLANK
+    return _undecodable(line, error)
 
 
 def _undecodable(line: bytes, error: orjson.JSONDecodeError) -> BadRow:
@@ -250,9 +308,11 @@ def _undecodable(line: bytes, error: orjson.JSONDecodeError) -> BadRow:
 
 
 def _json_document_rows(path: Path, label: str) -> list[Any]:
+    content = path.read_bytes()
     try:
-        document = orjson.loads(path.read_bytes().removeprefix(UTF8_BOM))
+        document = orjson.loads(content.removeprefix(UTF8_BOM))
     except orjson.JSONDecodeError as error:
+        check_text_start(content[:_HEAD_BYTES], label)  # what the file is instead, when its start says
         raise CorpusError(f"not valid JSON: {error.msg}", file=label, line=error.lineno) from None
     if isinstance(document, list):
         return document

@@ -126,7 +126,7 @@ def source_parts(spec: SourceSpec, base_dir: Path, parts: int) -> list[Callable[
     for path in paths:
         label = _label(path, base_dir)
         unit = _file_unit(path, spec.format, label)
-        ranges = line_ranges(path, parts) if detect_format(path, spec.format) == "jsonl" else []
+        ranges = line_ranges(path, parts, label) if detect_format(path, spec.format) == "jsonl" else []
         if len(ranges) <= 1:
             thunks.append(partial(_select, spec, [unit]))
             continue

@@ -17,7 +17,7 @@ What each side calls what, compared like with like:
   all messages, and its assistant turns are its token rows (one ``TurnRow`` per assistant turn).
 * tool calls: the build's ``tool_call_conversations`` (a turn with calls) is the audit's ``tool_calls`` fact,
   which also counts the ``<tool_call>`` blocks an assistant turn's text holds (traffic logged without a
-  tool-call parser, as the README says); the build does not parse those, so they are added to its side here.
+  tool-call parser, as docs/guides/audit.md says); the build does not parse those, so they are added to its side here.
 * lengths: the audit measures no characters (the build's ``characters``, ``assistant_characters`` and
   ``reasoning_characters`` have no counterpart); both measure target tokens: the build's per conversation length
   (``ConversationTokens.tokens``: ``tokens``, ``p50``..``max``) is the audit's ``conversation_tokens``, and per

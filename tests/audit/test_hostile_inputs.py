@@ -460,3 +460,23 @@ def test_the_skipped_share_limit_is_a_share() -> None:
     for bad in (float("nan"), -0.1, 1.5):
         with pytest.raises(CorpusError, match="max_skipped_share must be a share from 0 to 1"):
             AuditOptions(max_skipped_share=bad)
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "jsonl.zst"])
+def test_traffic_that_is_not_utf8_text_is_named_as_the_readers_name_it(corpus: Path, tmp_path: Path,
+                                                                       suffix: str) -> None:
+    """A gzip download named .jsonl, a UTF-16 export: the traffic audit refuses it as `corpus audit FILE` does (it
+    used to count every line unreadable), with the same message."""
+    import gzip
+
+    import zstandard
+
+    text = b"".join(orjson.dumps(row) + b"\n" for row in known_traffic()[:20])
+    for content in (gzip.compress(text), text.decode().encode("utf-16")):
+        path = tmp_path / f"traffic.{suffix}"
+        path.write_bytes(zstandard.ZstdCompressor().compress(content) if suffix == "jsonl.zst" else content)
+        with pytest.raises(CorpusError) as plain:
+            list(iter_file(path))
+        completed = corpus_cli("audit", corpus, "--against", path)
+        assert completed.returncode == 2 and completed.stderr == f"error: {plain.value}\n", completed.stderr
+        assert "not UTF-8 JSON" in completed.stderr

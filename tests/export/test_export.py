@@ -287,7 +287,7 @@ def test_token_rows_on_another_tokenizer_than_the_served_ids_are_refused(generat
     assert other_size < served_size
     out = tmp_path / "out"
     for command in (["export", "--format", "speculators-tokens", "--out", str(out)],
-                    ["vocab", "--out", str(tmp_path / "token_freq.npy")]):
+                    ["vocab", "--size", "50", "--out", str(tmp_path / "token_freq.npy")]):
         refused = corpus_cli(command[0], str(generated_corpus.root), *command[1:], "--tokenizer", str(other))
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
         assert "served token id" in refused.stderr and f"{other_size:,} entries of the tokenizer {other}" in \
@@ -307,7 +307,18 @@ def test_an_empty_corpus_is_neither_exported_nor_counted(tmp_path: Path, tiny_mo
     out, frequencies = tmp_path / "exported", tmp_path / "token_freq.npy"
     for command, problem in ((["export", "--format", "messages", "--out", str(out)],
                               "the corpus holds no conversations"),
-                             (["vocab", "--out", str(frequencies)], "no supervised tokens to count")):
+                             (["vocab", "--size", "50", "--out", str(frequencies)], "no supervised tokens to count")):
         refused = corpus_cli(command[0], str(empty.out_dir), *command[1:])
         assert refused.returncode == 2 and f"{empty.out_dir}: {problem}" in refused.stderr, refused.stderr
     assert not out.exists() and not frequencies.exists()
+
+
+@pytest.mark.parametrize("tokenizer", ["Org/Model-1B", "missing-dir"])
+def test_export_names_a_tokenizer_that_is_no_directory(corpus: Corpus, tmp_path: Path, tokenizer: str) -> None:
+    """The check `corpus vocab` makes: a Hub id or a mistyped path read as "no chat template"."""
+    completed = corpus_cli("export", str(corpus.root), "--format", "speculators-tokens", "--out", str(tmp_path / "out"),
+                           "--tokenizer", tokenizer)
+    assert completed.returncode == 2
+    assert completed.stderr.startswith(f"error: {tokenizer}: --tokenizer: no such directory"), completed.stderr
+    assert ("reads like a Hub model id" in completed.stderr) is (tokenizer == "Org/Model-1B")
+    assert not (tmp_path / "out").exists()

@@ -7,8 +7,8 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,11 @@ from corpus_builder.publish.card import card_license, parse_front_matter
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.hub_server import SIZE_CATEGORIES, HubServer, validate_card_metadata
 from tests.publish.conftest import FAST, TOKEN, edit_json, rewrite_shard
+from tests.support.build_writing import build_writing
 
 
-def _publish(corpus: Path, hub: HubServer, **kwargs: Any) -> Any:
-    return publish_corpus(corpus, "org/tiny", endpoint=hub.url, token=TOKEN, retry=FAST, **kwargs)
+def _publish(corpus: Path, hub: HubServer, repo: str = "org/tiny", **kwargs: Any) -> Any:
+    return publish_corpus(corpus, repo, endpoint=hub.url, token=TOKEN, retry=FAST, **kwargs)
 
 
 def _commits(hub: HubServer) -> list[Any]:
@@ -454,29 +455,6 @@ def test_fetching_a_tokenizer_from_another_endpoint_downloads_with_telemetry_off
     assert seen["endpoint"] == "http://127.0.0.1:9" and seen["telemetry_off"] is True
 
 
-# A second process holding the build's lock on a directory, as `corpus build` does while it writes there.
-HOLD_BUILD_LOCK = """
-import sys
-from pathlib import Path
-from corpus_builder.layout import build_lock
-with build_lock(Path(sys.argv[1])):
-    print("holding", flush=True)
-    sys.stdin.read()
-"""
-
-
-@contextmanager
-def build_writing(directory: Path) -> Iterator[subprocess.Popen[str]]:
-    """A real second process holding the build's lock on ``directory`` until the block ends."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_BUILD_LOCK, str(directory)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "holding\n", holder.communicate()[0]
-        yield holder
-    finally:
-        holder.communicate(timeout=30)  # closes its stdin: the holder lets go and exits
-
-
 def test_publish_refuses_while_a_build_writes_the_directory_and_says_so(corpus: Path, hub: HubServer,
                                                                          tmp_path: Path) -> None:
     manifest = (corpus / "manifest.json").read_bytes()
@@ -536,3 +514,38 @@ def test_a_corpus_with_an_eval_pack_passes_the_gate_and_a_pack_path_outside_eval
     edit_json(corpus, "manifest.json", move)
     failures = check_corpus(corpus).failures
     assert any(f"{moved!r}: manifest path is not eval/<name>.parquet" in line for line in failures), failures
+
+
+HUB_RULES = ("is not a dataset repository id the Hub takes: ORG/NAME, each of ASCII letters, digits, '-', '_' and "
+             "'.', at most 96 characters, neither starting nor ending with '-' or '.', with no '--' or '..', the "
+             "name not ending in '.git'")
+
+
+@pytest.mark.parametrize("repo", ["org/my dataset", "org/café", "org/" + "x" * 97, "o" * 97 + "/name", "org/a--b",
+                                  "org/a..b", "org/name.git", "org/-name", "org/name.", "org/名前", "org/na\tme"])
+def test_a_repository_id_the_hub_refuses_is_refused_before_anything(corpus: Path, hub: HubServer, tmp_path: Path,
+                                                                    repo: str) -> None:
+    """`--dry-run` accepted ids the Hub's create call refuses (spaces, non-ASCII, 200 characters): they are held to
+    the Hub's rules (huggingface_hub's validate_repo_id), before the gate reads a file, with or without --dry-run."""
+    for dry_run in (["--dry-run"], []):
+        completed = _corpus_cli("publish", str(corpus), "--repo", repo, "--endpoint", hub.url, *dry_run,
+                                home=tmp_path / "home")
+        assert completed.returncode == 2
+        assert completed.stderr == f"error: --repo {repo!r} {HUB_RULES}\n"
+    with pytest.raises(CorpusError) as caught:
+        publish_corpus(tmp_path / "no-corpus-here", repo, endpoint=hub.url, token=TOKEN, dry_run=True)
+    assert str(caught.value) == f"--repo {repo!r} {HUB_RULES}"  # the id first: no corpus was looked at
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize("repo", ["name", "a/b/c", "/name", "org/"])
+def test_a_repository_id_without_one_org_and_one_name_is_refused(corpus: Path, hub: HubServer, repo: str) -> None:
+    with pytest.raises(CorpusError) as caught:
+        _publish(corpus, hub, repo)
+    assert str(caught.value) == f"--repo must be ORG/NAME (a dataset repository of a user or an organisation), " \
+                                f"got {repo!r}"
+
+
+@pytest.mark.parametrize("repo", ["o/" + "n" * 96, "O" * 96 + "/Name_1.v2-x", "org/tiny.v1"])
+def test_the_longest_and_oddest_ids_the_hub_takes_are_taken(corpus: Path, hub: HubServer, repo: str) -> None:
+    assert _publish(corpus, hub, repo, dry_run=True).repo_id == repo

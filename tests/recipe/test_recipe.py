@@ -22,14 +22,7 @@ from corpus_builder.recipe import (
     resolved_yaml,
 )
 from corpus_builder.recipe.model import ExportSpec
-from corpus_builder.recipe.reference import (
-    END_MARKER,
-    START_MARKER,
-    extract_reference_block,
-    reference_block,
-    render_reference,
-    replace_reference,
-)
+from corpus_builder.recipe.reference import render_reference
 from corpus_builder.recipe.schema import recipe_schema
 
 REPO = Path(__file__).resolve().parents[2]
@@ -595,7 +588,7 @@ def test_problem_string_forms() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# The schema, its reference in the README, and import weight
+# The schema, its reference, and import weight
 
 
 def test_schema_is_valid_json_schema() -> None:
@@ -605,27 +598,13 @@ def test_schema_is_valid_json_schema() -> None:
     assert json.loads((REPO / "schemas" / "recipe.schema.json").read_text()) == recipe_schema()
 
 
-def test_readme_reference_is_generated_from_the_schema() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = extract_reference_block(readme)
-    assert block is not None, f"README.md needs the markers {START_MARKER} and {END_MARKER}"
-    assert block == reference_block(render_reference(recipe_schema())), (
-        "README.md's recipe reference is stale: run python -m corpus_builder.recipe.reference --write README.md")
-
-
-def test_reference_covers_every_key_and_replaces_only_between_markers() -> None:
+def test_reference_covers_every_key() -> None:
     reference = render_reference(recipe_schema())
     for row in ("`target.generation.on_length` | string | `drop` | `drop`, `keep`, `retry`",
                 "`sources[].take` | mapping |  | exactly one of `count`, `fraction`",
                 "`sources[].path` | string or list of strings",
                 "`target.launch.port` | integer | `0` | ≥ 0; ≤ 65535"):
         assert row in reference
-    document = f"# Title\n\n{START_MARKER}\nold text\n{END_MARKER}\n\nAfter.\n"
-    updated = replace_reference(document, reference)
-    assert updated.startswith("# Title\n\n") and updated.endswith(f"{END_MARKER}\n\nAfter.\n")
-    assert replace_reference(updated, reference) == updated
-    with pytest.raises(ValueError, match="markers"):
-        replace_reference("no markers", reference)
 
 
 def test_importing_the_recipe_module_stays_light() -> None:

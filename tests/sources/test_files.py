@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
 import os
 import subprocess
 import sys
@@ -11,11 +14,12 @@ import orjson
 import pytest
 import zstandard
 
-from corpus_builder.errors import Skipped
+from corpus_builder.errors import CorpusError, Skipped
 from corpus_builder.recipe import SourceSpec, check_recipe, match_source_pattern
 from corpus_builder.records import Conversation
 from corpus_builder.sources import iter_file, iter_source, resolve_paths
-from corpus_builder.sources.readers import iter_line_range
+from corpus_builder.sources.readers import MIN_RANGE_BYTES, iter_line_range
+from corpus_builder.sources.source import source_parts
 
 BOM = b"\xef\xbb\xbf"  # written out here, not taken from the reader under test
 ROWS = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
@@ -46,11 +50,22 @@ def test_the_byte_range_reader_strips_the_mark_of_the_first_range_only(tmp_path:
     assert [row["id"] for row in first + rest] == ["r0", "r1", "r2"]
 
 
-def test_a_byte_order_mark_inside_the_file_is_still_an_invalid_row(tmp_path: Path) -> None:
-    path = tmp_path / "joined.jsonl"
-    path.write_bytes(JSONL + BOM + JSONL)  # two files concatenated: the second mark is data
-    skipped = [item.reason for item in iter_file(path) if isinstance(item, Skipped)]
-    assert skipped == ["invalid_json"]
+@pytest.mark.parametrize("suffix", ["jsonl", "jsonl.zst"])
+def test_files_concatenated_with_their_marks_lose_no_row(tmp_path: Path, suffix: str) -> None:
+    """`cat a.jsonl b.jsonl` of two files an editor saved: the second file's mark starts a line inside the joined one
+    (a line holding only a mark is blank)."""
+    joined = BOM + JSONL + BOM + JSONL + BOM + b"\n" + BOM + JSONL.replace(b'"id":"r', b'"id":"s')
+    path = tmp_path / f"joined.{suffix}"
+    path.write_bytes(zstandard.ZstdCompressor().compress(joined) if suffix == "jsonl.zst" else joined)
+    items = list(iter_file(path))
+    assert _ids(items) == ["r0", "r1", "r2", "r0", "r1", "r2", "s0", "s1", "s2"]
+    assert [item.provenance["source_line"] for item in items if isinstance(item, Conversation)] == [
+        1, 2, 3, 4, 5, 6, 8, 9, 10]
+    first_range = len(JSONL) + len(BOM) + JSONL.index(b"\n") + 1 + len(BOM)  # the byte reader: a mark past line 1
+    if suffix == "jsonl":
+        ranged = [row for start, end in ((0, first_range), (first_range, len(joined)))
+                  for _, row in iter_line_range(path, start, end)]
+        assert [row["id"] for row in ranged] == ["r0", "r1", "r2", "r0", "r1", "r2", "s0", "s1", "s2"]
 
 
 @pytest.fixture
@@ -96,3 +111,49 @@ def test_the_readers_read_each_real_file_once_as_the_recipe_check_counts_it(loop
                       "output: {dir: out}\n")
     loaded, problems = check_recipe(recipe)
     assert problems == [] and loaded is not None
+
+
+# --- files that are not UTF-8 JSON under a JSON name ------------------------------------------------------------
+
+NOT_TEXT = {  # how each is made from the rows' bytes, and the words that say what it is
+    "gzip": (lambda data: gzip.compress(data), "gzip-compressed"),
+    "utf-16 with a mark": (lambda data: data.decode().encode("utf-16"), "UTF-16"),
+    "utf-16-le without a mark": (lambda data: data.decode().encode("utf-16-le"), "UTF-16"),
+    "utf-16-be without a mark": (lambda data: data.decode().encode("utf-16-be"), "UTF-16"),
+    "utf-32 with a mark": (lambda data: data.decode().encode("utf-32"), "UTF-32"),
+    "bzip2": (lambda data: bz2.compress(data), "bzip2-compressed"),
+    "xz": (lambda data: lzma.compress(data), "xz-compressed"),
+    "zstd": (lambda data: zstandard.ZstdCompressor().compress(data), "zstd-compressed"),
+}
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "jsonl.zst", "json"])
+@pytest.mark.parametrize("kind", sorted(NOT_TEXT))
+def test_a_file_that_is_not_utf8_text_is_a_located_error_not_a_file_of_skipped_rows(tmp_path: Path, kind: str,
+                                                                                    suffix: str) -> None:
+    """A gzip download named .jsonl, a UTF-16 export from a Windows tool: read as lines every row was skipped and the
+    run succeeded with no conversation. The file is named with what it is and what to do, exit 2."""
+    make, what = NOT_TEXT[kind]
+    if kind == "zstd" and suffix == "jsonl.zst":
+        pytest.skip("a .jsonl.zst file is zstd-compressed by its name")
+    content = make(orjson.dumps(ROWS) if suffix == "json" else JSONL)
+    path = tmp_path / f"log.{suffix}"
+    path.write_bytes(zstandard.ZstdCompressor().compress(content) if suffix == "jsonl.zst" else content)
+    with pytest.raises(CorpusError) as caught:
+        list(iter_file(path))
+    assert str(caught.value).startswith(f"log.{suffix}: ") and what in str(caught.value)
+    completed = subprocess.run([sys.executable, "-m", "corpus_builder", "audit", str(path)], capture_output=True,
+                               text=True)
+    assert completed.returncode == 2 and f"{path.name}: " in completed.stderr and what in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_a_large_gzip_file_named_jsonl_is_refused_before_it_is_split_across_processes(tmp_path: Path) -> None:
+    """A plain .jsonl over twice the split size is read as byte ranges in several processes: the first range's check
+    would come late, so the file is refused where it is split."""
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(gzip.compress(os.urandom(2 * MIN_RANGE_BYTES + (1 << 20)), compresslevel=1))  # incompressible
+    assert path.stat().st_size > 2 * MIN_RANGE_BYTES
+    source = SourceSpec(name="big", kind="replay", paths=("big.jsonl",))
+    with pytest.raises(CorpusError, match=r"^big\.jsonl: .*gzip-compressed"):
+        source_parts(source, tmp_path, 4)

@@ -80,6 +80,14 @@ def print_outcomes() -> Iterator[None]:
     print("\n" + OUTCOMES.report())
 
 
+def _not_json(line: bytes) -> bool:
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return True
+    return False
+
+
 def _positions(items: list[Conversation | Skipped]) -> set[int]:
     """The line numbers a reader reported, kept or skipped."""
     found = set()
@@ -93,20 +101,21 @@ def _positions(items: list[Conversation | Skipped]) -> set[int]:
 
 
 def _content_lines(content: bytes) -> set[int]:
-    """Line numbers that hold anything but whitespace, counted here from the bytes (not by the reader)."""
-    lines = content.removeprefix(BOM).split(b"\n")
+    """Line numbers that hold anything but whitespace after a byte order mark, counted here from the bytes (not by
+    the reader)."""
+    lines = content.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    return {number for number, line in enumerate(lines, 1) if line.strip()}
+    return {number for number, line in enumerate(lines, 1) if line.removeprefix(BOM).strip()}
 
 
-def _read(path: Path, prop: str) -> list[Conversation | Skipped] | None:
+def _read(path: Path, prop: str) -> list[Conversation | Skipped] | CorpusError:
     try:
         items = list(iter_file(path))
     except CorpusError as error:
         assert path.name in str(error)
         OUTCOMES.record(prop, "CorpusError naming the file")
-        return None
+        return error
     kept = sum(isinstance(item, Conversation) for item in items)
     OUTCOMES.record(prop, "rows kept and skips counted" if kept else "every row a counted skip")
     return items
@@ -121,8 +130,11 @@ def test_every_line_is_a_row_or_a_counted_skip(tmp_path: Path, fmt: str, lines: 
     path.write_bytes(zstandard.ZstdCompressor().compress(content) if fmt == "jsonl.zst" else content)
     items = _read(path, f"{fmt} lines")
     expected = _content_lines(content)
-    if items is None:
-        assert not expected  # only a file with no row at all is an error
+    if isinstance(items, CorpusError):
+        # a file with no row at all, or one whose first line is no JSON and shows the file is something else
+        # (compressed, an archive, UTF-16): an error
+        first = content.split(b"\n", 1)[0].removeprefix(BOM)
+        assert not expected or ("not UTF-8 JSON" in str(items) and _not_json(first))
     else:
         assert _positions(items) == expected
 
@@ -134,7 +146,7 @@ def test_every_row_of_a_json_document_is_a_row_or_a_counted_skip(tmp_path: Path,
     path = tmp_path / "dump.json"
     path.write_bytes(_encode({"data": rows} if wrap else rows))
     items = _read(path, "json rows")
-    if items is not None:
+    if not isinstance(items, CorpusError):
         reported = {item.provenance["source_row"] if isinstance(item, Conversation)
                     else int(item.location.rsplit("#", 1)[1]) for item in items}
         assert reported == set(range(len(rows)))

@@ -33,7 +33,7 @@ def _completion(answer: dict[str, Any], finish_reason: str, model: str) -> dict[
 
 
 def log_row(shape: str, history: list[dict[str, Any]], answer: dict[str, Any], *, model: str = "tiny/target",
-            thinking: bool | None = True, session: str | None = None, tools: list[dict[str, Any]] | None = None,
+            thinking: bool | None = True, session: str | int | None = None, tools: list[dict[str, Any]] | None = None,
             finish_reason: str = "stop", temperature: float = 0.6) -> dict[str, Any]:
     """One logged exchange in ``shape``."""
     request: dict[str, Any] = {"model": model, "messages": history, "temperature": temperature}
@@ -86,7 +86,7 @@ def log_row(shape: str, history: list[dict[str, Any]], answer: dict[str, Any], *
     return row
 
 
-def logged_conversation(shape: str, conversation: dict[str, Any], *, session: str | None = None,
+def logged_conversation(shape: str, conversation: dict[str, Any], *, session: str | int | None = None,
                         thinking: bool | None = True, model: str = "tiny/target") -> list[dict[str, Any]]:
     """A conversation row (``messages``, optional ``tools``) as the requests its chat made, in order."""
     return [log_row(shape, history, answer, session=session, thinking=thinking, model=model,
