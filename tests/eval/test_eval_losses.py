@@ -268,7 +268,9 @@ def test_folded_requests_and_repeated_prompts_are_told_not_called_losses(tmp_pat
     from tests.support.serving_logs import logged_conversation
 
     chat = [user("what is 2 + 2?"), assistant("4."), user("and times 3?"), assistant("12.")]
-    rows = [*logged_conversation("nested", {"messages": chat}), *logged_conversation("nested", {"messages": chat})]
+    # the same chat in two sessions: each folds its first request into its second, and the two send the same
+    rows = [*logged_conversation("nested", {"messages": chat}, session="a"),
+            *logged_conversation("nested", {"messages": chat}, session="b")]
     pack = write_jsonl(tmp_path / "log.jsonl", rows)
     told: list[str] = []
     with speculating() as server:
