@@ -23,6 +23,7 @@ from .errors import CorpusError
 from .trainer_formats import BENCH_FORMAT, BENCH_TURNS, EXPORT_FORMATS, FILE_FORMATS
 
 if TYPE_CHECKING:
+    from .eval import Run
     from .recipe.model import Engine
 
 EXIT_OK = 0
@@ -409,6 +410,14 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
               help="The share of the pack's rows that may be lost (unreadable, or refused by a server) without "
                    "failing: past it, exit 1 (before any request for unreadable rows; after the run, which is "
                    "saved, for refused prompts).")
+@click.option("--loop-threshold", type=Share(), default=0.5, show_default=True,
+              help="An answer with this share of its tokens or more inside 8-grams seen earlier in it loops: "
+                   "counted, and every figure also given without such answers.")
+@click.option("--length-edges", default="512,2048,8192,32768", show_default=True, metavar="N,N,...",
+              help="The input-length slices' edges, in target tokens (ascending).")
+@click.option("--profile", "profile_path", type=OutputPath(),
+              help="Write head A's speculation_profile.json there (ModelOpt's schema 1.0; head B's beside it as "
+                   "STEM-B.json, ...).")
 @click.option("--compare", "runs", nargs=2, type=click.Path(path_type=Path), metavar="RUN_A RUN_B",
               help="Put two saved runs side by side instead of running.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -416,7 +425,8 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
               help="Write the run's page (with --compare, the two runs'): self-contained HTML, plots inline.")
 def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concurrency: int, temperature: float | None,
                  max_tokens: int | None, recipe: Path | None, model: str | None, save_dir: Path | None,
-                 max_lost_share: float, runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
+                 max_lost_share: float, loop_threshold: float, length_edges: str, profile_path: Path | None,
+                 runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
     """Replay an eval pack (a conversations file, a directory of them, or a built corpus's eval/) against vLLM
     servers with speculators: acceptance rate, mean acceptance length and acceptance by position from each server's
     own counters, per mode, source and task; with two or more endpoints, head B / head A with a bootstrap interval."""
@@ -427,7 +437,7 @@ def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concu
             raise click.UsageError("--compare takes two saved runs and nothing else")
         comparison = evaluation.compare(*runs, html=html_path)
         if as_json:
-            _print_json(comparison)
+            _print_json(comparison.to_json())
         else:
             click.echo(evaluation.format_comparison(comparison, (str(runs[0]), str(runs[1]))))
         if html_path is not None:
@@ -439,26 +449,36 @@ def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concu
     try:
         result = evaluation.evaluate(pack, endpoints, modes=modes, concurrency=concurrency, temperature=temperature,
                                      max_tokens=max_tokens, recipe=recipe, model=model, save_dir=save_dir,
-                                     html=html_path, max_lost_share=max_lost_share,
+                                     html=html_path, max_lost_share=max_lost_share, loop_threshold=loop_threshold,
+                                     length_edges=_counts(length_edges, "--length-edges"), profile=profile_path,
                                      progress=lambda message: _echo_to_user(message, err=True))
     except evaluation.RunNotSaved as unsaved:  # never lose a finished run: it is printed, then the error
         _print_run(unsaved.run, as_json)
         raise
     _print_run(result.run, as_json)
     click.echo(f"saved {result.saved}", err=True)
-    if result.html is not None:
-        click.echo(f"wrote {result.html}", err=True)
+    for written in (result.html, *result.profiles):
+        if written is not None:
+            click.echo(f"wrote {written}", err=True)
     for problem in result.problems:
         click.echo(f"check failed: {problem}", err=True)
     if result.problems:
         sys.exit(EXIT_CHECKS_FAILED)
 
 
-def _print_run(run: dict[str, Any], as_json: bool) -> None:
+def _counts(text: str, option: str) -> tuple[int, ...]:
+    """Whole numbers given as N,N,..."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: whole numbers separated by commas", param_hint=option) from None
+
+
+def _print_run(run: Run, as_json: bool) -> None:
     from .eval import format_run
 
     if as_json:
-        _print_json(run)
+        _print_json(run.to_json())
     else:
         click.echo(format_run(run))
 

@@ -34,10 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     result = evaluate(args.pack, [args.url_a, args.url_b], temperature=0, max_tokens=args.max_tokens,
                       save_dir=args.save_dir)
     print(format_run(result.run))
-    for ratio in result.run["ratios"]:
-        if ratio["group"] == "all" and ratio["figure"] == "acceptance_rate" and ratio["ratio"] is not None:
-            print(f"{ratio['mode']}: head B / head A acceptance rate {ratio['ratio']:.3f} "
-                  f"(95% interval {ratio['low']:.3f} to {ratio['high']:.3f}, {ratio['pairs']} prompts)")
+    for ratio in result.run.ratios:
+        value = ratio.value
+        if ratio.group == "all" and value.figure == "acceptance_rate" and value.ratio is not None:
+            print(f"{ratio.mode}: head B / head A acceptance rate {value.ratio:.3f} "
+                  f"(95% interval {value.low:.3f} to {value.high:.3f}, {value.pairs} prompts)")
     print(f"saved {result.saved}")
     return 0
 

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("layout",),
     ("secrets",),
     ("outputs",),
+    ("report",),  # the HTML kit the audit's and the eval's pages share
     ("hub",),
     ("recipe",),
     ("sources",),

@@ -53,7 +53,8 @@ FLAG_REPEATED_SOURCE_ID = "repeated_source_id"  # raw audits: a row whose own id
 HUB_PREFIX = "hf://"
 
 if TYPE_CHECKING:
-    from .html import PageSection, write_html_report
+    from ..report import PageSection
+    from .html import write_html_report
     from .traffic import audit_against, describe_corpus, divergence_problems, format_comparison
 
 

@@ -26,9 +26,12 @@ import orjson
 from ..errors import CorpusError
 from ..outputs import check_output_path, enclosing_corpus
 from .bench import BenchExport, export_bench
+from .loops import DEFAULT_LOOP_THRESHOLD
 from .pack import Pack, read_pack
+from .profile import profile_paths, speculation_profile, write_profile
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import (
+    Comparison,
     RunNotSaved,
     check_writable,
     compare_runs,
@@ -39,13 +42,15 @@ from .report import (
     run_document,
     save_run,
 )
+from .run import DEFAULT_LENGTH_EDGES, RUN_FORMAT, Reads, Run
 
-__all__ = ["MODES", "BenchExport", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack", "PackLosses", "RunNotSaved",
+__all__ = ["MODES", "RUN_FORMAT", "BenchExport", "Comparison", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack",
+           "PackLosses", "Run", "RunNotSaved",
            "acceptance_sections", "compare", "evaluate", "export_bench", "format_comparison", "format_run", "load_run",
-           "read_pack"]
+           "read_pack", "speculation_profile"]
 
 if TYPE_CHECKING:
-    from ..audit.html import PageSection
+    from ..report import PageSection
 
 DEFAULT_MAX_TOKENS = 1024
 DEFAULT_MAX_LOST_SHARE = 0.0  # a pack is measured whole unless the user allows a share of it lost
@@ -59,21 +64,26 @@ class PackLosses(CorpusError):
 
 @dataclass(frozen=True)
 class EvalResult:
-    run: dict[str, Any]  # the saved document
+    run: Run  # what was saved
     saved: Path
     html: Path | None = None  # the run's page, when asked for
+    profiles: tuple[Path, ...] = ()  # each head's speculation_profile.json, when asked for
     problems: tuple[str, ...] = ()  # checks the run failed (the pack lost more than the share allowed)
 
 
 def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] = tuple(MODES), concurrency: int = 1,
              temperature: float | None = None, max_tokens: int | None = None, recipe: Path | None = None,
              model: str | None = None, save_dir: Path | None = None, html: Path | None = None,
-             max_lost_share: float = DEFAULT_MAX_LOST_SHARE,
+             max_lost_share: float = DEFAULT_MAX_LOST_SHARE, loop_threshold: float = DEFAULT_LOOP_THRESHOLD,
+             length_edges: Sequence[int] = DEFAULT_LENGTH_EDGES, profile: Path | None = None,
              progress: Callable[[str], None] | None = None) -> EvalResult:
     """Replay the pack at ``pack_path`` against ``endpoints`` and save the run (``save_dir``, default
     ``Pack.default_results_dir``), and with ``html`` write its page there (both checked, the results directory
     written to, before any request). Settings not given come from ``recipe`` or the recipe of the corpus the pack
-    belongs to.
+    belongs to. An answer whose repetition (``loops.repetition``) is ``loop_threshold`` or more loops: counted,
+    and every figure given also without the prompts of such answers. The figures are also sliced by input length
+    (``length_edges``, target tokens) and by turn. With ``profile`` each head's ``speculation_profile.json`` is
+    written (``profile.profile_paths``: head A's there, head B's beside it as STEM-B.json).
 
     The rows of the pack that cannot be read and the prompts a server refuses are its losses: told through
     ``progress`` and in the run; past ``max_lost_share`` of its rows, unreadable rows raise PackLosses before any
@@ -83,9 +93,14 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
         raise CorpusError(f"--temperature {temperature}: a sampling temperature is a finite number, 0 or more")
     if not 0 <= max_lost_share <= 1:  # nan too
         raise CorpusError(f"--max-lost-share {max_lost_share}: a share from 0 to 1")
+    if not 0 < loop_threshold <= 1:
+        raise CorpusError(f"--loop-threshold {loop_threshold}: a share above 0, at most 1")
+    if not length_edges or any(edge < 1 for edge in length_edges) or list(length_edges) != sorted(set(length_edges)):
+        raise CorpusError(f"--length-edges {','.join(map(str, length_edges))}: token counts above 0, ascending")
     pack, generation, target_model = _open_pack(Path(pack_path), recipe)
     results = _results_dir(pack, save_dir)
     page = check_output_path(html, what="--html", inputs=pack.files) if html is not None else None
+    profile = check_output_path(profile, what="--profile", inputs=pack.files) if profile is not None else None
     _check_losses(pack, max_lost_share, progress)
     recipe_temperature, cap = _number(generation, "temperature"), _number(generation, "max_tokens")
     timeout, retries = _number(generation, "timeout_s"), _number(generation, "max_retries")
@@ -100,10 +115,11 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
         max_retries=DEFAULT_MAX_RETRIES if retries is None else int(retries))
     replayed = replay_pack(pack, endpoints, settings, progress=progress)
     record = _settings_record(settings, temperature_from, replayed, generation)
+    record |= {"loop_threshold": loop_threshold, "length_edges": list(length_edges)}
     run = run_document(pack, [server.describe() for server in replayed.servers],
                        [window for server in replayed.servers for window in server.windows], record,
                        _notes(record, pack, replayed), replayed.remeasured,
-                       {"count": replayed.reads, "seconds": replayed.read_seconds}, replayed.skipped)
+                       Reads(replayed.reads, replayed.read_seconds), replayed.skipped)
     saved = save_run(run, results)
     if page is not None:
         from .html import write_run_page
@@ -112,11 +128,17 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
             write_run_page(page, run, str(saved), f"corpus eval {pack.path}")
         except CorpusError as error:
             raise CorpusError(f"{error} (the run itself is saved: {saved})") from None
+    profiles: dict[str, Path] = profile_paths(profile, [e.label for e in run.endpoints]) if profile else {}
+    for label, path in profiles.items():
+        try:
+            write_profile(path, speculation_profile(run, label))
+        except CorpusError as error:
+            raise CorpusError(f"{error} (the run itself is saved: {saved})") from None
     lost, rows = lost_rows(run)
     problems = () if lost <= max_lost_share * rows else (
         f"{lost} of the pack's {rows} rows lost ({lost / rows:.1%}: {len(replayed.skipped)} prompt(s) refused by a "
         f"server, {lost - len(replayed.skipped)} row(s) unreadable), over --max-lost-share {max_lost_share:g}",)
-    return EvalResult(run, saved, page, problems)
+    return EvalResult(run, saved, page, profiles=tuple(profiles.values()), problems=problems)
 
 
 def _results_dir(pack: Pack, save_dir: Path | None) -> Path:
@@ -156,7 +178,7 @@ def _check_losses(pack: Pack, max_lost_share: float, progress: Callable[[str], N
                            "pack lost with --max-lost-share; nothing was sent", file=str(pack.path))
 
 
-def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> dict[str, Any]:
+def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> Comparison:
     """Two saved runs (``evaluate``'s files) side by side; with ``html`` their page is written there (the path
     checked first)."""
     page = check_output_path(html, what="--html", inputs=[run_a, run_b]) if html is not None else None
@@ -165,7 +187,7 @@ def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> dict[str, 
     if page is not None:
         from .html import write_comparison_page
 
-        write_comparison_page(page, comparison, runs, (str(run_a), str(run_b)))
+        write_comparison_page(page, comparison, (str(run_a), str(run_b)))
     return comparison
 
 
@@ -183,7 +205,7 @@ def acceptance_sections(corpus: str | Path) -> list[PageSection]:
         return []  # no pack: nothing was measured on it
     results = pack.default_results_dir()
     files = sorted(results.glob("*.json")) if results.is_dir() else []
-    runs: list[tuple[Path, dict[str, Any]]] = []
+    runs: list[tuple[Path, Run]] = []
     notes: list[str] = []
     for file in files:
         try:
@@ -191,7 +213,7 @@ def acceptance_sections(corpus: str | Path) -> list[PageSection]:
         except CorpusError as error:
             notes.append(f"left out: {error}")
             continue
-        if run["pack"]["sha256"] == pack.sha256:
+        if run.pack.sha256 == pack.sha256:
             runs.append((file, run))
     if not runs:
         return []
@@ -200,7 +222,7 @@ def acceptance_sections(corpus: str | Path) -> list[PageSection]:
         notes.append(f"{others} run(s) in {results} replayed another pack: left out")
     from .html import runs_section
 
-    runs.sort(key=lambda item: item[1]["created"], reverse=True)
+    runs.sort(key=lambda item: item[1].created, reverse=True)
     return [runs_section(runs, notes, files)]
 
 

@@ -1,11 +1,14 @@
 """What an eval measured, as figures: measurement windows, their sums, and the paired ratio of two heads.
 
 A window is one stretch of a server's counters the eval alone moved: one request at concurrency 1, one phase
-(the whole pack in one mode) otherwise. Figures are ratios of sums over windows, never means of per-window
-ratios, so a long answer weighs as many tokens as it has:
+(the whole pack in one mode) otherwise. Acceptance is given two ways, named, since they differ and can order two
+heads differently (vLLM #42508): POOLED, a ratio of sums over every window (vLLM's counters: a long answer weighs
+as many verify steps as it has), and PER REQUEST, each request's own figure, then their mean (SpecForge's and
+AIPerf's: every request weighs alike):
 
-  acceptance rate         accepted / draft tokens
-  mean acceptance length  1 + accepted / drafts (tokens per target step: the accepted drafts and the target's own)
+  acceptance rate         pooled: accepted / draft tokens; per request: the mean of each request's own
+  mean acceptance length  pooled: 1 + accepted / drafts (tokens per target step: the accepted drafts and the
+                          target's own); per request: the mean of each request's own (requests that drafted)
   acceptance by position  accepted at position i / drafts (the chance the first i+1 drafted tokens all survive)
   output tok/s            output tokens / seconds the requests took (a phase's wall time at concurrency > 1); n/a
                           when a response told no output tokens (no ``usage``)
@@ -17,16 +20,38 @@ over the prompts, seeded, so a rerun of the same measurements gives the same int
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import Counters
+from .metrics import COUNTERS, Counters, made_counters
 
-RATIO_FIGURES = ("acceptance_rate", "mean_acceptance_length", "output_tokens_per_s")
+RATIO_FIGURES = ("acceptance_rate_pooled", "acceptance_rate_per_request", "mean_acceptance_length_pooled",
+                 "mean_acceptance_length_per_request", "output_tokens_per_s")
+MIN_INTERVAL_PAIRS = 10  # fewer prompts give no interval: a bootstrap over a handful of pairs says little
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One answer of a window: its prompt (pack index), its own counts where the response carried them
+    (``--per-request-spec-decode-metrics``; None otherwise), and its repetition (``loops.repetition``)."""
+
+    prompt: int
+    drafts: float | None = None
+    draft_tokens: float | None = None
+    accepted: float | None = None
+    repetition: float | None = None
+    input_tokens: int | None = None  # the prompt's length in target tokens, as the server counted it
+    per_step_accepted: tuple[int, ...] | None = None  # each verify step's accepted drafted tokens (``detailed``)
+
+    def counts(self) -> tuple[float, float, float] | None:
+        if self.drafts is None or self.draft_tokens is None or self.accepted is None:
+            return None
+        return self.drafts, self.draft_tokens, self.accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,113 +66,207 @@ class Window:
     output_tokens: int | None
     seconds: float
     counters: Counters
+    answers: tuple[Answer, ...] = ()  # one per request (none in a run saved before answers were recorded)
 
     def to_dict(self) -> dict[str, Any]:
-        c = self.counters
+        saved = {c.name: value for c in COUNTERS if c.saved for value in [getattr(self.counters, c.name)]}
+        answers = [{name: list(value) if isinstance(value, tuple) else value for name in Answer.__slots__
+                    for value in [getattr(answer, name)]} for answer in self.answers]
         return {"endpoint": self.endpoint, "mode": self.mode, "prompt": self.prompt, "requests": self.requests,
-                "output_tokens": self.output_tokens, "seconds": self.seconds, "drafts": c.drafts,
-                "draft_tokens": c.draft_tokens, "accepted": c.accepted,
-                "accepted_by_position": list(c.accepted_by_position), "tpot_sum": c.tpot_sum,
-                "tpot_count": c.tpot_count}
+                "output_tokens": self.output_tokens, "seconds": self.seconds, **saved,
+                "accepted_by_position": list(self.counters.accepted_by_position), "answers": answers}
+
+    def request_counts(self) -> list[tuple[float, float, float]] | None:
+        """(drafts, draft tokens, accepted) of each of its requests: the window's own for a window of one request,
+        else its answers' own counts; None when they are not known (a phase counted by /metrics)."""
+        if self.requests == 1:
+            return [(self.counters.drafts, self.counters.draft_tokens, self.counters.accepted)]
+        counts = [answer.counts() for answer in self.answers]
+        if len(counts) != self.requests or None in counts:
+            return None
+        return [count for count in counts if count is not None]
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Window:
-        counters = Counters(True, doc["drafts"], doc["draft_tokens"], doc["accepted"],
-                            tuple(doc["accepted_by_position"]), doc["requests"], doc["output_tokens"] or 0,
-                            doc["tpot_sum"], doc["tpot_count"])
+        # the requests and tokens a window checks are the window's own, not a saved counter
+        counted = {"finished_requests": doc["requests"], "generation_tokens": doc["output_tokens"] or 0}
+        counters = made_counters(True, tuple(doc["accepted_by_position"]),
+                                 {c.name: doc[c.name] if c.saved else counted[c.name] for c in COUNTERS})
         return cls(doc["endpoint"], doc["mode"], doc["prompt"], doc["requests"], doc["output_tokens"],
-                   doc["seconds"], counters)
+                   doc["seconds"], counters, tuple(_answer(answer) for answer in doc.get("answers", ())))
+
+
+def _answer(saved: dict[str, Any]) -> Answer:
+    steps = saved.get("per_step_accepted")
+    return Answer(**saved | {"per_step_accepted": None if steps is None else tuple(steps)})
 
 
 @dataclass(frozen=True, slots=True)
 class Sums:
+    """What a set of windows sums to: their requests, output tokens and seconds, their counters, and each
+    request's own (drafts, draft tokens, accepted), None when not known."""
+
     requests: int = 0
     output_tokens: int | None = 0  # None when a window's are not known
     seconds: float = 0.0
-    drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
-    accepted_by_position: tuple[float, ...] = ()
-    tpot_sum: float = 0.0
-    tpot_count: float = 0.0
+    counters: Counters = field(default_factory=Counters)
+    per_request: tuple[tuple[float, float, float], ...] | None = ()
 
     @classmethod
     def of(cls, windows: Sequence[Window]) -> Sums:
-        width = max((len(w.counters.accepted_by_position) for w in windows), default=0)
-        positions = [0.0] * width
-        for window in windows:
-            for index, value in enumerate(window.counters.accepted_by_position):
-                positions[index] += value
         tokens = [w.output_tokens for w in windows]
+        counts = [w.request_counts() for w in windows]
+        per_request = None if None in counts else tuple(c for each in counts if each is not None for c in each)
         return cls(sum(w.requests for w in windows),
                    None if None in tokens else sum(count for count in tokens if count is not None),
-                   sum(w.seconds for w in windows), sum(w.counters.drafts for w in windows),
-                   sum(w.counters.draft_tokens for w in windows), sum(w.counters.accepted for w in windows),
-                   tuple(positions), sum(w.counters.tpot_sum for w in windows),
-                   sum(w.counters.tpot_count for w in windows))
+                   sum(w.seconds for w in windows), sum((w.counters for w in windows), Counters()), per_request)
 
     def figures(self) -> dict[str, Any]:
         """The figures (None where the denominator is 0: no drafts, no time)."""
-        drafts = self.drafts
+        c = self.counters
+        drafts = c.drafts
+        own = self.per_request or ()
+        rates = [accepted / tokens for _, tokens, accepted in own if tokens]
+        lengths = [1 + accepted / steps for steps, _, accepted in own if steps]
         return {
             "requests": self.requests, "output_tokens": self.output_tokens, "drafts": drafts,
-            "draft_tokens": self.draft_tokens, "accepted": self.accepted,
-            "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else None,
-            "mean_acceptance_length": 1 + self.accepted / drafts if drafts else None,
-            "acceptance_by_position": [value / drafts for value in self.accepted_by_position] if drafts else [],
+            "draft_tokens": c.draft_tokens, "accepted": c.accepted,
+            "acceptance_rate_pooled": c.accepted / c.draft_tokens if c.draft_tokens else None,
+            "acceptance_rate_per_request": sum(rates) / len(rates) if rates else None,
+            "mean_acceptance_length_pooled": 1 + c.accepted / drafts if drafts else None,
+            "mean_acceptance_length_per_request": sum(lengths) / len(lengths) if lengths else None,
+            "acceptance_by_position": tuple(value / drafts for value in c.accepted_by_position) if drafts else (),
+            "conditional_by_position": _conditional(drafts, c.accepted_by_position),
+            "accepted_histogram": _histogram(drafts, c.accepted_by_position),
             "output_tokens_per_s": self.output_tokens / self.seconds
             if self.output_tokens is not None and self.seconds > 0 else None,
-            "tpot_ms": 1000 * self.tpot_sum / self.tpot_count if self.tpot_count else None,
+            "tpot_ms": 1000 * c.tpot_sum / c.tpot_count if c.tpot_count else None,
         }
 
 
-# Each figure as a function of the column sums (accepted, draft tokens, drafts, output tokens, seconds).
+def _conditional(drafts: float, by_position: tuple[float, ...]) -> tuple[float, ...]:
+    """The chance a drafted token at position i is accepted when every one before it was: accepted at i over
+    accepted at i - 1 (over the drafts at 0); 0 where no step reached it."""
+    if not drafts or not by_position:
+        return ()
+    reached = (drafts, *by_position[:-1])
+    return tuple(here / before if before else 0.0 for here, before in zip(by_position, reached, strict=True))
+
+
+def _histogram(drafts: float, by_position: tuple[float, ...]) -> tuple[float, ...]:
+    """The share of verify steps that accepted exactly j drafted tokens, j = 0..k. A step accepts a prefix of its
+    draft, so the steps that accepted at position i are those that accepted more than i tokens: the counts by
+    position are the histogram's survival function, and vLLM's pooled counters give the histogram exactly."""
+    if not drafts or not by_position:
+        return ()
+    survived = (drafts, *by_position, 0.0)
+    return tuple((survived[j] - survived[j + 1]) / drafts for j in range(len(by_position) + 1))
+
+
+# Each figure as a function of the column sums (accepted, draft tokens, drafts, output tokens, seconds; a pair's
+# own rate where it drafted, and whether it did; its own acceptance length where it drafted, and whether it did).
 _FIGURE_OF_SUMS: dict[str, Callable[[Any], Any]] = {
-    "acceptance_rate": lambda s: s[..., 0] / s[..., 1],
-    "mean_acceptance_length": lambda s: 1 + s[..., 0] / s[..., 2],
+    "acceptance_rate_pooled": lambda s: s[..., 0] / s[..., 1],
+    "acceptance_rate_per_request": lambda s: s[..., 5] / s[..., 6],
+    "mean_acceptance_length_pooled": lambda s: 1 + s[..., 0] / s[..., 2],
+    "mean_acceptance_length_per_request": lambda s: s[..., 7] / s[..., 8],
     "output_tokens_per_s": lambda s: s[..., 3] / s[..., 4],
 }
 
 
+def _columns(window: Window) -> list[float]:
+    """A window's columns for ``_FIGURE_OF_SUMS`` (a paired window holds one request: its counts are its own)."""
+    c = window.counters
+    drafted, stepped = c.draft_tokens > 0, c.drafts > 0
+    return [c.accepted, c.draft_tokens, c.drafts, math.nan if window.output_tokens is None else window.output_tokens,
+            window.seconds, c.accepted / c.draft_tokens if drafted else 0.0, float(drafted),
+            1 + c.accepted / c.drafts if stepped else 0.0, float(stepped)]
+
+
+@dataclass(frozen=True, slots=True)
+class Ratio:
+    """B over A for one figure, with its bootstrap interval where the measurements pair up (None where undefined)."""
+
+    figure: str
+    ratio: float | None
+    low: float | None = None
+    high: float | None = None
+    pairs: int | None = None  # the prompts paired (None: not paired)
+
+
 def paired_ratios(a: Sequence[Window], b: Sequence[Window], *, resamples: int = RESAMPLES,
-                  confidence: float = CONFIDENCE, seed: int = BOOTSTRAP_SEED) -> dict[str, dict[str, Any]]:
-    """Head B over head A for each of RATIO_FIGURES, with a bootstrap interval over the pairs: ``a[i]`` and
-    ``b[i]`` measured the same prompt. {figure: {"ratio", "low", "high", "pairs"}}; None where undefined (a
-    figure of A is 0 or has no denominator, in the measurement or in every resample)."""
+                  confidence: float = CONFIDENCE, seed: int = BOOTSTRAP_SEED,
+                  min_pairs: int = MIN_INTERVAL_PAIRS) -> list[Ratio]:
+    """Head B over head A for each of RATIO_FIGURES, with a bootstrap interval over the pairs (none under
+    ``min_pairs``): ``a[i]`` and ``b[i]`` measured the same prompt. None where undefined (a figure of A is 0 or has
+    no denominator, in the measurement or in every resample)."""
     import numpy as np
 
     if len(a) != len(b):
         raise ValueError("paired windows must come in pairs")
     pairs = len(a)
     if not pairs:
-        return {figure: {"ratio": None, "low": None, "high": None, "pairs": 0} for figure in RATIO_FIGURES}
-    columns = np.array([[[w.counters.accepted, w.counters.draft_tokens, w.counters.drafts,
-                          np.nan if w.output_tokens is None else w.output_tokens, w.seconds]
-                         for w in side] for side in (a, b)], dtype=np.float64)
+        return [Ratio(figure, None, pairs=0) for figure in RATIO_FIGURES]
+    columns = np.array([[_columns(w) for w in side] for side in (a, b)], dtype=np.float64)
     # resample i takes pair j weights[i, j] times: the column sums of every resample in one product
     weights = np.random.default_rng(seed).multinomial(pairs, [1 / pairs] * pairs, size=resamples).astype(np.float64)
     tail = 100 * (1 - confidence) / 2
-    ratios: dict[str, dict[str, Any]] = {}
+    ratios: list[Ratio] = []
+    resampled_a, resampled_b = weights @ columns[0], weights @ columns[1]  # every resample's column sums, once
     with np.errstate(divide="ignore", invalid="ignore"):
         for figure in RATIO_FIGURES:
             of = _FIGURE_OF_SUMS[figure]
             ratio = float(of(columns[1].sum(axis=0)) / of(columns[0].sum(axis=0)))
-            resampled = of(weights @ columns[1]) / of(weights @ columns[0])
+            resampled = of(resampled_b) / of(resampled_a)
             resampled = resampled[np.isfinite(resampled)]
             if not np.isfinite(ratio) or not resampled.size:
-                ratios[figure] = {"ratio": None, "low": None, "high": None, "pairs": pairs}
+                ratios.append(Ratio(figure, None, pairs=pairs))
+                continue
+            if pairs < min_pairs:
+                ratios.append(Ratio(figure, ratio, pairs=pairs))
                 continue
             low, high = np.percentile(resampled, [tail, 100 - tail])
-            ratios[figure] = {"ratio": ratio, "low": float(low), "high": float(high), "pairs": pairs}
+            ratios.append(Ratio(figure, ratio, float(low), float(high), pairs))
     return ratios
 
 
-def figure_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """B over A for each of RATIO_FIGURES from two sets of figures (``Sums.figures``), without an interval: for
+@dataclass(frozen=True, slots=True)
+class LoopGap:
+    """The share of answers that loop under head A and under head B over the same prompts, B - A with its
+    bootstrap interval; ``flagged`` when the interval excludes 0 (the heads' targets looped differently)."""
+
+    share_a: float
+    share_b: float
+    difference: float
+    low: float | None  # None: too few pairs for an interval (MIN_INTERVAL_PAIRS)
+    high: float | None
+    pairs: int
+    flagged: bool
+
+
+def loop_gap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = RESAMPLES, confidence: float = CONFIDENCE,
+             seed: int = BOOTSTRAP_SEED) -> LoopGap | None:
+    """B's share of looping answers minus A's, paired prompt by prompt (``a[i]``, ``b[i]``: whether each head's
+    answer to prompt i loops); None without pairs."""
+    import numpy as np
+
+    if len(a) != len(b):
+        raise ValueError("paired answers must come in pairs")
+    pairs = len(a)
+    if not pairs:
+        return None
+    share_a, share_b = sum(a) / pairs, sum(b) / pairs
+    if pairs < MIN_INTERVAL_PAIRS:
+        return LoopGap(share_a, share_b, share_b - share_a, None, None, pairs, False)
+    gaps = np.array(b, dtype=np.float64) - np.array(a, dtype=np.float64)
+    weights = np.random.default_rng(seed).multinomial(pairs, [1 / pairs] * pairs, size=resamples)
+    tail = 100 * (1 - confidence) / 2
+    low, high = (float(value) for value in np.percentile(weights @ gaps / pairs, [tail, 100 - tail]))
+    return LoopGap(share_a, share_b, share_b - share_a, low, high, pairs, low > 0 or high < 0)
+
+
+def figure_ratios(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Ratio]:
+    """B over A for each of RATIO_FIGURES from two sets of figures (by name), without an interval: for
     measurements that are not paired prompt by prompt."""
-    ratios = {}
-    for figure in RATIO_FIGURES:
-        defined = bool(a[figure]) and b[figure] is not None
-        ratios[figure] = {"ratio": b[figure] / a[figure] if defined else None, "low": None, "high": None,
-                          "pairs": None}
-    return ratios
+    return [Ratio(figure, b[figure] / a[figure] if a.get(figure) and b.get(figure) is not None else None)
+            for figure in RATIO_FIGURES]

@@ -1,5 +1,6 @@
 """The acceptance eval as a section of the HTML report, from saved runs (``report.run_document``) and from two runs
-side by side (``report.compare_runs``), on the audit report's page (its styles, plotly inline, escaping).
+side by side (``report.compare_runs``), on a page of the shared kit (``corpus_builder.report``: its styles,
+plotly inline, escaping).
 
 A run: the pack, the settings and the endpoints; the figures of every head and mode over the whole pack, the
 temperature and the speculative method beside them; acceptance by draft position, grouped by head and mode; head
@@ -15,18 +16,25 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..audit.html import PageSection, bars, figure_html, layout, page, table, write_page
-from .figures import RATIO_FIGURES
+from ..report import PageSection, bars, figure_html, layout, page, table, write_page
+from .figures import Ratio
 from .report import (
     ALL,
     FIGURE_HEADER,
     FIGURE_TITLES,
+    WITHOUT_LOOPS,
+    Comparison,
     comparison_table,
     describe_comparison,
     describe_run,
     figure_cells,
+    length_table,
+    loop_table,
     ratio_table,
+    routing,
+    winner_table,
 )
+from .run import Run
 
 SECTION = "Acceptance"
 _NAMES = 3  # the tables' columns of names: mode, head(s), group
@@ -58,21 +66,20 @@ def _positions_plot(series: Sequence[tuple[str, Sequence[float]]]) -> Any | None
     return figure
 
 
-def _ratio_plot(title: str, series: Sequence[tuple[str, dict[str, dict[str, Any]]]]) -> Any | None:
+def _ratio_plot(title: str, series: Sequence[tuple[str, Sequence[Ratio]]]) -> Any | None:
     """B / A for each ratio figure: a point per series with its interval as error bars (none where not paired)."""
     import plotly.graph_objects as go
 
     figure = go.Figure()
     for name, ratios in series:
-        defined = [(FIGURE_TITLES[measure], ratios[measure]) for measure in RATIO_FIGURES
-                   if ratios.get(measure, {}).get("ratio") is not None]
+        defined = [(FIGURE_TITLES[r.figure], r.ratio, r) for r in ratios if r.figure in FIGURE_TITLES
+                   and r.ratio is not None]
         if not defined:
             continue
-        values = [ratio for _, ratio in defined]
         # a percentile interval need not hold the point estimate: an error bar is never of negative length
-        above = [max(0.0, r["high"] - r["ratio"]) if r["high"] is not None else 0.0 for r in values]
-        below = [max(0.0, r["ratio"] - r["low"]) if r["low"] is not None else 0.0 for r in values]
-        figure.add_trace(go.Scatter(name=name, x=[label for label, _ in defined], y=[r["ratio"] for r in values],
+        above = [max(0.0, r.high - point) if r.high is not None else 0.0 for _, point, r in defined]
+        below = [max(0.0, point - r.low) if r.low is not None else 0.0 for _, point, r in defined]
+        figure.add_trace(go.Scatter(name=name, x=[label for label, _, _ in defined], y=[p for _, p, _ in defined],
                                     mode="markers", marker={"size": 9},
                                     error_y={"type": "data", "symmetric": False, "array": above, "arrayminus": below}))
     if not figure.data:
@@ -82,47 +89,57 @@ def _ratio_plot(title: str, series: Sequence[tuple[str, dict[str, dict[str, Any]
     return layout(figure, title, y_title="B / A", percent=False)
 
 
-def run_body(run: dict[str, Any], name: str) -> str:
+def run_body(run: Run, name: str) -> str:
     """One run (``name``: how it is named, its file) as HTML."""
-    settings = run["settings"]
-    every = [figure for figure in run["figures"] if figure["group"] == ALL]
-    by_group = [figure_cells(figure, settings) for figure in run["figures"] if figure["group"] != ALL]
+    settings = run.settings
+    whole = (ALL, ALL + WITHOUT_LOOPS)
+    every = [figure for figure in run.figures if figure.group in whole]
+    by_group = [figure_cells(figure, settings) for figure in run.figures if figure.group not in whole]
     parts = [f"<h3>run {html.escape(name)}</h3>", _lines(describe_run(run)),
              _part("acceptance-figures", "figures over the whole pack",
                    table(list(FIGURE_HEADER), [figure_cells(figure, settings) for figure in every], text_last=True,
                          names=_NAMES),
-                   _plot(_positions_plot([(f"{figure['endpoint']} · {figure['mode']}",
-                                           figure["acceptance_by_position"]) for figure in every])))]
-    if run["ratios"]:
+                   _plot(_positions_plot([(f"{figure.endpoint} · {figure.mode}"
+                                           + (WITHOUT_LOOPS if figure.group != ALL else ""),
+                                           figure.acceptance_by_position) for figure in every])))]
+    if run.ratios:
         caption, header, rows = ratio_table(run)
-        keyed: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
-        for ratio in run["ratios"]:
-            if ratio["group"] == ALL:
-                keyed.setdefault((ratio["mode"], ratio["a"], ratio["b"]), {})[ratio["figure"]] = ratio
+        keyed: dict[tuple[str, str, str], list[Ratio]] = {}
+        for ratio in run.ratios:
+            if ratio.group == ALL:
+                keyed.setdefault((ratio.mode, ratio.a, ratio.b), []).append(ratio.value)
         parts.append(_part("acceptance-ratios", f"head B / head A: {caption}", table(header, rows, names=_NAMES),
                            _plot(_ratio_plot("head B / head A over the whole pack",
                                              [(f"{b} / {a} · {mode}", ratios)
                                               for (mode, a, b), ratios in keyed.items()]))))
+    caption, header, rows = length_table(run)
+    parts.append(_part("acceptance-lengths", caption, table(header, rows, names=_NAMES)))
+    if run.loop_gaps:
+        caption, header, rows = loop_table(run)
+        parts.append(_part("acceptance-loops", caption, table(header, rows, names=_NAMES)))
+    caption, header, rows = winner_table(run)
+    if rows:
+        parts.append(_part("acceptance-winners", caption, table(header, rows, names=2), _lines(routing(run))))
     if by_group:
-        parts.append(_part("acceptance-groups", "by source and task",
+        parts.append(_part("acceptance-groups", "by source, task, input length and turn",
                            table(list(FIGURE_HEADER), by_group, text_last=True, names=_NAMES)))
     return "".join(parts)
 
 
-def comparison_body(comparison: dict[str, Any], names: tuple[str, str]) -> str:
+def comparison_body(comparison: Comparison, names: tuple[str, str]) -> str:
     """Run B beside run A (``report.compare_runs``; ``names``: their files) as HTML."""
     caption, header, rows = comparison_table(comparison)
-    every = [row for row in comparison["rows"] if row["group"] == ALL]
+    every = [row for row in comparison.rows if row.group == ALL]
     return "".join([
         "<h3>run B / run A</h3>", _lines(describe_comparison(comparison, names)),
         _part("acceptance-comparison", caption, table(header, rows, names=_NAMES),
               _plot(_ratio_plot("run B / run A over the whole pack",
-                                [(f"{row['endpoint']} · {row['mode']}", row["ratios"]) for row in every])),
-              _plot(_positions_plot([(f"run {side.upper()} · {row['endpoint']} · {row['mode']}",
-                                      row[side]["acceptance_by_position"]) for row in every for side in ("a", "b")])))])
+                                [(f"{row.endpoint} · {row.mode}", row.ratios) for row in every])),
+              _plot(_positions_plot([(f"run {side} · {row.endpoint} · {row.mode}", figure.acceptance_by_position)
+                                     for row in every for side, figure in (("A", row.a), ("B", row.b))])))])
 
 
-def runs_section(runs: Sequence[tuple[Path, dict[str, Any]]], notes: Sequence[str] = (),
+def runs_section(runs: Sequence[tuple[Path, Run]], notes: Sequence[str] = (),
                  inputs: Sequence[Path] = ()) -> PageSection:
     """The section of saved runs (each with its file), in the order given, after ``notes``; ``inputs``: every file
     read to find them."""
@@ -130,13 +147,12 @@ def runs_section(runs: Sequence[tuple[Path, dict[str, Any]]], notes: Sequence[st
     return PageSection(SECTION, body, tuple(inputs))
 
 
-def write_run_page(path: Path, run: dict[str, Any], name: str, title: str) -> None:
+def write_run_page(path: Path, run: Run, name: str, title: str) -> None:
     write_page(path, page(title, PageSection(SECTION, run_body(run, name)).to_html()))
 
 
-def write_comparison_page(path: Path, comparison: dict[str, Any], runs: tuple[dict[str, Any], dict[str, Any]],
-                          names: tuple[str, str]) -> None:
+def write_comparison_page(path: Path, comparison: Comparison, names: tuple[str, str]) -> None:
     """Run B beside run A, then each run."""
     body = comparison_body(comparison, names) + "".join(
-        run_body(run, f"{side} {name}") for side, run, name in zip("AB", runs, names, strict=True))
+        run_body(run, f"{side} {name}") for side, run, name in zip("AB", comparison.runs, names, strict=True))
     write_page(path, page(f"corpus eval --compare {names[0]} {names[1]}", PageSection(SECTION, body).to_html()))

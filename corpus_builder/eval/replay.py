@@ -48,8 +48,17 @@ from ..generate.types import (
     TurnResult,
     describe_identity,
 )
-from .figures import Window
-from .metrics import VLLM_PREFIX, Counters, UnreadablePage, parse_metrics, request_counters
+from .figures import Answer, Window
+from .loops import answer_tokens, repetition
+from .metrics import (
+    COUNTERS,
+    VLLM_PREFIX,
+    Counters,
+    UnreadablePage,
+    parse_metrics,
+    per_step_accepted,
+    request_counters,
+)
 from .pack import Pack, PackPrompt
 
 MODES = {"thinking": True, "non-thinking": False}  # mode -> the template's enable_thinking
@@ -150,6 +159,7 @@ class _Sent:
     answered: tuple[int, ...]
     tokens: int | None
     counted: Counters | None
+    answers: tuple[Answer, ...] = ()
 
 
 class _Replayer:
@@ -358,7 +368,7 @@ class _Replayer:
                 counters: Counters) -> Window:
         if index is None:
             self.phase_prompts[server.label, mode] = sent.answered
-        return Window(server.label, mode, index, len(sent.answered), sent.tokens, seconds, counters)
+        return Window(server.label, mode, index, len(sent.answered), sent.tokens, seconds, counters, sent.answers)
 
     async def _send(self, server: Server, mode: str, prompts: list[tuple[int, PackPrompt]]) -> _Sent:
         """Send ``prompts`` (at most ``concurrency`` at a time); a prompt the server refuses is recorded in
@@ -386,13 +396,23 @@ class _Replayer:
         tokens = None if any(count is None for count in counts) else sum(c for c in counts if c is not None)
         own = [request_counters(result.metrics, result.completion_tokens) for _, result in answered]
         counted = None if any(c is None for c in own) else sum((c for c in own if c is not None), Counters())
-        return _Sent(tuple(index for index, _ in answered), tokens, counted)
+        answers = tuple(_answer(index, result, counts) for (index, result), counts in zip(answered, own, strict=True))
+        return _Sent(tuple(index for index, _ in answered), tokens, counted, answers)
 
     def _report(self, message: str, *, force: bool = False) -> None:
         now = time.monotonic()
         if self.progress is not None and (force or now - self._last_progress >= PROGRESS_EVERY_S):
             self._last_progress = now
             self.progress(message)
+
+
+def _answer(index: int, result: TurnResult, own: Counters | None) -> Answer:
+    """What the eval keeps of one answer: its own counts (if the response had them) and its repetition."""
+    repeated = repetition(answer_tokens(result.token_ids, result.reasoning, result.content))
+    if own is None:
+        return Answer(index, repetition=repeated, input_tokens=result.prompt_tokens)
+    return Answer(index, own.drafts, own.draft_tokens, own.accepted, repeated, result.prompt_tokens,
+                  per_step_accepted(result.metrics))
 
 
 def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -> str | None:
@@ -412,33 +432,31 @@ def _impossible(counters: Counters, draft_length: int | None) -> str | None:
     accepted at most once, at position i only when it was at every position before it, and the positions sum to
     the tokens accepted."""
     c = counters
-    values = {"drafts": c.drafts, "draft tokens": c.draft_tokens, "accepted tokens": c.accepted,
-              "finished requests": c.finished_requests, "generated tokens": c.generation_tokens,
-              "time per output token": c.tpot_sum, **{f"accepted at position {position}": value
-                                                      for position, value in enumerate(c.accepted_by_position)}}
+    positions = {f"accepted at position {position}": value for position, value in enumerate(c.accepted_by_position)}
+    values = {counter.label: getattr(c, counter.name) for counter in COUNTERS} | positions
     fallen = [name for name, value in values.items() if value < 0]
     if fallen:
         return f"counters went down ({', '.join(fallen)}): the server restarted, or its page is wrong"
-    del values["time per output token"]  # seconds; the others count events
-    broken = [name for name, value in values.items() if not float(value).is_integer()]
+    counts = {counter.label: getattr(c, counter.name) for counter in COUNTERS if counter.whole} | positions
+    broken = [name for name, value in counts.items() if not float(value).is_integer()]
     if broken:
         return f"counts that are not whole numbers ({', '.join(broken)})"
     if c.accepted > c.draft_tokens:
         return f"{c.accepted:g} tokens accepted of {c.draft_tokens:g} drafted"
     if draft_length is not None and c.draft_tokens > draft_length * c.drafts:
         return f"{c.draft_tokens:g} tokens drafted in {c.drafts:g} drafts of at most {draft_length} tokens"
-    positions = c.accepted_by_position
-    if not positions:
+    by_position = c.accepted_by_position
+    if not by_position:
         return None  # a page without the counter by position (or a window without drafts)
-    if positions[0] > c.drafts:
-        return f"{positions[0]:g} tokens accepted at position 0 of {c.drafts:g} drafts"
-    for position in range(1, len(positions)):
-        if positions[position] > positions[position - 1]:
+    if by_position[0] > c.drafts:
+        return f"{by_position[0]:g} tokens accepted at position 0 of {c.drafts:g} drafts"
+    for position in range(1, len(by_position)):
+        if by_position[position] > by_position[position - 1]:
             return (f"more tokens accepted at position {position} than at position {position - 1} "
-                    f"({positions[position]:g} > {positions[position - 1]:g}): a position's sample is missing or "
+                    f"({by_position[position]:g} > {by_position[position - 1]:g}): a position's sample is missing or "
                     "wrong")
-    if sum(positions) != c.accepted:
-        return f"the tokens accepted by position sum to {sum(positions):g}, not to the {c.accepted:g} accepted"
+    if sum(by_position) != c.accepted:
+        return f"the tokens accepted by position sum to {sum(by_position):g}, not to the {c.accepted:g} accepted"
     return None
 
 

@@ -1,17 +1,17 @@
-"""An eval run as a document (what is saved, what ``--json`` prints), its tables, and two saved runs side by side.
+"""An eval run's figures (``with_figures``), its tables, its file, and two saved runs side by side.
 
-A run holds the pack's hash, the endpoints with their identities and speculators, the settings, the figures
-per endpoint, mode and group (``all``, ``source:NAME``, ``task:NAME``), the ratios of every head to head A,
-and every measurement window, so that ``--compare`` can pair two runs of the same pack prompt by prompt.
+The figures per endpoint, mode and group (``all``, ``source:NAME``, ``task:NAME``) and the ratios of every head
+to head A follow from a run's windows; ``--compare`` pairs two runs of the same pack prompt by prompt.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import tempfile
+from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,14 +21,46 @@ import orjson
 from ..errors import CorpusError
 from ..generate.types import IDENTITY_FIELDS, describe_identity
 from ..outputs import staged
-from .figures import BOOTSTRAP_SEED, CONFIDENCE, RATIO_FIGURES, RESAMPLES, Sums, Window, figure_ratios, paired_ratios
+from .figures import (
+    BOOTSTRAP_SEED,
+    CONFIDENCE,
+    MIN_INTERVAL_PAIRS,
+    RATIO_FIGURES,
+    RESAMPLES,
+    LoopGap,
+    Ratio,
+    Sums,
+    Window,
+    figure_ratios,
+    loop_gap,
+    paired_ratios,
+)
+from .loops import LOOP_NGRAM
 from .pack import Pack
+from .run import (
+    Endpoint,
+    Figure,
+    HeadLoops,
+    HeadRatio,
+    PackInfo,
+    PromptInfo,
+    Reads,
+    Run,
+    RunSettings,
+    Skip,
+    as_json,
+    endpoint_of,
+    json_value,
+)
 
-RUN_FORMAT = "corpus-eval/1"
 PROBE_BYTES = 64 * 1024  # what check_writable writes: room for a run of a few hundred windows
 ALL = "all"
+WITHOUT_LOOPS = " without loops"  # a group without the prompts on which some head's answer loops
 _POSITIONS_SHOWN = 4
-FIGURE_TITLES = {"acceptance_rate": "acceptance rate", "mean_acceptance_length": "mean acceptance length",
+FIGURE_TITLES = {"acceptance_rate_pooled": "acceptance rate (pooled)",
+                 "acceptance_rate_per_request": "acceptance rate (per request)",
+                 "mean_acceptance_length_pooled": "mean acceptance length (pooled)",
+                 "mean_acceptance_length_per_request": "mean acceptance length (per request)",
                  "output_tokens_per_s": "output tok/s"}
 
 
@@ -37,82 +69,187 @@ class RunNotSaved(CorpusError):
 
     exit_code = 2  # as a build that meets a full disk
 
-    def __init__(self, message: str, run: dict[str, Any], *, file: str) -> None:
+    def __init__(self, message: str, run: Run, *, file: str) -> None:
         super().__init__(message, file=file)
         self.run = run
 
 
 def run_document(pack: Pack, endpoints: list[dict[str, Any]], windows: list[Window], settings: dict[str, Any],
-                 notes: list[str], remeasured: int, metrics_reads: dict[str, Any],
-                 skipped: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The saved form of a run; figures and ratios are computed from ``windows``; ``skipped``: the prompts a server
-    refused (each with its pack index), left out of every figure."""
-    prompts = [{"id": p.id, "source": p.source, "task": p.task} for p in pack.prompts]
-    document = {
-        "format": RUN_FORMAT,
-        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "pack": {"path": str(pack.path), "sha256": pack.sha256, "prompts": len(pack.prompts), "rows": pack.rows,
-                 "unreadable_rows": pack.unreadable, "folded_requests": pack.folded,
-                 "repeated_prompts": pack.repeated},
-        "settings": settings,
-        "endpoints": endpoints,
-        "notes": notes,
-        "remeasured_windows": remeasured,
-        "metrics_reads": metrics_reads,
-        "prompts": prompts,
-        "skipped_prompts": skipped or [],
-        "windows": [w.to_dict() for w in windows],
-    }
-    return document | _figures_and_ratios(document)
+                 notes: list[str], remeasured: int, metrics_reads: Reads,
+                 skipped: list[dict[str, Any]] | None = None) -> Run:
+    """A run of ``pack`` (endpoints as a replay describes them, settings as ``evaluate`` records them), its figures
+    and ratios computed from ``windows``; ``skipped``: the prompts a server refused (each with its pack index),
+    left out of every figure."""
+    run = Run(
+        created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        pack=PackInfo(str(pack.path), pack.sha256, len(pack.prompts), pack.rows, dict(pack.unreadable), pack.folded,
+                      pack.repeated),
+        settings=RunSettings.from_json(settings),
+        endpoints=tuple(endpoint_of(endpoint) for endpoint in endpoints),
+        notes=tuple(notes),
+        prompts=tuple(PromptInfo(p.id, p.source, p.task, 1 + sum(m.get("role") == "assistant" for m in p.messages))
+                      for p in pack.prompts),
+        windows=tuple(windows), remeasured_windows=remeasured, metrics_reads=metrics_reads,
+        skipped_prompts=tuple(Skip(**skip) for skip in skipped or ()))
+    return with_figures(run)
 
 
-def lost_rows(run: dict[str, Any]) -> tuple[int, int]:
+def lost_rows(run: Run) -> tuple[int, int]:
     """(rows of the pack lost: unreadable, or refused by a server; the rows read)."""
-    pack = run["pack"]
-    lost = sum(pack["unreadable_rows"].values()) + len(run.get("skipped_prompts", ()))
-    return lost, pack.get("rows", pack["prompts"] + sum(pack["unreadable_rows"].values()))
+    return sum(run.pack.unreadable_rows.values()) + len(run.skipped_prompts), run.pack.rows
 
 
-def _figures_and_ratios(run: dict[str, Any]) -> dict[str, Any]:
-    windows = [Window.from_dict(doc) for doc in run["windows"]]
-    labels = [endpoint["label"] for endpoint in run["endpoints"]]
-    methods = {endpoint["label"]: endpoint["speculator"].get("method") for endpoint in run["endpoints"]}
-    paired = run["settings"]["concurrency"] == 1
-    groups = _run_groups(run) if paired else {ALL: None}
-    figures, ratios = [], []
-    for mode in run["settings"]["modes"]:
+def with_figures(run: Run) -> Run:
+    """``run`` with its figures, ratios and loop gaps, computed from its windows."""
+    labels = [endpoint.label for endpoint in run.endpoints]
+    paired = run.settings.concurrency == 1
+    threshold = run.settings.loop_threshold
+    figures: list[Figure] = []
+    ratios: list[HeadRatio] = []
+    gaps: list[HeadLoops] = []
+    for mode in run.settings.modes:
+        groups = _run_groups(run, mode) if paired else {ALL: None}
         for group, members in groups.items():
-            chosen = {label: _chosen(windows, mode, label, members) for label in labels}
-            measured = {label: Sums.of(chosen[label]).figures() for label in labels}
-            figures += [{"endpoint": label, "mode": mode, "group": group, "temperature": run["settings"]["temperature"],
-                         "method": methods[label], **measured[label]} for label in labels]
+            chosen = {label: _chosen(run.windows, mode, label, members) for label in labels}
+            measured = {label: _figure(run, label, mode, group, chosen[label]) for label in labels}
+            figures += measured.values()
             for label in labels[1:]:
                 compared = (paired_ratios(chosen[labels[0]], chosen[label]) if paired
-                            else figure_ratios(measured[labels[0]], measured[label]))
-                ratios += [{"a": labels[0], "b": label, "mode": mode, "group": group, "figure": figure, **value}
-                           for figure, value in compared.items()]
-    return {"figures": figures, "ratios": ratios}
+                            else figure_ratios(_values(measured[labels[0]]), _values(measured[label])))
+                ratios += [HeadRatio(labels[0], label, mode, group, value) for value in compared]
+                gap = _gap(chosen[labels[0]], chosen[label], threshold) if paired else None
+                if gap is not None and not group.endswith(WITHOUT_LOOPS):
+                    gaps.append(HeadLoops(labels[0], label, mode, group, gap))
+    return replace(run, figures=tuple(figures), ratios=tuple(ratios), loop_gaps=tuple(gaps),
+                   missing=_missing(run, figures))
 
 
-def _chosen(windows: list[Window], mode: str, endpoint: str, members: set[int] | None) -> list[Window]:
+def _figure(run: Run, endpoint: str, mode: str, group: str, windows: list[Window]) -> Figure:
+    """The figures of one endpoint's windows in one mode and group."""
+    method = next(e.speculator.method for e in run.endpoints if e.label == endpoint)
+    return Figure(endpoint, mode, group, run.settings.temperature, method,
+                  loops=_loops(windows, run.settings.loop_threshold), **Sums.of(windows).figures())
+
+
+def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
+    """The figures a run cannot give, named (printed under its heading; n/a in its tables)."""
+    missing = []
+    if any(f.drafts and f.mean_acceptance_length_per_request is None for f in figures):
+        missing.append("per-request acceptance: each request's own counts are not known (a phase at concurrency > 1 "
+                       "counted by /metrics: a server with --per-request-spec-decode-metrics gives them)")
+    if any(f.loops is None for f in figures):
+        missing.append("loops: the answers' repetition is not recorded (a run saved before it was: format "
+                       "corpus-eval/1), so no loop share and no figures without loops")
+    elif run.settings.concurrency > 1 and any(f.loops for f in figures):
+        missing.append("figures without loops: a phase at concurrency > 1 is counted as a whole, not answer by answer")
+    for endpoint in run.endpoints:
+        answers = [answer for w in run.windows if w.endpoint == endpoint.label for answer in w.answers]
+        if not any(answer.drafts is not None for answer in answers):
+            missing.append(f"per-step counts of {endpoint.label}: counted by /metrics, whose pooled counters give the "
+                           "histogram of accepted lengths exactly but no request's own and no verify step's; a server "
+                           "with --per-request-spec-decode-metrics detailed gives each step")
+        elif not any(answer.per_step_accepted is not None for answer in answers):
+            missing.append(f"per-step counts of {endpoint.label}: --per-request-spec-decode-metrics summary gives each "
+                           "request's totals and histogram, not its verify steps in order (detailed does)")
+    if run.settings.concurrency == 1:  # slices need a window a request
+        if any(not w.answers or w.answers[0].input_tokens is None for w in run.windows):
+            missing.append("input-length slices: the prompts' lengths in target tokens are not known (a run saved as "
+                           "corpus-eval/1, or a server that told no usage)")
+        if any(prompt.turn is None for prompt in run.prompts):
+            missing.append("turn slices: the prompts' turns are not recorded (a run saved as corpus-eval/1)")
+    return tuple(missing)
+
+
+def _loops(windows: list[Window], threshold: float) -> int | None:
+    """How many of the windows' answers loop; None when an answer's repetition is not known."""
+    shares = [answer.repetition for w in windows for answer in w.answers]
+    if len(shares) != sum(w.requests for w in windows) or None in shares:
+        return None
+    return sum(share >= threshold for share in shares if share is not None)
+
+
+def _looped(window: Window, threshold: float) -> bool | None:
+    """Whether the answer of a window of one request loops (None: not known)."""
+    count = _loops([window], threshold) if window.requests == 1 else None
+    return None if count is None else count > 0
+
+
+def _gap(a: list[Window], b: list[Window], threshold: float) -> LoopGap | None:
+    """B's loop share minus A's over the same prompts (windows of one request, paired in pack order)."""
+    looped = [[_looped(w, threshold) for w in side] for side in (a, b)]
+    if any(flag is None for side in looped for flag in side):
+        return None
+    return loop_gap(*(tuple(bool(flag) for flag in side) for side in looped))
+
+
+SLICE_KINDS = ("source", "task", "length", "turn")
+LATER_TURNS = 4  # turns from the fourth on are one slice
+
+
+def _length_slice(tokens: int, edges: tuple[int, ...]) -> str:
+    """The input-length slice of a prompt of ``tokens`` target tokens: length:<512, length:512-2k, ...,
+    length:>=32k."""
+    below = next((index for index, edge in enumerate(edges) if tokens < edge), len(edges))
+    if below == 0:
+        return f"length:<{_tokens(edges[0])}"
+    if below == len(edges):
+        return f"length:>={_tokens(edges[-1])}"
+    return f"length:{_tokens(edges[below - 1])}-{_tokens(edges[below])}"
+
+
+def _tokens(count: int) -> str:
+    return f"{count // 1024}k" if count >= 1024 and count % 1024 == 0 else str(count)
+
+
+def _turn_slice(turn: int) -> str:
+    return f"turn:{turn}" if turn < LATER_TURNS else f"turn:{LATER_TURNS}+"
+
+
+def _group_order(edges: tuple[int, ...]) -> Callable[[str], tuple[int, int, str]]:
+    """Sources, tasks, input lengths (shortest first), turns; by name within each."""
+    slices = [_length_slice(tokens, edges) for tokens in (0, *edges)]
+
+    def order(group: str) -> tuple[int, int, str]:
+        kind = group.partition(":")[0]
+        return SLICE_KINDS.index(kind), slices.index(group) if group in slices else 0, group
+
+    return order
+
+
+def _chosen(windows: tuple[Window, ...], mode: str, endpoint: str, members: set[int] | None) -> list[Window]:
     """The windows of one endpoint, mode and group (None: every prompt), in pack order."""
     return sorted((w for w in windows if w.endpoint == endpoint and w.mode == mode
                    and (members is None or w.prompt in members)), key=lambda w: w.prompt or 0)
 
 
-def _run_groups(run: dict[str, Any]) -> dict[str, set[int] | None]:
-    """Group -> the pack indices in it (None: every prompt): all, then each source, then each task, by name; the
-    prompts a server refused are in none."""
-    skipped = {skip["prompt"] for skip in run.get("skipped_prompts", ())}
+def _run_groups(run: Run, mode: str) -> dict[str, set[int] | None]:
+    """Group -> the pack indices in it (None: every prompt): all, then each source, task, input length (the
+    slices of ``length_edges``, in target tokens as the server counted them in ``mode``) and turn, by name; the
+    prompts a server refused are in none. Where some head's answer loops in ``mode``, each group is followed by
+    itself without the prompts of those answers (every head's, so that the heads stay paired)."""
+    skipped = {skip.prompt for skip in run.skipped_prompts}
+    kept = {index for index in range(len(run.prompts)) if index not in skipped}
+    lengths = {answer.prompt: answer.input_tokens for w in run.windows if w.mode == mode for answer in w.answers
+               if answer.input_tokens is not None}
     named: dict[str, set[int]] = {}
-    for index, prompt in enumerate(run["prompts"]):
-        if index in skipped:
-            continue
-        named.setdefault(f"source:{prompt['source']}", set()).add(index)
-        if prompt["task"] is not None:
-            named.setdefault(f"task:{prompt['task']}", set()).add(index)
-    order = sorted(named, key=lambda group: (not group.startswith("source:"), group))
-    return {ALL: None, **{group: named[group] for group in order}}
+    for index in sorted(kept):
+        prompt = run.prompts[index]
+        names = [f"source:{prompt.source}", f"task:{prompt.task}" if prompt.task is not None else None,
+                 _length_slice(lengths[index], run.settings.length_edges) if index in lengths else None,
+                 _turn_slice(prompt.turn) if prompt.turn is not None else None]
+        for name in filter(None, names):
+            named.setdefault(name, set()).add(index)
+    order = sorted(named, key=_group_order(run.settings.length_edges))
+    groups: dict[str, set[int] | None] = {ALL: None, **{group: named[group] for group in order}}
+    threshold = run.settings.loop_threshold
+    looping = {w.prompt for w in run.windows if w.mode == mode and w.prompt is not None and _looped(w, threshold)}
+    if not looping:
+        return groups
+    with_loops_apart: dict[str, set[int] | None] = {}
+    for group, members in groups.items():
+        with_loops_apart[group] = members
+        with_loops_apart[group + WITHOUT_LOOPS] = (kept if members is None else members) - looping
+    return with_loops_apart
 
 
 def check_writable(directory: Path, what: str) -> None:
@@ -133,11 +270,11 @@ def check_writable(directory: Path, what: str) -> None:
                 folder.rmdir()
 
 
-def save_run(run: dict[str, Any], directory: Path) -> Path:
+def save_run(run: Run, directory: Path) -> Path:
     """Write ``run`` as ``directory/<timestamp>-<hash>.json`` (staged, then renamed into place; readable by all,
     as every output is); RunNotSaved, holding the run, when it cannot be written."""
-    body = orjson.dumps(run, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
-    stamp = run["created"].replace("-", "").replace(":", "")
+    body = orjson.dumps(run.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    stamp = run.created.replace("-", "").replace(":", "")
     path = directory / f"{stamp}-{hashlib.sha256(body).hexdigest()[:12]}.json"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -150,78 +287,16 @@ def save_run(run: dict[str, Any], directory: Path) -> Path:
     return path
 
 
-class _Number:
-    """A finite number in a saved run (JSON has no NaN: a figure that was one is saved as null)."""
-
-
-_OR_NONE = type(None)
-_FIGURES = {"mode": str, "endpoint": str, "group": str, "requests": int, "output_tokens": (int, _OR_NONE),
-            "acceptance_rate": (_Number, _OR_NONE), "mean_acceptance_length": (_Number, _OR_NONE),
-            "acceptance_by_position": [_Number], "output_tokens_per_s": (_Number, _OR_NONE),
-            "tpot_ms": (_Number, _OR_NONE), "method": (str, _OR_NONE)}
-# What reading a saved run (its tables, its page, a comparison, the audit's section) relies on.
-_RUN_SHAPE: dict[str, Any] = {
-    "created": str,
-    "pack": {"path": str, "sha256": str, "prompts": int, "unreadable_rows": dict},
-    "settings": {"modes": [str], "concurrency": int, "temperature": (_Number, _OR_NONE), "temperature_from": str,
-                 "max_tokens": int},
-    "endpoints": [{"label": str, "url": str, "identity": dict, "speculator": dict}],
-    "notes": [str],
-    "metrics_reads": {"count": int, "seconds": _Number},
-    "prompts": [{"id": str, "source": str, "task": (str, _OR_NONE)}],
-    "windows": [{"endpoint": str, "mode": str, "prompt": (int, _OR_NONE), "requests": int,
-                 "output_tokens": (int, _OR_NONE), "seconds": _Number, "drafts": _Number, "draft_tokens": _Number,
-                 "accepted": _Number, "accepted_by_position": [_Number], "tpot_sum": _Number, "tpot_count": _Number}],
-    "figures": [_FIGURES],
-    "ratios": [{"a": str, "b": str, "mode": str, "group": str, "figure": str, "ratio": (_Number, _OR_NONE),
-                "low": (_Number, _OR_NONE), "high": (_Number, _OR_NONE)}],
-}
-
-
-def _shape_problem(value: Any, shape: Any, where: str) -> str | None:
-    """Where ``value`` breaks ``shape`` (a type, a tuple of them, {key: shape} for an object, [shape] for a list of
-    them), or None."""
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return f"{where} is not an object"
-        for key, inner in shape.items():
-            if key not in value:
-                return f"{where}.{key} is missing".lstrip(".")
-            problem = _shape_problem(value[key], inner, f"{where}.{key}")
-            if problem is not None:
-                return problem
-        return None
-    if isinstance(shape, list):
-        if not isinstance(value, list):
-            return f"{where} is not a list"
-        return next((problem for index, item in enumerate(value)
-                     if (problem := _shape_problem(item, shape[0], f"{where}[{index}]")) is not None), None)
-    kinds = shape if isinstance(shape, tuple) else (shape,)
-    number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if any(value is None if kind is _OR_NONE else number if kind is _Number
-           else isinstance(value, kind) and not isinstance(value, bool) for kind in kinds):
-        return None
-    return f"{where} is {orjson.dumps(value).decode()[:40]}, not {' or '.join(_KIND_NAMES[kind] for kind in kinds)}"
-
-
-_KIND_NAMES = {str: "a string", int: "an integer", dict: "an object", _Number: "a number", _OR_NONE: "null"}
-
-
-def load_run(path: Path) -> dict[str, Any]:
+def load_run(path: Path) -> Run:
     """A run ``evaluate`` saved, checked to hold what its readers read (a run cut short or edited by hand, or saved
     by an eval that let a NaN through as null, is refused, naming the key)."""
     try:
-        run = orjson.loads(Path(path).read_bytes())
+        document = orjson.loads(Path(path).read_bytes())
     except FileNotFoundError:
         raise CorpusError("no such file", file=str(path)) from None
     except (OSError, orjson.JSONDecodeError) as error:
         raise CorpusError(f"not a saved eval run: {error}", file=str(path)) from None
-    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
-        raise CorpusError(f"not a saved eval run (format {RUN_FORMAT})", file=str(path))
-    problem = _shape_problem(run, _RUN_SHAPE, "")
-    if problem is not None:
-        raise CorpusError(f"not a whole saved eval run: {problem.lstrip('.')}", file=str(path))
-    return run
+    return Run.from_json(document, str(path))
 
 
 # ---- tables --------------------------------------------------------------------------------------
@@ -230,9 +305,8 @@ def _number(value: Any, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _temperature(settings: dict[str, Any]) -> str:
-    value = settings["temperature"]
-    return "target default" if value is None else f"{value:g}"
+def _temperature(settings: RunSettings) -> str:
+    return "target default" if settings.temperature is None else f"{settings.temperature:g}"
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -245,152 +319,313 @@ def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), "|" + "|".join("-" * (width + 2) for width in widths) + "|", *map(line, rows)]
 
 
-def _positions(values: list[float]) -> str:
+def _positions(values: tuple[float, ...]) -> str:
     shown = " ".join(f"{value:.2f}" for value in values[:_POSITIONS_SHOWN])
     return shown + (" ..." if len(values) > _POSITIONS_SHOWN else "") if values else "n/a"
 
 
-def _interval(ratio: dict[str, Any]) -> str:
-    if ratio["ratio"] is None:
+def _too_few(pairs: int | None) -> str:
+    """What stands for an interval a slice is too small for ("" where it is not: unpaired, or enough pairs)."""
+    return f" (no interval: {pairs} prompts, under {MIN_INTERVAL_PAIRS})" if pairs is not None and \
+        pairs < MIN_INTERVAL_PAIRS else ""
+
+
+def _interval(ratio: Ratio) -> str:
+    if ratio.ratio is None:
         return "n/a"
-    if ratio["low"] is None:
-        return f"{ratio['ratio']:.3f}"
-    return f"{ratio['ratio']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]"
+    if ratio.low is None or ratio.high is None:
+        return f"{ratio.ratio:.3f}{_too_few(ratio.pairs)}"
+    return f"{ratio.ratio:.3f} [{ratio.low:.3f}, {ratio.high:.3f}]"
 
 
-def describe_endpoint(endpoint: dict[str, Any]) -> str:
-    identity = describe_identity({key: endpoint["identity"].get(key) for key in (*IDENTITY_FIELDS, "revision")})
-    speculator = endpoint["speculator"]
-    if speculator.get("told_by"):
-        told = f"{speculator.get('method')} {speculator.get('model') or ''}".rstrip()
-        told += f", {speculator.get('num_speculative_tokens')} tokens (told by {speculator['told_by']})"
+def describe_endpoint(endpoint: Endpoint) -> str:
+    identity = describe_identity({key: endpoint.identity.get(key) for key in (*IDENTITY_FIELDS, "revision")})
+    speculator = endpoint.speculator
+    if speculator.told_by:
+        told = f"{speculator.method} {speculator.model or ''}".rstrip()
+        told += f", {speculator.num_speculative_tokens} tokens (told by {speculator.told_by})"
     else:
-        told = (f"not told ({speculator.get('num_speculative_tokens')} draft positions in the counters; "
+        told = (f"not told ({speculator.num_speculative_tokens} draft positions in the counters; "
                 "VLLM_SERVER_DEV_MODE=1 opens /server_info)")
-    counted = endpoint.get("counters", "/metrics")  # runs saved before per-request counts read /metrics
-    return f"{endpoint['label']} {endpoint['url']}: {identity}; speculator: {told}; counted by {counted}"
+    return f"{endpoint.label} {endpoint.url}: {identity}; speculator: {told}; counted by {endpoint.counters}"
 
 
-FIGURE_HEADER = ("mode", "head", "group", "requests", "output tokens", "acceptance rate", "mean acceptance length",
-                 "acceptance by position", "output tok/s", "TPOT ms", "temperature", "method")
+FIGURE_HEADER = ("mode", "head", "group", "requests", "loops", "output tokens",
+                 *(FIGURE_TITLES[f] for f in RATIO_FIGURES[:4]), "acceptance by position", "output tok/s", "TPOT ms",
+                 "temperature", "method")
 
 
-def describe_run(run: dict[str, Any]) -> list[str]:
+def describe_run(run: Run) -> list[str]:
     """The lines above a run's tables: the pack, the settings, the endpoints, the notes, what reading the counters
-    cost."""
-    settings, pack = run["settings"], run["pack"]
-    lines = [f"eval of {pack['path']} ({pack['prompts']} prompts, sha256 {pack['sha256'][:12]}) at concurrency "
-             f"{settings['concurrency']}, temperature {_temperature(settings)} ({settings['temperature_from']}), "
-             f"max_tokens {settings['max_tokens']}"]
-    lines += [describe_endpoint(endpoint) for endpoint in run["endpoints"]]
-    lines += [f"note: {note}" for note in run["notes"]]
-    reads, requests = run["metrics_reads"], sum(w["seconds"] for w in run["windows"])
-    if reads["count"]:
-        lines.append(f"counters read {reads['count']} times, {1000 * reads['seconds'] / reads['count']:.1f} ms each "
-                     f"({100 * reads['seconds'] / requests if requests else 0:.1f}% of the time the requests took)")
+    cost, and what a run saved in an older format did not record."""
+    settings, pack = run.settings, run.pack
+    lines = [f"eval of {pack.path} ({pack.prompts} prompts, sha256 {pack.sha256[:12]}) at concurrency "
+             f"{settings.concurrency}, temperature {_temperature(settings)} ({settings.temperature_from}), "
+             f"max_tokens {settings.max_tokens}"]
+    lines += [describe_endpoint(endpoint) for endpoint in run.endpoints]
+    lines += [f"note: {note}" for note in run.notes]
+    reads, requests = run.metrics_reads, sum(w.seconds for w in run.windows)
+    if reads.count:
+        lines.append(f"counters read {reads.count} times, {1000 * reads.seconds / reads.count:.1f} ms each "
+                     f"({100 * reads.seconds / requests if requests else 0:.1f}% of the time the requests took)")
+    lines += [f"missing: {missing}" for missing in run.missing]
     return lines
 
 
-def figure_cells(row: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+def figure_cells(row: Figure, settings: RunSettings) -> list[str]:
     """One of a run's ``figures`` as a row of its table (``FIGURE_HEADER``)."""
-    tokens = row["output_tokens"]
-    return [row["mode"], row["endpoint"], row["group"], str(row["requests"]), "n/a" if tokens is None else str(tokens),
-            _number(row["acceptance_rate"]), _number(row["mean_acceptance_length"], 2),
-            _positions(row["acceptance_by_position"]), _number(row["output_tokens_per_s"], 1),
-            _number(row["tpot_ms"], 2), _temperature(settings), str(row["method"] or "not told")]
+    tokens = row.output_tokens
+    return [row.mode, row.endpoint, row.group, str(row.requests), "n/a" if row.loops is None else str(row.loops),
+            "n/a" if tokens is None else str(tokens),
+            _number(row.acceptance_rate_pooled), _number(row.acceptance_rate_per_request),
+            _number(row.mean_acceptance_length_pooled, 2), _number(row.mean_acceptance_length_per_request, 2),
+            _positions(row.acceptance_by_position), _number(row.output_tokens_per_s, 1),
+            _number(row.tpot_ms, 2), _temperature(settings), str(row.method or "not told")]
 
 
-def ratio_table(run: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+def ratio_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
     """A run's ratios of every head to head A: (how they were measured, header, rows)."""
-    paired = run["settings"]["concurrency"] == 1
+    paired = run.settings.concurrency == 1
     caption = (("paired over the same prompts, sent in a rotating order; "
                 f"{100 * CONFIDENCE:g}% bootstrap interval ({RESAMPLES} resamples, seed {BOOTSTRAP_SEED})")
                if paired else "whole phases (no interval: pairing prompts needs concurrency 1)")
     keyed: dict[tuple[str, str, str, str], dict[str, str]] = {}
-    for ratio in run["ratios"]:
-        keyed.setdefault((ratio["mode"], ratio["group"], ratio["a"], ratio["b"]), {})[ratio["figure"]] = \
-            _interval(ratio)
+    for ratio in run.ratios:
+        keyed.setdefault((ratio.mode, ratio.group, ratio.a, ratio.b), {})[ratio.value.figure] = _interval(ratio.value)
     rows = [[mode, f"{b} / {a}", group, *(values.get(figure, "n/a") for figure in RATIO_FIGURES)]
             for (mode, group, a, b), values in keyed.items()]
     return caption, ["mode", "heads", "group", *(FIGURE_TITLES[f] for f in RATIO_FIGURES)], rows
 
 
-def format_run(run: dict[str, Any]) -> str:
-    rows = [figure_cells(row, run["settings"]) for row in run["figures"]]
+LENGTH_HEADER = ("mode", "head", "group", "verify steps", "accepted 0..k (share of steps)", "marginal by position",
+                 "conditional by position")
+
+
+def _shares(values: tuple[float, ...]) -> str:
+    return " ".join(f"{value:.2f}" for value in values) if values else "n/a"
+
+
+def length_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
+    """The accepted lengths over the whole pack: (how, header, rows)."""
+    caption = ("accepted lengths: the share of verify steps that accepted exactly 0, 1, ..., k drafted tokens; "
+               "marginal: the first i+1 drafted tokens all accepted; conditional: position i accepted given every "
+               "one before it")
+    rows = [[f.mode, f.endpoint, f.group, f"{f.drafts:g}", _shares(f.accepted_histogram),
+             _shares(f.acceptance_by_position), _shares(f.conditional_by_position)]
+            for f in run.figures if f.group in (ALL, ALL + WITHOUT_LOOPS)]
+    return caption, list(LENGTH_HEADER), rows
+
+
+LOOP_HEADER = ("mode", "heads", "group", "loop share A", "loop share B", "B - A", "loops")
+
+
+def _gap_cells(gap: LoopGap) -> list[str]:
+    if gap.low is None or gap.high is None:
+        return [f"{gap.share_a:.3f}", f"{gap.share_b:.3f}", f"{gap.difference:+.3f}{_too_few(gap.pairs)}", "n/a"]
+    return [f"{gap.share_a:.3f}", f"{gap.share_b:.3f}", f"{gap.difference:+.3f} [{gap.low:+.3f}, {gap.high:+.3f}]",
+            "DIFFER: compare without loops" if gap.flagged else "alike"]
+
+
+def loop_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
+    """Each head's share of looping answers beside head A's: (how, header, rows); flagged where they differ."""
+    caption = (f"loop share: answers whose repetition (the share of their tokens inside {LOOP_NGRAM}-grams seen "
+               f"earlier in them) is {run.settings.loop_threshold:g} or more; B - A paired over the same prompts, "
+               f"{100 * CONFIDENCE:g}% bootstrap interval, DIFFER where it excludes 0")
+    rows = [[gap.mode, f"{gap.b} / {gap.a}", gap.group, *_gap_cells(gap.value)] for gap in run.loop_gaps]
+    return caption, list(LOOP_HEADER), rows
+
+
+WIN_FIGURES = ("mean_acceptance_length_pooled", "output_tokens_per_s")
+
+
+def _winner(run: Run, mode: str, group: str, figure: str) -> str | None:
+    """The head that wins ``figure`` in a mode and group: one whose ratio to head A has an interval above 1 (the
+    highest such), else head A when every other's is below 1; None for a tie or where there is no interval."""
+    ratios = [r for r in run.ratios if (r.mode, r.group, r.value.figure) == (mode, group, figure)]
+    if not ratios or any(r.value.low is None or r.value.high is None for r in ratios):
+        return None
+    above = [r for r in ratios if r.value.low is not None and r.value.low > 1]
+    if above:
+        return max(above, key=lambda r: r.value.ratio or 0.0).b
+    return ratios[0].a if all(r.value.high is not None and r.value.high < 1 for r in ratios) else None
+
+
+def _drafter(run: Run, label: str | None) -> str:
+    if label is None:
+        return "tie"
+    method = next(e.speculator.method for e in run.endpoints if e.label == label)
+    return f"{label} ({method})" if method else label
+
+
+def winner_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
+    """Which head wins where: per mode and slice, the head with the higher mean acceptance length and output tok/s
+    where the interval excludes a tie: (how, header, rows)."""
+    caption = (f"which drafter wins where: the head whose B / A interval ({100 * CONFIDENCE:g}%) excludes 1; tie "
+               "where it does not, or where a slice is too small for an interval")
+    keys = dict.fromkeys((r.mode, r.group) for r in run.ratios if not r.group.endswith(WITHOUT_LOOPS))
+    requests = {(f.mode, f.group): f.requests for f in run.figures if f.endpoint == run.endpoints[0].label}
+    rows = [[mode, group, str(requests[mode, group]),
+             *(_drafter(run, _winner(run, mode, group, figure)) for figure in WIN_FIGURES)]
+            for mode, group in keys] if run.settings.concurrency == 1 else []
+    return caption, ["mode", "group", "requests", "mean acceptance length", "output tok/s"], rows
+
+
+def routing(run: Run) -> list[str]:
+    """The routing the winners imply, per mode: the slices whose winner by mean acceptance length differs from the
+    whole pack's, then everything else; only where the interval excludes a tie."""
+    lines = []
+    for mode in run.settings.modes:
+        overall = _winner(run, mode, ALL, WIN_FIGURES[0])
+        exceptions = [(group, winner) for _, group, _, winner, _ in
+                      (row for row in winner_table(run)[2] if row[0] == mode and row[1] != ALL)
+                      if winner != "tie" and winner != _drafter(run, overall)]
+        if overall is None and not exceptions:
+            continue
+        parts = [f"{group}: {winner}" for group, winner in exceptions]
+        parts.append(f"everything else: {_drafter(run, overall)}" if overall is not None else
+                     "everything else: no winner (tie)")
+        lines.append(f"routing, {mode} mode: " + "; ".join(parts))
+    return lines
+
+
+def format_run(run: Run) -> str:
+    rows = [figure_cells(row, run.settings) for row in run.figures]
     lines = [*describe_run(run), "", *_markdown(list(FIGURE_HEADER), rows)]
-    if run["ratios"]:
-        caption, header, rows = ratio_table(run)
-        lines += ["", caption, *_markdown(header, rows)]
-    return "\n".join(lines)
+    for part in (length_table, ratio_table, loop_table, winner_table):
+        caption, header, rows = part(run)
+        if rows:
+            lines += ["", caption, *_markdown(header, rows)]
+    return "\n".join([*lines, *routing(run)])
 
 
-def compare_runs(run_a: dict[str, Any], run_b: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class ComparedRow:
+    """One (mode, head, group) both runs have: its figures in each, and B over A."""
+
+    mode: str
+    endpoint: str
+    group: str
+    a: Figure
+    b: Figure
+    ratios: tuple[Ratio, ...]
+    loops: LoopGap | None = None  # B's loop share minus A's, where both runs' answers tell theirs
+
+    def ratio(self, figure: str) -> Ratio:
+        return next(ratio for ratio in self.ratios if ratio.figure == figure)
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Two saved runs side by side (``runs``: A and B); ``paired``: B / A paired prompt by prompt."""
+
+    runs: tuple[Run, Run]
+    paired: bool
+    notes: tuple[str, ...]
+    rows: tuple[ComparedRow, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``--compare --json`` prints: each run's heading (not its windows), the notes and the rows."""
+        sides = {side: {"created": run.created, "format": run.format, "pack": as_json(run.pack),
+                        "settings": as_json(run.settings), "endpoints": [as_json(e) for e in run.endpoints],
+                        "missing": list(run.missing)} for side, run in zip("ab", self.runs, strict=True)}
+        rows = [{"mode": row.mode, "endpoint": row.endpoint, "group": row.group, "a": as_json(row.a),
+                 "b": as_json(row.b), "ratios": {ratio.figure: as_json(ratio) for ratio in row.ratios},
+                 "loops": None if row.loops is None else as_json(row.loops)}
+                for row in self.rows]
+        return {**sides, "paired": self.paired, "notes": list(self.notes), "rows": rows}
+
+
+def _values(figure: Figure) -> dict[str, Any]:
+    return {name: getattr(figure, name) for name in RATIO_FIGURES}
+
+
+def compare_runs(run_a: Run, run_b: Run) -> Comparison:
     """Two saved runs side by side: the figures of each (mode, head, group) both have, B over A, and an interval
     paired prompt by prompt where both replayed the same pack at concurrency 1."""
-    same_pack = run_a["pack"]["sha256"] == run_b["pack"]["sha256"]
-    paired = same_pack and run_a["settings"]["concurrency"] == run_b["settings"]["concurrency"] == 1
+    same_pack = run_a.pack.sha256 == run_b.pack.sha256
+    paired = same_pack and run_a.settings.concurrency == run_b.settings.concurrency == 1
     notes = []
     if not same_pack:
         notes.append("the runs replayed different packs: their figures are not paired")
     for key in ("temperature", "max_tokens", "modes", "concurrency"):
-        if run_a["settings"].get(key) != run_b["settings"].get(key):
-            notes.append(f"{key} differs: {run_a['settings'].get(key)} in A, {run_b['settings'].get(key)} in B")
-    identities_a = {e["label"]: e["identity"] for e in run_a["endpoints"]}
-    for endpoint in run_b["endpoints"]:
-        if endpoint["label"] in identities_a and identities_a[endpoint["label"]] != endpoint["identity"]:
-            notes.append(f"head {endpoint['label']} ran on different targets in the two runs")
-    figures_b = {(f["mode"], f["endpoint"], f["group"]): f for f in run_b["figures"]}
-    windows_a = [Window.from_dict(doc) for doc in run_a["windows"]]
-    windows_b = [Window.from_dict(doc) for doc in run_b["windows"]]
-    groups = _run_groups(run_a) if paired else {}
+        value_a, value_b = getattr(run_a.settings, key), getattr(run_b.settings, key)
+        if value_a != value_b:
+            notes.append(f"{key} differs: {json_value(value_a)} in A, {json_value(value_b)} in B")
+    identities_a = {e.label: e.identity for e in run_a.endpoints}
+    notes += [f"head {e.label} ran on different targets in the two runs" for e in run_b.endpoints
+              if e.label in identities_a and identities_a[e.label] != e.identity]
+    rows = _paired_rows(run_a, run_b) if paired else _unpaired_rows(run_a, run_b)
+    return Comparison((run_a, run_b), paired, tuple(notes), tuple(rows))
+
+
+def _unpaired_rows(run_a: Run, run_b: Run) -> list[ComparedRow]:
+    """The (mode, head, group) both runs have, B over A from their figures."""
+    figures_b = {(f.mode, f.endpoint, f.group): f for f in run_b.figures}
+    return [ComparedRow(a.mode, a.endpoint, a.group, a, b, tuple(figure_ratios(_values(a), _values(b))))
+            for a in run_a.figures if (b := figures_b.get((a.mode, a.endpoint, a.group))) is not None]
+
+
+def _paired_rows(run_a: Run, run_b: Run) -> list[ComparedRow]:
+    """Every (mode, head, group) of two runs of one pack, over the prompts the group has in both (a group without
+    loops leaves out the prompts either run's heads looped on), B over A paired prompt by prompt."""
     rows = []
-    for figure_a in run_a["figures"]:
-        mode, endpoint, group = figure_a["mode"], figure_a["endpoint"], figure_a["group"]
-        figure_b = figures_b.get((mode, endpoint, group))
-        if figure_b is None:
-            continue
-        members = groups.get(group)
-        ratios = (paired_ratios(*(_chosen(windows, mode, endpoint, members) for windows in (windows_a, windows_b)))
-                  if paired else figure_ratios(figure_a, figure_b))
-        rows.append({"mode": mode, "endpoint": endpoint, "group": group, "a": figure_a, "b": figure_b,
-                     "ratios": ratios})
-    return {"a": {"created": run_a["created"], "pack": run_a["pack"], "settings": run_a["settings"],
-                  "endpoints": run_a["endpoints"]},
-            "b": {"created": run_b["created"], "pack": run_b["pack"], "settings": run_b["settings"],
-                  "endpoints": run_b["endpoints"]},
-            "paired": paired, "notes": notes, "rows": rows}
+    endpoints = [e.label for e in run_a.endpoints if e.label in {other.label for other in run_b.endpoints}]
+    for mode in (mode for mode in run_a.settings.modes if mode in run_b.settings.modes):
+        groups = [_run_groups(run, mode) for run in (run_a, run_b)]
+        for group in dict.fromkeys([*groups[0], *groups[1]]):
+            members = _both(*(_members_of(each, group) for each in groups))
+            for endpoint in endpoints:
+                a, b = (_chosen(run.windows, mode, endpoint, members) for run in (run_a, run_b))
+                if not a or not b:
+                    continue
+                gap = None if group.endswith(WITHOUT_LOOPS) else _gap(a, b, run_a.settings.loop_threshold)
+                rows.append(ComparedRow(mode, endpoint, group, _figure(run_a, endpoint, mode, group, a),
+                                        _figure(run_b, endpoint, mode, group, b), tuple(paired_ratios(a, b)), gap))
+    return rows
 
 
-def describe_comparison(comparison: dict[str, Any], names: tuple[str, str]) -> list[str]:
+def _members_of(groups: dict[str, set[int] | None], group: str) -> set[int] | None:
+    """A group's prompts in one run; a group without loops that a run does not have is the group itself there (no
+    head of that run looped in it)."""
+    return groups[group] if group in groups else groups.get(group.removesuffix(WITHOUT_LOOPS))
+
+
+def _both(a: set[int] | None, b: set[int] | None) -> set[int] | None:
+    """The prompts in both (None: every prompt)."""
+    return b if a is None else a if b is None else a & b
+
+
+def describe_comparison(comparison: Comparison, names: tuple[str, str]) -> list[str]:
     """The lines above a comparison's table: each run (``names``: how they were given) with its endpoints, and the
     notes."""
     lines = []
-    for side, name in zip(("a", "b"), names, strict=True):
-        run = comparison[side]
-        lines.append(f"run {side.upper()} {name}: {run['created']}, pack sha256 {run['pack']['sha256'][:12]}, "
-                     f"temperature {_temperature(run['settings'])}, concurrency {run['settings']['concurrency']}")
-        lines += ["  " + describe_endpoint(endpoint) for endpoint in run["endpoints"]]
-    return lines + [f"note: {note}" for note in comparison["notes"]]
+    for side, run, name in zip("AB", comparison.runs, names, strict=True):
+        lines.append(f"run {side} {name}: {run.created}, pack sha256 {run.pack.sha256[:12]}, "
+                     f"temperature {_temperature(run.settings)}, concurrency {run.settings.concurrency}")
+        lines += ["  " + describe_endpoint(endpoint) for endpoint in run.endpoints]
+        lines += [f"  missing: {missing}" for missing in run.missing]
+    return lines + [f"note: {note}" for note in comparison.notes]
 
 
-def comparison_table(comparison: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+def comparison_table(comparison: Comparison) -> tuple[str, list[str], list[list[str]]]:
     """Run B beside run A: (how B / A was measured, header, rows)."""
     header = ["mode", "head", "group"]
     for figure in RATIO_FIGURES:
         header += [f"{FIGURE_TITLES[figure]} A", "B", "B / A"]
+    header += ["loop share B - A", "loops"]
     rows = []
-    for row in comparison["rows"]:
-        cells = [row["mode"], row["endpoint"], row["group"]]
+    for row in comparison.rows:
+        cells = [row.mode, row.endpoint, row.group]
         for figure in RATIO_FIGURES:
             digits = 1 if figure == "output_tokens_per_s" else 3
-            cells += [_number(row["a"][figure], digits), _number(row["b"][figure], digits),
-                      _interval(row["ratios"][figure])]
-        rows.append(cells)
+            cells += [_number(getattr(row.a, figure), digits), _number(getattr(row.b, figure), digits),
+                      _interval(row.ratio(figure))]
+        rows.append(cells + (_gap_cells(row.loops)[2:] if row.loops is not None else ["n/a", "n/a"]))
     caption = ("B / A paired prompt by prompt (the same pack at concurrency 1), "
-               f"{100 * CONFIDENCE:g}% bootstrap interval") if comparison["paired"] else "B / A (not paired)"
+               f"{100 * CONFIDENCE:g}% bootstrap interval") if comparison.paired else "B / A (not paired)"
     return caption, header, rows
 
 
-def format_comparison(comparison: dict[str, Any], names: tuple[str, str]) -> str:
+def format_comparison(comparison: Comparison, names: tuple[str, str]) -> str:
     caption, header, rows = comparison_table(comparison)
     return "\n".join([*describe_comparison(comparison, names), "", caption, *_markdown(header, rows)])

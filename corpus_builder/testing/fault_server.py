@@ -22,7 +22,9 @@ page after a request still show the counts from before it (a server that counts 
 them). ``misreported`` adds
 accepted tokens to every request's own counts; ``own_count_faults`` (chat request index -> fault) breaks the own
 counts of chosen requests (``OWN_COUNT_FAULTS``). ``usage=False`` leaves ``usage`` out of answers; ``also_serves``
-lists more served names; ``on_chat`` is called with each chat request's index as it arrives (a test's hook to
+lists more served names; ``answers`` (last user message -> ``Scripted``) answers chosen prompts with a text of
+their own, drafted with an acceptance of their own (requests of very different lengths and acceptance, an answer
+that loops); ``on_chat`` is called with each chat request's index as it arrives (a test's hook to
 change the world mid-run, e.g. fill the disk).
 
 Tool calls, like a server with ``--enable-auto-tool-choice``: a request with ``tools`` whose last turn is the
@@ -100,6 +102,15 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class Scripted:
+    """How the server answers one prompt: ``text`` as the answer (no reasoning; its tokens are its words and the
+    end of the turn), each verify step accepting ``accepted_per_draft`` of its drafted tokens."""
+
+    text: str
+    accepted_per_draft: int
+
+
+@dataclass(frozen=True, slots=True)
 class Recorded:
     time: float  # time.monotonic() at arrival
     path: str
@@ -135,7 +146,8 @@ class FaultServer:
                  per_request_metrics: bool = False, misreported: int = 0,
                  own_count_faults: dict[int, str] | None = None, drafts_in: tuple[bool, ...] = (True, False),
                  page_faults: dict[int, str] | None = None, count_lag_reads: int = 0, usage: bool = True,
-                 on_chat: Callable[[int], None] | None = None, also_serves: tuple[str, ...] = ()) -> None:
+                 on_chat: Callable[[int], None] | None = None, also_serves: tuple[str, ...] = (),
+                 answers: dict[str, Scripted] | None = None, detailed: bool = False) -> None:
         self.model = model
         self.also_serves = also_serves  # other names /v1/models lists (the same weights served twice)
         self.max_model_len = max_model_len
@@ -152,11 +164,13 @@ class FaultServer:
         self._mix_random = random.Random(seed)
         self.speculative_tokens = speculative_tokens
         self.accepted_per_draft = accepted_per_draft
+        self.answers = dict(answers or {})
         self.foreign = dict(foreign or {})
         self.server_info = server_info
         # vLLM's --per-request-spec-decode-metrics: each response carries its own counts (``misreported`` more
         # accepted tokens than it counted, a server whose two accounts disagree)
         self.per_request_metrics = per_request_metrics
+        self.detailed = detailed  # --per-request-spec-decode-metrics detailed: each verify step's counts too
         self.misreported = misreported
         self.own_count_faults = dict(own_count_faults or {})
         self.drafts_in = drafts_in
@@ -334,44 +348,49 @@ class FaultServer:
         completion = self._completion(body, prompt, prompt_tokens, kind)
         tokens = completion["usage"]["completion_tokens"]
         drafting = bool((body.get("chat_template_kwargs") or {}).get("enable_thinking", True)) in self.drafts_in
+        scripted = self.answers.get(prompt)
+        accepting = self.accepted_per_draft if scripted is None else scripted.accepted_per_draft
         if self.count_lag_reads:
             self._lagging = (self.count_lag_reads, dict(self.counters), list(self.accepted_by_position))
-        self._count(tokens, foreign=self.foreign.get(index, 0), drafting=drafting)
+        self._count(tokens, accepting, foreign=self.foreign.get(index, 0), drafting=drafting)
         own_fault = self.own_count_faults.get(index)
         if self.per_request_metrics and self.speculative_tokens and own_fault != "missing":
-            completion["metrics"] = {"speculative_decoding": self._own_counts(tokens if drafting else 0, own_fault),
+            completion["metrics"] = {"speculative_decoding": self._own_counts(tokens if drafting else 0, accepting,
+                                                                              own_fault),
                                      "mean_itl_ms": OWN_TPOT_MS}
         if not self.usage:
             del completion["usage"]
         return _json(completion)
 
-    def _own_counts(self, tokens: int, fault: str | None) -> dict[str, Any]:
+    def _own_counts(self, tokens: int, accepting: int, fault: str | None) -> dict[str, Any]:
         """A request's ``metrics.speculative_decoding`` as vLLM 0.32 writes it: every verify step accepted
-        ``accepted_per_draft`` of its drafted tokens (``misreported`` more counted accepted; ``fault`` breaks
-        them)."""
+        ``accepting`` of its drafted tokens (``misreported`` more counted accepted; ``fault`` breaks them)."""
         assert self.speculative_tokens is not None
-        steps = -(-tokens // (self.accepted_per_draft + 1))
+        steps = -(-tokens // (accepting + 1))
         histogram = [0] * (self.speculative_tokens + 1)
-        histogram[self.accepted_per_draft] = steps
+        histogram[accepting] = steps
         drafted = steps * (self.speculative_tokens + (fault == "overdrafted"))
-        accepted = steps * self.accepted_per_draft + self.misreported + (drafted + 1 if fault == "overaccepted" else 0)
-        return {"mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
-                "draft_acceptance_rate": accepted / drafted if steps else 0.0,
-                "acceptance_histogram": histogram, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
-                "num_draft_tokens": drafted, "num_spec_tokens": self.speculative_tokens}
+        accepted = steps * accepting + self.misreported + (drafted + 1 if fault == "overaccepted" else 0)
+        counts = {"mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+                  "draft_acceptance_rate": accepted / drafted if steps else 0.0,
+                  "acceptance_histogram": histogram, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
+                  "num_draft_tokens": drafted, "num_spec_tokens": self.speculative_tokens}
+        if self.detailed:
+            counts |= {"per_step_accepted": [accepting] * steps, "per_step_drafted": [self.speculative_tokens] * steps}
+        return counts
 
-    def _count(self, tokens: int, *, foreign: int, drafting: bool = True) -> None:
-        """vLLM's counters after a request of ``tokens`` (and ``foreign`` requests of others, alike) finished;
-        its speculator drafted only when ``drafting``."""
+    def _count(self, tokens: int, accepting: int, *, foreign: int, drafting: bool = True) -> None:
+        """vLLM's counters after a request of ``tokens`` (and ``foreign`` requests of others, alike) finished,
+        each verify step accepting ``accepting`` drafted tokens; its speculator drafted only when ``drafting``."""
         for _ in range(1 + foreign):
             self.counters["requests"] += 1
             self.counters["tokens"] += tokens
             if self.speculative_tokens and drafting:
-                drafts = -(-tokens // (self.accepted_per_draft + 1))
+                drafts = -(-tokens // (accepting + 1))
                 self.counters["drafts"] += drafts
                 self.counters["draft_tokens"] += drafts * self.speculative_tokens
-                self.counters["accepted"] += drafts * self.accepted_per_draft
-                for position in range(self.accepted_per_draft):
+                self.counters["accepted"] += drafts * accepting
+                for position in range(accepting):
                     self.accepted_by_position[position] += drafts
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
@@ -442,8 +461,9 @@ class FaultServer:
     def _completion(self, body: dict[str, Any], prompt: str, prompt_tokens: int, kind: str | None) -> dict[str, Any]:
         thinking = bool((body.get("chat_template_kwargs") or {}).get("enable_thinking", True))
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 64)
-        reasoning = f"Let me think about {prompt[:60]}." if thinking else None
-        content: str | None = f"Answer to {prompt[:60]}."
+        scripted = self.answers.get(prompt)
+        reasoning = f"Let me think about {prompt[:60]}." if thinking and scripted is None else None
+        content: str | None = f"Answer to {prompt[:60]}." if scripted is None else scripted.text
         finish = "stop"
         if kind == "length":
             reasoning, content, finish = (reasoning or "") + " And more thinking", None, "length"
@@ -474,7 +494,11 @@ class FaultServer:
         }
         if body.get("return_token_ids"):
             doc["prompt_token_ids"] = list(range(100, 100 + prompt_tokens))
-            doc["choices"][0]["token_ids"] = list(range(5000, 5000 + completion_tokens))
+            # a scripted answer's tokens are its words (one id a word) and the end of the turn; others all differ
+            words = content.split() if scripted is not None and content else []
+            vocabulary = {word: 5000 + index for index, word in enumerate(dict.fromkeys(words))}
+            doc["choices"][0]["token_ids"] = ([vocabulary[word] for word in words] + [2] if words
+                                              else list(range(5000, 5000 + completion_tokens)))
         return doc
 
 

@@ -17,7 +17,8 @@ from typing import Any
 from corpus_builder.eval.figures import Window
 from corpus_builder.eval.metrics import Counters
 from corpus_builder.eval.pack import Pack, PackPrompt
-from corpus_builder.eval.report import FIGURE_TITLES, run_document
+from corpus_builder.eval.report import FIGURE_TITLES, Comparison, format_run, run_document
+from corpus_builder.eval.run import Reads, Run
 from corpus_builder.records import Conversation, Message
 
 POSITIONS = 3
@@ -57,7 +58,7 @@ def window(label: str, mode: str, prompt: int, strength: float) -> Window:
 
 def synthetic_run(pack: Pack | None = None, heads: dict[str, tuple[float, str | None]] | None = None, *,
                   modes: Sequence[str] = ("thinking", "non-thinking"), temperature: float | None = 0.0,
-                  shift: float = 0.0) -> dict[str, Any]:
+                  shift: float = 0.0) -> Run:
     """A run of ``pack`` on ``heads`` (each strength moved by ``shift``; the non-thinking mode's is lower)."""
     pack = pack or pack_of()
     heads = heads or HEADS
@@ -66,7 +67,12 @@ def synthetic_run(pack: Pack | None = None, heads: dict[str, tuple[float, str | 
     settings = {"modes": list(modes), "concurrency": 1, "temperature": temperature, "temperature_from": "--temperature",
                 "top_p": None, "max_tokens": 64, "sent": {"max_tokens": 64, "top_k": -1}, "recipe_top_k": None}
     return run_document(pack, [endpoint(label, method) for label, (_, method) in heads.items()], windows, settings,
-                        ["a synthetic run"], 0, {"count": 0, "seconds": 0.0})
+                        ["a synthetic run"], 0, Reads())
+
+
+def text_of(run: dict[str, Any]) -> str:
+    """A run's text, from its JSON (read back as a saved run is)."""
+    return format_run(Run.from_json(run, "run.json"))
 
 
 # ---- what a page shows -----------------------------------------------------------------------------
@@ -131,9 +137,10 @@ def shows_interval(cell: str, ratio: dict[str, Any]) -> bool:
     return len(numbers) == len(expected) and all(shows(n, v) for n, v in zip(numbers, expected, strict=True))
 
 
-def check_figures(table: Table, run: dict[str, Any]) -> int:
+def check_figures(table: Table, record: Run) -> int:
     """Every row of a figures table shows its figures as the run has them, the temperature and method beside
     them; the number of rows checked."""
+    run = record.to_json()
     header, *rows = table
     figures = {(f["mode"], f["endpoint"], f["group"]): f for f in run["figures"]}
     methods = {e["label"]: e["speculator"].get("method") for e in run["endpoints"]}
@@ -141,6 +148,7 @@ def check_figures(table: Table, run: dict[str, Any]) -> int:
         row = dict(zip(header, cells, strict=True))
         figure = figures[row["mode"], row["head"], row["group"]]
         assert row["requests"] == str(figure["requests"]) and row["output tokens"] == str(figure["output_tokens"])
+        assert row["loops"] == ("n/a" if figure["loops"] is None else str(figure["loops"]))
         for column, key in [*((title, key) for key, title in FIGURE_TITLES.items()), ("TPOT ms", "tpot_ms")]:
             assert shows(row[column], figure[key]), (column, row[column], figure[key])
         positions = row["acceptance by position"].removesuffix(" ...").split()
@@ -151,7 +159,8 @@ def check_figures(table: Table, run: dict[str, Any]) -> int:
     return len(rows)
 
 
-def check_ratios(table: Table, run: dict[str, Any]) -> int:
+def check_ratios(table: Table, record: Run) -> int:
+    run = record.to_json()
     header, *rows = table
     ratios = {(r["mode"], f"{r['b']} / {r['a']}", r["group"], FIGURE_TITLES[r["figure"]]): r for r in run["ratios"]}
     for cells in rows:
@@ -161,7 +170,8 @@ def check_ratios(table: Table, run: dict[str, Any]) -> int:
     return len(rows)
 
 
-def check_comparison(table: Table, comparison: dict[str, Any]) -> int:
+def check_comparison(table: Table, compared: Comparison) -> int:
+    comparison = compared.to_json()
     header, *rows = table
     compared = {(r["mode"], r["endpoint"], r["group"]): r for r in comparison["rows"]}
     for cells in rows:

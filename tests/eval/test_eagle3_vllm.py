@@ -58,10 +58,10 @@ def test_an_eagle3_head_is_measured_like_any_other_speculator(eagle3_server: str
             measured = next(f for f in run["figures"] if (f["mode"], f["group"]) == (mode, group))
             assert measured["method"] == "eagle3"
             assert measured["draft_tokens"] > 0, measured
-            assert 0.0 <= measured["acceptance_rate"] <= 1.0
+            assert 0.0 <= measured["acceptance_rate_pooled"] <= 1.0
             positions = measured["acceptance_by_position"]
             assert len(positions) == SPECULATIVE_TOKENS
             assert all(later <= earlier for earlier, later in itertools.pairwise(positions)), positions
-        print(mode, {k: measured[k] for k in ("acceptance_rate", "mean_acceptance_length", "acceptance_by_position",
-                                              "draft_tokens", "output_tokens_per_s")})
+        print(mode, {k: measured[k] for k in ("acceptance_rate_pooled", "mean_acceptance_length_pooled",
+                                              "acceptance_by_position", "draft_tokens", "output_tokens_per_s")})
     assert len(list((tmp_path / "runs").glob("*.json"))) == 1

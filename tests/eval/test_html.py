@@ -3,6 +3,7 @@ a corpus with saved runs, and the pages opened in a real headless Chromium; ever
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from .runs import HEADS, check_comparison, check_figures, check_ratios, pack_of,
 from .test_eval_faults import corpus_cli, speculating
 from .test_pack import fake_corpus
 
-RUN_PARTS = ["acceptance-figures", "acceptance-ratios", "acceptance-groups"]
+RUN_PARTS = ["acceptance-figures", "acceptance-ratios", "acceptance-lengths", "acceptance-winners",
+             "acceptance-groups"]
 PLOT_DIV = 'class="plotly-graph-div"'
 
 
@@ -37,8 +39,8 @@ def test_a_run_page_shows_the_figures_positions_ratios_and_groups(tmp_path: Path
     assert parts(page) == RUN_PARTS
     assert check_figures(tables["acceptance-figures"], run) == 2 * 2  # heads x modes, over the whole pack
     assert {row[2] for row in tables["acceptance-figures"][1:]} == {"all"}
-    assert check_ratios(tables["acceptance-ratios"], run) == 2 * 6  # B / A per mode: all, 3 sources, 2 tasks
-    assert check_figures(tables["acceptance-groups"], run) == 2 * 2 * 5
+    assert check_ratios(tables["acceptance-ratios"], run) == 2 * 7  # B / A per mode: all, 3 sources, 2 tasks, turn 1
+    assert check_figures(tables["acceptance-groups"], run) == 2 * 2 * 6
     assert text.count(PLOT_DIV) == 2  # acceptance by draft position; B / A with its interval
     assert "<h2>Acceptance</h2><h3>run runs/run.json</h3>" in text
     assert "temperature 0 (--temperature)" in text and "note: a synthetic run" in text
@@ -50,7 +52,7 @@ def test_one_head_has_no_ratio_and_names_from_the_run_are_escaped(tmp_path: Path
     page = tmp_path / "run.html"
     write_run_page(page, run, hostile, hostile)
     text = page.read_text(encoding="utf-8")
-    assert parts(page) == ["acceptance-figures", "acceptance-groups"]
+    assert parts(page) == ["acceptance-figures", "acceptance-lengths", "acceptance-groups"]
     assert text.count(PLOT_DIV) == 1
     assert hostile not in text and f"source:{hostile.replace('<', '&lt;').replace('>', '&gt;')}" in text
 
@@ -65,8 +67,8 @@ def test_compare_html_puts_run_b_beside_run_a_then_each_run(tmp_path: Path) -> N
     tables = [table for kind, table in page_tables(page.read_text(encoding="utf-8")) if kind]
     assert parts(page) == ["acceptance-comparison", *RUN_PARTS, *RUN_PARTS]
     comparison = compare(first, second)
-    assert check_comparison(tables[0], comparison) == len(comparison["rows"]) == 2 * 2 * 6
-    assert check_figures(tables[1], load_run(first)) == check_figures(tables[4], load_run(second)) == 4
+    assert check_comparison(tables[0], comparison) == len(comparison.rows) == 2 * 2 * 7
+    assert check_figures(tables[1], load_run(first)) == check_figures(tables[6], load_run(second)) == 4
     assert page.read_text(encoding="utf-8").count(PLOT_DIV) == 2 + 2 * 2
     before = first.read_bytes()
     refused = corpus_cli("eval", "--compare", str(first), str(second), "--html", str(first))
@@ -108,7 +110,7 @@ def corpus(tmp_path: Path) -> Path:
 def test_the_audit_page_has_the_acceptance_of_the_runs_saved_of_its_pack(corpus: Path, tmp_path: Path) -> None:
     pack = read_pack(corpus)
     results = pack.default_results_dir()
-    older = save_run(synthetic_run(pack) | {"created": "2000-01-01T00:00:00Z"}, results)
+    older = save_run(replace(synthetic_run(pack), created="2000-01-01T00:00:00Z"), results)
     newer = save_run(synthetic_run(pack, shift=-0.2), results)
     another = save_run(synthetic_run(pack_of()), results)  # a neighbouring corpus's pack: left out
     (results / "notes.json").write_bytes(orjson.dumps({"not": "a run"}))
@@ -118,7 +120,7 @@ def test_the_audit_page_has_the_acceptance_of_the_runs_saved_of_its_pack(corpus:
     text = page.read_text(encoding="utf-8")
     tables = [table for kind, table in page_tables(text) if kind]
     assert parts(page) == RUN_PARTS * 2
-    assert check_figures(tables[0], load_run(newer)) == check_figures(tables[3], load_run(older)) == 4  # newest first
+    assert check_figures(tables[0], load_run(newer)) == check_figures(tables[5], load_run(older)) == 4  # newest first
     assert text.index("<h2>Plots</h2>") < text.index("<h2>Acceptance</h2>") < text.index(f"run {newer}") \
         < text.index(f"run {older}")
     assert another.name not in text
@@ -158,9 +160,9 @@ def test_the_pages_open_offline_and_show_the_runs_numbers(tmp_path: Path) -> Non
             shown[page] = (tools.evaluate(TABLES), tools.evaluate(f"document.querySelectorAll('{PLOTS}').length"))
     tables, plots = shown[single]
     assert [kind for kind, _ in tables] == RUN_PARTS and plots == 2
-    assert check_figures(tables[0][1], load_run(first)) == 4 and check_ratios(tables[1][1], load_run(first)) == 12
-    assert check_figures(tables[2][1], load_run(first)) == 20
+    assert check_figures(tables[0][1], load_run(first)) == 4 and check_ratios(tables[1][1], load_run(first)) == 14
+    assert check_figures(tables[4][1], load_run(first)) == 24
     tables, plots = shown[both]
     assert [kind for kind, _ in tables] == ["acceptance-comparison", *RUN_PARTS, *RUN_PARTS] and plots == 6
-    assert check_comparison(tables[0][1], comparison) == 24
-    assert check_figures(tables[4][1], load_run(second)) == 4
+    assert check_comparison(tables[0][1], comparison) == 28
+    assert check_figures(tables[6][1], load_run(second)) == 4

@@ -51,10 +51,10 @@ def test_counters_a_speculating_server_counts_are_possible() -> None:
     ({"accepted_by_position": (4.0, -1.0, 1.0)}, 3,
      "counters went down (accepted at position 1): the server restarted, or its page is wrong"),
     ({"draft_tokens": -12.0, "accepted": -7.0, "tpot_count": -1.0}, 3,
-     "counters went down (draft tokens, accepted tokens): the server restarted, or its page is wrong"),
+     "counters went down (draft tokens, accepted tokens, requests timed): the server restarted, or its page is wrong"),
     ({"finished_requests": 0.5}, 3, "counts that are not whole numbers (finished requests)"),
     ({"drafts": 4.5, "draft_tokens": 12.5, "accepted": 7.5, "generation_tokens": 11.5, "tpot_count": 1.5}, None,
-     "counts that are not whole numbers (drafts, draft tokens, accepted tokens, generated tokens)"),
+     "counts that are not whole numbers (drafts, draft tokens, accepted tokens, generated tokens, requests timed)"),
     ({"accepted_by_position": (4.0, 2.5, 0.5)}, 3,
      "counts that are not whole numbers (accepted at position 1, accepted at position 2)"),
     ({"accepted": 13.0, "accepted_by_position": (4.0, 4.0, 5.0)}, 3, "13 tokens accepted of 12 drafted"),
@@ -168,7 +168,8 @@ def test_the_runs_seconds_and_progress_follow_the_clock(tmp_path: Path, monkeypa
         clock.still += 6.0  # each message: six seconds later
 
     with FaultServer(speculative_tokens=3, accepted_per_draft=2) as server:
-        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs", progress=progress).run
+        run = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs",
+                       progress=progress).run.to_json()
     assert [w["seconds"] for w in run["windows"]] == [1.0] * 4
     assert run["metrics_reads"] == {"count": 5, "seconds": 5.0}
     # a message at most every ten seconds, "done" always: 1/2 at 0 s is too soon, 2/2 at 0 s too, done (6 s),
@@ -177,7 +178,8 @@ def test_the_runs_seconds_and_progress_follow_the_clock(tmp_path: Path, monkeypa
     tokens = sum(w["output_tokens"] for w in run["windows"][:2])
     assert run["figures"][0]["output_tokens_per_s"] == tokens / 2.0
     with FaultServer(speculative_tokens=3, accepted_per_draft=2, per_request_metrics=True) as server:
-        own = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs", progress=progress).run
+        own = evaluate(pack, [server.base_url], temperature=0, save_dir=tmp_path / "runs",
+                       progress=progress).run.to_json()
     assert [w["seconds"] for w in own["windows"]] == [1.0] * 4
     assert own["metrics_reads"] == {"count": 2, "seconds": 2.0}  # before the run, after its first window
     clock.still = 100.0
