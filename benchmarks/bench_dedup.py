@@ -21,7 +21,7 @@ library the plain way, as the anchor: one ``MinHash(num_perm=128)`` per conversa
 (``update_batch``), ``MinHashLSH(threshold=0.8)`` queried then inserted per row. It is slow, so it runs on the
 first ``--anchor-size`` rows, and so does ``corpus`` beside it.
 
-Last, decontamination (``corpus_builder.build.decontaminate``): every prompt and every response of 30k
+Last, decontamination (``corpus_builder.assemble.decontaminate``): every prompt and every response of 30k
 conversations checked against evaluation sets of GSM8K's and MT-Bench's sizes, and against 100k texts.
 
     python benchmarks/bench_dedup.py [--sizes 200000 2000000] [--anchor-size 20000] [--no-decontamination]

@@ -74,12 +74,12 @@ CHILD = """
 import os, sys, time
 from pathlib import Path
 engine, workers, recipe, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.recipe import load_recipe
 if engine == "ray":
     from corpus_builder.ray_extra import ray_engine
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray_engine("corpus_builder.build.ray_data", "build").start_cluster(num_cpus=workers)  # on loopback
+    ray_engine("corpus_builder.assemble.ray_data", "build").start_cluster(num_cpus=workers)  # on loopback
 began = time.perf_counter()
 result = build_corpus(load_recipe(recipe), out, engine=engine, progress=open(os.devnull, "w"))
 print(time.perf_counter() - began, result.manifest.conversations, flush=True)
@@ -150,7 +150,7 @@ def shuffle_bytes_per_row(recipe_path: Path, sample: int = 20_000) -> dict[str, 
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from corpus_builder.build.plan import Plan
+    from corpus_builder.assemble.plan import Plan
     from corpus_builder.recipe import load_recipe
     from corpus_builder.sources.parallel import measured_rows
 

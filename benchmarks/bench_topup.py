@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.layout import iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import FaultServer

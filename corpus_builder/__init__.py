@@ -24,10 +24,10 @@ _API = {
     "load_recipe": "corpus_builder.recipe",
     "check_recipe": "corpus_builder.recipe",
     "Recipe": "corpus_builder.recipe",
-    "build_corpus": "corpus_builder.build",
-    "plan_build": "corpus_builder.build",
-    "BuildResult": "corpus_builder.build",
-    "BuildPlan": "corpus_builder.build",
+    "build_corpus": "corpus_builder.assemble",
+    "plan_build": "corpus_builder.assemble",
+    "BuildResult": "corpus_builder.assemble",
+    "BuildPlan": "corpus_builder.assemble",
     "audit_corpus": "corpus_builder.audit",
     "audit_against": "corpus_builder.audit",
     "check_corpus": "corpus_builder.audit",
@@ -46,15 +46,15 @@ _API = {
 __all__ = sorted(_API)
 
 if TYPE_CHECKING:
+    from .assemble import BuildPlan as BuildPlan
+    from .assemble import BuildResult as BuildResult
+    from .assemble import build_corpus as build_corpus
+    from .assemble import plan_build as plan_build
     from .audit import AuditOptions as AuditOptions
     from .audit import AuditOutcome as AuditOutcome
     from .audit import audit_against as audit_against
     from .audit import audit_corpus as audit_corpus
     from .audit import check_corpus as check_corpus
-    from .build import BuildPlan as BuildPlan
-    from .build import BuildResult as BuildResult
-    from .build import build_corpus as build_corpus
-    from .build import plan_build as plan_build
     from .errors import CorpusError as CorpusError
     from .export import VocabReport as VocabReport
     from .export import draft_vocab as draft_vocab

@@ -210,7 +210,7 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
     if address is not None and (engine or loaded.engine) != "ray":
         raise CorpusError("--address names a Ray cluster: it needs --engine ray (or engine: ray in the recipe)")
     if dry_run:
-        from .build import format_plan, plan_build
+        from .assemble import format_plan, plan_build
 
         plan = plan_build(loaded, out, allow_short=True if allow_short else None, engine=engine, address=address)
         click.echo(f"dry run of recipe '{loaded.name}': nothing is generated or written\n")
@@ -218,8 +218,8 @@ def build(recipe: Path, out: Path | None, dry_run: bool, allow_partial: bool, al
         if plan.problems:
             sys.exit(EXIT_USAGE)
         return
+    from .assemble import build_corpus
     from .audit import format_report
-    from .build import build_corpus
 
     result = build_corpus(loaded, out, allow_partial=True if allow_partial else None,
                           allow_short=True if allow_short else None, allow_empty=allow_empty, engine=engine,

@@ -37,7 +37,7 @@ _HOW_TO_NAME = "a Ray head's address is HOST:PORT, as `ray start --head` prints 
 
 
 def ray_engine(module: str, command: str) -> ModuleType:
-    """The Ray engine's ``module`` (e.g. ``corpus_builder.build.ray_data``), imported with ``RAY_ENVIRONMENT`` set,
+    """The Ray engine's ``module`` (e.g. ``corpus_builder.assemble.ray_data``), imported with ``RAY_ENVIRONMENT`` set,
     or a CorpusError saying how to install Ray Data when it is missing (``command``: what to run with ``--engine
     local`` instead)."""
     os.environ.update(RAY_ENVIRONMENT)

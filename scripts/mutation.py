@@ -55,7 +55,7 @@ _SCREENING_TESTS = ("tests/screen",)
 # The fast tests that own each module: a mutant runs those of them that call its function.
 OWNING_TESTS: dict[str, tuple[str, ...]] = {
     "corpus_builder/publish/gate.py": ("tests/publish",),
-    "corpus_builder/build/mixture.py": ("tests/build/test_mixture.py",),
+    "corpus_builder/assemble/mixture.py": ("tests/assemble/test_mixture.py",),
     # the comparison's properties and profiles read from files: the tests that build a corpus take minutes each
     "corpus_builder/audit/traffic.py": ("tests/audit/test_traffic_promises.py",),
     # Dedup and decontamination share their tests (dedup.py reads the eval sets, decontaminate.py runs on
@@ -77,7 +77,7 @@ OWNING_TESTS: dict[str, tuple[str, ...]] = {
     "corpus_builder/eval/replay.py": ("tests/eval/test_replay.py", "tests/eval/test_eval_counters.py",
                                       "tests/eval/test_eval_faults.py", "tests/eval/test_eval_losses.py"),
     "corpus_builder/eval/pack.py": ("tests/eval/test_pack.py",),
-    "corpus_builder/build/eval_pack.py": ("tests/build/test_eval_pack_cut.py",),
+    "corpus_builder/assemble/eval_pack.py": ("tests/assemble/test_eval_pack_cut.py",),
 }
 
 # Reasons shared by several mutants of one module (dedup, near_dedup, decontaminate).
@@ -157,8 +157,8 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "corpus_builder.export.vocab.x_speculators_mappings__mutmut_12": ("np.arange(draft_size, )", _ARANGE),
     "corpus_builder.export.vocab.x__fitted__mutmut_14": ("fitted = np.zeros(size, None)", _FLOAT_COUNTS),
     "corpus_builder.export.vocab.x__fitted__mutmut_16": ("fitted = np.zeros(size, )", _FLOAT_COUNTS),
-    # corpus_builder/build/eval_pack.py
-    "corpus_builder.build.eval_pack.x_cut_eval_pack__mutmut_57": (
+    # corpus_builder/assemble/eval_pack.py
+    "corpus_builder.assemble.eval_pack.x_cut_eval_pack__mutmut_57": (
         "if len(held) > _INDEX_BATCH:", "the pack's rows are indexed in batches of 1025 instead of 1024: the same "
         "index, memory only"),
     # corpus_builder/eval/replay.py
@@ -438,122 +438,122 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "counts, points), )]}", "_curve gives one value per point: the zipped lengths always agree"),
     "corpus_builder.audit.traffic.x__vocab_alone__mutmut_38": (
         "points), strict=False)]}", "_curve gives one value per point: the zipped lengths always agree"),
-    # corpus_builder/build/mixture.py
-    "corpus_builder.build.mixture.x_apportion__mutmut_17": (
+    # corpus_builder/assemble/mixture.py
+    "corpus_builder.assemble.mixture.x_apportion__mutmut_17": (
         "zip(sizes, parts, strict=None)", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x_apportion__mutmut_20": (
+    "corpus_builder.assemble.mixture.x_apportion__mutmut_20": (
         "zip(sizes, parts, ))", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x_apportion__mutmut_21": (
+    "corpus_builder.assemble.mixture.x_apportion__mutmut_21": (
         "zip(sizes, parts, strict=False)", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x__meet_each_split__mutmut_14": (
+    "corpus_builder.assemble.mixture.x__meet_each_split__mutmut_14": (
         "for cell in range(5) if subset", "a set below 16 has no bit 4: the fifth cell is never summed"),
-    "corpus_builder.build.mixture.x__meet_each_split__mutmut_19": (
+    "corpus_builder.assemble.mixture.x__meet_each_split__mutmut_19": (
         "for subset in range(17)]", "most[16] is never read: the sets of cells are 1 to 15"),
-    "corpus_builder.build.mixture.x__meet_each_split__mutmut_24": (
+    "corpus_builder.assemble.mixture.x__meet_each_split__mutmut_24": (
         "validation_set = 0b0011, 13", "a validation size above what the validation cells hold is refused by "
         "_split_demand's own bound on that set: more sizes tried, the same one met"),
-    "corpus_builder.build.mixture.x__meet_each_split__mutmut_35": (
+    "corpus_builder.assemble.mixture.x__meet_each_split__mutmut_35": (
         "1 if (held[VALIDATION]) or True else 0", "called only when the whole meets the share and a split misses it: "
         "a split with no rows held is empty and met, the other is then the whole, so both are held"),
-    "corpus_builder.build.mixture.x__meet_each_split__mutmut_37": (
+    "corpus_builder.assemble.mixture.x__meet_each_split__mutmut_37": (
         "1 if held[VALIDATION] else 1", "called only when the whole meets the share and a split misses it: both "
         "splits are held here"),
-    "corpus_builder.build.mixture.x__meet_each_split__mutmut_45": (
+    "corpus_builder.assemble.mixture.x__meet_each_split__mutmut_45": (
         "1 if (held[TRAIN]) or True else 0", "called only when the whole meets the share and a split misses it: both "
         "splits are held here"),
-    "corpus_builder.build.mixture.x__meet_each_split__mutmut_47": (
+    "corpus_builder.assemble.mixture.x__meet_each_split__mutmut_47": (
         "1 if held[TRAIN] else 1", "called only when the whole meets the share and a split misses it: both splits are "
         "held here"),
-    "corpus_builder.build.mixture.x__split_demand__mutmut_28": (
+    "corpus_builder.assemble.mixture.x__split_demand__mutmut_28": (
         "for subset in range(16):", "the empty set of cells adds the bound 0 <= most[0] = 0, always met"),
-    "corpus_builder.build.mixture.x__transport__mutmut_15": (
+    "corpus_builder.assemble.mixture.x__transport__mutmut_15": (
         "while queue or end is None:", "the search goes on past a path and ends on a later one, as valid: the same "
         "cell totals, counts and caps; which source's rows move is not promised (the original moves are not the "
         "fewest either)"),
-    "corpus_builder.build.mixture.x__transport__mutmut_32": (
+    "corpus_builder.assemble.mixture.x__transport__mutmut_32": (
         "XXa demand within the transport bound has a pathXX", "the message of an assertion that holds: a demand "
         "within the transport bound has a path"),
-    "corpus_builder.build.mixture.x__transport__mutmut_33": (
+    "corpus_builder.assemble.mixture.x__transport__mutmut_33": (
         "A DEMAND WITHIN THE TRANSPORT BOUND HAS A PATH", "the message of an assertion that holds: a demand within "
         "the transport bound has a path"),
-    "corpus_builder.build.mixture.x__transport__mutmut_44": (
+    "corpus_builder.assemble.mixture.x__transport__mutmut_44": (
         "amount = min(demand[end] - held[end],", "an amount not capped by the surplus overshoots and a later path "
         "moves it back: the same cell totals, counts and caps, another valid choice of rows (not promised fewest)"),
-    "corpus_builder.build.mixture.x__transport__mutmut_45": (
+    "corpus_builder.assemble.mixture.x__transport__mutmut_45": (
         "amount = min(held[cell] - demand[cell], *(min(", "an amount not capped by the deficit overshoots and a later "
         "path moves it back: the same cell totals, counts and caps, another valid choice of rows (not promised "
         "fewest)"),
-    "corpus_builder.build.mixture.x__transport__mutmut_47": (
+    "corpus_builder.assemble.mixture.x__transport__mutmut_47": (
         "amount = min(held[cell] + demand[cell],", "an amount not capped by the surplus overshoots and a later path "
         "moves it back: the same cell totals, counts and caps, another valid choice of rows (not promised fewest)"),
-    "corpus_builder.build.mixture.x__transport__mutmut_48": (
+    "corpus_builder.assemble.mixture.x__transport__mutmut_48": (
         "demand[end] + held[end],", "an amount not capped by the deficit overshoots and a later path moves it back: "
         "the same cell totals, counts and caps, another valid choice of rows (not promised fewest)"),
-    "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_41": (
+    "corpus_builder.assemble.mixture.x_certain_shortfalls__mutmut_41": (
         "sum(b.plain for b in open_bounds), None)", "the label of the sources with no target as one bound is never "
         "shown: their message names them"),
-    "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_49": (
+    "corpus_builder.assemble.mixture.x_certain_shortfalls__mutmut_49": (
         'sum(b.plain for b in open_bounds), "XXXX")', "the label of the sources with no target as one bound is never "
         "shown: their message names them"),
-    "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_89": (
+    "corpus_builder.assemble.mixture.x_certain_shortfalls__mutmut_89": (
         'RowBounds(None, 0, 0, "")', "of the rows the sources with no target give, only the reasoning and plain "
         "bounds are read"),
-    "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_92": (
+    "corpus_builder.assemble.mixture.x_certain_shortfalls__mutmut_92": (
         "RowBounds(0, 0, 0, None)", "the label of the empty bound is never shown"),
-    "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_97": (
+    "corpus_builder.assemble.mixture.x_certain_shortfalls__mutmut_97": (
         'RowBounds(1, 0, 0, "")', "of the rows the sources with no target give, only the reasoning and plain bounds "
         "are read"),
-    "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_100": (
+    "corpus_builder.assemble.mixture.x_certain_shortfalls__mutmut_100": (
         'RowBounds(0, 0, 0, "XXXX")', "the label of the empty bound is never shown"),
-    "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_117": (
+    "corpus_builder.assemble.mixture.x_certain_shortfalls__mutmut_117": (
         "highest <= target.target - target.tolerance - 1e-9", "a ratio of row counts exactly 1e-9 under the "
         "tolerance's bound: never, in floats"),
-    "corpus_builder.build.mixture.x_certain_shortfalls__mutmut_124": (
+    "corpus_builder.assemble.mixture.x_certain_shortfalls__mutmut_124": (
         "lowest >= target.target + target.tolerance + 1e-9", "a ratio of row counts exactly 1e-9 over the tolerance's "
         "bound: never, in floats"),
-    "corpus_builder.build.mixture.x_next_round__mutmut_4": (
+    "corpus_builder.assemble.mixture.x_next_round__mutmut_4": (
         "if missing < 0 or pool_left <= 0:", "with nothing missing the rounded-up shortfall is 0, or min(pool_left, "
         "0): 0 either way"),
-    "corpus_builder.build.mixture.x_next_round__mutmut_6": (
+    "corpus_builder.assemble.mixture.x_next_round__mutmut_6": (
         "if missing <= 0 or pool_left < 0:", "an empty pool caps the round at min(0, ...): 0 either way"),
-    "corpus_builder.build.mixture.x_plan_selection__mutmut_106": (
+    "corpus_builder.assemble.mixture.x_plan_selection__mutmut_106": (
         "zip(CELLS, cells, strict=None)", "a plan has one count per cell by construction: zip's strictness never "
         "applies"),
-    "corpus_builder.build.mixture.x_plan_selection__mutmut_109": (
+    "corpus_builder.assemble.mixture.x_plan_selection__mutmut_109": (
         "zip(CELLS, cells, ):", "a plan has one count per cell by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x_plan_selection__mutmut_110": (
+    "corpus_builder.assemble.mixture.x_plan_selection__mutmut_110": (
         "zip(CELLS, cells, strict=False)", "a plan has one count per cell by construction: zip's strictness never "
         "applies"),
-    "corpus_builder.build.mixture.x_plan_selection__mutmut_138": (
+    "corpus_builder.assemble.mixture.x_plan_selection__mutmut_138": (
         "(outcome.declared or 1)", "a share declared 0 rows has a quota under one row of at most as many rows "
         "written: no line either way"),
-    "corpus_builder.build.mixture.x_plan_selection__mutmut_77": (
+    "corpus_builder.assemble.mixture.x_plan_selection__mutmut_77": (
         "sum(wants.values()), None,", "needed is read only with no rows wanted, when there is nothing to move either "
         "way"),
-    "corpus_builder.build.mixture.x_plan_selection__mutmut_85": (
+    "corpus_builder.assemble.mixture.x_plan_selection__mutmut_85": (
         "sum(wants.values()), True,", "needed is read only with no rows wanted, when there is nothing to move either "
         "way"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_14": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_14": (
         "sizes.get(spec.name, None)", "every caller's sizes name every source: the default is never taken"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_16": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_16": (
         "sizes.get(spec.name, )", "every caller's sizes name every source: the default is never taken"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_17": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_17": (
         "sizes.get(spec.name, 1)", "every caller's sizes name every source: the default is never taken"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_28": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_28": (
         "if (shares) or True else fixed", "with no share the total is round(fixed / 1), fixed itself"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_47": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_47": (
         "dict(zip(shares, parts, strict=None))", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_50": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_50": (
         "dict(zip(shares, parts, ))", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_51": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_51": (
         "dict(zip(shares, parts, strict=False))", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_79": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_79": (
         "parts[:len(shares)], strict=None)", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_82": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_82": (
         "parts[:len(shares)], ))", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.x_resolve_counts__mutmut_83": (
+    "corpus_builder.assemble.mixture.x_resolve_counts__mutmut_83": (
         "parts[:len(shares)], strict=False)", "one part per name by construction: zip's strictness never applies"),
-    "corpus_builder.build.mixture.xǁAvailableǁbest__mutmut_6": (
+    "corpus_builder.assemble.mixture.xǁAvailableǁbest__mutmut_6": (
         "if rows > sum(len(priorities)", "asked for every row, the merge's last priority is the highest: every cell "
         "counts all its rows either way"),
 }

@@ -3,7 +3,7 @@
 Builds a fixed set of recipes with the code of the tree this script lives in, then runs every command that reads
 the written corpus, and writes one JSON of digests (and of the small reports whole, so a diff shows what moved):
 
-* ``pinned``: the recipe of tests/build/test_pinned.py (recipes/data, exact dedup, a seeded split, small shards);
+* ``pinned``: the recipe of tests/assemble/test_pinned.py (recipes/data, exact dedup, a seeded split, small shards);
 * ``messy``, ``messy-declared``, ``messy-nodedup``: the suite's real dumps (ShareGPT, chit-chat, tool traffic as
   logged and as glaive dumps it, serving logs folded by chat) with exact and near dedup, decontamination and the
   tiny model's tokenizer (a token budget, truncating); ``-declared`` adds a reasoning source, a declared mixture
@@ -165,7 +165,7 @@ def quickstart_case(work: Path, cache: Path) -> Case:
     kept = cache / "quickstart-journal"
     if not kept.is_dir():
         print(f"quickstart: no journal in {kept}: a full build, with a launched server", file=sys.stderr)
-        from corpus_builder.build import build_corpus
+        from corpus_builder.assemble import build_corpus
         from corpus_builder.recipe import load_recipe
 
         build_corpus(load_recipe(recipe), out, engine="local")
@@ -229,7 +229,7 @@ def rows_by_split(corpus: Path, directory: str) -> dict[str, Any]:
 
 
 def snapshot_case(case: Case, engine: str, work: Path) -> dict[str, Any]:
-    from corpus_builder.build import build_corpus
+    from corpus_builder.assemble import build_corpus
     from corpus_builder.recipe import load_recipe
 
     build_corpus(load_recipe(case.recipe), case.out, engine=engine, progress=io.StringIO())  # type: ignore[arg-type]

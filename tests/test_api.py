@@ -19,7 +19,7 @@ EXPORTED = ["AuditOptions", "AuditOutcome", "BuildPlan", "BuildResult", "Convers
             "Message", "Recipe", "ToolCall", "VocabReport", "audit_against", "audit_corpus", "build_corpus",
             "check_corpus", "check_recipe", "draft_vocab", "export_corpus", "load_recipe", "plan_build",
             "publish_corpus"]
-STAGES = ["audit", "build", "export", "publish"]
+STAGES = ["audit", "assemble", "export", "publish"]
 
 # Imports each module named on the command line in the `import a.b.c as m` form, each in a namespace of its own,
 # and prints those that fail or bind anything but the module itself.
@@ -50,9 +50,9 @@ def test_all_is_the_public_api() -> None:
 
 
 def test_every_module_imports_as_a_b_c_as_m_in_a_fresh_interpreter() -> None:
-    """`import corpus_builder.build.pipeline as m` binds the module: no name on the way is a function."""
+    """`import corpus_builder.assemble.pipeline as m` binds the module: no name on the way is a function."""
     modules = package_modules()
-    assert "corpus_builder.build.pipeline" in modules
+    assert "corpus_builder.assemble.pipeline" in modules
     ran = subprocess.run([sys.executable, "-c", IMPORT_AS, *modules], capture_output=True, text=True, cwd=REPO)
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout) == {}
@@ -67,9 +67,9 @@ def test_every_module_imports_by_importlib_and_as_m_here() -> None:
 
 
 def test_a_stage_module_is_patched_by_its_dotted_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    from corpus_builder.build import pipeline
+    from corpus_builder.assemble import pipeline
 
-    monkeypatch.setattr("corpus_builder.build.pipeline.STAGING_PREFIX", ".patched-")
+    monkeypatch.setattr("corpus_builder.assemble.pipeline.STAGING_PREFIX", ".patched-")
     assert pipeline.STAGING_PREFIX == ".patched-"
 
 
@@ -82,7 +82,7 @@ def test_every_name_resolves_and_no_package_exports_a_name_of_its_own_modules() 
         value = getattr(corpus_builder, name)
         assert callable(value), name
         assert value.__module__.startswith("corpus_builder."), name
-    assert corpus_builder.build_corpus.__module__ == "corpus_builder.build.pipeline"
+    assert corpus_builder.build_corpus.__module__ == "corpus_builder.assemble.pipeline"
     assert corpus_builder.audit_corpus.__module__ == "corpus_builder.audit"
     assert corpus_builder.export_corpus.__module__ == "corpus_builder.export"
     assert corpus_builder.publish_corpus.__module__ == "corpus_builder.publish"

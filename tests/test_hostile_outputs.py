@@ -31,7 +31,7 @@ import pytest
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.cli import cli, main
 from corpus_builder.layout import LEDGER, MANIFEST, Corpus
 from corpus_builder.recipe import load_recipe

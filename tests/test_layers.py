@@ -16,8 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "corpus_builder"
 
 # Lowest first. A module may import from its own layer and from the layers before it. The leaves are shared
 # by every stage; the CLI and the package's lazy front door sit on top. The flow is recipe -> sources ->
-# generate -> build -> audit / export -> eval -> publish; export (trainer formats and vocab, which read a written
-# corpus) sits below build because a build writes its recipe's exports as its last step.
+# generate -> assemble (the build) -> audit / export -> eval -> publish; export (trainer formats and vocab, which
+# read a written corpus) sits below assemble because a build writes its recipe's exports as its last step.
 LAYERS: list[tuple[str, ...]] = [
     ("_version", "trainer_formats", "draws"),  # __version__ (pyproject.toml reads it too); the export format names
     ("errors",),
@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("screen",),
     ("generate",),
     ("export",),
-    ("build",),
+    ("assemble",),
     ("audit",),
     ("eval",),
     ("publish",),
@@ -47,12 +47,12 @@ RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
 
 def unit(module: str) -> str:
-    """The layer of a module inside the package ("build.checks" -> "build"; the package itself "__init__")."""
+    """The layer of a module inside the package ("assemble.split" -> "assemble"; the package itself "__init__")."""
     return module.split(".", 1)[0] if module else "__init__"
 
 
 def module_name(path: Path) -> str:
-    """corpus_builder/screen/checks.py -> "build.checks"; corpus_builder/build/__init__.py -> "build"."""
+    """corpus_builder/screen/checks.py -> "screen.checks"; corpus_builder/assemble/__init__.py -> "assemble"."""
     parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -124,19 +124,20 @@ def test_an_import_of_the_package_root_is_caught() -> None:
     assert root_imports("cli", False, ast.parse("def f():\n    from corpus_builder import build_corpus\n")) == [
         "line 2: imports the package root corpus_builder"]
     assert root_imports("audit", True, ast.parse("import corpus_builder\n")) != []
-    fine = "from . import errors\nfrom ._version import __version__\nimport corpus_builder.build.pipeline as p\n"
+    fine = "from . import errors\nfrom ._version import __version__\nimport corpus_builder.assemble.pipeline as p\n"
     assert root_imports("cli", False, ast.parse(fine)) == []
-    assert root_imports("build", True, ast.parse("from . import pipeline\nfrom .pipeline import BuildResult\n")) == []
+    relative = "from . import pipeline\nfrom .pipeline import BuildResult\n"
+    assert root_imports("assemble", True, ast.parse(relative)) == []
 
 
 def test_an_upward_import_is_caught() -> None:
     """The check itself: a leaf importing a stage (in a function, relatively) is reported; a stage importing
     a leaf or an earlier stage is not."""
-    leaf = ast.parse("def f():\n    from .build import build_corpus\n")
-    assert upward("records", False, leaf) == ["line 2: imports corpus_builder.build (build comes after records)"]
+    leaf = ast.parse("def f():\n    from .assemble import build_corpus\n")
+    assert upward("records", False, leaf) == ["line 2: imports corpus_builder.assemble (assemble comes after records)"]
     stage = ast.parse("from ..records import Conversation\nfrom ..recipe.model import Recipe\n"
                       "import corpus_builder.rows\n")
-    assert upward("build.checks", False, stage) == []
+    assert upward("assemble.split", False, stage) == []
     assert upward("recipe", True, ast.parse("from corpus_builder.publish import publish_corpus\n")) != []
 
 

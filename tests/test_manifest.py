@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import MANIFEST, Corpus, Manifest
 from corpus_builder.recipe import load_recipe

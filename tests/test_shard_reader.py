@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.layout import Corpus, file_sha256
 from corpus_builder.recipe import load_recipe
 from tests.support.build_writing import build_writing

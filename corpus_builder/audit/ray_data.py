@@ -36,7 +36,7 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from ..build.ray_data import PARTS_PER_CPU, connect
+from ..assemble.ray_data import PARTS_PER_CPU, connect
 from ..errors import CorpusError
 from .inputs import Unit, read_parts, traffic_units
 from .profile import Profile, TokenSample, read_part

@@ -15,7 +15,7 @@ from ..trainer_formats import ExportFormat, FileFormat
 HistoryReasoning = Literal["keep", "drop"]
 OnLength = Literal["drop", "keep", "retry"]
 Backend = Literal["server", "engine"]
-# What runs a build: this machine, or a Ray cluster (build/ray_data.py); the same corpus either way.
+# What runs a build: this machine, or a Ray cluster (assemble/ray_data.py); the same corpus either way.
 Engine = Literal["local", "ray"]
 MappingStyle = Literal["auto", "sharegpt", "messages", "gsm8k", "field", "log"]
 SourceKind = Literal["replay", "prompts"]

@@ -39,7 +39,7 @@ class BatchStats:
 
 
 class Checker:
-    """The screen, the per-batch stage of a build's plan (``build/plan.py``): it measures a batch of rows (their
+    """The screen, the per-batch stage of a build's plan (``assemble/plan.py``): it measures a batch of rows (their
     length in the target's tokens, the dedup signatures, the evaluation sets they match), then applies the checks
     that judge a row on its own: unclosed think blocks, the token budget, evaluation-set contamination, copies of
     the eval pack, in that order. Rows the eval pack holds out leave first, before any check. It holds no state of

@@ -2,7 +2,7 @@
 
 Ids are content keys (``records.conversation_id``), so identical rows of one source share one. Every row that
 passed the row checks holds its id, kept by dedup or not: the k-th row of an id, by priority (the order rows are
-read in), is written under ``ID-k``: a keyed stage of the build's plan (``build/plan.py``), in two forms of the
+read in), is written under ``ID-k``: a keyed stage of the build's plan (``assemble/plan.py``), in two forms of the
 one rule. ``UniqueIds`` numbers the rows of a stream offered in priority order (the local engine);
 ``numbered_copies`` numbers a block of whole id groups in any order (an engine that shuffles the ids by key). A
 suffixed id can be another row's own id: the stream gives that copy the next free suffix, the grouped form cannot

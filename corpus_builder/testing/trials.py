@@ -2,7 +2,7 @@
 
 Each trial returns an outcome that says what happened and checks what must hold whatever happened: every
 row arrives exactly once, or the build fails loudly and a rerun completes it. The fast variants run in CI
-(tests/build/test_trials.py); ``scripts/trials.py`` runs the long ones and prints the counts that
+(tests/assemble/test_trials.py); ``scripts/trials.py`` runs the long ones and prints the counts that
 RELIABILITY.md records.
 """
 
@@ -165,7 +165,7 @@ def fault_storm(workdir: Path, *, seed: int, prompts: int, max_retries: int = 8)
     workdir.mkdir(parents=True, exist_ok=True)
     write_prompts(workdir / "prompts.jsonl", prompts)
     outcome = FaultOutcome(seed)
-    from ..build import build_corpus
+    from ..assemble import build_corpus
     from ..recipe import load_recipe
 
     with FaultServer(model=MODEL) as clean:

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import corpus_builder
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.cli import EXIT_CODES, cli, exit_codes
 from corpus_builder.errors import FLAGS, REASONS, REPAIR_FLAG
 from corpus_builder.layout import LAYOUT

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.generate.launcher import launched_server
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import LaunchSpec, load_recipe

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from corpus_builder.build import build_corpus
-from corpus_builder.build.plan import TargetTokens
+from corpus_builder.assemble import build_corpus
+from corpus_builder.assemble.plan import TargetTokens
 from corpus_builder.errors import CorpusError
 from corpus_builder.export import EXPORT_FORMATS, FILE_FORMATS, export_corpus, formats
 from corpus_builder.export.formats import specforge_problems

@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.export import export_corpus
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
+from corpus_builder.assemble import build_corpus
 from corpus_builder.audit import audit_against, audit_corpus
-from corpus_builder.build import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.export import export_corpus
 from corpus_builder.export.formats import SPECFORGE_NO_TOOLS

@@ -34,7 +34,7 @@ from corpus_builder.export.vocab import (
 )
 from corpus_builder.layout import Corpus
 from corpus_builder.tokens import TurnRow
-from tests.build.test_failures import small_disk  # noqa: F401  (a 6 MiB tmpfs: a real full disk)
+from tests.assemble.test_failures import small_disk  # noqa: F401  (a 6 MiB tmpfs: a real full disk)
 from tests.export.test_export import corpus  # noqa: F401  (the module-scoped built corpus fixture)
 from tests.support.trainers import speculators_python
 

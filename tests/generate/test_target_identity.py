@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_builder.build import build_corpus, plan_build
+from corpus_builder.assemble import build_corpus, plan_build
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe

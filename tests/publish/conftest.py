@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.hub import RetryPolicy
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.hub_server import HubServer

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.hub import DEFAULT_ENDPOINT, download_corpus, fetch_tokenizer, hub_endpoint
 from corpus_builder.publish import CorpusDocuments, GateFailed, check_corpus, publish_corpus, render_card
@@ -321,7 +321,7 @@ def test_the_read_back_catches_a_file_the_hub_stored_wrong(corpus: Path, hub: Hu
 def _build_with_secrets(tmp_path: Path, redact: bool) -> Path:
     """A corpus whose rows carry secrets where a dump has them: a token in a row's own id, a PEM key and a
     URL login in the turns."""
-    from corpus_builder.build import build_corpus
+    from corpus_builder.assemble import build_corpus
     from corpus_builder.recipe import load_recipe
 
     token = "hf_" + "RowIdTokenOfAServingLog0123456789"

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.export import export_corpus
 from corpus_builder.publish import ExportSpec, publish_corpus

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corpus_builder.build import build_corpus, format_plan, plan_build
+from corpus_builder.assemble import build_corpus, format_plan, plan_build
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import MANIFEST
 from corpus_builder.publish.card import render_card

@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 import pytest
 
+from corpus_builder.assemble import build_corpus
+from corpus_builder.assemble.plan import Plan
+from corpus_builder.assemble.split import Splitter
 from corpus_builder.audit import audit_corpus, format_report
-from corpus_builder.build import build_corpus
-from corpus_builder.build.plan import Plan
-from corpus_builder.build.split import Splitter
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.publish.card import render_card

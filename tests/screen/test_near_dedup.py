@@ -656,7 +656,7 @@ def test_a_lookup_names_the_indexed_row_a_text_duplicates_and_adds_none() -> Non
 
 
 def decided_by_group_by(texts: list[Planted], partitions: list[list[int]]) -> list[Duplicate | None]:
-    """The Ray engine's way (build/ray_data.py), in plain dicts: each partition's rows (in any order) give their
+    """The Ray engine's way (assemble/ray_data.py), in plain dicts: each partition's rows (in any order) give their
     bucket entries; a bucket's head is its least priority; a row's verdict is its exact head, else the least
     near head it is confirmed against, each another row."""
     index = NearDuplicates()

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
+from corpus_builder.assemble import build_corpus
 from corpus_builder.audit import audit_corpus
-from corpus_builder.build import build_corpus
 from corpus_builder.errors import REASONS, CorpusError, Skipped
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import FLAG_UNCLOSED_THINK, Conversation, RepairRules

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from corpus_builder.build.local import write_rows
-from corpus_builder.build.pipeline import BuildResult, finish_corpus
-from corpus_builder.build.plan import TargetTokens
-from corpus_builder.build.shards import LedgerWriter
-from corpus_builder.build.split import Splitter
+from corpus_builder.assemble.local import write_rows
+from corpus_builder.assemble.pipeline import BuildResult, finish_corpus
+from corpus_builder.assemble.plan import TargetTokens
+from corpus_builder.assemble.shards import LedgerWriter
+from corpus_builder.assemble.split import Splitter
 from corpus_builder.errors import Skipped
 from corpus_builder.layout import LEDGER
 from corpus_builder.recipe.model import Recipe

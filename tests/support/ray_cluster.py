@@ -31,7 +31,7 @@ def local_cluster() -> Iterator[str]:
     """Start the cluster (two CPUs: what CI's two cores hold; no auth, the cluster being private to the test);
     yield its address, for a CLI that joins it; shut it down."""
     ray = imported_ray()
-    from corpus_builder.build.ray_data import start_cluster
+    from corpus_builder.assemble.ray_data import start_cluster
 
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"

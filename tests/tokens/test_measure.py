@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 import pytest
 
+from corpus_builder.assemble import build_corpus
 from corpus_builder.audit import audit_corpus
-from corpus_builder.build import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import THINK_CLOSE, THINK_OPEN, Conversation

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from corpus_builder.assemble import build_corpus
+from corpus_builder.assemble.local import handed_over
+from corpus_builder.assemble.plan import TargetTokens
 from corpus_builder.audit import audit_corpus, format_report
-from corpus_builder.build import build_corpus
-from corpus_builder.build.local import handed_over
-from corpus_builder.build.plan import TargetTokens
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message

@@ -12,7 +12,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from corpus_builder.build import build_corpus
-from corpus_builder.build.split import Splitter, split_balance, within_tolerance
+from corpus_builder.assemble import build_corpus
+from corpus_builder.assemble.split import Splitter, split_balance, within_tolerance
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
@@ -190,7 +190,7 @@ def test_killed_build_never_looks_complete(tmp_path: Path, data_dir: Path) -> No
     process = subprocess.Popen([sys.executable, "-c", (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "from corpus_builder.build import pipeline\n"
+        "from corpus_builder.assemble import pipeline\n"
         "from corpus_builder.recipe import load_recipe\n"
         "real = pipeline.finish_corpus\n"
         "def dying(*args, **kwargs):\n"

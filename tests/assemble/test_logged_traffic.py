@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from corpus_builder.assemble import build_corpus
 from corpus_builder.audit import audit_corpus, format_report
-from corpus_builder.build import build_corpus
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import FLAG_TRUNCATED

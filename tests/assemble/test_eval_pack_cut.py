@@ -13,8 +13,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_builder.build.eval_pack import EvalPack, PackCut, PackStage, cut_eval_pack, plan_cut, read_pack_screen
-from corpus_builder.build.plan import Plan
+from corpus_builder.assemble.eval_pack import EvalPack, PackCut, PackStage, cut_eval_pack, plan_cut, read_pack_screen
+from corpus_builder.assemble.plan import Plan
 from corpus_builder.draws import pack_priority
 from corpus_builder.layout import EVAL
 from corpus_builder.recipe import load_recipe

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from corpus_builder.build import build_corpus, plan_build
-from corpus_builder.build.collect import MixtureShort
-from corpus_builder.build.mixture import (
+from corpus_builder.assemble import build_corpus, plan_build
+from corpus_builder.assemble.collect import MixtureShort
+from corpus_builder.assemble.mixture import (
     Available,
     RowBounds,
     Selection,
@@ -31,7 +31,7 @@ from corpus_builder.build.mixture import (
     plan_selection,
     resolve_counts,
 )
-from corpus_builder.build.split import Splitter
+from corpus_builder.assemble.split import Splitter
 from corpus_builder.draws import mixture_priority
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus

@@ -20,7 +20,7 @@ import orjson
 import pyarrow
 import pyarrow.parquet as pq
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.recipe import load_recipe
 
 DATA = Path(__file__).resolve().parents[2] / "recipes" / "data"

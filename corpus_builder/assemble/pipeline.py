@@ -224,7 +224,7 @@ def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | 
     ``progress`` is where phase lines, the preflight and server notes go (default: standard error);
     ``allow_partial`` overrides ``target.generation.allow_partial``, ``allow_short`` ``mixture.allow_short``;
     a corpus without rows fails with EmptyCorpus, nothing written, unless ``allow_empty``. ``engine`` overrides
-    the recipe's: ``ray`` runs the build on the Ray cluster at ``address`` (``build/ray_data.py``), the same
+    the recipe's: ``ray`` runs the build on the Ray cluster at ``address`` (``assemble/ray_data.py``), the same
     corpus."""
     on_ray = (engine or recipe.engine) == "ray"
     if on_ray:
@@ -252,7 +252,7 @@ def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | 
 def check_ray_engine(address: str | None) -> None:
     """Refuse, before anything is touched, a Ray build without Ray installed (a CorpusError that says how to
     install it) or on a cluster named by what is not an address (``address``, else RAY_ADDRESS)."""
-    ray_engine("corpus_builder.build.ray_data", "build")
+    ray_engine("corpus_builder.assemble.ray_data", "build")
     named_cluster(address)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.generate import GenerationIncomplete, Journal
 from corpus_builder.layout import Corpus, iter_ledger
@@ -189,7 +189,7 @@ def test_a_commit_cut_short_never_leaves_a_directory_that_looks_complete(tmp_pat
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Whichever file move fails (shards renamed in staging, then data, audit, recipe, ledger and manifest moved
     into place), the directory holds either the earlier corpus, whole, or no manifest at all."""
-    from corpus_builder.build import pipeline
+    from corpus_builder.assemble import pipeline
 
     recipe_path = write_recipe(tmp_path, server_url_unreachable())
     (tmp_path / "recipe.yaml").write_text((tmp_path / "recipe.yaml").read_text().replace(

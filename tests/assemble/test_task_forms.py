@@ -1,6 +1,6 @@
 """What crosses between a cluster's tasks, in its typed forms: records (rows and skip records) with the build's side
 columns, the statistics of the rows a task wrote, an audit part's profile. Each comes back as it went, so the Ray
-engine's corpus and audit are the local engine's (tests/build/test_ray_engine.py, tests/audit/test_audit_ray.py run
+engine's corpus and audit are the local engine's (tests/assemble/test_ray_engine.py, tests/audit/test_audit_ray.py run
 them on a cluster)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import orjson
 import pyarrow as pa
 import pytest
 
+from corpus_builder.assemble.plan import Plan
 from corpus_builder.audit.inputs import traffic_units
 from corpus_builder.audit.profile import Profile, read_profile
-from corpus_builder.build.plan import Plan
 from corpus_builder.errors import Skipped
 from corpus_builder.recipe import load_recipe
 from corpus_builder.recipe.model import Mapping

@@ -1,7 +1,7 @@
 """`corpus build --engine ray`: the same corpus as the local engine, on a real Ray cluster the module starts.
 
 The cluster is the one the engine starts without a named one (``ray_data.start_cluster``, on loopback alone; which
-cluster, and its sockets, are tests/build/test_ray_cluster.py's), with ``num_cpus=2``: a new head node in this
+cluster, and its sockets, are tests/assemble/test_ray_cluster.py's), with ``num_cpus=2``: a new head node in this
 process's session with two worker processes, never an existing cluster on the machine (another test run's or a
 user's), and what CI's two cores hold; a second node (``ray start``) would add a raylet and a GCS client on the
 same two cores and test nothing the two worker processes do not (every stage is a task on the workers, every
@@ -28,9 +28,9 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from corpus_builder.assemble import build_corpus
+from corpus_builder.assemble.collect import MixtureShort
 from corpus_builder.audit import audit_corpus
-from corpus_builder.build import build_corpus
-from corpus_builder.build.collect import MixtureShort
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
@@ -138,7 +138,7 @@ def test_the_dedup_verdicts_are_the_same_however_the_buckets_are_cut_into_blocks
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from corpus_builder.build.plan import Plan
+    from corpus_builder.assemble.plan import Plan
     from corpus_builder.screen.dedup import heads_of, least_verdicts
     from corpus_builder.sources.parallel import measured_rows
 
@@ -473,7 +473,7 @@ def test_the_cli_without_ray_says_how_to_install_it(messy: Path, tmp_path: Path)
 def test_the_package_and_a_local_build_never_import_ray(messy: Path, tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path / "recipe.yaml", messy, dedup="none")
     script = ("import sys; from pathlib import Path; import corpus_builder, corpus_builder.cli; "
-              "from corpus_builder.build import build_corpus; from corpus_builder.recipe import load_recipe; "
+              "from corpus_builder.assemble import build_corpus; from corpus_builder.recipe import load_recipe; "
               f"build_corpus(load_recipe(Path({str(recipe)!r})), Path({str(tmp_path / 'out')!r})); "
               "print(sorted(name for name in sys.modules if name == 'ray' or name.startswith('ray.')))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)

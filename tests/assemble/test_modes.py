@@ -7,7 +7,7 @@ import io
 from collections import Counter
 from pathlib import Path
 
-from corpus_builder.build import build_corpus
+from corpus_builder.assemble import build_corpus
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import FaultServer

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_builder.build import plan_build
+from corpus_builder.assemble import plan_build
 from corpus_builder.recipe import load_recipe
 from corpus_builder.tokens import TemplateRenderer
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corpus_builder.assemble import build_corpus
+from corpus_builder.assemble.eval_pack import plan_cut
 from corpus_builder.audit import audit_corpus, format_report
-from corpus_builder.build import build_corpus
-from corpus_builder.build.eval_pack import plan_cut
 from corpus_builder.eval import read_pack
 from corpus_builder.layout import EVAL, Corpus, iter_ledger
 from corpus_builder.publish.card import render_card
@@ -256,7 +256,7 @@ def test_the_manifest_refuses_a_hand_edited_pack_entry(packed: Corpus) -> None:
 
 
 def test_the_dry_run_says_what_the_pack_holds_out_and_counts_without_it(tmp_path: Path) -> None:
-    from corpus_builder.build.dry_run import format_plan, plan_build
+    from corpus_builder.assemble.dry_run import format_plan, plan_build
 
     write_traffic(tmp_path)
     sources = SOURCES.replace("task: chat}", "task: chat, target: {count: 95}}")

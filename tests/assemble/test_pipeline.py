@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_builder.build import build_corpus, plan_build
+from corpus_builder.assemble import build_corpus, plan_build
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.sources import source
