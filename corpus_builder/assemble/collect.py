@@ -22,8 +22,9 @@ from ..errors import CorpusError, Skipped
 from ..recipe.model import Mixture
 from ..records import Conversation, row_location
 from ..rows import batch_to_conversations
-from ..screen.dedup import Dedup, Evicted, Verdict, dedup_key
+from ..screen.dedup import Dedup, Evicted, dedup_key
 from ..screen.near_dedup import Duplicate
+from ..screen.screened import Verdict
 from .mixture import Available, RowBounds, Selection, SelectStage, certain_shortfalls, next_round, resolve_counts
 from .prompt_stage import GenerationSession
 from .split import Splitter

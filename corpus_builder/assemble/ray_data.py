@@ -61,9 +61,9 @@ from ..layout import DATA, ShardInfo
 from ..ray_extra import RAY_ENVIRONMENT, NamedCluster, is_loopback, named_cluster, probe_cluster
 from ..records import Conversation
 from ..rows import RECORD_SCHEMA, batch_to_records, records_to_batch, spool_writer
-from ..screen.dedup import BUCKET_VERDICTS, Verdict, heads_of, least_verdicts
+from ..screen.dedup import BUCKET_VERDICTS, heads_of, least_verdicts
 from ..screen.near_dedup import Duplicate
-from ..screen.screened import Screened
+from ..screen.screened import Screened, Verdict
 from ..sources.parallel import Part, measured_rows
 from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenFigures, TokenStats

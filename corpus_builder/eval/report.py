@@ -296,7 +296,7 @@ def load_run(path: Path) -> Run:
         raise CorpusError("no such file", file=str(path)) from None
     except (OSError, orjson.JSONDecodeError) as error:
         raise CorpusError(f"not a saved eval run: {error}", file=str(path)) from None
-    return Run.from_json(document, str(path))
+    return with_figures(Run.from_json(document, str(path)))
 
 
 # ---- tables --------------------------------------------------------------------------------------

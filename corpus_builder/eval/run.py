@@ -189,15 +189,16 @@ class Run:
 
     @classmethod
     def from_json(cls, document: object, file: str) -> Run:
-        """A run as saved (format 1 or 2), its figures computed again from its windows; CorpusError naming the
-        key of a document that is not a whole run."""
+        """A run as saved (format 1 or 2), without its figures (``report.with_figures`` computes them again from its
+        windows, which is what ``load_run`` gives); CorpusError naming the key of a document that is not a whole
+        run."""
         if not isinstance(document, dict) or document.get("format") not in (FORMAT_1, RUN_FORMAT):
             raise CorpusError(f"not a saved eval run (format {RUN_FORMAT} or {FORMAT_1})", file=file)
         problem = _shape_problem(document, _RUN_SHAPE if document["format"] == FORMAT_1 else _RUN_SHAPE_2, "")
         if problem is not None:
             raise CorpusError(f"not a whole saved eval run: {problem.lstrip('.')}", file=file)
         pack, settings = document["pack"], document["settings"]
-        read = cls(
+        return cls(
             created=document["created"],
             pack=PackInfo(pack["path"], pack["sha256"], pack["prompts"],
                           pack.get("rows", pack["prompts"] + sum(pack["unreadable_rows"].values())),
@@ -213,9 +214,6 @@ class Run:
             skipped_prompts=tuple(Skip(**s) for s in document["skipped_prompts"]),
             format=document["format"],
         )
-        from .report import with_figures
-
-        return with_figures(read)
 
 
 def endpoint_of(described: Mapping[str, Any]) -> Endpoint:

@@ -40,11 +40,8 @@ from ..sources.readers import detect_format, iter_rows
 from .decontaminate import Contamination, EvalSetSummary
 from .near_dedup import Duplicate, ExactDuplicates, NearDuplicates, Rule, Signatures
 from .normalise import ConversationText, NormalisedChunk, conversation_text
-from .screened import Screened
+from .screened import Screened, Verdict
 
-DUPLICATE = "duplicate"
-NEAR_DUPLICATE = "near_duplicate"
-RULE_REASONS: dict[Rule, str] = {"exact": DUPLICATE, "near": NEAR_DUPLICATE}
 # The grouped form: what it reads of each bucket a row is in, and the verdicts it gives (the rank: the head's
 # priority, a near verdict's with NEAR_RANK set, so that a row's least verdict is its exact one, then the head of
 # least priority; the head: its ``dedup_key``).
@@ -63,23 +60,6 @@ class Evicted:
     of: str  # the id of the row kept instead
     of_source: str
     rule: Rule
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """Why a row is dropped as a duplicate: the kept row it duplicates, and by which rule."""
-
-    of: str
-    of_source: str
-    rule: Rule
-
-    @property
-    def reason(self) -> str:
-        return RULE_REASONS[self.rule]
-
-    @property
-    def detail(self) -> str:
-        return f"{'' if self.rule == 'exact' else 'near '}duplicate of {self.of} (source {self.of_source})"
 
 
 class Dedup:

@@ -30,8 +30,29 @@ from ..tokens.measure import facts_from_arrow, facts_to_arrow
 
 if TYPE_CHECKING:
     from ..tokens import TokenFacts
-    from .dedup import Verdict
-    from .near_dedup import Signatures
+    from .near_dedup import Rule, Signatures
+
+
+DUPLICATE = "duplicate"
+NEAR_DUPLICATE = "near_duplicate"
+RULE_REASONS: dict[Rule, str] = {"exact": DUPLICATE, "near": NEAR_DUPLICATE}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Why a row is dropped as a duplicate: the kept row it duplicates, and by which rule."""
+
+    of: str
+    of_source: str
+    rule: Rule
+
+    @property
+    def reason(self) -> str:
+        return RULE_REASONS[self.rule]
+
+    @property
+    def detail(self) -> str:
+        return f"{'' if self.rule == 'exact' else 'near '}duplicate of {self.of} (source {self.of_source})"
 
 
 @dataclass(slots=True)

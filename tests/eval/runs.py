@@ -17,7 +17,7 @@ from typing import Any
 from corpus_builder.eval.figures import Window
 from corpus_builder.eval.metrics import Counters
 from corpus_builder.eval.pack import Pack, PackPrompt
-from corpus_builder.eval.report import FIGURE_TITLES, Comparison, format_run, run_document
+from corpus_builder.eval.report import FIGURE_TITLES, Comparison, format_run, run_document, with_figures
 from corpus_builder.eval.run import Reads, Run
 from corpus_builder.records import Conversation, Message
 
@@ -72,7 +72,7 @@ def synthetic_run(pack: Pack | None = None, heads: dict[str, tuple[float, str | 
 
 def text_of(run: dict[str, Any]) -> str:
     """A run's text, from its JSON (read back as a saved run is)."""
-    return format_run(Run.from_json(run, "run.json"))
+    return format_run(with_figures(Run.from_json(run, "run.json")))
 
 
 # ---- what a page shows -----------------------------------------------------------------------------
