@@ -331,9 +331,9 @@ def draft_vocab(source: Path | str, out: Path | str, *, size: int = 32000, token
     path = check_output_path(out, what="--out", inputs=opened.paths, directory=directory)
     if not directory:
         _check_suffix(path)
-    elif path.is_dir():  # files in a directory yet to be made cannot be anything the run reads
-        for name in speculators_file_names(size):
-            check_output_path(path / name, what="--out", inputs=opened.paths)
+    elif path.is_dir():  # each file a regular one or none; none is an input (an export's files are named
+        for name in speculators_file_names(size):  # {split}.{format}, a tokenizer is a directory, a corpus refused)
+            check_output_path(path / name, what="--out")
     ranked = _verifier_vocabulary(target_vocab_size, opened) if directory else opened.vocabulary
     if ranked is not None:  # an export's counts of no known vocabulary: no size to hold the draft to
         _check_draft_size(size, ranked)

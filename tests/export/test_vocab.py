@@ -580,13 +580,18 @@ def test_a_frequency_file_is_named_by_its_suffix_and_every_speculators_file_is_c
 def test_a_missing_torch_stops_a_pt_output_before_counting_and_no_other(corpus: Corpus, tmp_path: Path,  # noqa: F811
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    assert draft_vocab(corpus.root, tmp_path / "freq.npy", size=10).written == (tmp_path / "freq.npy",)
+
+    def counted(*_: object) -> None:
+        raise AssertionError("counted before torch was found missing")
+
+    monkeypatch.setattr(vocab, "count_frequencies", counted)
     needs = ("writing token_freq.pt (speculators' torch.save of {id: count}) needs torch: pip install torch (or write "
              "a .npy or .json frequency file)")
     for out in ("freq.pt", "vocab"):
         with pytest.raises(CorpusError) as refused:
             draft_vocab(corpus.root, tmp_path / out, size=10)
         assert str(refused.value) == needs
-    assert draft_vocab(corpus.root, tmp_path / "freq.npy", size=10).written == (tmp_path / "freq.npy",)
 
 
 def test_counting_in_batches_of_any_size_gives_the_same_figures(corpus: Corpus,  # noqa: F811
