@@ -63,8 +63,9 @@ EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {
     "publish": (
         (EXIT_OK, "published (--dry-run: the card and the files printed, nothing sent)"),
         (EXIT_CHECKS_FAILED, "the gate refused the corpus (the reasons are printed)"),
-        (EXIT_USAGE, "bad input (the repository id, a public repository without --public), the published files "
-                     "do not read back as the corpus, or a build is writing the directory"),
+        (EXIT_USAGE, "bad input (the repository id, a public repository without --public, a --profile that is not a "
+                     "measured speculation profile), the published files do not read back as the corpus, or a build "
+                     "is writing the directory"),
     ),
     "export": (
         (EXIT_OK, "the export was written"),
@@ -312,14 +313,19 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
                    "more. Default: the corpus recipe's publish.exports.")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory for a speculators-tokens export (default: the corpus recipe's).")
+@click.option("--profile", "profiles", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
+              help="Also upload this speculation_profile.json (ModelOpt's schema 1.0, e.g. from corpus eval --profile) "
+                   "of a head trained on the corpus, at speculation_profiles/FILE, named in the card with its figures "
+                   "and whether it was measured on the corpus's eval pack; checked before anything else. Repeat for "
+                   "more.")
 def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: str | None, dry_run: bool,
-            exports: tuple[str, ...], tokenizer: Path | None) -> None:
+            exports: tuple[str, ...], tokenizer: Path | None, profiles: tuple[Path, ...]) -> None:
     """Gate a built corpus, then upload it in one commit (token from HF_TOKEN or the Hub's token file)."""
     from .publish import parse_export, publish_corpus
 
     specs = [parse_export(text) for text in exports] if exports else None
     report = publish_corpus(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint, dry_run=dry_run,
-                            exports=specs, tokenizer=tokenizer)
+                            exports=specs, tokenizer=tokenizer, profiles=profiles)
     click.echo(report.describe())
 
 
