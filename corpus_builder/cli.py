@@ -76,7 +76,7 @@ EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {
         (EXIT_USAGE, "bad input, or no supervised token (nothing written)"),
     ),
     "eval": (
-        (EXIT_OK, "the run was measured and saved (--compare: the runs compared)"),
+        (EXIT_OK, "the run was measured and saved (--compare: the runs compared; --from-run: the profiles written)"),
         (EXIT_CHECKS_FAILED, "more of the pack was lost than --max-lost-share allows: unreadable rows (before any "
                              "request), or prompts a server refused (after the run, which is saved and printed)"),
         (EXIT_USAGE, "a server does not speculate, does not serve --model, serves another target or is shared by "
@@ -424,6 +424,8 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
 @click.option("--profile", "profile_path", type=OutputPath(),
               help="Write head A's speculation_profile.json there (ModelOpt's schema 1.0; head B's beside it as "
                    "STEM-B.json, ...).")
+@click.option("--from-run", "from_run", type=click.Path(path_type=Path), metavar="RUN",
+              help="With --profile: write the profiles from this saved run instead of running (nothing is measured).")
 @click.option("--compare", "runs", nargs=2, type=click.Path(path_type=Path), metavar="RUN_A RUN_B",
               help="Put two saved runs side by side instead of running.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -432,12 +434,18 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
 def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concurrency: int, temperature: float | None,
                  max_tokens: int | None, recipe: Path | None, model: str | None, save_dir: Path | None,
                  max_lost_share: float, loop_threshold: float, length_edges: str, profile_path: Path | None,
-                 runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
+                 from_run: Path | None, runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
     """Replay an eval pack (a conversations file, a directory of them, or a built corpus's eval/) against vLLM
     servers with speculators: acceptance rate, mean acceptance length and acceptance by position from each server's
     own counters, per mode, source and task; with two or more endpoints, head B / head A with a bootstrap interval."""
     from . import eval as evaluation
 
+    if from_run is not None:
+        if profile_path is None or pack is not None or endpoints or runs or as_json or html_path is not None:
+            raise click.UsageError("--from-run takes a saved run and --profile FILE, nothing else")
+        for profile in evaluation.profiles_from_run(from_run, profile_path):
+            click.echo(f"wrote {profile}", err=True)
+        return
     if runs:
         if pack is not None or endpoints:
             raise click.UsageError("--compare takes two saved runs and nothing else")

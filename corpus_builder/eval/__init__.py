@@ -47,7 +47,7 @@ from .run import DEFAULT_LENGTH_EDGES, RUN_FORMAT, Reads, Run
 __all__ = ["MODES", "RUN_FORMAT", "BenchExport", "Comparison", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack",
            "PackLosses", "ProfileFile", "Run", "RunNotSaved",
            "acceptance_sections", "compare", "corpus_pack_sha256", "evaluate", "export_bench", "format_comparison",
-           "format_run", "load_run", "read_pack", "read_profile", "speculation_profile"]
+           "format_run", "load_run", "profiles_from_run", "read_pack", "read_profile", "speculation_profile"]
 
 if TYPE_CHECKING:
     from ..report import PageSection
@@ -189,6 +189,18 @@ def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> Comparison
 
         write_comparison_page(page, comparison, (str(run_a), str(run_b)))
     return comparison
+
+
+def profiles_from_run(run_path: Path, profile: Path) -> tuple[Path, ...]:
+    """Each head's speculation_profile.json from a saved run, without measuring again, where ``evaluate`` with
+    ``profile`` writes them (head A's at ``profile``, head B's beside it as STEM-B.json, ...; every path checked
+    before any is written)."""
+    run = load_run(run_path)
+    paths = {label: check_output_path(path, what="--profile", inputs=[run_path])
+             for label, path in profile_paths(Path(profile), [e.label for e in run.endpoints]).items()}
+    for label, path in paths.items():
+        write_profile(path, speculation_profile(run, label))
+    return tuple(paths.values())
 
 
 def corpus_pack_sha256(corpus: Path) -> str | None:
