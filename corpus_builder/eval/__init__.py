@@ -195,6 +195,7 @@ def profiles_from_run(run_path: Path, profile: Path) -> tuple[Path, ...]:
     """Each head's speculation_profile.json from a saved run, without measuring again, where ``evaluate`` with
     ``profile`` writes them (head A's at ``profile``, head B's beside it as STEM-B.json, ...; every path checked
     before any is written)."""
+    check_output_path(profile, what="--profile", inputs=[run_path])  # before the run is read
     run = load_run(run_path)
     paths = {label: check_output_path(path, what="--profile", inputs=[run_path])
              for label, path in profile_paths(Path(profile), [e.label for e in run.endpoints]).items()}
