@@ -15,31 +15,15 @@ from typing import Any
 import orjson
 import pytest
 
-from corpus_builder.assemble import build_corpus
 from corpus_builder.errors import CorpusError
 from corpus_builder.eval import read_pack, speculation_profile
 from corpus_builder.eval.profile import write_profile
 from corpus_builder.publish import publish_corpus
-from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.hub_server import HubServer
 from tests.eval.runs import synthetic_run
 from tests.publish.conftest import FAST, TOKEN
 
 SECTION = "## Speculation profiles"
-
-
-@pytest.fixture(scope="module")
-def packed_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A built corpus that holds out an eval pack of 5 conversations."""
-    root = tmp_path_factory.mktemp("packed")
-    rows = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
-                          {"role": "assistant", "content": str(2 * i)}]} for i in range(30)]
-    (root / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "recipe.yaml").write_text(
-        "name: packed\ntarget: {model: Org/Model-1B}\n"
-        "sources:\n  - {name: math, kind: replay, path: math.jsonl, license: MIT, task: math}\n"
-        "eval: {rows: 5}\nsplit: {validation_fraction: 0.2}\noutput: {dir: out, rows_per_shard: 20}\n")
-    return build_corpus(load_recipe(root / "recipe.yaml")).out_dir
 
 
 def profile_file(path: Path, pack_of_corpus: Path | None = None, head: str = "A") -> dict[str, Any]:
