@@ -63,8 +63,9 @@ EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {
     "publish": (
         (EXIT_OK, "published (--dry-run: the card and the files printed, nothing sent)"),
         (EXIT_CHECKS_FAILED, "the gate refused the corpus (the reasons are printed)"),
-        (EXIT_USAGE, "bad input (the repository id, a public repository without --public), the published files "
-                     "do not read back as the corpus, or a build is writing the directory"),
+        (EXIT_USAGE, "bad input (the repository id, a public repository without --public, a --profile that is not a "
+                     "measured speculation profile), the published files do not read back as the corpus, or a build "
+                     "is writing the directory"),
     ),
     "export": (
         (EXIT_OK, "the export was written"),
@@ -75,7 +76,7 @@ EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {
         (EXIT_USAGE, "bad input, or no supervised token (nothing written)"),
     ),
     "eval": (
-        (EXIT_OK, "the run was measured and saved (--compare: the runs compared)"),
+        (EXIT_OK, "the run was measured and saved (--compare: the runs compared; --from-run: the profiles written)"),
         (EXIT_CHECKS_FAILED, "more of the pack was lost than --max-lost-share allows: unreadable rows (before any "
                              "request), or prompts a server refused (after the run, which is saved and printed)"),
         (EXIT_USAGE, "a server does not speculate, does not serve --model, serves another target or is shared by "
@@ -312,14 +313,19 @@ def audit(path: str, as_json: bool, min_thinking_share: float | None, endpoint: 
                    "more. Default: the corpus recipe's publish.exports.")
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="Target tokenizer directory for a speculators-tokens export (default: the corpus recipe's).")
+@click.option("--profile", "profiles", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
+              help="Also upload this speculation_profile.json (ModelOpt's schema 1.0, e.g. from corpus eval --profile) "
+                   "of a head trained on the corpus, at speculation_profiles/FILE, named in the card with its figures "
+                   "and whether it was measured on the corpus's eval pack; checked before anything else. Repeat for "
+                   "more.")
 def publish(corpus_dir: Path, repo: str, public: bool, revision: str, endpoint: str | None, dry_run: bool,
-            exports: tuple[str, ...], tokenizer: Path | None) -> None:
+            exports: tuple[str, ...], tokenizer: Path | None, profiles: tuple[Path, ...]) -> None:
     """Gate a built corpus, then upload it in one commit (token from HF_TOKEN or the Hub's token file)."""
     from .publish import parse_export, publish_corpus
 
     specs = [parse_export(text) for text in exports] if exports else None
     report = publish_corpus(corpus_dir, repo, public=public, revision=revision, endpoint=endpoint, dry_run=dry_run,
-                            exports=specs, tokenizer=tokenizer)
+                            exports=specs, tokenizer=tokenizer, profiles=profiles)
     click.echo(report.describe())
 
 
@@ -418,6 +424,8 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
 @click.option("--profile", "profile_path", type=OutputPath(),
               help="Write head A's speculation_profile.json there (ModelOpt's schema 1.0; head B's beside it as "
                    "STEM-B.json, ...).")
+@click.option("--from-run", "from_run", type=click.Path(path_type=Path), metavar="RUN",
+              help="With --profile: write the profiles from this saved run instead of running (nothing is measured).")
 @click.option("--compare", "runs", nargs=2, type=click.Path(path_type=Path), metavar="RUN_A RUN_B",
               help="Put two saved runs side by side instead of running.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -426,12 +434,18 @@ def vocab(corpus_dir: Path, size: int, out: Path, target_vocab_size: int | None,
 def eval_command(pack: Path | None, endpoints: tuple[str, ...], mode: str, concurrency: int, temperature: float | None,
                  max_tokens: int | None, recipe: Path | None, model: str | None, save_dir: Path | None,
                  max_lost_share: float, loop_threshold: float, length_edges: str, profile_path: Path | None,
-                 runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
+                 from_run: Path | None, runs: tuple[Path, Path] | None, as_json: bool, html_path: Path | None) -> None:
     """Replay an eval pack (a conversations file, a directory of them, or a built corpus's eval/) against vLLM
     servers with speculators: acceptance rate, mean acceptance length and acceptance by position from each server's
     own counters, per mode, source and task; with two or more endpoints, head B / head A with a bootstrap interval."""
     from . import eval as evaluation
 
+    if from_run is not None:
+        if profile_path is None or pack is not None or endpoints or runs or as_json or html_path is not None:
+            raise click.UsageError("--from-run takes a saved run and --profile FILE, nothing else")
+        for profile in evaluation.profiles_from_run(from_run, profile_path):
+            click.echo(f"wrote {profile}", err=True)
+        return
     if runs:
         if pack is not None or endpoints:
             raise click.UsageError("--compare takes two saved runs and nothing else")

@@ -121,7 +121,9 @@ def template(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
     (root / "plain.txt").write_text("a plain file\n")
     (root / "runs").mkdir()
     for name, shift in (("a.json", 0.0), ("b.json", -0.2)):
-        (root / "runs" / name).write_bytes(orjson.dumps(synthetic_run(shift=shift)))
+        (root / "runs" / name).write_bytes(orjson.dumps(synthetic_run(shift=shift).to_json()))
+    # one head: its profile is the one file --profile names (a second head's goes beside it, checked alike)
+    (root / "runs" / "one-head.json").write_bytes(orjson.dumps(synthetic_run(heads={"A": (0.8, "eagle3")}).to_json()))
     return root
 
 
@@ -186,6 +188,9 @@ OUTPUTS: dict[tuple[str, ...], OutputOption] = {
     ("eval", "--html", "with --compare"): OutputOption(
         "file", lambda ws, out: ["eval", "--compare", *map(str, ws.runs), "--html", out],
         lambda ws: {"run A": ws.runs[0], "run B": ws.runs[1]}, file_name="compare.html"),
+    ("eval", "--profile", "with --from-run"): OutputOption(
+        "file", lambda ws, out: ["eval", "--profile", out, "--from-run", str(ws.root / "runs" / "one-head.json")],
+        lambda ws: {"the run": ws.root / "runs" / "one-head.json"}, file_name="speculation_profile.json"),
     ("vocab", "--out"): OutputOption(
         "file", lambda ws, out: ["vocab", str(ws.corpus), "--size", "10", "--out", out, "--tokenizer",
                                  str(ws.tokenizer)],
@@ -199,7 +204,7 @@ OUTPUTS: dict[tuple[str, ...], OutputOption] = {
 INPUTS = frozenset({("validate", "recipe"), ("build", "recipe"), ("audit", "--tokenizer"), ("export", "corpus_dir"),
                     ("export", "--tokenizer"), ("vocab", "corpus_dir"), ("vocab", "--tokenizer"),
                     ("publish", "corpus_dir"), ("publish", "--tokenizer"), ("eval", "pack"), ("eval", "--recipe"),
-                    ("eval", "--compare")})
+                    ("eval", "--compare"), ("eval", "--from-run"), ("publish", "--profile")})
 # The speculating endpoint `corpus eval` replays its pack against (a scripted server on 127.0.0.1).
 SPECULATING: dict[str, str] = {}
 

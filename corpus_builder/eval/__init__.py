@@ -28,7 +28,7 @@ from ..outputs import check_output_path, enclosing_corpus
 from .bench import BenchExport, export_bench
 from .loops import DEFAULT_LOOP_THRESHOLD
 from .pack import Pack, read_pack
-from .profile import profile_paths, speculation_profile, write_profile
+from .profile import ProfileFile, profile_paths, read_profile, speculation_profile, write_profile
 from .replay import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, MODES, EvalIncomplete, EvalSettings, Replay, replay_pack
 from .report import (
     Comparison,
@@ -45,9 +45,9 @@ from .report import (
 from .run import DEFAULT_LENGTH_EDGES, RUN_FORMAT, Reads, Run
 
 __all__ = ["MODES", "RUN_FORMAT", "BenchExport", "Comparison", "EvalIncomplete", "EvalResult", "EvalSettings", "Pack",
-           "PackLosses", "Run", "RunNotSaved",
-           "acceptance_sections", "compare", "evaluate", "export_bench", "format_comparison", "format_run", "load_run",
-           "read_pack", "speculation_profile"]
+           "PackLosses", "ProfileFile", "Run", "RunNotSaved",
+           "acceptance_sections", "compare", "corpus_pack_sha256", "evaluate", "export_bench", "format_comparison",
+           "format_run", "load_run", "profiles_from_run", "read_pack", "read_profile", "speculation_profile"]
 
 if TYPE_CHECKING:
     from ..report import PageSection
@@ -189,6 +189,28 @@ def compare(run_a: Path, run_b: Path, *, html: Path | None = None) -> Comparison
 
         write_comparison_page(page, comparison, (str(run_a), str(run_b)))
     return comparison
+
+
+def profiles_from_run(run_path: Path, profile: Path) -> tuple[Path, ...]:
+    """Each head's speculation_profile.json from a saved run, without measuring again, where ``evaluate`` with
+    ``profile`` writes them (head A's at ``profile``, head B's beside it as STEM-B.json, ...; every path checked
+    before any is written)."""
+    check_output_path(profile, what="--profile", inputs=[run_path])  # before the run is read
+    run = load_run(run_path)
+    paths = {label: check_output_path(path, what="--profile", inputs=[run_path])
+             for label, path in profile_paths(Path(profile), [e.label for e in run.endpoints]).items()}
+    for label, path in paths.items():
+        write_profile(path, speculation_profile(run, label))
+    return tuple(paths.values())
+
+
+def corpus_pack_sha256(corpus: Path) -> str | None:
+    """The hash of a built corpus's eval pack as ``evaluate`` replays it (a run's ``pack.sha256``), or None when the
+    corpus has no pack to read."""
+    try:
+        return _open_pack(Path(corpus), None)[0].sha256
+    except CorpusError:
+        return None
 
 
 def acceptance_sections(corpus: str | Path) -> list[PageSection]:

@@ -9,9 +9,12 @@ AIPerf's: every request weighs alike):
   acceptance rate         pooled: accepted / draft tokens; per request: the mean of each request's own
   mean acceptance length  pooled: 1 + accepted / drafts (tokens per target step: the accepted drafts and the
                           target's own); per request: the mean of each request's own (requests that drafted)
-  acceptance by position  accepted at position i / drafts (the chance the first i+1 drafted tokens all survive)
-  output tok/s            output tokens / seconds the requests took (a phase's wall time at concurrency > 1); n/a
-                          when a response told no output tokens (no ``usage``)
+  acceptance by position  pooled: accepted at position i / drafts (the chance the first i+1 drafted tokens all
+                          survive a verify step); per request: each request's own, then their mean (a request's
+                          own needs its window alone, or its verify steps: ``detailed`` counts)
+  output tok/s            pooled: output tokens / seconds the requests took (a phase's wall time at concurrency
+                          > 1); per request: each request's own, then their mean (concurrency 1 only: a request in
+                          a phase has no time of its own); n/a when a response told no output tokens (no ``usage``)
   TPOT                    the server's own time per output token, averaged over the finished requests
 
 The ratio of head B to head A is taken over the same prompts (paired); its interval is a percentile bootstrap
@@ -23,16 +26,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .metrics import COUNTERS, Counters, made_counters
 
 RATIO_FIGURES = ("acceptance_rate_pooled", "acceptance_rate_per_request", "mean_acceptance_length_pooled",
-                 "mean_acceptance_length_per_request", "output_tokens_per_s")
+                 "mean_acceptance_length_per_request", "output_tokens_per_s", "output_tokens_per_s_per_request")
 MIN_INTERVAL_PAIRS = 10  # fewer prompts give no interval: a bootstrap over a handful of pairs says little
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,27 @@ class Window:
             return None
         return [count for count in counts if count is not None]
 
+    def request_positions(self) -> list[tuple[float, ...]] | None:
+        """Each of its requests' own acceptance by position (the first i+1 drafted tokens all accepted, per verify
+        step), those that drafted: the window's own for a window of one request, else from its answers' verify
+        steps; None when they are not known."""
+        positions = len(self.counters.accepted_by_position)
+        if self.requests == 1:
+            c = self.counters
+            return [tuple(value / c.drafts for value in c.accepted_by_position)] if c.drafts else []
+        steps = [answer.per_step_accepted for answer in self.answers]
+        if len(steps) != self.requests or None in steps:
+            return None
+        return [tuple(sum(accepted > i for accepted in own) / len(own) for i in range(positions))
+                for own in steps if own]
+
+    def request_speeds(self) -> list[float] | None:
+        """Each of its requests' own output tok/s: a window of one request only (a request in a phase has no time of
+        its own); None when not known."""
+        if self.requests != 1 or self.output_tokens is None:
+            return None
+        return [self.output_tokens / self.seconds] if self.seconds > 0 else []
+
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Window:
         # the requests and tokens a window checks are the window's own, not a saved counter
@@ -111,15 +136,17 @@ class Sums:
     seconds: float = 0.0
     counters: Counters = field(default_factory=Counters)
     per_request: tuple[tuple[float, float, float], ...] | None = ()
+    positions_per_request: tuple[tuple[float, ...], ...] | None = ()  # each request's own acceptance by position
+    speeds_per_request: tuple[float, ...] | None = ()  # each request's own output tok/s
 
     @classmethod
     def of(cls, windows: Sequence[Window]) -> Sums:
         tokens = [w.output_tokens for w in windows]
-        counts = [w.request_counts() for w in windows]
-        per_request = None if None in counts else tuple(c for each in counts if each is not None for c in each)
         return cls(sum(w.requests for w in windows),
                    None if None in tokens else sum(count for count in tokens if count is not None),
-                   sum(w.seconds for w in windows), sum((w.counters for w in windows), Counters()), per_request)
+                   sum(w.seconds for w in windows), sum((w.counters for w in windows), Counters()),
+                   _joined([w.request_counts() for w in windows]), _joined([w.request_positions() for w in windows]),
+                   _joined([w.request_speeds() for w in windows]))
 
     def figures(self) -> dict[str, Any]:
         """The figures (None where the denominator is 0: no drafts, no time)."""
@@ -128,6 +155,7 @@ class Sums:
         own = self.per_request or ()
         rates = [accepted / tokens for _, tokens, accepted in own if tokens]
         lengths = [1 + accepted / steps for steps, _, accepted in own if steps]
+        positions, speeds = self.positions_per_request, self.speeds_per_request
         return {
             "requests": self.requests, "output_tokens": self.output_tokens, "drafts": drafts,
             "draft_tokens": c.draft_tokens, "accepted": c.accepted,
@@ -136,12 +164,27 @@ class Sums:
             "mean_acceptance_length_pooled": 1 + c.accepted / drafts if drafts else None,
             "mean_acceptance_length_per_request": sum(lengths) / len(lengths) if lengths else None,
             "acceptance_by_position": tuple(value / drafts for value in c.accepted_by_position) if drafts else (),
+            "acceptance_by_position_per_request": None if positions is None else _mean_by_position(positions),
             "conditional_by_position": _conditional(drafts, c.accepted_by_position),
             "accepted_histogram": _histogram(drafts, c.accepted_by_position),
             "output_tokens_per_s": self.output_tokens / self.seconds
             if self.output_tokens is not None and self.seconds > 0 else None,
+            "output_tokens_per_s_per_request": sum(speeds) / len(speeds) if speeds else None,
             "tpot_ms": 1000 * c.tpot_sum / c.tpot_count if c.tpot_count else None,
         }
+
+
+def _joined(each: Sequence[list[_Item] | None]) -> tuple[_Item, ...] | None:
+    """The items of every window's list, or None when a window's are not known."""
+    return None if None in each else tuple(item for items in each if items is not None for item in items)
+
+
+def _mean_by_position(positions: Sequence[tuple[float, ...]]) -> tuple[float, ...]:
+    """The mean over requests of each one's own acceptance at every position (0 at a position a request's drafts did
+    not reach, as the pooled counters count it); () when none drafted."""
+    width = max((len(own) for own in positions), default=0)
+    padded = [(*own, *[0.0] * (width - len(own))) for own in positions]
+    return tuple(sum(column) / len(padded) for column in zip(*padded, strict=True)) if padded else ()
 
 
 def _conditional(drafts: float, by_position: tuple[float, ...]) -> tuple[float, ...]:
@@ -164,13 +207,15 @@ def _histogram(drafts: float, by_position: tuple[float, ...]) -> tuple[float, ..
 
 
 # Each figure as a function of the column sums (accepted, draft tokens, drafts, output tokens, seconds; a pair's
-# own rate where it drafted, and whether it did; its own acceptance length where it drafted, and whether it did).
+# own rate where it drafted, and whether it did; its own acceptance length where it drafted, and whether it did;
+# its own output tok/s where it is known, and whether it is).
 _FIGURE_OF_SUMS: dict[str, Callable[[Any], Any]] = {
     "acceptance_rate_pooled": lambda s: s[..., 0] / s[..., 1],
     "acceptance_rate_per_request": lambda s: s[..., 5] / s[..., 6],
     "mean_acceptance_length_pooled": lambda s: 1 + s[..., 0] / s[..., 2],
     "mean_acceptance_length_per_request": lambda s: s[..., 7] / s[..., 8],
     "output_tokens_per_s": lambda s: s[..., 3] / s[..., 4],
+    "output_tokens_per_s_per_request": lambda s: s[..., 9] / s[..., 10],
 }
 
 
@@ -178,9 +223,11 @@ def _columns(window: Window) -> list[float]:
     """A window's columns for ``_FIGURE_OF_SUMS`` (a paired window holds one request: its counts are its own)."""
     c = window.counters
     drafted, stepped = c.draft_tokens > 0, c.drafts > 0
+    speed = window.request_speeds()
     return [c.accepted, c.draft_tokens, c.drafts, math.nan if window.output_tokens is None else window.output_tokens,
             window.seconds, c.accepted / c.draft_tokens if drafted else 0.0, float(drafted),
-            1 + c.accepted / c.drafts if stepped else 0.0, float(stepped)]
+            1 + c.accepted / c.drafts if stepped else 0.0, float(stepped),
+            speed[0] if speed else 0.0, float(bool(speed))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,20 +8,28 @@ counter by position over the verify steps, the conditional follows from it, the 
 mean acceptance length is per step (pooled) and per request. ``per_category`` holds each mode and each slice of
 the run; ``measurement_conditions`` the target, the speculator, k, the temperature, the pack's hash and the slices.
 Paths are reduced to their last two parts (``org/model``): the profile is meant to be published.
+
+``read_profile`` reads a profile back (ours or ModelOpt's), checked against schemas/speculation_profile.schema.json,
+for ``corpus publish --profile``.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from ..errors import CorpusError
 from ..outputs import staged
 from .figures import Sums
 from .run import Endpoint, Run
 
 SCHEMA_VERSION = "1.0"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "speculation_profile.schema.json"
 CONSISTENCY_TOLERANCE = 0.02
 CHAIN_METHODS = frozenset({"eagle", "eagle1", "eagle2", "eagle3", "draft_model", "mtp"})  # draft a prefix of k + 1
 
@@ -84,6 +92,69 @@ def profile_paths(path: Path, labels: list[str]) -> dict[str, Path]:
     """Where each head's profile goes: ``path`` for head A, ``STEM-B.json`` beside it for head B, and so on."""
     return {label: path if index == 0 else path.with_name(f"{path.stem}-{label}{path.suffix}")
             for index, label in enumerate(labels)}
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileFile:
+    """A speculation profile read from a file and checked: the document as it is, and what a card shows of it."""
+
+    path: Path
+    content: bytes  # the file's bytes, as checked
+    document: dict[str, Any]
+    head: str | None  # the draft checkpoint's id
+    method: str | None
+    k: int
+    temperature: float | None  # None: the profile does not record it
+    mean_accept_length: float  # per verify step (pooled)
+    mean_accept_length_per_request: float | None
+    pack_sha256: str | None  # the pack it was measured on (None: not recorded)
+
+
+def read_profile(path: Path) -> ProfileFile:
+    """The profile at ``path``, a measured one in ModelOpt's schema 1.0 (``SCHEMA_PATH``, and a rate per drafted
+    position, k of them); CorpusError naming the file and the line (malformed JSON) or each key that breaks it."""
+    where = str(path)
+    try:
+        content = Path(path).read_bytes()
+        document = json.loads(content)
+    except OSError as error:
+        raise CorpusError(f"cannot read the speculation profile: {error.strerror}", file=where) from None
+    except UnicodeDecodeError:
+        raise CorpusError("the speculation profile is not UTF-8 text", file=where) from None
+    except json.JSONDecodeError as error:
+        raise CorpusError(f"the speculation profile is not JSON: {error.msg} (column {error.colno})", file=where,
+                          line=error.lineno) from None
+    problems = [f"{_key_path(error.absolute_path)}: {error.message}"
+                for error in sorted(_profile_validator().iter_errors(document), key=lambda e: list(map(str, e.path)))]
+    if not problems:
+        k = document["num_speculative_tokens"]
+        problems = [f"{key}: {len(document[key])} rates, not one per drafted position (num_speculative_tokens {k})"
+                    for key in ("marginal_accept_rates", "conditional_accept_rates") if len(document[key]) != k]
+    if problems:
+        raise CorpusError(f"not a measured speculation profile (ModelOpt's schema {SCHEMA_VERSION}): "
+                          f"{len(problems)} problem(s)", file=where, details=problems)
+    conditions = document["measurement_conditions"]
+    checkpoint = document.get("draft_checkpoint") or {}
+    return ProfileFile(Path(path), content, document, checkpoint.get("id"), document["method"],
+                       document["num_speculative_tokens"], conditions.get("temperature"),
+                       document["mean_accept_length"], document["mean_accept_length_per_request"],
+                       conditions.get("pack_sha256"))
+
+
+@cache
+def _profile_validator() -> Any:
+    import jsonschema
+
+    schema = orjson.loads(SCHEMA_PATH.read_bytes())
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    return validator_class(schema)
+
+
+def _key_path(parts: Any) -> str:
+    """``marginal_accept_rates[1]``, ``measurement_conditions.temperature``; ``(the document)`` for the top."""
+    text = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).lstrip(".")
+    return text or "(the document)"
 
 
 def _validation(mean: float, marginal: list[float]) -> dict[str, Any]:

@@ -61,7 +61,8 @@ FIGURE_TITLES = {"acceptance_rate_pooled": "acceptance rate (pooled)",
                  "acceptance_rate_per_request": "acceptance rate (per request)",
                  "mean_acceptance_length_pooled": "mean acceptance length (pooled)",
                  "mean_acceptance_length_per_request": "mean acceptance length (per request)",
-                 "output_tokens_per_s": "output tok/s"}
+                 "output_tokens_per_s": "output tok/s (pooled)",
+                 "output_tokens_per_s_per_request": "output tok/s (per request)"}
 
 
 class RunNotSaved(CorpusError):
@@ -137,6 +138,14 @@ def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
     if any(f.drafts and f.mean_acceptance_length_per_request is None for f in figures):
         missing.append("per-request acceptance: each request's own counts are not known (a phase at concurrency > 1 "
                        "counted by /metrics: a server with --per-request-spec-decode-metrics gives them)")
+    if any(f.drafts and f.acceptance_by_position_per_request is None for f in figures):
+        missing.append("per-request acceptance by position: each request's own verify steps are not known (a phase "
+                       "at concurrency > 1 without them: a server with --per-request-spec-decode-metrics detailed "
+                       "gives them)")
+    if any(f.output_tokens is not None and f.output_tokens_per_s_per_request is None and f.requests
+           for f in figures):
+        missing.append("per-request output tok/s: a request in a phase at concurrency > 1 has no time of its own "
+                       "(concurrency 1 gives it)")
     if any(f.loops is None for f in figures):
         missing.append("loops: the answers' repetition is not recorded (a run saved before it was: format "
                        "corpus-eval/1), so no loop share and no figures without loops")
@@ -319,9 +328,12 @@ def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), "|" + "|".join("-" * (width + 2) for width in widths) + "|", *map(line, rows)]
 
 
-def _positions(values: tuple[float, ...]) -> str:
+def _positions(values: tuple[float, ...] | None) -> str:
+    """The first few positions' acceptance; n/a where none is known."""
+    if not values:
+        return "n/a"
     shown = " ".join(f"{value:.2f}" for value in values[:_POSITIONS_SHOWN])
-    return shown + (" ..." if len(values) > _POSITIONS_SHOWN else "") if values else "n/a"
+    return shown + (" ..." if len(values) > _POSITIONS_SHOWN else "")
 
 
 def _too_few(pairs: int | None) -> str:
@@ -351,7 +363,8 @@ def describe_endpoint(endpoint: Endpoint) -> str:
 
 
 FIGURE_HEADER = ("mode", "head", "group", "requests", "loops", "output tokens",
-                 *(FIGURE_TITLES[f] for f in RATIO_FIGURES[:4]), "acceptance by position", "output tok/s", "TPOT ms",
+                 *(FIGURE_TITLES[f] for f in RATIO_FIGURES[:4]), "acceptance by position (pooled)",
+                 "acceptance by position (per request)", *(FIGURE_TITLES[f] for f in RATIO_FIGURES[4:]), "TPOT ms",
                  "temperature", "method")
 
 
@@ -379,7 +392,9 @@ def figure_cells(row: Figure, settings: RunSettings) -> list[str]:
             "n/a" if tokens is None else str(tokens),
             _number(row.acceptance_rate_pooled), _number(row.acceptance_rate_per_request),
             _number(row.mean_acceptance_length_pooled, 2), _number(row.mean_acceptance_length_per_request, 2),
-            _positions(row.acceptance_by_position), _number(row.output_tokens_per_s, 1),
+            _positions(row.acceptance_by_position),
+            _positions(row.acceptance_by_position_per_request),
+            _number(row.output_tokens_per_s, 1), _number(row.output_tokens_per_s_per_request, 1),
             _number(row.tpot_ms, 2), _temperature(settings), str(row.method or "not told")]
 
 
@@ -617,7 +632,7 @@ def comparison_table(comparison: Comparison) -> tuple[str, list[str], list[list[
     for row in comparison.rows:
         cells = [row.mode, row.endpoint, row.group]
         for figure in RATIO_FIGURES:
-            digits = 1 if figure == "output_tokens_per_s" else 3
+            digits = 1 if figure.startswith("output_tokens_per_s") else 3
             cells += [_number(getattr(row.a, figure), digits), _number(getattr(row.b, figure), digits),
                       _interval(row.ratio(figure))]
         rows.append(cells + (_gap_cells(row.loops)[2:] if row.loops is not None else ["n/a", "n/a"]))

@@ -126,9 +126,11 @@ class Figure:
     mean_acceptance_length_pooled: float | None
     mean_acceptance_length_per_request: float | None
     acceptance_by_position: tuple[float, ...]  # marginal: the first i+1 drafted tokens all accepted, per step
+    acceptance_by_position_per_request: tuple[float, ...] | None  # each request's own marginal, then their mean
     conditional_by_position: tuple[float, ...]  # position i accepted when every one before it was
     accepted_histogram: tuple[float, ...]  # the share of verify steps that accepted exactly j tokens, j = 0..k
-    output_tokens_per_s: float | None
+    output_tokens_per_s: float | None  # pooled: every request's output tokens over the time they took
+    output_tokens_per_s_per_request: float | None  # each request's own, then their mean
     tpot_ms: float | None
 
 

@@ -4,6 +4,8 @@
     publish_corpus(..., dry_run=True)          what would be uploaded and the card; no network at all
     publish_corpus(..., exports=[ExportSpec("speculators-tokens")])
                                                also the trainer's files, at exports/{format}/{split}.{ext}
+    publish_corpus(..., profiles=[Path("speculation_profile.json")])
+                                               also a head's speculation profile, named in the card
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorpusError
+from ..eval import ProfileFile, corpus_pack_sha256
 from ..hub import HubSession, RetryPolicy, resolve_endpoint, resolve_token
 from ..layout import AUDIT, MANIFEST, RECIPE, no_build_writing
 from ..recipe.model import ExportSpec
@@ -24,6 +27,7 @@ from ..secrets import scan_text
 from .card import render_card, scrub_local_paths, scrub_value
 from .exports import EXPORTS_PREFIX, PublishedExport, parse_export, recipe_exports, write_exports
 from .gate import CorpusDocuments, GateFailed, GateReport, check_corpus, require_gate
+from .profiles import PROFILES_PREFIX, AttachedProfile, attach_profiles, read_profiles
 from .upload import UploadFile, commit_files
 
 __all__ = [
@@ -34,7 +38,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 CARD = "README.md"
 # What a publish owns in the repository: a file there that this publish does not upload is deleted.
-MANAGED_PREFIXES = ("data/", EXPORTS_PREFIX)
+MANAGED_PREFIXES = ("data/", EXPORTS_PREFIX, PROFILES_PREFIX)
 
 
 @dataclass
@@ -90,13 +94,14 @@ def _metadata_file(path_in_repo: str, path: Path) -> UploadFile:
     return UploadFile.from_bytes(path_in_repo, content)
 
 
-def prepare_upload(docs: CorpusDocuments, repo_id: str | None = None,
-                   exports: Sequence[PublishedExport] = ()) -> tuple[list[UploadFile], str]:
-    """(files in commit order, card text): the shards as they are, the trainer exports, the card and the scrubbed
-    metadata."""
-    card = render_card(docs, repo_id, exports)
+def prepare_upload(docs: CorpusDocuments, repo_id: str | None = None, exports: Sequence[PublishedExport] = (),
+                   profiles: Sequence[AttachedProfile] = ()) -> tuple[list[UploadFile], str]:
+    """(files in commit order, card text): the shards as they are, the trainer exports, the speculation profiles,
+    the card and the scrubbed metadata."""
+    card = render_card(docs, repo_id, exports, profiles)
     files = [UploadFile.from_path(entry.path, docs.root / entry.path) for entry in docs.manifest.files]
     files += [upload for export in exports for upload in export.uploads]
+    files += [attached.upload for attached in profiles]
     files.append(UploadFile.from_bytes(CARD, card.encode("utf-8")))
     files += [_metadata_file(name, docs.root / name) for name in (RECIPE, MANIFEST, AUDIT)]
     return files, card
@@ -132,36 +137,44 @@ def check_repo_id(repo_id: str) -> None:
 def publish_corpus(corpus_dir: Path | str, repo_id: str, *, public: bool = False, revision: str = "main",
                    endpoint: str | None = None, token: str | None = None, dry_run: bool = False,
                    retry: RetryPolicy | None = None, exports: Sequence[ExportSpec] | None = None,
-                   tokenizer: Path | None = None) -> PublishReport:
+                   tokenizer: Path | None = None, profiles: Sequence[Path] = ()) -> PublishReport:
     """Gate, then upload a corpus as ONE commit to a dataset repository (private unless ``public``), with the
     trainer ``exports`` (default: the corpus recipe's ``publish.exports``) written from it at
-    exports/{format}/{split}.{file format} (``tokenizer``: for speculators-tokens, as `corpus export`).
+    exports/{format}/{split}.{file format} (``tokenizer``: for speculators-tokens, as `corpus export`), and the
+    speculation ``profiles`` (``speculation_profile.json`` files of heads trained on it) at
+    speculation_profiles/{file name}, each named in the card with whether it was measured on the corpus's eval pack.
 
-    Raises GateFailed (every failing check) before any network use, CorpusError for Hub errors (token
+    Raises CorpusError naming a profile that is not a measured one in ModelOpt's schema before anything else, then
+    GateFailed (every failing check) before any network use, CorpusError for Hub errors (token
     scrubbed) and while a build writes the directory. Safe to re-run: files already on the remote with the
     same bytes are not sent again, and an unchanged corpus makes no commit.
     """
     check_repo_id(repo_id)
+    checked = read_profiles(profiles)
     # A build rewriting the directory makes the corpus look broken (files missing, counts off): that build is named
     # instead, before anything is read, and when publishing fails (the build may have started meanwhile).
     with no_build_writing(Path(corpus_dir)), tempfile.TemporaryDirectory(prefix="corpus-publish-") as scratch:
         return _gate_and_upload(Path(corpus_dir), repo_id, public=public, revision=revision, endpoint=endpoint,
                                 token=token, dry_run=dry_run, retry=retry, exports=exports, tokenizer=tokenizer,
-                                scratch=Path(scratch))
+                                profiles=checked, scratch=Path(scratch))
 
 
 def _gate_and_upload(corpus_dir: Path, repo_id: str, *, public: bool, revision: str, endpoint: str | None,
                      token: str | None, dry_run: bool, retry: RetryPolicy | None,
-                     exports: Sequence[ExportSpec] | None, tokenizer: Path | None, scratch: Path) -> PublishReport:
+                     exports: Sequence[ExportSpec] | None, tokenizer: Path | None, profiles: Sequence[ProfileFile],
+                     scratch: Path) -> PublishReport:
     gate = require_gate(corpus_dir)
     docs = gate.documents
     specs = tuple(exports) if exports is not None else recipe_exports(docs)
     published = write_exports(docs, specs, scratch, tokenizer)
-    files, card = prepare_upload(docs, repo_id, published)
+    attached = attach_profiles(profiles, corpus_pack_sha256(docs.root)) if profiles else []
+    files, card = prepare_upload(docs, repo_id, published, attached)
     _check_card(docs, files)
     report = PublishReport(repo_id, resolve_endpoint(endpoint), revision, not public, dry_run, files, card)
     report.notes += [f"note: {EXPORTS_PREFIX}{export.format} leaves out {count:,} conversations: {reason}"
                      for export in published for reason, count in sorted(export.left_out.items())]
+    report.notes += [f"note: {a.upload.path_in_repo} was measured on another pack than this corpus's eval pack"
+                     for a in attached if a.pack_matches is False]
     if dry_run:
         return report
 

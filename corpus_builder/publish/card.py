@@ -14,7 +14,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -23,6 +23,9 @@ from ..layout import Manifest
 from ..secrets import map_strings
 from .exports import PublishedExport, training_commands
 from .gate import CorpusDocuments, mapping
+
+if TYPE_CHECKING:
+    from .profiles import AttachedProfile
 
 # The Hub's size_categories vocabulary, as (exclusive upper bound, label).
 SIZE_CATEGORIES: tuple[tuple[float, str], ...] = (
@@ -400,6 +403,32 @@ def _eval_pack(docs: CorpusDocuments) -> list[str]:
                     [[f"`{name}`", _figure(entry.get("read")), _figure(entry.get("held"))] for name, entry in sources])]
 
 
+def _profiles(profiles: Sequence[AttachedProfile]) -> list[str]:
+    """The heads trained on this corpus and measured on its pack, each with its profile's figures and conditions."""
+    if not profiles:
+        return []
+
+    def pack(attached: AttachedProfile) -> str:
+        if attached.profile.pack_sha256 is None:
+            return "not recorded"
+        return {True: "yes", False: "**no**: another pack", None: "cannot tell: this corpus has no eval pack"}[
+            attached.pack_matches]
+
+    rows = [[f"`{a.upload.path_in_repo}`", f"`{a.profile.head}`" if a.profile.head else "not recorded",
+             a.profile.method or "not told", a.profile.k, _figure(a.profile.temperature),
+             f"{a.profile.mean_accept_length:.3f}", _figure(a.profile.mean_accept_length_per_request),
+             f"`{a.profile.pack_sha256[:12]}`" if a.profile.pack_sha256 else "not recorded", pack(a)]
+            for a in profiles]
+    return ["## Speculation profiles", "",
+            "Draft heads trained on this corpus, measured on its eval pack: each profile (NVIDIA ModelOpt's "
+            "`speculation_profile.json`, schema 1.0, e.g. from `corpus eval --profile`) is published beside the "
+            "corpus. Mean acceptance length is the tokens a verify step emits (the target's own included): pooled "
+            "over every verify step, and per request (each request's own mean, then their mean).", "",
+            *_table(["profile", "head", "speculator", "k", "temperature", "mean acceptance length (pooled)",
+                     "mean acceptance length (per request)", "pack sha256", "measured on this corpus's eval pack"],
+                    rows)]
+
+
 def _license_section(docs: CorpusDocuments) -> list[str]:
     license_id, distinct = card_license(docs)
     if license_id not in ("other", "unknown"):
@@ -466,9 +495,10 @@ def _training(docs: CorpusDocuments, repo_id: str | None, exports: Sequence[Publ
             "from the `speculators-tokens` file into the directory `speculators train --data-path` reads.", ""]
 
 
-def render_card(docs: CorpusDocuments, repo_id: str | None = None, exports: Sequence[PublishedExport] = ()) -> str:
+def render_card(docs: CorpusDocuments, repo_id: str | None = None, exports: Sequence[PublishedExport] = (),
+                profiles: Sequence[AttachedProfile] = ()) -> str:
     """README.md for the corpus: YAML front matter the Hub validates, then the mixture card body (with the trainer
-    ``exports`` published beside it, if any)."""
+    ``exports`` and the speculation ``profiles`` published beside it, if any)."""
     manifest = docs.manifest
     total = manifest.conversations  # the gate has matched it with the shards and audit.json
     tool = manifest.tool
@@ -492,6 +522,7 @@ def render_card(docs: CorpusDocuments, repo_id: str | None = None, exports: Sequ
         *_drops(docs),
         *_screening(docs),
         *_eval_pack(docs),
+        *_profiles(profiles),
         "## Files", "",
         *_table(["split", "conversations", "shards"], split_rows),
         "`manifest.json` lists every shard with its row count, size and sha256; `audit.json` holds the full "

@@ -151,9 +151,14 @@ def check_figures(table: Table, record: Run) -> int:
         assert row["loops"] == ("n/a" if figure["loops"] is None else str(figure["loops"]))
         for column, key in [*((title, key) for key, title in FIGURE_TITLES.items()), ("TPOT ms", "tpot_ms")]:
             assert shows(row[column], figure[key]), (column, row[column], figure[key])
-        positions = row["acceptance by position"].removesuffix(" ...").split()
-        assert positions and all(shows(cell, value) for cell, value in
-                                 zip(positions, figure["acceptance_by_position"], strict=False))
+        for column, key in (("acceptance by position (pooled)", "acceptance_by_position"),
+                            ("acceptance by position (per request)", "acceptance_by_position_per_request")):
+            positions = row[column].removesuffix(" ...").split()
+            if not figure[key]:
+                assert positions == ["n/a"], (column, row[column])
+                continue
+            assert len(positions) == min(len(figure[key]), 4) and all(
+                shows(cell, value) for cell, value in zip(positions, figure[key], strict=False)), (column, row[column])
         assert row["temperature"] == f"{run['settings']['temperature']:g}"
         assert row["method"] == (methods[row["head"]] or "not told")
     return len(rows)

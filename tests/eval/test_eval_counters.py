@@ -275,7 +275,8 @@ def test_answers_without_usage_have_no_speed_rather_than_zero(pack: Path, tmp_pa
     assert figures["acceptance_rate_pooled"] == pytest.approx(2 / 3)
     row = next(line for line in text_of(run).splitlines() if line.startswith("| thinking | A"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert (cells[5], cells[11]) == ("n/a", "n/a")  # output tokens, output tok/s
+    assert (figures["output_tokens_per_s_per_request"], cells[5], cells[12], cells[13]) == (None, "n/a", "n/a", "n/a")
+    # output tokens, output tok/s pooled and per request
 
 
 def test_a_counters_page_that_stops_answering_mid_run_stops_the_eval(pack: Path, tmp_path: Path) -> None:

@@ -207,19 +207,40 @@ def test_the_saved_form_of_a_window_holds_every_count() -> None:
 
 def test_sums_add_every_position_and_every_count() -> None:
     sums = Sums.of([window(5, 12, 4, tokens=20, seconds=1.0, positions=(3, 2)),
-                    window(6, 9, 3, tokens=10, seconds=0.5, positions=(3, 2, 1))])
-    assert sums == Sums(2, 30, 1.5, Counters(True, 7, 21, 11, (6, 4, 1), 2, 30, 0.01 * 20 + 0.01 * 10, 2),
-                        ((4, 12, 5), (3, 9, 6)))
+                    window(6, 9, 3, tokens=10, seconds=0.25, positions=(3, 2, 1))])
+    assert sums == Sums(2, 30, 1.25, Counters(True, 7, 21, 11, (6, 4, 1), 2, 30, 0.01 * 20 + 0.01 * 10, 2),
+                        ((4, 12, 5), (3, 9, 6)), ((3 / 4, 2 / 4), (3 / 3, 2 / 3, 1 / 3)), (20.0, 40.0))
     assert sums.figures() == {
         "requests": 2, "output_tokens": 30, "drafts": 7, "draft_tokens": 21, "accepted": 11,
         "acceptance_rate_pooled": 11 / 21, "mean_acceptance_length_pooled": 1 + 11 / 7,
         # each request's own (5 of 12 in 4 steps, 6 of 9 in 3), then their mean: not the pooled 11 / 21
         "acceptance_rate_per_request": pytest.approx((5 / 12 + 6 / 9) / 2),
         "mean_acceptance_length_per_request": pytest.approx((1 + 5 / 4 + 1 + 6 / 3) / 2),
-        "acceptance_by_position": (6 / 7, 4 / 7, 1 / 7), "output_tokens_per_s": 20.0,
+        "acceptance_by_position": (6 / 7, 4 / 7, 1 / 7),
+        # each request's own by position (the first reached two positions: 0 at the third), then their mean
+        "acceptance_by_position_per_request": pytest.approx(((3 / 4 + 1) / 2, (2 / 4 + 2 / 3) / 2, (0 + 1 / 3) / 2)),
+        # 30 tokens in 1.25 s pooled; 20 tok/s and 40 tok/s each
+        "output_tokens_per_s": 24.0, "output_tokens_per_s_per_request": 30.0,
         # of 7 steps: 1 accepted none, 2 one, 3 two, 1 three; position i given every one before it
         "accepted_histogram": (1 / 7, 2 / 7, 3 / 7, 1 / 7), "conditional_by_position": (6 / 7, 4 / 6, 1 / 4),
         "tpot_ms": pytest.approx(1000 * 0.3 / 2)}
+
+
+def test_per_request_positions_from_verify_steps_and_speeds_only_alone() -> None:
+    """A phase of several requests gives each one's acceptance by position from its verify steps (``detailed``),
+    and none without them; no request of a phase has an output tok/s of its own."""
+    counters = Counters(True, 5, 10, 4, (3, 1), 2, 30, 0.3, 2)
+    steps = (Answer(0, 3, 6, 3, per_step_accepted=(2, 1, 0)), Answer(1, 2, 4, 1, per_step_accepted=(1, 0)))
+    phase = Window("A", "thinking", None, 2, 30, 1.0, counters, steps)
+    assert phase.request_positions() == [(2 / 3, 1 / 3), (1 / 2, 0.0)]
+    assert phase.request_speeds() is None
+    figures = Sums.of([phase]).figures()
+    assert figures["acceptance_by_position_per_request"] == pytest.approx(((2 / 3 + 1 / 2) / 2, (1 / 3) / 2))
+    assert figures["acceptance_by_position"] == (3 / 5, 1 / 5)  # pooled: 3 and 1 of 5 steps
+    assert figures["output_tokens_per_s_per_request"] is None and figures["output_tokens_per_s"] == 30.0
+    summary_only = replace(phase, answers=tuple(replace(answer, per_step_accepted=None) for answer in steps))
+    assert summary_only.request_positions() is None
+    assert Sums.of([summary_only]).figures()["acceptance_by_position_per_request"] is None
 
 
 def test_unpaired_ratios_of_every_figure() -> None:
@@ -230,7 +251,8 @@ def test_unpaired_ratios_of_every_figure() -> None:
         "mean_acceptance_length_pooled": {"ratio": 1.5, "low": None, "high": None, "pairs": None},
         "acceptance_rate_per_request": {"ratio": None, "low": None, "high": None, "pairs": None},
         "mean_acceptance_length_per_request": {"ratio": None, "low": None, "high": None, "pairs": None},
-        "output_tokens_per_s": {"ratio": None, "low": None, "high": None, "pairs": None}}
+        "output_tokens_per_s": {"ratio": None, "low": None, "high": None, "pairs": None},
+        "output_tokens_per_s_per_request": {"ratio": None, "low": None, "high": None, "pairs": None}}
     zero = figure_ratios({**a, "acceptance_rate_pooled": 0.0}, b)["acceptance_rate_pooled"]
     assert zero["ratio"] is None
 

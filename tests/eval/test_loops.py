@@ -119,4 +119,4 @@ def test_a_phase_counts_its_loops_and_names_the_figures_without_them_missing(pac
         run = evaluate(pack, [b.base_url], temperature=0, modes=["non-thinking"], concurrency=3,
                        save_dir=tmp_path / "runs").run
     assert [(f.group, f.loops) for f in run.figures] == [("all", len(LOOPING))]
-    assert [missing.split(":")[0] for missing in run.missing] == ["figures without loops"]
+    assert [missing.split(":")[0] for missing in run.missing] == ["per-request output tok/s", "figures without loops"]

@@ -35,6 +35,16 @@ def scripted(head: str) -> dict[str, Scripted]:
     return {text: Scripted(SHORT if kind == "short" else LONG, HEADS[head][kind]) for kind, text in PROMPTS}
 
 
+def positions(head: str) -> dict[str, tuple[float, ...]]:
+    """Acceptance by position pooled over every verify step and per request: a head that accepts j tokens a step
+    accepts each of the first j positions on every step and none after."""
+    own = [(steps_and_accepted(8 if kind == "short" else 200, HEADS[head][kind])[0],
+            tuple(float(i < HEADS[head][kind]) for i in range(K))) for kind, _ in PROMPTS]
+    steps = sum(s for s, _ in own)
+    return {"pooled": tuple(sum(s * marginal[i] for s, marginal in own) / steps for i in range(K)),
+            "per_request": tuple(sum(marginal[i] for _, marginal in own) / len(own) for i in range(K))}
+
+
 def expected(head: str) -> dict[str, float]:
     """Each mean as named, from the answers' lengths and each head's acceptance."""
     own = [steps_and_accepted(8 if kind == "short" else 200, HEADS[head][kind]) for kind, _ in PROMPTS]
@@ -72,6 +82,25 @@ def test_pooled_and_per_request_means_differ_and_each_is_computed_as_named(pack:
         assert ratios[name]["ratio"] == pytest.approx(b[name] / a[name]), name
         assert ratios[name]["pairs"] == len(PROMPTS) and ratios[name]["low"] <= ratios[name]["high"], name
     assert ratios["mean_acceptance_length_pooled"]["ratio"] > 1 > ratios["mean_acceptance_length_per_request"]["ratio"]
+    # acceptance by position too: A's long answers (no draft accepted) weigh 100 times its short ones' steps pooled
+    for head in HEADS:
+        figure = every[head]
+        assert figure["acceptance_by_position"] == pytest.approx(positions(head)["pooled"])
+        assert figure["acceptance_by_position_per_request"] == pytest.approx(positions(head)["per_request"])
+    assert every["A"]["acceptance_by_position_per_request"][0] == pytest.approx(0.5)
+    assert every["A"]["acceptance_by_position"][0] < 0.01
+    # and output tok/s, each request's own (its window alone) then their mean, with B / A's interval
+    for head in HEADS:
+        speeds = [w["output_tokens"] / w["seconds"] for w in run["windows"] if w["endpoint"] == head]
+        assert len(speeds) == len(PROMPTS)
+        assert every[head]["output_tokens_per_s_per_request"] == pytest.approx(sum(speeds) / len(speeds))
+        tokens, seconds = (sum(w[key] for w in run["windows"] if w["endpoint"] == head)
+                           for key in ("output_tokens", "seconds"))
+        assert every[head]["output_tokens_per_s"] == pytest.approx(tokens / seconds)
+    speed = ratios["output_tokens_per_s_per_request"]
+    assert speed["ratio"] == pytest.approx(every["B"]["output_tokens_per_s_per_request"]
+                                           / every["A"]["output_tokens_per_s_per_request"])
+    assert speed["pairs"] == len(PROMPTS) and speed["low"] <= speed["high"]
     # A's own counts are totals (summary), B's the page's: neither gives a verify step's
     assert [m.split(":")[0] for m in run["missing"]] == ["per-step counts of A", "per-step counts of B"]
 
@@ -79,10 +108,14 @@ def test_pooled_and_per_request_means_differ_and_each_is_computed_as_named(pack:
     text = format_run(result.run)
     assert "| acceptance rate (pooled) | acceptance rate (per request) | mean acceptance length (pooled) | mean " \
            "acceptance length (per request) |" in " ".join(text.split())
+    assert "| acceptance by position (pooled) | acceptance by position (per request) | output tok/s (pooled) | " \
+           "output tok/s (per request) |" in " ".join(text.split())
     page = tmp_path / "run.html"
     write_run_page(page, load_run(result.saved), str(result.saved), "eval")
     tables = dict(page_tables(page.read_text()))
     assert "mean acceptance length (per request)" in tables["acceptance-figures"][0]
+    assert {"acceptance by position (per request)", "output tok/s (per request)"} <= set(
+        tables["acceptance-figures"][0])
     assert check_figures(tables["acceptance-figures"], result.run) == 2
     assert "mean acceptance length (pooled)" in tables["acceptance-ratios"][0]
     assert check_ratios(tables["acceptance-ratios"], result.run) == 5  # all, 2 sources, length:<512, turn:1
@@ -95,7 +128,9 @@ def test_a_phase_counted_by_metrics_names_its_per_request_means_missing(pack: Pa
     [figures] = [f for f in run.figures if f.group == "all"]
     assert figures.mean_acceptance_length_pooled == pytest.approx(expected("A")["mean_acceptance_length_pooled"])
     assert figures.mean_acceptance_length_per_request is None and figures.acceptance_rate_per_request is None
-    assert [m.split(":")[0] for m in run.missing] == ["per-request acceptance", "per-step counts of A"]
+    assert figures.acceptance_by_position_per_request is None and figures.output_tokens_per_s_per_request is None
+    assert [m.split(":")[0] for m in run.missing] == ["per-request acceptance", "per-request acceptance by position",
+                                                      "per-request output tok/s", "per-step counts of A"]
     assert f"missing: {run.missing[0]}" in format_run(run).splitlines()
     # with each request's own counts, a phase gives them
     with FaultServer(speculative_tokens=K, per_request_metrics=True, detailed=True, answers=scripted("A")) as server:
@@ -104,4 +139,7 @@ def test_a_phase_counted_by_metrics_names_its_per_request_means_missing(pack: Pa
     [figures] = [f for f in own.figures if f.group == "all"]
     assert figures.mean_acceptance_length_per_request == pytest.approx(
         expected("A")["mean_acceptance_length_per_request"])
-    assert own.missing == ()
+    assert figures.acceptance_by_position_per_request == pytest.approx(positions("A")["per_request"])
+    # a request in a phase has no time of its own
+    assert figures.output_tokens_per_s_per_request is None
+    assert [m.split(":")[0] for m in own.missing] == ["per-request output tok/s"]

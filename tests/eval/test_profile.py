@@ -8,10 +8,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from corpus_builder.eval import load_run, speculation_profile
+from corpus_builder.eval import load_run, read_profile, speculation_profile
 from corpus_builder.testing.fault_server import FaultServer, Scripted
 
 from .conftest import write_jsonl
+from .runs import synthetic_run
 from .test_eval_faults import corpus_cli
 
 K = 3
@@ -78,3 +79,35 @@ def test_a_profile_per_head_in_modelopts_shape(tmp_path: Path) -> None:
     assert other["marginal_accept_rates"] == [1.0, 0.0, 0.0] and other["mean_accept_length"] == 2.0
     with pytest.raises(KeyError, match="no head C in the run"):
         speculation_profile(run, "C")
+
+
+def test_profiles_from_a_saved_run_without_measuring(tmp_path: Path) -> None:
+    """`corpus eval --profile FILE --from-run RUN`: each head's profile as the run gives it, in the shape `corpus
+    publish --profile` takes; nothing else may come with it, and neither the run nor a bad run is written over."""
+    saved = tmp_path / "run.json"
+    saved.write_bytes(orjson.dumps(synthetic_run().to_json()))
+    profile = tmp_path / "out" / "speculation_profile.json"
+    profile.parent.mkdir()
+    written = corpus_cli("eval", "--profile", str(profile), "--from-run", str(saved))
+    assert written.returncode == 0, written.stderr
+    other = profile.with_name("speculation_profile-B.json")
+    assert written.stderr == f"wrote {profile}\nwrote {other}\n" and written.stdout == ""
+    run = load_run(saved)
+    for head, path in (("A", profile), ("B", other)):
+        assert orjson.loads(path.read_bytes()) == orjson.loads(orjson.dumps(speculation_profile(run, head)))
+        assert read_profile(path).mean_accept_length == speculation_profile(run, head)["mean_accept_length"]
+    assert read_profile(profile).head == "heads/A" and read_profile(other).method is None
+
+    for args in (("--from-run", str(saved)), ("--profile", str(profile), "--from-run", str(saved), "--json"),
+                 ("pack.jsonl", "--profile", str(profile), "--from-run", str(saved))):
+        refused = corpus_cli("eval", *args)
+        assert refused.returncode == 2 and "--from-run takes a saved run and --profile FILE, nothing else" in \
+            refused.stderr, refused.stderr
+    before = saved.read_bytes()
+    onto_the_run = corpus_cli("eval", "--profile", str(saved), "--from-run", str(saved))
+    assert onto_the_run.returncode == 2 and saved.read_bytes() == before, onto_the_run.stderr
+    not_a_run = tmp_path / "profile-of-nothing.json"
+    not_a_run.write_text('{"format": "something else"}')
+    bad = corpus_cli("eval", "--profile", str(tmp_path / "p.json"), "--from-run", str(not_a_run))
+    assert bad.returncode == 2 and f"{not_a_run}: not a saved eval run" in bad.stderr, bad.stderr
+    assert not (tmp_path / "p.json").exists()

@@ -50,6 +50,20 @@ def built_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return result.out_dir
 
 
+@pytest.fixture(scope="module")
+def packed_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A built corpus that holds out an eval pack of 5 conversations."""
+    root = tmp_path_factory.mktemp("packed")
+    rows = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
+                          {"role": "assistant", "content": str(2 * i)}]} for i in range(30)]
+    (root / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "recipe.yaml").write_text(
+        "name: packed\ntarget: {model: Org/Model-1B}\n"
+        "sources:\n  - {name: math, kind: replay, path: math.jsonl, license: MIT, task: math}\n"
+        "eval: {rows: 5}\nsplit: {validation_fraction: 0.2}\noutput: {dir: out, rows_per_shard: 20}\n")
+    return build_corpus(load_recipe(root / "recipe.yaml")).out_dir
+
+
 @pytest.fixture
 def corpus(built_corpus: Path, tmp_path: Path) -> Path:
     """A private copy each test may tamper with."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -321,9 +322,6 @@ def test_the_read_back_catches_a_file_the_hub_stored_wrong(corpus: Path, hub: Hu
 def _build_with_secrets(tmp_path: Path, redact: bool) -> Path:
     """A corpus whose rows carry secrets where a dump has them: a token in a row's own id, a PEM key and a
     URL login in the turns."""
-    from corpus_builder.assemble import build_corpus
-    from corpus_builder.recipe import load_recipe
-
     token = "hf_" + "RowIdTokenOfAServingLog0123456789"
     key = ("-----BEGIN EC PRIVATE " + "KEY-----\nMHcCAQEEIBx8hQ0m+9a1W0N3vH0bZp7yC0sX8wq3nY4dZ1a2b3c4oAoGCCqGSM49\n"
            "AwEHoUQDQgAE3ZkQ2x1K0yX8n4sT6o9hJ2mB7cV1eR5tW0aQ3zL8uN6pM4kS2jD1\nfG7hY9cX5vB3nE0qW==\n"
@@ -493,16 +491,10 @@ def test_a_build_that_starts_while_the_gate_reads_is_named_not_the_corpus(corpus
         assert not isinstance(caught.value, GateFailed)
 
 
-def test_a_corpus_with_an_eval_pack_passes_the_gate_and_a_pack_path_outside_eval_is_named(tmp_path: Path) -> None:
+def test_a_corpus_with_an_eval_pack_passes_the_gate_and_a_pack_path_outside_eval_is_named(
+        packed_corpus: Path, tmp_path: Path) -> None:
     """The pack's shards are checked like the corpus's: where they are (eval/<name>.parquet), then their bytes."""
-    rows = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
-                          {"role": "assistant", "content": str(2 * i)}]} for i in range(30)]
-    (tmp_path / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "recipe.yaml").write_text(
-        "name: packed\ntarget: {model: Org/Model-1B}\n"
-        "sources:\n  - {name: math, kind: replay, path: math.jsonl, license: MIT, task: math}\n"
-        "eval: {rows: 5}\nsplit: {validation_fraction: 0.2}\noutput: {dir: out, rows_per_shard: 20}\n")
-    corpus = build_corpus(load_recipe(tmp_path / "recipe.yaml")).out_dir
+    corpus = Path(shutil.copytree(packed_corpus, tmp_path / "corpus"))
     pack = json.loads((corpus / "manifest.json").read_text())["eval"]["files"]
     assert pack and check_corpus(corpus).failures == []
     moved = "data/pack-00000-of-00001.parquet"
