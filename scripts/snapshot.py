@@ -263,7 +263,7 @@ def snapshot_case(case: Case, engine: str, work: Path) -> dict[str, Any]:
         exports["vllm-bench"] = {"exit": result["exit"], "files": files_digest(target) if target.exists() else None}
     snapshot["exports"] = exports
     if case.tokenizer:
-        snapshot["vocab --json"] = parsed(run_cli("vocab", str(out), "--json", "--out",
+        snapshot["vocab --json"] = parsed(run_cli("vocab", str(out), "--json", "--draft-vocab-size", "4096", "--out",
                                                   str(work / "exports" / out.parent.name / "freq.npy"), work=work))
     snapshot["audit --json"] = parsed(run_cli("audit", str(out), "--json", work=work))
     snapshot["audit --json --against"] = parsed(run_cli("audit", str(out), "--json", "--against", str(case.traffic),
