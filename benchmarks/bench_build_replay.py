@@ -16,6 +16,10 @@ alternating sizes across repetitions so machine noise hits both alike.
                                 # encode_batch timed, on every core) and the naive transformers loop
                                 # (apply_chat_template(tokenize=False) per conversation, then one batch call),
                                 # both 10,000 conversations a batch call
+        [--peers]               # also the raw copies of the same file the columnar tools make, alternated with
+                                # the builds: polars (read_ndjson, write_parquet zstd) and `datasets`
+                                # (load_dataset json, to_parquet); each in a process of its own, timed start to
+                                # exit like the build. They do none of the build's work: floors it can approach
 
 Token rates are conversation tokens per second: the build's are audit.json's `tokens.tokens` (every conversation's
 length as served) over the build's time, the anchors' the ids they encoded over their time.
@@ -222,6 +226,37 @@ def naive(data: Path, tokenizer_dir: Path) -> dict[str, Any]:
 ANCHORS = {"floor": floor, "naive": naive}
 
 
+def polars_copy(data: Path, out: Path) -> None:
+    import polars as pl
+
+    pl.read_ndjson(data).write_parquet(out / "copy.parquet", compression="zstd")
+
+
+def datasets_copy(data: Path, out: Path) -> None:
+    import datasets
+
+    datasets.disable_progress_bars()
+    loaded = datasets.load_dataset("json", data_files=str(data), split="train", cache_dir=str(out / "cache"))
+    loaded.to_parquet(str(out / "copy.parquet"))
+
+
+PEERS = {"polars": polars_copy, "datasets": datasets_copy}
+
+
+def run_peer(name: str, data: Path, out: Path) -> tuple[float, float]:
+    """(seconds start to exit, peak RSS MiB) of one raw copy in a process of its own, as a build is timed."""
+    out.mkdir(parents=True)
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, __file__, "--peer", name, "--data", str(data), "--out", str(out)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = peak_rss(process)
+    seconds = time.perf_counter() - start
+    if process.returncode != 0:
+        raise SystemExit(f"{name} copy failed: {process.stderr.read().decode()[-2000:]}")
+    shutil.rmtree(out, ignore_errors=True)
+    return seconds, peak / 2**20
+
+
 def run_anchor(name: str, data: Path, tokenizer: Path) -> tuple[dict[str, Any], float]:
     """(the anchor's figures, peak RSS MiB) of one anchor run in a process of its own."""
     process = subprocess.Popen([sys.executable, __file__, "--child", name, "--data", str(data), "--tokenizer",
@@ -249,9 +284,15 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=REPO / ".cache" / "tiny-model")
     parser.add_argument("--max-seq-len", type=int, default=4096)
     parser.add_argument("--anchors", action="store_true")
+    parser.add_argument("--peers", action="store_true")
     parser.add_argument("--child", choices=list(ANCHORS), help=argparse.SUPPRESS)
+    parser.add_argument("--peer", choices=list(PEERS), help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.peer:
+        PEERS[args.peer](args.data, args.out)
+        return
     if args.child:
         print(json.dumps(ANCHORS[args.child](args.data, args.tokenizer.resolve())))
         return
@@ -272,7 +313,14 @@ def main() -> None:
         runs = [(name, variant, size) for name in codes for variant in args.variants for size in args.sizes]
         results: dict[tuple[str, str, int], list[tuple[float, Memory, int, float]]] = {run: [] for run in runs}
         anchors: dict[tuple[str, int], list[tuple[dict[str, Any], float]]] = {}
+        peers: dict[tuple[str, int], list[tuple[float, float]]] = {}
         for repeat in range(args.repeats):
+            for peer in PEERS if args.peers else ():
+                for size in args.sizes:
+                    seconds, rss = run_peer(peer, work / f"sharegpt-{size}.jsonl", work / f"copy-{peer}-{size}")
+                    peers.setdefault((peer, size), []).append((seconds, rss))
+                    print(f"run {repeat} {peer:<8} copy size {size:>7}: {seconds:7.2f} s  {size / seconds:9,.0f} "
+                          f"conv/s  peak RSS {rss:7.1f} MiB", flush=True)
             for name, variant, size in runs:
                 out = work / f"out-{name}-{variant}-{size}-{repeat}"
                 seconds, memory, cpu = run_build(recipes[(variant, size)], out, args.workers, codes[name])
@@ -292,6 +340,21 @@ def main() -> None:
                           f"(rendering {figures['rendering']:.2f} s{' untimed' if anchor == 'floor' else ''})",
                           flush=True)
         report(args.sizes, codes, args.variants, results, anchors)
+        report_peers(args.sizes, args.variants, results, peers)
+
+
+def report_peers(sizes: list[int], variants: list[str],
+                 results: dict[tuple[str, str, int], list[tuple[float, Memory, int, float]]],
+                 peers: dict[tuple[str, int], list[tuple[float, float]]]) -> None:
+    """Each build's speed as a share of each raw copy's (median times; above 1 the build is faster)."""
+    for (peer, size), runs in sorted(peers.items()):
+        seconds = statistics.median(r[0] for r in runs)
+        line = (f"{peer:<8} copy {size:>7}: {seconds:7.2f} s  {size / seconds:9,.0f} conv/s  peak RSS "
+                f"{statistics.median(r[1] for r in runs):7.1f} MiB")
+        for variant in variants:
+            built = statistics.median(r[0] for r in results[("this", variant, size)])
+            line += f"; {variant} build at {seconds / built:.2f}x its speed"
+        print(line)
 
 
 def report(sizes: list[int], codes: dict[str, Path | None], variants: list[str],
