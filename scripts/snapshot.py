@@ -126,16 +126,8 @@ def pinned_case(work: Path, cache: Path) -> Case:
     data = root / "data"  # under ``work``: the same paths whichever tree runs this
     shutil.copytree(REPO / "recipes" / "data", data)
     recipe = root / "recipe.yaml"
-    recipe.write_text(f"""\
-name: pinned
-target: {{model: pinned/target}}
-sources:
-  - {{name: chat, kind: replay, path: {data / "workload-chat.jsonl.zst"}, task: chat, license: MIT}}
-  - {{name: gsm8k, kind: replay, path: {data / "gsm8k-prompts.parquet"}, mapping: {{style: gsm8k}}, task: math}}
-checks: {{dedup: exact}}
-split: {{validation_fraction: 0.2, seed: 7}}
-output: {{dir: out, rows_per_shard: 20}}
-""", encoding="utf-8")
+    pinned = REPO / "tests" / "assemble" / "pinned_recipe.yaml"  # the pinned test's own recipe
+    recipe.write_text(pinned.read_text(encoding="utf-8").format(data=data), encoding="utf-8")
     return Case(recipe, root / "out", data / "workload-chat.jsonl.zst", tokenizer=False, pack=False)
 
 

@@ -24,6 +24,7 @@ from corpus_builder.assemble import build_corpus
 from corpus_builder.recipe import load_recipe
 
 DATA = Path(__file__).resolve().parents[2] / "recipes" / "data"
+PINNED_RECIPE = Path(__file__).with_name("pinned_recipe.yaml")  # scripts/snapshot.py builds it too
 PYARROW = "26.0.1"
 SHARDS = {
     "data/train-00000-of-00004.parquet": "3cf9193322f0b20bfed2bf7e3b98d999816f98a6db7acc645bae0c6cb0567a6b",
@@ -37,16 +38,7 @@ ROWS = "0abd3fcd2081a2370f524c7daf8fd7561790028ff7f5064afea8a59c903e720e"
 
 def test_shard_bytes_are_pinned(tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"""\
-name: pinned
-target: {{model: pinned/target}}
-sources:
-  - {{name: chat, kind: replay, path: {DATA / "workload-chat.jsonl.zst"}, task: chat, license: MIT}}
-  - {{name: gsm8k, kind: replay, path: {DATA / "gsm8k-prompts.parquet"}, mapping: {{style: gsm8k}}, task: math}}
-checks: {{dedup: exact}}
-split: {{validation_fraction: 0.2, seed: 7}}
-output: {{dir: out, rows_per_shard: 20}}
-""", encoding="utf-8")
+    recipe.write_text(PINNED_RECIPE.read_text(encoding="utf-8").format(data=DATA), encoding="utf-8")
     result = build_corpus(load_recipe(recipe))
     written = {entry.path: hashlib.sha256((result.out_dir / entry.path).read_bytes()).hexdigest()
                for entry in result.manifest.files}
