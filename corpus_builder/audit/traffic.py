@@ -36,10 +36,10 @@ import numpy as np
 import polars as pl
 
 from ..errors import CorpusError
-from ..export.vocab import top_k
 from ..layout import Corpus
 from ..stats import nearest_rank
-from . import CorpusFiles, is_hub_path, opened_corpus
+from ..stats.vocab import coverage, top_k
+from .files import CorpusFiles, is_hub_path, opened_corpus
 from .frames import NO_TASK
 from .inputs import corpus_units, traffic_units
 from .options import AuditOptions, check_ray_engine
@@ -403,10 +403,10 @@ def _vocab(corpus: np.ndarray, traffic: np.ndarray, draft: int) -> dict[str, Any
                  _curve(by_traffic, traffic, points), strict=True)
     return {
         "draft_vocab_size": min(draft, size), "target_vocab_size": size,
-        "traffic_coverage": round(covered / total, 6) if total else None,
+        "traffic_coverage": coverage(traffic, chosen),
         "traffic_outside": round(1 - covered / total, 6) if total else None,
-        "traffic_oracle_coverage": round(int(traffic[by_traffic[:draft]].sum()) / total, 6) if total else None,
-        "corpus_coverage": round(int(corpus[chosen].sum()) / int(corpus.sum()), 6) if corpus.sum() else None,
+        "traffic_oracle_coverage": coverage(traffic, by_traffic[:draft]),
+        "corpus_coverage": coverage(corpus, chosen),
         "traffic_tokens_unseen_in_corpus": round(int(traffic[corpus == 0].sum()) / total, 6) if total else None,
         "curve": [{"k": k, "corpus": c, "traffic": t, "traffic_own": o} for k, c, t, o in curves],
     }
