@@ -38,6 +38,7 @@ import polars as pl
 from ..errors import CorpusError
 from ..layout import Corpus
 from ..stats import nearest_rank
+from ..stats.facts import ASSISTANT_TURNS, SERVED, THINKING, THINKING_MODE, TOOL_USE
 from ..stats.vocab import coverage, top_k
 from .files import CorpusFiles, is_hub_path, opened_corpus
 from .frames import NO_TASK
@@ -207,8 +208,8 @@ def _by(frame: pl.DataFrame, name: str) -> dict[str, dict[str, Any]]:
         return {}
     grouped = frame.group_by(pl.col(name).fill_null("").alias("key")).agg(
         conversations=pl.col("count").sum(),
-        thinking=pl.col("count").filter(pl.col("thinking")).sum(),
-        reasoning=pl.col("count").filter(pl.col("reasoning")).sum(),
+        thinking=pl.col("count").filter(pl.col(THINKING_MODE)).sum(),
+        reasoning=pl.col("count").filter(pl.col(THINKING)).sum(),
         task=pl.col("task").sort_by("count", descending=True).first()).sort("key")
     return {key: {"conversations": int(n), "thinking_share": round(t / n, 6) if n else 0.0,
                   "reasoning_share": round(r / n, 6) if n else 0.0, **({"task": task} if name == "source" else {})}
@@ -221,15 +222,15 @@ def fact_counts(profile: Profile) -> dict[str, dict[str, int]]:
     if facts.is_empty():
         return {name: {} for name in FACT_DIMENSIONS}
     turns: Counter[str] = Counter()
-    for value, count in _counts(facts, pl.col("turns")).items():
+    for value, count in _counts(facts, pl.col(ASSISTANT_TURNS)).items():
         turns[_turn_bucket(int(value))] += count
-    mode = pl.when(pl.col("thinking")).then(pl.lit("thinking")).otherwise(pl.lit("non-thinking"))
+    mode = pl.when(pl.col(THINKING_MODE)).then(pl.lit("thinking")).otherwise(pl.lit("non-thinking"))
     return {
         "thinking": _counts(facts, mode),
         "task": _counts(facts, pl.col("task")),
         "task_thinking": _counts(facts, pl.concat_str(pl.col("task"), pl.lit(" / "), mode)),
         "turns": {bucket: turns[bucket] for bucket in TURN_BUCKETS if bucket in turns},
-        "tool_calls": _counts(facts, pl.when(pl.col("tool_calls")).then(pl.lit("with tool calls"))
+        "tool_calls": _counts(facts, pl.when(pl.col(TOOL_USE)).then(pl.lit("with tool calls"))
                               .otherwise(pl.lit("without"))),
         "script": _counts(facts, pl.col("script")),
     }
@@ -305,7 +306,7 @@ def _length_table(profile: Profile) -> list[dict[str, Any]]:
     buckets = tokens.buckets.frame() if tokens is not None else pl.DataFrame()
     if buckets.is_empty():
         return []
-    grouped = buckets.group_by("source", "thinking", "measure", "bucket").agg(pl.col("count").sum())
+    grouped = buckets.group_by("source", THINKING_MODE, "measure", "bucket").agg(pl.col("count").sum())
     order = {bucket: index for index, bucket in enumerate(LENGTH_BUCKETS)}
     rows = [{"source": source, "thinking": _mode(thinking), "measure": measure, "bucket": bucket, "count": int(n)}
             for source, thinking, measure, bucket, n in grouped.iter_rows()]
@@ -318,7 +319,7 @@ def describe(profile: Profile) -> dict[str, Any]:
     conversations = int(facts.get_column("count").sum()) if not facts.is_empty() else 0
     counts = fact_counts(profile)
     thinking = counts["thinking"].get("thinking", 0)
-    reasoning = int(facts.filter(pl.col("reasoning")).get_column("count").sum()) if conversations else 0
+    reasoning = int(facts.filter(pl.col(THINKING)).get_column("count").sum()) if conversations else 0
     side: dict[str, Any] = {
         "label": profile.label,
         "conversations": conversations,
@@ -326,7 +327,7 @@ def describe(profile: Profile) -> dict[str, Any]:
         "folded_prefix": profile.folded,
         "thinking_share": round(thinking / conversations, 6) if conversations else 0.0,
         "reasoning_share": round(reasoning / conversations, 6) if conversations else 0.0,
-        "served": _counts(facts, pl.col("served")),
+        "served": _counts(facts, pl.col(SERVED)),
         "by_task": _by(facts, "task"),
         "by_source": _by(facts, "source"),
         "by_split": _by(facts.filter(pl.col("split").is_not_null()), "split") if conversations else {},

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from ..errors import DropCounts, DropReport
 from ..records import Conversation
+from .facts import BatchFacts, logged_request, parsed_provenance, served
 from .tokens import TokenReport, TokenStats, mismatch_problem
 
 GROUPINGS = ("source", "split", "origin")
@@ -100,52 +101,39 @@ class AuditReport(TotalsReport, _AddedSections):
 
 @dataclass(slots=True)
 class Totals:
+    """Conversations and the sums of their facts (``facts``: one field each, by the fact's name)."""
+
     conversations: int = 0
-    thinking_conversations: int = 0
-    turns: int = 0
+    thinking: int = 0
+    messages: int = 0
     characters: int = 0
     assistant_characters: int = 0
     reasoning_characters: int = 0
-    tool_call_conversations: int = 0  # with at least one assistant turn that calls a tool
+    tool_calls: int = 0
 
     def add(self, other: Totals) -> None:
         self.conversations += other.conversations
-        self.thinking_conversations += other.thinking_conversations
-        self.turns += other.turns
+        self.thinking += other.thinking
+        self.messages += other.messages
         self.characters += other.characters
         self.assistant_characters += other.assistant_characters
         self.reasoning_characters += other.reasoning_characters
-        self.tool_call_conversations += other.tool_call_conversations
+        self.tool_calls += other.tool_calls
 
     def report(self) -> TotalsReport:
+        """The totals under audit.json's labels (``facts`` names each fact's)."""
         reasoning_and_answer = self.assistant_characters + self.reasoning_characters
         return {
             "conversations": self.conversations,
-            "thinking_conversations": self.thinking_conversations,
-            "thinking_share": round(self.thinking_conversations / self.conversations, 6) if self.conversations else 0.0,
-            "turns": self.turns,
+            "thinking_conversations": self.thinking,
+            "thinking_share": round(self.thinking / self.conversations, 6) if self.conversations else 0.0,
+            "turns": self.messages,
             "characters": self.characters,
             "reasoning_char_share": round(self.reasoning_characters / reasoning_and_answer, 6)
             if reasoning_and_answer else 0.0,
-            "tool_call_conversations": self.tool_call_conversations,
-            "tool_call_share": round(self.tool_call_conversations / self.conversations, 6) if self.conversations
-            else 0.0,
+            "tool_call_conversations": self.tool_calls,
+            "tool_call_share": round(self.tool_calls / self.conversations, 6) if self.conversations else 0.0,
         }
-
-
-def _per_row_sums(offsets: np.ndarray, per_message: np.ndarray) -> np.ndarray:
-    cumulative = np.concatenate(([0], np.cumsum(per_message, dtype=np.int64)))
-    sums: np.ndarray = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
-    return sums
-
-
-def _calls_per_turn(turns: pa.StructArray) -> np.ndarray:
-    """Tool calls of each turn (a shard written before tool traffic existed has none)."""
-    if turns.type.get_field_index("tool_calls") < 0:
-        return np.zeros(len(turns), dtype=np.int64)
-    counts: np.ndarray = pc.fill_null(pc.list_value_length(turns.field("tool_calls")), 0).to_numpy(
-        zero_copy_only=False)
-    return counts
 
 
 class StatsJson(TypedDict):
@@ -188,21 +176,8 @@ class CorpusStats:
             return
         if self.tokens is not None:
             self.tokens.add_conversations(conversations)
-        messages = batch.column("messages")
-        offsets = messages.offsets.to_numpy(zero_copy_only=False) - messages.offsets[0].as_py()
-        flat = messages.flatten()
-        content_len = pc.fill_null(pc.utf8_length(flat.field("content")), 0).to_numpy(zero_copy_only=False)
-        reasoning_len = pc.fill_null(pc.utf8_length(flat.field("reasoning")), 0).to_numpy(zero_copy_only=False)
-        is_assistant = pc.equal(flat.field("role"), "assistant").to_numpy(zero_copy_only=False)
-        rows = {
-            "conversations": np.ones(batch.num_rows, dtype=np.int64),
-            "thinking_conversations": batch.column("thinking").to_numpy(zero_copy_only=False).astype(np.int64),
-            "turns": np.diff(offsets),
-            "characters": _per_row_sums(offsets, content_len + reasoning_len),
-            "assistant_characters": _per_row_sums(offsets, content_len * is_assistant),
-            "reasoning_characters": _per_row_sums(offsets, reasoning_len),
-            "tool_call_conversations": (_per_row_sums(offsets, _calls_per_turn(flat)) > 0).astype(np.int64),
-        }
+        rows = asdict(BatchFacts.of(batch))
+        rows["conversations"] = np.ones(batch.num_rows, dtype=np.int64)
         self.overall.add(Totals(**{k: int(v.sum()) for k, v in rows.items()}))
         for grouping in GROUPINGS:
             encoded = pc.dictionary_encode(pc.fill_null(batch.column(grouping), ""))
@@ -256,14 +231,15 @@ class CorpusStats:
             return
         rows = zip(pc.filter(batch.column("source"), logged).to_pylist(), pc.filter(provenance, logged).to_pylist(),
                    pc.filter(batch.column("thinking"), logged).to_pylist(), strict=True)
-        for source, text, reasoning in rows:
-            served = orjson.loads(text).get("served")
-            if not isinstance(served, dict):
+        for source, text, thinking in rows:
+            parsed = parsed_provenance(text)
+            request = logged_request("replay", parsed)
+            if request is None:
                 continue
-            mode = served.get("enable_thinking")
-            self.served[source, mode if isinstance(mode, bool) else None, bool(reasoning)] += 1
-            if isinstance(served.get("model"), str):
-                self.served_models[served["model"]] += 1
+            self.served[source, served("replay", parsed), bool(thinking)] += 1
+            model = request.get("model")
+            if isinstance(model, str):
+                self.served_models[model] += 1
 
     def served_report(self) -> ServedReport | None:
         if not self.served:
