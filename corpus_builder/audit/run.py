@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import CorpusError, DropCounts, Skipped
 from ..layout import Corpus
@@ -34,6 +34,7 @@ from .report import format_report
 
 if TYPE_CHECKING:
     from ..report import PageSection
+    from .comparison import AuditedComparison, Comparison
 
 SECRET_EXAMPLES = 20
 FLAG_REPEATED_SOURCE_ID = "repeated_source_id"  # raw audits: a row whose own id an earlier row had
@@ -148,12 +149,12 @@ class AuditOutcome:
     when only the page was asked for), and the checks that failed (the CLI's exit 1)."""
 
     report: AuditReport
-    comparison: dict[str, Any] | None
+    comparison: Comparison | None
     problems: list[str]
     against: str | None = None
     html: Path | None = None
 
-    def to_json(self) -> dict[str, Any] | AuditReport:
+    def to_json(self) -> AuditedComparison | AuditReport:
         """``corpus audit --json``: the comparison with the statistics under ``audit``, or the statistics."""
         if self.against is not None and self.comparison is not None:
             return {**self.comparison, "audit": self.report}

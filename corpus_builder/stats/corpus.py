@@ -8,9 +8,9 @@ own ``conversations_to_batch``, so a serving log and a built corpus are measured
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import orjson
@@ -50,6 +50,44 @@ class SourceReport(TotalsReport):
     flags: dict[str, int]
 
 
+class SourceInfo(TypedDict):
+    """What a source's rows say of it (its first row's)."""
+
+    origin: str | None
+    license: str | None
+    task: str | None
+
+
+class NearDuplicatesReport(TypedDict):
+    """A raw file's rows that near-duplicate an earlier one: counted, not dropped (what checks.near_duplicates would
+    drop)."""
+
+    threshold: float
+    rows: int
+    by_source: dict[str, int]
+
+
+class PackEntry(TypedDict):
+    """A source's or task's rows in the eval pack beside its rows in the corpus (``stats.pack``)."""
+
+    conversations: int
+    share: float
+    corpus_conversations: int
+    corpus_share: float
+    thinking_share: float
+    corpus_thinking_share: float
+
+
+class PackMix(TypedDict):
+    """audit.json's ``eval_pack``: the pack's rows, thinking share, and mix by source and by task."""
+
+    conversations: int
+    thinking_conversations: int
+    thinking_share: float
+    by_source: dict[str, PackEntry]
+    by_task: dict[str, PackEntry]
+
+
 class SecretsReport(TypedDict):
     findings: int
     by_kind: dict[str, int]
@@ -63,8 +101,8 @@ class _AddedSections(TypedDict, total=False):
     tokens: TokenReport
     checks: dict[str, Any]
     secrets: SecretsReport
-    near_duplicates: dict[str, Any]
-    eval_pack: dict[str, Any]  # the eval pack's mix beside the corpus's (stats.pack)
+    near_duplicates: NearDuplicatesReport
+    eval_pack: PackMix  # the eval pack's mix beside the corpus's (stats.pack)
     served: ServedReport  # replayed rows that record how they were served (logged requests)
 
 
@@ -95,7 +133,7 @@ class AuditReport(TotalsReport, _AddedSections):
     by_source: dict[str, SourceReport]
     by_split: dict[str, TotalsReport]
     by_origin: dict[str, TotalsReport]
-    generation: list[dict[str, Any]] | None
+    generation: list[dict[str, object]] | None  # the generation settings recorded, each with its conversations
     finish_reasons: dict[str, int] | None
 
 
@@ -143,7 +181,7 @@ class StatsJson(TypedDict):
     overall: dict[str, int]
     groups: dict[str, dict[str, dict[str, int]]]
     strata: list[tuple[str, bool, str | None, int]]
-    source_info: dict[str, dict[str, Any]]
+    source_info: dict[str, SourceInfo]
     flags: dict[str, int]
     flags_by_source: dict[str, dict[str, int]]
     skipped: DropReport
@@ -160,7 +198,7 @@ class CorpusStats:
     overall: Totals = field(default_factory=Totals)
     groups: dict[str, dict[str, Totals]] = field(default_factory=lambda: {g: {} for g in GROUPINGS})
     strata: Counter[tuple[str, bool, str | None]] = field(default_factory=Counter)  # (source, thinking, split)
-    source_info: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source_info: dict[str, SourceInfo] = field(default_factory=dict)
     flags: Counter[str] = field(default_factory=Counter)
     flags_by_source: dict[str, Counter[str]] = field(default_factory=dict)
     skipped: DropCounts = field(default_factory=DropCounts)
@@ -209,8 +247,9 @@ class CorpusStats:
         for source in pc.unique(sources).to_pylist():
             if source not in self.source_info:
                 index = pc.index(sources, source).as_py()
-                self.source_info[source] = {name: batch.column(name)[index].as_py()
-                                            for name in ("origin", "license", "task")}
+                self.source_info[source] = {"origin": batch.column("origin")[index].as_py(),
+                                            "license": batch.column("license")[index].as_py(),
+                                            "task": batch.column("task")[index].as_py()}
 
     def _add_generation(self, batch: pa.RecordBatch) -> None:
         generated = pc.equal(batch.column("origin"), "generated")
@@ -322,9 +361,9 @@ class CorpusStats:
 
         by_source: dict[str, SourceReport] = {}
         for key, totals in sorted(self.groups["source"].items()):
-            info = self.source_info.get(key, {})
-            by_source[key] = {**totals.report(), "origin": info.get("origin"), "license": info.get("license"),
-                              "task": info.get("task"),
+            info = self.source_info.get(key, {"origin": None, "license": None, "task": None})
+            by_source[key] = {**totals.report(), "origin": info["origin"], "license": info["license"],
+                              "task": info["task"],
                               "flags": dict(sorted(self.flags_by_source.get(key, Counter()).items()))}
         overall = self.overall.report()
         report: AuditReport = {
@@ -350,23 +389,35 @@ class CorpusStats:
 
 
 
-def generation_targets(audit: AuditReport) -> list[dict[str, Any]]:
+def generation_targets(audit: AuditReport) -> list[dict[str, object]]:
     """The targets that generated rows of a corpus (its audit's generation settings grouped by target), with
     their row counts: one entry for a corpus built as it should be."""
-    targets: dict[bytes, dict[str, Any]] = {}
+    targets: dict[bytes, dict[str, object]] = {}
+    rows: Counter[bytes] = Counter()
     for setting in audit.get("generation") or ():
         identity = {name: setting.get(name) for name in TARGET_FIELDS}
         key = orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)
-        entry = targets.setdefault(key, {**identity, "conversations": 0})
-        entry["conversations"] += setting.get("conversations", 0)
-    return list(targets.values())
+        targets.setdefault(key, identity)
+        conversations = setting.get("conversations", 0)
+        rows[key] += conversations if isinstance(conversations, int) else 0
+    return [{**identity, "conversations": rows[key]} for key, identity in targets.items()]
 
 
 def _share(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def corpus_problems(report: Mapping[str, Any], min_thinking_share: float | None) -> Iterator[str]:
+class CorpusFigures(TypedDict):
+    """What the corpus-level checks read: an audit's report, or the publish gate's recount."""
+
+    conversations: int
+    thinking_conversations: int
+    thinking_share: float
+    tokens: NotRequired[TokenReport]
+    secrets: NotRequired[SecretsReport]
+
+
+def corpus_problems(report: CorpusFigures | AuditReport, min_thinking_share: float | None) -> Iterator[str]:
     """Corpus-level check failures, shared by `corpus build`, `corpus audit` and the publish gate."""
     problem = mismatch_problem(report.get("tokens"))
     if problem is not None:
@@ -375,6 +426,7 @@ def corpus_problems(report: Mapping[str, Any], min_thinking_share: float | None)
         yield (f"thinking share {_share(report['thinking_share'])} is below the minimum "
                f"{_share(min_thinking_share)} ({report['thinking_conversations']:,} of "
                f"{report['conversations']:,} conversations carry reasoning)")
-    findings = (report.get("secrets") or {}).get("findings")
+    secrets = report.get("secrets")
+    findings = secrets["findings"] if secrets is not None else 0
     if findings:
         yield f"{findings:,} secrets found: remove them or build with checks.redact_secrets: true"
