@@ -6,7 +6,7 @@ deduplicates exactly and near (threshold 0.8) and splits 2% to validation. Each 
 own, alternated engine by engine per repetition; the parent samples RSS every 50 ms (psutil): the driver's and,
 for Ray, the largest of its worker processes (also its USS every 0.5 s: RSS counts the object store's shared
 pages a worker reads blocks from) (``ray::*``, children of the cluster the child starts as the engine starts its
-own, ``ray_data.start_cluster(num_cpus=W)``: on loopback, never an existing cluster). Reported per size:
+own, ``ray_cluster.start_cluster(num_cpus=W)``: on loopback, never an existing cluster). Reported per size:
 
 * wall seconds and conversations/s of the local engine and of Ray with 1 and 2 worker processes, the ratio
   Ray(2) / local (the goal: <= 1.5 on one machine);
@@ -79,7 +79,7 @@ from corpus_builder.recipe import load_recipe
 if engine == "ray":
     from corpus_builder.ray_extra import ray_engine
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray_engine("corpus_builder.assemble.ray_data", "build").start_cluster(num_cpus=workers)  # on loopback
+    ray_engine("corpus_builder.ray_cluster", "build").start_cluster(num_cpus=workers)  # on loopback
 began = time.perf_counter()
 result = build_corpus(load_recipe(recipe), out, engine=engine, progress=open(os.devnull, "w"))
 print(time.perf_counter() - began, result.manifest.conversations, flush=True)

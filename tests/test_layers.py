@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_version", "trainer_formats", "draws"),  # __version__ (pyproject.toml reads it too); the export format names
     ("errors",),
     ("records",),
-    ("collector", "progress", "ray_extra"),  # ray_extra: the optional Ray engine, imported by name when asked for
+    ("collector", "progress", "ray_extra", "ray_cluster"),  # the optional Ray engine: imported by name when asked for
     ("rows",),
     ("layout",),
     ("secrets",),

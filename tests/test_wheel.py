@@ -96,9 +96,9 @@ def link_into(site_packages: Path, distribution: metadata.Distribution) -> None:
 
 
 def test_the_wheel_without_extras_imports_every_module_it_ships_but_the_ray_engine(tmp_path: Path) -> None:
-    """Every module imports with the core dependencies alone, but the Ray engine itself (assemble/ray_data.py and
-    audit/ray_data.py), which a build or an audit imports only when asked for ``--engine ray`` and which then says
-    to install the ``ray`` extra."""
+    """Every module imports with the core dependencies alone, but the Ray engine itself (assemble/ray_data.py,
+    audit/ray_data.py and their connection, ray_cluster.py), which a build or an audit imports only when asked for
+    ``--engine ray`` and which then says to install the ``ray`` extra."""
     wheel = build_wheel(tmp_path)
     assert wheel.name.startswith(f"corpus_builder-{__version__}-")  # pyproject.toml's version is the package's
     venv = tmp_path / "venv"
@@ -124,7 +124,8 @@ def test_the_wheel_without_extras_imports_every_module_it_ships_but_the_ray_engi
     assert imported.returncode == 0, imported.stderr
     assert json.loads(imported.stdout) == {
         "corpus_builder.audit.ray_data": "ModuleNotFoundError: No module named 'ray'",
-        "corpus_builder.assemble.ray_data": "ModuleNotFoundError: No module named 'ray'"}
+        "corpus_builder.assemble.ray_data": "ModuleNotFoundError: No module named 'ray'",
+        "corpus_builder.ray_cluster": "ModuleNotFoundError: No module named 'ray'"}
     for command in ([str(venv / "bin" / "corpus"), "--help"], [str(python), "-I", "-m", "corpus_builder", "--help"]):
         ran = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
         assert ran.returncode == 0 and "build" in ran.stdout, ran.stderr

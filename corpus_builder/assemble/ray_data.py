@@ -58,7 +58,7 @@ import ray.data
 
 from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
-from ..ray_extra import RAY_ENVIRONMENT, NamedCluster, is_loopback, named_cluster, probe_cluster
+from ..ray_cluster import PARTS_PER_CPU, connect
 from ..records import Conversation
 from ..rows import RECORD_SCHEMA, batch_to_records, records_to_batch, spool_writer
 from ..screen.dedup import BUCKET_VERDICTS, heads_of, least_verdicts
@@ -76,15 +76,9 @@ from .shards import LedgerWriter, ShardWriter
 
 # Read priority: the part in the high bits, the row's position in its part in the low ones.
 PART_SHIFT = 32
-# Parts per CPU of the cluster: enough for the tasks to balance, few enough that each reads a good run.
-PARTS_PER_CPU = 4
 # Rows per partition of a shuffle and per task that writes shards: what bounds a task's memory as the input grows.
 ROWS_PER_PARTITION = 50_000
 ROWS_PER_WRITE = 10_000
-# Input a shuffle's map task partitions at once. Ray Data's default (1 GiB) gathers the blocks until that much has
-# come, so below it a map task holds every row of the input: a worker grew with the input (the bucket entries' and
-# the rows' joins; 1.6 GiB at 200k rows).
-SHUFFLE_INPUT_BYTES = 64 * 2**20
 RAY_DIRECTORY = ".ray-"
 # Where the driver writes each round's generated rows, in the staging directory, for the tasks that screen them.
 GENERATED = "generated"
@@ -97,45 +91,6 @@ _DROPPED = pa.struct([("place", pa.list_(pa.int64())), ("source", pa.string()), 
                       ("location", pa.string()), ("detail", pa.string()), ("id", pa.string())])
 _WRITTEN = pa.schema([("first", pa.int64()), ("directory", pa.string()), ("shards", pa.list_(_SHARD)),
                       ("stats", pa.string()), ("tokens", pa.string()), ("dropped", pa.list_(_DROPPED))])
-
-
-def connect(address: str | None) -> None:
-    """Join the cluster the user named (``address``, else RAY_ADDRESS: ``ray_extra.named_cluster``), or start one on
-    this machine (``start_cluster``), unless this process is connected already."""
-    cluster = named_cluster(address)
-    if not ray.is_initialized():
-        if cluster is None:
-            start_cluster()
-        else:
-            join_cluster(cluster)
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False  # the build prints its own lines
-    context.enable_operator_progress_bars = False
-    context.shuffle_input_batch_bytes = SHUFFLE_INPUT_BYTES
-
-
-def start_cluster(num_cpus: int | None = None) -> None:
-    """A new cluster of this process (``num_cpus``: its CPUs, default the machine's), every process of it on
-    loopback (``ray_extra.RAY_ENVIRONMENT``), without a dashboard or usage statistics; never one already running
-    on the machine. A CorpusError, before anything starts, when Ray would give it the machine's network address
-    (Ray was imported before the engine set its environment)."""
-    node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    if not is_loopback(node):
-        settings = " ".join(f"{name}={value}" for name, value in RAY_ENVIRONMENT.items())
-        raise CorpusError(f"a Ray cluster started here would listen on {node}, not on loopback alone: Ray was "
-                          f"imported before the Ray engine set {settings}; set them in the environment, or start "
-                          "a cluster yourself and name it with --address")
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-
-
-def join_cluster(cluster: NamedCluster) -> None:
-    """Join the named cluster once its head answers (``ray_extra.probe_cluster``: at once a CorpusError where
-    nothing does, rather than Ray's minutes of retries)."""
-    probe_cluster(cluster)
-    try:
-        ray.init(address=cluster.address, log_to_driver=False)
-    except (ConnectionError, RuntimeError) as error:
-        raise CorpusError(f"{cluster}: cannot join the Ray cluster: {error}") from None
 
 
 class RayEngine:

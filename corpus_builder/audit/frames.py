@@ -1,7 +1,7 @@
 """The per-row facts the audit compares, computed with polars over raw rows or corpus shards.
 
-``row_facts`` turns a frame of rows into one row of facts per conversation: task, thinking mode, reasoning
-present, thinking as served, assistant turns, tool calls and script. It reads the rows the way the
+``row_facts`` turns a frame of rows into one row of facts per conversation: task, the facts of ``stats.facts`` the
+comparison counts (thinking mode, thinking, served, assistant turns, tool use) and script. It reads the rows the way the
 source readers do (``sources.mappings``): the turns of ``conversations`` or ``messages``, roles by the
 readers' aliases, reasoning from the first ``reasoning``/``reasoning_content``/``thinking`` field that is set.
 A think block in an assistant turn's content is the readers' to move out (``records.split_think``), once: a raw
@@ -26,6 +26,7 @@ import polars as pl
 
 from ..records import REASONING_KEYS
 from ..sources.mappings import CALL_SPEAKERS, ROLE_ALIASES, TURN_FIELDS, TURN_KEYS
+from ..stats.facts import ASSISTANT_TURNS, SERVED, THINKING, THINKING_MODE, TOOL_CALL_TAG, TOOL_USE, per_row
 
 # What a raw row may hold that the audit reads; anything else on the row is not parsed into columns.
 # ``tool_calls``, the legacy ``function_call`` and the row's ``tools`` are read for their presence only (a row
@@ -45,7 +46,6 @@ RAW_SCHEMA: Final = pl.Schema({**{name: pl.List(pl.Struct(TURN_FIELD_TYPES)) for
 # Speakers of tool traffic, as the readers map them: a tool's result (OpenAI ``tool``/``function``, ShareGPT
 # variants) or a ShareGPT turn whose value is the call(s).
 TOOL_ROLES: Final = (*(speaker for speaker, role in ROLE_ALIASES.items() if role == "tool"), *sorted(CALL_SPEAKERS))
-TOOL_CALL_TAG: Final = "<tool_call>"
 SCRIPT_PREFIX_CHARS: Final = 200  # the cheap classifier reads the first user turn's start only
 # Unicode scripts the classifier tells apart, by the first word of a letter's Unicode name (a Han letter is
 # "CJK UNIFIED IDEOGRAPH-4E2D"); ASCII-only text is "latin" without looking further.
@@ -61,7 +61,7 @@ NO_TASK: Final = "(none)"
 UNRECORDED: Final = "unrecorded"
 
 # The columns ``row_facts`` yields, in order; every count table of the audit is keyed by a subset.
-FACT_KEYS: Final = ("source", "split", "task", "thinking", "reasoning", "served", "turns", "tool_calls", "script")
+FACT_KEYS: Final = ("source", "split", "task", THINKING_MODE, THINKING, SERVED, ASSISTANT_TURNS, TOOL_USE, "script")
 
 
 @functools.cache
@@ -182,8 +182,8 @@ def plain_rows(frame: pl.DataFrame, style: str, field: str) -> np.ndarray:
 
 
 def _served(schema: pl.Schema) -> pl.Expr:
-    """Whether the row was served with thinking on, where it says: a request's ``chat_template_kwargs``, a
-    top-level ``enable_thinking``, or a generated corpus row's provenance."""
+    """Whether the row was served with thinking on, where it says (``facts.served``): a request's
+    ``chat_template_kwargs``, a top-level ``enable_thinking``, or a generated corpus row's provenance."""
     found: list[pl.Expr] = []
     kwargs = schema.get("chat_template_kwargs")
     if isinstance(kwargs, pl.Struct) and "enable_thinking" in {f.name for f in kwargs.fields}:
@@ -191,27 +191,41 @@ def _served(schema: pl.Schema) -> pl.Expr:
     if "enable_thinking" in schema:
         found.append(pl.col("enable_thinking").cast(pl.Boolean, strict=False))
     if schema.get("provenance") == pl.String:
-        found.append(pl.col("provenance").str.json_path_match("$.generation.enable_thinking")
-                     .replace_strict({"true": True, "false": False}, default=None, return_dtype=pl.Boolean))
+        # a generated row's only: a replayed row's logged request (``served``) is not read here (see facts.served)
+        mode = _recorded_mode(pl.col("provenance"), "$.generation.enable_thinking")
+        found.append(pl.when(pl.col("origin") == "generated").then(mode) if "origin" in schema else mode)
     return pl.coalesce(*found) if found else pl.lit(None, dtype=pl.Boolean)
+
+
+def _recorded_mode(provenance: pl.Expr, path: str) -> pl.Expr:
+    """The ``enable_thinking`` at ``path`` of a row's provenance (JSON text, compact as the build writes it) when it
+    is a boolean (``facts.served``): the path gives "true" for a boolean and for a string alike, the text tells them
+    apart (a string there with a boolean of that key elsewhere in the row's provenance is the one case it would not:
+    no row the build writes has a string there)."""
+    value = provenance.str.json_path_match(path)
+    return (pl.when((value == "true") & provenance.str.contains('"enable_thinking":true', literal=True)).then(True)
+            .when((value == "false") & provenance.str.contains('"enable_thinking":false', literal=True)).then(False)
+            .otherwise(None).cast(pl.Boolean))
 
 
 def row_facts(frame: pl.DataFrame, *, source: str | None = None, task: str | None = None,
               turns_field: str | None = None) -> pl.DataFrame:
     """One row of facts per row of ``frame``, in order: ``FACT_KEYS`` and ``conversation`` (the row has turns;
-    the others are counted as skipped).
+    the others are counted as skipped). The facts are ``stats.facts``'s, by their names there; ``served`` is
+    the mode as a bucket (on, off or unrecorded).
 
     ``source`` names every row (traffic); without it the frame's own ``source`` column does (a corpus).
     ``task`` is the task tag of rows whose own ``task`` field is empty (a recipe source's tag).
-    ``thinking`` is the mode: as served where the row records it, else whether it carries reasoning.
+    ``thinking_mode`` is as served where the row records it: a request's own fields, or a generated corpus
+    row's provenance (how the target was asked).
 
     The turns are flattened and judged one by one (the tool-call tag is looked for in assistant turns only), and
-    per-row verdicts are bincounts of the turns'.
+    per-row verdicts are sums of the turns' (``facts.per_row``).
     """
     rows = frame.height
     turns = _turns(frame, turns_field)
     lengths = turns.list.len().fill_null(0).to_numpy() if turns is not None else np.zeros(rows, dtype=np.int64)
-    parent = np.repeat(np.arange(rows), lengths)
+    offsets = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
     if turns is None:
         turn = pl.DataFrame({"role": pl.Series([], dtype=pl.String)})
     else:
@@ -219,39 +233,35 @@ def row_facts(frame: pl.DataFrame, *, source: str | None = None, task: str | Non
         # to none (a log line with "messages": [] once broke the turns' alignment). Strings are views: no copy.
         turn = (turns.filter(pl.Series(lengths > 0)) if (lengths == 0).any() else turns).explode().struct.unnest()
     user, content, assistant, reasoned, tooled = _judge_turns(turn)
-
-    def per_row(mask: np.ndarray) -> np.ndarray:
-        counts: np.ndarray = np.bincount(parent[mask], minlength=rows)
-        return counts
-
     first_user_text = pl.repeat(None, rows, dtype=pl.String, eager=True)
     users = np.flatnonzero(user)
     if len(users):
+        parent = np.repeat(np.arange(rows), lengths)
         owners, first = np.unique(parent[users], return_index=True)
         first_user_text = first_user_text.scatter(owners, content.gather(users[first])
                                                   .str.slice(0, SCRIPT_PREFIX_CHARS))
     schema = frame.schema
-    reasoning = pl.Series("reasoning", per_row(reasoned) > 0)
+    thinking = pl.Series(THINKING, per_row(offsets, reasoned) > 0)
     row_task = pl.col("task").cast(pl.String, strict=False).replace("", None) if "task" in schema \
         else pl.lit(None, pl.String)
     # select broadcasts the literals (a tag, a field no row has) to the frame's height
-    tagged = frame.select(_served(schema).alias("served"),
+    tagged = frame.select(_served(schema).alias(SERVED),
                           pl.coalesce(row_task, pl.lit(task, pl.String), pl.lit(NO_TASK)).alias("task"),
-                          pl.lit(reasoning).alias("reasoning")) if rows else \
-        pl.DataFrame(schema={"served": pl.Boolean, "task": pl.String, "reasoning": pl.Boolean})
-    tagged = tagged.with_columns(pl.coalesce("served", "reasoning").alias("thinking"))
-    served = tagged.get_column("served")
+                          pl.lit(thinking).alias(THINKING)) if rows else \
+        pl.DataFrame(schema={SERVED: pl.Boolean, "task": pl.String, THINKING: pl.Boolean})
+    tagged = tagged.with_columns(pl.coalesce(SERVED, THINKING).alias(THINKING_MODE))
+    served = tagged.get_column(SERVED)
     return pl.DataFrame({
         "source": pl.repeat(source, rows, dtype=pl.String, eager=True) if source is not None
         else frame.get_column("source").cast(pl.String),
         "split": frame.get_column("split").cast(pl.String) if "split" in schema
         else pl.repeat(None, rows, dtype=pl.String, eager=True),
         "task": tagged.get_column("task"),
-        "thinking": tagged.get_column("thinking"),
-        "reasoning": reasoning,
-        "served": served.replace_strict({True: "on", False: "off"}, default=UNRECORDED, return_dtype=pl.String),
-        "turns": pl.Series(per_row(assistant), dtype=pl.Int32),
-        "tool_calls": pl.Series(per_row(tooled) > 0),
+        THINKING_MODE: tagged.get_column(THINKING_MODE),
+        THINKING: thinking,
+        SERVED: served.replace_strict({True: "on", False: "off"}, default=UNRECORDED, return_dtype=pl.String),
+        ASSISTANT_TURNS: pl.Series(per_row(offsets, assistant), dtype=pl.Int32),
+        TOOL_USE: pl.Series(per_row(offsets, tooled) > 0),
         "script": scripts(first_user_text),
         "conversation": pl.Series(lengths > 0),
     })

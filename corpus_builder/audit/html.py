@@ -17,10 +17,10 @@ import html
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ..report import PageSection, bars, figure_html, layout, page, table, write_page
 from ..stats.corpus import AuditReport
+from .comparison import Comparison, Side, Vocab
 from .profile import COPY_BUCKETS, LENGTH_BUCKETS, LENGTH_MEASURES
 from .traffic import as_shares
 
@@ -28,7 +28,7 @@ CORPUS_COLOR = "#4C78A8"
 TRAFFIC_COLOR = "#F58518"
 
 
-def _length_plots(sides: list[tuple[str, dict[str, Any], str]]) -> list[Any]:
+def _length_plots(sides: list[tuple[str, Side, str]]) -> list[object]:
     """Per measure, the length buckets of every source and thinking mode (and the traffic's, when given)."""
     plots = []
     for measure in LENGTH_MEASURES:
@@ -47,7 +47,7 @@ def _length_plots(sides: list[tuple[str, dict[str, Any], str]]) -> list[Any]:
     return plots
 
 
-def _thinking_plot(sides: list[tuple[str, dict[str, Any], str]]) -> Any:
+def _thinking_plot(sides: list[tuple[str, Side, str]]) -> object:
     series = []
     for role, side, color in sides:
         values = {f"source {k}": v["thinking_share"] for k, v in side["by_source"].items()}
@@ -59,7 +59,7 @@ def _thinking_plot(sides: list[tuple[str, dict[str, Any], str]]) -> Any:
     return bars("thinking share by source and split", series, keys, y_title="thinking share")
 
 
-def _reasons_plot(audit: AuditReport, sides: list[tuple[str, dict[str, Any], str]]) -> Any:
+def _reasons_plot(audit: AuditReport, sides: list[tuple[str, Side, str]]) -> object:
     series: list[tuple[str, dict[str, float], str | None]] = []
     corpus_reasons = {f"dropped: {k}": float(v) for k, v in (audit.get("skipped") or {}).items()}
     corpus_reasons |= {f"flag: {k}": float(v) for k, v in (audit.get("flags") or {}).items()}
@@ -71,20 +71,24 @@ def _reasons_plot(audit: AuditReport, sides: list[tuple[str, dict[str, Any], str
     return bars("drop and repair reasons (rows)", series, keys, y_title="rows", percent=False)
 
 
-def _copy_plot(sides: list[tuple[str, dict[str, Any], str]]) -> Any | None:
+def _copy_plot(sides: list[tuple[str, Side, str]]) -> object | None:
     series = []
+    spans = []  # the same on both sides: one meter measures them
     for role, side, color in sides:
-        copies = side.get("copies") or {}
-        for task, section in (copies.get("by_task") or {}).items():
+        copies = side.get("copies")
+        if copies is None:
+            continue
+        spans.append(copies["span_tokens"])
+        for task, section in copies["by_task"].items():
             series.append((f"{role} · {task}", as_shares(section["buckets"]), color if role == "traffic" else None))
     if not series:
         return None
-    span = next(side.get("copies", {}).get("span_tokens") for _, side, _ in sides)
-    return bars(f"copy-spans by task: share of a turn's response tokens in spans of {span}+ tokens copied from "
-                "the context (turns)", series, COPY_BUCKETS)
+    plot: object = bars(f"copy-spans by task: share of a turn's response tokens in spans of {spans[0]}+ tokens "
+                        "copied from the context (turns)", series, COPY_BUCKETS)
+    return plot
 
 
-def _coverage_plot(vocab: dict[str, Any] | None) -> Any | None:
+def _coverage_plot(vocab: Vocab | None) -> object | None:
     if not vocab:
         return None
     import plotly.graph_objects as go
@@ -97,14 +101,15 @@ def _coverage_plot(vocab: dict[str, Any] | None) -> Any | None:
              ("traffic, by its own top-k", "traffic_own", "#54A24B"))
     for name, key, color in lines:
         if key in curve[0]:
-            figure.add_trace(go.Scatter(name=name, x=ks, y=[point[key] for point in curve], mode="lines+markers",
+            figure.add_trace(go.Scatter(name=name, x=ks, y=[point.get(key) for point in curve], mode="lines+markers",
                                         line={"color": color}))
     figure.add_vline(x=vocab["draft_vocab_size"], line_dash="dot")
     figure.update_xaxes(type="log", title="draft vocabulary size k")
-    return layout(figure, "supervised tokens covered by the top-k draft vocabulary", y_title="coverage")
+    plot: object = layout(figure, "supervised tokens covered by the top-k draft vocabulary", y_title="coverage")
+    return plot
 
 
-def _comparison_plots(report: dict[str, Any]) -> list[Any]:
+def _comparison_plots(report: Comparison) -> list[object]:
     plots = []
     corpus, traffic = report["corpus"]["shares"], report["traffic"]["shares"]
     for name, section in report["divergence"].items():
@@ -121,15 +126,14 @@ def _comparison_plots(report: dict[str, Any]) -> list[Any]:
     return plots
 
 
-def _summary(report: dict[str, Any]) -> str:
+def _summary(report: Comparison) -> str:
     rows = []
-    for role in ("corpus", "traffic"):
-        side = report.get(role)
+    for role, side in (("corpus", report["corpus"]), ("traffic", report.get("traffic"))):
         if side:
             rows.append([role, side["label"], f"{side['conversations']:,}", f"{sum(side['skipped'].values()):,}",
                          f"{side['thinking_share']:.1%}", f"{side['reasoning_share']:.1%}"])
-    readable = report.get("readable") or {}
-    parts = [f"<p><strong>{html.escape(readable['note'])}</strong></p>"] if readable.get("partial") else []
+    readable = report.get("readable")
+    parts = [f"<p><strong>{html.escape(readable['note'])}</strong></p>"] if readable and readable["partial"] else []
     parts.append(table(["", "input", "conversations", "rows skipped", "thinking (mode)", "with reasoning"], rows))
     if report.get("divergence"):
         parts.append("<h2>Divergence</h2>")
@@ -145,13 +149,14 @@ def _summary(report: dict[str, Any]) -> str:
     if report.get("suggestions"):
         parts.append("<h2>Suggestions</h2><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in report["suggestions"])
                      + "</ul>")
-    if report.get("recipe_diff"):
-        parts.append(f"<h2>Recipe diff</h2><pre>{html.escape(report['recipe_diff'])}</pre>")
+    diff = report.get("recipe_diff")
+    if diff:
+        parts.append(f"<h2>Recipe diff</h2><pre>{html.escape(diff)}</pre>")
     parts += [f"<p>note: {html.escape(note)}</p>" for note in report.get("notes") or ()]
     return "".join(parts)
 
 
-def render(report: dict[str, Any], audit: AuditReport, title: str, sections: Sequence[PageSection] = ()) -> str:
+def render(report: Comparison, audit: AuditReport, title: str, sections: Sequence[PageSection] = ()) -> str:
     """The page: ``report`` is ``audit_against``'s (corpus and traffic) or ``describe_corpus``'s (corpus only);
     ``audit`` is the corpus's plain audit (its drop reasons and flags); ``sections`` follow the plots."""
     sides = [("corpus", report["corpus"], CORPUS_COLOR)]
@@ -163,7 +168,7 @@ def render(report: dict[str, Any], audit: AuditReport, title: str, sections: Seq
     return page(title, _summary(report), "<h2>Plots</h2>", body, *(section.to_html() for section in sections))
 
 
-def write_html_report(path: Path, report: dict[str, Any], audit: AuditReport, title: str,
+def write_html_report(path: Path, report: Comparison, audit: AuditReport, title: str,
                       sections: Sequence[PageSection] = ()) -> None:
     """Write the page (``write_page``)."""
     write_page(path, render(report, audit, title, sections))

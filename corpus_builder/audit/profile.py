@@ -27,12 +27,13 @@ import pyarrow as pa
 
 from ..errors import Skipped
 from ..records import Conversation
+from ..stats.facts import THINKING_MODE
 from .frames import FACT_KEYS, row_facts
 from .inputs import Unit, read_parts, sample_mask
 from .token_pass import Measured, TokenMeter
 
 TOKEN_BATCH: Final = 512  # conversations measured together (one encode call, one numpy pass)
-GROUP_KEYS: Final = ("source", "split", "task", "thinking")  # what token measures are grouped by
+GROUP_KEYS: Final = ("source", "split", "task", THINKING_MODE)  # what token measures are grouped by
 # Length buckets in target tokens: [low, high) edges.
 LENGTH_EDGES: Final = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 LENGTH_BUCKETS: Final = ("<128", "128-256", "256-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k-32k",
@@ -99,7 +100,7 @@ class TokenTables:
     buckets: _Table = field(default_factory=lambda: _Table((*GROUP_KEYS, "measure", "bucket"), ("count",)))
     exact: _Table = field(default_factory=lambda: _Table(("measure", "tokens"), ("count",)))
     copies: _Table = field(default_factory=lambda: _Table(
-        ("source", "task", "thinking", "copy_bucket"), ("turns", "response_tokens", "copied_tokens"),
+        ("source", "task", THINKING_MODE, "copy_bucket"), ("turns", "response_tokens", "copied_tokens"),
         ("longest_copy",)))
     conversations: int = 0
     unmeasured_turns: int = 0
@@ -158,7 +159,7 @@ class TokenTables:
         copy_bucket = np.where(measured.turn_copied == 0, 0,
                                np.searchsorted(np.array(COPY_EDGES), share, side="left") + 1)
         self.copies.add(turns.with_columns(copy_bucket=pl.Series(np.array(COPY_BUCKETS)[copy_bucket]))
-                        .group_by("source", "task", "thinking", "copy_bucket")
+                        .group_by("source", "task", THINKING_MODE, "copy_bucket")
                         .agg(turns=pl.len(), response_tokens=pl.col("response_tokens").sum(),
                              copied_tokens=pl.col("copied_tokens").sum(), longest_copy=pl.col("longest_copy").max()))
 

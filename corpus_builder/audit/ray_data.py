@@ -36,8 +36,8 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from ..assemble.ray_data import PARTS_PER_CPU, connect
 from ..errors import CorpusError
+from ..ray_cluster import PARTS_PER_CPU, connect
 from .inputs import Unit, read_parts, traffic_units
 from .profile import Profile, TokenSample, read_part
 from .token_pass import TokenMeter

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..stats.corpus import AuditReport, ServedReport, TotalsReport
+from ..stats.corpus import AuditReport, PackMix, ServedReport, TotalsReport
 from ..stats.tokens import TokenReport, TokenTotalsReport
 
 MISMATCHES_SHOWN = 5
@@ -103,11 +103,12 @@ def _format_served(served: ServedReport) -> list[str]:
     return lines
 
 
-def _generation_modes(generation: Any) -> list[tuple[str, int]]:
+def _generation_modes(generation: list[dict[str, object]] | None) -> list[tuple[str, int]]:
     counts: dict[str, int] = {}
     for setting in generation or ():
         mode = "thinking on" if setting.get("enable_thinking") else "thinking off"
-        counts[mode] = counts.get(mode, 0) + int(setting.get("conversations", 0))
+        conversations = setting.get("conversations", 0)
+        counts[mode] = counts.get(mode, 0) + (conversations if isinstance(conversations, int) else 0)
     return sorted(counts.items()) if len(counts) > 1 else []
 
 
@@ -129,12 +130,11 @@ def _format_mixture(mixture: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _format_pack(pack: dict[str, Any]) -> list[str]:
+def _format_pack(pack: PackMix) -> list[str]:
     """The eval pack's mix beside the corpus's, by source and by task."""
     lines = [f"eval pack (held out of the corpus): {pack['conversations']:,} conversations, "
              f"{_share(pack['thinking_share'])} thinking"]
-    for grouping in ("source", "task"):
-        entries = pack[f"by_{grouping}"]
+    for grouping, entries in (("source", pack["by_source"]), ("task", pack["by_task"])):
         width = max(len(grouping), *(len(name) for name in entries))
         lines.append(f"  {grouping:<{width}}  {'pack':>7}  {'share':>7}  {'corpus':>7}  {'thinking':>8}  "
                      f"{'corpus':>7}")

@@ -36,10 +36,25 @@ import numpy as np
 import polars as pl
 
 from ..errors import CorpusError
-from ..export.vocab import top_k
 from ..layout import Corpus
 from ..stats import nearest_rank
-from . import CorpusFiles, is_hub_path, opened_corpus
+from ..stats.facts import ASSISTANT_TURNS, SERVED, THINKING, THINKING_MODE, TOOL_USE
+from ..stats.vocab import coverage, top_k
+from .comparison import (
+    Comparison,
+    Copies,
+    CopyFigures,
+    Divergence,
+    Gap,
+    GroupCopies,
+    GroupShares,
+    LengthRow,
+    PlanEntry,
+    Readable,
+    Side,
+    Vocab,
+)
+from .files import CorpusFiles, is_hub_path, opened_corpus
 from .frames import NO_TASK
 from .inputs import corpus_units, traffic_units
 from .options import AuditOptions, check_ray_engine
@@ -85,7 +100,7 @@ def profile_corpus(corpus: Corpus | CorpusFiles, options: AuditOptions) -> tuple
 
 
 def audit_against(corpus: str | Path | CorpusFiles, traffic: str, options: AuditOptions | None = None
-                  ) -> dict[str, Any]:
+                  ) -> Comparison:
     """The corpus and the traffic side by side: every dimension's divergence, gaps, suggestions and the
     recipe diff (see the module docstring)."""
     options = options or AuditOptions()
@@ -155,20 +170,20 @@ def _require_readable(profile: Profile) -> None:
                                                        else "it holds no rows"), file=profile.label)
 
 
-def describe_corpus(corpus: str | Path | CorpusFiles, options: AuditOptions | None = None) -> dict[str, Any]:
+def describe_corpus(corpus: str | Path | CorpusFiles, options: AuditOptions | None = None) -> Comparison:
     """One side only: the sections of the comparison for the corpus (what the HTML report plots without
     ``--against``)."""
     options = options or AuditOptions()
     with _compared_corpus(corpus, options.endpoint) as files:
         profile, meter = profile_corpus(files, options)
-        report = {"corpus": describe(profile)}
+        report: Comparison = {"corpus": describe(profile)}
         if profile.tokens is not None:
             report["vocab"] = _vocab_alone(profile.tokens.frequencies, options.draft_vocab_size)
         _note_tokens(report, meter)
         return report
 
 
-def _note_tokens(report: dict[str, Any], meter: TokenMeter | None) -> None:
+def _note_tokens(report: Comparison, meter: TokenMeter | None) -> None:
     report["tokenizer"] = str(meter.renderer.tokenizer_dir) if meter is not None else None
     if meter is None:
         report.setdefault("notes", []).append(
@@ -201,18 +216,22 @@ def _counts(frame: pl.DataFrame, key: pl.Expr) -> dict[str, int]:
     return {str(k): int(v) for k, v in grouped.iter_rows()}
 
 
-def _by(frame: pl.DataFrame, name: str) -> dict[str, dict[str, Any]]:
+def _by(frame: pl.DataFrame, name: str) -> dict[str, GroupShares]:
     """Conversations, thinking (mode) and reasoning shares per value of ``name``."""
     if frame.is_empty():
         return {}
     grouped = frame.group_by(pl.col(name).fill_null("").alias("key")).agg(
         conversations=pl.col("count").sum(),
-        thinking=pl.col("count").filter(pl.col("thinking")).sum(),
-        reasoning=pl.col("count").filter(pl.col("reasoning")).sum(),
+        thinking=pl.col("count").filter(pl.col(THINKING_MODE)).sum(),
+        reasoning=pl.col("count").filter(pl.col(THINKING)).sum(),
         task=pl.col("task").sort_by("count", descending=True).first()).sort("key")
-    return {key: {"conversations": int(n), "thinking_share": round(t / n, 6) if n else 0.0,
-                  "reasoning_share": round(r / n, 6) if n else 0.0, **({"task": task} if name == "source" else {})}
-            for key, n, t, r, task in grouped.iter_rows()}
+    shares: dict[str, GroupShares] = {}
+    for key, n, t, r, task in grouped.iter_rows():
+        shares[key] = {"conversations": int(n), "thinking_share": round(t / n, 6) if n else 0.0,
+                       "reasoning_share": round(r / n, 6) if n else 0.0}
+        if name == "source":
+            shares[key]["task"] = task
+    return shares
 
 
 def fact_counts(profile: Profile) -> dict[str, dict[str, int]]:
@@ -221,15 +240,15 @@ def fact_counts(profile: Profile) -> dict[str, dict[str, int]]:
     if facts.is_empty():
         return {name: {} for name in FACT_DIMENSIONS}
     turns: Counter[str] = Counter()
-    for value, count in _counts(facts, pl.col("turns")).items():
+    for value, count in _counts(facts, pl.col(ASSISTANT_TURNS)).items():
         turns[_turn_bucket(int(value))] += count
-    mode = pl.when(pl.col("thinking")).then(pl.lit("thinking")).otherwise(pl.lit("non-thinking"))
+    mode = pl.when(pl.col(THINKING_MODE)).then(pl.lit("thinking")).otherwise(pl.lit("non-thinking"))
     return {
         "thinking": _counts(facts, mode),
         "task": _counts(facts, pl.col("task")),
         "task_thinking": _counts(facts, pl.concat_str(pl.col("task"), pl.lit(" / "), mode)),
         "turns": {bucket: turns[bucket] for bucket in TURN_BUCKETS if bucket in turns},
-        "tool_calls": _counts(facts, pl.when(pl.col("tool_calls")).then(pl.lit("with tool calls"))
+        "tool_calls": _counts(facts, pl.when(pl.col(TOOL_USE)).then(pl.lit("with tool calls"))
                               .otherwise(pl.lit("without"))),
         "script": _counts(facts, pl.col("script")),
     }
@@ -270,13 +289,13 @@ def _percentiles(profile: Profile) -> dict[str, dict[str, int | float]]:
     return out
 
 
-def _copies(profile: Profile) -> dict[str, Any] | None:
+def _copies(profile: Profile) -> Copies | None:
     tokens = profile.tokens
     if tokens is None:
         return None
     copies = tokens.copies.frame()
 
-    def section(frame: pl.DataFrame) -> dict[str, Any]:
+    def section(frame: pl.DataFrame) -> CopyFigures:
         response = int(frame.get_column("response_tokens").sum()) if not frame.is_empty() else 0
         copied = int(frame.get_column("copied_tokens").sum()) if not frame.is_empty() else 0
         return {"turns": int(frame.get_column("turns").sum()) if not frame.is_empty() else 0,
@@ -284,7 +303,7 @@ def _copies(profile: Profile) -> dict[str, Any] | None:
                 "share": round(copied / response, 6) if response else 0.0,
                 "longest": int(frame.get_column("longest_copy").to_numpy().max()) if not frame.is_empty() else 0}
 
-    def grouped(name: str) -> dict[str, Any]:
+    def grouped(name: str) -> dict[str, GroupCopies]:
         if copies.is_empty():
             return {}
         return {str(key): {**section(part), "buckets": _bucket_turns(part)}
@@ -299,34 +318,35 @@ def _bucket_turns(frame: pl.DataFrame) -> dict[str, int]:
     return {bucket: counts[bucket] for bucket in COPY_BUCKETS if bucket in counts}
 
 
-def _length_table(profile: Profile) -> list[dict[str, Any]]:
+def _length_table(profile: Profile) -> list[LengthRow]:
     """Length buckets by source and thinking mode (what the report's histograms plot)."""
     tokens = profile.tokens
     buckets = tokens.buckets.frame() if tokens is not None else pl.DataFrame()
     if buckets.is_empty():
         return []
-    grouped = buckets.group_by("source", "thinking", "measure", "bucket").agg(pl.col("count").sum())
+    grouped = buckets.group_by("source", THINKING_MODE, "measure", "bucket").agg(pl.col("count").sum())
     order = {bucket: index for index, bucket in enumerate(LENGTH_BUCKETS)}
-    rows = [{"source": source, "thinking": _mode(thinking), "measure": measure, "bucket": bucket, "count": int(n)}
+    rows: list[LengthRow] = [
+        {"source": source, "thinking": _mode(thinking), "measure": measure, "bucket": bucket, "count": int(n)}
             for source, thinking, measure, bucket, n in grouped.iter_rows()]
     return sorted(rows, key=lambda r: (r["measure"], r["source"], r["thinking"], order[r["bucket"]]))
 
 
-def describe(profile: Profile) -> dict[str, Any]:
+def describe(profile: Profile) -> Side:
     """One side's report: counts, shares per dimension, cross-tabs, lengths, copy-spans."""
     facts = profile.facts.frame()
     conversations = int(facts.get_column("count").sum()) if not facts.is_empty() else 0
     counts = fact_counts(profile)
     thinking = counts["thinking"].get("thinking", 0)
-    reasoning = int(facts.filter(pl.col("reasoning")).get_column("count").sum()) if conversations else 0
-    side: dict[str, Any] = {
+    reasoning = int(facts.filter(pl.col(THINKING)).get_column("count").sum()) if conversations else 0
+    side: Side = {
         "label": profile.label,
         "conversations": conversations,
         "skipped": dict(sorted((k, v) for k, v in profile.skipped.items() if v)),
         "folded_prefix": profile.folded,
         "thinking_share": round(thinking / conversations, 6) if conversations else 0.0,
         "reasoning_share": round(reasoning / conversations, 6) if conversations else 0.0,
-        "served": _counts(facts, pl.col("served")),
+        "served": _counts(facts, pl.col(SERVED)),
         "by_task": _by(facts, "task"),
         "by_source": _by(facts, "source"),
         "by_split": _by(facts.filter(pl.col("split").is_not_null()), "split") if conversations else {},
@@ -354,9 +374,9 @@ def total_variation(corpus: dict[str, float], traffic: dict[str, float]) -> floa
     return 0.5 * sum(abs(corpus.get(k, 0.0) - traffic.get(k, 0.0)) for k in keys)
 
 
-def _divergence(corpus: dict[str, float], traffic: dict[str, float]) -> dict[str, Any]:
+def _divergence(corpus: dict[str, float], traffic: dict[str, float]) -> Divergence:
     keys = sorted(set(corpus) | set(traffic))
-    gaps: list[dict[str, Any]] = sorted(
+    gaps: list[Gap] = sorted(
         ({"bucket": k, "corpus": round(corpus.get(k, 0.0), 6), "traffic": round(traffic.get(k, 0.0), 6),
           "gap": round(traffic.get(k, 0.0) - corpus.get(k, 0.0), 6)} for k in keys),
         key=lambda gap: -abs(gap["gap"]))
@@ -381,7 +401,7 @@ def _points(size: int, draft: int) -> list[int]:
     return sorted({*(k for k in COVERAGE_POINTS if k < size), min(draft, size), size})
 
 
-def _vocab_alone(counts: np.ndarray, draft: int) -> dict[str, Any]:
+def _vocab_alone(counts: np.ndarray, draft: int) -> Vocab:
     size = len(counts)
     points = _points(size, draft)
     order = top_k(counts, size)
@@ -389,7 +409,7 @@ def _vocab_alone(counts: np.ndarray, draft: int) -> dict[str, Any]:
             "curve": [{"k": k, "corpus": c} for k, c in zip(points, _curve(order, counts, points), strict=True)]}
 
 
-def _vocab(corpus: np.ndarray, traffic: np.ndarray, draft: int) -> dict[str, Any]:
+def _vocab(corpus: np.ndarray, traffic: np.ndarray, draft: int) -> Vocab:
     """The coverage of the traffic's supervised tokens by the corpus's top-k (``corpus vocab``'s choice), next
     to the corpus's own coverage and the best any top-k could do on the traffic (its own top-k)."""
     size = len(corpus)
@@ -403,22 +423,22 @@ def _vocab(corpus: np.ndarray, traffic: np.ndarray, draft: int) -> dict[str, Any
                  _curve(by_traffic, traffic, points), strict=True)
     return {
         "draft_vocab_size": min(draft, size), "target_vocab_size": size,
-        "traffic_coverage": round(covered / total, 6) if total else None,
+        "traffic_coverage": coverage(traffic, chosen),
         "traffic_outside": round(1 - covered / total, 6) if total else None,
-        "traffic_oracle_coverage": round(int(traffic[by_traffic[:draft]].sum()) / total, 6) if total else None,
-        "corpus_coverage": round(int(corpus[chosen].sum()) / int(corpus.sum()), 6) if corpus.sum() else None,
+        "traffic_oracle_coverage": coverage(traffic, by_traffic[:draft]),
+        "corpus_coverage": coverage(corpus, chosen),
         "traffic_tokens_unseen_in_corpus": round(int(traffic[corpus == 0].sum()) / total, 6) if total else None,
         "curve": [{"k": k, "corpus": c, "traffic": t, "traffic_own": o} for k, c, t, o in curves],
     }
 
 
-def _too_many_skipped(readable: dict[str, Any]) -> str:
+def _too_many_skipped(readable: Readable) -> str:
     return (f"{readable['skipped']:,} of the traffic's {readable['rows'] + readable['skipped']:,} rows "
             f"({readable['skipped_share']:.1%}) were skipped, more than --max-skipped-share "
             f"{readable['max_skipped_share']:g}")
 
 
-def _readable(side: dict[str, Any], limit: float) -> dict[str, Any]:
+def _readable(side: Side, limit: float) -> Readable:
     """How much of the traffic the figures describe: rows read (conversations) and rows skipped."""
     read, skipped = side["conversations"], sum(side["skipped"].values())
     share = round(skipped / (read + skipped), 6) if read + skipped else 0.0
@@ -427,11 +447,13 @@ def _readable(side: dict[str, Any], limit: float) -> dict[str, Any]:
 
 
 def compare(files: CorpusFiles, corpus_profile: Profile, traffic_profile: Profile, options: AuditOptions,
-            meter: TokenMeter | None) -> dict[str, Any]:
+            meter: TokenMeter | None) -> Comparison:
     corpus_side = describe(corpus_profile)
     traffic_side = describe(traffic_profile)
     readable = _readable(traffic_side, options.max_skipped_share)
-    report: dict[str, Any] = {"corpus": corpus_side, "traffic": traffic_side, "readable": readable, "divergence": {}}
+    divergence: dict[str, Divergence] = {}
+    report: Comparison = {"corpus": corpus_side, "traffic": traffic_side, "readable": readable,
+                          "divergence": divergence}
     if readable["partial"]:
         readable["note"] = f"{_too_many_skipped(readable)}: every figure describes the {readable['rows']:,} " \
                            "readable rows only"
@@ -478,7 +500,7 @@ def _recipe(files: CorpusFiles) -> dict[str, Any] | None:
     return document if isinstance(document, dict) else None
 
 
-def _plan(corpus_side: dict[str, Any], traffic_side: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def _plan(corpus_side: Side, traffic_side: Side) -> tuple[list[PlanEntry], list[str]]:
     """Rows per corpus source for the corpus, at its size, to follow the traffic's task mix and each task's
     thinking share: a task's rows are shared among its sources as now, then moved from the least to the
     most thinking source until the task's share matches (as far as its sources allow)."""
@@ -493,7 +515,7 @@ def _plan(corpus_side: dict[str, Any], traffic_side: dict[str, Any]) -> tuple[li
                 for task, section in traffic_tasks.items()} if by_task
                else {"(all)": (1.0, traffic_side["thinking_share"])})
     notes: list[str] = []
-    plan: list[dict[str, Any]] = []
+    plan: list[PlanEntry] = []
     for task in sorted(set(groups) | set(targets)):
         share, thinking = targets.get(task, (0.0, 0.0))
         members = groups.get(task, [])
@@ -519,7 +541,7 @@ def _plan(corpus_side: dict[str, Any], traffic_side: dict[str, Any]) -> tuple[li
     return plan, notes
 
 
-def _split_rows(wanted: int, thinking: float, sources: dict[str, dict[str, Any]]) -> dict[str, int]:
+def _split_rows(wanted: int, thinking: float, sources: dict[str, GroupShares]) -> dict[str, int]:
     have = sum(section["conversations"] for section in sources.values())
     weights = {name: wanted * section["conversations"] / have for name, section in sources.items()}
     shares = {name: section["thinking_share"] for name, section in sources.items()}
@@ -534,7 +556,7 @@ def _split_rows(wanted: int, thinking: float, sources: dict[str, dict[str, Any]]
     return {name: round(weight) for name, weight in weights.items()}
 
 
-def _recipe_diff(files: CorpusFiles, plan: list[dict[str, Any]]) -> tuple[str | None, list[str]]:
+def _recipe_diff(files: CorpusFiles, plan: list[PlanEntry]) -> tuple[str | None, list[str]]:
     """The corpus's resolved recipe with each source's ``take`` set to give its target rows (scaled by the
     share of the source's rows that survived the checks last time), as a unified diff; and the sources that
     cannot give more rows (every row already read)."""
@@ -573,7 +595,7 @@ def _recipe_diff(files: CorpusFiles, plan: list[dict[str, Any]]) -> tuple[str | 
     if edited == document or not edited.get("sources"):
         return None, notes
 
-    def dump(value: Any) -> list[str]:
+    def dump(value: object) -> list[str]:
         text: str = yaml.safe_dump(value, sort_keys=False, allow_unicode=True, width=100)
         return text.splitlines(keepends=True)
 
@@ -581,14 +603,14 @@ def _recipe_diff(files: CorpusFiles, plan: list[dict[str, Any]]) -> tuple[str | 
                                         "recipe.yaml (matched to the traffic)")), notes
 
 
-def _token_suggestions(report: dict[str, Any], files: CorpusFiles) -> list[str]:
+def _token_suggestions(report: Comparison, files: CorpusFiles) -> list[str]:
     notes: list[str] = []
     corpus_side, traffic_side = report["corpus"], report["traffic"]
     divergence = report["divergence"]
     total = corpus_side["conversations"]
     for measure in ("conversation_tokens", "prompt_tokens"):
-        gaps = (divergence.get(measure) or {}).get("gaps") or []
-        for gap in gaps:
+        section = divergence.get(measure)
+        for gap in section["gaps"] if section is not None else ():
             if gap["gap"] >= 0.05:
                 notes.append(f"{measure.replace('_', ' ')} {gap['bucket']}: traffic {gap['traffic']:.1%}, corpus "
                              f"{gap['corpus']:.1%}: add about {round(gap['gap'] * total):,} such rows")
@@ -601,11 +623,11 @@ def _token_suggestions(report: dict[str, Any], files: CorpusFiles) -> list[str]:
     if budget and lengths and lengths["p99"] > budget:
         notes.append(f"1% of the traffic's conversations are longer than {lengths['p99']:,} tokens, past "
                      f"checks.max_seq_len {budget:,}: the draft never trains on that length")
-    copies = traffic_side.get("copies") or {}
-    for task, section in (copies.get("by_task") or {}).items():
-        if section["share"] >= COPY_HEAVY_SHARE:
-            notes.append(f"task {task}: {section['share']:.0%} of the traffic's response tokens lie in spans of "
-                         f"{copies['span_tokens']}+ tokens copied from the prompt (longest {section['longest']:,}): "
+    copies = traffic_side.get("copies")
+    for task, heavy in (copies["by_task"] if copies is not None else {}).items():
+        if copies is not None and heavy["share"] >= COPY_HEAVY_SHARE:
+            notes.append(f"task {task}: {heavy['share']:.0%} of the traffic's response tokens lie in spans of "
+                         f"{copies['span_tokens']}+ tokens copied from the prompt (longest {heavy['longest']:,}): "
                          "prompt-lookup (n-gram) speculation suits it better than a learned draft; consider "
                          "serving it that way and giving the draft's corpus to the rest")
     vocab = report.get("vocab")
@@ -621,7 +643,7 @@ def _token_suggestions(report: dict[str, Any], files: CorpusFiles) -> list[str]:
 # --- text ---------------------------------------------------------------------------------------------
 
 
-def format_comparison(report: dict[str, Any]) -> str:
+def format_comparison(report: Comparison) -> str:
     """The comparison as people read it (``--json`` gives the machine form)."""
     corpus, traffic = report["corpus"], report["traffic"]
     readable = report["readable"]
@@ -670,12 +692,13 @@ def format_comparison(report: dict[str, Any]) -> str:
         lines += ["", "suggestions:"] + [f"  - {note}" for note in report["suggestions"]]
     for note in report.get("notes") or ():
         lines.append(f"note: {note}")
-    if report.get("recipe_diff"):
-        lines += ["", report["recipe_diff"].rstrip("\n")]
+    diff = report.get("recipe_diff")
+    if diff:
+        lines += ["", diff.rstrip("\n")]
     return "\n".join(lines)
 
 
-def divergence_problems(report: dict[str, Any], limit: float | None, *, allow_skipped: bool = False) -> list[str]:
+def divergence_problems(report: Comparison, limit: float | None, *, allow_skipped: bool = False) -> list[str]:
     """The dimensions whose divergence exceeds ``--max-divergence``, and a traffic whose skipped share is past
     ``max_skipped_share`` (its divergences describe only its readable part) unless ``allow_skipped``."""
     if limit is None:

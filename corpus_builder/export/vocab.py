@@ -36,6 +36,7 @@ from ..errors import CorpusError
 from ..layout import Corpus, holds_corpus
 from ..outputs import check_output_path, made_directory, staged
 from ..rows import batch_to_conversations
+from ..stats.vocab import coverage, top_k
 from ..tokens import TurnRow
 from .token_counts import Vocabulary, count_token_export, token_export_files
 from .token_rows import CorpusTokenRows, check_tokenizer_dir, corpus_token_rows, tokenizer_entries
@@ -107,17 +108,6 @@ def count_frequencies(corpus: Corpus, token_rows: CorpusTokenRows) -> Frequencie
     return frequencies
 
 
-def top_k(counts: np.ndarray, k: int) -> np.ndarray:
-    """The k most frequent ids, ties to the lower id (speculators' order)."""
-    order: np.ndarray = np.lexsort((np.arange(len(counts)), -counts))
-    return order[:k]
-
-
-def _coverage(counts: np.ndarray, chosen: np.ndarray) -> float | None:
-    total = int(counts.sum())
-    return round(int(counts[chosen].sum()) / total, 6) if total else None
-
-
 def _section(total: np.ndarray, reasoning: np.ndarray | None, chosen: np.ndarray) -> dict[str, Any]:
     answer = None if reasoning is None else total - reasoning
     return {
@@ -125,9 +115,9 @@ def _section(total: np.ndarray, reasoning: np.ndarray | None, chosen: np.ndarray
         "reasoning_tokens": None if reasoning is None else int(reasoning.sum()),
         "answer_tokens": None if answer is None else int(answer.sum()),
         "distinct_tokens": int(np.count_nonzero(total)),
-        "coverage": _coverage(total, chosen),
-        "reasoning_coverage": None if reasoning is None else _coverage(reasoning, chosen),
-        "answer_coverage": None if answer is None else _coverage(answer, chosen),
+        "coverage": coverage(total, chosen),
+        "reasoning_coverage": None if reasoning is None else coverage(reasoning, chosen),
+        "answer_coverage": None if answer is None else coverage(answer, chosen),
     }
 
 

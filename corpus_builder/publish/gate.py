@@ -22,7 +22,8 @@ from ..errors import CorpusError
 from ..layout import AUDIT, MANIFEST, RECIPE, Corpus, Manifest, open_parquet
 from ..recipe.yaml_reader import read_corpus_recipe_file
 from ..secrets import Finding, scan_metadata, scan_row
-from ..stats.corpus import corpus_problems
+from ..stats import facts
+from ..stats.corpus import CorpusFigures, corpus_problems
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "conversation.schema.json"
 SHARD_PATH_RE = re.compile(r"^data/[A-Za-z0-9_.-]+\.parquet$")
@@ -103,10 +104,6 @@ def _sample_int_arrays(value: Any) -> Any:
     return value
 
 
-def _assistant_reasons(row: dict[str, Any]) -> bool:
-    return any(m.get("reasoning") for m in row.get("messages") or () if m.get("role") == "assistant")
-
-
 @dataclass
 class _Counts:
     conversations: int = 0
@@ -182,7 +179,7 @@ def _check_rows(corpus: Corpus, report: GateReport) -> list[_CheckLog]:
                     location = "/".join(str(p) for p in error.absolute_path) or "(row)"
                     schema_log.add(f"{where}: {location}: {error.message[:200]}")
                     continue
-                thinking = _assistant_reasons(row)
+                thinking = facts.thinking(row["messages"])
                 if row["thinking"] != thinking:
                     consistency_log.add(f"{where}: thinking column says {row['thinking']}, turns say {thinking}")
                 if row["split"] != entry.split:
@@ -239,8 +236,8 @@ def check_corpus(corpus_dir: Path) -> GateReport:
     written_minimum = documents.setting("checks", "min_thinking_share")
     if written_minimum is not None and documents.min_thinking_share is None:
         share_log.add(f"{RECIPE}: checks.min_thinking_share is {written_minimum!r}, not a share from 0 to 1")
-    counts = {"thinking_share": report.thinking_share, "thinking_conversations": report.overall.thinking,
-              "conversations": report.overall.conversations}
+    counts: CorpusFigures = {"thinking_share": report.thinking_share, "thinking_conversations": report.overall.thinking,
+                             "conversations": report.overall.conversations}
     for problem in corpus_problems(counts, documents.min_thinking_share):
         share_log.add(problem)
     logs.append(share_log)

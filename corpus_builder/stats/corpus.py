@@ -8,9 +8,9 @@ own ``conversations_to_batch``, so a serving log and a built corpus are measured
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import orjson
@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from ..errors import DropCounts, DropReport
 from ..records import Conversation
+from .facts import BatchFacts, logged_request, parsed_provenance, served
 from .tokens import TokenReport, TokenStats, mismatch_problem
 
 GROUPINGS = ("source", "split", "origin")
@@ -49,6 +50,44 @@ class SourceReport(TotalsReport):
     flags: dict[str, int]
 
 
+class SourceInfo(TypedDict):
+    """What a source's rows say of it (its first row's)."""
+
+    origin: str | None
+    license: str | None
+    task: str | None
+
+
+class NearDuplicatesReport(TypedDict):
+    """A raw file's rows that near-duplicate an earlier one: counted, not dropped (what checks.near_duplicates would
+    drop)."""
+
+    threshold: float
+    rows: int
+    by_source: dict[str, int]
+
+
+class PackEntry(TypedDict):
+    """A source's or task's rows in the eval pack beside its rows in the corpus (``stats.pack``)."""
+
+    conversations: int
+    share: float
+    corpus_conversations: int
+    corpus_share: float
+    thinking_share: float
+    corpus_thinking_share: float
+
+
+class PackMix(TypedDict):
+    """audit.json's ``eval_pack``: the pack's rows, thinking share, and mix by source and by task."""
+
+    conversations: int
+    thinking_conversations: int
+    thinking_share: float
+    by_source: dict[str, PackEntry]
+    by_task: dict[str, PackEntry]
+
+
 class SecretsReport(TypedDict):
     findings: int
     by_kind: dict[str, int]
@@ -62,8 +101,8 @@ class _AddedSections(TypedDict, total=False):
     tokens: TokenReport
     checks: dict[str, Any]
     secrets: SecretsReport
-    near_duplicates: dict[str, Any]
-    eval_pack: dict[str, Any]  # the eval pack's mix beside the corpus's (stats.pack)
+    near_duplicates: NearDuplicatesReport
+    eval_pack: PackMix  # the eval pack's mix beside the corpus's (stats.pack)
     served: ServedReport  # replayed rows that record how they were served (logged requests)
 
 
@@ -94,58 +133,45 @@ class AuditReport(TotalsReport, _AddedSections):
     by_source: dict[str, SourceReport]
     by_split: dict[str, TotalsReport]
     by_origin: dict[str, TotalsReport]
-    generation: list[dict[str, Any]] | None
+    generation: list[dict[str, object]] | None  # the generation settings recorded, each with its conversations
     finish_reasons: dict[str, int] | None
 
 
 @dataclass(slots=True)
 class Totals:
+    """Conversations and the sums of their facts (``facts``: one field each, by the fact's name)."""
+
     conversations: int = 0
-    thinking_conversations: int = 0
-    turns: int = 0
+    thinking: int = 0
+    messages: int = 0
     characters: int = 0
     assistant_characters: int = 0
     reasoning_characters: int = 0
-    tool_call_conversations: int = 0  # with at least one assistant turn that calls a tool
+    tool_calls: int = 0
 
     def add(self, other: Totals) -> None:
         self.conversations += other.conversations
-        self.thinking_conversations += other.thinking_conversations
-        self.turns += other.turns
+        self.thinking += other.thinking
+        self.messages += other.messages
         self.characters += other.characters
         self.assistant_characters += other.assistant_characters
         self.reasoning_characters += other.reasoning_characters
-        self.tool_call_conversations += other.tool_call_conversations
+        self.tool_calls += other.tool_calls
 
     def report(self) -> TotalsReport:
+        """The totals under audit.json's labels (``facts`` names each fact's)."""
         reasoning_and_answer = self.assistant_characters + self.reasoning_characters
         return {
             "conversations": self.conversations,
-            "thinking_conversations": self.thinking_conversations,
-            "thinking_share": round(self.thinking_conversations / self.conversations, 6) if self.conversations else 0.0,
-            "turns": self.turns,
+            "thinking_conversations": self.thinking,
+            "thinking_share": round(self.thinking / self.conversations, 6) if self.conversations else 0.0,
+            "turns": self.messages,
             "characters": self.characters,
             "reasoning_char_share": round(self.reasoning_characters / reasoning_and_answer, 6)
             if reasoning_and_answer else 0.0,
-            "tool_call_conversations": self.tool_call_conversations,
-            "tool_call_share": round(self.tool_call_conversations / self.conversations, 6) if self.conversations
-            else 0.0,
+            "tool_call_conversations": self.tool_calls,
+            "tool_call_share": round(self.tool_calls / self.conversations, 6) if self.conversations else 0.0,
         }
-
-
-def _per_row_sums(offsets: np.ndarray, per_message: np.ndarray) -> np.ndarray:
-    cumulative = np.concatenate(([0], np.cumsum(per_message, dtype=np.int64)))
-    sums: np.ndarray = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
-    return sums
-
-
-def _calls_per_turn(turns: pa.StructArray) -> np.ndarray:
-    """Tool calls of each turn (a shard written before tool traffic existed has none)."""
-    if turns.type.get_field_index("tool_calls") < 0:
-        return np.zeros(len(turns), dtype=np.int64)
-    counts: np.ndarray = pc.fill_null(pc.list_value_length(turns.field("tool_calls")), 0).to_numpy(
-        zero_copy_only=False)
-    return counts
 
 
 class StatsJson(TypedDict):
@@ -155,7 +181,7 @@ class StatsJson(TypedDict):
     overall: dict[str, int]
     groups: dict[str, dict[str, dict[str, int]]]
     strata: list[tuple[str, bool, str | None, int]]
-    source_info: dict[str, dict[str, Any]]
+    source_info: dict[str, SourceInfo]
     flags: dict[str, int]
     flags_by_source: dict[str, dict[str, int]]
     skipped: DropReport
@@ -172,7 +198,7 @@ class CorpusStats:
     overall: Totals = field(default_factory=Totals)
     groups: dict[str, dict[str, Totals]] = field(default_factory=lambda: {g: {} for g in GROUPINGS})
     strata: Counter[tuple[str, bool, str | None]] = field(default_factory=Counter)  # (source, thinking, split)
-    source_info: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source_info: dict[str, SourceInfo] = field(default_factory=dict)
     flags: Counter[str] = field(default_factory=Counter)
     flags_by_source: dict[str, Counter[str]] = field(default_factory=dict)
     skipped: DropCounts = field(default_factory=DropCounts)
@@ -188,21 +214,8 @@ class CorpusStats:
             return
         if self.tokens is not None:
             self.tokens.add_conversations(conversations)
-        messages = batch.column("messages")
-        offsets = messages.offsets.to_numpy(zero_copy_only=False) - messages.offsets[0].as_py()
-        flat = messages.flatten()
-        content_len = pc.fill_null(pc.utf8_length(flat.field("content")), 0).to_numpy(zero_copy_only=False)
-        reasoning_len = pc.fill_null(pc.utf8_length(flat.field("reasoning")), 0).to_numpy(zero_copy_only=False)
-        is_assistant = pc.equal(flat.field("role"), "assistant").to_numpy(zero_copy_only=False)
-        rows = {
-            "conversations": np.ones(batch.num_rows, dtype=np.int64),
-            "thinking_conversations": batch.column("thinking").to_numpy(zero_copy_only=False).astype(np.int64),
-            "turns": np.diff(offsets),
-            "characters": _per_row_sums(offsets, content_len + reasoning_len),
-            "assistant_characters": _per_row_sums(offsets, content_len * is_assistant),
-            "reasoning_characters": _per_row_sums(offsets, reasoning_len),
-            "tool_call_conversations": (_per_row_sums(offsets, _calls_per_turn(flat)) > 0).astype(np.int64),
-        }
+        rows = asdict(BatchFacts.of(batch))
+        rows["conversations"] = np.ones(batch.num_rows, dtype=np.int64)
         self.overall.add(Totals(**{k: int(v.sum()) for k, v in rows.items()}))
         for grouping in GROUPINGS:
             encoded = pc.dictionary_encode(pc.fill_null(batch.column(grouping), ""))
@@ -234,8 +247,9 @@ class CorpusStats:
         for source in pc.unique(sources).to_pylist():
             if source not in self.source_info:
                 index = pc.index(sources, source).as_py()
-                self.source_info[source] = {name: batch.column(name)[index].as_py()
-                                            for name in ("origin", "license", "task")}
+                self.source_info[source] = {"origin": batch.column("origin")[index].as_py(),
+                                            "license": batch.column("license")[index].as_py(),
+                                            "task": batch.column("task")[index].as_py()}
 
     def _add_generation(self, batch: pa.RecordBatch) -> None:
         generated = pc.equal(batch.column("origin"), "generated")
@@ -256,14 +270,15 @@ class CorpusStats:
             return
         rows = zip(pc.filter(batch.column("source"), logged).to_pylist(), pc.filter(provenance, logged).to_pylist(),
                    pc.filter(batch.column("thinking"), logged).to_pylist(), strict=True)
-        for source, text, reasoning in rows:
-            served = orjson.loads(text).get("served")
-            if not isinstance(served, dict):
+        for source, text, thinking in rows:
+            parsed = parsed_provenance(text)
+            request = logged_request("replay", parsed)
+            if request is None:
                 continue
-            mode = served.get("enable_thinking")
-            self.served[source, mode if isinstance(mode, bool) else None, bool(reasoning)] += 1
-            if isinstance(served.get("model"), str):
-                self.served_models[served["model"]] += 1
+            self.served[source, served("replay", parsed), bool(thinking)] += 1
+            model = request.get("model")
+            if isinstance(model, str):
+                self.served_models[model] += 1
 
     def served_report(self) -> ServedReport | None:
         if not self.served:
@@ -346,9 +361,9 @@ class CorpusStats:
 
         by_source: dict[str, SourceReport] = {}
         for key, totals in sorted(self.groups["source"].items()):
-            info = self.source_info.get(key, {})
-            by_source[key] = {**totals.report(), "origin": info.get("origin"), "license": info.get("license"),
-                              "task": info.get("task"),
+            info = self.source_info.get(key, {"origin": None, "license": None, "task": None})
+            by_source[key] = {**totals.report(), "origin": info["origin"], "license": info["license"],
+                              "task": info["task"],
                               "flags": dict(sorted(self.flags_by_source.get(key, Counter()).items()))}
         overall = self.overall.report()
         report: AuditReport = {
@@ -374,23 +389,35 @@ class CorpusStats:
 
 
 
-def generation_targets(audit: AuditReport) -> list[dict[str, Any]]:
+def generation_targets(audit: AuditReport) -> list[dict[str, object]]:
     """The targets that generated rows of a corpus (its audit's generation settings grouped by target), with
     their row counts: one entry for a corpus built as it should be."""
-    targets: dict[bytes, dict[str, Any]] = {}
+    targets: dict[bytes, dict[str, object]] = {}
+    rows: Counter[bytes] = Counter()
     for setting in audit.get("generation") or ():
         identity = {name: setting.get(name) for name in TARGET_FIELDS}
         key = orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)
-        entry = targets.setdefault(key, {**identity, "conversations": 0})
-        entry["conversations"] += setting.get("conversations", 0)
-    return list(targets.values())
+        targets.setdefault(key, identity)
+        conversations = setting.get("conversations", 0)
+        rows[key] += conversations if isinstance(conversations, int) else 0
+    return [{**identity, "conversations": rows[key]} for key, identity in targets.items()]
 
 
 def _share(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def corpus_problems(report: Mapping[str, Any], min_thinking_share: float | None) -> Iterator[str]:
+class CorpusFigures(TypedDict):
+    """What the corpus-level checks read: an audit's report, or the publish gate's recount."""
+
+    conversations: int
+    thinking_conversations: int
+    thinking_share: float
+    tokens: NotRequired[TokenReport]
+    secrets: NotRequired[SecretsReport]
+
+
+def corpus_problems(report: CorpusFigures | AuditReport, min_thinking_share: float | None) -> Iterator[str]:
     """Corpus-level check failures, shared by `corpus build`, `corpus audit` and the publish gate."""
     problem = mismatch_problem(report.get("tokens"))
     if problem is not None:
@@ -399,6 +426,7 @@ def corpus_problems(report: Mapping[str, Any], min_thinking_share: float | None)
         yield (f"thinking share {_share(report['thinking_share'])} is below the minimum "
                f"{_share(min_thinking_share)} ({report['thinking_conversations']:,} of "
                f"{report['conversations']:,} conversations carry reasoning)")
-    findings = (report.get("secrets") or {}).get("findings")
+    secrets = report.get("secrets")
+    findings = secrets["findings"] if secrets is not None else 0
     if findings:
         yield f"{findings:,} secrets found: remove them or build with checks.redact_secrets: true"

@@ -5,10 +5,9 @@ out (audit.json), `corpus audit` again from the pack's shards."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from ..records import Conversation
-from .corpus import AuditReport
+from .corpus import AuditReport, PackEntry, PackMix
 
 Stratum = tuple[str, str | None, bool]  # source, task, thinking (as served where the row records it)
 NO_TASK = "(no task)"
@@ -20,7 +19,7 @@ def stratum(conversation: Conversation) -> Stratum:
     return conversation.source, conversation.task, conversation.thinking_mode
 
 
-def pack_mix(held: Mapping[Stratum, int], corpus: AuditReport) -> dict[str, Any]:
+def pack_mix(held: Mapping[Stratum, int], corpus: AuditReport) -> PackMix:
     """The ``eval_pack`` section of an audit: ``held`` counts the pack's rows by stratum."""
     pack_rows = sum(held.values())
     corpus_rows = corpus["conversations"]
@@ -39,7 +38,8 @@ def pack_mix(held: Mapping[Stratum, int], corpus: AuditReport) -> dict[str, Any]
             counted[key] = (before[0] + rows, before[1] + (rows if stratum[2] else 0))
         return counted
 
-    def side_by_side(counted: dict[str, tuple[int, int]], corpus_side: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    def side_by_side(counted: dict[str, tuple[int, int]], corpus_side: dict[str, tuple[int, int]]
+                     ) -> dict[str, PackEntry]:
         names = sorted({*counted, *corpus_side})
         return {name: _entry(*counted.get(name, (0, 0)), pack_rows, *corpus_side.get(name, (0, 0)), corpus_rows)
                 for name in names}
@@ -55,7 +55,7 @@ def pack_mix(held: Mapping[Stratum, int], corpus: AuditReport) -> dict[str, Any]
 
 
 def _entry(rows: int, thinking: int, pack_rows: int, corpus_rows_of: int, corpus_thinking: int, corpus_rows: int
-           ) -> dict[str, Any]:
+           ) -> PackEntry:
     return {"conversations": rows, "share": _ratio(rows, pack_rows), "corpus_conversations": corpus_rows_of,
             "corpus_share": _ratio(corpus_rows_of, corpus_rows), "thinking_share": _ratio(thinking, rows),
             "corpus_thinking_share": _ratio(corpus_thinking, corpus_rows_of)}

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 
 from ..records import Conversation
 from ..tokens import TokenFacts, TokenSettings, TurnTokens
-from ..tokens.measure import PLAN_CHUNK
+from ..tokens.measure import PLAN_CHUNK, TokenMismatch
 from . import nearest_rank
 
 GROUPINGS = ("source", "split")
@@ -38,10 +38,29 @@ class TokenTotalsReport(TypedDict):
     over_budget: int | None  # None: the recipe sets no max_seq_len
 
 
+class MismatchJson(TypedDict):
+    """A generated turn whose re-render differs from its served ids: where first, and the tokens on each side."""
+
+    id: str
+    message_index: int
+    position: int
+    part: str
+    served: list[int]
+    rendered: list[int]
+    served_text: str
+    rendered_text: str
+
+
+def _mismatch_json(mismatch: TokenMismatch) -> MismatchJson:
+    return {"id": mismatch.id, "message_index": mismatch.message_index, "position": mismatch.position,
+            "part": mismatch.part, "served": mismatch.served, "rendered": mismatch.rendered,
+            "served_text": mismatch.served_text, "rendered_text": mismatch.rendered_text}
+
+
 class MismatchReport(TypedDict):
     count: int
     checked_turns: int
-    turns: list[dict[str, Any]]
+    turns: list[MismatchJson]
 
 
 class TokenReport(TokenTotalsReport):
@@ -111,7 +130,7 @@ class FiguresJson(TypedDict):
 
     overall: TotalsJson
     groups: dict[str, dict[str, TotalsJson]]
-    mismatches: list[dict[str, Any]]
+    mismatches: list[MismatchJson]
     checked_turns: int
 
 
@@ -122,7 +141,7 @@ class TokenFigures:
 
     overall: _Totals = field(default_factory=_Totals)
     groups: dict[str, dict[str, _Totals]] = field(default_factory=lambda: {g: {} for g in GROUPINGS})
-    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    mismatches: list[MismatchJson] = field(default_factory=list)
     checked_turns: int = 0
 
     def add(self, conversation: Conversation, facts: TokenFacts, over: bool) -> None:
@@ -130,7 +149,7 @@ class TokenFigures:
         for grouping, key in (("source", conversation.source), ("split", conversation.split or "")):
             self.groups[grouping].setdefault(key, _Totals()).add(facts, over)
         self.checked_turns += facts.checked_turns
-        self.mismatches += [m.to_dict() for m in facts.named(conversation.id).mismatches]
+        self.mismatches += [_mismatch_json(m) for m in facts.named(conversation.id).mismatches]
 
     def to_json(self) -> FiguresJson:
         return {"overall": self.overall.to_json(),
@@ -197,14 +216,14 @@ class TokenStats:
                                "turns": sorted(figures.mismatches, key=_turn)}}
 
 
-def _turn(mismatch: dict[str, Any]) -> tuple[str, int]:
+def _turn(mismatch: MismatchJson) -> tuple[str, int]:
     """A mismatch's place in the report: by the row's id, then its turn. The order the rows reach the statistics is
     how a writer cuts them into shards (a row group of a split at a time; on Ray, a writing task at a time), which
     no reader should see."""
     return mismatch["id"], mismatch["message_index"]
 
 
-def mismatch_problem(tokens: dict[str, Any] | None) -> str | None:
+def mismatch_problem(tokens: TokenReport | None) -> str | None:
     """The corpus-level failure when the recipe makes served-ids mismatches fatal."""
     if not tokens or tokens.get("token_mismatch") != "fail":
         return None

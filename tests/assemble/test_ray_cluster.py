@@ -259,7 +259,7 @@ def test_a_cluster_is_not_started_where_ray_would_give_it_the_network_address() 
     refuses to start a cluster Ray would put on the machine's network address, and starts nothing."""
     script = ("import ray\n"
               "print(ray.util.get_node_ip_address())\n"
-              "from corpus_builder.assemble.ray_data import start_cluster\n"
+              "from corpus_builder.ray_cluster import start_cluster\n"
               "from corpus_builder.errors import CorpusError\n"
               "try:\n    start_cluster()\nexcept CorpusError as error:\n    print(error)\n"
               "print(ray.is_initialized())\n")

@@ -1,6 +1,6 @@
 """`corpus build --engine ray`: the same corpus as the local engine, on a real Ray cluster the module starts.
 
-The cluster is the one the engine starts without a named one (``ray_data.start_cluster``, on loopback alone; which
+The cluster is the one the engine starts without a named one (``ray_cluster.start_cluster``, on loopback alone; which
 cluster, and its sockets, are tests/assemble/test_ray_cluster.py's), with ``num_cpus=2``: a new head node in this
 process's session with two worker processes, never an existing cluster on the machine (another test run's or a
 user's), and what CI's two cores hold; a second node (``ray start``) would add a raylet and a GCS client on the

@@ -1,5 +1,5 @@
 """`corpus audit --against TRAFFIC --engine ray`: the local audit's figures, the traffic read on a real Ray cluster the
-module starts (``ray_data.start_cluster(num_cpus=2)``, as tests/assemble/test_ray_engine.py starts it, and why).
+module starts (``ray_cluster.start_cluster(num_cpus=2)``, as tests/assemble/test_ray_engine.py starts it, and why).
 
 The traffic is messy on purpose: real ShareGPT records (repairs, skips), rows served in thinking and non-thinking
 mode with tasks and turn counts on the buckets' edges, tool calls, bad lines, a parquet file and a .json document,

@@ -13,6 +13,7 @@ from corpus_builder.audit.frames import FACT_KEYS, RAW_SCHEMA, row_facts, script
 from corpus_builder.audit.inputs import DecodedLines, TrafficRows, _arrow_lines, _lines_chunk
 from corpus_builder.recipe import Mapping
 from corpus_builder.records import RepairRules
+from corpus_builder.stats.facts import ASSISTANT_TURNS, SERVED, THINKING, TOOL_USE
 
 
 def _frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
@@ -45,11 +46,11 @@ def test_tool_call_tags_count_in_assistant_turns_only() -> None:
         {"messages": []},
     ]
     facts = row_facts(_frame(rows), source="traffic")
-    assert facts.get_column("reasoning").to_list() == [False, False, True, False, False]
-    assert facts.get_column("tool_calls").to_list() == [False, True, False, False, False]
-    assert facts.get_column("turns").to_list() == [1, 1, 1, 1, 0]
+    assert facts.get_column(THINKING).to_list() == [False, False, True, False, False]
+    assert facts.get_column(TOOL_USE).to_list() == [False, True, False, False, False]
+    assert facts.get_column(ASSISTANT_TURNS).to_list() == [1, 1, 1, 1, 0]
     assert facts.get_column("conversation").to_list() == [True] * 4 + [False]
-    assert facts.get_column("served").to_list() == ["unrecorded"] * 5
+    assert facts.get_column(SERVED).to_list() == ["unrecorded"] * 5
 
 
 def test_think_blocks_are_split_by_the_readers_once() -> None:
@@ -70,7 +71,7 @@ def test_think_blocks_are_split_by_the_readers_once() -> None:
         assert not skipped
         reasoning: Counter[bool] = Counter()
         for fact, count in facts.items():
-            reasoning[fact[FACT_KEYS.index("reasoning")]] += count
+            reasoning[fact[FACT_KEYS.index(THINKING)]] += count
         assert reasoning == expected, rows
 
 

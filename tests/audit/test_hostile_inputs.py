@@ -31,6 +31,7 @@ from corpus_builder.layout import MANIFEST
 from corpus_builder.records import Conversation
 from corpus_builder.rows import conversations_to_batch
 from corpus_builder.sources import iter_file
+from corpus_builder.stats.facts import ASSISTANT_TURNS, THINKING, TOOL_USE
 from tests.support.fuzz import fuzz_settings
 
 from .fixtures import known_traffic, write_jsonl
@@ -278,7 +279,7 @@ def shape(conversation: Conversation) -> tuple[Any, ...]:
                   for m in conversation.messages), tuple(conversation.flags), str(conversation.tools))
 
 
-TURN_FACTS = ["reasoning", "turns", "tool_calls", "script"]  # the facts of the turns, not of the row's fields
+TURN_FACTS = [THINKING, ASSISTANT_TURNS, TOOL_USE, "script"]  # the facts of the turns, not of the row's fields
 
 
 def turn_facts(facts: pl.DataFrame | None, counted: bool) -> dict[tuple[Any, ...], int]:

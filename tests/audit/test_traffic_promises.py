@@ -60,6 +60,7 @@ from corpus_builder.audit.traffic import (
     total_variation,
 )
 from corpus_builder.errors import DropCounts
+from corpus_builder.stats.facts import THINKING_MODE
 from corpus_builder.tokens import TemplateRenderer
 from tests.support.fuzz import fuzz_settings
 
@@ -186,8 +187,8 @@ def _copy_range(bucket: str) -> tuple[float, float]:
 def _measured_turn(prompt: int, response: int, copied: int) -> TokenTables:
     """The token tables of one conversation of one turn measured so."""
     tables = TokenTables(8, np.zeros(4, dtype=np.int64))
-    keys = pl.DataFrame({"source": ["log"], "split": [None], "task": ["chat"], "thinking": [False]},
-                        schema={"source": pl.String, "split": pl.String, "task": pl.String, "thinking": pl.Boolean})
+    keys = pl.DataFrame({"source": ["log"], "split": [None], "task": ["chat"], THINKING_MODE: [False]},
+                        schema={"source": pl.String, "split": pl.String, "task": pl.String, THINKING_MODE: pl.Boolean})
     assert tuple(keys.columns) == GROUP_KEYS
     one = np.array
     tables.add(keys, Measured(turn_conversation=one([0]), turn_prompt=one([prompt]), turn_response=one([response]),

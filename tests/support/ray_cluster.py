@@ -1,6 +1,7 @@
-"""A real local Ray cluster for a test module, started as the Ray engine starts its own (``ray_data.start_cluster``:
-every process on loopback, no dashboard, no usage statistics), with two worker processes; never an existing
-cluster. And what a test needs to see that a cluster stays on loopback: the sockets of the processes it started.
+"""A real local Ray cluster for a test module, started as the Ray engine starts its own
+(``corpus_builder.ray_cluster.start_cluster``: every process on loopback, no dashboard, no usage statistics), with
+two worker processes; never an existing cluster. And what a test needs to see that a cluster stays on loopback: the
+sockets of the processes it started.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def local_cluster() -> Iterator[str]:
     """Start the cluster (two CPUs: what CI's two cores hold; no auth, the cluster being private to the test);
     yield its address, for a CLI that joins it; shut it down."""
     ray = imported_ray()
-    from corpus_builder.assemble.ray_data import start_cluster
+    from corpus_builder.ray_cluster import start_cluster
 
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"

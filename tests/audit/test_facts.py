@@ -1,29 +1,14 @@
-"""The audit's polars engine (``audit.frames``, ``audit.profile``, ``audit.token_pass``) computes in its own way what
-the build's statistics (``stats.corpus``, ``stats.tokens`` over ``tokens.TokenRows``) count; on the same rows,
-whatever they are, the two agree row by row and in total (issue 20, item 4).
+"""The audit's polars engine (``audit.frames``, ``audit.profile``, ``audit.token_pass``) reads the facts of
+``stats.facts`` off raw rows and corpus shards: on any rows, its facts are the definitions' facts of the
+conversations the readers make of them, row by row and in total, and its token measures are ``tokens.TokenRows``'.
 
 Each example is a few conversations written as a log (OpenAI-style or ShareGPT; reasoning in one of the reasoning
 fields or as a think block in the content, tool calls with and without results, tools), built into a corpus by a real
-build, and read three ways: the build's own statistics (audit.json, and ``CorpusStats``/``TokenRows`` per row of
-the shards), the audit's engine over the corpus's shards, and the audit's engine over the log itself as traffic
-(``traffic_units``), against the build's statistics of the conversations the readers make of the log.
-
-What each side calls what, compared like with like:
-
-* thinking: the build's row ``thinking`` (an assistant turn has non-empty reasoning; ``thinking_conversations``,
-  ``thinking_share``) is the audit's ``reasoning`` fact (``reasoning_share``); with no served mode recorded
-  (replayed rows, a log without ``enable_thinking``) the audit's ``thinking`` mode is that fact too.
-* turns: the audit counts assistant turns per conversation (the ``turns`` histogram); the build's ``turns`` are
-  all messages, and its assistant turns are its token rows (one ``TurnRow`` per assistant turn).
-* tool calls: the build's ``tool_call_conversations`` (a turn with calls) is the audit's ``tool_calls`` fact,
-  which also counts the ``<tool_call>`` blocks an assistant turn's text holds (traffic logged without a
-  tool-call parser, as docs/guides/audit.md says); the build does not parse those, so they are added to its side here.
-* lengths: the audit measures no characters (the build's ``characters``, ``assistant_characters`` and
-  ``reasoning_characters`` have no counterpart); both measure target tokens: the build's per conversation length
-  (``ConversationTokens.tokens``: ``tokens``, ``p50``..``max``) is the audit's ``conversation_tokens``, and per
-  assistant turn its ``TurnRow`` prompt (``start``), supervised tokens and reasoning tokens are the audit's
-  ``prompt_tokens``, ``response_tokens`` and ``reasoning_tokens`` (summed: ``supervised_tokens``,
-  ``reasoning_tokens``).
+build, and read three ways: the row-wise definitions over the corpus's rows (and ``TokenRows`` for their tokens), the
+audit's engine over the corpus's shards, and the audit's engine over the log itself as traffic (``traffic_units``),
+against the definitions over the conversations the readers make of the log. The facts compared are the ones the
+comparison counts (``thinking``, ``thinking_mode``, ``assistant_turns``, ``tool_use``), by their names; the token
+measures are a conversation's length and its assistant turns' prompt, response and reasoning tokens.
 """
 
 from __future__ import annotations
@@ -42,7 +27,7 @@ from hypothesis import strategies as st
 
 from corpus_builder import build_corpus, load_recipe
 from corpus_builder.audit import CorpusFiles
-from corpus_builder.audit.frames import TOOL_CALL_TAG, row_facts
+from corpus_builder.audit.frames import row_facts
 from corpus_builder.audit.inputs import traffic_units
 from corpus_builder.audit.options import AuditOptions
 from corpus_builder.audit.profile import LENGTH_MEASURES, Profile, read_profile
@@ -50,10 +35,11 @@ from corpus_builder.audit.token_pass import Measured, TokenMeter
 from corpus_builder.audit.traffic import describe, profile_corpus
 from corpus_builder.layout import Corpus
 from corpus_builder.records import REASONING_KEYS, ROLES, THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
-from corpus_builder.rows import batch_to_conversations, conversations_to_batch
+from corpus_builder.rows import batch_to_conversations
 from corpus_builder.sources import iter_file
 from corpus_builder.sources.mappings import CALL_SPEAKERS, ROLE_ALIASES
-from corpus_builder.stats.corpus import CorpusStats
+from corpus_builder.stats import facts
+from corpus_builder.stats.facts import ASSISTANT_TURNS, THINKING, THINKING_MODE, TOOL_CALL_TAG, TOOL_USE
 from corpus_builder.tokens import TokenRows
 from tests.support.fuzz import fuzz_settings
 
@@ -172,12 +158,12 @@ def logs(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class RowFigures:
-    """What both sides know of one conversation: reasoning present, assistant turns, tool calls, its length and its
-    assistant turns' prompt, response and reasoning tokens, in turn order."""
+    """The facts of one conversation the audit counts, its length and its assistant turns' prompt, response and
+    reasoning tokens, in turn order."""
 
-    reasoning: bool
-    turns: int
-    tool_calls: bool
+    thinking: bool
+    assistant_turns: int
+    tool_use: bool
     conversation_tokens: int
     prompt_tokens: tuple[int, ...]
     response_tokens: tuple[int, ...]
@@ -187,8 +173,8 @@ class RowFigures:
 @dataclass
 class Figures:
     """A side's figures as multisets (the traffic audit reads a log's rows in its own order): per conversation
-    (reasoning present, assistant turns, tool calls) and each length measure's nonzero values (the audit's length
-    tables leave zeros out: a turn without reasoning, a conversation not measured)."""
+    (thinking, assistant turns, tool use) and each length measure's nonzero values (the audit's length tables
+    leave zeros out: a turn without reasoning, a conversation not measured)."""
 
     rows: Counter[tuple[bool, int, bool]] = field(default_factory=Counter)
     lengths: dict[str, Counter[int]] = field(default_factory=lambda: {m: Counter() for m in LENGTH_MEASURES})
@@ -197,44 +183,35 @@ class Figures:
     def of(cls, rows: list[RowFigures]) -> Figures:
         figures = cls()
         for row in rows:
-            figures.rows[(row.reasoning, row.turns, row.tool_calls)] += 1
+            figures.rows[(row.thinking, row.assistant_turns, row.tool_use)] += 1
             for measure in LENGTH_MEASURES:
                 value = getattr(row, measure)
                 figures.lengths[measure].update(v for v in (value if isinstance(value, tuple) else (value,)) if v)
         return figures
 
 
-def tagged_calls(conversation: Conversation) -> bool:
-    return any(TOOL_CALL_TAG in m.content for m in conversation.messages if m.role == "assistant")
-
-
-def build_rows(conversations: list[Conversation], batch: Any, token_rows: TokenRows) -> list[RowFigures]:
-    """The build's statistics of rows (``batch``: their row form), a ``CorpusStats`` of each row alone, and their
-    token rows (``TokenRows``, what ``TokenStats`` sums)."""
+def defined_rows(conversations: list[Conversation], token_rows: TokenRows) -> list[RowFigures]:
+    """The definitions' facts of conversations (over their JSON form), and their token rows (``TokenRows``)."""
     figures = []
-    for index, (conversation, tokens) in enumerate(zip(conversations, token_rows.tokenize(conversations),
-                                                       strict=True)):
-        stats = CorpusStats()
-        stats.add_rows([conversation], batch.slice(index, 1))
-        row = stats.overall
+    for conversation, tokens in zip(conversations, token_rows.tokenize(conversations), strict=True):
+        turns = conversation.to_row()["messages"]
         figures.append(RowFigures(
-            bool(row.thinking_conversations), len(tokens.rows),
-            bool(row.tool_call_conversations) or tagged_calls(conversation), tokens.tokens,
+            facts.thinking(turns), facts.assistant_turns(turns), facts.tool_use(turns), tokens.tokens,
             tuple(turn.start for turn in tokens.rows), tuple(turn.supervised for turn in tokens.rows),
             tuple(turn.reasoning for turn in tokens.rows)))
     return figures
 
 
-def audit_rows(facts: pl.DataFrame, measured: Measured) -> list[RowFigures]:
+def audit_rows(audited: pl.DataFrame, measured: Measured) -> list[RowFigures]:
     """The audit's facts of rows (``row_facts``) and their token measures (``TokenMeter``)."""
     figures = []
-    for index, (reasoning, thinking, turns, tool_calls) in enumerate(
-            facts.select("reasoning", "thinking", "turns", "tool_calls").iter_rows()):
-        assert thinking == reasoning  # no served mode recorded: the mode is the reasoning fact
+    for index, (thinking, mode, turns, tool_use) in enumerate(
+            audited.select(THINKING, THINKING_MODE, ASSISTANT_TURNS, TOOL_USE).iter_rows()):
+        assert mode == thinking  # no served mode recorded: the mode is thinking
         mine = measured.turn_conversation == index
         prompt, response, reasoned = (tuple(values[mine].tolist()) for values in (
             measured.turn_prompt, measured.turn_response, measured.turn_reasoning))
-        figures.append(RowFigures(reasoning, turns, tool_calls, int(measured.conversation_tokens[index]),
+        figures.append(RowFigures(thinking, turns, tool_use, int(measured.conversation_tokens[index]),
                                   prompt, response, reasoned))
     return figures
 
@@ -242,11 +219,11 @@ def audit_rows(facts: pl.DataFrame, measured: Measured) -> list[RowFigures]:
 def profile_figures(profile: Profile) -> Figures:
     """The figures of a whole side as the audit counts them (its fact table and exact length tables)."""
     figures = Figures()
-    facts = profile.facts.frame()
-    for reasoning, thinking, turns, tool_calls, count in facts.select(
-            "reasoning", "thinking", "turns", "tool_calls", "count").iter_rows() if facts.height else ():
-        assert thinking == reasoning
-        figures.rows[(reasoning, turns, tool_calls)] += count
+    table = profile.facts.frame()
+    for thinking, mode, turns, tool_use, count in table.select(
+            THINKING, THINKING_MODE, ASSISTANT_TURNS, TOOL_USE, "count").iter_rows() if table.height else ():
+        assert mode == thinking
+        figures.rows[(thinking, turns, tool_use)] += count
     assert profile.tokens is not None
     exact = profile.tokens.exact.frame()
     for measure, tokens, count in exact.select("measure", "tokens", "count").iter_rows() if exact.height else ():
@@ -266,42 +243,41 @@ output: {{dir: out}}
 
 
 def check_corpus_side(files: CorpusFiles, meter: TokenMeter, token_rows: TokenRows) -> None:
-    """The build's statistics of its own shards (audit.json, and per row) against the audit's engine over them."""
+    """The definitions over a corpus's own rows against the audit's engine over its shards, and audit.json."""
     corpus = files.corpus
-    built: list[RowFigures] = []
+    defined: list[RowFigures] = []
     for batch in corpus.iter_batches():
         rows = batch_to_conversations(batch)
-        mine, audited = build_rows(rows, batch, token_rows), \
+        mine, audited = defined_rows(rows, token_rows), \
             audit_rows(row_facts(pl.from_arrow(batch)), meter.measure(rows))  # type: ignore[arg-type]
-        for conversation, build_row, audit_row in zip(rows, mine, audited, strict=True):  # the shards' order
-            assert audit_row == build_row, conversation
-        built += mine
+        for conversation, defined_row, audit_row in zip(rows, mine, audited, strict=True):  # the shards' order
+            assert audit_row == defined_row, conversation
+        defined += mine
     profile, _ = profile_corpus(files, AuditOptions(token_sample=0))
-    assert profile_figures(profile) == Figures.of(built)  # the audit's count tables, as it reads the shards itself
+    assert profile_figures(profile) == Figures.of(defined)  # the audit's count tables, as it reads the shards itself
 
-    # In total, as the two reports say them.
+    # In total, under the labels of the two reports (``stats.facts`` names each fact's).
     report, side = corpus.audit(), describe(profile)
-    assert side["conversations"] == report["conversations"] == len(built)
-    if not built:
+    assert side["conversations"] == report["conversations"] == len(defined)
+    if not defined:
         return
     assert side["reasoning_share"] == side["thinking_share"] == report["thinking_share"]
-    tagged = sum(tagged_calls(c) and not any(m.tool_calls for m in c.messages) for c in corpus.iter_conversations())
-    assert side["counts"]["tool_calls"].get("with tool calls", 0) == report["tool_call_conversations"] + tagged
+    assert side["counts"]["tool_calls"].get("with tool calls", 0) == sum(row.tool_use for row in defined)
     assert sum(side["counts"]["turns"].values()) == report["conversations"]
     tokens, lengths = report["tokens"], side["lengths"]["conversation_tokens"]
     assert {key: lengths[key] for key in ("count", "p50", "p90", "p99", "max")} == \
         {"count": tokens["conversations"], **{key: tokens[key] for key in ("p50", "p90", "p99", "max")}}
-    assert sum(row.conversation_tokens for row in built) == tokens["tokens"]
+    assert sum(row.conversation_tokens for row in defined) == tokens["tokens"]
     assert side["token_sample"]["supervised_tokens"] == tokens["supervised_tokens"]
-    assert sum(sum(row.reasoning_tokens) for row in built) == tokens["reasoning_tokens"]
+    assert sum(sum(row.reasoning_tokens) for row in defined) == tokens["reasoning_tokens"]
 
 
 def check_traffic_side(log: Path, meter: TokenMeter, token_rows: TokenRows) -> None:
-    """The build's statistics of the conversations the readers make of the log against the audit's engine over
-    the log as traffic (its rows read from the raw frame where the readers take them as they are)."""
+    """The definitions over the conversations the readers make of the log against the audit's engine over the log
+    as traffic (its rows read from the raw frame where the readers take them as they are)."""
     made = [item for item in iter_file(log) if isinstance(item, Conversation)]
     profile = read_profile(str(log), traffic_units(str(log)), meter, token_sample=0)
-    assert profile_figures(profile) == Figures.of(build_rows(made, conversations_to_batch(made), token_rows))
+    assert profile_figures(profile) == Figures.of(defined_rows(made, token_rows))
 
 
 def chat(*answers: dict[str, Any]) -> dict[str, Any]:
@@ -315,7 +291,7 @@ def chat(*answers: dict[str, Any]) -> dict[str, Any]:
 # pre-opened block (the audit's engine once split it again and counted reasoning the row does not have).
 @example(rows=[chat({"content": "</think>4</think> is the answer"}),
                chat({"content": "<think> </think>4</think>", "reasoning_content": None})])
-def test_the_audits_facts_and_the_builds_statistics_agree_on_any_rows(
+def test_the_audit_reads_the_defined_facts_off_any_rows(
         tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, rows: list[dict[str, Any]]) -> None:
     root = tmp_path_factory.mktemp("facts")
     log = root / "log.jsonl"
