@@ -118,6 +118,13 @@ class NormalisedRow:
     session: str | None = None  # a logged exchange's conversation id, where the log records one
 
 
+def row_object(row: object) -> dict[str, object]:
+    """A row as the object every layout reads it as; BadRow for any other value."""
+    if not isinstance(row, dict):
+        raise BadRow("not_an_object", type(row).__name__)
+    return row
+
+
 def check_mapping(mapping: Mapping, source: str) -> None:
     """Recipe-level mistakes that would otherwise skip every row."""
     if mapping.style not in STYLES:
@@ -183,10 +190,9 @@ class RowNormaliser:
         layout = self.layout_of(row)
         return self._normalise(row, layout, read_exchange(row) if layout.style == "log" else None)
 
-    def layout_of(self, row: Any) -> Layout:
+    def layout_of(self, row: object) -> Layout:
         """The file's layout, fixed by the first row that shows one; BadRow for a row that cannot be read."""
-        if not isinstance(row, dict):
-            raise BadRow("not_an_object", type(row).__name__)
+        row = row_object(row)
         layout = self.layout
         if layout is None:
             layout = self.layout = detect_layout(row, self.mapping)
