@@ -73,7 +73,7 @@ class EvalPack:
                 "files": [info.to_dict() for info in self.files], "sources": sources}
 
 
-def _stratum_order(item: tuple[Stratum, Any]) -> tuple[str, str, bool]:
+def _stratum_order(item: tuple[Stratum, object]) -> tuple[str, str, bool]:
     (source, task, thinking), _ = item
     return source, task or "", thinking
 

@@ -16,12 +16,15 @@ import re
 from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import chain, pairwise
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 import orjson
 
 from ..errors import BadRow, CorpusError
 from ..layout import open_parquet
+
+if TYPE_CHECKING:
+    import pyarrow.parquet
 
 # A .json document that is an object keeps its rows in a list under one of these keys.
 JSON_ROW_KEYS = ("data", "rows")
@@ -294,7 +297,8 @@ def json_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
     return bool(rows)
 
 
-def checked_parquet(path: Path, label: str) -> Any:
+def checked_parquet(path: Path, label: str) -> pyarrow.parquet.ParquetFile:
+    """The parquet file opened to be streamed, or a located error when it cannot be."""
     import pyarrow
 
     try:
