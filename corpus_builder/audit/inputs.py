@@ -28,17 +28,30 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from ..errors import BadRow, CorpusError, Skipped
+from ..errors import CorpusError, Skipped
 from ..layout import Corpus
 from ..recipe.model import Fold, HubRef, Mapping
 from ..records import Conversation, RepairRules
 from ..rows import batch_to_conversations, conversations_to_batch
 from ..screen.normalise import mix64
-from ..sources.fold import Held, PrefixFold, carry
-from ..sources.formats import AUTO, Format, SplittableFormat, format_of
-from ..sources.logs import read_exchange
-from ..sources.mappings import TURN_KEYS, Layout, NormalisedRow, RowNormaliser, detect_layout, row_object
-from ..sources.raw import PARQUET_BATCH_ROWS, RawBatch, read_ahead, value_batches
+from ..sources import (
+    AUTO,
+    PARQUET_BATCH_ROWS,
+    TURN_KEYS,
+    BatchNormaliser,
+    Format,
+    Layout,
+    Normalised,
+    RawBatch,
+    SharedFold,
+    SplittableFormat,
+    first_layout,
+    format_of,
+    hub_label,
+    iter_hub_rows,
+    read_ahead,
+    value_batches,
+)
 from .frames import RAW_SCHEMA, plain_rows
 
 if TYPE_CHECKING:
@@ -80,7 +93,7 @@ class Unit:
     chunks: Callable[[], Iterator[Chunk]]
     rows: int | None = None  # known row count (parquet metadata, a corpus manifest)
     size: int = 0  # bytes on disk, to estimate the rows of a log before reading it
-    fold: SourceFold | None = None  # the fold its source's files share
+    fold: SharedFold | None = None  # the fold its source's files share
     logged: Callable[[], bool] | None = None  # whether its rows are logged requests (None: never)
     ranges: Callable[[int], list[Unit]] | None = None  # the file as up to N ranges read apart (``_range_units``)
     # The place of its first row among its file's rows (a range's; the token sample is keyed by it). None: a range
@@ -116,7 +129,7 @@ def traffic_units(where: str) -> list[Unit]:
     paths = match_source_pattern(Path.cwd(), where)
     if not paths:
         raise CorpusError("matches no file", file=where)
-    fold = SourceFold(Fold(), len(paths))
+    fold = SharedFold(Fold(), len(paths))
     return [_file_unit(path, path.name, TRAFFIC_SOURCE, None, Mapping(), RepairRules(), fold=fold) for path in paths]
 
 
@@ -151,14 +164,14 @@ def _recipe_units(path: Path) -> list[Unit]:
             units.append(_hub_unit(spec.hub, spec.name, spec.task, spec.mapping, spec.repair, spec.fold))
             continue
         files = resolve_paths(spec, recipe.base_dir)
-        fold = SourceFold(spec.fold, len(files))
+        fold = SharedFold(spec.fold, len(files))
         units += [_file_unit(file, file.name, spec.name, spec.task, spec.mapping, spec.repair, spec.format, fold)
                   for file in files]
     return units
 
 
 def _file_unit(path: Path, label: str, source: str, task: str | None, mapping: Mapping, repair: RepairRules,
-               declared: str = AUTO, fold: SourceFold | None = None) -> Unit:
+               declared: str = AUTO, fold: SharedFold | None = None) -> Unit:
     fmt = format_of(path, declared)
     if not path.is_file():
         raise CorpusError("file not found", file=str(path))
@@ -173,21 +186,14 @@ def _file_unit(path: Path, label: str, source: str, task: str | None, mapping: M
 
 
 def _logged_file(fmt: Format, path: Path, label: str, mapping: Mapping) -> bool:
-    """Whether a file's rows may be logged requests: its layout (``_file_layout``) is the log's. A file whose start
+    """Whether a file's rows may be logged requests: its layout (``first_layout``) is the log's. A file whose start
     cannot be read may be: read with its source's other files in order, its problem is met where a reading of
     them all meets it."""
     try:
-        layout = _file_layout(fmt, path, label, mapping)
+        layout = first_layout(fmt.objects(path, label), mapping)
     except CorpusError:
         return True
     return layout is not None and layout.style == "log"
-
-
-def _file_layout(fmt: Format, path: Path, label: str, mapping: Mapping) -> Layout | None:
-    """A file's layout, fixed by the first row that shows one (as ``RowNormaliser`` fixes it), read from the file's
-    start until such a row; None when no row shows one."""
-    return next((layout for row in fmt.objects(path, label)
-                 if (layout := detect_layout(row, mapping)) is not None), None)
 
 
 def _range_units(fmt: SplittableFormat, path: Path, label: str, source: str, task: str | None, mapping: Mapping,
@@ -204,7 +210,7 @@ def _range_units(fmt: SplittableFormat, path: Path, label: str, source: str, tas
     if count < 2:
         return []
     try:
-        layout = _file_layout(fmt, path, label, mapping)
+        layout = first_layout(fmt.objects(path, label), mapping)
     except CorpusError:
         return []
     if layout is None or layout.style == "log":
@@ -226,7 +232,7 @@ def _range_chunks(fmt: SplittableFormat, path: Path, bounds: list[int], label: s
 def read_parts(units: Sequence[Unit], cut: int = 0) -> list[list[Unit]]:
     """The units in parts that can be read apart (each by its own ``TrafficRows``, on a cluster by separate tasks)
     and give what one reading in order gives: each unit alone, but the files of a source that folds logged
-    requests across its files (a chat may go on in the next day's log: ``SourceFold``) together, in order, when
+    requests across its files (a chat may go on in the next day's log: ``SharedFold``) together, in order, when
     one of them is logged requests. Files whose rows are not logged requests fold nothing: alone, they are read
     as they would be among the others. With ``cut``, a unit alone that can be is cut into up to ``cut`` ranges
     (``Unit.ranges``), a part each."""
@@ -254,172 +260,71 @@ def read_parts(units: Sequence[Unit], cut: int = 0) -> list[list[Unit]]:
 
 def _hub_unit(ref: HubRef, source: str, task: str | None, mapping: Mapping, repair: RepairRules,
               fold: Fold | None = None) -> Unit:
-    from ..sources.hub import hub_label, iter_hub_rows
-
     label = hub_label(ref)
     return Unit(label, source, task, lambda: _chunks(
         value_batches((row for _, row in iter_hub_rows(ref, source)), _arrow_schema()),
-        TrafficRows(label, mapping, repair, required=False, fold=SourceFold(fold or Fold(), 1))))
-
-
-class SourceFold:
-    """The fold of one traffic source's logged requests (``sources.fold``), shared by its files as the build's is
-    (a chat may go on in the next day's log), and closed with the last of them."""
-
-    def __init__(self, fold: Fold, files: int) -> None:
-        self.fold: PrefixFold[int] | None = PrefixFold(fold.max_open) if fold.enabled else None
-        self.files_left = files
+        TrafficRows(label, mapping, repair, required=False, fold=SharedFold(fold or Fold(), 1))))
 
 
 class TrafficRows:
-    """One traffic unit's rows as the source readers take them, chunk after chunk: one ``RowNormaliser`` for the
-    unit (its layout fixed by the first row it recognises, as the readers fix it per file). The rows it would
-    take exactly as they are (``frames.plain_rows``) keep their facts in the parsed frame; every other row is
-    normalised here, skipped or turned into conversations whose facts are read in the row form. Logged requests
-    are folded into one conversation per chat (``fold``), as the readers fold them: a chunk holds the
-    conversations that closed while it was read, and the last file's final chunk those still open."""
+    """One traffic unit's rows, chunk after chunk: the rows the readers would take exactly as they are
+    (``frames.plain_rows``) keep their facts in the parsed frame; every other row is normalised by the unit's
+    ``BatchNormaliser`` (the readers' rules: a file's layout, repairs, the fold of logged requests), skipped or turned
+    into conversations whose facts are read in the row form. A chunk holds the conversations that closed while it
+    was read, and the last file's final chunk those still open."""
 
     def __init__(self, label: str, mapping: Mapping, repair: RepairRules, *, required: bool = True,
-                 fold: SourceFold | None = None, layout: Layout | None = None) -> None:
-        self.label = label
-        self.normalise = RowNormaliser(mapping, "replay", repair=repair)
-        self.normalise.layout = layout  # a range after its file's first: the layout the file's first rows fixed
-        self.required = required  # a file without any row is an error, as for the readers
-        self.seen = False
-        self.fold = fold if fold is not None else SourceFold(Fold(), 1)
+                 fold: SharedFold | None = None, layout: Layout | None = None) -> None:
+        self.rows = BatchNormaliser(label, TRAFFIC_SOURCE, mapping, repair, required=required, fold=fold,
+                                    layout=layout)
 
     def chunk(self, batch: RawBatch) -> Chunk:
-        """The chunk of a raw batch's rows (``rows_at``: those at given indices, each as the readers decode it, a
-        value or a ``BadRow``), of which the rows ``framed`` are parsed in its table (None: no parser took them)."""
+        """The chunk of a raw batch's rows, of which the rows ``framed`` are parsed in its table (None: no parser
+        took them)."""
         count, rows_at, framed, size = batch.count, batch.rows_at, batch.framed, batch.size
         frame = _frame(batch.table)
-        self.seen |= count > 0
-        skipped: Counter[str] = Counter()
-        made: list[tuple[bool | None, Conversation]] = []  # the mode each was served in, and the conversation
-
-        folded = 0
-        models: Counter[str] = Counter()
-
-        def normalise(indices: list[int]) -> None:
-            nonlocal folded
-            for index, row in zip(indices, rows_at(indices) if indices else [], strict=True):
-                if self.fold.fold is not None and self._logged(row):
-                    try:
-                        exchange = read_exchange(row_object(row))
-                    except BadRow as bad:
-                        skipped[bad.reason] += 1
-                        continue
-                    models[exchange.model() or ""] += 1
-                    for held, was_folded in self.fold.fold.add(exchange, index):
-                        folded += was_folded
-                        if not was_folded:
-                            self._let_out(held, made, skipped)
-                    continue
-                conversations = self._conversations(index, row)
-                if isinstance(conversations, Skipped):
-                    skipped[conversations.reason] += 1
-                else:
-                    made.extend((_served(row, conversation), conversation) for conversation in conversations)
-
+        rows = self.rows
+        rows.seen |= count > 0
+        out = Normalised()
         done = 0
-        while self.normalise.layout is None and done < count:  # the rows that fix the layout: the readers'
-            normalise([done])
+        while rows.layout is None and done < count:  # the rows that fix the layout: the readers'
+            rows.normalise([done], rows_at, out)
             done += 1
         plain = np.zeros(count, dtype=bool)
-        layout = self.normalise.layout
+        layout = rows.layout
         if frame is not None and layout is not None and layout.style in TURN_KEYS:
             plain[framed] = plain_rows(frame, layout.style, layout.field)
             plain[:done] = False
-        normalise((np.flatnonzero(~plain[done:]) + done).tolist())
-        del models[""]
+        rows.normalise((np.flatnonzero(~plain[done:]) + done).tolist(), rows_at, out)
+        del out.models[""]
         taken = np.flatnonzero(plain)
         kept = frame.filter(pl.Series(plain[framed])) if frame is not None else pl.DataFrame(schema=RAW_SCHEMA)
+        made = out.made
 
         def conversations(indices: np.ndarray) -> list[tuple[int, Conversation | Skipped]]:
-            out: list[tuple[int, Conversation | Skipped]] = []
+            found: list[tuple[int, Conversation | Skipped]] = []
             wanted = indices.tolist()
             plain_dicts = iter(rows_at(taken[[index for index in wanted if index < len(taken)]].tolist()))
             for position, index in enumerate(wanted):
                 if index >= len(taken):
-                    out.append((position, made[index - len(taken)][1]))
+                    found.append((position, made[index - len(taken)][1]))
                     continue
-                items = self._conversations(int(taken[index]), next(plain_dicts))
-                out += [(position, item) for item in ([items] if isinstance(items, Skipped) else items)]
-            return out
-        return Chunk(kept, conversations, skipped, size, layout.field if layout is not None else None,
-                     _row_form(made) if made else None, folded, models)
-
-    def _logged(self, row: object) -> bool:
-        """Whether a row is a logged request, for the fold (a row the layout cannot be told of is not)."""
-        try:
-            return self.normalise.layout_of(row).style == "log"
-        except BadRow:
-            return False
-
-    def _let_out(self, held: Held[int], made: list[tuple[bool | None, Conversation]], skipped: Counter[str]) -> None:
-        """A chat's last request, let out by the fold: its conversations, with what the folded requests left."""
-        try:
-            parts = self.normalise.logged(held.exchange)
-        except BadRow as bad:
-            skipped[bad.reason] += 1
-            return
-        for number, part in enumerate(parts):
-            carry(part.messages, part.flags, held)
-            conversation = self._conversation(f"{held.tag}/{number}", held.exchange.row, part)
-            made.append((_served(held.exchange.row, conversation), conversation))
+                items = rows.conversations(int(taken[index]), next(plain_dicts))
+                found += [(position, item) for item in ([items] if isinstance(items, Skipped) else items)]
+            return found
+        return Chunk(kept, conversations, out.skipped, size, layout.field if layout is not None else None,
+                     _row_form(made) if made else None, out.folded, out.models)
 
     def finish(self) -> Chunk | None:
         """After the unit's last chunk: the error of a file without rows, and when it is its source's last file,
         the chunk of the conversations still open."""
-        if self.required and not self.seen:
-            raise CorpusError("file has no rows", file=self.label)
-        self.fold.files_left -= 1
-        fold = self.fold.fold
-        if self.fold.files_left or fold is None:
+        closed = self.rows.finish()
+        if closed is None:
             return None
-        made: list[tuple[bool | None, Conversation]] = []
-        skipped: Counter[str] = Counter()
-        for held in fold.close():
-            self._let_out(held, made, skipped)
-        if not made and not skipped:
-            return None
+        made = closed.made
         return Chunk(pl.DataFrame(schema=RAW_SCHEMA), lambda indices: [(position, made[index][1]) for position, index
                                                                         in enumerate(indices.tolist())],
-                     skipped, normalised=_row_form(made) if made else None)
-
-    def _conversations(self, index: int, row: object) -> list[Conversation] | Skipped:
-        """The row's conversations as the readers make them (several when a repair splits it), or why it has none."""
-        try:
-            if isinstance(row, BadRow):
-                raise row
-            parts = self.normalise(row)
-        except BadRow as bad:
-            return Skipped(TRAFFIC_SOURCE, bad.reason, f"row {index}", bad.detail)
-        fields = row_object(row)  # the normaliser took it: an object
-        return [self._conversation(f"{index}/{number}", fields, part) for number, part in enumerate(parts)]
-
-    @staticmethod
-    def _conversation(row_id: str, row: dict[str, object], part: NormalisedRow) -> Conversation:
-        task = row.get("task")
-        return Conversation(id=row_id, source=TRAFFIC_SOURCE, origin="replay", messages=part.messages,
-                            task=task if isinstance(task, str) else None, flags=part.flags, tools=part.tools,
-                            provenance={"served": part.served} if part.served is not None else {})
-
-
-def _served(row: object, conversation: Conversation) -> bool | None:
-    """The mode a request says it was served in: a logged request's (``sources.logs``), else
-    ``chat_template_kwargs.enable_thinking``, else a top-level ``enable_thinking`` (what ``frames`` reads from a
-    raw frame)."""
-    served = conversation.provenance.get("served")
-    if served is not None:
-        mode: bool | None = served["enable_thinking"]
-        return mode
-    fields = row_object(row)  # the normaliser made a conversation of it: an object
-    kwargs = fields.get("chat_template_kwargs")
-    for value in (kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, fields.get("enable_thinking")):
-        if isinstance(value, bool):
-            return value
-    return None
+                     closed.skipped, normalised=_row_form(made) if made else None)
 
 
 def _row_form(made: list[tuple[bool | None, Conversation]]) -> pl.DataFrame:

@@ -132,18 +132,30 @@ class SplittableFormat(Format):
         """The raw batches between ``bounds`` (some of ``batch_bounds``), each the batch a whole read gives."""
 
 
-class JsonLines(SplittableFormat):
-    """JSON lines: one row a line."""
+class LineFormat(Format):
+    """JSON lines, one row a line, from blocks of bytes (``blocks``: the file's, or decompressed)."""
+
+    by_line = True
+
+    @abstractmethod
+    def blocks(self, path: Path, label: str) -> Iterator[bytes]:
+        """The file's text in blocks of bytes, in order (a line may be cut between two)."""
+
+    def raw_batches(self, path: Path, label: str, schema: pyarrow.Schema) -> Iterator[RawBatch]:
+        return line_batches(self.blocks(path, label), label, schema)
+
+
+class JsonLines(LineFormat, SplittableFormat):
+    """JSON lines: one row a line, read as it is; a large file is cut into byte ranges read apart."""
 
     name = "jsonl"
     suffixes = (".jsonl",)
-    by_line = True
 
     def rows(self, path: Path, label: str, keep: PositionFilter | None) -> RowReader:
         return jsonl_rows(path, label, keep)
 
-    def raw_batches(self, path: Path, label: str, schema: pyarrow.Schema) -> Iterator[RawBatch]:
-        return line_batches(file_blocks(path), label, schema)
+    def blocks(self, path: Path, label: str) -> Iterator[bytes]:
+        return file_blocks(path)
 
     def ranges(self, path: Path, parts: int, label: str) -> list[tuple[int, int]]:
         return line_ranges(path, parts, label)
@@ -160,18 +172,17 @@ class JsonLines(SplittableFormat):
         return line_batches(bounded_blocks(path, bounds), label if bounds[0] == 0 else None, schema)
 
 
-class ZstdJsonLines(Format):
+class ZstdJsonLines(LineFormat):
     """JSON lines compressed with zstd (one or more frames), decompressed in small steps."""
 
     name = "jsonl.zst"
     suffixes = (".jsonl.zst",)
-    by_line = True
 
     def rows(self, path: Path, label: str, keep: PositionFilter | None) -> RowReader:
         return zstd_rows(path, label, keep)
 
-    def raw_batches(self, path: Path, label: str, schema: pyarrow.Schema) -> Iterator[RawBatch]:
-        return line_batches(zstd_chunks(path, label), label, schema)
+    def blocks(self, path: Path, label: str) -> Iterator[bytes]:
+        return zstd_chunks(path, label)
 
     def content_size(self, path: Path) -> int:
         """The decompressed size the (first) frame header records, else the file's size."""

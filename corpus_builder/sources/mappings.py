@@ -31,6 +31,7 @@ conversation is left, with the reason the unrepaired row had.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any
@@ -158,6 +159,12 @@ def detect_layout(row: dict[str, object], mapping: Mapping) -> Layout | None:
     if isinstance(row.get(PROMPT_FIELD), str) and not mapping.field:
         return Layout("field", PROMPT_FIELD)
     return None
+
+
+def first_layout(rows: Iterable[dict[str, object]], mapping: Mapping) -> Layout | None:
+    """The layout of a file, fixed by the first of its object ``rows`` (read from its start) that shows one, as
+    ``RowNormaliser`` fixes it; None when no row shows one. Rows after that one are not read."""
+    return next((layout for row in rows if (layout := detect_layout(row, mapping)) is not None), None)
 
 
 class RowNormaliser:

@@ -27,7 +27,15 @@ from .fold import FOLDED_KEY, Held, PrefixFold, carry, folded_skip
 from .formats import AUTO, Format, SplittableFormat, format_of
 from .hub import hub_label, hub_provenance, iter_hub_rows
 from .logs import read_exchange
-from .mappings import TOOL_CHOICE_UNDEFINED, NormalisedRow, RowNormaliser, check_mapping, detect_layout, row_object
+from .mappings import (
+    TOOL_CHOICE_UNDEFINED,
+    NormalisedRow,
+    RowNormaliser,
+    check_mapping,
+    detect_layout,
+    first_layout,
+    row_object,
+)
 from .readers import PositionFilter
 from .take import CountSelection, fraction_filter
 
@@ -259,8 +267,8 @@ def _logged_file(spec: SourceSpec, path: Path, label: str) -> bool:
         return False
     if spec.mapping.style == "log":
         return True
-    return next((layout.style == "log" for row in format_of(path, spec.format).objects(path, label)
-                 if (layout := detect_layout(row, spec.mapping)) is not None), False)
+    layout = first_layout(format_of(path, spec.format).objects(path, label), spec.mapping)
+    return layout is not None and layout.style == "log"
 
 
 class _Gate:
