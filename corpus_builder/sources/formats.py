@@ -90,7 +90,9 @@ class Format(ABC):
 
     def raw_batches(self, path: Path, label: str, schema: pyarrow.Schema) -> Iterator[RawBatch]:
         """The file's rows in bounded batches, the object rows of each parsed against ``schema``. By default the
-        rows ``read`` gives, re-encoded as JSON lines: a format that reads columns (or lines) itself does better."""
+        rows ``read`` gives, re-encoded as JSON lines: a format that reads columns (or lines) itself does better.
+        The audit reads its facts from these columns; they are also where a columnar read would start, the rows that
+        need no repair going to the corpus's row schema without becoming Python objects."""
         return value_batches((row for _, row in self.read(path, label)), schema)
 
     def row_count(self, path: Path, label: str) -> int | None:
