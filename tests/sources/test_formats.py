@@ -81,6 +81,10 @@ def test_a_registered_format_is_read_by_the_build_the_audit_and_the_eval_pack(tm
 
     pack = read_pack(tsv)
     assert [prompt.messages[-1]["content"] for prompt in pack.prompts] == QUESTIONS
+    folder = tmp_path / "pack"
+    folder.mkdir()
+    tsv.rename(folder / tsv.name)
+    assert read_pack(folder).files == (folder / tsv.name,)  # a directory's files of the registered format
 
 
 def test_a_format_no_entry_names_is_refused_the_same_way_by_every_reader(tmp_path: Path, tsv: Path) -> None:
