@@ -158,12 +158,13 @@ def measure_parse(path: Path, parser: str) -> dict[str, Any]:
     import polars as pl
 
     from corpus_builder.audit.frames import RAW_SCHEMA
-    from corpus_builder.audit.inputs import CHUNK_BYTES, _arrow_lines
+    from corpus_builder.audit.inputs import _arrow_schema, _frame
+    from corpus_builder.sources.raw import CHUNK_BYTES, arrow_lines
 
     def parse(data: bytes) -> int:
         if parser == "polars":
             return pl.read_ndjson(data, schema=RAW_SCHEMA, ignore_errors=True).height
-        frame = _arrow_lines(data)
+        frame = _frame(arrow_lines(data, _arrow_schema()))
         assert frame is not None, "a block pyarrow refuses"
         return frame.height
 

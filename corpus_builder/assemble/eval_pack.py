@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -59,21 +59,36 @@ class EvalPack:
     files: list[ShardInfo]
     shares: dict[str, PackShare]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The manifest's eval section: the pack's files and how it was cut, source by source and stratum."""
-        sources: dict[str, dict[str, Any]] = {}
+        sources: dict[str, _SourceCut] = {}
         for (source, task, thinking), (rows, held) in sorted(self.cut.strata.items(), key=_stratum_order):
             share = self.shares[source]
-            entry = sources.setdefault(source, {"rows": share.rows, "fraction": share.fraction, "read": 0, "held": 0,
-                                                "strata": []})
-            entry["read"] += rows
-            entry["held"] += held
-            entry["strata"].append({"task": task, "thinking": thinking, "read": rows, "held": held})
+            entry = sources.setdefault(source, _SourceCut(share.rows, share.fraction))
+            entry.read += rows
+            entry.held += held
+            entry.strata.append({"task": task, "thinking": thinking, "read": rows, "held": held})
         return {"seed": self.cut.seed, "conversations": sum(info.rows for info in self.files),
-                "files": [info.to_dict() for info in self.files], "sources": sources}
+                "files": [info.to_dict() for info in self.files],
+                "sources": {name: entry.to_dict() for name, entry in sources.items()}}
 
 
-def _stratum_order(item: tuple[Stratum, Any]) -> tuple[str, str, bool]:
+@dataclass
+class _SourceCut:
+    """How one source's rows were cut: its share, the rows it gave and held, stratum by stratum."""
+
+    rows: int | None
+    fraction: float | None
+    read: int = 0
+    held: int = 0
+    strata: list[dict[str, object]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"rows": self.rows, "fraction": self.fraction, "read": self.read, "held": self.held,
+                "strata": self.strata}
+
+
+def _stratum_order(item: tuple[Stratum, object]) -> tuple[str, str, bool]:
     (source, task, thinking), _ = item
     return source, task or "", thinking
 

@@ -28,11 +28,10 @@ from ..outputs import enclosing_corpus
 from ..records import Conversation, openai_messages
 from ..sources import iter_file
 from ..sources.fold import FOLDED_PREFIX
-from ..sources.readers import FORMATS, detect_format, iter_rows, position_key
+from ..sources.formats import Format, format_of, format_suffixes
 
 PACK_DIR = EVAL  # a built corpus's eval pack
 RESULTS_DIR = "results"
-_SUFFIXES = tuple(f".{fmt}" for fmt in FORMATS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +85,8 @@ class Pack:
 
 
 def read_pack(path: Path, *, keep_history_reasoning: bool = True) -> Pack:
-    """The prompts of ``path``: a conversations file (.jsonl, .jsonl.zst, .json, .parquet), a directory of such
-    files (not its subdirectories), or a built corpus (its ``eval/`` directory)."""
+    """The prompts of ``path``: a conversations file (of a registered format: .jsonl, .jsonl.zst, .json, .parquet),
+    a directory of such files (not its subdirectories), or a built corpus (its ``eval/`` directory)."""
     path = Path(path)
     if not path.exists():
         raise CorpusError("no such file or directory", file=str(path))
@@ -102,12 +101,13 @@ def read_pack(path: Path, *, keep_history_reasoning: bool = True) -> Pack:
         held = tuple(_prompt(row, row.source, row.task, keep_history_reasoning) for row in corpus.pack_conversations())
         return Pack(path, tuple(corpus.root / info.path for info in corpus.manifest.pack_files), held, {}, corpus,
                     repeated=_repeated(held))
-    files = tuple(sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))) \
+    suffixes = format_suffixes()
+    files = tuple(sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(suffixes))) \
         if path.is_dir() else (path,)
     if not files:
         if corpus is not None and path.resolve() == (corpus.root / PACK_DIR).resolve():
             raise CorpusError(_no_pack(corpus), file=str(corpus.root))
-        raise CorpusError(f"no conversations file ({', '.join(_SUFFIXES)}) in the directory", file=str(path))
+        raise CorpusError(f"no conversations file ({', '.join(suffixes)}) in the directory", file=str(path))
     prompts: list[PackPrompt] = []
     unreadable: Counter[str] = Counter()
     folded = 0
@@ -146,10 +146,10 @@ def _repeated(prompts: Sequence[PackPrompt]) -> int:
 
 def _file_prompts(file: Path, keep_history_reasoning: bool) -> Iterator[PackPrompt | Skipped]:
     """A file's prompts, in file order, each row read with every turn it holds."""
-    fmt = detect_format(file)
+    fmt = format_of(file)
     labels = _row_labels(file, fmt)
-    key = position_key(fmt)
-    for row in iter_file(file, kind="pack"):
+    key = fmt.position_key
+    for row in iter_file(file, kind="pack", fmt=fmt.name):
         if isinstance(row, Skipped):
             yield row
             continue
@@ -157,10 +157,10 @@ def _file_prompts(file: Path, keep_history_reasoning: bool) -> Iterator[PackProm
         yield _prompt(row, source or row.source, task or row.task, keep_history_reasoning)
 
 
-def _row_labels(file: Path, fmt: str) -> dict[int, tuple[str | None, str | None]]:
+def _row_labels(file: Path, fmt: Format) -> dict[int, tuple[str | None, str | None]]:
     """position -> (source, task) of the rows that carry either (the corpus's row form, a benchmark's category)."""
     labels = {}
-    for position, row in iter_rows(file, fmt, file.name):
+    for position, row in fmt.read(file, file.name):
         if isinstance(row, dict):
             source, task = row.get("source"), row.get("task")
             if isinstance(source, str) or isinstance(task, str):

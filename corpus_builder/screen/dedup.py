@@ -35,8 +35,8 @@ import pyarrow as pa
 from ..errors import BadRow, CorpusError
 from ..recipe.model import Checks, Decontamination, EvalSet, Recipe
 from ..records import Conversation
+from ..sources.formats import format_of
 from ..sources.hub import hub_label, iter_hub_rows
-from ..sources.readers import detect_format, iter_rows
 from .decontaminate import Contamination, EvalSetSummary
 from .near_dedup import Duplicate, ExactDuplicates, NearDuplicates, Rule, Signatures
 from .normalise import ConversationText, NormalisedChunk, conversation_text
@@ -264,7 +264,7 @@ class EvalSetRead:
         spec = self.spec
         try:
             if spec.path is not None:
-                rows = (row for _, row in iter_rows(spec.path, detect_format(spec.path), str(spec.path)))
+                rows = (row for _, row in format_of(spec.path).read(spec.path, str(spec.path)))
             else:
                 assert spec.hub is not None
                 rows = (row for _, row in iter_hub_rows(spec.hub, f"eval set {spec.name}"))

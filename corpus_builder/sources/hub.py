@@ -16,9 +16,8 @@ build never falls back to the network behind the user's back.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from ..errors import CorpusError, MissingDependency
 from ..recipe.model import HubRef
@@ -33,7 +32,7 @@ def hub_label(ref: HubRef) -> str:
     return hub_location(hub_provenance(ref))
 
 
-def hub_provenance(ref: HubRef) -> dict[str, Any]:
+def hub_provenance(ref: HubRef) -> dict[str, str | None]:
     return {"id": ref.id, "config": ref.config, "split": ref.split, "revision": ref.revision}
 
 
@@ -49,7 +48,7 @@ def mirror_dir(ref: HubRef, source: str) -> Path | None:
     return local
 
 
-def iter_hub_rows(ref: HubRef, source: str, keep: PositionFilter | None = None) -> Iterator[tuple[int, Any]]:
+def iter_hub_rows(ref: HubRef, source: str, keep: PositionFilter | None = None) -> Iterator[tuple[int, object]]:
     """Stream ``(row index, row)`` from the split; an empty split is an error, as an empty file is."""
     rows = iter(_load(ref, source))
     index = -1
@@ -67,7 +66,7 @@ def iter_hub_rows(ref: HubRef, source: str, keep: PositionFilter | None = None) 
         raise CorpusError(f"source '{source}': hub dataset {hub_label(ref)} has no rows")
 
 
-def _load(ref: HubRef, source: str) -> Any:
+def _load(ref: HubRef, source: str) -> Iterable[object]:
     try:
         import datasets
     except ImportError:
@@ -75,10 +74,11 @@ def _load(ref: HubRef, source: str) -> Any:
     local = mirror_dir(ref, source)
     where, revision = (str(local), None) if local is not None else (ref.id, ref.revision)
     try:
-        return datasets.load_dataset(where, name=ref.config, split=ref.split, revision=revision,
-                                     streaming=True)
+        rows: Iterable[object] = datasets.load_dataset(where, name=ref.config, split=ref.split, revision=revision,
+                                                        streaming=True)
     except Exception as error:  # not found, bad config or split, no network: all fixable by the user
         raise _load_error(ref, source, error) from error
+    return rows
 
 
 def _load_error(ref: HubRef, source: str, error: Exception) -> CorpusError:

@@ -31,6 +31,7 @@ conversation is left, with the reason the unrepaired row had.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any
@@ -118,6 +119,13 @@ class NormalisedRow:
     session: str | None = None  # a logged exchange's conversation id, where the log records one
 
 
+def row_object(row: object) -> dict[str, object]:
+    """A row as the object every layout reads it as; BadRow for any other value."""
+    if not isinstance(row, dict):
+        raise BadRow("not_an_object", type(row).__name__)
+    return row
+
+
 def check_mapping(mapping: Mapping, source: str) -> None:
     """Recipe-level mistakes that would otherwise skip every row."""
     if mapping.style not in STYLES:
@@ -125,7 +133,7 @@ def check_mapping(mapping: Mapping, source: str) -> None:
                           f"(expected one of {', '.join(STYLES)})")
 
 
-def detect_layout(row: dict[str, Any], mapping: Mapping) -> Layout | None:
+def detect_layout(row: dict[str, object], mapping: Mapping) -> Layout | None:
     """The layout a row shows under ``mapping``; None when this row does not tell."""
     style = mapping.style
     if style == "log" or (style == "auto" and not mapping.field and is_log_row(row)):
@@ -151,6 +159,12 @@ def detect_layout(row: dict[str, Any], mapping: Mapping) -> Layout | None:
     if isinstance(row.get(PROMPT_FIELD), str) and not mapping.field:
         return Layout("field", PROMPT_FIELD)
     return None
+
+
+def first_layout(rows: Iterable[dict[str, object]], mapping: Mapping) -> Layout | None:
+    """The layout of a file, fixed by the first of its object ``rows`` (read from its start) that shows one, as
+    ``RowNormaliser`` fixes it; None when no row shows one. Rows after that one are not read."""
+    return next((layout for row in rows if (layout := detect_layout(row, mapping)) is not None), None)
 
 
 class RowNormaliser:
@@ -179,14 +193,14 @@ class RowNormaliser:
         self.layout: Layout | None = None
         self._accepted_roles: set[tuple[str, ...]] = set()
 
-    def __call__(self, row: Any) -> list[NormalisedRow]:
-        layout = self.layout_of(row)
-        return self._normalise(row, layout, read_exchange(row) if layout.style == "log" else None)
+    def __call__(self, row: object) -> list[NormalisedRow]:
+        fields = row_object(row)
+        layout = self.layout_of(fields)
+        return self._normalise(fields, layout, read_exchange(fields) if layout.style == "log" else None)
 
-    def layout_of(self, row: Any) -> Layout:
+    def layout_of(self, row: object) -> Layout:
         """The file's layout, fixed by the first row that shows one; BadRow for a row that cannot be read."""
-        if not isinstance(row, dict):
-            raise BadRow("not_an_object", type(row).__name__)
+        row = row_object(row)
         layout = self.layout
         if layout is None:
             layout = self.layout = detect_layout(row, self.mapping)
@@ -201,7 +215,7 @@ class RowNormaliser:
         """The conversation(s) of an exchange already read from a log row (``sources.fold`` reads them first)."""
         return self._normalise(exchange.row, Layout("log", ""), exchange)
 
-    def _normalise(self, row: dict[str, Any], layout: Layout, exchange: LoggedExchange | None
+    def _normalise(self, row: dict[str, object], layout: Layout, exchange: LoggedExchange | None
                    ) -> list[NormalisedRow]:
         empty: BadRow | None = None
         turn_traffic = False  # a tool call or a tool's result among the turns
@@ -280,7 +294,7 @@ class RowNormaliser:
             messages.insert(0, Message("system", self.system_prompt))
         return messages
 
-    def _turns(self, row: dict[str, Any], layout: Layout) -> tuple[list[Message], bool, BadRow | None, bool]:
+    def _turns(self, row: dict[str, object], layout: Layout) -> tuple[list[Message], bool, BadRow | None, bool]:
         """The turns, whether a kept one holds an unclosed think block, why the first empty turn was dropped
         (None when none was; with ``empty_turns: skip`` the first empty turn skips the row), and whether a
         turn calls a tool or holds a tool's result."""
@@ -331,7 +345,7 @@ class RowNormaliser:
             messages.append(message)
         return (_link_tool_results(messages) if tool_traffic else messages), unclosed, empty, tool_traffic
 
-    def _gsm8k(self, row: dict[str, Any]) -> tuple[list[Message], bool, str | None]:
+    def _gsm8k(self, row: dict[str, object]) -> tuple[list[Message], bool, str | None]:
         messages = [_user_turn(row, GSM8K_QUESTION)]
         answer = row.get(GSM8K_ANSWER)
         if not self.every_turn:
@@ -344,7 +358,7 @@ class RowNormaliser:
         return messages, unclosed, None
 
 
-def _user_turn(row: dict[str, Any], name: str) -> Message:
+def _user_turn(row: dict[str, object], name: str) -> Message:
     if name not in row:
         raise BadRow("missing_messages", f"no '{name}' field")
     message, _ = make_message("user", row[name])
@@ -352,7 +366,7 @@ def _user_turn(row: dict[str, Any], name: str) -> Message:
     return message
 
 
-def _bad_turn(index: int, turn: Any, role_key: str) -> BadRow:
+def _bad_turn(index: int, turn: object, role_key: str) -> BadRow:
     """Why a turn could not be read (the slow path, taken only for bad rows)."""
     if not isinstance(turn, dict):
         return BadRow("bad_messages", f"turn {index} is {type(turn).__name__}")
@@ -362,7 +376,7 @@ def _bad_turn(index: int, turn: Any, role_key: str) -> BadRow:
     return BadRow("null_content", f"turn {index} ({ROLE_ALIASES[speaker]}) has no content")
 
 
-def _json_value(text: Any, index: int) -> Any:
+def _json_value(text: object, index: int) -> object:
     """The call(s) a ShareGPT ``function_call`` turn holds, as JSON text (or already decoded)."""
     if not isinstance(text, str):
         return text
@@ -372,11 +386,11 @@ def _json_value(text: Any, index: int) -> Any:
         raise BadRow("bad_tool_call", f"turn {index}: the function call is not JSON") from None
 
 
-def _declares_calls(turn: dict[str, Any]) -> bool:
+def _declares_calls(turn: dict[str, object]) -> bool:
     return bool(turn.get("tool_calls") or turn.get("function_call"))
 
 
-def _turn_calls(turn: dict[str, Any], index: int) -> tuple[ToolCall, ...]:
+def _turn_calls(turn: dict[str, object], index: int) -> tuple[ToolCall, ...]:
     """An OpenAI assistant turn's ``tool_calls`` (or the legacy single ``function_call``)."""
     calls = turn.get("tool_calls")
     if calls is None and turn.get("function_call") is not None:
@@ -388,14 +402,15 @@ def _turn_calls(turn: dict[str, Any], index: int) -> tuple[ToolCall, ...]:
     return _calls(calls, index)
 
 
-def _calls(value: Any, index: int) -> tuple[ToolCall, ...]:
+def _calls(value: object, index: int) -> tuple[ToolCall, ...]:
     """Calls in OpenAI's shape ({id, type, function: {name, arguments}}) or bare ({name, arguments}), one or a
     list; arguments kept as the text they were (JSON-encoded when a dump decoded them). Ids may be empty here:
     ``_link_tool_results`` assigns the missing ones."""
     calls = []
     for call in value if isinstance(value, list) else [value]:
         function = call.get("function", call) if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        if not isinstance(call, dict) or not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                or not function["name"]:
             raise BadRow("bad_tool_call", f"turn {index}: a tool call has no function name")
         name = function["name"]
         arguments = function.get("arguments", function.get("parameters"))
@@ -406,12 +421,12 @@ def _calls(value: Any, index: int) -> tuple[ToolCall, ...]:
                 raise BadRow("bad_tool_call", f"turn {index}: the arguments of {name} are a "
                                               f"{type(arguments).__name__}")
             arguments = orjson.dumps(arguments).decode()
-        call_id = call.get("id")  # an object: anything else has no function name, refused above
+        call_id = call.get("id")
         calls.append(ToolCall(call_id if isinstance(call_id, str) else "", name, arguments))
     return tuple(calls)
 
 
-def _tool_call_id(turn: dict[str, Any]) -> str | None:
+def _tool_call_id(turn: dict[str, object]) -> str | None:
     value = turn.get("tool_call_id")
     return value if isinstance(value, str) and value else None
 
@@ -469,7 +484,7 @@ def _parallel_results(message: Message, calls: int) -> list[Message]:
             for result in results]
 
 
-def _turn_reasoning(turn: dict[str, Any]) -> Any:
+def _turn_reasoning(turn: dict[str, object]) -> object:
     for key in REASONING_KEYS:
         value = turn.get(key)
         if value is not None:
@@ -495,7 +510,7 @@ def _require_content(message: Message, index: int) -> None:
         raise problem
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if isinstance(value, list):
         return "an empty list"
     return f"a {type(value).__name__}, not a list of turns"

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from multiprocessing.queues import Queue
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from ..collector import rare_collections
 from ..errors import CorpusError, Skipped
@@ -94,7 +95,7 @@ def _batches(rows: Iterator[Conversation | Skipped], batch_rows: int
 
 
 def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]], T], batch_rows: int,
-          queue: Any) -> None:
+          queue: Queue[object]) -> None:
     with _failures_sent(queue):
         for index, part in parts:
             for measured in measured_rows(part(), measure, batch_rows):
@@ -103,7 +104,7 @@ def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]],
 
 
 def _work_on_turns(parts: list[Part], measure: Callable[[list[Conversation]], T], batch_rows: int, worker: int,
-                   workers: int, queue: Any) -> None:
+                   workers: int, queue: Queue[object]) -> None:
     """Read every part, measure the batches whose turn is this worker's (batch n is worker n mod workers')."""
     with _failures_sent(queue):
         number = 0
@@ -116,7 +117,7 @@ def _work_on_turns(parts: list[Part], measure: Callable[[list[Conversation]], T]
 
 
 @contextmanager
-def _failures_sent(queue: Any) -> Iterator[None]:
+def _failures_sent(queue: Queue[object]) -> Iterator[None]:
     try:
         yield
     except CorpusError as error:

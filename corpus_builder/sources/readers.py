@@ -1,4 +1,4 @@
-"""File formats -> raw rows, streamed: .jsonl, .jsonl.zst, .json and .parquet.
+"""The decoders of the built-in formats (``sources.formats`` registers them): files -> raw rows, streamed.
 
 A reader yields ``(position, row)`` pairs. ``position`` is the 1-based line for the line formats
 (jsonl, jsonl.zst) and the 0-based row index for json and parquet; ``row`` is the decoded value, or a
@@ -16,20 +16,19 @@ import re
 from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import chain, pairwise
 from pathlib import Path
-from typing import Any, get_args
+from typing import IO, TYPE_CHECKING
 
 import orjson
 
 from ..errors import BadRow, CorpusError
 from ..layout import open_parquet
-from ..recipe.model import SourceFormat
 
-FORMATS = tuple(fmt for fmt in get_args(SourceFormat) if fmt != "auto")  # "auto": from the file name
-LINE_FORMATS = frozenset({"jsonl", "jsonl.zst"})
+if TYPE_CHECKING:
+    import pyarrow.parquet
+
 # A .json document that is an object keeps its rows in a list under one of these keys.
 JSON_ROW_KEYS = ("data", "rows")
 
-_SUFFIXES = ((".jsonl.zst", "jsonl.zst"), (".jsonl", "jsonl"), (".json", "json"), (".parquet", "parquet"))
 # Compressed bytes per step: zstd hands out whole blocks (up to 128 kB of text each), so one step's output is
 # the blocks this much input completes, at most about 32 MB (zstd's largest ratio, a run of one byte): even a
 # zstd bomb decompresses in small steps. Smaller steps cost nothing measurable (the decompressor's speed is
@@ -64,7 +63,7 @@ _HEAD_BYTES = 64  # what the checks look at
 PositionFilter = Callable[[int], bool]
 # A format reader yields the kept (position, row) pairs and returns whether the file had any row at all,
 # kept or not, so that an empty file is told apart from a file whose rows were all filtered out.
-RowReader = Generator[tuple[int, Any], None, bool]
+RowReader = Generator[tuple[int, object], None, bool]
 
 
 def check_text_start(head: bytes, label: str) -> None:
@@ -87,56 +86,18 @@ def check_text_start(head: bytes, label: str) -> None:
                                   f"UTF-8: convert it (iconv -f {encoding.upper()} -t UTF-8)", file=label)
 
 
-def detect_format(path: Path, fmt: str = "auto") -> str:
-    """The format named by the recipe, or the one the file name's suffix implies."""
-    if fmt != "auto":
-        if fmt not in FORMATS:
-            raise CorpusError(f"unknown format '{fmt}' (expected one of {', '.join(FORMATS)})",
-                              file=str(path))
-        return fmt
-    name = path.name.lower()
-    for suffix, detected in _SUFFIXES:
-        if name.endswith(suffix):
-            return detected
-    raise CorpusError(
-        "cannot tell the format from the file name; use .jsonl, .jsonl.zst, .json or .parquet, "
-        "or set the source's `format`", file=str(path))
+def jsonl_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
+    """The rows of a .jsonl file; the file object hands its lines straight to the decoder: the hot path has no
+    layer between."""
+    with path.open("rb", buffering=_READ_BUFFER) as handle:
+        check_text_start(handle.read(_HEAD_BYTES), label)
+        handle.seek(0)  # within the buffer the read filled: nothing is read again
+        return (yield from _decode_lines(handle, keep))
 
 
-def position_key(fmt: str) -> str:
-    """The provenance key that holds a row's position."""
-    return "source_line" if fmt in LINE_FORMATS else "source_row"
-
-
-def iter_rows(path: Path, fmt: str, label: str,
-              keep: PositionFilter | None = None) -> Iterator[tuple[int, Any]]:
-    """Stream ``(position, row)`` from one file; ``label`` names the file in errors.
-
-    ``keep`` drops rows by position before they are decoded. A file with no rows at all (before
-    ``keep``) is an error: it is almost always a wrong path or a failed download.
-    """
-    if not path.is_file():
-        raise CorpusError("file not found" if not path.exists() else "not a file", file=label)
-    if fmt == "jsonl":
-        # The file object hands its lines straight to the decoder: the hot path has no layer between.
-        with path.open("rb", buffering=_READ_BUFFER) as handle:
-            check_text_start(handle.read(_HEAD_BYTES), label)
-            handle.seek(0)  # within the buffer the read filled: nothing is read again
-            seen = yield from _decode_lines(handle, keep)
-    elif fmt == "jsonl.zst":
-        seen = yield from _decode_lines(_checked_start(_zstd_lines(path, label), label), keep)
-    elif fmt == "json":
-        seen = yield from _json_rows(path, label, keep)
-    else:
-        seen = yield from _parquet_rows(path, label, keep)
-    if not seen:
-        raise CorpusError("file has no rows", file=label)
-
-
-def first_objects(path: Path, fmt: str, label: str) -> Iterator[dict[str, Any]]:
-    """The file's object rows from its start, for a caller that stops at the first one that tells it what it needs
-    (a source's layout, when planning how to split it): not a read of the file, one block of it."""
-    return (row for _, row in iter_rows(path, fmt, label) if isinstance(row, dict))
+def zstd_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
+    """The rows of a .jsonl.zst file, decompressed in small steps."""
+    return (yield from _decode_lines(_checked_start(_zstd_lines(path, label), label), keep))
 
 
 def line_ranges(path: Path, parts: int, label: str) -> list[tuple[int, int]]:
@@ -157,8 +118,8 @@ def line_ranges(path: Path, parts: int, label: str) -> list[tuple[int, int]]:
 
 
 def iter_line_range(path: Path, start: int, end: int, keep: PositionFilter | None = None
-                    ) -> Iterator[tuple[int, Any]]:
-    """``iter_rows`` for one range of a plain .jsonl file, with the file's own line numbers."""
+                    ) -> Iterator[tuple[int, object]]:
+    """``jsonl_rows`` for one range of a plain .jsonl file, with the file's own line numbers."""
     with path.open("rb", buffering=_READ_BUFFER) as handle:
         first_line = 1
         remaining = start
@@ -170,7 +131,7 @@ def iter_line_range(path: Path, start: int, end: int, keep: PositionFilter | Non
         yield from _decode_lines(lines, keep, first_line)
 
 
-def _lines_until(handle: Any, length: int) -> Iterator[bytes]:
+def _lines_until(handle: IO[bytes], length: int) -> Iterator[bytes]:
     while length > 0:
         line = handle.readline()
         if not line:
@@ -272,8 +233,8 @@ def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_lin
     return any_row
 
 
-def decode_lines(lines: Iterable[bytes]) -> Iterator[Any]:
-    """The rows of ``lines`` as ``iter_rows`` decodes a line format's (a value, or a ``BadRow``; a blank line is
+def decode_lines(lines: Iterable[bytes]) -> Iterator[object]:
+    """The rows of ``lines`` as ``jsonl_rows`` decodes a line format's (a value, or a ``BadRow``; a blank line is
     no row), for a reader that cuts the lines itself."""
     return (row for _, row in _decode_lines(lines, None))
 
@@ -282,7 +243,7 @@ def decode_lines(lines: Iterable[bytes]) -> Iterator[Any]:
 _BLANK = object()
 
 
-def _refused_line(line: bytes, error: orjson.JSONDecodeError) -> Any:
+def _refused_line(line: bytes, error: orjson.JSONDecodeError) -> object:
     """What a line the decoder refused holds: the row behind a byte order mark (a file's first line, or the first
     line of each file of several concatenated into one: ``cat`` keeps their marks), nothing (``_BLANK``) when it is
     blank, else a ``BadRow``. Only refused lines are looked at: the per-line path gains nothing."""
@@ -307,7 +268,7 @@ def _undecodable(line: bytes, error: orjson.JSONDecodeError) -> BadRow:
     return BadRow("invalid_json", str(error)[:_DETAIL_CHARS])
 
 
-def _json_document_rows(path: Path, label: str) -> list[Any]:
+def _json_document_rows(path: Path, label: str) -> list[object]:
     content = path.read_bytes()
     try:
         document = orjson.loads(content.removeprefix(UTF8_BOM))
@@ -327,7 +288,8 @@ def _json_document_rows(path: Path, label: str) -> list[Any]:
         file=label)
 
 
-def _json_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
+def json_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
+    """The rows of a .json document (parsed whole: it is one JSON document)."""
     rows = _json_document_rows(path, label)
     for index, row in enumerate(rows):
         if keep is None or keep(index):
@@ -335,7 +297,8 @@ def _json_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader
     return bool(rows)
 
 
-def _open_parquet(path: Path, label: str) -> Any:
+def checked_parquet(path: Path, label: str) -> pyarrow.parquet.ParquetFile:
+    """The parquet file opened to be streamed, or a located error when it cannot be."""
     import pyarrow
 
     try:
@@ -344,10 +307,11 @@ def _open_parquet(path: Path, label: str) -> Any:
         raise CorpusError(f"cannot read parquet: {error}", file=label) from None
 
 
-def _parquet_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
+def parquet_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
+    """The rows of a parquet file, one record batch at a time, each row a dict of its columns."""
     import pyarrow
 
-    parquet = _open_parquet(path, label)
+    parquet = checked_parquet(path, label)
     index = 0
     try:
         for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS):

@@ -14,29 +14,29 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from ..collector import rare_collections
 from ..draws import take_priority
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe import match_source_pattern
-from ..recipe.model import Mapping, Recipe, SourceFormat, SourceKind, SourceSpec
+from ..recipe.model import Mapping, Recipe, SourceKind, SourceSpec
 from ..records import Conversation, Origin, conversation_id
 from ..secrets import redact_conversations
 from .fold import FOLDED_KEY, Held, PrefixFold, carry, folded_skip
+from .formats import AUTO, Format, SplittableFormat, format_of
 from .hub import hub_label, hub_provenance, iter_hub_rows
 from .logs import read_exchange
-from .mappings import TOOL_CHOICE_UNDEFINED, NormalisedRow, RowNormaliser, check_mapping, detect_layout
-from .readers import (
-    LINE_FORMATS,
-    PositionFilter,
-    detect_format,
-    first_objects,
-    iter_line_range,
-    iter_rows,
-    line_ranges,
-    position_key,
+from .mappings import (
+    TOOL_CHOICE_UNDEFINED,
+    NormalisedRow,
+    RowNormaliser,
+    check_mapping,
+    detect_layout,
+    first_layout,
+    row_object,
 )
+from .readers import PositionFilter
 from .take import CountSelection, fraction_filter
 
 ORIGIN: dict[str, Origin] = {"replay": "replay", "prompts": "prompt"}
@@ -48,10 +48,10 @@ class _Unit:
     """One file or hub split of a source: how to read it and how to name its rows."""
 
     label: str
-    rows: Callable[[PositionFilter | None], Iterator[tuple[int, Any]]]
+    rows: Callable[[PositionFilter | None], Iterator[tuple[int, object]]]
     separator: str  # ":" before a line number, "#" before a row index
     position_key: str  # provenance key of the position
-    provenance: dict[str, Any]  # what every row of the unit records
+    provenance: dict[str, object]  # what every row of the unit records
 
 
 def resolve_paths(spec: SourceSpec, base_dir: Path) -> list[Path]:
@@ -80,7 +80,7 @@ def iter_source(spec: SourceSpec, base_dir: Path) -> Iterator[Conversation | Ski
         units = [_Unit(hub_label(ref), lambda keep: iter_hub_rows(ref, spec.name, keep), "#", "source_row",
                        {"hub": hub_provenance(ref)})]
     else:
-        units = [_file_unit(path, spec.format, _label(path, base_dir))
+        units = [_file_unit(path, format_of(path, spec.format), _label(path, base_dir))
                  for path in resolve_paths(spec, base_dir)]
     rows = _select(spec, units)
     return rows if spec.tool_choice_function is None else _tool_choice_defined(spec, rows)
@@ -125,13 +125,13 @@ def source_parts(spec: SourceSpec, base_dir: Path, parts: int) -> list[Callable[
     thunks: list[Callable[[], Iterator[Conversation | Skipped]]] = []
     for path in paths:
         label = _label(path, base_dir)
-        unit = _file_unit(path, spec.format, label)
-        ranges = line_ranges(path, parts, label) if detect_format(path, spec.format) == "jsonl" else []
-        if len(ranges) <= 1:
+        fmt = format_of(path, spec.format)
+        unit = _file_unit(path, fmt, label)
+        if not isinstance(fmt, SplittableFormat) or len(ranges := fmt.ranges(path, parts, label)) <= 1:
             thunks.append(partial(_select, spec, [unit]))
             continue
         for start, end in ranges:
-            part = _Unit(label, partial(iter_line_range, path, start, end), unit.separator, unit.position_key,
+            part = _Unit(label, partial(fmt.range_rows, path, start, end), unit.separator, unit.position_key,
                          unit.provenance)
             thunks.append(partial(_select, spec, [part]))
     return thunks
@@ -149,15 +149,16 @@ def _normaliser(spec: SourceSpec) -> RowNormaliser:
 
 
 def iter_file(path: Path, *, source: str | None = None, kind: SourceKind | Literal["pack"] = "replay",
-              fmt: SourceFormat = "auto", mapping: Mapping = DEFAULT_MAPPING) -> Iterator[Conversation | Skipped]:
-    """One raw file, as ``corpus audit FILE`` reads it; rows are named by the file's name."""
+              fmt: str = AUTO, mapping: Mapping = DEFAULT_MAPPING) -> Iterator[Conversation | Skipped]:
+    """One raw file, as ``corpus audit FILE`` reads it; rows are named by the file's name. ``fmt``: a registered
+    format's name, or ``auto`` (the file name's suffix tells)."""
     path = Path(path)
     paths = (str(path),)
     name = source or path.name
-    spec = (PackSpec(name=name, kind="replay", paths=paths, format=fmt, mapping=mapping) if kind == "pack"
-            else SourceSpec(name=name, kind=kind, paths=paths, format=fmt, mapping=mapping))
+    spec = (PackSpec(name=name, kind="replay", paths=paths, mapping=mapping) if kind == "pack"
+            else SourceSpec(name=name, kind=kind, paths=paths, mapping=mapping))
     check_mapping(mapping, spec.name)
-    return _select(spec, [_file_unit(path, fmt, path.name)])
+    return _select(spec, [_file_unit(path, format_of(path, fmt), path.name)])
 
 
 def _label(path: Path, base_dir: Path) -> str:
@@ -169,10 +170,8 @@ def _label(path: Path, base_dir: Path) -> str:
         return path.name
 
 
-def _file_unit(path: Path, fmt: str, label: str) -> _Unit:
-    fmt = detect_format(path, fmt)
-    return _Unit(label, lambda keep: iter_rows(path, fmt, label, keep), ":" if fmt in LINE_FORMATS else "#",
-                 position_key(fmt), {"source_file": label})
+def _file_unit(path: Path, fmt: Format, label: str) -> _Unit:
+    return _Unit(label, partial(fmt.read, path, label), fmt.separator, fmt.position_key, {"source_file": label})
 
 
 def _select(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
@@ -268,9 +267,8 @@ def _logged_file(spec: SourceSpec, path: Path, label: str) -> bool:
         return False
     if spec.mapping.style == "log":
         return True
-    fmt = detect_format(path, spec.format)
-    return next((layout.style == "log" for row in first_objects(path, fmt, label)
-                 if (layout := detect_layout(row, spec.mapping)) is not None), False)
+    layout = first_layout(format_of(path, spec.format).objects(path, label), spec.mapping)
+    return layout is not None and layout.style == "log"
 
 
 class _Gate:
@@ -289,7 +287,7 @@ def _peek(spec: SourceSpec, unit: _Unit) -> tuple[bool, _Unit]:
     layout is one), and the unit to read that file through: its first read goes on from the rows read to tell."""
     gate = _Gate()
     rows = unit.rows(gate)
-    peeked: list[tuple[int, Any]] = []
+    peeked: list[tuple[int, object]] = []
     logged = spec.mapping.style == "log"
     if not logged:
         for position, row in rows:
@@ -299,7 +297,7 @@ def _peek(spec: SourceSpec, unit: _Unit) -> tuple[bool, _Unit]:
                 break
     opened = [True]
 
-    def resumed(keep: PositionFilter | None) -> Iterator[tuple[int, Any]]:
+    def resumed(keep: PositionFilter | None) -> Iterator[tuple[int, object]]:
         if not opened:
             return unit.rows(keep)  # a second read (a count take's second pass): the file again
         opened.clear()
@@ -377,7 +375,7 @@ def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[i
                 if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
                     yield from ((tag, _conversation(spec, unit, position, part)) for part in normalise(row))
                     continue
-                exchange = read_exchange(row)
+                exchange = read_exchange(row_object(row))
             except BadRow as bad:
                 yield tag, Skipped(spec.name, bad.reason, location(tag), bad.detail)
                 continue

@@ -16,7 +16,7 @@ import pytest
 from corpus_builder.assemble import build_corpus, plan_build
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
-from corpus_builder.sources import source
+from corpus_builder.sources.formats import Format
 from corpus_builder.testing.fault_server import FaultServer
 from corpus_builder.testing.trials import shard_hashes
 from corpus_builder.tokens import template
@@ -62,17 +62,17 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[str], Counter[str]
     """Files opened by the readers (by name) and renderers constructed (by tokenizer directory)."""
     opened: Counter[str] = Counter()
     renderers: Counter[str] = Counter()
-    real_rows, real_init = source.iter_rows, template.TemplateRenderer.__init__
+    real_rows, real_init = Format.read, template.TemplateRenderer.__init__
 
-    def rows(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def rows(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
         opened[Path(path).name] += 1
-        return real_rows(path, *args, **kwargs)
+        return real_rows(self, path, *args, **kwargs)
 
     def init(self, tokenizer_dir, *args, **kwargs):  # type: ignore[no-untyped-def]
         renderers[str(tokenizer_dir)] += 1
         real_init(self, tokenizer_dir, *args, **kwargs)
 
-    monkeypatch.setattr(source, "iter_rows", rows)
+    monkeypatch.setattr(Format, "read", rows)
     monkeypatch.setattr(template.TemplateRenderer, "__init__", init)
     # The rows read in this process, where the spies count them (a tokenized build forks a reader per core).
     monkeypatch.setenv("CORPUS_WORKERS", "1")

@@ -23,9 +23,10 @@ import orjson
 import pytest
 
 from corpus_builder import build_corpus, load_recipe
-from corpus_builder.audit import AuditOptions, AuditOutcome, check_corpus, inputs
+from corpus_builder.audit import AuditOptions, AuditOutcome, check_corpus
 from corpus_builder.audit.inputs import read_parts, traffic_units
 from corpus_builder.errors import CorpusError
+from corpus_builder.sources import raw
 from corpus_builder.sources.readers import UTF8_BOM
 from tests.audit.test_traffic_logs import logged_traffic
 from tests.support.ray_cluster import imported_ray, local_cluster
@@ -195,7 +196,7 @@ def test_a_large_file_cut_in_ranges_gives_the_local_audit_s_figures(cluster: str
                                                                    token_sample: int, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Read by tasks a range each; with a sample, the ranges are counted first for their rows' places in the file."""
-    monkeypatch.setattr(inputs, "CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr(raw, "CHUNK_BYTES", SMALL_CHUNK)
     parts = read_parts(traffic_units(str(large)), cut=8)
     assert len(parts) == 8 and [part[0].first_row for part in parts] == [0] + [None] * 7
     options = AuditOptions(token_sample=token_sample, max_skipped_share=MAX_SKIPPED_SHARE)
@@ -210,8 +211,8 @@ def test_a_large_file_cut_in_ranges_gives_the_local_audit_s_figures(cluster: str
 
 
 def test_a_log_is_never_cut(messy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(inputs, "CHUNK_BYTES", SMALL_CHUNK)
-    assert len(inputs._chunk_bounds(messy / "logs" / "day1.jsonl")) >= 3  # two chunks or more
+    monkeypatch.setattr(raw, "CHUNK_BYTES", SMALL_CHUNK)
+    assert len(raw.block_bounds(messy / "logs" / "day1.jsonl")) >= 3  # two chunks or more
     assert len(read_parts(traffic_units(str(messy / "logs" / "day1.jsonl")), cut=8)) == 1
 
 

@@ -10,9 +10,10 @@ import orjson
 import polars as pl
 
 from corpus_builder.audit.frames import FACT_KEYS, RAW_SCHEMA, row_facts, scripts
-from corpus_builder.audit.inputs import DecodedLines, TrafficRows, _arrow_lines, _lines_chunk
+from corpus_builder.audit.inputs import TrafficRows, _arrow_schema
 from corpus_builder.recipe import Mapping
 from corpus_builder.records import RepairRules
+from corpus_builder.sources.raw import DecodedLines, arrow_lines
 from corpus_builder.stats.facts import ASSISTANT_TURNS, SERVED, THINKING, TOOL_USE
 
 
@@ -64,8 +65,8 @@ def test_think_blocks_are_split_by_the_readers_once() -> None:
     sharegpt = [{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hi</think>Hello"}]}]
     for rows, expected in ((messages, {True: 2, False: 2}), (sharegpt, {True: 1})):
         lines = [orjson.dumps(row) for row in rows]
-        chunk = _lines_chunk(DecodedLines.of(b"".join(line + b"\n" for line in lines)),
-                             TrafficRows("traffic.jsonl", Mapping(), RepairRules()))
+        chunk = TrafficRows("traffic.jsonl", Mapping(), RepairRules()).chunk(
+            DecodedLines.of(b"".join(line + b"\n" for line in lines)).batch(_arrow_schema()))
         assert chunk.frame.is_empty()
         facts, skipped = _chunk_facts(lines)
         assert not skipped
@@ -78,7 +79,7 @@ def test_think_blocks_are_split_by_the_readers_once() -> None:
 def _chunk_facts(lines: list[bytes]) -> tuple[Counter[tuple[object, ...]], Counter[str]]:
     """The facts of a block's rows (as a multiset: the rows the readers take as they are come first) and its skips."""
     rows = TrafficRows("traffic.jsonl", Mapping(), RepairRules())
-    chunk = _lines_chunk(DecodedLines.of(b"".join(line + b"\n" for line in lines)), rows)
+    chunk = rows.chunk(DecodedLines.of(b"".join(line + b"\n" for line in lines)).batch(_arrow_schema()))
     facts = row_facts(chunk.frame, source="traffic", turns_field=chunk.turns_field)
     if chunk.normalised is not None:
         facts = pl.concat([facts, row_facts(chunk.normalised, source="traffic")])
@@ -98,8 +99,8 @@ def test_blocks_pyarrow_refuses_are_read_by_the_readers_alike() -> None:
                                                        {"role": "assistant", "content": "2",
                                                         "reasoning_content": "one and one"}]})]
     data = b"".join(line + b"\n" for line in good)
-    frame = _arrow_lines(data)
-    assert frame is not None and frame.equals(pl.read_ndjson(b"\n".join(good), schema=RAW_SCHEMA))
+    table = arrow_lines(data, _arrow_schema())
+    assert table is not None and pl.from_arrow(table).equals(pl.read_ndjson(b"\n".join(good), schema=RAW_SCHEMA))
     expected, skipped = _chunk_facts(good)
     assert not skipped
     by_script = {(fact[2], fact[8]): fact[4] for fact in expected}  # task and script: reasoning
@@ -107,7 +108,7 @@ def test_blocks_pyarrow_refuses_are_read_by_the_readers_alike() -> None:
     for odd, reason in ((b'{"task": 7, "messages": []}', "bad_messages"), (b"[1, 2]", "not_an_object"),
                         (b'{"task": "chat", "messages": [{"role": "user", "content": "\xff"}]}', "invalid_utf8"),
                         (b"{not json", "invalid_json")):
-        assert _arrow_lines(odd + b"\n") is None, odd
+        assert arrow_lines(odd + b"\n", _arrow_schema()) is None, odd
         facts, counted = _chunk_facts([*good, odd])
         assert facts == expected, odd
         assert counted == Counter({reason: 1}), odd

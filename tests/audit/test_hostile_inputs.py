@@ -22,7 +22,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corpus_builder.audit import inputs
 from corpus_builder.audit.frames import row_facts
 from corpus_builder.audit.inputs import traffic_units
 from corpus_builder.audit.profile import read_profile
@@ -30,7 +29,7 @@ from corpus_builder.errors import CorpusError, Skipped
 from corpus_builder.layout import MANIFEST
 from corpus_builder.records import Conversation
 from corpus_builder.rows import conversations_to_batch
-from corpus_builder.sources import iter_file
+from corpus_builder.sources import iter_file, raw
 from corpus_builder.stats.facts import ASSISTANT_TURNS, THINKING, TOOL_USE
 from tests.support.fuzz import fuzz_settings
 
@@ -305,7 +304,7 @@ def test_the_traffic_audit_reads_messy_rows_as_the_plain_audit_does(tmp_path_fac
             traffic_side(path)
         assert str(caught.value) == str(error)
         return
-    with patch.object(inputs, "CHUNK_BYTES", block):
+    with patch.object(raw, "CHUNK_BYTES", block):
         read, skipped, made, facts = traffic_side(path)
     assert (read, dict(skipped)) == (expected[0], dict(expected[1]))
     assert made == expected[2]
