@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ..errors import REASONS, URL_USERINFO_RE
+from ..export.formats import TOKEN_FORMAT, TRAINER_FORMATS
 from ..layout import Manifest
 from ..secrets import map_strings
-from .exports import PublishedExport, training_commands
+from .exports import PublishedExport
 from .gate import CorpusDocuments, mapping
 
 if TYPE_CHECKING:
@@ -458,22 +459,6 @@ def _usage(repo_id: str | None, splits: list[str]) -> list[str]:
             "source position and, for generated rows, the generation settings and token ids).", ""]
 
 
-_EXPORT_NOTES = {
-    "speculators": "natural-language conversations; `prepare-data` renders them through a vLLM server serving the "
-                   "target (`--render-endpoint`)",
-    "speculators-tokens": "`{id, input_ids, loss_mask}` per assistant turn in the target's tokens (the served ids of "
-                          "generated turns): speculators' `prepare-data` passes them through unchanged, and SpecForge "
-                          "takes them as `data.prompts_path`",
-    "specforge": "SpecForge's conversations (no tool turns); its parser renders them with the chat template named "
-                 "by `data.chat_template` (TEMPLATE: the SpecForge template whose assistant header ends where the "
-                 "target's generation prompt does, e.g. `qwen3-next-thinking` for a Qwen3-style template that opens "
-                 "`<think>` in the prompt)",
-    "messages": "OpenAI `messages` (`reasoning_content` per assistant turn), as ModelOpt's speculative-decoding "
-                "example reads `data.data_path` (its collator passes no `tools` to the template)",
-    "sharegpt": "ShareGPT turns (reasoning as a leading think block; glaive/LLaMA-Factory tool turns)",
-}
-
-
 def _training(docs: CorpusDocuments, repo_id: str | None, exports: Sequence[PublishedExport]) -> list[str]:
     """The trainer files published beside the corpus and the command that trains on each."""
     if not exports:
@@ -486,13 +471,13 @@ def _training(docs: CorpusDocuments, repo_id: str | None, exports: Sequence[Publ
                      [[f"`{export.format}`", split, f"`{path}`", _figure(rows)]
                       for export in exports for split, (path, rows) in export.files.items()])]
     for export in exports:
-        commands = training_commands(export, repo, target)
-        lines += [f"- `{export.format}`: {_EXPORT_NOTES[export.format]}."]
+        commands = export.training_commands(repo, target)
+        lines += [f"- `{export.format}`: {TRAINER_FORMATS[export.format].card_note}."]
         if commands:
             lines += ["", "  ```bash", *(f"  {command}" for command in commands), "  ```"]
     return [*lines, "",
             "`corpus vocab` writes speculators' draft-vocabulary files (`token_freq.pt`, `d2t-N.npy`, `t2d-N.npy`) "
-            "from the `speculators-tokens` file into the directory `speculators train --data-path` reads.", ""]
+            f"from the `{TOKEN_FORMAT}` file into the directory `speculators train --data-path` reads.", ""]
 
 
 def render_card(docs: CorpusDocuments, repo_id: str | None = None, exports: Sequence[PublishedExport] = (),
