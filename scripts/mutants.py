@@ -33,7 +33,7 @@ class Mutant:
 
 
 MUTANTS = [
-    Mutant("publish read-back emptied", "corpus_builder/publish/__init__.py",
+    Mutant("publish read-back emptied", "corpus_builder/publish/commit.py",
            '    """Read the repository back at the new head: every file with our size and hash, no stale shard."""\n',
            '    """Read the repository back at the new head: every file with our size and hash, no stale shard."""\n'
            "    return\n",
