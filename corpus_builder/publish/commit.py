@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from ..errors import CorpusError
 from ..eval import ProfileFile, corpus_pack_sha256
@@ -22,12 +22,28 @@ from .card import render_card, scrub_local_paths, scrub_value
 from .exports import EXPORTS_PREFIX, PublishedExport, recipe_exports, write_exports
 from .gate import CorpusDocuments, GateFailed, require_gate
 from .profiles import PROFILES_PREFIX, AttachedProfile, attach_profiles, read_profiles
-from .upload import UploadFile, commit_files
+from .upload import UploadedFile, UploadFile, commit_files
 
 log = logging.getLogger(__name__)
 CARD = "README.md"
 # What a publish owns in the repository: a file there that this publish does not upload is deleted.
 MANAGED_PREFIXES = ("data/", EXPORTS_PREFIX, PROFILES_PREFIX)
+
+
+class PublishJson(TypedDict):
+    """``corpus publish --json``: the outcome, and every file with its size and sha256."""
+
+    repo_id: str
+    url: str
+    revision: str
+    private: bool
+    dry_run: bool
+    commit: str | None
+    committed: bool
+    uploaded: list[str]
+    deleted: list[str]
+    notes: list[str]
+    files: list[UploadedFile]
 
 
 @dataclass
@@ -49,7 +65,7 @@ class PublishReport:
     def url(self) -> str:
         return f"{self.endpoint}/datasets/{self.repo_id}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PublishJson:
         return {"repo_id": self.repo_id, "url": self.url, "revision": self.revision, "private": self.private,
                 "dry_run": self.dry_run, "commit": self.commit, "committed": self.committed,
                 "uploaded": self.uploaded, "deleted": self.deleted, "notes": self.notes,
