@@ -112,3 +112,15 @@ def test_the_check_itself_finds_places_and_definitions(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("A: int = 1\nB = 2\nclass C: ...\ndef d() -> None:\n    E = 3\n")
     assert [defined(module, name) for name in "ABCdE"] == [True, True, True, True, False]
+
+
+def test_the_train_guide_has_a_row_for_every_registered_export_format() -> None:
+    """A format added to the registry is named in the guide that says which export to use."""
+    from corpus_builder.export.formats import TRAINER_FORMATS
+
+    guide = (REPO / "docs" / "guides" / "train.md").read_text(encoding="utf-8")
+    section = guide[guide.index("## Which export"):]
+    section = section[:section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    listed = [line.split(" | ")[0].removeprefix("| ").strip("`") for line in section.splitlines()
+              if line.startswith("| `")]
+    assert sorted(listed) == sorted(TRAINER_FORMATS)
