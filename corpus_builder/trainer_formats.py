@@ -12,6 +12,9 @@ ExportFormat = Literal["speculators", "speculators-tokens", "specforge", "messag
 FileFormat = Literal["jsonl", "jsonl.zst", "parquet"]
 
 EXPORT_FORMATS: Final[tuple[ExportFormat, ...]] = get_args(ExportFormat)
+# The formats whose rows are in the target's tokens: a recipe that asks for one needs target.tokenizer, and their
+# rows cannot re-render differently from what the target served.
+IN_TARGET_TOKENS: Final[frozenset[ExportFormat]] = frozenset({"speculators-tokens"})
 FILE_FORMATS: Final[tuple[FileFormat, ...]] = get_args(FileFormat)
 
 # An eval pack (any conversations file, or a built corpus's eval/) as vLLM's benchmark clients read it, replayed

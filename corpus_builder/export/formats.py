@@ -36,7 +36,8 @@ with a key missing from some turns, ``datasets``' JSON loader types the turns as
 ``List({role, content, ...})``.
 
 To add a format: its converter and its record in ``TRAINER_FORMATS`` here, and its name in
-``trainer_formats.ExportFormat`` (the recipe's and the CLI's choices, held to the recipe schema's enum by a test).
+``trainer_formats.ExportFormat`` (the recipe's and the CLI's choices, held to the recipe schema's enum by a test;
+in ``IN_TARGET_TOKENS`` too when its rows are in the target's tokens).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from ..errors import CorpusError
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
 from ..rows import tools_json
 from ..tokens import TokenRows
-from ..trainer_formats import EXPORT_FORMATS, ExportFormat, FileFormat
+from ..trainer_formats import EXPORT_FORMATS, IN_TARGET_TOKENS, ExportFormat, FileFormat
 
 
 class Turn(TypedDict):
@@ -278,8 +279,12 @@ class TrainerFormat:
     # for the file formats the trainers read; none for a form no trainer here reads.
     train_commands: tuple[str, ...] = ()
     trained_from: tuple[FileFormat, ...] = ("jsonl",)
-    # Rows in the target's tokens: a tokenizer is needed, and a re-render cannot differ from what was served.
-    in_target_tokens: bool = False
+
+    @property
+    def in_target_tokens(self) -> bool:
+        """Rows in the target's tokens (``trainer_formats.IN_TARGET_TOKENS``, which the recipe's checks read too):
+        a tokenizer is needed, and a re-render cannot differ from what was served."""
+        return self.name in IN_TARGET_TOKENS
 
     def commands(self, file_format: FileFormat, train: TrainingFile) -> list[str]:
         return [train.command(template) for template in self.train_commands] if file_format in self.trained_from \
@@ -302,8 +307,7 @@ TRAINER_FORMATS: Final[Mapping[ExportFormat, TrainerFormat]] = {fmt.name: fmt fo
         _in_tokens,
         "`{id, input_ids, loss_mask}` per assistant turn in the target's tokens (the served ids of generated turns): "
         "speculators' `prepare-data` passes them through unchanged, and SpecForge takes them as `data.prompts_path`",
-        (_PREPARE_DATA, "{download}", f"{_SPECFORGE_TRAIN} data.prompts_path={{path}}"),  # SpecForge: the same rows
-        in_target_tokens=True),
+        (_PREPARE_DATA, "{download}", f"{_SPECFORGE_TRAIN} data.prompts_path={{path}}")),  # SpecForge: the same rows
     TrainerFormat(
         "specforge",
         pa.schema([("id", pa.string()), ("conversations", pa.list_(_PLAIN_TURN))]),
