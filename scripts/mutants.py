@@ -33,7 +33,7 @@ class Mutant:
 
 
 MUTANTS = [
-    Mutant("publish read-back emptied", "corpus_builder/publish/__init__.py",
+    Mutant("publish read-back emptied", "corpus_builder/publish/commit.py",
            '    """Read the repository back at the new head: every file with our size and hash, no stale shard."""\n',
            '    """Read the repository back at the new head: every file with our size and hash, no stale shard."""\n'
            "    return\n",
@@ -46,9 +46,9 @@ MUTANTS = [
            'split_draw(self.seed, row_id) < self.fraction',
            '(hash(row_id) % 2**32) / 2**32 < self.fraction',
            ("tests/assemble/test_pipeline.py::test_rebuilds_are_byte_identical_across_processes_and_from_the_journal",)),
-    Mutant("unclosed think kept by default", "corpus_builder/screen/checks.py",
-           'if FLAG_UNCLOSED_THINK in conversation.flags and self.checks.on_unclosed_think == "drop":',
-           'if FLAG_UNCLOSED_THINK in conversation.flags and self.checks.on_unclosed_think == "never":',
+    Mutant("unclosed think kept by default", "corpus_builder/screen/row_checks.py",
+           'return cls() if setup.checks.on_unclosed_think == "drop" else None',
+           'return cls() if setup.checks.on_unclosed_think == "never" else None',
            ("tests/assemble/test_row_checks.py",)),
     Mutant("generated turns never flagged unclosed", "corpus_builder/generate/scheduler.py",
            "        unclosed |= (job.thinking", "        unclosed |= False and (job.thinking",

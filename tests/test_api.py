@@ -84,8 +84,8 @@ def test_every_name_resolves_and_no_package_exports_a_name_of_its_own_modules() 
         assert value.__module__.startswith("corpus_builder."), name
     assert corpus_builder.build_corpus.__module__ == "corpus_builder.assemble.pipeline"
     assert corpus_builder.audit_corpus.__module__ == "corpus_builder.audit.run"
-    assert corpus_builder.export_corpus.__module__ == "corpus_builder.export"
-    assert corpus_builder.publish_corpus.__module__ == "corpus_builder.publish"
+    assert corpus_builder.export_corpus.__module__ == "corpus_builder.export.write"
+    assert corpus_builder.publish_corpus.__module__ == "corpus_builder.publish.commit"
     for stage in STAGES:
         assert getattr(corpus_builder, stage) is sys.modules[f"corpus_builder.{stage}"], stage
     assert "build_corpus" in dir(corpus_builder)

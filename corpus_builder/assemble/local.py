@@ -18,8 +18,9 @@ from ..layout import ShardInfo
 from ..progress import ProgressLine
 from ..records import Conversation
 from ..rows import RowSpool
-from ..screen.checks import BatchStats, Checker
+from ..screen.checks import Checker
 from ..screen.pack import PackScreen
+from ..screen.row_checks import BatchStats
 from ..screen.screened import Screened
 from ..screen.stream import StreamJudge, screened_in_order
 from ..sources import MeasuredRows, replay_stream

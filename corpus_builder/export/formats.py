@@ -1,8 +1,6 @@
-"""`corpus export`: a built corpus in the formats the trainers read, one file per split.
-
-Layout: ``OUT/{split}.{jsonl|jsonl.zst|parquet}`` (train, validation). The split was decided per
-conversation at build time and every row of a conversation goes to its conversation's file, so the
-per-turn fan-out of `speculators-tokens` never puts one conversation on both sides.
+"""The trainer formats of `corpus export`, each one record (``TRAINER_FORMATS``): its name, the converter that gives
+its rows, their Arrow schema, the note the dataset card prints and the commands that train on it. The export, the
+draft vocabulary and the publish read every fact of a format from here.
 
 Formats (reasoning always travels in its own field, except in sharegpt, which has none):
 
@@ -35,65 +33,114 @@ and ``tools`` is the row's function schemas as a JSON string (null without tools
 function-calling datasets store them and speculators reads them: free-form JSON Schema has no one column type.
 Every turn carries ``reasoning_content``, ``tool_calls`` and ``tool_call_id`` (null where a turn has none):
 with a key missing from some turns, ``datasets``' JSON loader types the turns as opaque ``Json`` instead of
-``List({role, content, ...})``. Memory is flat: batches stream from the shards to the files.
+``List({role, content, ...})``.
+
+To add a format: its converter and its record in ``TRAINER_FORMATS`` here, and its name in
+``trainer_formats.ExportFormat`` (the recipe's and the CLI's choices, held to the recipe schema's enum by a test;
+in ``IN_TARGET_TOKENS`` too when its rows are in the target's tokens).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TextIO
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final, TypedDict
 
 import orjson
 import pyarrow as pa
 
 from ..errors import CorpusError
-from ..layout import Corpus
-from ..outputs import made_directory, staged
-from ..progress import ProgressLine
-from ..recipe.model import Recipe
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation, Message, ToolCall
-from ..rows import batch_to_conversations, tools_json
+from ..rows import tools_json
 from ..tokens import TokenRows
-from ..trainer_formats import EXPORT_FORMATS, FILE_FORMATS
+from ..trainer_formats import EXPORT_FORMATS, IN_TARGET_TOKENS, ExportFormat, FileFormat
 
-EXPORTS_DIR = "exports"  # a build's recipe exports: OUT/exports/{format}/
+
+class Turn(TypedDict):
+    role: str
+    content: str
+    reasoning_content: str | None
+    tool_calls: list[Mapping[str, object]] | None  # OpenAI's {id, type, function: {name, arguments}}
+    tool_call_id: str | None
+
+
+class PlainTurn(TypedDict):
+    role: str
+    content: str
+    reasoning_content: str | None
+
+
+SharegptTurn = TypedDict("SharegptTurn", {"from": str, "value": str})
+
+
+class SharegptCall(TypedDict):
+    name: str
+    arguments: str | Mapping[str, object]  # the arguments' object, or their text when it is not one
+
+
+class SpeculatorsRow(TypedDict):
+    id: str
+    conversations: list[Turn]
+    tools: str | None
+
+
+class SpecforgeRow(TypedDict):
+    id: str
+    conversations: list[PlainTurn]
+
+
+class MessagesRow(TypedDict):
+    id: str
+    source: str
+    messages: list[Turn]
+    tools: str | None
+
+
+class SharegptRow(TypedDict):
+    id: str
+    conversations: list[SharegptTurn]
+    tools: str | None
+
+
+class TokenRow(TypedDict):
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+ExportRow = SpeculatorsRow | SpecforgeRow | MessagesRow | SharegptRow | TokenRow
+# A converter turns a batch of conversations into output rows and counts what it leaves out, by reason.
+Converter = Callable[[list[Conversation], Counter[str]], Iterator[ExportRow]]
+
+# The format `corpus vocab` counts (an export of it, or the same rows made from a corpus), and its token columns.
+TOKEN_FORMAT: Final[ExportFormat] = "speculators-tokens"
+TOKEN_COLUMNS: Final = ("input_ids", "loss_mask")
 
 _TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
                         ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
 _PLAIN_TURN = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string())])
 _TURN = pa.struct([*_PLAIN_TURN, ("tool_calls", pa.list_(_TOOL_CALL)), ("tool_call_id", pa.string())])
 _SHAREGPT_TURN = pa.struct([("from", pa.string()), ("value", pa.string())])
-SCHEMAS = {
-    "speculators": pa.schema([("id", pa.string()), ("conversations", pa.list_(_TURN)), ("tools", pa.string())]),
-    "specforge": pa.schema([("id", pa.string()), ("conversations", pa.list_(_PLAIN_TURN))]),
-    "messages": pa.schema([("id", pa.string()), ("source", pa.string()), ("messages", pa.list_(_TURN)),
-                           ("tools", pa.string())]),
-    "sharegpt": pa.schema([("id", pa.string()), ("conversations", pa.list_(_SHAREGPT_TURN)), ("tools", pa.string())]),
-    "speculators-tokens": pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())),
-                                     ("loss_mask", pa.list_(pa.int32()))]),
-}
 SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "observation"}
 SHAREGPT_CALL = "function_call"
 SPECFORGE_NO_TOOLS = "tool calls or tools (SpecForge's conversations hold no tool turns)"
 
 
-def _turns(conversation: Conversation) -> list[dict[str, Any]]:
+def _turns(conversation: Conversation) -> list[Turn]:
     return [{"role": m.role, "content": m.content, "reasoning_content": m.reasoning,
              "tool_calls": [call.to_openai() for call in m.tool_calls] or None, "tool_call_id": m.tool_call_id}
             for m in conversation.messages]
 
 
-def specforge_problems(row: dict[str, Any]) -> list[str]:
+def specforge_problems(row: Mapping[str, object]) -> list[str]:
     """SpecForge's rules for a ``{id, conversations}`` row: roles alternate user/assistant after an optional
     leading system turn, every content is a non-empty string, no think markers are left in the content,
     and ``reasoning_content`` (a string) appears on assistant turns only."""
     problems = []
-    if not isinstance(row.get("id"), str) or not row["id"]:
+    row_id = row.get("id")
+    if not isinstance(row_id, str) or not row_id:
         problems.append("id is not a non-empty string")
     turns = row.get("conversations")
     if not isinstance(turns, list) or not turns:
@@ -127,8 +174,8 @@ def inline_reasoning(message: Message) -> str:
     return message.content
 
 
-def _sharegpt_turns(conversation: Conversation) -> list[dict[str, str]]:
-    turns: list[dict[str, str]] = []
+def _sharegpt_turns(conversation: Conversation) -> list[SharegptTurn]:
+    turns: list[SharegptTurn] = []
     results: list[str] = []  # the tool turns in a row, written as one observation when there are several
 
     def flush() -> None:
@@ -152,28 +199,24 @@ def _sharegpt_turns(conversation: Conversation) -> list[dict[str, str]]:
     return turns
 
 
-def _sharegpt_call(call: ToolCall) -> dict[str, Any]:
+def _sharegpt_call(call: ToolCall) -> SharegptCall:
     """glaive/LLaMA-Factory's call: the arguments as an object (their text when it is not one)."""
     arguments = call.arguments_object()
     return {"name": call.name, "arguments": call.arguments if arguments is None else arguments}
 
 
-# A converter turns a batch of conversations into output rows and counts what it leaves out.
-Converter = Callable[[list[Conversation], Counter[str]], Iterator[dict[str, Any]]]
-
-
-def _speculators(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+def _speculators(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[SpeculatorsRow]:
     for c in conversations:
         yield {"id": c.id, "conversations": _turns(c), "tools": tools_json(c)}
 
 
-def _specforge(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+def _specforge(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[SpecforgeRow]:
     for c in conversations:
         if c.has_tool_traffic:
             skipped[SPECFORGE_NO_TOOLS] += 1
             continue
-        row = {"id": c.id, "conversations": [{"role": m.role, "content": m.content, "reasoning_content": m.reasoning}
-                                             for m in c.messages]}
+        row: SpecforgeRow = {"id": c.id, "conversations": [
+            {"role": m.role, "content": m.content, "reasoning_content": m.reasoning} for m in c.messages]}
         problems = specforge_problems(row)
         if problems:
             skipped[re.sub(r"^turn \d+ ", "", problems[0])] += 1  # counted by kind, not by turn
@@ -181,166 +224,120 @@ def _specforge(conversations: list[Conversation], skipped: Counter[str]) -> Iter
         yield row
 
 
-def _messages(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+def _messages(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[MessagesRow]:
     for c in conversations:
         yield {"id": c.id, "source": c.source, "messages": _turns(c), "tools": tools_json(c)}
 
 
-def _sharegpt(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+def _sharegpt(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[SharegptRow]:
     for c in conversations:
         yield {"id": c.id, "conversations": _sharegpt_turns(c), "tools": tools_json(c)}
 
 
-class _TokenConverter:
-    def __init__(self, rows: TokenRows) -> None:
-        self.rows = rows
+def _in_text(convert: Converter) -> Callable[[TokenRows | None], Converter]:
+    """A format whose rows are the conversations' text: no token rows needed."""
+    return lambda _token_rows: convert
 
-    def __call__(self, conversations: list[Conversation], skipped: Counter[str]) -> Iterator[dict[str, Any]]:
-        for item in self.rows.tokenize(conversations):
+
+def _in_tokens(token_rows: TokenRows | None) -> Converter:
+    """speculators-tokens: each assistant turn's token row, on the target's tokenizer."""
+    if token_rows is None:
+        raise CorpusError(f"{TOKEN_FORMAT} needs the target's tokenizer: the corpus recipe has no target.tokenizer "
+                          "that can be found here (give --tokenizer DIR)")
+
+    def convert(conversations: list[Conversation], skipped: Counter[str]) -> Iterator[TokenRow]:
+        for item in token_rows.tokenize(conversations):
             for row in item.rows:
                 yield {"id": row.id, "input_ids": row.input_ids, "loss_mask": row.loss_mask}
 
-
-class _JsonlSink:
-    def __init__(self, path: Path, compressed: bool) -> None:
-        self._file = path.open("wb")
-        self._stream: Any = self._file
-        if compressed:
-            import zstandard
-
-            self._stream = zstandard.ZstdCompressor(level=3).stream_writer(self._file)
-
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        self._stream.write(b"".join(orjson.dumps(row) + b"\n" for row in rows))
-
-    def close(self) -> None:
-        self._stream.close()  # closes the file too
-        self._file.close()
+    return convert
 
 
-class _ParquetSink:
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
-        import pyarrow.parquet as pq
+@dataclass(frozen=True)
+class TrainingFile:
+    """A published export's train split, as the commands that train on it name it."""
 
-        self._schema = schema
-        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+    repo_id: str
+    path: str  # in the repository
+    target: str  # the target model
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        self._writer.write_table(pa.Table.from_pylist(rows, schema=self._schema))
-
-    def close(self) -> None:
-        self._writer.close()
-
-
-@dataclass
-class ExportReport:
-    format: str
-    file_format: str
-    out_dir: Path
-    # split -> {path, rows, conversations, left_out}
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    skipped: dict[str, int] = field(default_factory=dict)
-    # Natural-language formats only: generated turns whose re-render is not the token ids the target served
-    # (from the build's served-ids check), of how many; a trainer that re-renders the text trains on those.
-    re_rendered: tuple[int, int] | None = None
-
-    def describe(self) -> str:
-        lines = [f"{self.format} ({self.file_format}) -> {self.out_dir}"]
-        for split, info in self.files.items():
-            lines.append(f"  {split:<11} {info['rows']:>9,} rows from {info['conversations']:,} conversations  "
-                         f"{info['path']}")
-        for reason, count in sorted(self.skipped.items()):
-            lines.append(f"  left out: {reason}: {count:,} conversations")
-        if self.re_rendered is not None and self.re_rendered[0]:
-            differ, checked = self.re_rendered
-            lines.append(f"  note: {differ:,} of {checked:,} generated turns re-render differently from the tokens "
-                         "the target served (a trainer that re-renders this text trains on tokens the target did "
-                         "not produce); the speculators-tokens export keeps them token-exact")
-        return "\n".join(lines)
+    def command(self, template: str) -> str:
+        return template.format(target=self.target, path=self.path,
+                               hub_url=f"hf://datasets/{self.repo_id}/{self.path}",
+                               download=f"hf download {self.repo_id} {self.path} --repo-type dataset --local-dir .")
 
 
-def _re_rendered_turns(corpus: Corpus) -> tuple[int, int] | None:
-    """(generated turns whose re-render differs from their served ids, generated turns checked), from the
-    build's served-ids check in audit.json; None when the build had no target tokenizer to check with."""
-    mismatches = ((corpus.audit() or {}).get("tokens") or {}).get("mismatches")
-    if not isinstance(mismatches, dict):
-        return None
-    return int(mismatches.get("count", 0)), int(mismatches.get("checked_turns", 0))
+@dataclass(frozen=True)
+class TrainerFormat:
+    """One export format, whole: everything the export, `corpus vocab` and the publish know of it."""
+
+    name: ExportFormat
+    schema: pa.Schema  # its rows' Arrow schema (a parquet export's; the JSON exports hold the same fields)
+    convert: Callable[[TokenRows | None], Converter]  # the converter, given the target's token rows (or None)
+    card_note: str  # what the dataset card says of it, one sentence
+    # The commands that train on its train split straight from the Hub ({target}, {path}, {hub_url}, {download}),
+    # for the file formats the trainers read; none for a form no trainer here reads.
+    train_commands: tuple[str, ...] = ()
+    trained_from: tuple[FileFormat, ...] = ("jsonl",)
+
+    @property
+    def in_target_tokens(self) -> bool:
+        """Rows in the target's tokens (``trainer_formats.IN_TARGET_TOKENS``, which the recipe's checks read too):
+        a tokenizer is needed, and a re-render cannot differ from what was served."""
+        return self.name in IN_TARGET_TOKENS
+
+    def commands(self, file_format: FileFormat, train: TrainingFile) -> list[str]:
+        return [train.command(template) for template in self.train_commands] if file_format in self.trained_from \
+            else []
 
 
-def _converter(fmt: str, token_rows: TokenRows | None) -> Converter:
-    if fmt == "speculators-tokens":
-        if token_rows is None:
-            raise CorpusError("speculators-tokens needs the target's tokenizer: the corpus recipe has no "
-                              "target.tokenizer that can be found here (give --tokenizer DIR)")
-        return _TokenConverter(token_rows)
-    return {"speculators": _speculators, "specforge": _specforge, "messages": _messages,
-            "sharegpt": _sharegpt}[fmt]
+_PREPARE_DATA = "speculators prepare-data --model {target} --data {hub_url} --output ./data --seq-length 8192"
+_SPECFORGE_TRAIN = "specforge train -c CONFIG.yaml model.target_model_path={target}"
+TRAINER_FORMATS: Final[Mapping[ExportFormat, TrainerFormat]] = {fmt.name: fmt for fmt in (
+    TrainerFormat(
+        "speculators",
+        pa.schema([("id", pa.string()), ("conversations", pa.list_(_TURN)), ("tools", pa.string())]),
+        _in_text(_speculators),
+        "natural-language conversations; `prepare-data` renders them through a vLLM server serving the target "
+        "(`--render-endpoint`)",
+        (f"{_PREPARE_DATA} --render-endpoint http://localhost:8000",)),
+    TrainerFormat(
+        TOKEN_FORMAT,
+        pa.schema([("id", pa.string()), *((name, pa.list_(pa.int32())) for name in TOKEN_COLUMNS)]),
+        _in_tokens,
+        "`{id, input_ids, loss_mask}` per assistant turn in the target's tokens (the served ids of generated turns): "
+        "speculators' `prepare-data` passes them through unchanged, and SpecForge takes them as `data.prompts_path`",
+        (_PREPARE_DATA, "{download}", f"{_SPECFORGE_TRAIN} data.prompts_path={{path}}")),  # SpecForge: the same rows
+    TrainerFormat(
+        "specforge",
+        pa.schema([("id", pa.string()), ("conversations", pa.list_(_PLAIN_TURN))]),
+        _in_text(_specforge),
+        "SpecForge's conversations (no tool turns); its parser renders them with the chat template named by "
+        "`data.chat_template` (TEMPLATE: the SpecForge template whose assistant header ends where the target's "
+        "generation prompt does, e.g. `qwen3-next-thinking` for a Qwen3-style template that opens `<think>` in the "
+        "prompt)",
+        ("{download}", f"{_SPECFORGE_TRAIN} data.train_data_path={{path}} data.chat_template=TEMPLATE")),
+    TrainerFormat(
+        "messages",
+        pa.schema([("id", pa.string()), ("source", pa.string()), ("messages", pa.list_(_TURN)),
+                   ("tools", pa.string())]),
+        _in_text(_messages),
+        "OpenAI `messages` (`reasoning_content` per assistant turn), as ModelOpt's speculative-decoding example reads "
+        "`data.data_path` (its collator passes no `tools` to the template)",
+        ("python examples/speculative_decoding/main.py --config general/speculative_decoding/eagle3 "
+         "model.model_name_or_path={target} data.data_path={hub_url} training.output_dir=ckpts/eagle3",)),
+    TrainerFormat(
+        "sharegpt",
+        pa.schema([("id", pa.string()), ("conversations", pa.list_(_SHAREGPT_TURN)), ("tools", pa.string())]),
+        _in_text(_sharegpt),
+        "ShareGPT turns (reasoning as a leading think block; glaive/LLaMA-Factory tool turns)"),
+)}
 
 
-def split_files(corpus: Corpus, out_dir: Path, file_format: str) -> dict[str, Path]:
-    """The file each split of ``corpus`` is exported to: ``out_dir``/{split}.{file_format}."""
-    return {split: out_dir / f"{split}.{file_format}" for split in sorted(corpus.manifest.splits)}
-
-
-def write_export(corpus: Corpus, fmt: str, out_dir: Path, *, file_format: str = "jsonl",
-                 token_rows: TokenRows | None = None, batch_size: int = 512,
-                 progress: ProgressLine | None = None, allow_empty: bool = False) -> ExportReport:
-    """Write ``corpus`` as ``fmt`` into ``out_dir``/{split}.{file_format}; the files appear complete or not at
-    all (each written under a temporary name, every one renamed once all are done; on an error the temporary
-    files, and the directories made for them, are removed). An export without rows (an empty corpus, or every
-    conversation left out by the format) is refused, nothing written, unless ``allow_empty``."""
-    if fmt not in EXPORT_FORMATS:
-        raise CorpusError(f"unknown export format {fmt!r} (one of {', '.join(EXPORT_FORMATS)})")
-    if file_format not in FILE_FORMATS:
-        raise CorpusError(f"unknown file format {file_format!r} (one of {', '.join(FILE_FORMATS)})")
-    if not corpus.manifest.conversations and not allow_empty:
-        raise CorpusError("the corpus holds no conversations: there is nothing to export", file=str(corpus.root))
-    convert = _converter(fmt, token_rows)
-    report = ExportReport(fmt, file_format, out_dir, re_rendered=None if fmt == "speculators-tokens"
-                          else _re_rendered_turns(corpus))
-    skipped: Counter[str] = Counter()
-    with made_directory(out_dir), ExitStack() as files:
-        for split, path in split_files(corpus, out_dir, file_format).items():
-            partial = files.enter_context(staged(path))
-            sink = (_ParquetSink(partial, SCHEMAS[fmt]) if file_format == "parquet"
-                    else _JsonlSink(partial, file_format == "jsonl.zst"))
-            rows = conversations = 0
-            left_out = sum(skipped.values())
-            try:
-                for batch in corpus.iter_batches(split=split, batch_size=batch_size):
-                    converted = list(convert(batch_to_conversations(batch), skipped))
-                    conversations += batch.num_rows
-                    rows += len(converted)
-                    if converted:
-                        sink.write(converted)
-                    if progress is not None:
-                        progress.advance(batch.num_rows)
-            finally:
-                sink.close()
-            report.files[split] = {"path": str(path), "rows": rows, "conversations": conversations,
-                                   "left_out": sum(skipped.values()) - left_out}
-        if not any(info["rows"] for info in report.files.values()) and not allow_empty:
-            reasons = "; ".join(f"{reason}: {count:,}" for reason, count in sorted(skipped.items()))
-            raise CorpusError(f"the {fmt} export would hold no rows: every conversation was left out ({reasons}); "
-                              "nothing was written", file=str(out_dir))
-    report.skipped = dict(skipped)
-    if progress is not None:
-        progress.finish()
-    return report
-
-
-def run_recipe_exports(recipe: Recipe, corpus_dir: Path, token_rows: TokenRows | None,
-                       stream: TextIO | None = None, allow_empty: bool = False) -> list[ExportReport]:
-    """The exports a recipe's output asks for, into ``corpus_dir``/exports/{format}/ (``token_rows``: the
-    build's own, on its one renderer), each with a progress line on ``stream``; ``allow_empty``: the build
-    was asked for an empty corpus, so its exports may be empty too."""
-    if not recipe.output.exports:
-        return []
-    corpus = Corpus.open(corpus_dir)
-    total = corpus.manifest.conversations
-    return [write_export(corpus, spec.format, corpus_dir / EXPORTS_DIR / spec.format, file_format=spec.file_format,
-                         token_rows=token_rows, allow_empty=allow_empty,
-                         progress=ProgressLine(f"export {spec.format}", total=total, unit="conversations",
-                                               stream=stream))
-            for spec in recipe.output.exports]
+def trainer_format(name: object, where: str = "") -> TrainerFormat:
+    """The format named ``name``; an unknown name is refused, naming the choices (``where``: the setting)."""
+    found = next((fmt for fmt_name, fmt in TRAINER_FORMATS.items() if fmt_name == name), None)
+    if found is None:
+        raise CorpusError(f"{where}{': ' if where else ''}unknown export format {name!r} "
+                          f"(one of {', '.join(EXPORT_FORMATS)})")
+    return found

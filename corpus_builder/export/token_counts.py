@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -21,8 +21,8 @@ import pyarrow as pa
 from ..errors import CorpusError
 from ..layout import open_parquet
 from ..trainer_formats import FILE_FORMATS
+from .formats import TOKEN_COLUMNS, TOKEN_FORMAT
 
-TOKEN_COLUMNS = ("input_ids", "loss_mask")
 _JSON_SCHEMA = pa.schema([(name, pa.list_(pa.int64())) for name in TOKEN_COLUMNS])
 _JSON_BLOCK_BYTES = 16 << 20  # the JSON reader's block: a batch of rows (a row must fit in one)
 _PARQUET_BATCH_ROWS = 8192
@@ -51,26 +51,26 @@ def token_export_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and _file_format(p) is not None)
         if not files:
-            raise CorpusError(f"manifest.json is missing (interrupted or failed build?), and no speculators-tokens "
+            raise CorpusError(f"manifest.json is missing (interrupted or failed build?), and no {TOKEN_FORMAT} "
                               f"export file ({', '.join(f'*.{fmt}' for fmt in FILE_FORMATS)}) is there either",
                               file=str(path))
         return files
     if not path.is_file():
         raise CorpusError("no such file or directory", file=str(path))
     if _file_format(path) is None:
-        raise CorpusError(f"not a speculators-tokens export file: the name must end in "
+        raise CorpusError(f"not a {TOKEN_FORMAT} export file: the name must end in "
                           f"{', '.join(f'.{fmt}' for fmt in FILE_FORMATS)}", file=str(path))
     return [path]
 
 
-def _batches(path: Path) -> Iterator[Any]:
+def _batches(path: Path) -> Iterator[pa.RecordBatch]:
     """The file's (input_ids, loss_mask) columns, batch by batch."""
     if _file_format(path) == "parquet":
         parquet = open_parquet(path)
         schema = parquet.schema_arrow
         missing = [name for name in TOKEN_COLUMNS if name not in schema.names]
         if missing:
-            raise CorpusError(f"not a speculators-tokens export: no {' or '.join(missing)} column", file=str(path))
+            raise CorpusError(f"not a {TOKEN_FORMAT} export: no {' or '.join(missing)} column", file=str(path))
         for name in TOKEN_COLUMNS:
             kind = schema.field(name).type
             if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
@@ -115,7 +115,7 @@ def _row_error(path: Path, row: int, problem: str) -> CorpusError:
     return CorpusError(problem, file=str(path), line=_line(path, row))
 
 
-def _masked_ids(batch: Any, path: Path, first_row: int) -> np.ndarray:
+def _masked_ids(batch: pa.RecordBatch, path: Path, first_row: int) -> np.ndarray:
     """The ids of one batch under its loss mask; a row without both lists, or with lists of two lengths, is
     named by its place in the file."""
     import pyarrow.compute as pc
@@ -136,7 +136,7 @@ def _masked_ids(batch: Any, path: Path, first_row: int) -> np.ndarray:
     return supervised
 
 
-def _outside(batch: Any, path: Path, first_row: int, vocabulary: Vocabulary | None) -> CorpusError:
+def _outside(batch: pa.RecordBatch, path: Path, first_row: int, vocabulary: Vocabulary | None) -> CorpusError:
     """The error of the batch's first row with a supervised id outside ``vocabulary`` (None: unknown, so past
     MAX_UNKNOWN_VOCABULARY), naming the row, the id and the vocabulary."""
     bound = vocabulary.size if vocabulary is not None else MAX_UNKNOWN_VOCABULARY
@@ -173,5 +173,5 @@ def count_token_export(files: list[Path], vocabulary: Vocabulary | None) -> np.n
                     counts = np.concatenate([counts, np.zeros(len(found) - len(counts), np.int64)])
                 counts += found
         except (pa.ArrowException, OSError) as error:
-            raise CorpusError(f"cannot read the speculators-tokens export: {error}", file=str(path)) from error
+            raise CorpusError(f"cannot read the {TOKEN_FORMAT} export: {error}", file=str(path)) from error
     return counts

@@ -13,15 +13,17 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 import yaml
 
 from ..errors import REASONS, URL_USERINFO_RE
+from ..export.formats import TOKEN_FORMAT, TRAINER_FORMATS
 from ..layout import Manifest
 from ..secrets import map_strings
-from .exports import PublishedExport, training_commands
+from .exports import PublishedExport
 from .gate import CorpusDocuments, mapping
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ def scrub_local_paths(text: str) -> str:
     return _LOCAL_PATH_RE.sub(LOCAL_PATH, URL_USERINFO_RE.sub("", text))
 
 
-def scrub_value(value: Any) -> Any:
+def scrub_value(value: object) -> object:
     """``scrub_local_paths`` applied to every string inside a JSON-like value."""
     return map_strings(scrub_local_paths, value)
 
@@ -72,7 +74,7 @@ def size_category(rows: int) -> str:
     return next(label for bound, label in SIZE_CATEGORIES if rows < bound)
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     """A field shown as text: strings as they are, numbers written out, anything else (lists, mappings,
     booleans, null) not shown."""
     if isinstance(value, str):
@@ -82,22 +84,22 @@ def _text(value: Any) -> str | None:
     return None
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _figure(value: Any) -> str:
+def _figure(value: object) -> str:
     number = _number(value)
     if number is None:
         return "n/a"
     return f"{int(number):,}" if number == int(number) else f"{number:,.4g}"
 
 
-def _entries(value: Any) -> list[tuple[str, dict[str, Any]]]:
+def _entries(value: object) -> list[tuple[str, Mapping[str, object]]]:
     """(name, statistics) of a by-name section (by_split, by_source), each statistics a mapping."""
     return [(str(name), mapping(item)) for name, item in mapping(value).items()]
 
@@ -109,7 +111,21 @@ def _hub_license(license_name: str | None) -> str | None:
     return normalised if normalised in HUB_LICENSES else None
 
 
-def _sources(docs: CorpusDocuments) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class _Source:
+    """A recipe source as the card shows it: the recipe's entry joined with its counts from audit.json."""
+
+    name: str
+    hub_id: str | None
+    kind: str | None
+    origin: str
+    task: str | None
+    license: str | None
+    conversations: int
+    thinking_share: float | None
+
+
+def _sources(docs: CorpusDocuments) -> list[_Source]:
     """One entry per recipe source (a mapping in the sources list), joined with its counts from audit.json
     (recipe order); a source without a usable name is named by its place in the list."""
     by_source = mapping(docs.audit.get("by_source"))
@@ -121,23 +137,23 @@ def _sources(docs: CorpusDocuments) -> list[dict[str, Any]]:
         name = _text(spec.get("name")) or f"sources[{index}]"
         stats = mapping(by_source.get(name))
         kind = _text(spec.get("kind"))
-        entries.append({
-            "name": name,
-            "hub_id": _text(mapping(spec.get("hub")).get("id")),
-            "kind": kind,
-            "origin": _text(stats.get("origin")) or ("generated" if kind == "prompts" else "replay"),
-            "task": _text(stats.get("task")) or _text(spec.get("task")),
-            "license": _text(spec.get("license")) or _text(stats.get("license")),
-            "conversations": _count(stats.get("conversations")),
-            "thinking_share": _number(stats.get("thinking_share")),
-        })
+        entries.append(_Source(
+            name=name,
+            hub_id=_text(mapping(spec.get("hub")).get("id")),
+            kind=kind,
+            origin=_text(stats.get("origin")) or ("generated" if kind == "prompts" else "replay"),
+            task=_text(stats.get("task")) or _text(spec.get("task")),
+            license=_text(spec.get("license")) or _text(stats.get("license")),
+            conversations=_count(stats.get("conversations")),
+            thinking_share=_number(stats.get("thinking_share")),
+        ))
     return entries
 
 
 def card_license(docs: CorpusDocuments) -> tuple[str, list[str]]:
     """(metadata license, distinct declared licenses): the one Hub id when all sources agree, else
     ``other`` (named in the body), ``unknown`` when no source declares one."""
-    declared = [entry["license"] for entry in _sources(docs)]
+    declared = [entry.license for entry in _sources(docs)]
     distinct = sorted({name for name in declared if name})
     if not distinct:
         return "unknown", []
@@ -146,7 +162,12 @@ def card_license(docs: CorpusDocuments) -> tuple[str, list[str]]:
     return "other", distinct
 
 
-def _data_files(manifest: Manifest) -> list[dict[str, Any]]:
+class _DataFiles(TypedDict):
+    split: str
+    path: list[str]
+
+
+def _data_files(manifest: Manifest) -> list[_DataFiles]:
     by_split: dict[str, list[str]] = {}
     for entry in manifest.files:  # the gate has checked every entry
         by_split.setdefault(entry.split, []).append(entry.path)
@@ -154,12 +175,12 @@ def _data_files(manifest: Manifest) -> list[dict[str, Any]]:
     return [{"split": split, "path": sorted(by_split[split])} for split in order]
 
 
-def card_metadata(docs: CorpusDocuments) -> dict[str, Any]:
+def card_metadata(docs: CorpusDocuments) -> dict[str, object]:
     """The YAML front matter, following the Hub's dataset card metadata fields."""
     sources = _sources(docs)
     license_id, _ = card_license(docs)
     tags = ["speculative-decoding", "eagle3", "draft-model", "corpus-builder"]
-    if any(entry["origin"] == "generated" for entry in sources):
+    if any(entry.origin == "generated" for entry in sources):
         tags += ["synthetic", "on-policy"]
     if docs.audit.get("thinking_conversations"):
         tags.append("reasoning")
@@ -171,7 +192,7 @@ def card_metadata(docs: CorpusDocuments) -> dict[str, Any]:
         "annotations_creators": ["machine-generated"],
         "task_categories": ["text-generation"],
         "size_categories": [size_category(conversations)],
-        "source_datasets": [entry["hub_id"] or entry["name"] for entry in sources],
+        "source_datasets": [entry.hub_id or entry.name for entry in sources],
         "tags": tags,
         "configs": [{"config_name": "default", "default": True, "data_files": _data_files(docs.manifest)}],
     }
@@ -181,21 +202,21 @@ def _corpus_name(docs: CorpusDocuments) -> str:
     return docs.manifest.name or _text(docs.recipe.get("name")) or "corpus"
 
 
-def _pct(value: Any) -> str:
+def _pct(value: object) -> str:
     """A share as a percentage, or n/a where there is no number."""
     number = _number(value)
     return "n/a" if number is None else f"{100 * number:.1f}%"
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    def cell(value: Any) -> str:
+def _table(header: list[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    def cell(value: object) -> str:
         return str(value if value is not None else "").replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     return lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows] + [""]
 
 
-def _generation_settings(docs: CorpusDocuments) -> list[dict[str, Any]]:
+def _generation_settings(docs: CorpusDocuments) -> list[Mapping[str, object]]:
     generation = docs.audit.get("generation")
     if isinstance(generation, dict):
         return [generation]
@@ -203,9 +224,9 @@ def _generation_settings(docs: CorpusDocuments) -> list[dict[str, Any]]:
 
 
 def _composition(docs: CorpusDocuments, total: int) -> list[str]:
-    rows = [[f"`{e['hub_id']}`" if e["hub_id"] else f"{e['name']} (local)", e["origin"], e["task"] or "",
-             e["license"] or "not declared", f"{e['conversations']:,}",
-             _pct(e["conversations"] / total if total else None), _pct(e["thinking_share"])]
+    rows = [[f"`{e.hub_id}`" if e.hub_id else f"{e.name} (local)", e.origin, e.task or "",
+             e.license or "not declared", f"{e.conversations:,}",
+             _pct(e.conversations / total if total else None), _pct(e.thinking_share)]
             for e in _sources(docs)]
     return ["## Composition", "",
             *_table(["source", "origin", "task", "license", "conversations", "share", "thinking"], rows)]
@@ -233,7 +254,7 @@ _TOKEN_TOTALS = (("conversations", "conversations"), ("tokens", "tokens"),
 _TOKEN_LENGTHS = ("p50", "p90", "p99", "max")
 
 
-def _lengths(stats: dict[str, Any]) -> str:
+def _lengths(stats: Mapping[str, object]) -> str:
     return " / ".join(_figure(stats.get(key)) for key in _TOKEN_LENGTHS)
 
 
@@ -440,7 +461,7 @@ def _license_section(docs: CorpusDocuments) -> list[str]:
               "source's license. Use of a subset is subject to the licenses of the sources it contains:", ""]
     by_license: dict[str, list[str]] = {}
     for entry in _sources(docs):
-        by_license.setdefault(entry["license"] or "not declared", []).append(entry["hub_id"] or entry["name"])
+        by_license.setdefault(entry.license or "not declared", []).append(entry.hub_id or entry.name)
     return lines + [f"- `{name}`: {', '.join(names)}" for name, names in sorted(by_license.items())] + [""]
 
 
@@ -458,22 +479,6 @@ def _usage(repo_id: str | None, splits: list[str]) -> list[str]:
             "source position and, for generated rows, the generation settings and token ids).", ""]
 
 
-_EXPORT_NOTES = {
-    "speculators": "natural-language conversations; `prepare-data` renders them through a vLLM server serving the "
-                   "target (`--render-endpoint`)",
-    "speculators-tokens": "`{id, input_ids, loss_mask}` per assistant turn in the target's tokens (the served ids of "
-                          "generated turns): speculators' `prepare-data` passes them through unchanged, and SpecForge "
-                          "takes them as `data.prompts_path`",
-    "specforge": "SpecForge's conversations (no tool turns); its parser renders them with the chat template named "
-                 "by `data.chat_template` (TEMPLATE: the SpecForge template whose assistant header ends where the "
-                 "target's generation prompt does, e.g. `qwen3-next-thinking` for a Qwen3-style template that opens "
-                 "`<think>` in the prompt)",
-    "messages": "OpenAI `messages` (`reasoning_content` per assistant turn), as ModelOpt's speculative-decoding "
-                "example reads `data.data_path` (its collator passes no `tools` to the template)",
-    "sharegpt": "ShareGPT turns (reasoning as a leading think block; glaive/LLaMA-Factory tool turns)",
-}
-
-
 def _training(docs: CorpusDocuments, repo_id: str | None, exports: Sequence[PublishedExport]) -> list[str]:
     """The trainer files published beside the corpus and the command that trains on each."""
     if not exports:
@@ -486,13 +491,13 @@ def _training(docs: CorpusDocuments, repo_id: str | None, exports: Sequence[Publ
                      [[f"`{export.format}`", split, f"`{path}`", _figure(rows)]
                       for export in exports for split, (path, rows) in export.files.items()])]
     for export in exports:
-        commands = training_commands(export, repo, target)
-        lines += [f"- `{export.format}`: {_EXPORT_NOTES[export.format]}."]
+        commands = export.training_commands(repo, target)
+        lines += [f"- `{export.format}`: {TRAINER_FORMATS[export.format].card_note}."]
         if commands:
             lines += ["", "  ```bash", *(f"  {command}" for command in commands), "  ```"]
     return [*lines, "",
             "`corpus vocab` writes speculators' draft-vocabulary files (`token_freq.pt`, `d2t-N.npy`, `t2d-N.npy`) "
-            "from the `speculators-tokens` file into the directory `speculators train --data-path` reads.", ""]
+            f"from the `{TOKEN_FORMAT}` file into the directory `speculators train --data-path` reads.", ""]
 
 
 def render_card(docs: CorpusDocuments, repo_id: str | None = None, exports: Sequence[PublishedExport] = (),
@@ -537,9 +542,9 @@ def render_card(docs: CorpusDocuments, repo_id: str | None = None, exports: Sequ
     return "---\n" + front + "---\n\n" + scrub_local_paths("\n".join(body)).rstrip() + "\n"
 
 
-def parse_front_matter(card: str) -> dict[str, Any]:
+def parse_front_matter(card: str) -> Mapping[str, object]:
     """The YAML metadata of a card (for checks and tests)."""
     if not card.startswith("---\n"):
         return {}
     end = card.index("\n---\n", 4)
-    return yaml.safe_load(card[4:end]) or {}
+    return mapping(yaml.safe_load(card[4:end]))

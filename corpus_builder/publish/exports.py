@@ -2,21 +2,21 @@
 
 Each is written from the gated corpus into a scratch directory (never into the corpus) and uploaded in the same
 commit at ``exports/{format}/{split}.{file_format}``, the layout of a build's own exports; the card names every file
-with the command that trains on it (``training_commands``). Which exports: the recipe's ``publish.exports``, or
-``corpus publish --export FORMAT[:FILE_FORMAT]``.
+with the commands that train on it (its format's record in ``export.formats.TRAINER_FORMATS``). Which exports: the
+recipe's ``publish.exports``, or ``corpus publish --export FORMAT[:FILE_FORMAT]``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
 
 from ..errors import CorpusError
-from ..export.formats import EXPORTS_DIR
+from ..export.formats import TRAINER_FORMATS, TrainingFile, trainer_format
+from ..export.write import EXPORTS_DIR, export_corpus
 from ..layout import RECIPE, Corpus
 from ..recipe.model import ExportSpec
-from ..trainer_formats import EXPORT_FORMATS, FILE_FORMATS, ExportFormat, FileFormat
+from ..trainer_formats import FILE_FORMATS, ExportFormat, FileFormat
 from .gate import CorpusDocuments
 from .upload import UploadFile
 
@@ -29,12 +29,12 @@ def parse_export(text: str) -> ExportSpec:
     return _spec(fmt, file_format or "jsonl", f"--export {text}")
 
 
-def _spec(fmt: Any, file_format: Any, where: str) -> ExportSpec:
-    if fmt not in get_args(ExportFormat):
-        raise CorpusError(f"{where}: unknown export format {fmt!r} (one of {', '.join(EXPORT_FORMATS)})")
-    if file_format not in get_args(FileFormat):
+def _spec(fmt: object, file_format: object, where: str) -> ExportSpec:
+    trainer = trainer_format(fmt, where)
+    chosen = next((name for name in FILE_FORMATS if name == file_format), None)
+    if chosen is None:
         raise CorpusError(f"{where}: unknown file format {file_format!r} (one of {', '.join(FILE_FORMATS)})")
-    return ExportSpec(fmt, file_format)
+    return ExportSpec(trainer.name, chosen)
 
 
 def recipe_exports(docs: CorpusDocuments) -> tuple[ExportSpec, ...]:
@@ -54,56 +54,33 @@ def recipe_exports(docs: CorpusDocuments) -> tuple[ExportSpec, ...]:
 class PublishedExport:
     """One export as uploaded: its files, and each split's path in the repository with its row count."""
 
-    format: str
-    file_format: str
+    format: ExportFormat
+    file_format: FileFormat
     uploads: tuple[UploadFile, ...]
     files: dict[str, tuple[str, int]]  # split -> (path in the repository, rows)
     left_out: dict[str, int]  # reason -> conversations the format could not hold
+
+    def training_commands(self, repo_id: str, target: str) -> list[str]:
+        """The commands that train on this export straight from the repository ``repo_id`` (its train split), as
+        shell lines; none for a form no trainer here reads (sharegpt, or a file a trainer cannot take from the
+        Hub)."""
+        if "train" not in self.files:
+            return []
+        return TRAINER_FORMATS[self.format].commands(self.file_format,
+                                                     TrainingFile(repo_id, self.files["train"][0], target))
 
 
 def write_exports(docs: CorpusDocuments, specs: tuple[ExportSpec, ...], scratch: Path,
                   tokenizer: Path | None) -> list[PublishedExport]:
     """Write each export of ``specs`` from the corpus into ``scratch`` (one directory per format, as in the
     repository), ready to upload."""
-    from ..export import export_corpus
-
     corpus = Corpus(docs.root, docs.manifest)
     published = []
     for spec in dict.fromkeys(specs):  # an export asked for twice is written once
         report = export_corpus(corpus, spec.format, scratch / spec.format, file_format=spec.file_format,
                                tokenizer=tokenizer)
-        files = {split: (f"{EXPORTS_PREFIX}{spec.format}/{split}.{spec.file_format}", int(info["rows"]))
+        files = {split: (f"{EXPORTS_PREFIX}{spec.format}/{split}.{spec.file_format}", info.rows)
                  for split, info in report.files.items()}
-        uploads = tuple(UploadFile.from_path(files[split][0], Path(info["path"]))
-                        for split, info in report.files.items())
+        uploads = tuple(UploadFile.from_path(files[split][0], info.path) for split, info in report.files.items())
         published.append(PublishedExport(spec.format, spec.file_format, uploads, files, dict(report.skipped)))
     return published
-
-
-def _hub_path(repo_id: str, path_in_repo: str) -> str:
-    return f"hf://datasets/{repo_id}/{path_in_repo}"
-
-
-def training_commands(export: PublishedExport, repo_id: str, target: str) -> list[str]:
-    """The commands that train on ``export`` straight from the repository ``repo_id`` (its train split), as shell
-    lines; none for a form no trainer here reads (sharegpt, or a file a trainer cannot take from the Hub)."""
-    if "train" not in export.files:
-        return []
-    path = export.files["train"][0]
-    download = f"hf download {repo_id} {path} --repo-type dataset --local-dir ."
-    if export.format in ("speculators", "speculators-tokens") and export.file_format == "jsonl":
-        render = " --render-endpoint http://localhost:8000" if export.format == "speculators" else ""
-        commands = [f"speculators prepare-data --model {target} --data {_hub_path(repo_id, path)} --output ./data "
-                    f"--seq-length 8192{render}"]
-        if export.format == "speculators-tokens":  # SpecForge takes the same rows as they are
-            commands += [download, f"specforge train -c CONFIG.yaml model.target_model_path={target} "
-                                   f"data.prompts_path={path}"]
-        return commands
-    if export.format == "specforge" and export.file_format == "jsonl":
-        return [download, f"specforge train -c CONFIG.yaml model.target_model_path={target} "
-                          f"data.train_data_path={path} data.chat_template=TEMPLATE"]
-    if export.format == "messages" and export.file_format == "jsonl":
-        return [f"python examples/speculative_decoding/main.py --config general/speculative_decoding/eagle3 "
-                f"model.model_name_or_path={target} data.data_path={_hub_path(repo_id, path)} "
-                "training.output_dir=ckpts/eagle3"]
-    return []

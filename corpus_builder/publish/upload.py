@@ -5,9 +5,17 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from ..hub import REPO_TYPE, HubSession
+
+
+class UploadedFile(TypedDict):
+    """A file of a publish as its report lists it."""
+
+    path: str
+    size: int
+    sha256: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +44,13 @@ class UploadFile:
                 git.update(chunk)
         return cls(path_in_repo, size, sha256.hexdigest(), git.hexdigest(), local_path=path)
 
-    def matches(self, remote: Any) -> bool:
+    def matches(self, remote: object) -> bool:
         """Same bytes as a RepoFile from paths-info/tree: size plus the LFS sha256 or the git blob id."""
         if remote is None or getattr(remote, "size", None) != self.size:
             return False
         lfs = getattr(remote, "lfs", None)
         if lfs is not None:
-            return bool(lfs.sha256 == self.sha256)
+            return bool(getattr(lfs, "sha256", None) == self.sha256)
         return bool(getattr(remote, "blob_id", None) == self.git_sha1)
 
     def source(self) -> str | bytes:
@@ -52,7 +60,7 @@ class UploadFile:
         assert self.content is not None, "an UploadFile holds a path or bytes"
         return self.content
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> UploadedFile:
         return {"path": self.path_in_repo, "size": self.size, "sha256": self.sha256}
 
 

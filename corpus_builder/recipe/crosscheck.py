@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..trainer_formats import IN_TARGET_TOKENS
 from .model import CANDIDATE_AT_THRESHOLD, band_layout, least_permutations
 from .schema import recipe_schema
 from .yaml_reader import KeyPath, Parsed, Problem
@@ -121,7 +122,7 @@ def tokenizer_is_hub(base_dir: Path, written: str) -> bool:
 
 
 def needs_target_tokens(document: Any) -> bool:
-    """The recipe counts in the target's tokens (checks.max_seq_len or a speculators-tokens export)."""
+    """The recipe counts in the target's tokens (checks.max_seq_len or an export in them, ``IN_TARGET_TOKENS``)."""
     return bool(_target_token_uses(document))
 
 
@@ -130,10 +131,10 @@ def _target_token_uses(document: Any) -> list[tuple[KeyPath, str]]:
     uses: list[tuple[KeyPath, str]] = []
     for section in ("output", "publish"):
         exports = _section(document, section).get("exports")
-        uses += [((section, "exports", index, "format"), "speculators-tokens rows are in the target's tokens: "
+        uses += [((section, "exports", index, "format"), f"{export['format']} rows are in the target's tokens: "
                                                         "set target.tokenizer")
                  for index, export in enumerate(exports if isinstance(exports, list) else [])
-                 if isinstance(export, dict) and export.get("format") == "speculators-tokens"]
+                 if isinstance(export, dict) and export.get("format") in IN_TARGET_TOKENS]
     if "max_seq_len" in _section(document, "checks"):
         uses.append((("checks", "max_seq_len"), "max_seq_len counts tokens in the target's tokenizer: "
                                                 "set target.tokenizer (a directory, or a Hub model id)"))

@@ -7,42 +7,26 @@ workers) and lets a policy change (drop vs truncate, dedup mode) be a decision, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 
-from ..errors import CONTAMINATED, Skipped, contamination_detail
+from ..errors import Skipped
 from ..recipe.model import Checks
-from ..records import FLAG_TRUNCATED, FLAG_UNCLOSED_THINK, Conversation, row_location
-from ..tokens import TemplateRenderer, TokenFacts, TurnTokens
+from ..records import Conversation
+from ..tokens import TemplateRenderer, TurnTokens
 from .decontaminate import Contamination
 from .dedup import Dedup
 from .near_dedup import Signatures
-from .normalise import ConversationText, conversation_text, normalised_chunks
-from .pack import EVAL_PACK_COPY, PackScreen
+from .normalise import conversation_text, normalised_chunks
+from .pack import PackScreen
+from .row_checks import CONTAMINATION_TEXT, ROW_CHECKS, BatchStats, CheckSetup, Judging, RowCheck
 from .screened import Screened
-
-FLAG_TRUNCATED_TO_BUDGET = "truncated_to_budget"
-# What contamination is checked on: the whole conversation (a response that reproduces a reference answer is
-# contaminated too).
-CONTAMINATION_TEXT: ConversationText = "all"
-
-
-@dataclass(slots=True)
-class BatchStats:
-    """What the checks measure of a batch of rows before deciding (possibly in the processes that read them)."""
-
-    tokens: list[int | None]  # each row's length in target tokens, or its floor when ``at_least``
-    at_least: list[bool]  # over the budget by its floor alone: never rendered or tokenized
-    signatures: Signatures | None  # what dedup compares
-    contamination: list[tuple[str, ...]] | None  # the evaluation sets each row matches
-    pack_signatures: Signatures | None = None  # what the eval pack's index compares, when not dedup's own
-    token_facts: list[TokenFacts | None] | None = None  # what the token statistics add up, of the rows measured
 
 
 class Checker:
     """The screen, the per-batch stage of a build's plan (``assemble/plan.py``): it measures a batch of rows (their
-    length in the target's tokens, the dedup signatures, the evaluation sets they match), then applies the checks
-    that judge a row on its own: unclosed think blocks, the token budget, evaluation-set contamination, copies of
-    the eval pack, in that order. Rows the eval pack holds out leave first, before any check. It holds no state of
+    length in the target's tokens, the dedup signatures, the evaluation sets they match), then applies the row
+    checks the recipe asks for, each one object registered in ``row_checks.ROW_CHECKS`` (unclosed think blocks,
+    answers served cut at max_tokens, the token budget, evaluation-set contamination, copies of the eval pack, in
+    that order). Rows the eval pack holds out leave first, before any check. It holds no state of
     the stream: what needs every row's keys (ids, duplicates) is the keyed stages' (``screen.stream`` runs them
     after it, on a stream in priority order).
 
@@ -54,16 +38,16 @@ class Checker:
                  contamination: Contamination | None = None, pack: PackScreen | None = None, facts: bool = False,
                  keep_truncated: bool = False) -> None:
         self.checks = checks
-        # target.generation.on_length for a served answer cut at max_tokens (a logged one): keep it, flagged, or
-        # drop it (retry drops it too: a logged request cannot be asked again). Generated ones are judged as
-        # they come back; those that reach here were kept.
-        self.keep_truncated = keep_truncated
         self.renderer = renderer if checks.max_seq_len is not None else None
         self.turns = TurnTokens(renderer) if renderer is not None and facts else None
         self.dedup = dedup
         self.contamination = contamination
         self.pack = pack
-        self._pack_shares_signatures = pack is not None and pack.shares_signatures(dedup)
+        # keep_truncated: target.generation.on_length keeps a logged answer served cut at max_tokens, flagged
+        setup = CheckSetup(checks, keep_truncated, self.renderer, contamination, pack, dedup)
+        self._pack_shares_signatures = setup.pack_shares_signatures
+        # the registered checks the recipe asks for, in their order
+        self.row_checks: list[RowCheck] = [check for kind in ROW_CHECKS if (check := kind.of(setup)) is not None]
 
     @property
     def in_tokens(self) -> bool:
@@ -142,71 +126,14 @@ class Checker:
 
     def screen(self, batch: list[Conversation], stats: BatchStats
                ) -> tuple[list[Conversation | Skipped | None], Signatures | None]:
-        """The checks that judge each row on its own (the row checks, the evaluation sets, the eval pack), no
-        state of the stream: per row kept (perhaps truncated), skipped, or None when the eval pack holds it out;
-        and every row's dedup signatures (a truncated row's of its new text), None without dedup."""
+        """The checks that judge each row on its own (``row_checks.ROW_CHECKS``), no state of the stream: per row
+        kept (perhaps truncated), skipped, or None when the eval pack holds it out; and every row's dedup
+        signatures (a truncated row's of its new text), None without dedup."""
         holds = self.pack.holds if self.pack is not None else None
-        outcomes: list[Conversation | Skipped | None] = [None if holds is not None and holds(row)
-                                                         else self._row_checks(row, stats, i)
-                                                         for i, row in enumerate(batch)]
-        # rows truncated to the budget are other texts now: measured again
-        changed = {i: row for i, row in enumerate(outcomes) if isinstance(row, Conversation) and row is not batch[i]}
-        if stats.contamination is not None:
-            contamination = list(stats.contamination)
-            for i, sets in zip(changed, self._contamination(list(changed.values())) or [], strict=True):
-                contamination[i] = sets
-            for i, sets in enumerate(contamination):
-                if sets and isinstance(outcomes[i], Conversation):
-                    outcomes[i] = Skipped(batch[i].source, CONTAMINATED, row_location(batch[i]),
-                                          contamination_detail(sets), id=batch[i].id)
-        if self.pack is not None:
-            self._drop_pack_copies(batch, outcomes, stats, changed)
-        signatures = stats.signatures
-        if self.dedup is not None and signatures is not None and changed:
-            signatures = signatures.replaced(list(changed), self.dedup.signatures(list(changed.values())))
-        return outcomes, signatures
-
-    def _drop_pack_copies(self, batch: list[Conversation], outcomes: list[Conversation | Skipped | None],
-                          stats: BatchStats, changed: dict[int, Conversation]) -> None:
-        assert self.pack is not None
-        signatures = stats.signatures if self._pack_shares_signatures else stats.pack_signatures
-        assert signatures is not None  # measure computes them whenever there is a pack
-        if changed:
-            signatures = signatures.replaced(list(changed), self.pack.signatures(list(changed.values())))
-        candidates = [i for i, row in enumerate(outcomes) if isinstance(row, Conversation)]
-        for i, copied in zip(candidates, self.pack.copies(signatures.rows(candidates)), strict=True):
-            if copied is not None:
-                outcomes[i] = Skipped(batch[i].source, EVAL_PACK_COPY, row_location(batch[i]), copied, id=batch[i].id)
-
-    def _row_checks(self, conversation: Conversation, stats: BatchStats, index: int) -> Conversation | Skipped:
-        """The checks of one row alone: an unclosed think block, an answer served cut at max_tokens, the token budget
-        (dropped or truncated)."""
-        if FLAG_UNCLOSED_THINK in conversation.flags and self.checks.on_unclosed_think == "drop":
-            return Skipped(conversation.source, "unclosed_think", row_location(conversation), id=conversation.id)
-        if FLAG_TRUNCATED in conversation.flags and not self.keep_truncated and conversation.origin == "replay":
-            return Skipped(conversation.source, "truncated_generation", row_location(conversation),
-                           "an answer was served cut at max_tokens (finish_reason: length)", id=conversation.id)
-        limit, tokens = self.checks.max_seq_len, stats.tokens[index]
-        if limit is not None and tokens is not None and tokens > limit:
-            shortened = self._truncate(conversation, limit) if self.checks.on_over_length == "truncate" else None
-            if shortened is None:
-                return Skipped(conversation.source, "over_length", row_location(conversation),
-                               f"{'at least ' if stats.at_least[index] else ''}{tokens} tokens > {limit}",
-                               id=conversation.id)
-            return shortened
-        return conversation
-
-    def _truncate(self, conversation: Conversation, limit: int) -> Conversation | None:
-        """Drop trailing exchanges (a user turn and all that answers it: tool calls, their results, the answer)
-        until the conversation fits; None when even the first exchange is too long."""
-        assert self.renderer is not None
-        messages = conversation.messages
-        for cut in range(len(messages) - 1, 0, -1):
-            if messages[cut].role != "user" or messages[cut - 1].role != "assistant":
-                continue
-            candidate = replace(conversation, messages=list(messages[:cut]),
-                                flags=[*conversation.flags, FLAG_TRUNCATED_TO_BUDGET])
-            if (self.renderer.token_lower_bound(candidate) <= limit
-                    and self.renderer.count_tokens([candidate])[0] <= limit):
-                return candidate
-        return None
+        judging = Judging(batch, stats, [None if holds is not None and holds(row) else row for row in batch])
+        for check in self.row_checks:
+            check.judge(judging)
+        signatures, rewritten = stats.signatures, judging.rewritten
+        if self.dedup is not None and signatures is not None and rewritten:
+            signatures = signatures.replaced(list(rewritten), self.dedup.signatures(list(rewritten.values())))
+        return judging.outcomes, signatures

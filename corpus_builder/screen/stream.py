@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from ..errors import Skipped
 from ..records import Conversation
 from ..sources import MeasuredRows
-from .checks import BatchStats, Checker
+from .checks import Checker
+from .row_checks import BatchStats
 from .screened import Screened
 
 # A keyed stage's judge of a batch, given every batch of the stream in priority order (it decides in place).

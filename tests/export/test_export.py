@@ -10,13 +10,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import orjson
+import pyarrow.parquet as pq
 import pytest
 
 from corpus_builder.assemble import build_corpus
 from corpus_builder.assemble.plan import TargetTokens
 from corpus_builder.errors import CorpusError
-from corpus_builder.export import EXPORT_FORMATS, FILE_FORMATS, export_corpus, formats
-from corpus_builder.export.formats import specforge_problems
+from corpus_builder.export import EXPORT_FORMATS, FILE_FORMATS, export_corpus, write
+from corpus_builder.export.formats import TRAINER_FORMATS, specforge_problems
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation
@@ -68,6 +69,11 @@ def assistant_turns(conversations: list[Conversation]) -> int:
     return sum(m.role == "assistant" for c in conversations for m in c.messages)
 
 
+def test_every_format_named_for_the_recipe_and_the_cli_is_one_record() -> None:
+    assert tuple(TRAINER_FORMATS) == EXPORT_FORMATS
+    assert all(name == record.name for name, record in TRAINER_FORMATS.items())
+
+
 @pytest.mark.parametrize("file_format", FILE_FORMATS)
 @pytest.mark.parametrize("fmt", EXPORT_FORMATS)
 def test_every_export_loads_with_datasets(corpus: Corpus, tmp_path: Path, fmt: str, file_format: str,
@@ -80,11 +86,13 @@ def test_every_export_loads_with_datasets(corpus: Corpus, tmp_path: Path, fmt: s
     assert set(report.files) == {"train", "validation"}
     ids_by_split = {}
     for split, info in report.files.items():
-        path = Path(info["path"])
+        path = info.path
         assert path == tmp_path / fmt / f"{split}.{file_format}"
         conversations = list(corpus.iter_conversations(split=split))
         dataset = load(path)
-        assert len(dataset) == info["rows"]
+        assert len(dataset) == info.rows
+        if file_format == "parquet":  # the record's schema is the file's
+            assert pq.read_schema(path).remove_metadata() == TRAINER_FORMATS[fmt].schema
         features = dataset.features
         if fmt == "speculators-tokens":
             assert len(dataset) == assistant_turns(conversations)
@@ -97,7 +105,7 @@ def test_every_export_loads_with_datasets(corpus: Corpus, tmp_path: Path, fmt: s
         column = "messages" if fmt == "messages" else "conversations"
         turn_feature = features[column]
         assert isinstance(turn_feature, List) and isinstance(turn_feature.feature, dict), features
-        assert len(dataset) == len(conversations) - info["left_out"]
+        assert len(dataset) == len(conversations) - info.left_out
         ids_by_split[split] = set(dataset["id"])
     # No conversation contributes rows to both splits.
     assert not ids_by_split["train"] & ids_by_split["validation"]
@@ -221,7 +229,7 @@ def test_an_export_that_fails_leaves_nothing_written(corpus: Corpus, tmp_path: P
     def full_disk(self: object, rows: list) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(formats._JsonlSink, "write", full_disk)
+    monkeypatch.setattr(write._JsonlSink, "write", full_disk)
     fresh = tmp_path / "new" / "out"
     with pytest.raises(CorpusError, match=re.escape(f"{fresh / 'train.jsonl'}: cannot write: No space left on device")):
         export_corpus(corpus, "messages", fresh)

@@ -175,7 +175,7 @@ def canonical(arguments: str) -> str:
 
 def test_specforge_leaves_tool_traffic_out_and_says_why(corpus_dir: Path, tmp_path: Path) -> None:
     report = export_corpus(corpus_dir, "specforge", tmp_path)
-    assert report.skipped == {SPECFORGE_NO_TOOLS: 5} and report.files["train"]["rows"] == 1
+    assert report.skipped == {SPECFORGE_NO_TOOLS: 5} and report.files["train"].rows == 1
     assert f"left out: {SPECFORGE_NO_TOOLS}: 5 conversations" in report.describe()
 
 
@@ -205,7 +205,7 @@ def test_specforge_leaves_out_tools_without_calls_and_calls_without_tools(tmp_pa
                                           "split: {validation_fraction: 0}\noutput: {dir: out}\n")
     corpus = build_corpus(load_recipe(tmp_path / "recipe.yaml")).out_dir
     report = export_corpus(corpus, "specforge", tmp_path / "specforge")
-    assert report.skipped == {SPECFORGE_NO_TOOLS: 2} and report.files["train"]["rows"] == 2
+    assert report.skipped == {SPECFORGE_NO_TOOLS: 2} and report.files["train"].rows == 2
     exported = lines(tmp_path / "specforge" / "train.jsonl")
     assert sorted(turn["content"] for row in exported for turn in row["conversations"]) == [
         "Say one.", "Say two.", "one!", "two!"]

@@ -475,7 +475,7 @@ def test_publish_refuses_while_a_build_writes_the_directory_and_says_so(corpus: 
 
 def test_a_build_that_starts_while_the_gate_reads_is_named_not_the_corpus(corpus: Path, hub: HubServer,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    publishing = sys.modules["corpus_builder.publish"]
+    publishing = sys.modules["corpus_builder.publish.commit"]
     real_gate = publishing.require_gate
     holders: list[subprocess.Popen[str]] = []
     with ExitStack() as later:

@@ -45,7 +45,7 @@ def test_exports_go_up_in_the_same_commit_with_their_commands_in_the_card(
                               file_format=spec.file_format, tokenizer=tiny_model_dir)
         for split, info in local.files.items():
             if spec.file_format == "jsonl":  # parquet bytes carry the writer's metadata; jsonl is byte for byte
-                assert files[f"exports/{spec.format}/{split}.jsonl"] == Path(info["path"]).read_bytes()
+                assert files[f"exports/{spec.format}/{split}.jsonl"] == info.path.read_bytes()
             else:
                 assert f"exports/{spec.format}/{split}.parquet" in files
     card = files["README.md"].decode()
@@ -106,14 +106,37 @@ def test_speculators_prepares_the_published_tokens_file_as_the_local_one(
     loopback Hub by HF_ENDPOINT, no token: the repository is public) gives the rows it gives for the local export."""
     _publish(corpus, hub, exports=[ExportSpec("speculators-tokens")], tokenizer=tiny_model_dir, public=True)
     local = export_corpus(corpus, "speculators-tokens", tmp_path / "local", tokenizer=tiny_model_dir)
-    ours = [orjson.loads(line) for line in Path(local.files["train"]["path"]).read_bytes().splitlines()]
+    ours = [orjson.loads(line) for line in local.files["train"].path.read_bytes().splitlines()]
     hub_env: dict[str, str | None] = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home"), "HF_TOKEN": None,
                                       "HF_HUB_OFFLINE": None, "HF_DATASETS_OFFLINE": None}
     from_hub = speculators_prepare_data(tiny_model_dir, f"hf://datasets/org/tiny/{TOKENS_TRAIN}", tmp_path / "hub",
                                         seq_length=4096, env=hub_env)
-    from_file = speculators_prepare_data(tiny_model_dir, local.files["train"]["path"], tmp_path / "file",
+    from_file = speculators_prepare_data(tiny_model_dir, str(local.files["train"].path), tmp_path / "file",
                                          seq_length=4096, env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     key = lambda row: (tuple(row["input_ids"]), tuple(row["loss_mask"]))  # noqa: E731  (its rows are shuffled)
     assert Counter(map(key, from_hub)) == Counter(map(key, from_file)) == Counter(map(key, ours))
     downloads = [r for r in hub.requests if r.method == "GET" and f"/resolve/main/{TOKENS_TRAIN}" in r.path]
     assert downloads and all("authorization" not in {k.lower() for k in r.headers} for r in downloads)
+
+
+def test_a_format_registered_as_one_record_is_exported_published_and_carded(
+        corpus: Path, hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A format is its record alone: registered in TRAINER_FORMATS (nothing else touched), the export writes its
+    rows, the publish uploads them and the card prints its note and its command on the published file."""
+    import pyarrow as pa
+
+    from corpus_builder.export import formats
+
+    def convert(_token_rows: object) -> formats.Converter:
+        return lambda conversations, skipped: iter([{"id": c.id} for c in conversations])
+
+    ids = formats.TrainerFormat("ids", pa.schema([("id", pa.string())]), convert, "each conversation's id alone",
+                                ("train-ids --data {hub_url} --model {target}",))
+    monkeypatch.setitem(formats.TRAINER_FORMATS, "ids", ids)
+    local = export_corpus(corpus, "ids", tmp_path / "ids")
+    written = [orjson.loads(line) for line in local.files["train"].path.read_bytes().splitlines()]
+    assert written and all(list(row) == ["id"] for row in written)
+    report = _publish(corpus, hub, dry_run=True, exports=[ExportSpec("ids")])
+    assert {f.path_in_repo for f in report.files} >= {f"exports/ids/{split}.jsonl" for split in local.files}
+    assert "- `ids`: each conversation's id alone." in report.card
+    assert "train-ids --data hf://datasets/org/tiny/exports/ids/train.jsonl --model Org/Model-1B" in report.card

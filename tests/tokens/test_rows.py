@@ -17,8 +17,9 @@ from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import Conversation, Message
-from corpus_builder.screen.checks import FLAG_TRUNCATED_TO_BUDGET, Checker
+from corpus_builder.screen.checks import Checker
 from corpus_builder.screen.ids import UniqueIds
+from corpus_builder.screen.row_checks import FLAG_TRUNCATED_TO_BUDGET
 from corpus_builder.screen.stream import screened_in_order
 from corpus_builder.testing.tiny_model import DEFAULT_SYSTEM_PROMPT
 from corpus_builder.tokens import TemplateRenderer, TokenRows, served_turns
