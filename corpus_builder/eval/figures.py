@@ -26,9 +26,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .metrics import COUNTERS, Counters, made_counters
+
+if TYPE_CHECKING:
+    from numpy import float64
+    from numpy.typing import NDArray
+
+    from .run import JsonObject
 
 RATIO_FIGURES = ("acceptance_rate_pooled", "acceptance_rate_per_request", "mean_acceptance_length_pooled",
                  "mean_acceptance_length_per_request", "output_tokens_per_s", "output_tokens_per_s_per_request")
@@ -72,7 +78,7 @@ class Window:
     counters: Counters
     answers: tuple[Answer, ...] = ()  # one per request (none in a run saved before answers were recorded)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         saved = {c.name: value for c in COUNTERS if c.saved for value in [getattr(self.counters, c.name)]}
         answers = [{name: list(value) if isinstance(value, tuple) else value for name in Answer.__slots__
                     for value in [getattr(answer, name)]} for answer in self.answers]
@@ -112,7 +118,8 @@ class Window:
         return [self.output_tokens / self.seconds] if self.seconds > 0 else []
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Window:
+    def from_dict(cls, doc: Mapping[str, Any]) -> Window:
+        """A window as a run saved it (checked against the run's shape first)."""
         # the requests and tokens a window checks are the window's own, not a saved counter
         counted = {"finished_requests": doc["requests"], "generation_tokens": doc["output_tokens"] or 0}
         counters = made_counters(True, tuple(doc["accepted_by_position"]),
@@ -121,9 +128,31 @@ class Window:
                    doc["seconds"], counters, tuple(_answer(answer) for answer in doc.get("answers", ())))
 
 
-def _answer(saved: dict[str, Any]) -> Answer:
+def _answer(saved: Mapping[str, Any]) -> Answer:
     steps = saved.get("per_step_accepted")
-    return Answer(**saved | {"per_step_accepted": None if steps is None else tuple(steps)})
+    return Answer(**{**saved, "per_step_accepted": None if steps is None else tuple(steps)})
+
+
+@dataclass(frozen=True, slots=True)
+class Measures:
+    """What a set of windows measures (None where undefined: no drafts, no time)."""
+
+    requests: int
+    output_tokens: int | None
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    acceptance_rate_pooled: float | None  # over every verify step (vLLM's counters)
+    acceptance_rate_per_request: float | None  # each request's own, then their mean
+    mean_acceptance_length_pooled: float | None
+    mean_acceptance_length_per_request: float | None
+    acceptance_by_position: tuple[float, ...]  # marginal: the first i+1 drafted tokens all accepted, per step
+    acceptance_by_position_per_request: tuple[float, ...] | None  # each request's own marginal, then their mean
+    conditional_by_position: tuple[float, ...]  # position i accepted when every one before it was
+    accepted_histogram: tuple[float, ...]  # the share of verify steps that accepted exactly j tokens, j = 0..k
+    output_tokens_per_s: float | None  # pooled: every request's output tokens over the time they took
+    output_tokens_per_s_per_request: float | None  # each request's own, then their mean
+    tpot_ms: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +177,7 @@ class Sums:
                    _joined([w.request_counts() for w in windows]), _joined([w.request_positions() for w in windows]),
                    _joined([w.request_speeds() for w in windows]))
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> Measures:
         """The figures (None where the denominator is 0: no drafts, no time)."""
         c = self.counters
         drafts = c.drafts
@@ -156,22 +185,21 @@ class Sums:
         rates = [accepted / tokens for _, tokens, accepted in own if tokens]
         lengths = [1 + accepted / steps for steps, _, accepted in own if steps]
         positions, speeds = self.positions_per_request, self.speeds_per_request
-        return {
-            "requests": self.requests, "output_tokens": self.output_tokens, "drafts": drafts,
-            "draft_tokens": c.draft_tokens, "accepted": c.accepted,
-            "acceptance_rate_pooled": c.accepted / c.draft_tokens if c.draft_tokens else None,
-            "acceptance_rate_per_request": sum(rates) / len(rates) if rates else None,
-            "mean_acceptance_length_pooled": 1 + c.accepted / drafts if drafts else None,
-            "mean_acceptance_length_per_request": sum(lengths) / len(lengths) if lengths else None,
-            "acceptance_by_position": tuple(value / drafts for value in c.accepted_by_position) if drafts else (),
-            "acceptance_by_position_per_request": None if positions is None else _mean_by_position(positions),
-            "conditional_by_position": _conditional(drafts, c.accepted_by_position),
-            "accepted_histogram": _histogram(drafts, c.accepted_by_position),
-            "output_tokens_per_s": self.output_tokens / self.seconds
+        return Measures(
+            requests=self.requests, output_tokens=self.output_tokens, drafts=drafts, draft_tokens=c.draft_tokens,
+            accepted=c.accepted,
+            acceptance_rate_pooled=c.accepted / c.draft_tokens if c.draft_tokens else None,
+            acceptance_rate_per_request=sum(rates) / len(rates) if rates else None,
+            mean_acceptance_length_pooled=1 + c.accepted / drafts if drafts else None,
+            mean_acceptance_length_per_request=sum(lengths) / len(lengths) if lengths else None,
+            acceptance_by_position=tuple(value / drafts for value in c.accepted_by_position) if drafts else (),
+            acceptance_by_position_per_request=None if positions is None else _mean_by_position(positions),
+            conditional_by_position=_conditional(drafts, c.accepted_by_position),
+            accepted_histogram=_histogram(drafts, c.accepted_by_position),
+            output_tokens_per_s=self.output_tokens / self.seconds
             if self.output_tokens is not None and self.seconds > 0 else None,
-            "output_tokens_per_s_per_request": sum(speeds) / len(speeds) if speeds else None,
-            "tpot_ms": 1000 * c.tpot_sum / c.tpot_count if c.tpot_count else None,
-        }
+            output_tokens_per_s_per_request=sum(speeds) / len(speeds) if speeds else None,
+            tpot_ms=1000 * c.tpot_sum / c.tpot_count if c.tpot_count else None)
 
 
 def _joined(each: Sequence[list[_Item] | None]) -> tuple[_Item, ...] | None:
@@ -209,7 +237,7 @@ def _histogram(drafts: float, by_position: tuple[float, ...]) -> tuple[float, ..
 # Each figure as a function of the column sums (accepted, draft tokens, drafts, output tokens, seconds; a pair's
 # own rate where it drafted, and whether it did; its own acceptance length where it drafted, and whether it did;
 # its own output tok/s where it is known, and whether it is).
-_FIGURE_OF_SUMS: dict[str, Callable[[Any], Any]] = {
+_FIGURE_OF_SUMS: dict[str, Callable[[NDArray[float64]], NDArray[float64]]] = {
     "acceptance_rate_pooled": lambda s: s[..., 0] / s[..., 1],
     "acceptance_rate_per_request": lambda s: s[..., 5] / s[..., 6],
     "mean_acceptance_length_pooled": lambda s: 1 + s[..., 0] / s[..., 2],
@@ -312,8 +340,11 @@ def loop_gap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = RESAMPLES
     return LoopGap(share_a, share_b, share_b - share_a, low, high, pairs, low > 0 or high < 0)
 
 
-def figure_ratios(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Ratio]:
-    """B over A for each of RATIO_FIGURES from two sets of figures (by name), without an interval: for
-    measurements that are not paired prompt by prompt."""
-    return [Ratio(figure, b[figure] / a[figure] if a.get(figure) and b.get(figure) is not None else None)
-            for figure in RATIO_FIGURES]
+def figure_ratios(a: Measures, b: Measures) -> list[Ratio]:
+    """B over A for each of RATIO_FIGURES from two sets of figures, without an interval: for measurements that are
+    not paired prompt by prompt."""
+    ratios = []
+    for figure in RATIO_FIGURES:
+        value_a, value_b = getattr(a, figure), getattr(b, figure)
+        ratios.append(Ratio(figure, value_b / value_a if value_a and value_b is not None else None))
+    return ratios

@@ -9,12 +9,11 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -42,6 +41,8 @@ from .run import (
     Figure,
     HeadLoops,
     HeadRatio,
+    Json,
+    JsonObject,
     PackInfo,
     PromptInfo,
     Reads,
@@ -49,7 +50,6 @@ from .run import (
     RunSettings,
     Skip,
     as_json,
-    endpoint_of,
     json_value,
 )
 
@@ -75,23 +75,21 @@ class RunNotSaved(CorpusError):
         self.run = run
 
 
-def run_document(pack: Pack, endpoints: list[dict[str, Any]], windows: list[Window], settings: dict[str, Any],
-                 notes: list[str], remeasured: int, metrics_reads: Reads,
-                 skipped: list[dict[str, Any]] | None = None) -> Run:
-    """A run of ``pack`` (endpoints as a replay describes them, settings as ``evaluate`` records them), its figures
-    and ratios computed from ``windows``; ``skipped``: the prompts a server refused (each with its pack index),
-    left out of every figure."""
+def run_document(pack: Pack, endpoints: Sequence[Endpoint], windows: Sequence[Window], settings: RunSettings,
+                 notes: Sequence[str], remeasured: int, metrics_reads: Reads, skipped: Sequence[Skip] = ()) -> Run:
+    """A run of ``pack`` on ``endpoints`` (as a replay describes them), its figures and ratios computed from
+    ``windows``; ``skipped``: the prompts a server refused (each with its pack index), left out of every figure."""
     run = Run(
         created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         pack=PackInfo(str(pack.path), pack.sha256, len(pack.prompts), pack.rows, dict(pack.unreadable), pack.folded,
                       pack.repeated),
-        settings=RunSettings.from_json(settings),
-        endpoints=tuple(endpoint_of(endpoint) for endpoint in endpoints),
+        settings=settings,
+        endpoints=tuple(endpoints),
         notes=tuple(notes),
         prompts=tuple(PromptInfo(p.id, p.source, p.task, 1 + sum(m.get("role") == "assistant" for m in p.messages))
                       for p in pack.prompts),
         windows=tuple(windows), remeasured_windows=remeasured, metrics_reads=metrics_reads,
-        skipped_prompts=tuple(Skip(**skip) for skip in skipped or ()))
+        skipped_prompts=tuple(skipped))
     return with_figures(run)
 
 
@@ -116,7 +114,7 @@ def with_figures(run: Run) -> Run:
             figures += measured.values()
             for label in labels[1:]:
                 compared = (paired_ratios(chosen[labels[0]], chosen[label]) if paired
-                            else figure_ratios(_values(measured[labels[0]]), _values(measured[label])))
+                            else figure_ratios(measured[labels[0]], measured[label]))
                 ratios += [HeadRatio(labels[0], label, mode, group, value) for value in compared]
                 gap = _gap(chosen[labels[0]], chosen[label], threshold) if paired else None
                 if gap is not None and not group.endswith(WITHOUT_LOOPS):
@@ -128,8 +126,9 @@ def with_figures(run: Run) -> Run:
 def _figure(run: Run, endpoint: str, mode: str, group: str, windows: list[Window]) -> Figure:
     """The figures of one endpoint's windows in one mode and group."""
     method = next(e.speculator.method for e in run.endpoints if e.label == endpoint)
-    return Figure(endpoint, mode, group, run.settings.temperature, method,
-                  loops=_loops(windows, run.settings.loop_threshold), **Sums.of(windows).figures())
+    return Figure.of(Sums.of(windows).figures(), endpoint=endpoint, mode=mode, group=group,
+                     temperature=run.settings.temperature, method=method,
+                     loops=_loops(windows, run.settings.loop_threshold))
 
 
 def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
@@ -310,7 +309,7 @@ def load_run(path: Path) -> Run:
 
 # ---- tables --------------------------------------------------------------------------------------
 
-def _number(value: Any, digits: int = 3) -> str:
+def _number(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
@@ -538,20 +537,16 @@ class Comparison:
     notes: tuple[str, ...]
     rows: tuple[ComparedRow, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """What ``--compare --json`` prints: each run's heading (not its windows), the notes and the rows."""
-        sides = {side: {"created": run.created, "format": run.format, "pack": as_json(run.pack),
+        sides: dict[str, Json] = {side: {"created": run.created, "format": run.format, "pack": as_json(run.pack),
                         "settings": as_json(run.settings), "endpoints": [as_json(e) for e in run.endpoints],
                         "missing": list(run.missing)} for side, run in zip("ab", self.runs, strict=True)}
-        rows = [{"mode": row.mode, "endpoint": row.endpoint, "group": row.group, "a": as_json(row.a),
+        rows: list[Json] = [{"mode": row.mode, "endpoint": row.endpoint, "group": row.group, "a": as_json(row.a),
                  "b": as_json(row.b), "ratios": {ratio.figure: as_json(ratio) for ratio in row.ratios},
                  "loops": None if row.loops is None else as_json(row.loops)}
                 for row in self.rows]
         return {**sides, "paired": self.paired, "notes": list(self.notes), "rows": rows}
-
-
-def _values(figure: Figure) -> dict[str, Any]:
-    return {name: getattr(figure, name) for name in RATIO_FIGURES}
 
 
 def compare_runs(run_a: Run, run_b: Run) -> Comparison:
@@ -576,7 +571,7 @@ def compare_runs(run_a: Run, run_b: Run) -> Comparison:
 def _unpaired_rows(run_a: Run, run_b: Run) -> list[ComparedRow]:
     """The (mode, head, group) both runs have, B over A from their figures."""
     figures_b = {(f.mode, f.endpoint, f.group): f for f in run_b.figures}
-    return [ComparedRow(a.mode, a.endpoint, a.group, a, b, tuple(figure_ratios(_values(a), _values(b))))
+    return [ComparedRow(a.mode, a.endpoint, a.group, a, b, tuple(figure_ratios(a, b)))
             for a in run_a.figures if (b := figures_b.get((a.mode, a.endpoint, a.group))) is not None]
 
 
