@@ -449,13 +449,18 @@ def loop_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
     return caption, list(LOOP_HEADER), rows
 
 
-WIN_FIGURES = ("mean_acceptance_length_pooled", "output_tokens_per_s")
+WIN_FIGURES = ("mean_acceptance_length_pooled", "mean_acceptance_length_per_request", "output_tokens_per_s",
+               "output_tokens_per_s_per_request")
+
+
+def _ratios_of(run: Run, mode: str, group: str, figure: str) -> list[HeadRatio]:
+    return [r for r in run.ratios if (r.mode, r.group, r.value.figure) == (mode, group, figure)]
 
 
 def _winner(run: Run, mode: str, group: str, figure: str) -> str | None:
     """The head that wins ``figure`` in a mode and group: one whose ratio to head A has an interval above 1 (the
     highest such), else head A when every other's is below 1; None for a tie or where there is no interval."""
-    ratios = [r for r in run.ratios if (r.mode, r.group, r.value.figure) == (mode, group, figure)]
+    ratios = _ratios_of(run, mode, group, figure)
     if not ratios or any(r.value.low is None or r.value.high is None for r in ratios):
         return None
     above = [r for r in ratios if r.value.low is not None and r.value.low > 1]
@@ -471,32 +476,52 @@ def _drafter(run: Run, label: str | None) -> str:
     return f"{label} ({method})" if method else label
 
 
+def _won(run: Run, mode: str, group: str, figure: str) -> str:
+    """A cell of the winners' table: the winner (or tie), then each head's ratio to head A with its interval (or
+    why it has none)."""
+    ratios = _ratios_of(run, mode, group, figure)
+    shown = ", ".join(f"{r.b} / {r.a} {_interval(r.value)}" for r in ratios)
+    return f"{_drafter(run, _winner(run, mode, group, figure))}: {shown}"
+
+
+def _routed(run: Run, mode: str, group: str) -> str:
+    """Where a slice routes: the winner by mean acceptance length pooled, and the winner per request beside it where
+    that one has an interval and names another head (or a tie)."""
+    pooled = _winner(run, mode, group, WIN_FIGURES[0])
+    own = _ratios_of(run, mode, group, WIN_FIGURES[1])
+    per_request = _winner(run, mode, group, WIN_FIGURES[1])
+    measured = bool(own) and all(r.value.low is not None and r.value.high is not None for r in own)
+    return _drafter(run, pooled) + (f" (per request: {_drafter(run, per_request)})"
+                                    if measured and per_request != pooled else "")
+
+
 def winner_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
-    """Which head wins where: per mode and slice, the head with the higher mean acceptance length and output tok/s
-    where the interval excludes a tie: (how, header, rows)."""
-    caption = (f"which drafter wins where: the head whose B / A interval ({100 * CONFIDENCE:g}%) excludes 1; tie "
-               "where it does not, or where a slice is too small for an interval")
+    """Which head wins where: per mode and slice, the head with the higher mean acceptance length and output tok/s,
+    each pooled and per request, where the interval excludes a tie, with B / A and its interval: (how, header,
+    rows)."""
+    caption = (f"which drafter wins where: the head whose B / A interval ({100 * CONFIDENCE:g}%) excludes 1, with "
+               "B / A and its interval; tie where it does not, or where a slice is too small for an interval")
     keys = dict.fromkeys((r.mode, r.group) for r in run.ratios if not r.group.endswith(WITHOUT_LOOPS))
     requests = {(f.mode, f.group): f.requests for f in run.figures if f.endpoint == run.endpoints[0].label}
-    rows = [[mode, group, str(requests[mode, group]),
-             *(_drafter(run, _winner(run, mode, group, figure)) for figure in WIN_FIGURES)]
+    rows = [[mode, group, str(requests[mode, group]), *(_won(run, mode, group, figure) for figure in WIN_FIGURES)]
             for mode, group in keys] if run.settings.concurrency == 1 else []
-    return caption, ["mode", "group", "requests", "mean acceptance length", "output tok/s"], rows
+    return caption, ["mode", "group", "requests", *(FIGURE_TITLES[figure] for figure in WIN_FIGURES)], rows
 
 
 def routing(run: Run) -> list[str]:
-    """The routing the winners imply, per mode: the slices whose winner by mean acceptance length differs from the
-    whole pack's, then everything else; only where the interval excludes a tie."""
+    """The routing the winners imply, per mode (with two heads or more, at concurrency 1): the slices whose winner by
+    mean acceptance length (pooled; ``_routed``) differs from the whole pack's, only where the interval excludes a
+    tie, then everything else; a mode where none does says so."""
+    if len(run.endpoints) < 2 or run.settings.concurrency != 1:
+        return []
     lines = []
     for mode in run.settings.modes:
         overall = _winner(run, mode, ALL, WIN_FIGURES[0])
-        exceptions = [(group, winner) for _, group, _, winner, _ in
-                      (row for row in winner_table(run)[2] if row[0] == mode and row[1] != ALL)
-                      if winner != "tie" and winner != _drafter(run, overall)]
-        if overall is None and not exceptions:
-            continue
-        parts = [f"{group}: {winner}" for group, winner in exceptions]
-        parts.append(f"everything else: {_drafter(run, overall)}" if overall is not None else
+        groups = dict.fromkeys(r.group for r in run.ratios if r.mode == mode and r.group != ALL
+                               and not r.group.endswith(WITHOUT_LOOPS))
+        parts = [f"{group}: {_routed(run, mode, group)}" for group in groups
+                 if (winner := _winner(run, mode, group, WIN_FIGURES[0])) is not None and winner != overall]
+        parts.append(f"everything else: {_routed(run, mode, ALL)}" if overall is not None else
                      "everything else: no winner (tie)")
         lines.append(f"routing, {mode} mode: " + "; ".join(parts))
     return lines
