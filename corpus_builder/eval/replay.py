@@ -411,7 +411,7 @@ def _answer(index: int, result: TurnResult, own: Counters | None) -> Answer:
     if own is None:
         return Answer(index, repetition=repeated, input_tokens=result.prompt_tokens)
     return Answer(index, own.drafts, own.draft_tokens, own.accepted, repeated, result.prompt_tokens,
-                  per_step_accepted(result.metrics))
+                  per_step_accepted(result.metrics), own.accepted_by_position)
 
 
 def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -> str | None:

@@ -107,7 +107,7 @@ def with_figures(run: Run) -> Run:
     ratios: list[HeadRatio] = []
     gaps: list[HeadLoops] = []
     for mode in run.settings.modes:
-        groups = _run_groups(run, mode) if paired else {ALL: None}
+        groups = _run_groups(run, mode) if paired else _phase_groups(run, mode)
         for group, members in groups.items():
             chosen = {label: _chosen(run.windows, mode, label, members) for label in labels}
             measured = {label: _figure(run, label, mode, group, chosen[label]) for label in labels}
@@ -138,9 +138,9 @@ def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
         missing.append("per-request acceptance: each request's own counts are not known (a phase at concurrency > 1 "
                        "counted by /metrics: a server with --per-request-spec-decode-metrics gives them)")
     if any(f.drafts and f.acceptance_by_position_per_request is None for f in figures):
-        missing.append("per-request acceptance by position: each request's own verify steps are not known (a phase "
-                       "at concurrency > 1 without them: a server with --per-request-spec-decode-metrics detailed "
-                       "gives them)")
+        missing.append("per-request acceptance by position and accepted lengths: each request's own counts by "
+                       "position are not known (a phase at concurrency > 1 counted by /metrics, or a run saved before "
+                       "they were recorded: a server with --per-request-spec-decode-metrics gives them)")
     if any(f.output_tokens is not None and f.output_tokens_per_s_per_request is None and f.requests
            for f in figures):
         missing.append("per-request output tok/s: a request in a phase at concurrency > 1 has no time of its own "
@@ -149,7 +149,12 @@ def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
         missing.append("loops: the answers' repetition is not recorded (a run saved before it was: format "
                        "corpus-eval/1), so no loop share and no figures without loops")
     elif run.settings.concurrency > 1 and any(f.loops for f in figures):
-        missing.append("figures without loops: a phase at concurrency > 1 is counted as a whole, not answer by answer")
+        if any(f.group == ALL + WITHOUT_LOOPS for f in figures):
+            missing.append("output tok/s and TPOT without loops: a phase at concurrency > 1 has one time, not one per "
+                           "answer (its other figures without loops are its answers' own counts)")
+        else:
+            missing.append("figures without loops: a phase at concurrency > 1 is counted as a whole, and its answers "
+                           "carry no counts of their own (a server with --per-request-spec-decode-metrics gives them)")
     for endpoint in run.endpoints:
         answers = [answer for w in run.windows if w.endpoint == endpoint.label for answer in w.answers]
         if not any(answer.drafts is not None for answer in answers):
@@ -225,9 +230,26 @@ def _group_order(edges: tuple[int, ...]) -> Callable[[str], tuple[int, int, str]
 
 
 def _chosen(windows: tuple[Window, ...], mode: str, endpoint: str, members: set[int] | None) -> list[Window]:
-    """The windows of one endpoint, mode and group (None: every prompt), in pack order."""
-    return sorted((w for w in windows if w.endpoint == endpoint and w.mode == mode
-                   and (members is None or w.prompt in members)), key=lambda w: w.prompt or 0)
+    """The windows of one endpoint, mode and group (None: every prompt), in pack order; within a group, a phase
+    gives its answers' own counts (``Window.by_answer``)."""
+    mine = [w for w in windows if w.endpoint == endpoint and w.mode == mode]
+    if members is not None:
+        mine = [part for w in mine for part in (w.by_answer() if w.prompt is None else [w]) if part.prompt in members]
+    return sorted(mine, key=lambda w: w.prompt or 0)
+
+
+def _phase_groups(run: Run, mode: str) -> dict[str, set[int] | None]:
+    """The groups of a run at concurrency > 1: all, and all without the prompts on which some head's answer loops
+    where every answer of the mode carries its own counts (``--per-request-spec-decode-metrics``)."""
+    answers = [answer for w in run.windows if w.mode == mode for answer in w.answers]
+    if len(answers) != sum(w.requests for w in run.windows if w.mode == mode) or \
+            any(answer.counts() is None for answer in answers):
+        return {ALL: None}
+    threshold = run.settings.loop_threshold
+    looping = {a.prompt for a in answers if a.repetition is not None and a.repetition >= threshold}
+    if not looping:
+        return {ALL: None}
+    return {ALL: None, ALL + WITHOUT_LOOPS: {a.prompt for a in answers} - looping}
 
 
 def _run_groups(run: Run, mode: str) -> dict[str, set[int] | None]:
@@ -411,7 +433,8 @@ def ratio_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
     return caption, ["mode", "heads", "group", *(FIGURE_TITLES[f] for f in RATIO_FIGURES)], rows
 
 
-LENGTH_HEADER = ("mode", "head", "group", "verify steps", "accepted 0..k (share of steps)", "marginal by position",
+LENGTH_HEADER = ("mode", "head", "group", "verify steps", "accepted 0..k (pooled: share of steps)",
+                 "accepted 0..k (per request: each one's shares, then their mean)", "marginal by position",
                  "conditional by position")
 
 
@@ -425,7 +448,8 @@ def length_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
                "marginal: the first i+1 drafted tokens all accepted; conditional: position i accepted given every "
                "one before it")
     rows = [[f.mode, f.endpoint, f.group, f"{f.drafts:g}", _shares(f.accepted_histogram),
-             _shares(f.acceptance_by_position), _shares(f.conditional_by_position)]
+             _shares(f.accepted_histogram_per_request or ()), _shares(f.acceptance_by_position),
+             _shares(f.conditional_by_position)]
             for f in run.figures if f.group in (ALL, ALL + WITHOUT_LOOPS)]
     return caption, list(LENGTH_HEADER), rows
 

@@ -196,12 +196,13 @@ def test_the_saved_form_of_a_window_holds_every_count() -> None:
         "drafts": 9, "draft_tokens": 27, "accepted": 13, "accepted_by_position": [7, 4, 2], "tpot_sum": 0.125,
         "tpot_count": 2, "answers": []}
     assert Window.from_dict(original.to_dict()) == original
-    answered = replace(original, answers=(Answer(4, 5, 15, 8, 0.25, per_step_accepted=(3, 1, 0, 2, 2)), Answer(7)))
+    answered = replace(original, answers=(Answer(4, 5, 15, 8, 0.25, per_step_accepted=(3, 1, 0, 2, 2),
+                                                 accepted_by_position=(4, 3, 1)), Answer(7)))
     assert answered.to_dict()["answers"] == [
         {"prompt": 4, "drafts": 5, "draft_tokens": 15, "accepted": 8, "repetition": 0.25, "input_tokens": None,
-         "per_step_accepted": [3, 1, 0, 2, 2]},
+         "per_step_accepted": [3, 1, 0, 2, 2], "accepted_by_position": [4, 3, 1]},
         {"prompt": 7, "drafts": None, "draft_tokens": None, "accepted": None, "repetition": None,
-         "input_tokens": None, "per_step_accepted": None}]
+         "input_tokens": None, "per_step_accepted": None, "accepted_by_position": None}]
     assert Window.from_dict(answered.to_dict()) == answered
 
 
@@ -209,7 +210,8 @@ def test_sums_add_every_position_and_every_count() -> None:
     sums = Sums.of([window(5, 12, 4, tokens=20, seconds=1.0, positions=(3, 2)),
                     window(6, 9, 3, tokens=10, seconds=0.25, positions=(3, 2, 1))])
     assert sums == Sums(2, 30, 1.25, Counters(True, 7, 21, 11, (6, 4, 1), 2, 30, 0.01 * 20 + 0.01 * 10, 2),
-                        ((4, 12, 5), (3, 9, 6)), ((3 / 4, 2 / 4), (3 / 3, 2 / 3, 1 / 3)), (20.0, 40.0))
+                        ((4, 12, 5), (3, 9, 6)), ((3 / 4, 2 / 4), (3 / 3, 2 / 3, 1 / 3)), (20.0, 40.0),
+                        ((1 / 4, 1 / 4, 2 / 4), (0.0, 1 / 3, 1 / 3, 1 / 3)))
     assert asdict(sums.figures()) == {
         "requests": 2, "output_tokens": 30, "drafts": 7, "draft_tokens": 21, "accepted": 11,
         "acceptance_rate_pooled": 11 / 21, "mean_acceptance_length_pooled": 1 + 11 / 7,
@@ -223,6 +225,8 @@ def test_sums_add_every_position_and_every_count() -> None:
         "output_tokens_per_s": 24.0, "output_tokens_per_s_per_request": 30.0,
         # of 7 steps: 1 accepted none, 2 one, 3 two, 1 three; position i given every one before it
         "accepted_histogram": (1 / 7, 2 / 7, 3 / 7, 1 / 7), "conditional_by_position": (6 / 7, 4 / 6, 1 / 4),
+        # each request's own shares (1, 1, 2 of 4 steps; 0, 1, 1, 1 of 3), then their mean
+        "accepted_histogram_per_request": pytest.approx((1 / 8, (1 / 4 + 1 / 3) / 2, (2 / 4 + 1 / 3) / 2, 1 / 6)),
         "tpot_ms": pytest.approx(1000 * 0.3 / 2)}
 
 
