@@ -53,6 +53,7 @@ def speculation_profile(run: Run, endpoint: str) -> JsonObject:
     steps = figures.drafts
     histogram = {str(accepted + 1): round(share * steps) for accepted, share in
                  enumerate(figures.accepted_histogram)}
+    own_marginal, own_histogram = figures.acceptance_by_position_per_request, figures.accepted_histogram_per_request
     return {
         "schema_version": SCHEMA_VERSION,
         "measured": mean is not None,
@@ -70,10 +71,16 @@ def speculation_profile(run: Run, endpoint: str) -> JsonObject:
         "accept_length_model": "chain_analytic" if (method or "").lower() in CHAIN_METHODS else "measured_per_k",
         "accept_length_by_k": {str(k): _rounded(mean)} if mean is not None else {},
         "acceptance_length_histogram": histogram,
+        # each request's own, then their mean (None: the requests' own counts by position are not known)
+        "marginal_accept_rates_per_request": None if own_marginal is None else _rates(own_marginal, k),
+        "acceptance_length_histogram_per_request": None if own_histogram is None else {
+            str(accepted + 1): round(share, 6) for accepted, share in enumerate(own_histogram)},
         "per_category": {f"{f.mode} {f.group}".removesuffix(" all"): {
             "mean_accept_length": _rounded(f.mean_acceptance_length_pooled),
             "mean_accept_length_per_request": _rounded(f.mean_acceptance_length_per_request),
-            "marginal_accept_rates": [round(x, 6) for x in f.acceptance_by_position], "requests": f.requests}
+            "marginal_accept_rates": [round(x, 6) for x in f.acceptance_by_position],
+            "marginal_accept_rates_per_request": None if f.acceptance_by_position_per_request is None
+            else [round(x, 6) for x in f.acceptance_by_position_per_request], "requests": f.requests}
             for f in run.figures if f.endpoint == endpoint},
         "measurement_conditions": {
             "measured_by": "corpus eval", "engine": f"vllm {head.identity.get('engine_version')}",
@@ -185,6 +192,11 @@ def _published(path: str | None) -> str | None:
     """A path as it may be published: its last two parts (``org/model``), never the machine's layout."""
     parts = [part for part in str(path or "").replace("\\", "/").split("/") if part]
     return "/".join(parts[-2:]) or None
+
+
+def _rates(values: tuple[float, ...], k: int) -> list[float]:
+    """One rate per drafted position, k of them (positions never reached: 0)."""
+    return [round(x, 6) for x in [*values, *[0.0] * k][:k]]
 
 
 def _rounded(value: float | None) -> float | None:
