@@ -122,9 +122,15 @@ def test_which_drafter_wins_where_on_real_servers(draft_model: str, ngram: str, 
     assert [e.counters for e in run.endpoints] == ["per request", "per request"]
     for label in "AB":
         assert sorted(w.prompt for w in run.windows if w.endpoint == label) == list(range(2 * DOCUMENTS))
+    # each response's own counts by position (its summary histogram) kept, and a window counted by them
+    for window in run.windows:
+        [answer] = window.answers
+        assert answer.accepted_by_position == window.counters.accepted_by_position
+        assert len(answer.accepted_by_position or ()) == K
     whole = {f.endpoint: f for f in run.figures if f.group == "all"}
     assert whole["A"].drafts > 0 and whole["B"].drafts > 0  # the eval refuses a server that drafted nothing
     assert whole["A"].mean_acceptance_length_per_request is not None
+    assert whole["A"].accepted_histogram_per_request is not None and whole["B"].accepted_histogram_per_request
     # the documents are long, the chats short, as the server counted them
     lengths = {answer.prompt: answer.input_tokens for w in run.windows for answer in w.answers}
     assert all(512 <= (lengths[i] or 0) < 2048 for i in range(DOCUMENTS))
