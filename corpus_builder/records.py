@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -98,6 +98,234 @@ class Message:
                 "tool_call_id": self.tool_call_id}
 
 
+# --- provenance ------------------------------------------------------------------------------------
+# What a row records of where it came from and how it was made, the ``provenance`` object of
+# schemas/conversation.schema.json (a JSON string in the Arrow form). Each record writes its keys in the order the
+# readers and the generator have always written them, an optional one only when it is set, so a row's bytes are
+# what they were when provenance was a dict; a value of another shape than the schema's (a hand-edited row) is read
+# as not recorded.
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _bool(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _object(value: object) -> dict[str, object]:
+    """A JSON object as it is (its keys are strings), else an empty one."""
+    return {str(key): item for key, item in value.items()} if isinstance(value, dict) else {}
+
+
+def _ids(value: object) -> list[int] | None:
+    return value if isinstance(value, list) else None
+
+
+@dataclass(frozen=True, slots=True)
+class HubOrigin:
+    """The Hub split a row was read from (``provenance.hub``)."""
+
+    id: str
+    config: str | None
+    split: str
+    revision: str | None
+
+    def location(self) -> str:
+        """As locations name it: ``ORG/NAME[/CONFIG]/SPLIT``."""
+        config = f"/{self.config}" if self.config else ""
+        return f"{self.id}{config}/{self.split}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "config": self.config, "split": self.split, "revision": self.revision}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> HubOrigin:
+        return cls(_str(value.get("id")) or "", _str(value.get("config")), _str(value.get("split")) or "",
+                   _str(value.get("revision")))
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """How a logged request was served (``provenance.served``, ``sources.logs``): thinking (None when the log does
+    not say), the model, the sampling sent, the finish reason, the reasoning effort and the token usage where the
+    log records them."""
+
+    enable_thinking: bool | None
+    model: str | None
+    sampling: dict[str, object]
+    finish_reason: str | None
+    reasoning_effort: str | None = None
+    usage: dict[str, int] | None = None
+
+    def to_json(self) -> dict[str, object]:
+        served: dict[str, object] = {"enable_thinking": self.enable_thinking, "model": self.model,
+                                     "sampling": self.sampling, "finish_reason": self.finish_reason}
+        if self.reasoning_effort is not None:
+            served["reasoning_effort"] = self.reasoning_effort
+        if self.usage is not None:
+            served["usage"] = self.usage
+        return served
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> Served:
+        usage = value.get("usage")
+        return cls(_bool(value.get("enable_thinking")), _str(value.get("model")), _object(value.get("sampling")),
+                   _str(value.get("finish_reason")), _str(value.get("reasoning_effort")),
+                   {key: count for key, count in _object(usage).items() if isinstance(count, int)}
+                   if isinstance(usage, dict) else None)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSettings:
+    """How a prompts source's rows with tool traffic are generated (sources[].tool_choice, .tool_results), as a
+    generated row records them (``provenance.generation.tool_choice``, ``.tool_results``)."""
+
+    choice: str | dict[str, object] | None = None  # sent with every request of a row that has tools; None: not sent
+    results: str = "match"  # match | recorded
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedTurn:
+    """One generated assistant turn of a row (``provenance.generation.turns[]``): where it is, who answered, why it
+    stopped, its token counts and the ids the server read and wrote."""
+
+    message_index: int
+    endpoint: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reasoning_tokens: int | None
+    prompt_token_ids: list[int] | None
+    token_ids: list[int] | None
+    retried_for_length: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {"message_index": self.message_index, "endpoint": self.endpoint, "finish_reason": self.finish_reason,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "reasoning_tokens": self.reasoning_tokens, "prompt_token_ids": self.prompt_token_ids,
+                "token_ids": self.token_ids, "retried_for_length": self.retried_for_length}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> GeneratedTurn:
+        return cls(_int(value.get("message_index")) or 0, _str(value.get("endpoint")) or "",
+                   _str(value.get("finish_reason")), _int(value.get("prompt_tokens")),
+                   _int(value.get("completion_tokens")), _int(value.get("reasoning_tokens")),
+                   _ids(value.get("prompt_token_ids")), _ids(value.get("token_ids")),
+                   value.get("retried_for_length") is True)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """How a generated row was made (``provenance.generation``): the target (as the recipe names it and as the
+    server reported it), the thinking mode, the history policy, the sampling, the sample index, its generated
+    turns, and the tool settings of a row with tool traffic."""
+
+    model: str
+    served_model: str | None
+    model_revision: str | None
+    engine_version: str | None
+    model_root: str | None
+    quantization: str | None
+    dtype: str | None
+    enable_thinking: bool
+    history_reasoning: str
+    sampling: dict[str, object]
+    sample_index: int
+    turns: tuple[GeneratedTurn, ...]
+    tools: ToolSettings | None = None
+
+    def to_json(self) -> dict[str, object]:
+        generation: dict[str, object] = {
+            "model": self.model, "served_model": self.served_model, "model_revision": self.model_revision,
+            "engine_version": self.engine_version, "model_root": self.model_root, "quantization": self.quantization,
+            "dtype": self.dtype, "enable_thinking": self.enable_thinking, "history_reasoning": self.history_reasoning,
+            "sampling": self.sampling, "sample_index": self.sample_index,
+            "turns": [turn.to_json() for turn in self.turns],
+        }
+        if self.tools is not None:
+            generation["tool_choice"] = self.tools.choice
+            generation["tool_results"] = self.tools.results
+        return generation
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> Generation:
+        turns = value.get("turns")
+        choice = value.get("tool_choice")
+        return cls(
+            _str(value.get("model")) or "", _str(value.get("served_model")), _str(value.get("model_revision")),
+            _str(value.get("engine_version")), _str(value.get("model_root")), _str(value.get("quantization")),
+            _str(value.get("dtype")), value.get("enable_thinking") is True, _str(value.get("history_reasoning")) or "",
+            _object(value.get("sampling")), _int(value.get("sample_index")) or 0,
+            tuple(GeneratedTurn.from_json(turn) for turn in turns if isinstance(turn, dict))
+            if isinstance(turns, list) else (),
+            ToolSettings(_object(choice) if isinstance(choice, dict) else _str(choice),
+                         _str(value.get("tool_results")) or "match") if "tool_results" in value else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a row came from (a file and its line or row, or a Hub split and its row; the part of a split row; the
+    source's own id and reference answer), how a logged request was served, how many logged requests a folded
+    conversation was made of, and how a generated row was generated."""
+
+    source_file: str | None = None
+    hub: HubOrigin | None = None
+    source_line: int | None = None
+    source_row: int | None = None
+    source_part: int | None = None  # which part of a source row that repair consecutive_turns: split cut
+    source_id: str | int | None = None
+    reference_answer: str | None = None
+    served: Served | None = None
+    folded_requests: int | None = None
+    generation: Generation | None = None
+
+    @property
+    def position(self) -> int | None:
+        """The row's line (in a line format) or row index (else) in its file or split."""
+        return self.source_line if self.source_line is not None else self.source_row
+
+    def to_json(self) -> dict[str, object]:
+        provenance: dict[str, object] = {}
+        if self.source_file is not None:
+            provenance["source_file"] = self.source_file
+        if self.hub is not None:
+            provenance["hub"] = self.hub.to_json()
+        for name in ("source_line", "source_row", "source_part", "source_id", "reference_answer"):
+            value = getattr(self, name)
+            if value is not None:
+                provenance[name] = value
+        if self.served is not None:
+            provenance["served"] = self.served.to_json()
+        if self.folded_requests is not None:
+            provenance["folded_requests"] = self.folded_requests
+        if self.generation is not None:
+            provenance["generation"] = self.generation.to_json()
+        return provenance
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> Provenance:
+        hub, served, generation, source_id = (value.get(name) for name in ("hub", "served", "generation",
+                                                                             "source_id"))
+        return cls(
+            source_file=_str(value.get("source_file")),
+            hub=HubOrigin.from_json(hub) if isinstance(hub, dict) else None,
+            source_line=_int(value.get("source_line")),
+            source_row=_int(value.get("source_row")),
+            source_part=_int(value.get("source_part")),
+            source_id=source_id if isinstance(source_id, str) else _int(source_id),
+            reference_answer=_str(value.get("reference_answer")),
+            served=Served.from_json(served) if isinstance(served, dict) else None,
+            folded_requests=_int(value.get("folded_requests")),
+            generation=Generation.from_json(generation) if isinstance(generation, dict) else None,
+        )
+
+
 # Where a row's assistant turns come from: kept as served (replay), to be regenerated by the target (prompt: a
 # prompt source's row, which never reaches a corpus: the schema's enum and the publish gate refuse it), or
 # regenerated (generated).
@@ -113,7 +341,7 @@ class Conversation:
     task: str | None = None
     license: str | None = None
     flags: list[str] = field(default_factory=list)
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: Provenance = field(default_factory=Provenance)
     split: str | None = None
     tools: list[dict[str, Any]] | None = None  # the OpenAI function schemas the conversation was served with
 
@@ -126,9 +354,9 @@ class Conversation:
     def thinking_mode(self) -> bool:
         """Thinking as served where the row records it (a logged request's template flag, ``sources.logs``), else
         whether it carries reasoning."""
-        served = self.provenance.get("served")
-        mode = served.get("enable_thinking") if isinstance(served, dict) else None
-        return mode if isinstance(mode, bool) else self.thinking
+        served = self.provenance.served
+        mode = served.enable_thinking if served is not None else None
+        return mode if mode is not None else self.thinking
 
     @property
     def has_tool_traffic(self) -> bool:
@@ -148,27 +376,21 @@ class Conversation:
             "thinking": self.thinking,
             "flags": list(self.flags),
             "split": self.split,
-            "provenance": self.provenance,
+            "provenance": self.provenance.to_json(),
         }
-
-
-def hub_location(hub: dict[str, Any]) -> str:
-    """A Hub split as locations name it, from its provenance: ``ORG/NAME[/CONFIG]/SPLIT``."""
-    config = f"/{hub['config']}" if hub.get("config") else ""
-    return f"{hub['id']}{config}/{hub['split']}"
 
 
 def row_location(conversation: Conversation) -> str:
     """Where a row came from, as the ledger and every message name it: ``file:line``, ``file#row``, a Hub split's
     ``ORG/NAME[/CONFIG]/SPLIT#row`` (as its reader names the rows it skips), else the source."""
     provenance = conversation.provenance
-    hub = provenance.get("hub")
-    where = provenance.get("source_file") or (hub_location(hub) if hub else conversation.source)
-    if "source_line" in provenance:
-        return f"{where}:{provenance['source_line']}"
-    if "source_row" in provenance:
-        return f"{where}#{provenance['source_row']}"
-    return str(where)
+    hub = provenance.hub
+    where = provenance.source_file or (hub.location() if hub else conversation.source)
+    if provenance.source_line is not None:
+        return f"{where}:{provenance.source_line}"
+    if provenance.source_row is not None:
+        return f"{where}#{provenance.source_row}"
+    return where
 
 
 def split_think(text: str) -> tuple[str, str | None, bool]:

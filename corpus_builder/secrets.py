@@ -19,7 +19,7 @@ import orjson
 
 from .errors import Skipped, scrub_url_credentials
 from .layout import AUDIT, DATA, MANIFEST, RECIPE, open_parquet
-from .records import Conversation
+from .records import Conversation, Provenance
 
 # A run of base64 as keys are written: chunks of the base64 alphabet separated by line breaks, real or
 # escaped (``\n`` inside a JSON or code string, possibly closing one quoted line of code and opening the
@@ -289,5 +289,8 @@ def redact_conversations(items: Iterable[Conversation | Skipped]) -> Iterator[Co
                 tools = redact_value(item.tools)
                 if tools != item.tools:
                     item.tools = tools
-            item.provenance = redact_value(item.provenance)
+            provenance = item.provenance.to_json()
+            redacted_provenance = redact_value(provenance)
+            if redacted_provenance != provenance:
+                item.provenance = Provenance.from_json(redacted_provenance)
         yield item

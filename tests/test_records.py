@@ -5,23 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from corpus_builder.recipe.model import HubRef
-from corpus_builder.records import Conversation, Message, row_location
+from corpus_builder.records import Conversation, Message, Provenance, row_location
 from corpus_builder.sources.hub import hub_label, hub_provenance
 
 
-def row(provenance: dict[str, object]) -> Conversation:
+def row(provenance: Provenance) -> Conversation:
     return Conversation("r1", "chats", "replay", [Message("user", "hi")], provenance=provenance)
 
 
 def test_a_file_row_is_named_by_line_or_row_and_a_bare_row_by_its_source() -> None:
-    assert row_location(row({"source_file": "logs/a.jsonl", "source_line": 7})) == "logs/a.jsonl:7"
-    assert row_location(row({"source_file": "logs/a.parquet", "source_row": 3})) == "logs/a.parquet#3"
-    assert row_location(row({})) == "chats"
+    assert row_location(row(Provenance(source_file="logs/a.jsonl", source_line=7))) == "logs/a.jsonl:7"
+    assert row_location(row(Provenance(source_file="logs/a.parquet", source_row=3))) == "logs/a.parquet#3"
+    assert row_location(row(Provenance())) == "chats"
 
 
 def test_a_hub_row_is_named_as_its_reader_names_the_rows_it_skips() -> None:
     for ref in (HubRef(id="org/chats", split="train"), HubRef(id="org/chats", split="test", config="en")):
-        located = row_location(row({"hub": hub_provenance(ref), "source_row": 12}))
+        located = row_location(row(Provenance(hub=hub_provenance(ref), source_row=12)))
         assert located == f"{hub_label(ref)}#12"
     assert hub_label(HubRef(id="org/chats", split="test", config="en")) == "org/chats/en/test"
 

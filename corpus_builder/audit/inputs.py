@@ -41,7 +41,7 @@ import polars as pl
 from ..errors import BadRow, CorpusError, Skipped
 from ..layout import Corpus
 from ..recipe.model import Fold, HubRef, Mapping
-from ..records import Conversation, RepairRules
+from ..records import Conversation, Provenance, RepairRules
 from ..rows import batch_to_conversations, conversations_to_batch
 from ..screen.normalise import mix64
 from ..sources.fold import Held, PrefixFold, carry
@@ -496,17 +496,16 @@ class TrafficRows:
         task = row.get("task")
         return Conversation(id=row_id, source=TRAFFIC_SOURCE, origin="replay", messages=part.messages,
                             task=task if isinstance(task, str) else None, flags=part.flags, tools=part.tools,
-                            provenance={"served": part.served} if part.served is not None else {})
+                            provenance=Provenance(served=part.served))
 
 
 def _served(row: dict[str, Any], conversation: Conversation) -> bool | None:
     """The mode a request says it was served in: a logged request's (``sources.logs``), else
     ``chat_template_kwargs.enable_thinking``, else a top-level ``enable_thinking`` (what ``frames`` reads from a
     raw frame)."""
-    served = conversation.provenance.get("served")
+    served = conversation.provenance.served
     if served is not None:
-        mode: bool | None = served["enable_thinking"]
-        return mode
+        return served.enable_thinking
     kwargs = row.get("chat_template_kwargs")
     for value in (kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, row.get("enable_thinking")):
         if isinstance(value, bool):

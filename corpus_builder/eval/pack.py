@@ -28,7 +28,7 @@ from ..outputs import enclosing_corpus
 from ..records import Conversation, openai_messages
 from ..sources import iter_file
 from ..sources.fold import FOLDED_PREFIX
-from ..sources.readers import FORMATS, detect_format, iter_rows, position_key
+from ..sources.readers import FORMATS, detect_format, iter_rows
 
 PACK_DIR = EVAL  # a built corpus's eval pack
 RESULTS_DIR = "results"
@@ -148,12 +148,12 @@ def _file_prompts(file: Path, keep_history_reasoning: bool) -> Iterator[PackProm
     """A file's prompts, in file order, each row read with every turn it holds."""
     fmt = detect_format(file)
     labels = _row_labels(file, fmt)
-    key = position_key(fmt)
     for row in iter_file(file, kind="pack"):
         if isinstance(row, Skipped):
             yield row
             continue
-        source, task = labels.get(row.provenance[key], (None, None))
+        position = row.provenance.position
+        source, task = labels.get(position, (None, None)) if position is not None else (None, None)
         yield _prompt(row, source or row.source, task or row.task, keep_history_reasoning)
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import DropCounts, DropReport
-from ..records import Conversation
+from ..records import Conversation, Provenance
 from .tokens import TokenReport, TokenStats, mismatch_problem
 
 GROUPINGS = ("source", "split", "origin")
@@ -242,11 +242,11 @@ class CorpusStats:
         if not pc.any(generated).as_py():
             return
         for text in pc.filter(batch.column("provenance"), generated).to_pylist():
-            generation = orjson.loads(text).get("generation") or {}
-            settings = {k: generation.get(k) for k in GENERATION_SETTINGS}
+            generation = Provenance.from_json(orjson.loads(text)).generation
+            settings = {k: getattr(generation, k, None) for k in GENERATION_SETTINGS}
             self.generation[orjson.dumps(settings, option=orjson.OPT_SORT_KEYS)] += 1
-            for turn in generation.get("turns") or ():
-                self.finish_reasons[str(turn.get("finish_reason"))] += 1
+            for turn in generation.turns if generation is not None else ():
+                self.finish_reasons[str(turn.finish_reason)] += 1
 
     def _add_served(self, batch: pa.RecordBatch) -> None:
         """Replayed rows that record how they were served: by source, mode as served and reasoning present."""
@@ -257,13 +257,12 @@ class CorpusStats:
         rows = zip(pc.filter(batch.column("source"), logged).to_pylist(), pc.filter(provenance, logged).to_pylist(),
                    pc.filter(batch.column("thinking"), logged).to_pylist(), strict=True)
         for source, text, reasoning in rows:
-            served = orjson.loads(text).get("served")
-            if not isinstance(served, dict):
+            served = Provenance.from_json(orjson.loads(text)).served
+            if served is None:
                 continue
-            mode = served.get("enable_thinking")
-            self.served[source, mode if isinstance(mode, bool) else None, bool(reasoning)] += 1
-            if isinstance(served.get("model"), str):
-                self.served_models[served["model"]] += 1
+            self.served[source, served.enable_thinking, bool(reasoning)] += 1
+            if served.model is not None:
+                self.served_models[served.model] += 1
 
     def served_report(self) -> ServedReport | None:
         if not self.served:

@@ -160,7 +160,7 @@ def test_a_thinking_share_is_met_with_thinking_off_prompts_in_the_mix(tmp_path: 
     share = sum(row.thinking for row in rows) / len(rows)
     assert abs(share - 0.45) <= 0.02
     assert abs(result.audit["thinking_share"] - share) < 1e-9
-    off = sum(not row.provenance["generation"]["enable_thinking"] for row in rows if row.source == "asks")
+    off = sum(not row.provenance.generation.enable_thinking for row in rows if row.source == "asks")
     assert 10 <= off <= 30  # thinking off rows are in the mix, and counted as such
     if per_split:
         for split in ("train", "validation"):
