@@ -12,8 +12,16 @@ import zstandard
 from corpus_builder.errors import CorpusError, Skipped
 from corpus_builder.generate import GenerationProgress, Journal, generate, journal_coverage
 from corpus_builder.generate.client import EndpointPool
+from corpus_builder.generate.journal import turn_key
 from corpus_builder.generate.scheduler import RunSettings, Scheduler, drive
-from corpus_builder.records import FLAG_TRUNCATED, FLAG_UNCLOSED_THINK, Conversation, Message, conversation_id
+from corpus_builder.records import (
+    FLAG_TRUNCATED,
+    FLAG_UNCLOSED_THINK,
+    Conversation,
+    Message,
+    conversation_id,
+    openai_messages,
+)
 from corpus_builder.testing.fault_server import Fault, FaultServer
 from tests.support.generate_run import make_prompts, make_recipe
 
@@ -345,3 +353,27 @@ def test_progress_redraws_one_line_on_a_terminal_with_an_eta():
     frames = stream.getvalue().split("\r\x1b[2K")[1:]
     assert len(frames) == 6 and stream.getvalue().endswith("\n")
     assert frames[-1].rstrip() == "generate 5/20 rows (25.0%) | 100 tok/s | thinking 25% | ETA 0m15s"
+
+
+def test_a_journal_of_an_older_build_still_answers(tmp_path):
+    """A record journaled before tool calls and the target's identity were (the answer, its ids and counts, the
+    endpoint and the served model only) still rebuilds its row: no calls, the target's identity unknown."""
+    prompt = make_prompts(1)[0]
+    recipe = make_recipe(MODEL)
+    settings = RunSettings.from_recipe(recipe)
+    sent = tuple(openai_messages(prompt.messages, keep_history_reasoning=True, current=len(prompt.messages)))
+    key = turn_key(sent, settings.sampling, model=MODEL, revision=None, enable_thinking=True, sample_index=0,
+                   conversation=conversation_id(prompt.source, prompt.messages))
+    old = {"content": "It is 0.", "reasoning": "zero plus zero", "finish_reason": "stop",
+           "prompt_token_ids": [1, 2], "token_ids": [3, 4, 5], "prompt_tokens": 2, "completion_tokens": 3,
+           "reasoning_tokens": 1, "endpoint": "http://127.0.0.1:1/v1", "served_model": MODEL}
+    with Journal(tmp_path) as journal:
+        journal.append(key, old)
+    [row] = generate([prompt], recipe, tmp_path, endpoints=[], journal_only=True)
+    assert isinstance(row, Conversation)
+    assert row.messages[-1] == Message("assistant", "It is 0.", "zero plus zero")
+    generation = row.provenance.generation
+    assert generation is not None and generation.served_model == MODEL
+    assert (generation.model_root, generation.dtype, generation.engine_version) == (None, None, None)
+    assert [(turn.endpoint, turn.token_ids, turn.completion_tokens) for turn in generation.turns] == [
+        ("http://127.0.0.1:1/v1", [3, 4, 5], 3)]
