@@ -50,7 +50,7 @@ REPAIR_FLAG_PREFIX = "repaired:"
 # validator (its schema checked against the metaschema first) costs far more than validating one call.
 _CACHED_VALIDATORS = 1024
 # orjson text of a schema -> (the schema, its validator or None when it is invalid), oldest first
-_validators: dict[bytes, tuple[dict[str, Any], Validator | None]] = {}
+_validators: dict[bytes, tuple[dict[str, object], Validator | None]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class ToolCall:
     def to_dict(self) -> dict[str, str]:
         return {"id": self.id, "name": self.name, "arguments": self.arguments}
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self) -> dict[str, object]:
         """The call as the OpenAI chat API writes it on an assistant message."""
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
@@ -92,7 +92,7 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()  # assistant turns: the calls the turn ends with
     tool_call_id: str | None = None  # tool turns: the call whose result this is
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"role": self.role, "content": self.content, "reasoning": self.reasoning,
                 "tool_calls": [call.to_dict() for call in self.tool_calls] or None,
                 "tool_call_id": self.tool_call_id}
@@ -362,7 +362,7 @@ class Conversation:
     def has_tool_traffic(self) -> bool:
         return carries_tool_traffic(self.messages, self.tools)
 
-    def to_row(self) -> dict[str, Any]:
+    def to_row(self) -> dict[str, object]:
         """The JSON shape of schemas/conversation.schema.json (provenance as an object); the Arrow form is
         ``corpus_builder.rows``."""
         return {
@@ -412,7 +412,7 @@ def split_think(text: str) -> tuple[str, str | None, bool]:
     return content, reasoning or None, False
 
 
-def make_message(role: str, content: Any, reasoning: Any = None, *, tool_calls: tuple[ToolCall, ...] = (),
+def make_message(role: str, content: object, reasoning: object = None, *, tool_calls: tuple[ToolCall, ...] = (),
                  tool_call_id: str | None = None) -> tuple[Message, bool]:
     """Build one turn, moving think blocks out of the content; returns (message, unclosed_think). An assistant
     turn that calls tools may have no content (OpenAI sends null): it is empty."""
@@ -434,7 +434,7 @@ def make_message(role: str, content: Any, reasoning: Any = None, *, tool_calls: 
     return Message(role, content, reasoning, tool_calls, tool_call_id), unclosed
 
 
-def normalise_tools(value: Any) -> list[dict[str, Any]] | None:
+def normalise_tools(value: object) -> list[dict[str, Any]] | None:
     """A row's tools in the one shape the record keeps: OpenAI's ``{"type": "function", "function": {name,
     description, parameters[, strict]}}``, with description and parameters present (null when missing), the
     dict vLLM hands the chat template, so every consumer renders the row alike. Accepts the OpenAI form, bare
@@ -453,7 +453,7 @@ def normalise_tools(value: Any) -> list[dict[str, Any]] | None:
     return [_served_tool(index, tool) for index, tool in enumerate(value)]
 
 
-def _served_tool(index: int, tool: Any) -> dict[str, Any]:
+def _served_tool(index: int, tool: object) -> dict[str, Any]:
     function = tool.get("function", tool) if isinstance(tool, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
         raise BadRow("bad_tools", f"tool {index} has no function name")
@@ -462,7 +462,7 @@ def _served_tool(index: int, tool: Any) -> dict[str, Any]:
             parameters, dict)) or not (strict is None or isinstance(strict, bool)):
         raise BadRow("bad_tools", f"tool {index} ({function['name']}): description must be a string, parameters "
                                   "an object, strict a boolean")
-    served: dict[str, Any] = {"name": function["name"], "description": description, "parameters": parameters}
+    served: dict[str, object] = {"name": function["name"], "description": description, "parameters": parameters}
     if strict is not None:
         served["strict"] = strict
     return {"type": "function", "function": served}
@@ -475,7 +475,7 @@ def invalid_tool_schemas(tools: Sequence[dict[str, Any]] | None) -> list[str]:
             if function["parameters"] is not None and parameters_validator(function["parameters"]) is None]
 
 
-def parameters_validator(schema: dict[str, Any]) -> Validator | None:
+def parameters_validator(schema: dict[str, object]) -> Validator | None:
     """The validator of a tool's parameter schema, None when the schema is invalid; built once per distinct schema
     (every row with tools asks). Keyed by orjson's text, fast, which blurs NaN and infinities into null: an entry
     serves only a schema equal to its own (a schema holding NaN equals none, and is built each time)."""
@@ -494,7 +494,7 @@ def parameters_validator(schema: dict[str, Any]) -> Validator | None:
     return validator
 
 
-def _checked_validator(schema: dict[str, Any]) -> Validator | None:
+def _checked_validator(schema: dict[str, object]) -> Validator | None:
     import jsonschema  # ~150 ms to import: only rows with tools pay for it
 
     if not isinstance(schema.get("$schema", ""), str):
@@ -508,7 +508,7 @@ def _checked_validator(schema: dict[str, Any]) -> Validator | None:
 
 
 def openai_messages(messages: Sequence[Message], *, keep_history_reasoning: bool, current: int
-                    ) -> list[dict[str, Any]]:
+                    ) -> list[dict[str, object]]:
     """The turns as OpenAI chat messages, exactly as the generator sends them (and so as the target's template
     saw them): ``reasoning_content`` on assistant turns with reasoning, either all of them (history reasoning
     kept) or only those of the exchange turn ``current`` belongs to (after the last user turn before it: the
@@ -519,7 +519,7 @@ def openai_messages(messages: Sequence[Message], *, keep_history_reasoning: bool
                    default=-1)
     sent = []
     for index, message in enumerate(messages):
-        turn: dict[str, Any] = {"role": message.role, "content": message.content}
+        turn: dict[str, object] = {"role": message.role, "content": message.content}
         if message.role == "assistant":
             if message.reasoning and (keep_history_reasoning or index > exchange):
                 turn["reasoning_content"] = message.reasoning
@@ -537,7 +537,7 @@ def has_non_object_arguments(messages: Sequence[Message]) -> bool:
     return any(call.arguments_object() is None for message in messages for call in message.tool_calls)
 
 
-def carries_tool_traffic(messages: Sequence[Message], tools: Sequence[Any] | None) -> bool:
+def carries_tool_traffic(messages: Sequence[Message], tools: Sequence[object] | None) -> bool:
     """Whether a conversation was served with tools, or holds a tool call or a tool's result."""
     return bool(tools) or any(m.tool_calls or m.role == "tool" for m in messages)
 
@@ -763,27 +763,27 @@ _PART_REPAIRS: dict[tuple[str, str], Callable[[list[Message]], list[Message] | N
 _REPLAY_ONLY = frozenset({"trailing_user"})  # a prompt's last user turn is the one the target answers
 
 
-def _turn_key(message: Message) -> tuple[Any, ...]:
+def _turn_key(message: Message) -> tuple[object, ...]:
     plain = (message.role, message.content, message.reasoning)
     if not message.tool_calls and message.tool_call_id is None:
         return plain  # the key of a turn without tool traffic is what it was before tools existed
     return (*plain, [(call.id, call.name, call.arguments) for call in message.tool_calls], message.tool_call_id)
 
 
-def content_key(messages: Sequence[Message], tools: Sequence[Any] | None = None) -> bytes:
+def content_key(messages: Sequence[Message], tools: Sequence[object] | None = None) -> bytes:
     """Canonical bytes of a conversation's turns (roles, content, reasoning, tool calls and results) and of
     the tools it was served with."""
     turns = [_turn_key(m) for m in messages]
     return orjson.dumps([turns, tools] if tools else turns, option=orjson.OPT_SORT_KEYS)
 
 
-def content_digest(messages: Sequence[Message], tools: Sequence[Any] | None = None) -> bytes:
+def content_digest(messages: Sequence[Message], tools: Sequence[object] | None = None) -> bytes:
     """sha256 of the canonical turns and tools: the basis of ids."""
     return hashlib.sha256(content_key(messages, tools)).digest()
 
 
 def conversation_id(source: str, messages: Sequence[Message], salt: str = "",
-                    tools: Sequence[Any] | None = None) -> str:
+                    tools: Sequence[object] | None = None) -> str:
     """Stable id: it depends on the source name, the turns and the tools, never on input order or position."""
     digest = content_digest(messages, tools)
     return hashlib.sha256(b"corpus-conv\0%s\0%s\0%s" % (source.encode(), salt.encode(), digest)).hexdigest()[:20]

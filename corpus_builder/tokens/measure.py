@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,7 +56,7 @@ class TokenMismatch:
     served_text: str
     rendered_text: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"id": self.id, "message_index": self.message_index, "position": self.position, "part": self.part,
                 "served": self.served, "rendered": self.rendered, "served_text": self.served_text,
                 "rendered_text": self.rendered_text}
