@@ -457,9 +457,10 @@ class Scheduler:
             self._finish(job, self._skipped(job, record.skip_reason, record.error))
             return False
         job.live |= not cached
+        result = record.result
         if self._progress is not None:
-            self._progress.turn(record.completion_tokens or 0, record.reasoning_tokens or 0, cached=cached)
-        if record.finish_reason == "length":
+            self._progress.turn(result.completion_tokens or 0, result.reasoning_tokens or 0, cached=cached)
+        if result.finish_reason == "length":
             if settings.on_length == "retry" and not job.retrying:
                 job.retrying = True
                 return True
@@ -470,8 +471,8 @@ class Scheduler:
                 return False
             if FLAG_TRUNCATED not in job.flags:
                 job.flags.append(FLAG_TRUNCATED)
-        calls = record.tool_calls
-        message, unclosed = make_message("assistant", record.content or "", record.reasoning, tool_calls=calls)
+        calls = record.tool_calls()
+        message, unclosed = make_message("assistant", result.content or "", result.reasoning, tool_calls=calls)
         results: list[Message] = []
         if job.tool_settings is not None and calls and job.tool_settings.results == "match":
             found = self._recorded_results(job, message)
@@ -481,15 +482,15 @@ class Scheduler:
             results = found
         # The template opens the think block; an output that stopped (not cut) with no answer never left it:
         # the EOS came before </think> (or nothing followed it). checks.on_unclosed_think decides.
-        unclosed |= (job.thinking and record.finish_reason != "length"
+        unclosed |= (job.thinking and result.finish_reason != "length"
                      and not message.content.strip() and not calls)
         if unclosed and FLAG_UNCLOSED_THINK not in job.flags:
             job.flags.append(FLAG_UNCLOSED_THINK)
         if calls and FLAG_INVALID_TOOL_CALL not in job.flags and invalid_calls(calls, job.prompt.tools):
             job.flags.append(FLAG_INVALID_TOOL_CALL)
-        job.turns.append(GeneratedTurn(len(job.messages), record.endpoint, record.finish_reason, record.prompt_tokens,
-                                       record.completion_tokens, record.reasoning_tokens, record.prompt_token_ids,
-                                       record.token_ids, job.retrying))
+        job.turns.append(GeneratedTurn(len(job.messages), result.endpoint, result.finish_reason, result.prompt_tokens,
+                                       result.completion_tokens, result.reasoning_tokens, result.prompt_token_ids,
+                                       result.token_ids, job.retrying))
         if job.identity is None:
             job.identity = record.identity
             self._check_target(job, job.identity)

@@ -150,32 +150,26 @@ def _ids(value: object) -> list[int] | None:
 
 @dataclass(frozen=True, slots=True)
 class JournaledTurn:
-    """A generated turn as the journal holds it (``scheduler.result_record`` writes it): the server's answer, who
-    answered and what the target said it was. Fields an older journal did not record read as None."""
+    """A generated turn as the journal holds it (``scheduler.result_record`` writes it): the server's answer, and
+    what the target that answered said it was. Fields an older journal did not record read as None (no calls)."""
 
-    content: str | None
-    reasoning: str | None
-    finish_reason: str | None
-    prompt_token_ids: list[int] | None
-    token_ids: list[int] | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    reasoning_tokens: int | None
-    endpoint: str
-    tool_calls: tuple[ToolCall, ...]
+    result: TurnResult
     identity: TargetIdentity
 
     @classmethod
     def from_json(cls, record: Mapping[str, object]) -> JournaledTurn:
         calls = record.get("tool_calls")
-        return cls(
+        return cls(TurnResult(
             _text(record.get("content")), _text(record.get("reasoning")), _text(record.get("finish_reason")),
             _ids(record.get("prompt_token_ids")), _ids(record.get("token_ids")), _count(record.get("prompt_tokens")),
             _count(record.get("completion_tokens")), _count(record.get("reasoning_tokens")),
-            _text(record.get("endpoint")) or "",
-            tuple(ToolCall(str(call["id"]), str(call["name"]), str(call["arguments"]))
-                  for call in calls if isinstance(call, dict)) if isinstance(calls, list) else (),
+            _text(record.get("endpoint")) or "", _text(record.get("served_model")) or "",
+            [{name: str(call[name]) for name in ("id", "name", "arguments")} for call in calls
+             if isinstance(call, dict)] if isinstance(calls, list) else None),
             TargetIdentity(*(_text(record.get(name)) for name in IDENTITY_FIELDS)))
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(ToolCall(call["id"], call["name"], call["arguments"]) for call in self.result.tool_calls or ())
 
 
 @dataclass(frozen=True, slots=True)
