@@ -38,9 +38,9 @@ from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.recipe.model import Mixture, OutputSpec, Recipe, SourceSpec, SourceTarget, Target, ThinkingShare
 from corpus_builder.testing.fault_server import Fault, FaultServer
-from corpus_builder.testing.trials import shard_hashes
 from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_rows
+from tests.support.trials import shard_hashes
 
 MODEL = "tiny-target"
 
