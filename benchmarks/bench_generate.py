@@ -117,7 +117,7 @@ def run_corpus(work: Workload, history_reasoning: str = "keep") -> Measurement:
     from corpus_builder.errors import Skipped
     from corpus_builder.generate import generate
     from corpus_builder.recipe import GenerationSettings, OutputSpec, Recipe, Target
-    from corpus_builder.records import Conversation, Message
+    from corpus_builder.records import Conversation, Message, Provenance
 
     # on_length "keep": with ignore_eos every turn stops at max_tokens, and the two-turn rows must go on.
     settings = GenerationSettings(enable_thinking=work.enable_thinking, max_tokens=work.max_tokens,
@@ -128,7 +128,7 @@ def run_corpus(work: Workload, history_reasoning: str = "keep") -> Measurement:
                     output=OutputSpec(dir=Path("unused")))
     prompts = [Conversation(id=row["id"], source="bench", origin="prompt", task="chat", license="MIT",
                             messages=[Message(m["role"], m["content"]) for m in row["messages"]],
-                            provenance={"source_file": str(work.prompts), "source_line": line})
+                            provenance=Provenance(source_file=str(work.prompts), source_line=line))
                for line, row in enumerate(read_prompts(work.prompts), start=1)]
     requests = tokens = failed = 0
     with tempfile.TemporaryDirectory(prefix="bench-journal-") as journal_dir:
@@ -137,7 +137,7 @@ def run_corpus(work: Workload, history_reasoning: str = "keep") -> Measurement:
             if isinstance(row, Skipped):
                 failed += 1
                 continue
-            turns = row.provenance["generation"]["turns"]
+            turns = row.provenance.generation.turns
             requests += len(turns)
             tokens += sum(turn["completion_tokens"] or 0 for turn in turns)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

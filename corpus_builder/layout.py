@@ -14,12 +14,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from .errors import CorpusError, DropCounts
 from .records import Conversation
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+T = TypeVar("T")
 
 MANIFEST = "manifest.json"
 AUDIT = "audit.json"
@@ -66,7 +72,7 @@ class ShardInfo:
     bytes: int
     sha256: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "split": self.split, "rows": self.rows, "bytes": self.bytes,
                 "sha256": self.sha256}
 
@@ -117,18 +123,18 @@ class Manifest:
                 "checks": self.checks, **self.sections}
 
     @classmethod
-    def from_json(cls, document: Any, file: str) -> Manifest:
+    def from_json(cls, document: object, file: str) -> Manifest:
         def fail(key: str, problem: str) -> CorpusError:
             return CorpusError(f"not a corpus manifest: {key} {problem}", file=file)
 
-        def typed(value: Any, kind: type | tuple[type, ...], key: str, what: str) -> Any:
+        def typed(value: object, kind: type[T], key: str, what: str) -> T:
             # bool is an int to Python, never a count or a name in a manifest
             if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
                 raise fail(key, f"is not {what}")  # never the value: a hand edit may have put anything there
             return value
 
-        def count(value: Any, key: str) -> int:
-            number: int = typed(value, int, key, "a count")
+        def count(value: object, key: str) -> int:
+            number = typed(value, int, key, "a count")
             if number < 0:
                 raise fail(key, "is negative, not a count")
             return number
@@ -137,7 +143,7 @@ class Manifest:
             raise CorpusError("not a corpus manifest: the file holds no JSON object", file=file)
         if document.get("format_version") != FORMAT_VERSION:
             raise CorpusError(f"unsupported corpus format_version {document.get('format_version')!r}", file=file)
-        def shards(value: Any, key: str) -> list[ShardInfo]:
+        def shards(value: object, key: str) -> list[ShardInfo]:
             files = []
             for i, entry in enumerate(typed(value, list, key, "a list of shards")):
                 where = f"{key}[{i}]"
@@ -161,7 +167,7 @@ class Manifest:
         for key, kind in _SECTIONS.items():
             if key in sections:
                 typed(sections[key], kind, key, "a JSON object" if kind is dict else "a list")
-        def optional(key: str, kind: type, what: str) -> Any:
+        def optional(key: str, kind: type[T], what: str) -> T | None:
             return typed(document[key], kind, key, what) if document.get(key) is not None else None
 
         thinking = document.get("thinking_conversations")
@@ -181,7 +187,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_json(path: Path, value: Any) -> None:
+def write_json(path: Path, value: object) -> None:
     """The corpus's JSON files: indented, keys sorted, so the same content gives the same bytes."""
     path.write_bytes(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
@@ -284,7 +290,7 @@ def iter_ledger(path: Path) -> Iterator[dict[str, Any]]:
                     yield orjson.loads(line)
 
 
-def open_parquet(path: Path) -> Any:
+def open_parquet(path: Path) -> pq.ParquetFile:
     """A parquet file opened to be streamed batch by batch (a ``pyarrow.parquet.ParquetFile``); the caller
     turns pyarrow's errors into its own message.
 
@@ -306,7 +312,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _shard_batches(root: Path, shards: list[ShardInfo], what: str, columns: list[str] | None,
-                   batch_size: int) -> Iterator[Any]:
+                   batch_size: int) -> Iterator[pa.RecordBatch]:
     """The batches of a corpus's parquet shards in turn, each shard checked first against the manifest (its size and
     sha256: a flipped byte may decode to other text without any error); a shard that differs, or cannot be opened
     or read, is a CorpusError naming it (or the build writing the corpus now, which explains it)."""
@@ -360,7 +366,7 @@ class Corpus:
         return list(self.manifest.files)
 
     def iter_batches(self, *, split: str | None = None, columns: list[str] | None = None,
-                     batch_size: int = 4096) -> Iterator[Any]:
+                     batch_size: int = 4096) -> Iterator[pa.RecordBatch]:
         shards = [info for info in self.files if split is None or info.split == split]
         yield from _shard_batches(self.root, shards, "shard", columns, batch_size)
 

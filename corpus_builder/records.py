@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,7 +50,7 @@ REPAIR_FLAG_PREFIX = "repaired:"
 # validator (its schema checked against the metaschema first) costs far more than validating one call.
 _CACHED_VALIDATORS = 1024
 # orjson text of a schema -> (the schema, its validator or None when it is invalid), oldest first
-_validators: dict[bytes, tuple[dict[str, Any], Validator | None]] = {}
+_validators: dict[bytes, tuple[dict[str, object], Validator | None]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class ToolCall:
     def to_dict(self) -> dict[str, str]:
         return {"id": self.id, "name": self.name, "arguments": self.arguments}
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self) -> dict[str, object]:
         """The call as the OpenAI chat API writes it on an assistant message."""
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
@@ -92,10 +92,238 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()  # assistant turns: the calls the turn ends with
     tool_call_id: str | None = None  # tool turns: the call whose result this is
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"role": self.role, "content": self.content, "reasoning": self.reasoning,
                 "tool_calls": [call.to_dict() for call in self.tool_calls] or None,
                 "tool_call_id": self.tool_call_id}
+
+
+# --- provenance ------------------------------------------------------------------------------------
+# What a row records of where it came from and how it was made, the ``provenance`` object of
+# schemas/conversation.schema.json (a JSON string in the Arrow form). Each record writes its keys in the order the
+# readers and the generator have always written them, an optional one only when it is set, so a row's bytes are
+# what they were when provenance was a dict; a value of another shape than the schema's (a hand-edited row) is read
+# as not recorded.
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _bool(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _object(value: object) -> dict[str, object]:
+    """A JSON object as it is (its keys are strings), else an empty one."""
+    return {str(key): item for key, item in value.items()} if isinstance(value, dict) else {}
+
+
+def _ids(value: object) -> list[int] | None:
+    return value if isinstance(value, list) else None
+
+
+@dataclass(frozen=True, slots=True)
+class HubOrigin:
+    """The Hub split a row was read from (``provenance.hub``)."""
+
+    id: str
+    config: str | None
+    split: str
+    revision: str | None
+
+    def location(self) -> str:
+        """As locations name it: ``ORG/NAME[/CONFIG]/SPLIT``."""
+        config = f"/{self.config}" if self.config else ""
+        return f"{self.id}{config}/{self.split}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "config": self.config, "split": self.split, "revision": self.revision}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> HubOrigin:
+        return cls(_str(value.get("id")) or "", _str(value.get("config")), _str(value.get("split")) or "",
+                   _str(value.get("revision")))
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """How a logged request was served (``provenance.served``, ``sources.logs``): thinking (None when the log does
+    not say), the model, the sampling sent, the finish reason, the reasoning effort and the token usage where the
+    log records them."""
+
+    enable_thinking: bool | None
+    model: str | None
+    sampling: dict[str, object]
+    finish_reason: str | None
+    reasoning_effort: str | None = None
+    usage: dict[str, int] | None = None
+
+    def to_json(self) -> dict[str, object]:
+        served: dict[str, object] = {"enable_thinking": self.enable_thinking, "model": self.model,
+                                     "sampling": self.sampling, "finish_reason": self.finish_reason}
+        if self.reasoning_effort is not None:
+            served["reasoning_effort"] = self.reasoning_effort
+        if self.usage is not None:
+            served["usage"] = self.usage
+        return served
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> Served:
+        usage = value.get("usage")
+        return cls(_bool(value.get("enable_thinking")), _str(value.get("model")), _object(value.get("sampling")),
+                   _str(value.get("finish_reason")), _str(value.get("reasoning_effort")),
+                   {key: count for key, count in _object(usage).items() if isinstance(count, int)}
+                   if isinstance(usage, dict) else None)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSettings:
+    """How a prompts source's rows with tool traffic are generated (sources[].tool_choice, .tool_results), as a
+    generated row records them (``provenance.generation.tool_choice``, ``.tool_results``)."""
+
+    choice: str | dict[str, object] | None = None  # sent with every request of a row that has tools; None: not sent
+    results: str = "match"  # match | recorded
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedTurn:
+    """One generated assistant turn of a row (``provenance.generation.turns[]``): where it is, who answered, why it
+    stopped, its token counts and the ids the server read and wrote."""
+
+    message_index: int
+    endpoint: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reasoning_tokens: int | None
+    prompt_token_ids: list[int] | None
+    token_ids: list[int] | None
+    retried_for_length: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {"message_index": self.message_index, "endpoint": self.endpoint, "finish_reason": self.finish_reason,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "reasoning_tokens": self.reasoning_tokens, "prompt_token_ids": self.prompt_token_ids,
+                "token_ids": self.token_ids, "retried_for_length": self.retried_for_length}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> GeneratedTurn:
+        return cls(_int(value.get("message_index")) or 0, _str(value.get("endpoint")) or "",
+                   _str(value.get("finish_reason")), _int(value.get("prompt_tokens")),
+                   _int(value.get("completion_tokens")), _int(value.get("reasoning_tokens")),
+                   _ids(value.get("prompt_token_ids")), _ids(value.get("token_ids")),
+                   value.get("retried_for_length") is True)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """How a generated row was made (``provenance.generation``): the target (as the recipe names it and as the
+    server reported it), the thinking mode, the history policy, the sampling, the sample index, its generated
+    turns, and the tool settings of a row with tool traffic."""
+
+    model: str
+    served_model: str | None
+    model_revision: str | None
+    engine_version: str | None
+    model_root: str | None
+    quantization: str | None
+    dtype: str | None
+    enable_thinking: bool
+    history_reasoning: str
+    sampling: dict[str, object]
+    sample_index: int
+    turns: tuple[GeneratedTurn, ...]
+    tools: ToolSettings | None = None
+
+    def to_json(self) -> dict[str, object]:
+        generation: dict[str, object] = {
+            "model": self.model, "served_model": self.served_model, "model_revision": self.model_revision,
+            "engine_version": self.engine_version, "model_root": self.model_root, "quantization": self.quantization,
+            "dtype": self.dtype, "enable_thinking": self.enable_thinking, "history_reasoning": self.history_reasoning,
+            "sampling": self.sampling, "sample_index": self.sample_index,
+            "turns": [turn.to_json() for turn in self.turns],
+        }
+        if self.tools is not None:
+            generation["tool_choice"] = self.tools.choice
+            generation["tool_results"] = self.tools.results
+        return generation
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> Generation:
+        turns = value.get("turns")
+        choice = value.get("tool_choice")
+        return cls(
+            _str(value.get("model")) or "", _str(value.get("served_model")), _str(value.get("model_revision")),
+            _str(value.get("engine_version")), _str(value.get("model_root")), _str(value.get("quantization")),
+            _str(value.get("dtype")), value.get("enable_thinking") is True, _str(value.get("history_reasoning")) or "",
+            _object(value.get("sampling")), _int(value.get("sample_index")) or 0,
+            tuple(GeneratedTurn.from_json(turn) for turn in turns if isinstance(turn, dict))
+            if isinstance(turns, list) else (),
+            ToolSettings(_object(choice) if isinstance(choice, dict) else _str(choice),
+                         _str(value.get("tool_results")) or "match") if "tool_results" in value else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a row came from (a file and its line or row, or a Hub split and its row; the part of a split row; the
+    source's own id and reference answer), how a logged request was served, how many logged requests a folded
+    conversation was made of, and how a generated row was generated."""
+
+    source_file: str | None = None
+    hub: HubOrigin | None = None
+    source_line: int | None = None
+    source_row: int | None = None
+    source_part: int | None = None  # which part of a source row that repair consecutive_turns: split cut
+    source_id: str | int | None = None
+    reference_answer: str | None = None
+    served: Served | None = None
+    folded_requests: int | None = None
+    generation: Generation | None = None
+
+    @property
+    def position(self) -> int | None:
+        """The row's line (in a line format) or row index (else) in its file or split."""
+        return self.source_line if self.source_line is not None else self.source_row
+
+    def to_json(self) -> dict[str, object]:
+        provenance: dict[str, object] = {}
+        if self.source_file is not None:
+            provenance["source_file"] = self.source_file
+        if self.hub is not None:
+            provenance["hub"] = self.hub.to_json()
+        for name in ("source_line", "source_row", "source_part", "source_id", "reference_answer"):
+            value = getattr(self, name)
+            if value is not None:
+                provenance[name] = value
+        if self.served is not None:
+            provenance["served"] = self.served.to_json()
+        if self.folded_requests is not None:
+            provenance["folded_requests"] = self.folded_requests
+        if self.generation is not None:
+            provenance["generation"] = self.generation.to_json()
+        return provenance
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, object]) -> Provenance:
+        hub, served, generation, source_id = (value.get(name) for name in ("hub", "served", "generation",
+                                                                             "source_id"))
+        return cls(
+            source_file=_str(value.get("source_file")),
+            hub=HubOrigin.from_json(hub) if isinstance(hub, dict) else None,
+            source_line=_int(value.get("source_line")),
+            source_row=_int(value.get("source_row")),
+            source_part=_int(value.get("source_part")),
+            source_id=source_id if isinstance(source_id, str) else _int(source_id),
+            reference_answer=_str(value.get("reference_answer")),
+            served=Served.from_json(served) if isinstance(served, dict) else None,
+            folded_requests=_int(value.get("folded_requests")),
+            generation=Generation.from_json(generation) if isinstance(generation, dict) else None,
+        )
 
 
 # Where a row's assistant turns come from: kept as served (replay), to be regenerated by the target (prompt: a
@@ -113,7 +341,7 @@ class Conversation:
     task: str | None = None
     license: str | None = None
     flags: list[str] = field(default_factory=list)
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: Provenance = field(default_factory=Provenance)
     split: str | None = None
     tools: list[dict[str, Any]] | None = None  # the OpenAI function schemas the conversation was served with
 
@@ -126,15 +354,15 @@ class Conversation:
     def thinking_mode(self) -> bool:
         """Thinking as served where the row records it (a logged request's template flag, ``sources.logs``), else
         whether it carries reasoning."""
-        served = self.provenance.get("served")
-        mode = served.get("enable_thinking") if isinstance(served, dict) else None
-        return mode if isinstance(mode, bool) else self.thinking
+        served = self.provenance.served
+        mode = served.enable_thinking if served is not None else None
+        return mode if mode is not None else self.thinking
 
     @property
     def has_tool_traffic(self) -> bool:
         return carries_tool_traffic(self.messages, self.tools)
 
-    def to_row(self) -> dict[str, Any]:
+    def to_row(self) -> dict[str, object]:
         """The JSON shape of schemas/conversation.schema.json (provenance as an object); the Arrow form is
         ``corpus_builder.rows``."""
         return {
@@ -148,27 +376,21 @@ class Conversation:
             "thinking": self.thinking,
             "flags": list(self.flags),
             "split": self.split,
-            "provenance": self.provenance,
+            "provenance": self.provenance.to_json(),
         }
-
-
-def hub_location(hub: dict[str, Any]) -> str:
-    """A Hub split as locations name it, from its provenance: ``ORG/NAME[/CONFIG]/SPLIT``."""
-    config = f"/{hub['config']}" if hub.get("config") else ""
-    return f"{hub['id']}{config}/{hub['split']}"
 
 
 def row_location(conversation: Conversation) -> str:
     """Where a row came from, as the ledger and every message name it: ``file:line``, ``file#row``, a Hub split's
     ``ORG/NAME[/CONFIG]/SPLIT#row`` (as its reader names the rows it skips), else the source."""
     provenance = conversation.provenance
-    hub = provenance.get("hub")
-    where = provenance.get("source_file") or (hub_location(hub) if hub else conversation.source)
-    if "source_line" in provenance:
-        return f"{where}:{provenance['source_line']}"
-    if "source_row" in provenance:
-        return f"{where}#{provenance['source_row']}"
-    return str(where)
+    hub = provenance.hub
+    where = provenance.source_file or (hub.location() if hub else conversation.source)
+    if provenance.source_line is not None:
+        return f"{where}:{provenance.source_line}"
+    if provenance.source_row is not None:
+        return f"{where}#{provenance.source_row}"
+    return where
 
 
 def split_think(text: str) -> tuple[str, str | None, bool]:
@@ -190,7 +412,7 @@ def split_think(text: str) -> tuple[str, str | None, bool]:
     return content, reasoning or None, False
 
 
-def make_message(role: str, content: Any, reasoning: Any = None, *, tool_calls: tuple[ToolCall, ...] = (),
+def make_message(role: str, content: object, reasoning: object = None, *, tool_calls: tuple[ToolCall, ...] = (),
                  tool_call_id: str | None = None) -> tuple[Message, bool]:
     """Build one turn, moving think blocks out of the content; returns (message, unclosed_think). An assistant
     turn that calls tools may have no content (OpenAI sends null): it is empty."""
@@ -212,7 +434,7 @@ def make_message(role: str, content: Any, reasoning: Any = None, *, tool_calls: 
     return Message(role, content, reasoning, tool_calls, tool_call_id), unclosed
 
 
-def normalise_tools(value: Any) -> list[dict[str, Any]] | None:
+def normalise_tools(value: object) -> list[dict[str, Any]] | None:
     """A row's tools in the one shape the record keeps: OpenAI's ``{"type": "function", "function": {name,
     description, parameters[, strict]}}``, with description and parameters present (null when missing), the
     dict vLLM hands the chat template, so every consumer renders the row alike. Accepts the OpenAI form, bare
@@ -231,7 +453,7 @@ def normalise_tools(value: Any) -> list[dict[str, Any]] | None:
     return [_served_tool(index, tool) for index, tool in enumerate(value)]
 
 
-def _served_tool(index: int, tool: Any) -> dict[str, Any]:
+def _served_tool(index: int, tool: object) -> dict[str, Any]:
     function = tool.get("function", tool) if isinstance(tool, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
         raise BadRow("bad_tools", f"tool {index} has no function name")
@@ -240,7 +462,7 @@ def _served_tool(index: int, tool: Any) -> dict[str, Any]:
             parameters, dict)) or not (strict is None or isinstance(strict, bool)):
         raise BadRow("bad_tools", f"tool {index} ({function['name']}): description must be a string, parameters "
                                   "an object, strict a boolean")
-    served: dict[str, Any] = {"name": function["name"], "description": description, "parameters": parameters}
+    served: dict[str, object] = {"name": function["name"], "description": description, "parameters": parameters}
     if strict is not None:
         served["strict"] = strict
     return {"type": "function", "function": served}
@@ -253,7 +475,7 @@ def invalid_tool_schemas(tools: Sequence[dict[str, Any]] | None) -> list[str]:
             if function["parameters"] is not None and parameters_validator(function["parameters"]) is None]
 
 
-def parameters_validator(schema: dict[str, Any]) -> Validator | None:
+def parameters_validator(schema: dict[str, object]) -> Validator | None:
     """The validator of a tool's parameter schema, None when the schema is invalid; built once per distinct schema
     (every row with tools asks). Keyed by orjson's text, fast, which blurs NaN and infinities into null: an entry
     serves only a schema equal to its own (a schema holding NaN equals none, and is built each time)."""
@@ -272,7 +494,7 @@ def parameters_validator(schema: dict[str, Any]) -> Validator | None:
     return validator
 
 
-def _checked_validator(schema: dict[str, Any]) -> Validator | None:
+def _checked_validator(schema: dict[str, object]) -> Validator | None:
     import jsonschema  # ~150 ms to import: only rows with tools pay for it
 
     if not isinstance(schema.get("$schema", ""), str):
@@ -286,7 +508,7 @@ def _checked_validator(schema: dict[str, Any]) -> Validator | None:
 
 
 def openai_messages(messages: Sequence[Message], *, keep_history_reasoning: bool, current: int
-                    ) -> list[dict[str, Any]]:
+                    ) -> list[dict[str, object]]:
     """The turns as OpenAI chat messages, exactly as the generator sends them (and so as the target's template
     saw them): ``reasoning_content`` on assistant turns with reasoning, either all of them (history reasoning
     kept) or only those of the exchange turn ``current`` belongs to (after the last user turn before it: the
@@ -297,7 +519,7 @@ def openai_messages(messages: Sequence[Message], *, keep_history_reasoning: bool
                    default=-1)
     sent = []
     for index, message in enumerate(messages):
-        turn: dict[str, Any] = {"role": message.role, "content": message.content}
+        turn: dict[str, object] = {"role": message.role, "content": message.content}
         if message.role == "assistant":
             if message.reasoning and (keep_history_reasoning or index > exchange):
                 turn["reasoning_content"] = message.reasoning
@@ -315,7 +537,7 @@ def has_non_object_arguments(messages: Sequence[Message]) -> bool:
     return any(call.arguments_object() is None for message in messages for call in message.tool_calls)
 
 
-def carries_tool_traffic(messages: Sequence[Message], tools: Sequence[Any] | None) -> bool:
+def carries_tool_traffic(messages: Sequence[Message], tools: Sequence[object] | None) -> bool:
     """Whether a conversation was served with tools, or holds a tool call or a tool's result."""
     return bool(tools) or any(m.tool_calls or m.role == "tool" for m in messages)
 
@@ -541,27 +763,27 @@ _PART_REPAIRS: dict[tuple[str, str], Callable[[list[Message]], list[Message] | N
 _REPLAY_ONLY = frozenset({"trailing_user"})  # a prompt's last user turn is the one the target answers
 
 
-def _turn_key(message: Message) -> tuple[Any, ...]:
+def _turn_key(message: Message) -> tuple[object, ...]:
     plain = (message.role, message.content, message.reasoning)
     if not message.tool_calls and message.tool_call_id is None:
         return plain  # the key of a turn without tool traffic is what it was before tools existed
     return (*plain, [(call.id, call.name, call.arguments) for call in message.tool_calls], message.tool_call_id)
 
 
-def content_key(messages: Sequence[Message], tools: Sequence[Any] | None = None) -> bytes:
+def content_key(messages: Sequence[Message], tools: Sequence[object] | None = None) -> bytes:
     """Canonical bytes of a conversation's turns (roles, content, reasoning, tool calls and results) and of
     the tools it was served with."""
     turns = [_turn_key(m) for m in messages]
     return orjson.dumps([turns, tools] if tools else turns, option=orjson.OPT_SORT_KEYS)
 
 
-def content_digest(messages: Sequence[Message], tools: Sequence[Any] | None = None) -> bytes:
+def content_digest(messages: Sequence[Message], tools: Sequence[object] | None = None) -> bytes:
     """sha256 of the canonical turns and tools: the basis of ids."""
     return hashlib.sha256(content_key(messages, tools)).digest()
 
 
 def conversation_id(source: str, messages: Sequence[Message], salt: str = "",
-                    tools: Sequence[Any] | None = None) -> str:
+                    tools: Sequence[object] | None = None) -> str:
     """Stable id: it depends on the source name, the turns and the tools, never on input order or position."""
     digest = content_digest(messages, tools)
     return hashlib.sha256(b"corpus-conv\0%s\0%s\0%s" % (source.encode(), salt.encode(), digest)).hexdigest()[:20]

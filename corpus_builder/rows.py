@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import Skipped
-from .records import Conversation, Message, ToolCall
+from .records import Conversation, Message, Provenance, ToolCall
 
 TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
 MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning", pa.string()),
@@ -132,7 +132,7 @@ def conversations_to_batch(conversations: list[Conversation]) -> pa.RecordBatch:
         pa.array(_thinking(offsets, roles, reasonings), pa.bool_()),
         pa.array([c.flags for c in conversations], pa.list_(pa.string())),
         pa.array([c.split for c in conversations], pa.string()),
-        pa.array([orjson.dumps(c.provenance).decode() for c in conversations], pa.string()),
+        pa.array([orjson.dumps(c.provenance.to_json()).decode() for c in conversations], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
@@ -171,7 +171,7 @@ def batch_to_conversations(batch: pa.RecordBatch | pa.Table) -> list[Conversatio
             id=row["id"], source=row["source"], origin=row["origin"],
             messages=[_message(m) for m in row["messages"]],
             task=row.get("task"), license=row.get("license"), flags=list(row.get("flags") or []),
-            provenance=provenance, split=row.get("split"), tools=_tools(row.get("tools"))))
+            provenance=Provenance.from_json(provenance), split=row.get("split"), tools=_tools(row.get("tools"))))
     return conversations
 
 

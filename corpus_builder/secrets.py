@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import orjson
 
 from .errors import Skipped, scrub_url_credentials
 from .layout import AUDIT, DATA, MANIFEST, RECIPE, open_parquet
-from .records import Conversation
+from .records import Conversation, Provenance
 
 # A run of base64 as keys are written: chunks of the base64 alphabet separated by line breaks, real or
 # escaped (``\n`` inside a JSON or code string, possibly closing one quoted line of code and opening the
@@ -190,7 +190,7 @@ def scan_metadata(text: str, name: str) -> list[Finding]:
     return scan_text(scrub_url_credentials(text), name)
 
 
-def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+def _strings(value: object, path: str) -> Iterator[tuple[str, str]]:
     """Every string inside a JSON-like value, keys included, with its field path (a key that is a secret is
     named redacted there: the path is shown with the finding)."""
     if isinstance(value, str):
@@ -205,19 +205,21 @@ def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{path}[{index}]")
 
 
-def _row_texts(row: dict[str, Any]) -> Iterator[tuple[str, str]]:
+def _row_texts(row: Mapping[str, object]) -> Iterator[tuple[str, str]]:
     for name in ("source", "task", "license"):
-        if isinstance(row.get(name), str):
-            yield name, row[name]
-    for index, message in enumerate(row.get("messages") or ()):
+        text = row.get(name)
+        if isinstance(text, str):
+            yield name, text
+    for index, message in enumerate(_objects(row.get("messages"))):
         for name in ("content", "reasoning"):
             text = message.get(name)
             if isinstance(text, str):
                 yield f"messages[{index}].{name}", text
-        for number, call in enumerate(message.get("tool_calls") or ()):
+        for number, call in enumerate(_objects(message.get("tool_calls"))):
             for name in ("name", "arguments"):
-                if isinstance(call.get(name), str):
-                    yield f"messages[{index}].tool_calls[{number}].{name}", call[name]
+                text = call.get(name)
+                if isinstance(text, str):
+                    yield f"messages[{index}].tool_calls[{number}].{name}", text
     tools = row.get("tools")
     if isinstance(tools, str):
         yield "tools", tools
@@ -237,7 +239,12 @@ def _row_texts(row: dict[str, Any]) -> Iterator[tuple[str, str]]:
     yield from _strings(provenance, "provenance")
 
 
-def scan_row(row: dict[str, Any]) -> list[Finding]:
+def _objects(value: object) -> list[dict[str, object]]:
+    """The JSON objects of a list (a row's turns, a turn's calls); nothing from a value of another shape."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def scan_row(row: Mapping[str, object]) -> list[Finding]:
     """Findings in one row dict (the on-disk shape; provenance as a JSON string or an object)."""
     row_id = str(row.get("id"))
     return [Finding(row_id, field, kind, length, offset)
@@ -245,7 +252,7 @@ def scan_row(row: dict[str, Any]) -> list[Finding]:
             for kind, offset, length in find_secrets(text)]
 
 
-def scan_conversations(rows: Iterable[Conversation | dict[str, Any]]) -> list[Finding]:
+def scan_conversations(rows: Iterable[Conversation | Mapping[str, object]]) -> list[Finding]:
     """Findings in a stream of Conversation objects or row dicts, in stream order."""
     findings: list[Finding] = []
     for row in rows:
@@ -253,7 +260,7 @@ def scan_conversations(rows: Iterable[Conversation | dict[str, Any]]) -> list[Fi
     return findings
 
 
-def iter_corpus_rows(corpus_dir: Path, batch_size: int = 2048) -> Iterator[tuple[str, dict[str, Any]]]:
+def iter_corpus_rows(corpus_dir: Path, batch_size: int = 2048) -> Iterator[tuple[str, dict[str, object]]]:
     """(shard path, row dict) for every row of every parquet shard under ``data/``."""
     for shard in sorted((corpus_dir / DATA).glob("*.parquet")):
         for batch in open_parquet(shard).iter_batches(batch_size=batch_size):
@@ -289,5 +296,8 @@ def redact_conversations(items: Iterable[Conversation | Skipped]) -> Iterator[Co
                 tools = redact_value(item.tools)
                 if tools != item.tools:
                     item.tools = tools
-            item.provenance = redact_value(item.provenance)
+            provenance = item.provenance.to_json()
+            redacted_provenance = redact_value(provenance)
+            if redacted_provenance != provenance:
+                item.provenance = Provenance.from_json(redacted_provenance)
         yield item

@@ -20,10 +20,12 @@ from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
-from corpus_builder.testing import trials
-from corpus_builder.testing.tiny_model import SERVER_ARGS, ensure_tiny_model
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the trials live with the tests (tests/support), not in the package
+
+from corpus_builder.testing.tiny_model import SERVER_ARGS, ensure_tiny_model  # noqa: E402
+from tests.support import trials  # noqa: E402
+
 MODEL_DIR = REPO / ".cache" / "tiny-model"
 
 

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, r
 from cryptography.x509.oid import NameOID
 
 from corpus_builder.errors import CorpusError, Skipped
-from corpus_builder.records import Conversation, Message, ToolCall
+from corpus_builder.records import Conversation, Message, Provenance, ToolCall
 from corpus_builder.secrets import (
     KINDS,
     _der_content,
@@ -123,7 +123,8 @@ def test_findings_name_row_and_field_in_every_text_field() -> None:
         id="0123456789abcdef0123", source="chat", origin="generated",
         messages=[Message("user", "hello"), Message("assistant", "fine", SAMPLES["hf_token"]),
                   Message("user", "and?"), Message("assistant", SAMPLES["aws_access_key"])],
-        provenance={"source_file": "chat.jsonl", "generation": {"turns": [{"endpoint": SAMPLES["github_token"]}]}},
+        provenance=Provenance.from_json({"source_file": "chat.jsonl",
+                                         "generation": {"turns": [{"endpoint": SAMPLES["github_token"]}]}}),
     )
     found = {(f.row_id, f.field, f.kind) for f in scan_conversations([conversation])}
     assert found == {
@@ -267,14 +268,14 @@ def test_redaction_covers_the_provenance_the_readers_copy_from_the_input() -> No
     token = SAMPLES["hf_token"]
     conversation = Conversation(
         id="0123456789abcdef0123", source="math", origin="prompt", messages=[Message("user", "2+2?")],
-        provenance={"source_file": "math.jsonl", "source_line": 3, "source_id": f"run-{token}",
-                    "reference_answer": f"4 (checked with {SAMPLES['github_token']})"},
+        provenance=Provenance(source_file="math.jsonl", source_line=3, source_id=f"run-{token}",
+                              reference_answer=f"4 (checked with {SAMPLES['github_token']})"),
     )
     [redacted] = list(redact_conversations([conversation]))
     assert isinstance(redacted, Conversation)
-    assert redacted.provenance == {"source_file": "math.jsonl", "source_line": 3,
-                                   "source_id": "run-[REDACTED:hf_token]",
-                                   "reference_answer": "4 (checked with [REDACTED:github_token])"}
+    assert redacted.provenance == Provenance(source_file="math.jsonl", source_line=3,
+                                             source_id="run-[REDACTED:hf_token]",
+                                             reference_answer="4 (checked with [REDACTED:github_token])")
     assert scan_conversations([redacted]) == []
 
 
@@ -573,11 +574,11 @@ def test_a_secret_in_one_part_of_one_turn_is_redacted(where: str) -> None:
 
 
 def test_redaction_keeps_clean_rows_and_skipped_rows_as_they_are() -> None:
-    clean = _conversation(tools=[{"type": "function", "function": {"name": "f"}}], provenance={"source_line": 1})
+    clean = _conversation(tools=[{"type": "function", "function": {"name": "f"}}], provenance=Provenance(source_line=1))
     skipped = Skipped("chat", "bad_row", "chat.jsonl:3", detail=TOKEN)
     out = list(redact_conversations([clean, skipped]))
     assert out[0] == _conversation(tools=[{"type": "function", "function": {"name": "f"}}],
-                                   provenance={"source_line": 1})
+                                   provenance=Provenance(source_line=1))
     assert out[1] is skipped  # the ledger keeps its detail (local, never published)
 
 

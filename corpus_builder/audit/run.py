@@ -57,7 +57,7 @@ def audit_conversations(items: Iterable[Conversation | Skipped], batch_size: int
     def add(batch: list[Conversation]) -> None:
         auditor.add_rows(batch, conversations_to_batch(batch))
         for row in batch:
-            source_id = row.provenance.get("source_id")
+            source_id = row.provenance.source_id
             if source_id is not None:
                 key = hash((row.source, source_id))
                 if key in source_ids:

@@ -148,12 +148,12 @@ def _file_prompts(file: Path, keep_history_reasoning: bool) -> Iterator[PackProm
     """A file's prompts, in file order, each row read with every turn it holds."""
     fmt = format_of(file)
     labels = _row_labels(file, fmt)
-    key = fmt.position_key
     for row in iter_file(file, kind="pack", fmt=fmt.name):
         if isinstance(row, Skipped):
             yield row
             continue
-        source, task = labels.get(row.provenance[key], (None, None))
+        position = row.provenance.position
+        source, task = labels.get(position, (None, None)) if position is not None else (None, None)
         yield _prompt(row, source or row.source, task or row.task, keep_history_reasoning)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -113,7 +114,7 @@ class EnginePool:
         from vllm import SamplingParams
 
         try:
-            params = [SamplingParams(**r.sampling) for r in requests]
+            params = [SamplingParams(**_vllm_fields(r.sampling)) for r in requests]
         except TypeError as error:  # a target.generation.extra_sampling field vLLM's engine does not take
             raise CorpusError(f"target.generation.extra_sampling: vllm.SamplingParams refused it: {error}") from None
         outputs = self._llm.chat([list(r.messages) for r in requests], params, use_tqdm=False,
@@ -142,3 +143,9 @@ class EnginePool:
                           prompt_token_ids=prompt_ids, token_ids=token_ids, prompt_tokens=len(prompt_ids),
                           completion_tokens=len(token_ids), reasoning_tokens=reasoning_tokens,
                           endpoint=ENGINE_ENDPOINT, served_model=self.model)
+
+
+def _vllm_fields(sampling: Mapping[str, object]) -> dict[str, Any]:
+    """The sampling as ``vllm.SamplingParams`` keywords: its values are the recipe's JSON, whose names and types
+    vLLM checks itself (a TypeError, reported above)."""
+    return dict(sampling)

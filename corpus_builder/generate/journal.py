@@ -28,8 +28,8 @@ import os
 import struct
 import time
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import orjson
 import zstandard
@@ -49,15 +49,15 @@ _MAX_FRAME_BYTES = 1 << 20  # a batch larger than this is split into several fra
 DEFAULT_FSYNC_INTERVAL_S = 1.0
 
 
-def turn_key(messages: Any, sampling: dict[str, Any], *, model: str, revision: str | None,
-             enable_thinking: bool, sample_index: int, conversation: str | None = None,
-             tools: dict[str, Any] | None = None) -> bytes:
+def turn_key(messages: Sequence[Mapping[str, object]], sampling: Mapping[str, object], *, model: str,
+             revision: str | None, enable_thinking: bool, sample_index: int, conversation: str | None = None,
+             tools: Mapping[str, object] | None = None) -> bytes:
     """What determines one generation: the exact request messages (regenerated history included), the
     sampling sent, the model and its revision, thinking mode, the sample index, the conversation it belongs
     to (its id; None when identical turns of different conversations share one generation) and the tools
     sent with it (``{"tools", "tool_choice"}``; None for a request without tools, whose key is what it was
     before tools existed). Never input order."""
-    fields: list[Any] = [model, revision, enable_thinking, sample_index, sampling, messages]
+    fields: list[object] = [model, revision, enable_thinking, sample_index, sampling, messages]
     if conversation is not None:
         fields.append(conversation)
     if tools is not None:
@@ -169,7 +169,7 @@ class Journal:
     def __contains__(self, key: bytes) -> bool:
         return key in self._index or key in self._pending
 
-    def get(self, key: bytes) -> dict[str, Any] | None:
+    def get(self, key: bytes) -> dict[str, object] | None:
         """The record stored under ``key``, or None."""
         location = self._index.get(key)
         if location is None:
@@ -198,7 +198,7 @@ class Journal:
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def append(self, key: bytes, record: dict[str, Any]) -> None:
+    def append(self, key: bytes, record: dict[str, object]) -> None:
         """Buffer one record; it reaches the disk at the next ``flush`` (call it once per batch)."""
         if key in self._index or key in self._pending:
             return  # the same generation finished twice in one run (duplicate prompts): keep the first
@@ -272,7 +272,7 @@ class Journal:
         self._write_offset = data_offset + len(frame)
 
 
-def _record(line: bytes) -> dict[str, Any]:
+def _record(line: bytes) -> dict[str, object]:
     """The value of one journal line ``{"k": key, "v": record}``."""
-    record: dict[str, Any] = orjson.loads(line)["v"]
+    record: dict[str, object] = orjson.loads(line)["v"]
     return record

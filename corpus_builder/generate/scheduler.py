@@ -26,9 +26,8 @@ import asyncio
 import hashlib
 import heapq
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 
 from ..errors import CorpusError, Skipped
 from ..recipe.model import GenerationSettings, Recipe
@@ -38,8 +37,10 @@ from ..records import (
     FLAG_TRUNCATED,
     FLAG_UNCLOSED_THINK,
     Conversation,
+    GeneratedTurn,
+    Generation,
     Message,
-    ToolCall,
+    ToolSettings,
     conversation_id,
     has_non_object_arguments,
     make_message,
@@ -51,13 +52,14 @@ from .journal import Journal, turn_key
 from .progress import GenerationProgress
 from .tool_results import describe, invalid_calls, pair_calls
 from .types import (
-    IDENTITY_FIELDS,
+    FailedTurn,
+    JournaledTurn,
     PermanentError,
     RetriesExhausted,
     TargetIdentity,
     TurnRequest,
     TurnResult,
-    describe_identity,
+    journal_entry,
     same_model,
 )
 
@@ -77,14 +79,6 @@ UNFINISHED = "unfinished"  # the Skipped reason of a row whose request ran out o
 
 
 @dataclass(frozen=True, slots=True)
-class ToolSettings:
-    """How a prompts source's rows with tool traffic are generated (sources[].tool_choice, .tool_results)."""
-
-    choice: str | dict[str, Any] | None = None  # sent with every request of a row that has tools; None: not sent
-    results: str = "match"  # match | recorded
-
-
-@dataclass(frozen=True, slots=True)
 class RunSettings:
     """Everything that is fixed for one run, resolved from the recipe and the endpoints."""
 
@@ -94,14 +88,14 @@ class RunSettings:
     enable_thinking: bool
     history_reasoning: str  # keep | drop
     on_length: str  # drop | keep | retry
-    sampling: dict[str, Any]
+    sampling: dict[str, object]
     retry_max_tokens: int
     n: int
     concurrency: int
     window: int
     share_identical_turns: bool  # identical turns of different conversations get one generation, not one each
     thinking_off_shares: dict[str, float]  # prompts source -> share of its rows regenerated with thinking off
-    sampling_mixture: tuple[tuple[float, dict[str, Any]], ...]  # (weight, overrides): a row draws one by its id
+    sampling_mixture: tuple[tuple[float, dict[str, object]], ...]  # (weight, overrides): a row draws one by its id
     tool_settings: dict[str, ToolSettings]  # prompts source -> its tool settings
     allow_mixed_targets: bool  # rows of another target than the corpus's are accepted, not refused
 
@@ -131,14 +125,14 @@ class RunSettings:
             allow_mixed_targets=recipe.target.allow_mixed_targets,
         )
 
-    def row_mode(self, row_id: str, source: str) -> tuple[bool, dict[str, Any]]:
+    def row_mode(self, row_id: str, source: str) -> tuple[bool, dict[str, object]]:
         """(enable_thinking, sampling overrides) of one output row: its declared share of thinking-off rows and
         its draw from the sampling mixture, both seeded by the row's own id (so every run decides the same)."""
         thinking = self.enable_thinking
         off_share = self.thinking_off_shares.get(source, 0.0)
         if thinking and off_share and _draw(row_id, b"thinking-off") < off_share:
             thinking = False
-        overrides: dict[str, Any] = {}
+        overrides: dict[str, object] = {}
         if self.sampling_mixture:
             draw = _draw(row_id, b"sampling") * sum(weight for weight, _ in self.sampling_mixture)
             for weight, candidate in self.sampling_mixture:
@@ -148,11 +142,12 @@ class RunSettings:
                 draw -= weight
         return thinking, overrides
 
-    def sample_sampling(self, sample_index: int) -> dict[str, Any]:
+    def sample_sampling(self, sample_index: int) -> dict[str, object]:
         """Sampling for one sample: with a fixed seed, each sample gets its own (seed + index), or the
         n samples of a prompt would be the same text n times."""
-        if self.n > 1 and "seed" in self.sampling:
-            return {**self.sampling, "seed": self.sampling["seed"] + sample_index}
+        seed = self.sampling.get("seed")
+        if self.n > 1 and isinstance(seed, int):
+            return {**self.sampling, "seed": seed + sample_index}
         return self.sampling
 
 
@@ -169,7 +164,7 @@ class _Job:
                  "sampling", "sent_tools", "seq", "thinking", "tool_settings", "turns")
 
     def __init__(self, seq: int, prompt: Conversation, row_id: str, sample_index: int,
-                 sampling: dict[str, Any], thinking: bool, tool_settings: ToolSettings | None) -> None:
+                 sampling: dict[str, object], thinking: bool, tool_settings: ToolSettings | None) -> None:
         self.seq = seq
         self.prompt = prompt
         self.id = row_id
@@ -179,19 +174,19 @@ class _Job:
         self.tool_settings = tool_settings  # None: the row has no tool traffic
         # What goes with every request besides the messages: the row's tools and the tool_choice (None for a
         # row without tools).
-        self.sent_tools: dict[str, Any] | None = (
+        self.sent_tools: dict[str, object] | None = (
             None if tool_settings is None or not prompt.tools
             else {"tools": prompt.tools, "tool_choice": tool_settings.choice})
         self.cursor = 0  # index in prompt.messages of the next recorded turn to take
         self.messages: list[Message] = []
-        self.turns: list[dict[str, Any]] = []
+        self.turns: list[GeneratedTurn] = []
         self.flags: list[str] = list(prompt.flags)  # e.g. the repairs the prompt row needed
         self.retrying = False
         self.live = False  # at least one turn came from a request in this run
-        self.identity: dict[str, Any] | None = None  # of the target that generated its first turn
+        self.identity: TargetIdentity | None = None  # of the target that generated its first turn
 
 
-def result_record(result: TurnResult, target: dict[str, Any]) -> dict[str, Any]:
+def result_record(result: TurnResult, target: Mapping[str, str | None]) -> dict[str, object]:
     """The journal record of a turn: what the server answered, and ``target``, what the target that answered
     says it is (``recorded_identity``)."""
     record = {name: getattr(result, name) for name in _RESULT_FIELDS}
@@ -199,7 +194,7 @@ def result_record(result: TurnResult, target: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def recorded_identity(identity: TargetIdentity | None) -> dict[str, Any]:
+def recorded_identity(identity: TargetIdentity | None) -> dict[str, str | None]:
     """The identity fields a turn's journal record adds to the result's (served_model is one of those)."""
     if identity is None:
         return {"engine_version": None}
@@ -223,7 +218,7 @@ class Scheduler:
         self._unknown_identity = recorded_identity(None)
         # The one target of the corpus: what the endpoints serve, else the first journal record's
         live = next(iter(self._identities.values()), None)
-        self._target: dict[str, Any] | None = live.fields() if live is not None else None
+        self._target: TargetIdentity | None = live
         self._progress = progress
         self._count_missing = count_missing
         self._exhausted = False
@@ -323,7 +318,7 @@ class Scheduler:
         records = []
         for job, key, outcome in batch:
             if isinstance(outcome, PermanentError):
-                record: dict[str, Any] = {"error": outcome.message, "status": outcome.status}
+                record: dict[str, object] = {"error": outcome.message, "status": outcome.status}
                 if outcome.status in _JOURNALED_ERROR_STATUSES:
                     self._journal.append(key, record)
             elif isinstance(outcome, RetriesExhausted):
@@ -338,7 +333,7 @@ class Scheduler:
         self._journal.flush()  # before any row built from these turns can be yielded
         for job, key, record in records:
             for row in (job, *self._sharing.pop(key)):
-                if self._apply(row, record, cached=row is not job):
+                if self._apply(row, journal_entry(record), cached=row is not job):
                     self._advance(row)
 
     # -- rows --------------------------------------------------------------------------------------
@@ -380,12 +375,13 @@ class Scheduler:
                 self._sharing[key] = []
                 request = TurnRequest(messages=messages, sampling=sampling, enable_thinking=job.thinking,
                                       model=settings.served_model,
-                                      tools=tuple(tools["tools"]) if tools is not None else None,
-                                      tool_choice=tools["tool_choice"] if tools is not None else None)
+                                      tools=tuple(job.prompt.tools or ()) if tools is not None else None,
+                                      tool_choice=job.tool_settings.choice if job.tool_settings is not None
+                                      and tools is not None else None)
                 self._tie += 1
                 heapq.heappush(self._waiting, (job.seq, self._tie, job, request, key))
                 return
-            if not self._apply(job, record, cached=True):
+            if not self._apply(job, journal_entry(record), cached=True):
                 return
 
     def _copy_prompt_turn(self, job: _Job) -> bool:
@@ -454,29 +450,29 @@ class Scheduler:
         job.flags.append(FLAG_TOOL_RESULT_UNKNOWN)
         return self._conversation(job)
 
-    def _apply(self, job: _Job, record: dict[str, Any], *, cached: bool) -> bool:
+    def _apply(self, job: _Job, record: JournaledTurn | FailedTurn, *, cached: bool) -> bool:
         """Take one turn's result into the row; False when the row is finished (dropped)."""
         settings = self._settings
-        if "error" in record:  # a refusal (journaled ones carry no skip_reason) or retries run out
-            self._finish(job, self._skipped(job, record.get("skip_reason", "generation_error"), record["error"]))
+        if isinstance(record, FailedTurn):  # a refusal or retries run out
+            self._finish(job, self._skipped(job, record.skip_reason, record.error))
             return False
         job.live |= not cached
+        result = record.result
         if self._progress is not None:
-            self._progress.turn(record.get("completion_tokens") or 0, record.get("reasoning_tokens") or 0,
-                                cached=cached)
-        if record["finish_reason"] == "length":
+            self._progress.turn(result.completion_tokens or 0, result.reasoning_tokens or 0, cached=cached)
+        if result.finish_reason == "length":
             if settings.on_length == "retry" and not job.retrying:
                 job.retrying = True
                 return True
             if settings.on_length != "keep":
-                limit = settings.retry_max_tokens if job.retrying else job.sampling["max_tokens"]
+                limit = settings.retry_max_tokens if job.retrying else job.sampling.get("max_tokens")
                 detail = f"assistant turn {len(job.messages)} stopped at max_tokens={limit}"
                 self._finish(job, self._skipped(job, "truncated_generation", detail))
                 return False
             if FLAG_TRUNCATED not in job.flags:
                 job.flags.append(FLAG_TRUNCATED)
-        calls = tuple(ToolCall(call["id"], call["name"], call["arguments"]) for call in record.get("tool_calls") or ())
-        message, unclosed = make_message("assistant", record["content"] or "", record["reasoning"], tool_calls=calls)
+        calls = record.tool_calls()
+        message, unclosed = make_message("assistant", result.content or "", result.reasoning, tool_calls=calls)
         results: list[Message] = []
         if job.tool_settings is not None and calls and job.tool_settings.results == "match":
             found = self._recorded_results(job, message)
@@ -486,25 +482,17 @@ class Scheduler:
             results = found
         # The template opens the think block; an output that stopped (not cut) with no answer never left it:
         # the EOS came before </think> (or nothing followed it). checks.on_unclosed_think decides.
-        unclosed |= (job.thinking and record["finish_reason"] != "length"
+        unclosed |= (job.thinking and result.finish_reason != "length"
                      and not message.content.strip() and not calls)
         if unclosed and FLAG_UNCLOSED_THINK not in job.flags:
             job.flags.append(FLAG_UNCLOSED_THINK)
         if calls and FLAG_INVALID_TOOL_CALL not in job.flags and invalid_calls(calls, job.prompt.tools):
             job.flags.append(FLAG_INVALID_TOOL_CALL)
-        job.turns.append({
-            "message_index": len(job.messages),
-            "endpoint": record["endpoint"],
-            "finish_reason": record["finish_reason"],
-            "prompt_tokens": record["prompt_tokens"],
-            "completion_tokens": record["completion_tokens"],
-            "reasoning_tokens": record["reasoning_tokens"],
-            "prompt_token_ids": record["prompt_token_ids"],
-            "token_ids": record["token_ids"],
-            "retried_for_length": job.retrying,
-        })
+        job.turns.append(GeneratedTurn(len(job.messages), result.endpoint, result.finish_reason, result.prompt_tokens,
+                                       result.completion_tokens, result.reasoning_tokens, result.prompt_token_ids,
+                                       result.token_ids, job.retrying))
         if job.identity is None:
-            job.identity = {name: record.get(name) for name in IDENTITY_FIELDS}
+            job.identity = record.identity
             self._check_target(job, job.identity)
         job.messages.append(message)
         job.messages += results
@@ -513,35 +501,24 @@ class Scheduler:
 
     def _conversation(self, job: _Job) -> Conversation:
         settings, prompt = self._settings, job.prompt
-        identity = job.identity or {}
-        generation = {
-            "model": settings.model,
-            "served_model": identity.get("served_model"),
-            "model_revision": settings.revision,
-            "engine_version": identity.get("engine_version"),
-            "model_root": identity.get("model_root"),
-            "quantization": identity.get("quantization"),
-            "dtype": identity.get("dtype"),
-            "enable_thinking": job.thinking,
-            "history_reasoning": settings.history_reasoning,
-            "sampling": job.sampling,
-            "sample_index": job.sample_index,
-            "turns": job.turns,
-        }
-        if job.tool_settings is not None:
-            generation["tool_choice"] = job.tool_settings.choice
-            generation["tool_results"] = job.tool_settings.results
+        identity = job.identity or TargetIdentity(None, None, None, None, None)
+        generation = Generation(
+            model=settings.model, served_model=identity.served_model, model_revision=settings.revision,
+            engine_version=identity.engine_version, model_root=identity.model_root,
+            quantization=identity.quantization, dtype=identity.dtype, enable_thinking=job.thinking,
+            history_reasoning=settings.history_reasoning, sampling=job.sampling, sample_index=job.sample_index,
+            turns=tuple(job.turns), tools=job.tool_settings)
         return Conversation(id=job.id, source=prompt.source, origin="generated", messages=job.messages,
                             task=prompt.task, license=prompt.license, flags=job.flags,
-                            provenance={**prompt.provenance, "generation": generation}, tools=prompt.tools)
+                            provenance=replace(prompt.provenance, generation=generation), tools=prompt.tools)
 
-    def _check_target(self, job: _Job, identity: dict[str, Any]) -> None:
+    def _check_target(self, job: _Job, identity: TargetIdentity) -> None:
         """One target per corpus: a row generated by another model than the corpus's (another endpoint's, or
         an earlier run's in the journal) is refused unless the recipe accepts the mix."""
         if self._target is None:
             self._target = identity
         elif not same_model(self._target, identity) and not self._settings.allow_mixed_targets:
-            shown = [describe_identity(fields) for fields in (self._target, identity)]
+            shown = [target.describe() for target in (self._target, identity)]
             raise CorpusError(
                 f"row {job.id} ({row_location(job.prompt)}) was generated by another target than the rest of the "
                 "corpus: one corpus trains one draft against one verifier. Build into another output directory "

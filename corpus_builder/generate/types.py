@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import CorpusError
+from ..records import ToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,12 +20,12 @@ class TurnRequest:
     schemas) and ``tool_choice`` are sent when the row has tools.
     """
 
-    messages: tuple[dict[str, Any], ...]
-    sampling: dict[str, Any]
+    messages: tuple[dict[str, object], ...]
+    sampling: Mapping[str, object]
     enable_thinking: bool
     model: str  # the served model name expected
-    tools: tuple[dict[str, Any], ...] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: tuple[dict[str, object], ...] | None = None
+    tool_choice: str | dict[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class TurnResult:
     tool_calls: list[dict[str, str]] | None = None
     # vLLM's per-request metrics (``metrics`` of the response: speculative decoding with
     # --per-request-spec-decode-metrics, timing with --enable-per-request-metrics); None when it sends none.
-    metrics: dict[str, Any] | None = None
+    metrics: dict[str, object] | None = None
 
 
 class PermanentError(Exception):
@@ -125,14 +125,67 @@ class TargetIdentity:
         return describe_identity(self.fields())
 
 
-def describe_identity(fields: Mapping[str, Any]) -> str:
+def describe_identity(fields: Mapping[str, object]) -> str:
     """An identity as a person reads it ("served_model m, model_root /r"): the fields that say something."""
     return ", ".join(f"{name} {value}" for name, value in fields.items() if value is not None)
 
 
-def same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def same_model(a: TargetIdentity, b: TargetIdentity) -> bool:
     """Two identities name the same model wherever both say something (older journals recorded less)."""
-    return all(a.get(name) is None or b.get(name) is None or a.get(name) == b.get(name) for name in MODEL_FIELDS)
+    return all(mine is None or theirs is None or mine == theirs
+               for mine, theirs in ((getattr(a, name), getattr(b, name)) for name in MODEL_FIELDS))
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _ids(value: object) -> list[int] | None:
+    return value if isinstance(value, list) else None
+
+
+@dataclass(frozen=True, slots=True)
+class JournaledTurn:
+    """A generated turn as the journal holds it (``scheduler.result_record`` writes it): the server's answer, and
+    what the target that answered said it was. Fields an older journal did not record read as None (no calls)."""
+
+    result: TurnResult
+    identity: TargetIdentity
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, object]) -> JournaledTurn:
+        calls = record.get("tool_calls")
+        return cls(TurnResult(
+            _text(record.get("content")), _text(record.get("reasoning")), _text(record.get("finish_reason")),
+            _ids(record.get("prompt_token_ids")), _ids(record.get("token_ids")), _count(record.get("prompt_tokens")),
+            _count(record.get("completion_tokens")), _count(record.get("reasoning_tokens")),
+            _text(record.get("endpoint")) or "", _text(record.get("served_model")) or "",
+            [{name: str(call[name]) for name in ("id", "name", "arguments")} for call in calls
+             if isinstance(call, dict)] if isinstance(calls, list) else None),
+            TargetIdentity(*(_text(record.get(name)) for name in IDENTITY_FIELDS)))
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(ToolCall(call["id"], call["name"], call["arguments"]) for call in self.result.tool_calls or ())
+
+
+@dataclass(frozen=True, slots=True)
+class FailedTurn:
+    """A request that ended its row: a refusal of its content (journaled, reason ``generation_error``) or retries run
+    out in this run (never journaled)."""
+
+    error: str
+    skip_reason: str
+
+
+def journal_entry(record: Mapping[str, object]) -> JournaledTurn | FailedTurn:
+    """A journal record (or a failure's, never journaled) as the scheduler takes it into a row."""
+    if "error" in record:  # journaled refusals carry no skip_reason
+        return FailedTurn(str(record["error"]), _text(record.get("skip_reason")) or "generation_error")
+    return JournaledTurn.from_json(record)
 
 
 def _model_config(root: str | None) -> tuple[str | None, str | None]:

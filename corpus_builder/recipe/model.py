@@ -46,12 +46,12 @@ class GenerationSettings:
     allow_partial: bool = False
     share_identical_turns: bool = False
     # (weight, overrides) entries: each generated row draws one, seeded by its id, and records what it got
-    sampling_mixture: tuple[dict[str, Any], ...] = ()
-    extra_sampling: dict[str, Any] = field(default_factory=dict)  # the schema keeps out the fields above
+    sampling_mixture: tuple[dict[str, float], ...] = ()
+    extra_sampling: dict[str, object] = field(default_factory=dict)  # the schema keeps out the fields above
 
-    def sampling(self) -> dict[str, Any]:
+    def sampling(self) -> dict[str, object]:
         """The sampling fields sent with every request (and recorded in provenance and the journal key)."""
-        sampling: dict[str, Any] = {
+        sampling: dict[str, object] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,

@@ -11,9 +11,12 @@ import json
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .yaml_reader import KeyPath, Parsed, Problem
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "recipe.schema.json"
 
@@ -70,7 +73,7 @@ def fill_defaults(value: Any, schema: dict[str, Any], root: dict[str, Any] | Non
 
 
 @cache
-def _validator() -> Any:
+def _validator() -> Validator:
     # jsonschema costs ~150 ms to import: only pay for it when a recipe is actually validated.
     from jsonschema import Draft202012Validator
 
@@ -97,7 +100,7 @@ _TYPE_WORDS = {
 }
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     """A value as the user wrote it, short."""
     if isinstance(value, dict):
         return "a mapping"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
 
 from .markdown import cell, table
 
@@ -43,7 +43,7 @@ def _summary(module: ModuleType) -> str:
     return doc.split("\n\n")[0].replace("\n", " ")
 
 
-def _entry(name: str, value: Any) -> str:
+def _entry(name: str, value: Callable[..., object]) -> str:
     kind = "class" if inspect.isclass(value) else "function"
     parts = [f"### `{name}`", f"```python\n{_signature(name, value, kind)}\n```"]
     doc = _own_doc(value)
@@ -58,7 +58,7 @@ def _entry(name: str, value: Any) -> str:
     return "\n\n".join(parts)
 
 
-def _signature(name: str, value: Any, kind: str) -> str:
+def _signature(name: str, value: Callable[..., object], kind: str) -> str:
     """``def name(...) -> R`` (one parameter a line when long); a dataclass is ``class Name`` (its fields follow)."""
     if kind == "class" and dataclasses.is_dataclass(value):
         return f"class {name}"
@@ -92,12 +92,12 @@ def _parameter(parameter: inspect.Parameter) -> str:
     return text
 
 
-def _annotation(annotation: Any) -> str:
+def _annotation(annotation: object) -> str:
     """An annotation as written in the code (they are strings under ``from __future__ import annotations``)."""
     return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
 
 
-def _own_doc(value: Any) -> str:
+def _own_doc(value: object) -> str:
     """The docstring written for ``value``; a dataclass's generated one (its signature) is none."""
     doc = inspect.getdoc(value) or ""
     if inspect.isclass(value) and doc.startswith(f"{value.__name__}("):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe.model import Fold, Mapping
-from ..records import Conversation, RepairRules
+from ..records import Conversation, Provenance, RepairRules
 from .fold import Held, PrefixFold, carry
 from .logs import read_exchange
 from .mappings import Layout, NormalisedRow, RowNormaliser, row_object
@@ -129,16 +129,15 @@ class BatchNormaliser:
         task = row.get("task")
         return Conversation(id=row_id, source=self.source, origin="replay", messages=part.messages,
                             task=task if isinstance(task, str) else None, flags=part.flags, tools=part.tools,
-                            provenance={"served": part.served} if part.served is not None else {})
+                            provenance=Provenance(served=part.served))
 
 
 def served_mode(row: object, conversation: Conversation) -> bool | None:
     """The mode a request says it was served in: a logged request's (``sources.logs``), else
     ``chat_template_kwargs.enable_thinking``, else a top-level ``enable_thinking``."""
-    served = conversation.provenance.get("served")
+    served = conversation.provenance.served
     if served is not None:
-        mode: bool | None = served["enable_thinking"]
-        return mode
+        return served.enable_thinking
     fields = row_object(row)  # the normaliser made a conversation of it: an object
     kwargs = fields.get("chat_template_kwargs")
     for value in (kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None, fields.get("enable_thinking")):

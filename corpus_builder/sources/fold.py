@@ -34,7 +34,6 @@ from ..records import FLAG_TRUNCATED, REASONING_KEYS, THINK_CLOSE, Message, spli
 from .logs import LoggedExchange
 
 FOLDED_PREFIX = "folded_prefix"
-FOLDED_KEY = "folded_requests"  # provenance: how many logged requests a folded conversation was made of
 
 Tag = TypeVar("Tag")  # what the caller keeps with each request (where it was read)
 ANSWER_ROLE = "assistant"

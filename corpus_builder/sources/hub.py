@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import CorpusError, MissingDependency
 from ..recipe.model import HubRef
-from ..records import hub_location
+from ..records import HubOrigin
 from .readers import PositionFilter
 
 MIRROR_ENV = "CORPUS_HUB_MIRROR"
@@ -29,11 +29,11 @@ MIRROR_ENV = "CORPUS_HUB_MIRROR"
 
 def hub_label(ref: HubRef) -> str:
     """How a hub split is named in locations (``ORG/NAME[/CONFIG]/SPLIT#row``)."""
-    return hub_location(hub_provenance(ref))
+    return hub_provenance(ref).location()
 
 
-def hub_provenance(ref: HubRef) -> dict[str, str | None]:
-    return {"id": ref.id, "config": ref.config, "split": ref.split, "revision": ref.revision}
+def hub_provenance(ref: HubRef) -> HubOrigin:
+    return HubOrigin(ref.id, ref.config, ref.split, ref.revision)
 
 
 def mirror_dir(ref: HubRef, source: str) -> Path | None:

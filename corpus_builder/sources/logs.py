@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from ..errors import BadRow
+from ..records import Served
 
 # Where a record keeps the request body, and the answer served to it, in the order they are looked for.
 REQUEST_FIELDS = ("request", "request_body", "proxy_server_request", "body")
@@ -74,27 +75,20 @@ class LoggedExchange:
             return str(self.completion["model"])
         return found
 
-    def served(self) -> dict[str, Any]:
+    def served(self) -> Served:
         """How the request was served (a row's provenance): thinking, model, sampling, finish reason, usage."""
         request, row = self.request, self.row
         parameters = _parameters(row)
         sampling = {name: value for name in SAMPLING_FIELDS
                     if (value := request.get(name, parameters.get(name))) is not None}
-        served: dict[str, Any] = {
-            "enable_thinking": _thinking(request, parameters, self.messages),
-            "model": self.model(),
-            "sampling": sampling,
-            "finish_reason": self.finish_reason,
-        }
         effort = request.get("reasoning_effort", parameters.get("reasoning_effort"))
-        if isinstance(effort, str):
-            served["reasoning_effort"] = effort
         usage = row.get("usage", row.get("usageDetails", row.get("usage_details")))
         if self.completion is not None:
             usage = self.completion.get("usage", usage)
-        if isinstance(usage, dict):
-            served["usage"] = {key: value for key, value in usage.items() if isinstance(value, int)}
-        return served
+        return Served(_thinking(request, parameters, self.messages), self.model(), sampling, self.finish_reason,
+                      effort if isinstance(effort, str) else None,
+                      {key: value for key, value in usage.items() if isinstance(value, int)}
+                      if isinstance(usage, dict) else None)
 
 
 def is_log_row(row: dict[str, Any]) -> bool:

@@ -48,6 +48,7 @@ from ..records import (
     REASONING_KEYS,
     Message,
     RepairRules,
+    Served,
     ToolCall,
     carries_tool_traffic,
     check_role_order,
@@ -115,7 +116,7 @@ class NormalisedRow:
     reference_answer: str | None = None
     part: int | None = None  # which part of a split row, in order
     tools: list[dict[str, Any]] | None = None
-    served: dict[str, Any] | None = None  # a logged exchange's: how it was served (sources.logs)
+    served: Served | None = None  # a logged exchange's: how it was served (sources.logs)
     session: str | None = None  # a logged exchange's conversation id, where the log records one
 
 
@@ -242,7 +243,7 @@ class RowNormaliser:
         # A prompt's open block was in an assistant turn it discards (with tool traffic: that the target may
         # regenerate); the generated row is judged on its own turns.
         row_flags = [FLAG_UNCLOSED_THINK] if unclosed and self.replay else []
-        if served is not None and served["finish_reason"] == "length" and self.replay:  # cut as a generation is
+        if served is not None and served.finish_reason == "length" and self.replay:  # cut as a generation is
             row_flags.append(FLAG_TRUNCATED)
         if tools is not None and invalid_tool_schemas(tools):  # served, and sent with a prompt's every request
             row_flags.append(FLAG_INVALID_TOOL_SCHEMA)

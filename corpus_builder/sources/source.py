@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import chain
 from pathlib import Path
@@ -21,9 +21,9 @@ from ..draws import take_priority
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe import match_source_pattern
 from ..recipe.model import Mapping, Recipe, SourceKind, SourceSpec
-from ..records import Conversation, Origin, conversation_id
+from ..records import Conversation, Origin, Provenance, conversation_id
 from ..secrets import redact_conversations
-from .fold import FOLDED_KEY, Held, PrefixFold, carry, folded_skip
+from .fold import Held, PrefixFold, carry, folded_skip
 from .formats import AUTO, Format, SplittableFormat, format_of
 from .hub import hub_label, hub_provenance, iter_hub_rows
 from .logs import read_exchange
@@ -51,7 +51,7 @@ class _Unit:
     rows: Callable[[PositionFilter | None], Iterator[tuple[int, object]]]
     separator: str  # ":" before a line number, "#" before a row index
     position_key: str  # provenance key of the position
-    provenance: dict[str, object]  # what every row of the unit records
+    provenance: Provenance  # what every row of the unit records
 
 
 def resolve_paths(spec: SourceSpec, base_dir: Path) -> list[Path]:
@@ -78,7 +78,7 @@ def iter_source(spec: SourceSpec, base_dir: Path) -> Iterator[Conversation | Ski
     if spec.hub is not None:
         ref = spec.hub
         units = [_Unit(hub_label(ref), lambda keep: iter_hub_rows(ref, spec.name, keep), "#", "source_row",
-                       {"hub": hub_provenance(ref)})]
+                       Provenance(hub=hub_provenance(ref)))]
     else:
         units = [_file_unit(path, format_of(path, spec.format), _label(path, base_dir))
                  for path in resolve_paths(spec, base_dir)]
@@ -171,7 +171,7 @@ def _label(path: Path, base_dir: Path) -> str:
 
 
 def _file_unit(path: Path, fmt: Format, label: str) -> _Unit:
-    return _Unit(label, partial(fmt.read, path, label), fmt.separator, fmt.position_key, {"source_file": label})
+    return _Unit(label, partial(fmt.read, path, label), fmt.separator, fmt.position_key, Provenance(source_file=label))
 
 
 def _select(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
@@ -234,15 +234,9 @@ def _normalise(spec: SourceSpec, unit: _Unit, keep: PositionFilter | None) -> It
 
 
 def _conversation(spec: SourceSpec, unit: _Unit, position: int, row: NormalisedRow) -> Conversation:
-    provenance = {**unit.provenance, unit.position_key: position}
-    if row.part is not None:
-        provenance["source_part"] = row.part
-    if row.source_id is not None:
-        provenance["source_id"] = row.source_id
-    if row.reference_answer is not None:
-        provenance["reference_answer"] = row.reference_answer
-    if row.served is not None:
-        provenance["served"] = row.served
+    line, index = (position, None) if unit.position_key == "source_line" else (None, position)
+    provenance = replace(unit.provenance, source_line=line, source_row=index, source_part=row.part,
+                         source_id=row.source_id, reference_answer=row.reference_answer, served=row.served)
     return Conversation(
         id=conversation_id(spec.name, row.messages, tools=row.tools),
         source=spec.name,
@@ -362,7 +356,7 @@ def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[i
             carry(row.messages, row.flags, held)
             conversation = _conversation(spec, units[index], position, row)
             if held.requests > 1:
-                conversation.provenance[FOLDED_KEY] = held.requests
+                conversation.provenance = replace(conversation.provenance, folded_requests=held.requests)
             yield held.tag, conversation
 
     for index, unit in enumerate(units):

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import DropCounts, DropReport
-from ..records import Conversation
+from ..records import Conversation, Provenance
 from .facts import BatchFacts, logged_request, parsed_provenance, served
 from .tokens import TokenReport, TokenStats, mismatch_problem
 
@@ -256,11 +256,11 @@ class CorpusStats:
         if not pc.any(generated).as_py():
             return
         for text in pc.filter(batch.column("provenance"), generated).to_pylist():
-            generation = orjson.loads(text).get("generation") or {}
-            settings = {k: generation.get(k) for k in GENERATION_SETTINGS}
+            generation = Provenance.from_json(orjson.loads(text)).generation
+            settings = {k: getattr(generation, k, None) for k in GENERATION_SETTINGS}
             self.generation[orjson.dumps(settings, option=orjson.OPT_SORT_KEYS)] += 1
-            for turn in generation.get("turns") or ():
-                self.finish_reasons[str(turn.get("finish_reason"))] += 1
+            for turn in generation.turns if generation is not None else ():
+                self.finish_reasons[str(turn.finish_reason)] += 1
 
     def _add_served(self, batch: pa.RecordBatch) -> None:
         """Replayed rows that record how they were served: by source, mode as served and reasoning present."""

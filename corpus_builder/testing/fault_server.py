@@ -42,7 +42,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -114,19 +114,19 @@ class Scripted:
 class Recorded:
     time: float  # time.monotonic() at arrival
     path: str
-    body: Any  # decoded JSON body, or None for GET
+    body: object  # decoded JSON body, or None for GET
     authorization: str | None = None  # the Authorization header, to check credentials are sent
 
 
-def count_tokens(messages: list[dict[str, Any]]) -> int:
+def count_tokens(messages: list[dict[str, object]]) -> int:
     return sum(len(str(m.get("content") or "").split()) + 4 for m in messages)
 
 
-def last_user_text(messages: list[dict[str, Any]]) -> str:
+def last_user_text(messages: list[dict[str, object]]) -> str:
     return next((str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
 
 
-def context_error(max_model_len: int, prompt_tokens: int) -> dict[str, Any]:
+def context_error(max_model_len: int, prompt_tokens: int) -> dict[str, object]:
     return {"error": {
         "message": (f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
                     f"contains {prompt_tokens} input tokens, which exceeds this limit even without any "
@@ -142,7 +142,7 @@ class FaultServer:
                  stall_s: float = 30.0, version: str = "0.32.0-fault", port: int = 0,
                  die_after: int | None = None, fault_mix: dict[str, float] | None = None, seed: int = 0,
                  root: str | None = None, speculative_tokens: int | None = None, accepted_per_draft: int = 0,
-                 foreign: dict[int, int] | None = None, server_info: dict[str, Any] | None = None,
+                 foreign: dict[int, int] | None = None, server_info: dict[str, object] | None = None,
                  per_request_metrics: bool = False, misreported: int = 0,
                  own_count_faults: dict[int, str] | None = None, drafts_in: tuple[bool, ...] = (True, False),
                  page_faults: dict[int, str] | None = None, count_lag_reads: int = 0, usage: bool = True,
@@ -241,7 +241,7 @@ class FaultServer:
         self.dead = False
         self._call(self._start_site())
 
-    def _call(self, coro: Any) -> None:
+    def _call(self, coro: Coroutine[object, object, object]) -> None:
         assert self._loop is not None
         asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
@@ -286,7 +286,7 @@ class FaultServer:
 
     # ---- handlers --------------------------------------------------------------------------------
 
-    def _record(self, request: web.Request, body: Any) -> None:
+    def _record(self, request: web.Request, body: object) -> None:
         self.requests.append(Recorded(time.monotonic(), request.path, body,
                                       request.headers.get("Authorization")))
 
@@ -477,7 +477,7 @@ class FaultServer:
         completion_tokens = min(max_tokens, reasoning_tokens + content_tokens)
         if finish == "length":
             completion_tokens = max_tokens
-        message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning": reasoning,
+        message: dict[str, object] = {"role": "assistant", "content": content, "reasoning": reasoning,
                                    "tool_calls": calls}
         if kind == "raw_think" and reasoning is not None:
             message["content"] = f"{reasoning}\n</think>\n\n{content}"
@@ -502,7 +502,7 @@ class FaultServer:
         return doc
 
 
-def _tool_calls(body: dict[str, Any], prompt: str, request_number: int) -> list[dict[str, Any]]:
+def _tool_calls(body: dict[str, Any], prompt: str, request_number: int) -> list[dict[str, object]]:
     """The calls the server answers a request with (see the module docstring): none without tools."""
     tools = body.get("tools") or []
     choice = body.get("tool_choice")
@@ -517,7 +517,7 @@ def _tool_calls(body: dict[str, Any], prompt: str, request_number: int) -> list[
              "function": {"name": name, "arguments": arguments}} for index, name in enumerate(names)]
 
 
-def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def _json(doc: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(doc), status=status, headers=headers,
                         content_type="application/json")
 

@@ -133,7 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.connection.shutdown(2)
 
-    def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+    def _json(self, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(payload).encode(), {"Content-Type": "application/json", **(headers or {})})
 
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
@@ -241,7 +241,7 @@ class HubServer:
         return auth == f"Bearer {self.token}"
 
     def handle(self, method: str, raw_path: str, headers: dict[str, str],
-               body: bytes) -> tuple[int, Any, dict[str, str]]:
+               body: bytes) -> tuple[int, object, dict[str, str]]:
         parts = urlsplit(raw_path)
         path, query = parts.path, parse_qs(parts.query)
         authorized = self._authorized(headers)
@@ -261,7 +261,7 @@ class HubServer:
                                      unquote(file_path), authorized)
         return 404, {"error": f"no route for {method} {path}"}, {}
 
-    def _create(self, payload: dict[str, Any], authorized: bool) -> tuple[int, Any, dict[str, str]]:
+    def _create(self, payload: dict[str, Any], authorized: bool) -> tuple[int, object, dict[str, str]]:
         if not authorized:
             return 401, {"error": "Invalid credentials"}, {}
         repo_type = payload.get("type") or "model"
@@ -275,7 +275,7 @@ class HubServer:
         self.repos[(repo_type, repo_id)] = repo
         return 200, {"url": url, "name": repo_id}, {}
 
-    def _validate_yaml(self, payload: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
+    def _validate_yaml(self, payload: dict[str, Any]) -> tuple[int, object, dict[str, str]]:
         errors = [{"message": message} for message in validate_card_metadata(payload.get("content", ""))]
         return (400 if errors else 200), {"errors": errors, "warnings": []}, {}
 
@@ -286,7 +286,7 @@ class HubServer:
         return repo
 
     def _repo_api(self, method: str, repo_type: str, repo_id: str, rest: str, query: dict[str, list[str]],
-                  body: bytes, authorized: bool) -> tuple[int, Any, dict[str, str]]:
+                  body: bytes, authorized: bool) -> tuple[int, object, dict[str, str]]:
         repo = self._find(repo_type, repo_id, authorized)
         if repo is None:
             return 404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"}
@@ -323,7 +323,7 @@ class HubServer:
             return 200, [_file_entry(p, commit.files[p]) for p in wanted if p in commit.files], {}
         return 404, {"error": f"no route for {action}"}, {}
 
-    def _commit(self, repo: Repo, branch: str, body: bytes) -> tuple[int, Any, dict[str, str]]:
+    def _commit(self, repo: Repo, branch: str, body: bytes) -> tuple[int, object, dict[str, str]]:
         if branch not in repo.branches:
             return 404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"}
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]
@@ -360,9 +360,9 @@ class HubServer:
                     content = files[fault.path]
                     files[fault.path] = bytes([content[0] ^ 0xFF]) + content[1:] if content else b"\0"
 
-    def _tree(self, commit: Commit, sub_path: str, recursive: bool) -> tuple[int, Any, dict[str, str]]:
+    def _tree(self, commit: Commit, sub_path: str, recursive: bool) -> tuple[int, object, dict[str, str]]:
         prefix = sub_path.strip("/") + "/" if sub_path.strip("/") else ""
-        entries: dict[str, Any] = {}
+        entries: dict[str, object] = {}
         for path, content in sorted(commit.files.items()):
             if not path.startswith(prefix):
                 continue
@@ -377,7 +377,7 @@ class HubServer:
         return 200, list(entries.values()), {}
 
     def _resolve(self, method: str, repo_type: str, repo_id: str, revision: str, file_path: str,
-                 authorized: bool) -> tuple[int, Any, dict[str, str]]:
+                 authorized: bool) -> tuple[int, object, dict[str, str]]:
         repo = self._find(repo_type, repo_id, authorized)
         if repo is None:
             return 404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"}
@@ -392,7 +392,7 @@ class HubServer:
         return 200, content, headers
 
 
-def _file_entry(path: str, content: bytes) -> dict[str, Any]:
+def _file_entry(path: str, content: bytes) -> dict[str, object]:
     return {"type": "file", "oid": git_blob_id(content), "size": len(content), "path": path}
 
 

@@ -16,7 +16,6 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 
 def source_hash(module_file: str) -> str:
@@ -24,7 +23,7 @@ def source_hash(module_file: str) -> str:
     return hashlib.sha256(Path(module_file).read_bytes()).hexdigest()
 
 
-def read_marker(model_dir: Path, name: str) -> dict[str, Any] | None:
+def read_marker(model_dir: Path, name: str) -> dict[str, object] | None:
     """The marker ``name`` in ``model_dir`` as a JSON object, or None when it is missing or unreadable."""
     try:
         marker = json.loads((model_dir / name).read_text())

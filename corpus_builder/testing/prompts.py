@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..records import Conversation, Message, conversation_id
+from ..records import Conversation, Message, Provenance, conversation_id
 
 
 def make_prompts(count: int, *, turns: int = 1, system: bool = True, source: str = "prompts",
@@ -14,5 +14,5 @@ def make_prompts(count: int, *, turns: int = 1, system: bool = True, source: str
         messages += [Message("user", f"{words} {i} part {t}: what is {i} plus {t}?") for t in range(turns)]
         prompts.append(Conversation(id=conversation_id(source, messages), source=source, origin="prompt",
                                     messages=messages, task="chat", license="MIT",
-                                    provenance={"source_file": "prompts.jsonl", "source_line": i + 1}))
+                                    provenance=Provenance(source_file="prompts.jsonl", source_line=i + 1)))
     return prompts

@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,7 +56,7 @@ class TokenMismatch:
     served_text: str
     rendered_text: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"id": self.id, "message_index": self.message_index, "position": self.position, "part": self.part,
                 "served": self.served, "rendered": self.rendered, "served_text": self.served_text,
                 "rendered_text": self.rendered_text}
@@ -107,11 +106,21 @@ def facts_from_arrow(column: pa.Array | pa.ChunkedArray) -> list[TokenFacts | No
             for found in column.to_pylist()]
 
 
-def served_turns(conversation: Conversation) -> dict[int, dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class ServedTurn:
+    """A generated turn's ids as the server read and wrote them, and why it stopped."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+def served_turns(conversation: Conversation) -> dict[int, ServedTurn]:
     """Generated turns with their served ids, by message index."""
-    generation = conversation.provenance.get("generation") or {}
-    return {turn["message_index"]: turn for turn in generation.get("turns") or ()
-            if turn.get("prompt_token_ids") is not None and turn.get("token_ids") is not None}
+    generation = conversation.provenance.generation
+    return {turn.message_index: ServedTurn(turn.prompt_token_ids, turn.token_ids, turn.finish_reason)
+            for turn in (generation.turns if generation is not None else ())
+            if turn.prompt_token_ids is not None and turn.token_ids is not None}
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -268,7 +277,8 @@ class TurnTokens:
         messages = conversation.messages
         served = served_turns(conversation)
         # A generated row was served in its own thinking mode (a recipe can mix both).
-        mode = (conversation.provenance.get("generation") or {}).get("enable_thinking") if served else None
+        generation = conversation.provenance.generation
+        mode = generation.enable_thinking if served and generation is not None else None
         budget = renderer.budget_views(conversation)
         whole = renderer.history_reasoning == "keep"  # one budget view, the whole conversation, hosts every turn
         hosted: list[list[_Cut]] = [[] for _ in budget]
@@ -289,9 +299,9 @@ class TurnTokens:
                     served_prompt = renderer.render_prompt(conversation, j, enable_thinking=mode)
                     plan.checks += [served_prompt, self._turn_text(through[len(served_prompt):])
                                     if through.startswith(served_prompt) else ""]
-                plan.turns.append(_Turn(number, j, len(plan.views), -1, len(turn["prompt_token_ids"]),
+                plan.turns.append(_Turn(number, j, len(plan.views), -1, len(turn.prompt_token_ids),
                                         bool(message.reasoning), check))
-                plan.views.append(_View(number, ids=[*turn["prompt_token_ids"], *turn["token_ids"]]))
+                plan.views.append(_View(number, ids=[*turn.prompt_token_ids, *turn.token_ids]))
                 continue
             through = self._view(conversation, j, host_text)
             prompt = renderer.extended_prompt(conversation, j, through)
@@ -429,15 +439,15 @@ class TurnTokens:
         result: np.ndarray = np.where(closed, close_at - starts + 1, np.where(open_in_prompt, ends - starts, 0))
         return result
 
-    def _check(self, conversation_id: str, turn: int, served: dict[str, Any], prompt: list[int],
+    def _check(self, conversation_id: str, turn: int, served: ServedTurn, prompt: list[int],
                completion: list[int]) -> TokenMismatch | None:
-        served_prompt, served_completion = served["prompt_token_ids"], served["token_ids"]
+        served_prompt, served_completion = served.prompt_token_ids, served.token_ids
         position = _first_difference(served_prompt, prompt) if prompt != served_prompt else None
         if position is None and len(prompt) != len(served_prompt):
             position = min(len(prompt), len(served_prompt))
         if position is None:
             offset = _first_difference(served_completion, completion)
-            if offset is None or (served.get("finish_reason") == "length"
+            if offset is None or (served.finish_reason == "length"
                                   and offset >= self._settled(served_completion)):
                 return None
             position = len(served_prompt) + offset

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from functools import cache, cached_property
@@ -31,6 +31,8 @@ from ..records import Conversation, openai_messages
 
 if TYPE_CHECKING:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from tiktoken import Encoding
+    from tokenizers import Tokenizer
 
 ENCODE_CHUNK = 256  # conversations rendered while the previous chunk is being tokenized
 TWIN_THREADS = min(8, os.cpu_count() or 1)  # tiktoken releases the GIL
@@ -40,9 +42,9 @@ T = TypeVar("T")
 
 # A conversation with one tool, one call and its result, each named so its render shows whether the template
 # wrote it out.
-_PROBE_TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
+_PROBE_TOOLS: list[dict[str, object]] = [{"type": "function", "function": {
     "name": "corpus_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}}}]
-_PROBE: list[dict[str, Any]] = [
+_PROBE: list[dict[str, object]] = [
     {"role": "user", "content": "probe"},
     {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0", "type": "function", "function": {
         "name": "corpus_probe_call", "arguments": {"corpus_probe_argument": 1}}}]},
@@ -61,16 +63,16 @@ def _raise_exception(message: str) -> None:
     raise CorpusError(f"chat template raised: {message}")
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 
 
-def load_chat_template(tokenizer_dir: Path) -> tuple[str, dict[str, Any]]:
+def load_chat_template(tokenizer_dir: Path) -> tuple[str, dict[str, object]]:
     """The template text and tokenizer_config.json (for bos/eos names)."""
     config_path = tokenizer_dir / "tokenizer_config.json"
-    config: dict[str, Any] = {}
+    config: dict[str, object] = {}
     if config_path.exists():
         try:
             config = json.loads(config_path.read_text(encoding="utf-8"))
@@ -78,11 +80,12 @@ def load_chat_template(tokenizer_dir: Path) -> tuple[str, dict[str, Any]]:
             raise CorpusError(f"not valid JSON: {error}", file=str(config_path)) from None
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: take the default one
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        template = next((t["template"] for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
     jinja_file = tokenizer_dir / "chat_template.jinja"
     if template is None and jinja_file.exists():
         template = jinja_file.read_text(encoding="utf-8")
-    if not template:
+    if not template or not isinstance(template, str):
         raise CorpusError("no chat template (tokenizer_config.json chat_template or chat_template.jinja)",
                           file=str(tokenizer_dir))
     return template, config
@@ -127,14 +130,14 @@ def _sandbox() -> type[ImmutableSandboxedEnvironment]:
     return KeyFirstSandbox
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: object) -> str | None:
     if isinstance(value, dict):  # AddedToken serialised as a dict
         value = value.get("content")
     return value if isinstance(value, str) else None
 
 
 def _renderer(tokenizer_dir: Path, enable_thinking: bool, history_reasoning: str,
-              template_kwargs: dict[str, Any]) -> TemplateRenderer:
+              template_kwargs: dict[str, object]) -> TemplateRenderer:
     return TemplateRenderer(tokenizer_dir, enable_thinking=enable_thinking, history_reasoning=history_reasoning,
                             template_kwargs=template_kwargs)
 
@@ -151,7 +154,7 @@ class TemplateRenderer:
     """
 
     def __init__(self, tokenizer_dir: Path, *, enable_thinking: bool = True, history_reasoning: str = "keep",
-                 template_kwargs: dict[str, Any] | None = None) -> None:
+                 template_kwargs: dict[str, object] | None = None) -> None:
         self.tokenizer_dir = tokenizer_dir
         self.enable_thinking = enable_thinking
         self.history_reasoning = history_reasoning
@@ -173,14 +176,14 @@ class TemplateRenderer:
         self._special = {"bos_token": _token_text(config.get("bos_token")) or "",
                          "eos_token": _token_text(config.get("eos_token")) or ""}
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Callable[..., TemplateRenderer], tuple[Path, bool, str, dict[str, object]]]:
         """Pickled as its settings (a compiled template does not pickle): a task on a cluster makes its own from the
         same directory, named absolutely (a worker's working directory is not this process's)."""
         return (_renderer, (self.tokenizer_dir.absolute(), self.enable_thinking, self.history_reasoning,
                             self.template_kwargs))
 
     @cached_property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         from tokenizers import Tokenizer
 
         path = self.tokenizer_dir / "tokenizer.json"
@@ -196,8 +199,8 @@ class TemplateRenderer:
         """The id of a token the tokenizer holds as one entry (e.g. ``</think>``), else None."""
         return self.tokenizer.token_to_id(token) if token else None
 
-    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = False,
-               enable_thinking: bool | None = None, tools: Sequence[dict[str, Any]] | None = None) -> str:
+    def render(self, messages: Sequence[Mapping[str, object]], *, add_generation_prompt: bool = False,
+               enable_thinking: bool | None = None, tools: Sequence[Mapping[str, object]] | None = None) -> str:
         thinking = self.enable_thinking if enable_thinking is None else enable_thinking
         variables = dict(messages=list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
                          enable_thinking=thinking, **self._special, **self.template_kwargs)
@@ -239,7 +242,7 @@ class TemplateRenderer:
                 f"{' or '.join(_THINK_TAGS)}")
 
     def template_input(self, conversation: Conversation, end: int, *, current: int
-                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+                       ) -> tuple[list[dict[str, object]], list[dict[str, Any]] | None]:
         """(``messages[:end]`` as the template receives them, the tools) for the view of turn ``current``: the
         messages the generator sent (``records.openai_messages``: history reasoning kept, or only the current
         exchange's when dropped), with tool-call arguments decoded as vLLM decodes them."""
@@ -252,14 +255,10 @@ class TemplateRenderer:
         turns = conversation.messages[:end]
         messages = openai_messages(turns, keep_history_reasoning=self.history_reasoning == "keep", current=current)
         for message, turn in zip(messages, turns, strict=True):
-            if not turn.tool_calls:
-                continue
-            if "tool_calls" not in message:  # openai_messages writes the calls of assistant turns only
-                message["tool_calls"] = [call.to_openai() for call in turn.tool_calls]
-            # Fresh dicts (openai_messages builds them per call): the arguments are decoded in place, as vLLM
-            # decodes them (arguments that are not a JSON object render as {}).
-            for sent, call in zip(message["tool_calls"], turn.tool_calls, strict=True):
-                sent["function"]["arguments"] = call.arguments_object() or {}
+            if turn.tool_calls:  # (openai_messages writes the calls of assistant turns only) with the arguments
+                # decoded, as vLLM decodes them (arguments that are not a JSON object render as {})
+                message["tool_calls"] = [{**call.to_openai(), "function": {
+                    "name": call.name, "arguments": call.arguments_object() or {}}} for call in turn.tool_calls]
         return messages, tools
 
     def render_prompt(self, conversation: Conversation, turn: int, *, enable_thinking: bool | None = None) -> str:
@@ -316,7 +315,7 @@ class TemplateRenderer:
         return pool
 
     @cached_property
-    def twin(self) -> Any | None:
+    def twin(self) -> Encoding | None:
         """The tiktoken twin used for counting, or None (then ``twin_refusal`` says why)."""
         from .twin import NoTwin, twin_of
 

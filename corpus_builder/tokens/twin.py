@@ -14,7 +14,11 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tiktoken import Encoding
+    from tokenizers import Tokenizer
 
 # The pattern of the ByteLevel pre-tokenizer with use_regex (GPT-2's).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -111,7 +115,7 @@ def _ranks(model: dict[str, Any], special: dict[str, int]) -> dict[bytes, int]:
     return ranks
 
 
-def _check_reachable(tokenizer: Any, model: dict[str, Any], special: dict[str, int]) -> None:
+def _check_reachable(tokenizer: Tokenizer, model: dict[str, Any], special: dict[str, int]) -> None:
     """tiktoken takes a pre-token found whole in the vocabulary as one token; tokenizers (without
     ignore_merges) only reaches it by merging, so every entry must come out of the merges as itself."""
     if model.get("ignore_merges"):
@@ -124,7 +128,7 @@ def _check_reachable(tokenizer: Any, model: dict[str, Any], special: dict[str, i
                 raise NoTwin(f"vocabulary entry {text!r} is not what the merges produce for its text")
 
 
-def twin_of(tokenizer_json: Path, tokenizer: Any) -> Any:
+def twin_of(tokenizer_json: Path, tokenizer: Tokenizer) -> Encoding:
     """A ``tiktoken.Encoding`` that yields exactly ``tokenizer``'s ids (``add_special_tokens=False``,
     added tokens allowed anywhere), or raises NoTwin. ``tokenizer`` is the ``tokenizers.Tokenizer``
     loaded from ``tokenizer_json``."""

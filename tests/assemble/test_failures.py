@@ -18,9 +18,9 @@ from corpus_builder.generate import GenerationIncomplete, Journal
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
-from corpus_builder.testing.trials import corpus_rows, shard_hashes
 from tests.support.disks import grow, tmpfs
 from tests.support.real_data import write_chitchat, write_rows
+from tests.support.trials import corpus_rows, shard_hashes
 
 MODEL = "tiny-target"
 PROMPTS = 40

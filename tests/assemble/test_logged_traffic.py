@@ -87,10 +87,10 @@ def test_an_answer_served_cut_is_dropped_as_a_truncated_generation(corpus: Corpu
 
 def test_the_served_mode_is_kept_and_audited_beside_reasoning_present(corpus: Corpus) -> None:
     rows = list(corpus.iter_conversations())
-    served = Counter((row.provenance["served"]["enable_thinking"], row.thinking) for row in rows)
+    served = Counter((row.provenance.served.enable_thinking, row.thinking) for row in rows)
     # served on: chats 0-19, of which 0, 5, 10 and 15 never reason; served off: 20-29
     assert served == {(True, True): 16, (True, False): 4, (False, False): 10}
-    assert all(row.provenance["served"]["model"] == "tiny/target" for row in rows)
+    assert all(row.provenance.served.model == "tiny/target" for row in rows)
     section = audit_corpus(corpus.root)["served"]
     assert section["by_source"]["served"] == {"on": 20, "off": 10, "unrecorded": 0, "on_with_reasoning": 16,
                                               "off_with_reasoning": 0}

@@ -38,9 +38,9 @@ from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.recipe.model import Mixture, OutputSpec, Recipe, SourceSpec, SourceTarget, Target, ThinkingShare
 from corpus_builder.testing.fault_server import Fault, FaultServer
-from corpus_builder.testing.trials import shard_hashes
 from tests.support.fuzz import fuzz_settings
 from tests.support.real_data import write_rows
+from tests.support.trials import shard_hashes
 
 MODEL = "tiny-target"
 
@@ -160,7 +160,7 @@ def test_a_thinking_share_is_met_with_thinking_off_prompts_in_the_mix(tmp_path: 
     share = sum(row.thinking for row in rows) / len(rows)
     assert abs(share - 0.45) <= 0.02
     assert abs(result.audit["thinking_share"] - share) < 1e-9
-    off = sum(not row.provenance["generation"]["enable_thinking"] for row in rows if row.source == "asks")
+    off = sum(not row.provenance.generation.enable_thinking for row in rows if row.source == "asks")
     assert 10 <= off <= 30  # thinking off rows are in the mix, and counted as such
     if per_split:
         for split in ("train", "validation"):

@@ -46,17 +46,17 @@ def test_thinking_off_share_and_sampling_mixture_per_row(tmp_path: Path) -> None
         assert len(server.chat_requests) == asked  # every mode and sampling is in the journal key
     rows = list(Corpus.open(result.out_dir).iter_conversations())
     assert len(rows) == 200
-    modes = Counter(row.provenance["generation"]["enable_thinking"] for row in rows)
+    modes = Counter(row.provenance.generation.enable_thinking for row in rows)
     assert 30 <= modes[False] <= 70 and modes[True] + modes[False] == 200  # 25% of 200, seeded by id
-    temperatures = Counter(row.provenance["generation"]["sampling"]["temperature"] for row in rows)
+    temperatures = Counter(row.provenance.generation.sampling["temperature"] for row in rows)
     assert set(temperatures) == {0.6, 1.0} and 25 <= temperatures[1.0] <= 75
     for row in rows:
-        generation = row.provenance["generation"]
+        generation = row.provenance.generation
         body = sent[row.messages[-2].content]
-        assert body["chat_template_kwargs"] == {"enable_thinking": generation["enable_thinking"]}
-        assert (body["temperature"], body["top_p"]) == (generation["sampling"]["temperature"],
-                                                       generation["sampling"]["top_p"])
-        assert row.thinking == generation["enable_thinking"]  # the fault server reasons only when asked to
+        assert body["chat_template_kwargs"] == {"enable_thinking": generation.enable_thinking}
+        assert (body["temperature"], body["top_p"]) == (generation.sampling["temperature"],
+                                                       generation.sampling["top_p"])
+        assert row.thinking == generation.enable_thinking  # the fault server reasons only when asked to
     by_mode = Counter()
     for setting in result.audit["generation"]:
         by_mode[setting["enable_thinking"]] += setting["conversations"]

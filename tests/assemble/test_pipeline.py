@@ -18,9 +18,9 @@ from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
 from corpus_builder.sources.formats import Format
 from corpus_builder.testing.fault_server import FaultServer
-from corpus_builder.testing.trials import shard_hashes
 from corpus_builder.tokens import template
 from tests.support.real_data import write_chitchat, write_rows
+from tests.support.trials import shard_hashes
 
 MODEL = "tiny-target"
 

@@ -19,7 +19,7 @@ from corpus_builder.audit.profile import Profile, read_profile
 from corpus_builder.errors import Skipped
 from corpus_builder.recipe import load_recipe
 from corpus_builder.recipe.model import Mapping
-from corpus_builder.records import Conversation
+from corpus_builder.records import Conversation, Provenance
 from corpus_builder.rows import batch_to_records, conversations_to_batch, records_to_batch
 from corpus_builder.screen.near_dedup import Signatures
 from corpus_builder.screen.screened import Screened
@@ -102,8 +102,9 @@ def test_the_statistics_of_rows_written_in_parts_merge_from_json_into_those_of_o
         row.split = "validation" if index % 4 == 0 else "train"
         if index % 7 == 0:  # generated rows: the generation settings and finish reasons are counted
             row.origin = "generated"
-            row.provenance = {"generation": {"model": "m", "enable_thinking": index % 2 == 0,
-                                             "turns": [{"finish_reason": "stop" if index % 3 else "length"}]}}
+            row.provenance = Provenance.from_json({"generation": {
+                "model": "m", "enable_thinking": index % 2 == 0,
+                "turns": [{"finish_reason": "stop" if index % 3 else "length"}]}})
     whole = CorpusStats()
     merged = CorpusStats()
     for start in range(0, len(rows), 17):

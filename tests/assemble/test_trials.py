@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from corpus_builder.testing import trials
 from corpus_builder.testing.processes import ProcessTree, kill_all
+from tests.support import trials
 
 
 def test_a_fault_storm_loses_nothing_and_keeps_retries_in_bounds(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from corpus_builder.audit.traffic import FACT_DIMENSIONS, TOKEN_DIMENSIONS, prof
 from corpus_builder.export import corpus_token_rows
 from corpus_builder.export.vocab import count_frequencies
 from corpus_builder.layout import Corpus
-from corpus_builder.records import Conversation, Message
+from corpus_builder.records import Conversation, Message, Provenance
 from corpus_builder.tokens import TemplateRenderer, TokenRows
 
 from .fixtures import CHATS, DOCS, chat_row, corpus_rows, known_traffic, summary_row, write_jsonl
@@ -162,7 +162,7 @@ def generated(renderer: TemplateRenderer) -> Conversation:
     made = conversation(Message("user", "hi there"), Message("assistant", "hello", "greet back"),
                         Message("user", "and now?"), Message("assistant", "now this", "think"))
     made.origin = "generated"
-    made.provenance = {"generation": {"turns": [served]}}
+    made.provenance = Provenance.from_json({"generation": {"turns": [served]}})
     return made
 
 

@@ -94,7 +94,7 @@ def test_the_prompts_recipe_regenerates_on_the_target_with_a_share_thinking_off(
     result = build_corpus(load_recipe(tmp_path / "recipe.yaml"), tmp_path / "corpus")
     rows = list(Corpus.open(result.out_dir).iter_conversations())
     assert rows and all(row.origin == "generated" for row in rows)
-    modes = Counter((row.source, row.provenance["generation"]["enable_thinking"]) for row in rows)
+    modes = Counter((row.source, row.provenance.generation.enable_thinking) for row in rows)
     assert modes[("gsm8k", False)] > 0 and modes[("gsm8k", True)] > 0  # thinking_off_share: 0.25
     assert modes[("chat-prompts", False)] == 0
 

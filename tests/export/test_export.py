@@ -20,7 +20,7 @@ from corpus_builder.export import EXPORT_FORMATS, FILE_FORMATS, export_corpus, w
 from corpus_builder.export.formats import TRAINER_FORMATS, specforge_problems
 from corpus_builder.layout import Corpus
 from corpus_builder.recipe import load_recipe
-from corpus_builder.records import Conversation
+from corpus_builder.records import Conversation, Provenance
 from corpus_builder.sources import iter_file
 from corpus_builder.tokens import TemplateRenderer
 from tests.support.chats import synthetic_chats
@@ -249,7 +249,7 @@ def as_generated(conversation: Conversation, renderer: TemplateRenderer) -> Conv
             turns.append({"message_index": j, "endpoint": "http://127.0.0.1:1/v1", "finish_reason": "stop",
                           "prompt_token_ids": prompt_ids, "token_ids": turn_ids})
     generation = {"turns": turns, "enable_thinking": True}
-    return replace(conversation, origin="generated", provenance={"generation": generation})
+    return replace(conversation, origin="generated", provenance=Provenance.from_json({"generation": generation}))
 
 
 @pytest.fixture(scope="module")

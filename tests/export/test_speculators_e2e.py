@@ -137,9 +137,10 @@ def test_prepare_data_on_conversations_trains_on_the_re_render_not_the_served_id
     served: dict[tuple[int, ...], list[int]] = {}  # prompt ids of a generated turn -> prompt + served completion
     generated_turns = set()
     for conversation in corpus.iter_conversations(split="train"):
-        for turn in (conversation.provenance.get("generation") or {}).get("turns") or ():
-            served[tuple(turn["prompt_token_ids"])] = turn["prompt_token_ids"] + turn["token_ids"]
-            generated_turns.add(f"{conversation.id}/{turn['message_index']}")
+        generation = conversation.provenance.generation
+        for turn in generation.turns if generation is not None else ():
+            served[tuple(turn.prompt_token_ids)] = turn.prompt_token_ids + turn.token_ids
+            generated_turns.add(f"{conversation.id}/{turn.message_index}")
     ours = {}  # prompt ids of a replayed turn -> our speculators-tokens row
     for line in (corpus_dir / "exports/speculators-tokens/train.jsonl").read_bytes().splitlines():
         row = orjson.loads(line)

@@ -45,20 +45,20 @@ def test_single_turn_records_served_tokens(vllm_server, tmp_path, thinking):
     rows = rows_of(vllm_server, make_prompts(6), tmp_path, enable_thinking=thinking)
     decode = tokenizer(vllm_server).decode
     for row in rows:
-        generation = row.provenance["generation"]
-        assert generation["served_model"] == vllm_server.model and generation["engine_version"]
-        assert generation["enable_thinking"] is thinking
-        (turn,) = generation["turns"]
-        assert turn["finish_reason"] in ("stop", "length")
-        assert turn["token_ids"] and all(isinstance(t, int) for t in turn["token_ids"])
-        assert len(turn["token_ids"]) == turn["completion_tokens"]
-        assert len(turn["prompt_token_ids"]) == turn["prompt_tokens"]
+        generation = row.provenance.generation
+        assert generation.served_model == vllm_server.model and generation.engine_version
+        assert generation.enable_thinking is thinking
+        (turn,) = generation.turns
+        assert turn.finish_reason in ("stop", "length")
+        assert turn.token_ids and all(isinstance(t, int) for t in turn.token_ids)
+        assert len(turn.token_ids) == turn.completion_tokens
+        assert len(turn.prompt_token_ids) == turn.prompt_tokens
         # The generation prompt the server rendered is the one the thinking flag asks for.
-        prompt_text = decode(turn["prompt_token_ids"], skip_special_tokens=False)
+        prompt_text = decode(turn.prompt_token_ids, skip_special_tokens=False)
         tail = "<think>\n" if thinking else "<think>\n\n</think>\n\n"
         assert prompt_text.endswith("<|im_start|>assistant\n" + tail)
         if not thinking:
-            assert row.messages[-1].reasoning is None and not turn["reasoning_tokens"]
+            assert row.messages[-1].reasoning is None and not turn.reasoning_tokens
     if thinking:
         assert any(row.messages[-1].reasoning for row in rows)
 
@@ -70,12 +70,12 @@ def test_multi_turn_conditions_on_the_regenerated_history(vllm_server, tmp_path,
     with_reasoning = 0
     for row in rows:
         assert [m.role for m in row.messages] == ["system", "user", "assistant", "user", "assistant"]
-        first, second = row.provenance["generation"]["turns"]
-        assert (first["message_index"], second["message_index"]) == (2, 4)
+        first, second = row.provenance.generation.turns
+        assert (first.message_index, second.message_index) == (2, 4)
         # Turn two's prompt is turn one's conversation followed by the regenerated answer (compared as
         # text: the template re-renders the answer's think block, so tokens at the seam can differ).
-        history = decode(second["prompt_token_ids"], skip_special_tokens=False)
-        first_prompt = decode(first["prompt_token_ids"], skip_special_tokens=False)
+        history = decode(second.prompt_token_ids, skip_special_tokens=False)
+        first_prompt = decode(first.prompt_token_ids, skip_special_tokens=False)
         assert history.startswith(first_prompt.removesuffix("<think>\n"))
         answer = row.messages[2]
         assert answer.content.strip() in history
@@ -93,7 +93,7 @@ def test_two_endpoints_share_the_load(vllm_server, vllm_server_b, tmp_path):
     assert vllm_server_b.model == vllm_server.model, "both servers must serve one model name"
     endpoints = [vllm_server.base_url, vllm_server_b.base_url]
     rows = rows_of(vllm_server, make_prompts(12), tmp_path, endpoints=endpoints, max_tokens=48)
-    used = {turn["endpoint"] for row in rows for turn in row.provenance["generation"]["turns"]}
+    used = {turn.endpoint for row in rows for turn in row.provenance.generation.turns}
     assert used == set(endpoints)
 
 
@@ -204,7 +204,7 @@ def test_prompts_with_tools_are_regenerated_with_the_target_s_calls(vllm_server,
     (made,) = matched.messages[1].tool_calls
     assert made.name == "lookup_city" and made.arguments_object() == {"city": "Paris"} and made.id != "rec-1"
     assert [m.role for m in matched.messages] == ["user", "assistant"]  # cut before the second call
-    served = tokenizer(vllm_server).decode(matched.provenance["generation"]["turns"][0]["token_ids"],
+    served = tokenizer(vllm_server).decode(matched.provenance.generation.turns[0].token_ids,
                                            skip_special_tokens=False)
     assert served.count("<tool_call>") == 1 and '"lookup_city"' in served
 

@@ -12,8 +12,16 @@ import zstandard
 from corpus_builder.errors import CorpusError, Skipped
 from corpus_builder.generate import GenerationProgress, Journal, generate, journal_coverage
 from corpus_builder.generate.client import EndpointPool
+from corpus_builder.generate.journal import turn_key
 from corpus_builder.generate.scheduler import RunSettings, Scheduler, drive
-from corpus_builder.records import FLAG_TRUNCATED, FLAG_UNCLOSED_THINK, Conversation, Message, conversation_id
+from corpus_builder.records import (
+    FLAG_TRUNCATED,
+    FLAG_UNCLOSED_THINK,
+    Conversation,
+    Message,
+    conversation_id,
+    openai_messages,
+)
 from corpus_builder.testing.fault_server import Fault, FaultServer
 from tests.support.generate_run import make_prompts, make_recipe
 
@@ -64,40 +72,40 @@ def test_rows_carry_ids_provenance_and_token_ids(server, tmp_path):
     row = rows[0]
     assert row.id == conversation_id("prompts", prompts[0].messages)
     assert (row.source, row.origin, row.task, row.license) == ("prompts", "generated", "chat", "MIT")
-    assert row.provenance["source_line"] == 1
-    generation = row.provenance["generation"]
-    assert generation["model"] == MODEL and generation["served_model"] == MODEL
-    assert generation["engine_version"] == server.version
-    assert generation["enable_thinking"] is True and generation["history_reasoning"] == "keep"
-    assert generation["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 2048}
-    assert generation["sample_index"] == 0
-    turns = generation["turns"]
-    assert [t["message_index"] for t in turns] == [2, 4]
+    assert row.provenance.source_line == 1
+    generation = row.provenance.generation
+    assert generation.model == MODEL and generation.served_model == MODEL
+    assert generation.engine_version == server.version
+    assert generation.enable_thinking is True and generation.history_reasoning == "keep"
+    assert generation.sampling == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 2048}
+    assert generation.sample_index == 0
+    turns = generation.turns
+    assert [t.message_index for t in turns] == [2, 4]
     for turn in turns:
-        assert turn["endpoint"] == server.base_url and turn["finish_reason"] == "stop"
-        assert len(turn["token_ids"]) == turn["completion_tokens"] > 0
-        assert len(turn["prompt_token_ids"]) == turn["prompt_tokens"] > 0
-        assert turn["reasoning_tokens"] > 0 and turn["retried_for_length"] is False
-    assert turns[1]["prompt_tokens"] > turns[0]["prompt_tokens"]  # turn two's prompt holds turn one
+        assert turn.endpoint == server.base_url and turn.finish_reason == "stop"
+        assert len(turn.token_ids) == turn.completion_tokens > 0
+        assert len(turn.prompt_token_ids) == turn.prompt_tokens > 0
+        assert turn.reasoning_tokens > 0 and turn.retried_for_length is False
+    assert turns[1].prompt_tokens > turns[0].prompt_tokens  # turn two's prompt holds turn one
 
 
 def test_thinking_off_is_sent_and_recorded(server, tmp_path):
     rows = run(server, make_prompts(1), tmp_path, enable_thinking=False)
     assert server.chat_requests[0].body["chat_template_kwargs"] == {"enable_thinking": False}
     assert rows[0].messages[-1].reasoning is None
-    assert rows[0].provenance["generation"]["enable_thinking"] is False
+    assert rows[0].provenance.generation.enable_thinking is False
 
 
 def test_n_samples_give_distinct_ids_and_seeds(server, tmp_path):
     prompts = make_prompts(2)
     rows = run(server, prompts, tmp_path, n=3, seed=7)
     assert len(rows) == 6 and len(server.chat_requests) == 6
-    assert [r.provenance["generation"]["sample_index"] for r in rows] == [0, 1, 2, 0, 1, 2]
+    assert [r.provenance.generation.sample_index for r in rows] == [0, 1, 2, 0, 1, 2]
     assert [r.id for r in rows[:3]] == [conversation_id("prompts", prompts[0].messages, salt=f"#{i}")
                                         for i in range(3)]
     assert len({r.id for r in rows}) == 6
     assert sorted(r.body["seed"] for r in server.chat_requests) == [7, 7, 8, 8, 9, 9]
-    assert rows[2].provenance["generation"]["sampling"]["seed"] == 9
+    assert rows[2].provenance.generation.sampling["seed"] == 9
 
 
 def test_extra_sampling_is_sent_recorded_and_keys_the_journal(server, tmp_path):
@@ -105,7 +113,7 @@ def test_extra_sampling_is_sent_recorded_and_keys_the_journal(server, tmp_path):
     extra = {"min_p": 0.05, "repetition_penalty": 1.1, "stop": ["</answer>"]}
     rows = run(server, prompts, tmp_path, extra_sampling=extra)
     assert all(r.body.items() >= extra.items() for r in server.chat_requests)
-    assert rows[0].provenance["generation"]["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20,
+    assert rows[0].provenance.generation.sampling == {"temperature": 0.6, "top_p": 0.95, "top_k": 20,
                                                             "max_tokens": 2048, **extra}
     run(server, prompts, tmp_path)  # other sampling: other journal keys, so generated again
     assert len(server.chat_requests) == 4
@@ -128,7 +136,7 @@ def test_on_length_keep_flags_the_row(server, tmp_path):
     row = run(server, prompts, tmp_path, on_length="keep")[0]
     assert row.flags == [FLAG_TRUNCATED]
     assert row.messages[2].content == "" and row.messages[2].reasoning  # thinking cut: reasoning only
-    assert row.provenance["generation"]["turns"][0]["finish_reason"] == "length"
+    assert row.provenance.generation.turns[0].finish_reason == "length"
     assert len(row.messages) == 5  # the conversation goes on after a kept truncated turn
 
 
@@ -138,7 +146,7 @@ def test_on_length_retry_doubles_max_tokens_once(server, tmp_path):
     server.by_prompt[prompts[1].messages[1].content] = Fault("length", times=2)  # the retry too
     rows = run(server, prompts, tmp_path, on_length="retry", max_tokens=100)
     assert isinstance(rows[0], Conversation) and not rows[0].flags
-    assert rows[0].provenance["generation"]["turns"][0]["retried_for_length"] is True
+    assert rows[0].provenance.generation.turns[0].retried_for_length is True
     assert isinstance(rows[1], Skipped) and rows[1].reason == "truncated_generation"
     assert "max_tokens=200" in rows[1].detail
     assert sorted(r.body["max_tokens"] for r in server.chat_requests) == [100, 100, 200, 200]
@@ -319,7 +327,7 @@ def test_unknown_model_is_a_user_error(tmp_path):
 def test_endpoint_credentials_never_reach_provenance(server, tmp_path):
     with_credentials = server.base_url.replace("http://", "http://user:s3cret@")
     rows = list(generate(make_prompts(2), make_recipe(MODEL), tmp_path, endpoints=[with_credentials]))
-    endpoints = {turn["endpoint"] for row in rows for turn in row.provenance["generation"]["turns"]}
+    endpoints = {turn.endpoint for row in rows for turn in row.provenance.generation.turns}
     assert endpoints == {server.base_url}
     for path in tmp_path.glob("segment-*.zst"):
         with path.open("rb") as file:
@@ -345,3 +353,27 @@ def test_progress_redraws_one_line_on_a_terminal_with_an_eta():
     frames = stream.getvalue().split("\r\x1b[2K")[1:]
     assert len(frames) == 6 and stream.getvalue().endswith("\n")
     assert frames[-1].rstrip() == "generate 5/20 rows (25.0%) | 100 tok/s | thinking 25% | ETA 0m15s"
+
+
+def test_a_journal_of_an_older_build_still_answers(tmp_path):
+    """A record journaled before tool calls and the target's identity were (the answer, its ids and counts, the
+    endpoint and the served model only) still rebuilds its row: no calls, the target's identity unknown."""
+    prompt = make_prompts(1)[0]
+    recipe = make_recipe(MODEL)
+    settings = RunSettings.from_recipe(recipe)
+    sent = tuple(openai_messages(prompt.messages, keep_history_reasoning=True, current=len(prompt.messages)))
+    key = turn_key(sent, settings.sampling, model=MODEL, revision=None, enable_thinking=True, sample_index=0,
+                   conversation=conversation_id(prompt.source, prompt.messages))
+    old = {"content": "It is 0.", "reasoning": "zero plus zero", "finish_reason": "stop",
+           "prompt_token_ids": [1, 2], "token_ids": [3, 4, 5], "prompt_tokens": 2, "completion_tokens": 3,
+           "reasoning_tokens": 1, "endpoint": "http://127.0.0.1:1/v1", "served_model": MODEL}
+    with Journal(tmp_path) as journal:
+        journal.append(key, old)
+    [row] = generate([prompt], recipe, tmp_path, endpoints=[], journal_only=True)
+    assert isinstance(row, Conversation)
+    assert row.messages[-1] == Message("assistant", "It is 0.", "zero plus zero")
+    generation = row.provenance.generation
+    assert generation is not None and generation.served_model == MODEL
+    assert (generation.model_root, generation.dtype, generation.engine_version) == (None, None, None)
+    assert [(turn.endpoint, turn.token_ids, turn.completion_tokens) for turn in generation.turns] == [
+        ("http://127.0.0.1:1/v1", [3, 4, 5], 3)]

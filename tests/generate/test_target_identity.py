@@ -42,11 +42,11 @@ def test_rows_record_the_served_identity_and_the_manifest_summarises_it(tmp_path
     with FaultServer(model=MODEL, root=str(tiny_model_dir), version="0.32.0") as server:
         result = build_corpus(load_recipe(write_recipe(tmp_path, [server.base_url])), progress=io.StringIO())
     row = next(Corpus.open(result.out_dir).iter_conversations())
-    generation = row.provenance["generation"]
-    assert (generation["served_model"], generation["model_root"], generation["engine_version"]) == (
+    generation = row.provenance.generation
+    assert (generation.served_model, generation.model_root, generation.engine_version) == (
         MODEL, str(tiny_model_dir), "0.32.0")
-    assert generation["dtype"] == (config.get("dtype") or config.get("torch_dtype"))
-    assert generation["quantization"] is None  # the tiny model is not quantized
+    assert generation.dtype == (config.get("dtype") or config.get("torch_dtype"))
+    assert generation.quantization is None  # the tiny model is not quantized
     (target,) = result.manifest.section("targets")
     assert target["model_root"] == str(tiny_model_dir) and target["conversations"] == 10
 

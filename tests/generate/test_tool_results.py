@@ -98,9 +98,9 @@ def test_a_matching_call_reuses_the_recorded_result(server: FaultServer, tmp_pat
     assert turns(row) == [("user", "Find the Louvre's hours.", (), None), ("assistant", "", ("lookup",), None),
                           ("tool", "9:00-18:00", (), "call-1-0"),
                           ("assistant", answer("Find the Louvre's hours."), (), None)]
-    generation = row.provenance["generation"]
-    assert [t["message_index"] for t in generation["turns"]] == [1, 3]
-    assert (generation["tool_choice"], generation["tool_results"]) == (None, "match") and row.flags == []
+    generation = row.provenance.generation
+    assert [t.message_index for t in generation.turns] == [1, 3]
+    assert (generation.tools.choice, generation.tools.results) == (None, "match") and row.flags == []
     assert row.tools == rows[0].tools
 
 
@@ -137,7 +137,7 @@ def test_a_call_with_no_recorded_twin_is_cut_and_counted(server: FaultServer, tm
     assert isinstance(cut, Conversation) and cut.flags == [FLAG_TOOL_RESULT_UNKNOWN]
     assert [m.role for m in cut.messages] == ["user", "assistant", "tool", "assistant"]
     assert cut.messages[-1].content == answer("Find B.")
-    assert [t["message_index"] for t in cut.provenance["generation"]["turns"]] == [1, 3]
+    assert [t.message_index for t in cut.provenance.generation.turns] == [1, 3]
 
 
 def test_an_answer_without_the_recorded_call_goes_on_to_the_next_user_turn(server: FaultServer,
@@ -164,8 +164,8 @@ def test_recorded_keeps_the_history_and_regenerates_only_the_final_turn(server: 
     assert turns(row)[:3] == [("user", "Find A.", (), None), ("assistant", "", ("lookup",), None),
                               ("tool", "r", (), "rec-1")]
     assert row.messages[3].content == answer("Find A.")
-    assert row.provenance["generation"]["tool_results"] == "recorded"
-    assert [t["message_index"] for t in row.provenance["generation"]["turns"]] == [3]
+    assert row.provenance.generation.tools.results == "recorded"
+    assert [t.message_index for t in row.provenance.generation.turns] == [3]
 
 
 def test_a_kept_recorded_call_whose_arguments_are_not_an_object_is_flagged(server: FaultServer, tmp_path: Path) -> None:
@@ -190,7 +190,7 @@ def test_a_final_call_is_kept_and_an_invalid_one_flagged(server: FaultServer, tm
     (row,) = run(server, tmp_path, rows, tool_results="recorded", tool_choice=named)
     assert server.chat_requests[0].body["tool_choice"] == named
     assert row.messages[-1].tool_calls[0].name == "get_weather" and row.flags == [FLAG_INVALID_TOOL_CALL]
-    assert row.provenance["generation"]["tool_choice"] == named
+    assert row.provenance.generation.tools.choice == named
 
 
 def test_invalid_calls_names_misfits_and_holds_no_unusable_schema_against_a_call() -> None:
@@ -358,5 +358,5 @@ def test_prompts_without_tool_traffic_are_generated_as_before(server: FaultServe
     (row,) = run(server, tmp_path, rows)
     assert all("tools" not in r.body and "tool_choice" not in r.body for r in server.chat_requests)
     assert [m.role for m in row.messages] == ["user", "assistant", "user", "assistant"]
-    assert "tool_results" not in row.provenance["generation"] and row.tools is None
+    assert row.provenance.generation.tools is None and row.tools is None
     assert row.messages[1] == Message("assistant", answer("Hi."), "Let me think about Hi..")

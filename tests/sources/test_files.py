@@ -29,7 +29,7 @@ JSONL = b"".join(orjson.dumps(row) + b"\n" for row in ROWS)
 
 def _ids(items: list[Conversation | Skipped]) -> list[str | None]:
     assert [item for item in items if isinstance(item, Skipped)] == []
-    return [item.provenance["source_id"] for item in items if isinstance(item, Conversation)]
+    return [item.provenance.source_id for item in items if isinstance(item, Conversation)]
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "jsonl.zst", "json"])
@@ -59,7 +59,7 @@ def test_files_concatenated_with_their_marks_lose_no_row(tmp_path: Path, suffix:
     path.write_bytes(zstandard.ZstdCompressor().compress(joined) if suffix == "jsonl.zst" else joined)
     items = list(iter_file(path))
     assert _ids(items) == ["r0", "r1", "r2", "r0", "r1", "r2", "s0", "s1", "s2"]
-    assert [item.provenance["source_line"] for item in items if isinstance(item, Conversation)] == [
+    assert [item.provenance.source_line for item in items if isinstance(item, Conversation)] == [
         1, 2, 3, 4, 5, 6, 8, 9, 10]
     first_range = len(JSONL) + len(BOM) + JSONL.index(b"\n") + 1 + len(BOM)  # the byte reader: a mark past line 1
     if suffix == "jsonl":

@@ -93,7 +93,7 @@ def _positions(items: list[Conversation | Skipped]) -> set[int]:
     found = set()
     for item in items:
         if isinstance(item, Conversation):
-            found.add(item.provenance["source_line"])
+            found.add(item.provenance.source_line)
         else:
             assert isinstance(item, Skipped) and item.reason, item
             found.add(int(item.location.rsplit(":", 1)[1]))
@@ -147,7 +147,7 @@ def test_every_row_of_a_json_document_is_a_row_or_a_counted_skip(tmp_path: Path,
     path.write_bytes(_encode({"data": rows} if wrap else rows))
     items = _read(path, "json rows")
     if not isinstance(items, CorpusError):
-        reported = {item.provenance["source_row"] if isinstance(item, Conversation)
+        reported = {item.provenance.source_row if isinstance(item, Conversation)
                     else int(item.location.rsplit("#", 1)[1]) for item in items}
         assert reported == set(range(len(rows)))
 

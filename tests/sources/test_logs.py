@@ -18,7 +18,7 @@ from corpus_builder.errors import BadRow, Skipped
 from corpus_builder.recipe.model import Fold, Mapping, Take
 from corpus_builder.records import FLAG_TRUNCATED, Conversation
 from corpus_builder.sources import iter_file, iter_source
-from corpus_builder.sources.fold import FOLDED_KEY, FOLDED_PREFIX, PrefixFold
+from corpus_builder.sources.fold import FOLDED_PREFIX, PrefixFold
 from corpus_builder.sources.logs import is_log_row, read_exchange
 from corpus_builder.sources.source import source_parts
 from tests.sources.test_sources import read, spec, split, write_lines
@@ -55,12 +55,12 @@ def test_every_shape_reads_the_exchange_with_its_answer_and_how_it_was_served(tm
     with_reasoning = shape in WITH_REASONING
     assert turns(conversation)[-1] == ("assistant", "12.", "Four times three is twelve." if with_reasoning else None)
     assert turns(conversation)[:-1] == expected_turns(CHAT[:4], reasoning=False)
-    served = conversation.provenance["served"]
-    assert served["model"] == "tiny/target"
-    assert served["sampling"]["temperature"] == 0.6
+    served = conversation.provenance.served
+    assert served.model == "tiny/target"
+    assert served.sampling["temperature"] == 0.6
     # the template flag where the log keeps the request; LiteLLM's payload keeps the reasoning effort; Langfuse neither
-    assert served["enable_thinking"] is (None if shape.startswith("langfuse") else True)
-    assert served["finish_reason"] == (None if shape.startswith("langfuse") else "stop")
+    assert served.enable_thinking is (None if shape.startswith("langfuse") else True)
+    assert served.finish_reason == (None if shape.startswith("langfuse") else "stop")
     assert conversation.thinking_mode is with_reasoning
 
 
@@ -77,7 +77,7 @@ def test_the_issue_shape_reads_as_one_conversation_not_missing_messages(tmp_path
     kept, skipped = _read_one(tmp_path, row)
     assert skipped == []
     assert turns(kept[0]) == [("user", "hi", None), ("assistant", "hello", "greet back")]
-    assert kept[0].provenance["served"]["usage"] == {"completion_tokens": 5}
+    assert kept[0].provenance.served.usage == {"completion_tokens": 5}
 
 
 def test_a_vllm_answer_keeps_its_reasoning_field_and_a_streamed_langfuse_answer_its_text(tmp_path: Path) -> None:
@@ -109,14 +109,14 @@ def test_the_served_mode_is_the_flag_then_the_effort(tmp_path: Path, request_fie
                                                      mode: bool | None) -> None:
     row = {"request": {"messages": [{"role": "user", "content": "q"}], **request_fields},
            "response": {"choices": [{"message": {"role": "assistant", "content": "a"}}]}}
-    assert _read_one(tmp_path, row)[0][0].provenance["served"]["enable_thinking"] is mode
+    assert _read_one(tmp_path, row)[0][0].provenance.served.enable_thinking is mode
 
 
 @pytest.mark.parametrize(("ending", "mode"), [("/no_think", False), ("/think", True), ("no switch", None)])
 def test_a_soft_switch_ending_the_last_user_turn_is_the_mode(tmp_path: Path, ending: str, mode: bool | None) -> None:
     row = {"request": {"messages": [{"role": "user", "content": f"solve it {ending}"}]},
            "response": {"choices": [{"message": {"role": "assistant", "content": "a"}}]}}
-    assert _read_one(tmp_path, row)[0][0].provenance["served"]["enable_thinking"] is mode
+    assert _read_one(tmp_path, row)[0][0].provenance.served.enable_thinking is mode
 
 
 def test_an_answer_cut_at_max_tokens_is_flagged_truncated(tmp_path: Path) -> None:
@@ -166,8 +166,8 @@ def test_a_chat_logged_per_request_is_one_conversation(tmp_path: Path, shape: st
     [conversation] = kept
     # every answer keeps the reasoning it was served with, though the history sent back had none
     assert turns(conversation) == expected_turns(CHAT, reasoning=shape in WITH_REASONING)
-    assert conversation.provenance["source_line"] == 3
-    assert conversation.provenance[FOLDED_KEY] == 3
+    assert conversation.provenance.source_line == 3
+    assert conversation.provenance.folded_requests == 3
 
 
 @pytest.mark.parametrize("repeated", [0, 1, 2])
@@ -182,8 +182,8 @@ def test_a_request_logged_twice_is_one_request_of_its_chat(tmp_path: Path, repea
         (FOLDED_PREFIX, f"log.jsonl:{line}", f"folded into log.jsonl:{line + 1}") for line in (1, 2, 3)]
     [conversation] = kept
     assert turns(conversation) == expected_turns(CHAT)
-    assert conversation.provenance["source_line"] == 4
-    assert conversation.provenance[FOLDED_KEY] == 4
+    assert conversation.provenance.source_line == 4
+    assert conversation.provenance.folded_requests == 4
 
 
 def test_interleaved_chats_fold_each_into_its_own_last_request(tmp_path: Path) -> None:
@@ -229,7 +229,8 @@ def test_sessions_keep_chats_apart_that_begin_alike(tmp_path: Path) -> None:
 
     with_sessions, folded = read(write_lines(tmp_path / "s.jsonl", logs(True)))
     assert len(with_sessions) == 2 and len(folded) == 2
-    assert all("session_id" not in c.provenance for c in with_sessions)  # a log's session ids are not published
+    # a log's session ids are not published
+    assert all("session_id" not in c.provenance.to_json() for c in with_sessions)
     without, folded = read(write_lines(tmp_path / "n.jsonl", logs(False)))
     assert sorted(turns(c) for c in without) == sorted([expected_turns(a["messages"]), expected_turns(b["messages"])])
     assert [(s.location, s.detail) for s in folded] == [("n.jsonl:1", "folded into n.jsonl:2"),
@@ -388,7 +389,7 @@ def _first_fate(served: dict[str, Any], sent_back: dict[str, Any], tmp_path: Pat
     second = log_row("nested", [QUESTION, sent_back, *_answered(sent_back)], {"role": "assistant", "content": "end"})
     kept, skipped = read(write_lines(tmp_path / "log.jsonl", [first, second]))
     fates = [s.reason for s in skipped if s.location == "log.jsonl:1"]
-    fates += ["kept" for c in kept if c.provenance["source_line"] == 1]
+    fates += ["kept" for c in kept if c.provenance.source_line == 1]
     [fate] = fates
     return fate
 
@@ -471,7 +472,7 @@ def test_when_the_request_before_is_missing_every_earlier_open_request_of_the_ch
     [conversation] = kept
     assert turns(conversation) == [*expected_turns(chat[:5]), ("user", "Thanks!", None),
                                    ("assistant", "You are welcome.", None), *expected_turns(chat[7:])]
-    assert conversation.provenance[FOLDED_KEY] == 3
+    assert conversation.provenance.folded_requests == 3
 
 
 def test_a_missing_request_folds_the_earlier_ones_of_its_own_session_only(tmp_path: Path) -> None:
@@ -493,7 +494,7 @@ def test_past_max_open_the_chat_extended_longest_ago_is_let_out_first(tmp_path: 
     l0, l1, l2 = (logged_conversation("nested", {"messages": chat}) for chat in (c0, c1, c2))
     write_lines(tmp_path / "log.jsonl", [l0[0], l1[0], l2[0], l1[1], l2[1], l0[1]])
     kept, skipped = split(list(iter_source(spec(paths=("log.jsonl",), fold=Fold(max_open=2)), tmp_path)))
-    assert [(c.provenance["source_line"], turns(c)) for c in kept] == [
+    assert [(c.provenance.source_line, turns(c)) for c in kept] == [
         (1, expected_turns(c0[:2])), (4, expected_turns(c1)), (5, expected_turns(c2)), (6, expected_turns(c0))]
     assert [(s.source, s.reason, s.location, s.detail) for s in skipped] == [
         ("src", FOLDED_PREFIX, "log.jsonl:2", "folded into log.jsonl:4"),
@@ -619,7 +620,7 @@ def test_a_copy_carries_what_the_request_before_it_left_then_what_its_twin_did(t
         ("log.jsonl:2", "folded into log.jsonl:4")]
     [conversation] = kept
     assert turns(conversation)[1] == ("assistant", "a1", "second serving")
-    assert conversation.provenance[FOLDED_KEY] == 4
+    assert conversation.provenance.folded_requests == 4
 
 
 # --- which choice and which fields of a logged request are read ----------------------------------------------------
@@ -645,7 +646,7 @@ SERVED_BY_SHAPE = {  # how the second request of CHAT was served, as each shape 
 def test_how_a_request_was_served_is_read_whole_from_each_shape(shape: str) -> None:
     history, answer = exchanges(CHAT)[1]
     exchange = read_exchange(log_row(shape, history, answer, session="S"))
-    assert exchange.served() == SERVED_BY_SHAPE[shape]
+    assert exchange.served().to_json() == SERVED_BY_SHAPE[shape]
     assert exchange.session == "S"
 
 
@@ -669,7 +670,7 @@ ANSWER = {"role": "assistant", "content": "a"}
      {"enable_thinking": True, "model": None, "sampling": {"top_k": 20}, "finish_reason": None}),
 ])
 def test_the_served_fields_are_read_where_each_log_keeps_them(row: dict[str, Any], served: dict[str, Any]) -> None:
-    assert read_exchange(row).served() == served
+    assert read_exchange(row).served().to_json() == served
 
 
 @pytest.mark.parametrize(("messages", "mode"), [
@@ -682,7 +683,7 @@ def test_the_served_fields_are_read_where_each_log_keeps_them(row: dict[str, Any
 ])
 def test_the_soft_switch_is_read_at_the_end_of_the_last_user_turn(messages: list[Any], mode: bool | None) -> None:
     row = {"request": {"messages": messages}, "response": {"choices": [{"message": ANSWER}]}}
-    assert read_exchange(row).served()["enable_thinking"] is mode
+    assert read_exchange(row).served().enable_thinking is mode
 
 
 @pytest.mark.parametrize(("response", "answer", "finish_reason"), [

@@ -98,7 +98,7 @@ def test_each_shape_is_repaired_and_flagged(tmp_path: Path, row_turns: Turns, ke
     assert skipped == []
     assert [roles_and_texts(c) for c in kept] == [kept_turns]
     assert kept[0].flags == flags
-    assert kept[0].provenance == {"source_file": "rows.jsonl", "source_line": 1, "source_id": "row-1"}
+    assert kept[0].provenance.to_json() == {"source_file": "rows.jsonl", "source_line": 1, "source_id": "row-1"}
 
 
 def test_a_valid_row_is_not_touched(tmp_path: Path) -> None:
@@ -150,15 +150,15 @@ def test_split_cuts_the_row_into_conversations_of_their_own(tmp_path: Path) -> N
         [("system", "s"), ("user", "q4"), ("assistant", "a4")],  # the system turn opens the part it preceded
     ]
     assert [c.flags for c in kept] == [[SPLIT], [SPLIT, LEADING, TRIMMED], [SPLIT]]
-    assert [c.provenance["source_part"] for c in kept] == [0, 1, 2]
-    assert {c.provenance["source_line"] for c in kept} == {1}
+    assert [c.provenance.source_part for c in kept] == [0, 1, 2]
+    assert {c.provenance.source_line for c in kept} == {1}
     assert len({c.id for c in kept}) == 3
 
 
 def test_split_leaves_out_a_part_with_no_exchange(tmp_path: Path) -> None:
     kept, _ = read_one(tmp_path, [("user", "q1"), ("user", "q2"), ("assistant", "a2")], consecutive_turns="split")
     assert [roles_and_texts(c) for c in kept] == [[("user", "q2"), ("assistant", "a2")]]
-    assert kept[0].provenance["source_part"] == 0 and kept[0].flags == [SPLIT]
+    assert kept[0].provenance.source_part == 0 and kept[0].flags == [SPLIT]
 
 
 MID_ROW = [("system", "be brief"), ("user", "q1"), ("assistant", "a1"), ("system", "now in French"),
@@ -388,7 +388,7 @@ def test_a_messy_real_sharegpt_dump_keeps_every_row_with_an_exchange(tmp_path: P
     assert expected_flags == {LEADING: 1155, EMPTY: 43, MERGED: 12, TRIMMED: 2}
 
     kept, skipped = split(list(iter_source(spec(name="sharegpt", paths=("sharegpt.jsonl",)), tmp_path)))
-    assert [c.provenance["source_id"] for c in kept] == [row["id"] for row in kept_rows]
+    assert [c.provenance.source_id for c in kept] == [row["id"] for row in kept_rows]
     assert Counter(flag for c in kept for flag in c.flags) == expected_flags
     for conversation, row in zip(kept, kept_rows, strict=True):
         _, rules = expected_repairs(row)

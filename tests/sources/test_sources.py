@@ -64,17 +64,17 @@ def test_every_format_gives_the_same_conversations(tmp_path: Path, suffix: str) 
     write_rows(path, CHAT_ROWS)
     kept, skipped = read(path)
     assert skipped == []
-    assert [c.provenance["source_id"] for c in kept] == [f"r{i}" for i in range(5)]
+    assert [c.provenance.source_id for c in kept] == [f"r{i}" for i in range(5)]
     assert [c.messages[1].content for c in kept] == [f"answer {i}" for i in range(5)]
     expected_ids = [conversation_id("chat." + suffix, c.messages) for c in kept]
     assert [c.id for c in kept] == expected_ids
     first = kept[0]
     assert first.origin == "replay" and first.source == path.name
-    assert first.provenance["source_file"] == path.name
+    assert first.provenance.source_file == path.name
     if suffix.startswith("jsonl"):
-        assert [c.provenance["source_line"] for c in kept] == [1, 2, 3, 4, 5]
+        assert [c.provenance.source_line for c in kept] == [1, 2, 3, 4, 5]
     else:
-        assert [c.provenance["source_row"] for c in kept] == [0, 1, 2, 3, 4]
+        assert [c.provenance.source_row for c in kept] == [0, 1, 2, 3, 4]
 
 
 def test_json_object_with_rows_under_data(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_blank_lines_and_crlf_are_not_rows(tmp_path: Path) -> None:
     path.write_bytes(b"\n\n".join(lines) + b"\n\n  \n")
     kept, skipped = read(path)
     assert (len(kept), skipped) == (2, [])
-    assert [c.provenance["source_line"] for c in kept] == [1, 3]
+    assert [c.provenance.source_line for c in kept] == [1, 3]
 
 
 def test_parquet_turns_with_a_reasoning_column(tmp_path: Path) -> None:
@@ -154,7 +154,7 @@ def test_mapping_field_names_the_turns_and_id_field_the_id(tmp_path: Path) -> No
     for style in ("sharegpt", "auto"):
         kept, skipped = read(path, mapping=Mapping(style=style, field="dialogue", id_field="uid"))
         assert skipped == []
-        assert kept[0].provenance["source_id"] == "7"
+        assert kept[0].provenance.source_id == "7"
         assert kept[0].messages[1].content == "a"
 
 
@@ -165,14 +165,14 @@ def test_gsm8k_replay_and_prompts(tmp_path: Path) -> None:
     kept, _ = read(path, kind="prompts", mapping=Mapping(style="gsm8k"))
     assert [m.role for m in kept[0].messages] == ["user"]
     assert kept[0].origin == "prompt"
-    assert kept[0].provenance["reference_answer"] == "1+1=2\n#### 2"
+    assert kept[0].provenance.reference_answer == "1+1=2\n#### 2"
 
 
 def test_field_style_reads_one_prompt_column(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "prompts.jsonl", [{"text": "Write a haiku.", "id": "p1"}])
     kept, _ = read(path, kind="prompts", mapping=Mapping(style="field", field="text"))
     assert [(m.role, m.content) for m in kept[0].messages] == [("user", "Write a haiku.")]
-    assert kept[0].provenance["source_id"] == "p1"
+    assert kept[0].provenance.source_id == "p1"
     # auto recognises a plain `prompt` column
     auto = write_lines(tmp_path / "auto.jsonl", [{"prompt": "Explain tides."}])
     assert read(auto, kind="prompts")[0][0].messages[0].content == "Explain tides."
@@ -302,7 +302,7 @@ def test_every_bad_row_reason_is_reported_with_its_line(tmp_path: Path) -> None:
     assert [s.reason for s in skipped] == [reason for reason, _ in BAD_ROWS]
     assert [s.location for s in skipped] == [f"bad.jsonl:{2 * i + 2}" for i in range(len(BAD_ROWS))]
     assert all(s.source == "mixed" and s.reason in REASONS and s.detail for s in skipped)
-    assert len({c.provenance["source_line"] for c in kept}) == len(kept)
+    assert len({c.provenance.source_line for c in kept}) == len(kept)
 
 
 def test_bad_rows_in_a_json_array_are_located_by_row(tmp_path: Path) -> None:
@@ -394,7 +394,7 @@ def test_globs_are_sorted_deduplicated_and_named_relative_to_the_recipe(tmp_path
     source = spec(paths=("data/*.jsonl", "data/a.jsonl", "data/c.parquet"))
     assert [p.name for p in resolve_paths(source, tmp_path)] == ["a.jsonl", "b.jsonl", "c.parquet"]
     kept = [c for c in iter_source(source, tmp_path) if isinstance(c, Conversation)]
-    assert [c.provenance["source_file"] for c in kept] == ["data/a.jsonl"] * 2 + ["data/b.jsonl"] * 2 + \
+    assert [c.provenance.source_file for c in kept] == ["data/a.jsonl"] * 2 + ["data/b.jsonl"] * 2 + \
         ["data/c.parquet"] * 2
 
 
@@ -406,7 +406,7 @@ def test_files_outside_the_recipe_tree_are_named_by_file_name_only(tmp_path: Pat
     recipe_dir.mkdir()
     source = spec(paths=(str(outside / "chat.jsonl"),))
     kept = list(iter_source(source, recipe_dir))
-    assert kept[0].provenance["source_file"] == "chat.jsonl"
+    assert kept[0].provenance.source_file == "chat.jsonl"
 
 
 # --- take --------------------------------------------------------------------------------------------
@@ -499,7 +499,7 @@ def test_hub_source_reads_a_local_mirror(hub_mirror: Path) -> None:
     source = spec(name="acme", hub=HubRef(id="acme/chats", split="train", revision="abc123"))
     kept, skipped = split(list(iter_source(source, hub_mirror)))
     assert len(kept) == 5
-    assert kept[0].provenance == {"hub": {"id": "acme/chats", "config": None, "split": "train",
+    assert kept[0].provenance.to_json() == {"hub": {"id": "acme/chats", "config": None, "split": "train",
                                           "revision": "abc123"}, "source_row": 0, "source_id": "r0"}
     assert [(s.reason, s.location) for s in skipped] == [("wrong_role_order", "acme/chats/train#5")]
     test_split = list(iter_source(spec(hub=HubRef(id="acme/chats", split="test")), hub_mirror))
@@ -523,7 +523,7 @@ def test_real_chitchat_as_messages_jsonl_zst(tmp_path: Path) -> None:
     rows = write_chitchat(path, 200)
     kept, skipped = read(path, source="chitchat")
     assert (len(kept), skipped) == (200, [])
-    assert [c.provenance["source_id"] for c in kept] == [row["id"] for row in rows]
+    assert [c.provenance.source_id for c in kept] == [row["id"] for row in rows]
     assert all(c.messages[-1].role == "assistant" for c in kept)
     assert len({c.id for c in kept}) == 200
 
@@ -539,7 +539,7 @@ def test_real_sharegpt_records_as_sharegpt_jsonl(tmp_path: Path) -> None:
     assert any("repaired:leading_assistant:drop" in c.flags for c in kept)
     by_id = {row["id"]: row for row in rows}
     sample = kept[0]
-    original = by_id[sample.provenance["source_id"]]["conversations"]
+    original = by_id[sample.provenance.source_id]["conversations"]
     assert [m.content for m in sample.messages] == [turn["value"] for turn in original]
 
 
@@ -558,9 +558,9 @@ def test_real_gsm8k_problems_as_prompts_parquet(tmp_path: Path) -> None:
     assert (len(kept), skipped) == (10, [])
     by_id = {row["id"]: row for row in rows}
     for conversation in kept:
-        row = by_id[conversation.provenance["source_id"]]
+        row = by_id[conversation.provenance.source_id]
         assert [m.role for m in conversation.messages] == ["system", "user"]
         assert conversation.messages[1].content == row["question"]
-        assert conversation.provenance["reference_answer"] == row["answer"]
+        assert conversation.provenance.reference_answer == row["answer"]
         assert "####" in row["answer"]
     assert write_gsm8k(tmp_path / "again.parquet", 30, seed=5) == rows

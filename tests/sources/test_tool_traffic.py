@@ -62,7 +62,7 @@ def read_turns(tmp_path: Path, turns: list[dict[str, Any]], kind: str = "replay"
 def test_openai_logs_keep_tools_calls_and_results(tmp_path: Path) -> None:
     kept, skipped = read_rows(tmp_path, log_rows())
     assert skipped == []
-    by_id = {c.provenance["source_id"]: c for c in kept}
+    by_id = {c.provenance.source_id: c for c in kept}
     one = by_id["one-call"]
     assert one.tools == [served(WEATHER)]
     assert one.messages == [
@@ -179,7 +179,7 @@ def test_repairs_around_tool_turns(tmp_path: Path, turns: list[dict[str, Any]], 
 def test_prompts_with_tool_traffic_keep_their_recorded_calls_and_results(tmp_path: Path) -> None:
     kept, skipped = read_rows(tmp_path, log_rows(), kind="prompts")
     assert skipped == []
-    by_id = {c.provenance["source_id"]: c for c in kept}
+    by_id = {c.provenance.source_id: c for c in kept}
     # The tool-result policy needs the recorded calls and results; a plain prompt keeps only its questions.
     assert [m.role for m in by_id["one-call"].messages] == ["user", "assistant", "tool", "assistant"]
     assert [m.role for m in by_id["plain"].messages] == ["user"]
@@ -215,7 +215,7 @@ def test_a_call_id_repeated_within_a_turn_skips_the_row_and_across_turns_does_no
                               kind)
     assert [s.reason for s in skipped] == ["duplicate_tool_call_id"] and skipped[0].location.endswith(":1")
     assert "turn 1" in skipped[0].detail and "'x'" in skipped[0].detail
-    assert [c.provenance["source_line"] for c in kept] == [2]
+    assert [c.provenance.source_line for c in kept] == [2]
 
 
 @pytest.mark.parametrize("arguments", ["city=Paris", "[1, 2]", '"Paris"'], ids=["not-json", "a-list", "a-string"])
@@ -258,7 +258,7 @@ def test_rows_whose_tools_lack_the_named_tool_choice_are_skipped_before_any_requ
                                           {"tools": [TIME, SEARCH], "messages": turns}, {"messages": turns}])
     source = spec(kind="prompts", paths=("rows.jsonl",), tool_choice=NAMED_WEATHER)
     kept, skipped = split(list(iter_source(source, tmp_path)))
-    assert [c.provenance["source_line"] for c in kept] == [1, 3]
+    assert [c.provenance.source_line for c in kept] == [1, 3]
     assert [(s.reason, s.location) for s in skipped] == [("tool_choice_undefined", "rows.jsonl:2")]
     assert "'get_weather'" in skipped[0].detail and "get_time, search" in skipped[0].detail
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_builder.records import Conversation, Message
+from corpus_builder.records import Conversation, Message, Provenance
 from corpus_builder.tokens import TemplateRenderer, TokenRows
 
 ID = "0123456789abcdef0123"
@@ -29,7 +29,7 @@ def generated(renderer: TemplateRenderer, content: str, token_ids: list[int], fi
     turn = {"message_index": 1, "endpoint": "http://127.0.0.1:1/v1", "finish_reason": finish_reason,
             "prompt_token_ids": renderer.encode([prompt])[0], "token_ids": token_ids}
     return Conversation(ID, "prompts", "generated", messages, task="chat", license="MIT",
-                        provenance={"generation": {"turns": [turn], "enable_thinking": False}})
+                        provenance=Provenance.from_json({"generation": {"turns": [turn], "enable_thinking": False}}))
 
 
 def ids(renderer: TemplateRenderer, text: str) -> list[int]:
@@ -48,7 +48,7 @@ def test_a_cut_turn_may_end_in_tokens_the_closing_render_merges(renderer: Templa
     (stopped,) = TokenRows(renderer).tokenize([generated(renderer, "hello\n\n", [*on_the_way, eos], "stop")])
     (mismatch,) = stopped.mismatches
     assert mismatch.part == "completion"
-    assert mismatch.position == len(stopped.conversation.provenance["generation"]["turns"][0]["prompt_token_ids"]) + 3
+    assert mismatch.position == len(stopped.conversation.provenance.generation.turns[0].prompt_token_ids) + 3
 
 
 def test_a_cut_turn_that_differs_before_its_last_piece_is_a_mismatch(renderer: TemplateRenderer) -> None:
@@ -59,6 +59,6 @@ def test_a_cut_turn_that_differs_before_its_last_piece_is_a_mismatch(renderer: T
     assert renderer.tokenizer.decode(served) == "hello world"
     (cut,) = TokenRows(renderer).tokenize([generated(renderer, "hello world", served, "length")])
     (mismatch,) = cut.mismatches
-    prompt_length = len(cut.conversation.provenance["generation"]["turns"][0]["prompt_token_ids"])
+    prompt_length = len(cut.conversation.provenance.generation.turns[0].prompt_token_ids)
     assert (mismatch.part, mismatch.position) == ("completion", prompt_length + next(
         index for index, (a, b) in enumerate(zip(served, canonical, strict=False)) if a != b))

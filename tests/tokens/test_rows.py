@@ -16,7 +16,7 @@ from corpus_builder.assemble.plan import TargetTokens
 from corpus_builder.audit import audit_corpus, format_report
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
-from corpus_builder.records import Conversation, Message
+from corpus_builder.records import Conversation, Message, Provenance
 from corpus_builder.screen.checks import Checker
 from corpus_builder.screen.ids import UniqueIds
 from corpus_builder.screen.row_checks import FLAG_TRUNCATED_TO_BUDGET
@@ -65,7 +65,8 @@ def served(hf: Any, base: Conversation) -> Conversation:
         ids = [hf(text, add_special_tokens=False)["input_ids"] for text in (prompt, completion)]
         turns.append({"message_index": j, "endpoint": "http://127.0.0.1:1/v1", "finish_reason": "stop",
                       "prompt_token_ids": ids[0], "token_ids": ids[1]})
-    return replace(base, origin="generated", provenance={"generation": {"turns": turns, "enable_thinking": True}})
+    generation = {"turns": turns, "enable_thinking": True}
+    return replace(base, origin="generated", provenance=Provenance.from_json({"generation": generation}))
 
 
 @pytest.fixture(scope="module")
@@ -116,17 +117,19 @@ def test_generated_rows_use_served_ids_and_match_their_render(renderer: Template
     for turn_row in item.rows:
         turn = turns[turn_row.message_index]
         assert turn_row.served
-        assert turn_row.input_ids == turn["prompt_token_ids"] + turn["token_ids"]
-        assert turn_row.start == len(turn["prompt_token_ids"])
+        assert turn_row.input_ids == turn.prompt_token_ids + turn.token_ids
+        assert turn_row.start == len(turn.prompt_token_ids)
     assert item.checked_turns == 2 and item.mismatches == []
 
 
 def test_mismatches_are_reported_by_row_turn_and_position(renderer: TemplateRenderer, hf: Any) -> None:
     row = served(hf, chat())
     # The stored system prompt is not the one the server saw: every turn differs inside the prompt.
-    changed_prompt = replace(row, messages=[Message("system", "Another system prompt."), *row.messages])
-    for turn in changed_prompt.provenance["generation"]["turns"]:
-        turn["message_index"] += 1
+    generation = row.provenance.generation
+    assert generation is not None
+    shifted = tuple(replace(turn, message_index=turn.message_index + 1) for turn in generation.turns)
+    changed_prompt = replace(row, messages=[Message("system", "Another system prompt."), *row.messages],
+                             provenance=replace(row.provenance, generation=replace(generation, turns=shifted)))
     # The stored answer of the last turn is not what was generated: a completion mismatch.
     changed_answer = served(hf, chat())
     changed_answer.messages[3] = Message("assistant", "5", None)
@@ -137,7 +140,7 @@ def test_mismatches_are_reported_by_row_turn_and_position(renderer: TemplateRend
     (answer_side,) = items[1].mismatches
     last = served_turns(changed_answer)[3]
     assert (answer_side.id, answer_side.message_index, answer_side.part) == (ID, 3, "completion")
-    assert answer_side.position == len(last["prompt_token_ids"]) + last["token_ids"].index(
+    assert answer_side.position == len(last.prompt_token_ids) + last.token_ids.index(
         renderer.encode(["4"])[0][0])
     assert "4" in answer_side.served_text and "5" in answer_side.rendered_text
 

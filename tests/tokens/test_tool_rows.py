@@ -33,7 +33,7 @@ def read_logs(directory: Path) -> dict[str, Conversation]:
     write_lines(directory / "log.jsonl", log_rows())
     kept, skipped = split(list(iter_source(spec(name="log", paths=("log.jsonl",)), directory)))
     assert skipped == []
-    return {c.provenance["source_id"]: c for c in kept}
+    return {c.provenance.source_id: c for c in kept}
 
 
 def template_messages(raw: list[dict[str, Any]], *, drop_before: int | None = None) -> list[dict[str, Any]]:

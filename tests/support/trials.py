@@ -22,11 +22,11 @@ from pathlib import Path
 
 import orjson
 
-from ..generate import GenerationIncomplete
-from ..layout import Corpus, iter_ledger
-from .fault_server import FaultServer
-from .processes import watched
-from .tiny_model import SERVER_ARGS
+from corpus_builder.generate import GenerationIncomplete
+from corpus_builder.layout import Corpus, iter_ledger
+from corpus_builder.testing.fault_server import FaultServer
+from corpus_builder.testing.processes import watched
+from corpus_builder.testing.tiny_model import SERVER_ARGS
 
 # Every way the fault server fails a request, each for this share of the requests.
 FAULT_MIX = {kind: 0.1 for kind in ("429", "500", "503", "reset", "stall", "truncated")}
@@ -140,7 +140,7 @@ def kill_and_resume(recipe: Path, out: Path, *, seed: int, expected_ids: set[str
 def _journal_records(journal: Path) -> int:
     if not journal.is_dir():
         return 0
-    from ..generate import Journal
+    from corpus_builder.generate import Journal
 
     with Journal(journal) as opened:
         return len(opened)
@@ -165,8 +165,8 @@ def fault_storm(workdir: Path, *, seed: int, prompts: int, max_retries: int = 8)
     workdir.mkdir(parents=True, exist_ok=True)
     write_prompts(workdir / "prompts.jsonl", prompts)
     outcome = FaultOutcome(seed)
-    from ..assemble import build_corpus
-    from ..recipe import load_recipe
+    from corpus_builder.assemble import build_corpus
+    from corpus_builder.recipe import load_recipe
 
     with FaultServer(model=MODEL) as clean:
         reference = build_corpus(load_recipe(write_recipe(workdir / "reference.yaml", prompts=workdir / "prompts.jsonl",
@@ -227,9 +227,9 @@ def _attempts(*servers: FaultServer) -> dict[bytes, int]:
 
 def prompt_row_ids(recipe: Path) -> set[str]:
     """The id of every row the recipe's prompts make (one per prompt and sample), whatever is generated."""
-    from ..recipe import load_recipe
-    from ..records import Conversation, conversation_id
-    from ..sources import prompt_stream
+    from corpus_builder.recipe import load_recipe
+    from corpus_builder.records import Conversation, conversation_id
+    from corpus_builder.sources import prompt_stream
 
     loaded = load_recipe(recipe)
     return {conversation_id(item.source, item.messages) for item in prompt_stream(loaded)
