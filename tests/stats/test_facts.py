@@ -5,13 +5,15 @@ shard's rows read back (tests/publish/test_gate.py holds it to the turns)."""
 
 from __future__ import annotations
 
+import orjson
 import polars as pl
+import pyarrow as pa
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from corpus_builder.audit.frames import row_facts
-from corpus_builder.records import ROLES, Conversation, Message, ToolCall
+from corpus_builder.records import ROLES, Conversation, Message, Provenance, ToolCall
 from corpus_builder.rows import conversations_to_batch
 from corpus_builder.stats import facts
 from corpus_builder.stats.corpus import CorpusStats
@@ -38,6 +40,7 @@ CALLS = st.lists(st.builds(ToolCall, st.sampled_from(["call-1", "call-2", ""]), 
                            st.sampled_from(["{}", "not json"])), max_size=2).map(tuple)
 # What a row may record of how it was served: nothing, a mode, something that is not one, a shape that is not a
 # mapping; under ``served`` (a logged request) or ``generation`` (generated turns), whatever the row's origin.
+LOGGED_OFF: dict[str, object] = {"served": {"enable_thinking": False}}
 MODES = st.sampled_from([True, False, None, "true", 1])
 PROVENANCE = st.one_of(
     st.just({}),
@@ -56,17 +59,32 @@ def messages(draw: st.DrawFn) -> Message:
                    else (), draw(st.none() | st.just("call-1")) if role == "tool" else None)
 
 
+Drawn = tuple[Conversation, dict[str, object]]  # a row, and the provenance its JSON form holds (hostile or not)
+
+
 @st.composite
-def conversations(draw: st.DrawFn, number: int) -> Conversation:
+def conversations(draw: st.DrawFn, number: int) -> Drawn:
+    """A row whose provenance is read as the typed record reads it, beside the JSON the row form then holds: a
+    hand-edited shard can hold any JSON there, and every engine reads that text."""
+    provenance = draw(PROVENANCE)
     return Conversation(id=f"row-{number}", source=draw(st.sampled_from(["a", "b"])),
                         origin=draw(st.sampled_from(["replay", "generated"])),
                         messages=draw(st.lists(messages(), min_size=1, max_size=6)),
-                        provenance=draw(PROVENANCE), split=draw(st.sampled_from(["train", "validation"])))
+                        provenance=Provenance.from_json(provenance),
+                        split=draw(st.sampled_from(["train", "validation"]))), provenance
 
 
 @st.composite
-def batches(draw: st.DrawFn) -> list[Conversation]:
+def batches(draw: st.DrawFn) -> list[Drawn]:
     return [draw(conversations(number)) for number in range(draw(st.integers(1, 6)))]
+
+
+def row_form(drawn: list[Drawn]) -> pa.RecordBatch:
+    """The rows' Arrow form with the provenance JSON as drawn."""
+    batch = conversations_to_batch([row for row, _ in drawn])
+    index = batch.schema.get_field_index("provenance")
+    return batch.set_column(index, batch.schema.field(index),
+                            pa.array([orjson.dumps(provenance).decode() for _, provenance in drawn], pa.string()))
 
 
 def row_wise(row: dict[str, object]) -> dict[str, object]:
@@ -83,16 +101,17 @@ def row_wise(row: dict[str, object]) -> dict[str, object]:
 
 
 @fuzz_settings(60)
-@given(rows=batches())
-@example(rows=[Conversation("row-0", "a", "replay", [Message("user", "🙂" + TOOL_CALL_TAG, "why"),
-                                                      Message("tool", "result"), Message("assistant", "", None)],
-                            provenance={"served": {"enable_thinking": False}})])
-def test_every_engine_gives_the_row_wise_facts(rows: list[Conversation]) -> None:
+@given(drawn=batches())
+@example(drawn=[(Conversation("row-0", "a", "replay", [Message("user", "🙂" + TOOL_CALL_TAG, "why"),
+                                                       Message("tool", "result"), Message("assistant", "", None)],
+                              provenance=Provenance.from_json(LOGGED_OFF)), LOGGED_OFF)])
+def test_every_engine_gives_the_row_wise_facts(drawn: list[Drawn]) -> None:
     """The build's batch facts and statistics, and the audit's polars facts of the same rows, are the row-wise
     definitions' (the example: reasoning and a tool-call tag on a user turn count for nothing, a tool's result is
     tool use without a call, a logged request served without thinking is in that mode)."""
-    batch = conversations_to_batch(rows)
-    expected = [row_wise(row) for row in batch.to_pylist()]  # the row form read back, as a shard's rows are
+    rows, batch = [row for row, _ in drawn], row_form(drawn)
+    read_back = batch.to_pylist()
+    expected = [row_wise(row) for row in read_back]  # the row form read back, as a shard's rows are
 
     columns = BatchFacts.of(batch)
     for name in ("thinking", "messages", "characters", "assistant_characters", "reasoning_characters",
@@ -105,8 +124,8 @@ def test_every_engine_gives_the_row_wise_facts(rows: list[Conversation]) -> None
     assert report["thinking_conversations"] == sum(row[THINKING] for row in expected)  # type: ignore[misc]
     assert report["turns"] == sum(row["messages"] for row in expected)  # type: ignore[misc]
     assert report["tool_call_conversations"] == sum(row["tool_calls"] for row in expected)  # type: ignore[misc]
-    logged = [(row[SERVED], row[THINKING]) for row, conversation in zip(expected, rows, strict=True)
-              if facts.logged_request(conversation.origin, conversation.provenance) is not None]
+    logged = [(row[SERVED], row[THINKING]) for row, written in zip(expected, read_back, strict=True)
+              if facts.logged_request(written["origin"], facts.parsed_provenance(written["provenance"])) is not None]
     served = report.get("served")
     counted = {mode: sum(modes[mode] for modes in served["by_source"].values())  # type: ignore[literal-required]
                for mode in ("on", "off", "unrecorded")} \
@@ -124,7 +143,7 @@ def test_every_engine_gives_the_row_wise_facts(rows: list[Conversation]) -> None
 def test_the_audit_reads_a_replayed_rows_served_mode() -> None:
     """A corpus built from logs is at distance 0 from those logs: its replayed rows carry their request's mode."""
     row = Conversation("row-0", "a", "replay", [Message("user", "q"), Message("assistant", "a", "because")],
-                       provenance={"served": {"enable_thinking": False}})
+                       provenance=Provenance.from_json(LOGGED_OFF))
     audited = row_facts(pl.from_arrow(conversations_to_batch([row])))  # type: ignore[arg-type]
     assert audited.select(THINKING_MODE, SERVED).row(0) == (False, "off")
 
