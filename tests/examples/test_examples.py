@@ -118,13 +118,13 @@ def test_the_real_model_recipe_answers_every_user_turn_without_thinking(real_vll
     rows = list(Corpus.open(result.out_dir).iter_conversations())
     prompts = [json.loads(line) for line in (REPO / "recipes" / "data" / "chat-prompts.jsonl").read_text().splitlines()]
     user_turns = {row["id"]: sum(m["role"] == "user" for m in row["messages"]) for row in prompts}
-    assert sorted(row.provenance["source_id"] for row in rows) == sorted(user_turns)
+    assert sorted(str(row.provenance.source_id) for row in rows) == sorted(user_turns)
     for row in rows:
-        turns = user_turns[row.provenance["source_id"]]
-        assert row.origin == "generated" and row.provenance["generation"]["enable_thinking"] is False
+        turns, generation = user_turns[str(row.provenance.source_id)], row.provenance.generation
+        assert row.origin == "generated" and generation is not None and generation.enable_thinking is False
         assert [m.role for m in row.messages] == ["user", "assistant"] * turns
         assert not any(m.reasoning for m in row.messages)
-        assert len(row.provenance["generation"]["turns"]) == turns
+        assert len(generation.turns) == turns
     exported = (result.out_dir / "exports" / "speculators-tokens" / "train.jsonl").read_text().splitlines()
     assert len(exported) == sum(user_turns.values())  # one row per answer: a turn's served ids
 

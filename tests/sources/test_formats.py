@@ -69,7 +69,7 @@ def test_a_registered_format_is_read_by_the_build_the_audit_and_the_eval_pack(tm
                                                                              registered: Format) -> None:
     rows = [item for item in iter_file(tsv)]
     assert all(isinstance(row, Conversation) for row in rows)
-    assert [row.provenance["source_line"] for row in rows if isinstance(row, Conversation)] == list(range(1, 13))
+    assert [row.provenance.source_line for row in rows if isinstance(row, Conversation)] == list(range(1, 13))
 
     result = build_corpus(load_recipe(_recipe(tmp_path, tsv)), tmp_path / "out")
     built = sorted(row.messages[0].content for row in Corpus.open(result.out_dir).iter_conversations())
