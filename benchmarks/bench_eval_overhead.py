@@ -75,11 +75,11 @@ def run_eval(url: str, pack: Path, scratch: Path, concurrency: int, max_tokens: 
     run = evaluate(pack, [url], modes=["thinking"], concurrency=concurrency, temperature=0, max_tokens=max_tokens,
                    save_dir=scratch / "runs").run
     wall = time.perf_counter() - started
-    tokens = sum(w["output_tokens"] for w in run["windows"])
-    request_seconds = sum(w["seconds"] for w in run["windows"])
-    return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall, "requests": sum(w["requests"] for w in
-                                                                                       run["windows"]),
-            "request_s": request_seconds, "reads": run["metrics_reads"]}
+    tokens = sum(w.output_tokens or 0 for w in run.windows)
+    request_seconds = sum(w.seconds for w in run.windows)
+    return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall, "requests": sum(w.requests for w in run.windows),
+            "request_s": request_seconds,
+            "reads": {"count": run.metrics_reads.count, "seconds": run.metrics_reads.seconds}}
 
 
 def run_bench(url: str, dataset: Path, scratch: Path, concurrency: int, max_tokens: int,

@@ -1,12 +1,14 @@
-"""Train a small draft model for the tiny target on token rows, on the CPU, outside the product.
+"""Train a small draft model for a target on token rows, on the CPU, outside the product.
 
-The draft is the target's own architecture and tokenizer with fewer layers (the tiny model's config with
-``--layers`` 1) and fresh random weights, trained with next-token cross-entropy on the supervised tokens of
-``{input_ids, loss_mask}`` rows (``corpus export --format speculators-tokens``): a token is learned where the
-mask marks it, from everything before it. vLLM serves the result as a ``draft_model`` speculator next to the
-target (same vocabulary and tokenizer, so the target's tokenizer files are copied beside the weights).
+The draft is the target's own architecture and tokenizer with fewer layers (the target's config with ``--layers``
+1: the tiny model's Qwen3, SmolLM2's Llama) and fresh random weights, trained with next-token cross-entropy on the
+supervised tokens of ``{input_ids, loss_mask}`` rows (``corpus export --format speculators-tokens``): a token is
+learned where the mask marks it, from everything before it. vLLM serves the result as a ``draft_model``
+speculator next to the target (same vocabulary and tokenizer, so the target's tokenizer files are copied beside
+the weights).
 
     python benchmarks/train_draft.py --rows train.jsonl --target .cache/tiny-model --out draft/ [--steps 800]
+        [--batch-size 16] [--threads 2]
 """
 
 from __future__ import annotations
@@ -50,12 +52,13 @@ def draft_config(target: Path, layers: int) -> Any:
 def train(rows: list[tuple[list[int], list[int]]], config: Any, *, steps: int, batch_size: int, lr: float,
           seed: int, log_every: int) -> Any:
     import torch
-    from transformers import Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     shuffle = random.Random(seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     model.train()
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.05)
     pad = config.pad_token_id
@@ -73,7 +76,12 @@ def train(rows: list[tuple[list[int], list[int]]], config: Any, *, steps: int, b
             input_ids[index, :len(ids)] = torch.tensor(ids)
             attention[index, :len(ids)] = 1
             labels[index, :len(ids)] = torch.tensor([i if m else -100 for i, m in zip(ids, mask, strict=True)])
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        hidden = decoder(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        # Token t + 1 is predicted at position t; only supervised targets go through the vocabulary head, most of a
+        # step's cost with a large vocabulary (the loss is transformers' own: the mean over supervised tokens).
+        targets = labels[:, 1:]
+        supervised = targets != -100
+        loss = torch.nn.functional.cross_entropy(head(hidden[:, :-1][supervised]).float(), targets[supervised])
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -10,6 +10,8 @@ The public API, loaded lazily so that ``import corpus_builder`` (and ``corpus --
     compared = audit_against(result.out_dir, "logs/*.jsonl.zst")  # divergences from serving traffic
     outcome = check_corpus(result.out_dir, against="logs/*.jsonl.zst", max_divergence=0.1)  # `corpus audit`
     vocab = draft_vocab(result.out_dir, "token_freq.npy", size=32000)  # `corpus vocab`
+    measured = evaluate(result.out_dir, ["http://127.0.0.1:8000/v1"], temperature=0)  # `corpus eval`: EvalResult
+    compared = compare(run_a, run_b)                  # `corpus eval --compare`: Comparison, B / A with intervals
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ _API = {
     "draft_vocab": "corpus_builder.export",
     "VocabReport": "corpus_builder.export",
     "publish_corpus": "corpus_builder.publish",
+    "evaluate": "corpus_builder.eval",
+    "compare": "corpus_builder.eval",
+    "EvalResult": "corpus_builder.eval",
+    "Comparison": "corpus_builder.eval",
     "Corpus": "corpus_builder.layout",
     "Conversation": "corpus_builder.records",
     "Message": "corpus_builder.records",
@@ -56,6 +62,10 @@ if TYPE_CHECKING:
     from .audit import audit_corpus as audit_corpus
     from .audit import check_corpus as check_corpus
     from .errors import CorpusError as CorpusError
+    from .eval import Comparison as Comparison
+    from .eval import EvalResult as EvalResult
+    from .eval import compare as compare
+    from .eval import evaluate as evaluate
     from .export import VocabReport as VocabReport
     from .export import draft_vocab as draft_vocab
     from .export import export_corpus as export_corpus

@@ -15,11 +15,11 @@ import pytest
 import corpus_builder
 
 REPO = Path(__file__).resolve().parents[1]
-EXPORTED = ["AuditOptions", "AuditOutcome", "BuildPlan", "BuildResult", "Conversation", "Corpus", "CorpusError",
-            "Message", "Recipe", "ToolCall", "VocabReport", "audit_against", "audit_corpus", "build_corpus",
-            "check_corpus", "check_recipe", "draft_vocab", "export_corpus", "load_recipe", "plan_build",
-            "publish_corpus"]
-STAGES = ["audit", "assemble", "export", "publish"]
+EXPORTED = ["AuditOptions", "AuditOutcome", "BuildPlan", "BuildResult", "Comparison", "Conversation", "Corpus",
+            "CorpusError", "EvalResult", "Message", "Recipe", "ToolCall", "VocabReport", "audit_against",
+            "audit_corpus", "build_corpus", "check_corpus", "check_recipe", "compare", "draft_vocab", "evaluate",
+            "export_corpus", "load_recipe", "plan_build", "publish_corpus"]
+STAGES = ["audit", "assemble", "eval", "export", "publish"]
 
 # Imports each module named on the command line in the `import a.b.c as m` form, each in a namespace of its own,
 # and prints those that fail or bind anything but the module itself.
@@ -86,6 +86,7 @@ def test_every_name_resolves_and_no_package_exports_a_name_of_its_own_modules() 
     assert corpus_builder.audit_corpus.__module__ == "corpus_builder.audit.run"
     assert corpus_builder.export_corpus.__module__ == "corpus_builder.export.write"
     assert corpus_builder.publish_corpus.__module__ == "corpus_builder.publish.commit"
+    assert corpus_builder.evaluate.__module__ == corpus_builder.compare.__module__ == "corpus_builder.eval.api"
     for stage in STAGES:
         assert getattr(corpus_builder, stage) is sys.modules[f"corpus_builder.{stage}"], stage
     assert "build_corpus" in dir(corpus_builder)

@@ -183,7 +183,8 @@ def plain_rows(frame: pl.DataFrame, style: str, field: str) -> np.ndarray:
 
 def _served(schema: pl.Schema) -> pl.Expr:
     """Whether the row was served with thinking on, where it says (``facts.served``): a request's
-    ``chat_template_kwargs``, a top-level ``enable_thinking``, or a generated corpus row's provenance."""
+    ``chat_template_kwargs``, a top-level ``enable_thinking``, or a corpus row's provenance (a generated row's
+    ``generation``, a replayed logged request's ``served``)."""
     found: list[pl.Expr] = []
     kwargs = schema.get("chat_template_kwargs")
     if isinstance(kwargs, pl.Struct) and "enable_thinking" in {f.name for f in kwargs.fields}:
@@ -191,9 +192,13 @@ def _served(schema: pl.Schema) -> pl.Expr:
     if "enable_thinking" in schema:
         found.append(pl.col("enable_thinking").cast(pl.Boolean, strict=False))
     if schema.get("provenance") == pl.String:
-        # a generated row's only: a replayed row's logged request (``served``) is not read here (see facts.served)
-        mode = _recorded_mode(pl.col("provenance"), "$.generation.enable_thinking")
-        found.append(pl.when(pl.col("origin") == "generated").then(mode) if "origin" in schema else mode)
+        generated = _recorded_mode(pl.col("provenance"), "$.generation.enable_thinking")
+        if "origin" in schema:  # a replayed row's mode is its logged request's (``served``), as facts.served reads it
+            logged = _recorded_mode(pl.col("provenance"), "$.served.enable_thinking")
+            found.append(pl.when(pl.col("origin") == "generated").then(generated)
+                         .when(pl.col("origin") == "replay").then(logged))
+        else:
+            found.append(generated)
     return pl.coalesce(*found) if found else pl.lit(None, dtype=pl.Boolean)
 
 

@@ -36,7 +36,7 @@ import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import orjson
 
@@ -52,6 +52,25 @@ FILES = {"single": "single_turn.jsonl", "multi": "multi_turn.json"}
 NO_SYSTEM = "a system turn (the multi-turn benchmark's first turn is the user's)"
 NO_TOOLS = "tool calls or tools (the multi-turn benchmark sends text turns only)"
 NO_ANSWER = "no recorded answer (the multi-turn benchmark sizes each turn by its answer)"
+
+
+class SingleTurnLine(TypedDict):
+    """A line of ``single_turn.jsonl``: what vLLM's ``CustomDataset`` reads."""
+
+    prompt: str
+    output_tokens: NotRequired[int]
+
+
+class BenchTurn(TypedDict):
+    role: str
+    content: str
+
+
+class BenchConversation(TypedDict):
+    """A conversation of ``multi_turn.json``: what vLLM's multi-turn benchmark reads."""
+
+    id: str
+    messages: list[BenchTurn]
 
 
 @dataclass(frozen=True)
@@ -136,12 +155,12 @@ def _answered(conversation: Conversation) -> bool:
     return conversation.messages[-1].role == "assistant"
 
 
-def _single_turn_lines(pack: Pack, settings: TokenSettings) -> list[dict[str, Any]]:
+def _single_turn_lines(pack: Pack, settings: TokenSettings) -> list[SingleTurnLine]:
     """One line per prompt: the turns before the answer rendered with the generation prompt, and the answer's
     length when every prompt has one."""
     renderer = settings.renderer()
     conversations = [prompt.conversation for prompt in pack.prompts]
-    lines: list[dict[str, Any]] = [
+    lines: list[SingleTurnLine] = [
         {"prompt": renderer.render_prompt(c, len(c.messages) - 1 if _answered(c) else len(c.messages))}
         for c in conversations]
     if all(_answered(c) for c in conversations):
@@ -150,9 +169,9 @@ def _single_turn_lines(pack: Pack, settings: TokenSettings) -> list[dict[str, An
     return lines
 
 
-def _multi_turn_conversations(pack: Pack) -> tuple[list[dict[str, Any]], Counter[str]]:
+def _multi_turn_conversations(pack: Pack) -> tuple[list[BenchConversation], Counter[str]]:
     """The conversations the multi-turn benchmark can replay, and how many of the others were left out, why."""
-    conversations: list[dict[str, Any]] = []
+    conversations: list[BenchConversation] = []
     left_out: Counter[str] = Counter()
     taken: set[str] = set()
     for prompt in pack.prompts:

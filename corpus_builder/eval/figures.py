@@ -26,9 +26,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .metrics import COUNTERS, Counters, made_counters
+
+if TYPE_CHECKING:
+    from numpy import float64
+    from numpy.typing import NDArray
+
+    from .run import JsonObject
 
 RATIO_FIGURES = ("acceptance_rate_pooled", "acceptance_rate_per_request", "mean_acceptance_length_pooled",
                  "mean_acceptance_length_per_request", "output_tokens_per_s", "output_tokens_per_s_per_request")
@@ -51,11 +57,34 @@ class Answer:
     repetition: float | None = None
     input_tokens: int | None = None  # the prompt's length in target tokens, as the server counted it
     per_step_accepted: tuple[int, ...] | None = None  # each verify step's accepted drafted tokens (``detailed``)
+    # the verify steps that accepted more than i drafted tokens, at each position i (its own histogram's survival:
+    # ``summary`` and ``detailed`` both give it; None in a run saved before it was recorded)
+    accepted_by_position: tuple[float, ...] | None = None
 
     def counts(self) -> tuple[float, float, float] | None:
         if self.drafts is None or self.draft_tokens is None or self.accepted is None:
             return None
         return self.drafts, self.draft_tokens, self.accepted
+
+    def position_counts(self, width: int) -> tuple[tuple[float, ...], float] | None:
+        """(the steps that accepted more than i drafted tokens at each position i, its verify steps): from its own
+        counts by position, else from its verify steps (``width`` positions); None when neither is known."""
+        if self.accepted_by_position is not None and self.drafts is not None:
+            return self.accepted_by_position, self.drafts
+        if self.per_step_accepted is not None:
+            steps = self.per_step_accepted
+            return tuple(float(sum(accepted > i for accepted in steps)) for i in range(width)), float(len(steps))
+        return None
+
+    def counters(self) -> Counters | None:
+        """Its own counts as the counters of a window of one request (no time: a request in a phase has none of its
+        own); None when the response carried none."""
+        counts = self.counts()
+        if counts is None:
+            return None
+        drafts, draft_tokens, accepted = counts
+        return made_counters(True, self.accepted_by_position or (), {
+            "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted, "finished_requests": 1.0})
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +101,7 @@ class Window:
     counters: Counters
     answers: tuple[Answer, ...] = ()  # one per request (none in a run saved before answers were recorded)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         saved = {c.name: value for c in COUNTERS if c.saved for value in [getattr(self.counters, c.name)]}
         answers = [{name: list(value) if isinstance(value, tuple) else value for name in Answer.__slots__
                     for value in [getattr(answer, name)]} for answer in self.answers]
@@ -90,19 +119,34 @@ class Window:
             return None
         return [count for count in counts if count is not None]
 
+    def _request_position_counts(self) -> list[tuple[tuple[float, ...], float]] | None:
+        """Each of its requests' (steps that accepted more than i drafted tokens at each position i, verify steps):
+        the window's own for a window of one request, else its answers' own; None when they are not known."""
+        c = self.counters
+        if self.requests == 1:
+            return [(c.accepted_by_position, c.drafts)]
+        own = [answer.position_counts(len(c.accepted_by_position)) for answer in self.answers]
+        if len(own) != self.requests or None in own:
+            return None
+        return [counts for counts in own if counts is not None]
+
     def request_positions(self) -> list[tuple[float, ...]] | None:
         """Each of its requests' own acceptance by position (the first i+1 drafted tokens all accepted, per verify
-        step), those that drafted: the window's own for a window of one request, else from its answers' verify
-        steps; None when they are not known."""
-        positions = len(self.counters.accepted_by_position)
-        if self.requests == 1:
-            c = self.counters
-            return [tuple(value / c.drafts for value in c.accepted_by_position)] if c.drafts else []
-        steps = [answer.per_step_accepted for answer in self.answers]
-        if len(steps) != self.requests or None in steps:
-            return None
-        return [tuple(sum(accepted > i for accepted in own) / len(own) for i in range(positions))
-                for own in steps if own]
+        step), those that drafted; None when they are not known."""
+        counts = self._request_position_counts()
+        return None if counts is None else [tuple(value / steps for value in by) for by, steps in counts if steps]
+
+    def request_histograms(self) -> list[tuple[float, ...]] | None:
+        """Each of its requests' own accepted-length histogram (the share of its verify steps that accepted exactly j
+        drafted tokens), those that drafted; None when they are not known."""
+        counts = self._request_position_counts()
+        return None if counts is None else [_histogram(steps, by) for by, steps in counts if steps and by]
+
+    def by_answer(self) -> list[Window]:
+        """A phase's answers that carry their own counts, each as a window of one request (no time, no output tokens:
+        a request in a phase has neither of its own)."""
+        return [Window(self.endpoint, self.mode, answer.prompt, 1, None, 0.0, counters, (answer,))
+                for answer in self.answers if (counters := answer.counters()) is not None]
 
     def request_speeds(self) -> list[float] | None:
         """Each of its requests' own output tok/s: a window of one request only (a request in a phase has no time of
@@ -112,7 +156,8 @@ class Window:
         return [self.output_tokens / self.seconds] if self.seconds > 0 else []
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Window:
+    def from_dict(cls, doc: Mapping[str, Any]) -> Window:
+        """A window as a run saved it (checked against the run's shape first)."""
         # the requests and tokens a window checks are the window's own, not a saved counter
         counted = {"finished_requests": doc["requests"], "generation_tokens": doc["output_tokens"] or 0}
         counters = made_counters(True, tuple(doc["accepted_by_position"]),
@@ -121,9 +166,33 @@ class Window:
                    doc["seconds"], counters, tuple(_answer(answer) for answer in doc.get("answers", ())))
 
 
-def _answer(saved: dict[str, Any]) -> Answer:
-    steps = saved.get("per_step_accepted")
-    return Answer(**saved | {"per_step_accepted": None if steps is None else tuple(steps)})
+def _answer(saved: Mapping[str, Any]) -> Answer:
+    steps, positions = saved.get("per_step_accepted"), saved.get("accepted_by_position")
+    return Answer(**{**saved, "per_step_accepted": None if steps is None else tuple(steps),
+                     "accepted_by_position": None if positions is None else tuple(positions)})
+
+
+@dataclass(frozen=True, slots=True)
+class Measures:
+    """What a set of windows measures (None where undefined: no drafts, no time)."""
+
+    requests: int
+    output_tokens: int | None
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    acceptance_rate_pooled: float | None  # over every verify step (vLLM's counters)
+    acceptance_rate_per_request: float | None  # each request's own, then their mean
+    mean_acceptance_length_pooled: float | None
+    mean_acceptance_length_per_request: float | None
+    acceptance_by_position: tuple[float, ...]  # marginal: the first i+1 drafted tokens all accepted, per step
+    acceptance_by_position_per_request: tuple[float, ...] | None  # each request's own marginal, then their mean
+    conditional_by_position: tuple[float, ...]  # position i accepted when every one before it was
+    accepted_histogram: tuple[float, ...]  # the share of verify steps that accepted exactly j tokens, j = 0..k
+    accepted_histogram_per_request: tuple[float, ...] | None  # each request's own shares, then their mean
+    output_tokens_per_s: float | None  # pooled: every request's output tokens over the time they took
+    output_tokens_per_s_per_request: float | None  # each request's own, then their mean
+    tpot_ms: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +207,7 @@ class Sums:
     per_request: tuple[tuple[float, float, float], ...] | None = ()
     positions_per_request: tuple[tuple[float, ...], ...] | None = ()  # each request's own acceptance by position
     speeds_per_request: tuple[float, ...] | None = ()  # each request's own output tok/s
+    histograms_per_request: tuple[tuple[float, ...], ...] | None = ()  # each request's own accepted lengths
 
     @classmethod
     def of(cls, windows: Sequence[Window]) -> Sums:
@@ -146,9 +216,9 @@ class Sums:
                    None if None in tokens else sum(count for count in tokens if count is not None),
                    sum(w.seconds for w in windows), sum((w.counters for w in windows), Counters()),
                    _joined([w.request_counts() for w in windows]), _joined([w.request_positions() for w in windows]),
-                   _joined([w.request_speeds() for w in windows]))
+                   _joined([w.request_speeds() for w in windows]), _joined([w.request_histograms() for w in windows]))
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> Measures:
         """The figures (None where the denominator is 0: no drafts, no time)."""
         c = self.counters
         drafts = c.drafts
@@ -156,22 +226,23 @@ class Sums:
         rates = [accepted / tokens for _, tokens, accepted in own if tokens]
         lengths = [1 + accepted / steps for steps, _, accepted in own if steps]
         positions, speeds = self.positions_per_request, self.speeds_per_request
-        return {
-            "requests": self.requests, "output_tokens": self.output_tokens, "drafts": drafts,
-            "draft_tokens": c.draft_tokens, "accepted": c.accepted,
-            "acceptance_rate_pooled": c.accepted / c.draft_tokens if c.draft_tokens else None,
-            "acceptance_rate_per_request": sum(rates) / len(rates) if rates else None,
-            "mean_acceptance_length_pooled": 1 + c.accepted / drafts if drafts else None,
-            "mean_acceptance_length_per_request": sum(lengths) / len(lengths) if lengths else None,
-            "acceptance_by_position": tuple(value / drafts for value in c.accepted_by_position) if drafts else (),
-            "acceptance_by_position_per_request": None if positions is None else _mean_by_position(positions),
-            "conditional_by_position": _conditional(drafts, c.accepted_by_position),
-            "accepted_histogram": _histogram(drafts, c.accepted_by_position),
-            "output_tokens_per_s": self.output_tokens / self.seconds
+        return Measures(
+            requests=self.requests, output_tokens=self.output_tokens, drafts=drafts, draft_tokens=c.draft_tokens,
+            accepted=c.accepted,
+            acceptance_rate_pooled=c.accepted / c.draft_tokens if c.draft_tokens else None,
+            acceptance_rate_per_request=sum(rates) / len(rates) if rates else None,
+            mean_acceptance_length_pooled=1 + c.accepted / drafts if drafts else None,
+            mean_acceptance_length_per_request=sum(lengths) / len(lengths) if lengths else None,
+            acceptance_by_position=tuple(value / drafts for value in c.accepted_by_position) if drafts else (),
+            acceptance_by_position_per_request=None if positions is None else _mean_by_position(positions),
+            conditional_by_position=_conditional(drafts, c.accepted_by_position),
+            accepted_histogram=_histogram(drafts, c.accepted_by_position),
+            accepted_histogram_per_request=None if self.histograms_per_request is None
+            else _mean_by_position(self.histograms_per_request),
+            output_tokens_per_s=self.output_tokens / self.seconds
             if self.output_tokens is not None and self.seconds > 0 else None,
-            "output_tokens_per_s_per_request": sum(speeds) / len(speeds) if speeds else None,
-            "tpot_ms": 1000 * c.tpot_sum / c.tpot_count if c.tpot_count else None,
-        }
+            output_tokens_per_s_per_request=sum(speeds) / len(speeds) if speeds else None,
+            tpot_ms=1000 * c.tpot_sum / c.tpot_count if c.tpot_count else None)
 
 
 def _joined(each: Sequence[list[_Item] | None]) -> tuple[_Item, ...] | None:
@@ -209,7 +280,7 @@ def _histogram(drafts: float, by_position: tuple[float, ...]) -> tuple[float, ..
 # Each figure as a function of the column sums (accepted, draft tokens, drafts, output tokens, seconds; a pair's
 # own rate where it drafted, and whether it did; its own acceptance length where it drafted, and whether it did;
 # its own output tok/s where it is known, and whether it is).
-_FIGURE_OF_SUMS: dict[str, Callable[[Any], Any]] = {
+_FIGURE_OF_SUMS: dict[str, Callable[[NDArray[float64]], NDArray[float64]]] = {
     "acceptance_rate_pooled": lambda s: s[..., 0] / s[..., 1],
     "acceptance_rate_per_request": lambda s: s[..., 5] / s[..., 6],
     "mean_acceptance_length_pooled": lambda s: 1 + s[..., 0] / s[..., 2],
@@ -312,8 +383,11 @@ def loop_gap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = RESAMPLES
     return LoopGap(share_a, share_b, share_b - share_a, low, high, pairs, low > 0 or high < 0)
 
 
-def figure_ratios(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Ratio]:
-    """B over A for each of RATIO_FIGURES from two sets of figures (by name), without an interval: for
-    measurements that are not paired prompt by prompt."""
-    return [Ratio(figure, b[figure] / a[figure] if a.get(figure) and b.get(figure) is not None else None)
-            for figure in RATIO_FIGURES]
+def figure_ratios(a: Measures, b: Measures) -> list[Ratio]:
+    """B over A for each of RATIO_FIGURES from two sets of figures, without an interval: for measurements that are
+    not paired prompt by prompt."""
+    ratios = []
+    for figure in RATIO_FIGURES:
+        value_a, value_b = getattr(a, figure), getattr(b, figure)
+        ratios.append(Ratio(figure, value_b / value_a if value_a and value_b is not None else None))
+    return ratios

@@ -19,14 +19,19 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import orjson
 
 from ..errors import CorpusError
 from ..outputs import staged
 from .figures import Sums
-from .run import Endpoint, Run
+from .run import Endpoint, Json, JsonObject, Run
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from jsonschema.protocols import Validator
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "speculation_profile.schema.json"
@@ -34,20 +39,21 @@ CONSISTENCY_TOLERANCE = 0.02
 CHAIN_METHODS = frozenset({"eagle", "eagle1", "eagle2", "eagle3", "draft_model", "mtp"})  # draft a prefix of k + 1
 
 
-def speculation_profile(run: Run, endpoint: str) -> dict[str, Any]:
+def speculation_profile(run: Run, endpoint: str) -> JsonObject:
     """The profile of head ``endpoint`` (its label) in ``run``."""
     head = next((e for e in run.endpoints if e.label == endpoint), None)
     if head is None:
         raise KeyError(f"no head {endpoint} in the run (heads: {', '.join(e.label for e in run.endpoints)})")
     figures = Sums.of([w for w in run.windows if w.endpoint == endpoint]).figures()
-    k = head.speculator.num_speculative_tokens or len(figures["acceptance_by_position"])
-    marginal = [*figures["acceptance_by_position"], *[0.0] * k][:k]  # positions never reached: 0
-    conditional = [*figures["conditional_by_position"], *[0.0] * k][:k]
-    mean = figures["mean_acceptance_length_pooled"]
+    k = head.speculator.num_speculative_tokens or len(figures.acceptance_by_position)
+    marginal = [*figures.acceptance_by_position, *[0.0] * k][:k]  # positions never reached: 0
+    conditional = [*figures.conditional_by_position, *[0.0] * k][:k]
+    mean = figures.mean_acceptance_length_pooled
     method = head.speculator.method
-    steps = figures["drafts"]
+    steps = figures.drafts
     histogram = {str(accepted + 1): round(share * steps) for accepted, share in
-                 enumerate(figures["accepted_histogram"])}
+                 enumerate(figures.accepted_histogram)}
+    own_marginal, own_histogram = figures.acceptance_by_position_per_request, figures.accepted_histogram_per_request
     return {
         "schema_version": SCHEMA_VERSION,
         "measured": mean is not None,
@@ -61,28 +67,34 @@ def speculation_profile(run: Run, endpoint: str) -> dict[str, Any]:
         "conditional_accept_rates": [round(x, 6) for x in conditional],
         "marginal_accept_rates": [round(x, 6) for x in marginal],
         "mean_accept_length": _rounded(mean),
-        "mean_accept_length_per_request": _rounded(figures["mean_acceptance_length_per_request"]),
+        "mean_accept_length_per_request": _rounded(figures.mean_acceptance_length_per_request),
         "accept_length_model": "chain_analytic" if (method or "").lower() in CHAIN_METHODS else "measured_per_k",
         "accept_length_by_k": {str(k): _rounded(mean)} if mean is not None else {},
         "acceptance_length_histogram": histogram,
+        # each request's own, then their mean (None: the requests' own counts by position are not known)
+        "marginal_accept_rates_per_request": None if own_marginal is None else _rates(own_marginal, k),
+        "acceptance_length_histogram_per_request": None if own_histogram is None else {
+            str(accepted + 1): round(share, 6) for accepted, share in enumerate(own_histogram)},
         "per_category": {f"{f.mode} {f.group}".removesuffix(" all"): {
             "mean_accept_length": _rounded(f.mean_acceptance_length_pooled),
             "mean_accept_length_per_request": _rounded(f.mean_acceptance_length_per_request),
-            "marginal_accept_rates": [round(x, 6) for x in f.acceptance_by_position], "requests": f.requests}
+            "marginal_accept_rates": [round(x, 6) for x in f.acceptance_by_position],
+            "marginal_accept_rates_per_request": None if f.acceptance_by_position_per_request is None
+            else [round(x, 6) for x in f.acceptance_by_position_per_request], "requests": f.requests}
             for f in run.figures if f.endpoint == endpoint},
         "measurement_conditions": {
             "measured_by": "corpus eval", "engine": f"vllm {head.identity.get('engine_version')}",
             "counted_by": head.counters, "modes": list(run.settings.modes), "temperature": run.settings.temperature,
             "max_tokens": run.settings.max_tokens, "concurrency": run.settings.concurrency,
             "dataset": Path(run.pack.path).name, "pack_sha256": run.pack.sha256, "prompts": run.pack.prompts,
-            "requests": figures["requests"], "verify_steps": steps, "created": run.created,
+            "requests": figures.requests, "verify_steps": steps, "created": run.created,
             "slices": sorted({f.group for f in run.figures if f.endpoint == endpoint}),
             "length_edges": list(run.settings.length_edges), "loop_threshold": run.settings.loop_threshold},
         "validation": None if mean is None else _validation(mean, marginal),
     }
 
 
-def write_profile(path: Path, profile: dict[str, Any]) -> None:
+def write_profile(path: Path, profile: Mapping[str, Json]) -> None:
     """Write a profile (staged, then renamed into place)."""
     with staged(Path(path)) as partial:
         partial.write_bytes(orjson.dumps(profile, option=orjson.OPT_INDENT_2) + b"\n")
@@ -100,7 +112,7 @@ class ProfileFile:
 
     path: Path
     content: bytes  # the file's bytes, as checked
-    document: dict[str, Any]
+    document: Mapping[str, object]  # as read, checked against the schema
     head: str | None  # the draft checkpoint's id
     method: str | None
     k: int
@@ -142,7 +154,7 @@ def read_profile(path: Path) -> ProfileFile:
 
 
 @cache
-def _profile_validator() -> Any:
+def _profile_validator() -> Validator:
     import jsonschema
 
     schema = orjson.loads(SCHEMA_PATH.read_bytes())
@@ -151,13 +163,13 @@ def _profile_validator() -> Any:
     return validator_class(schema)
 
 
-def _key_path(parts: Any) -> str:
+def _key_path(parts: Iterable[str | int]) -> str:
     """``marginal_accept_rates[1]``, ``measurement_conditions.temperature``; ``(the document)`` for the top."""
     text = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).lstrip(".")
     return text or "(the document)"
 
 
-def _validation(mean: float, marginal: list[float]) -> dict[str, Any]:
+def _validation(mean: float, marginal: list[float]) -> JsonObject:
     """ModelOpt's two checks: the mean per step is 1 + the sum of the marginals, which never rise."""
     implied = 1.0 + sum(marginal)
     violations = [{"position": i, "value": marginal[i], "previous": marginal[i - 1]}
@@ -169,7 +181,7 @@ def _validation(mean: float, marginal: list[float]) -> dict[str, Any]:
             "marginal_monotonicity": {"passed": not violations, "violations": violations}}
 
 
-def _target(head: Endpoint) -> dict[str, Any]:
+def _target(head: Endpoint) -> dict[str, str | None]:
     identity = head.identity
     return {"id": _published(identity.get("model_root")) or identity.get("served_model"),
             "served_model": identity.get("served_model"), "revision": identity.get("revision"),
@@ -180,6 +192,11 @@ def _published(path: str | None) -> str | None:
     """A path as it may be published: its last two parts (``org/model``), never the machine's layout."""
     parts = [part for part in str(path or "").replace("\\", "/").split("/") if part]
     return "/".join(parts[-2:]) or None
+
+
+def _rates(values: tuple[float, ...], k: int) -> list[float]:
+    """One rate per drafted position, k of them (positions never reached: 0)."""
+    return [round(x, 6) for x in [*values, *[0.0] * k][:k]]
 
 
 def _rounded(value: float | None) -> float | None:

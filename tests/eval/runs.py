@@ -18,7 +18,7 @@ from corpus_builder.eval.figures import Window
 from corpus_builder.eval.metrics import Counters
 from corpus_builder.eval.pack import Pack, PackPrompt
 from corpus_builder.eval.report import FIGURE_TITLES, Comparison, format_run, run_document, with_figures
-from corpus_builder.eval.run import Reads, Run
+from corpus_builder.eval.run import Endpoint, Reads, Run, RunSettings, Speculator
 from corpus_builder.records import Conversation, Message
 
 POSITIONS = 3
@@ -33,15 +33,12 @@ def pack_of(labels: Sequence[tuple[str, str | None]] = LABELS, path: Path = Path
     return Pack(path, (path,), prompts)
 
 
-def endpoint(label: str, method: str | None) -> dict[str, Any]:
+def endpoint(label: str, method: str | None) -> Endpoint:
     identity = {"served_model": "target", "model_root": "/models/target", "quantization": None, "dtype": "bfloat16",
                 "engine_version": "0.32.0", "revision": None}
-    speculator: dict[str, Any] = {"told_by": None, "num_speculative_tokens": POSITIONS}
-    if method is not None:
-        speculator = {"told_by": "/server_info", "method": method, "model": f"/heads/{label}",
-                      "num_speculative_tokens": POSITIONS}
-    return {"label": label, "url": f"http://127.0.0.1:{8000 + ord(label)}", "identity": identity,
-            "speculator": speculator}
+    speculator = Speculator(num_speculative_tokens=POSITIONS) if method is None else \
+        Speculator("/server_info", method, f"/heads/{label}", POSITIONS)
+    return Endpoint(label, f"http://127.0.0.1:{8000 + ord(label)}", identity, speculator)
 
 
 def window(label: str, mode: str, prompt: int, strength: float) -> Window:
@@ -64,8 +61,7 @@ def synthetic_run(pack: Pack | None = None, heads: dict[str, tuple[float, str | 
     heads = heads or HEADS
     windows = [window(label, mode, index, strength + shift - 0.1 * (mode == "non-thinking"))
                for mode in modes for index in range(len(pack.prompts)) for label, (strength, _) in heads.items()]
-    settings = {"modes": list(modes), "concurrency": 1, "temperature": temperature, "temperature_from": "--temperature",
-                "top_p": None, "max_tokens": 64, "sent": {"max_tokens": 64, "top_k": -1}, "recipe_top_k": None}
+    settings = RunSettings(tuple(modes), 1, temperature, "--temperature", 64, sent={"max_tokens": 64, "top_k": -1})
     return run_document(pack, [endpoint(label, method) for label, (_, method) in heads.items()], windows, settings,
                         ["a synthetic run"], 0, Reads())
 

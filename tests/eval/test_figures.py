@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import pytest
 
 from corpus_builder.eval import figures as measured_figures
-from corpus_builder.eval.figures import Answer, Ratio, Sums, Window
+from corpus_builder.eval.figures import Answer, Measures, Ratio, Sums, Window
 from corpus_builder.eval.metrics import Counters
 
 
@@ -31,28 +31,28 @@ def paired_ratios(a: Sequence[Window], b: Sequence[Window], **options: Any) -> d
     return by_figure(measured_figures.paired_ratios(a, b, **{"min_pairs": 1, **options}))
 
 
-def figure_ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def figure_ratios(a: Measures, b: Measures) -> dict[str, dict[str, Any]]:
     return by_figure(measured_figures.figure_ratios(a, b))
 
 def test_figures_are_ratios_of_sums() -> None:
     windows = [window(30, 30, 10, tokens=40, seconds=2.0, positions=(10, 10, 10)),
                window(0, 30, 10, tokens=10, seconds=0.5, positions=(0, 0, 0))]
     figures = Sums.of(windows).figures()
-    assert figures["acceptance_rate_pooled"] == 0.5  # 30 / 60, not the mean of 1.0 and 0.0 weighted alike by chance
-    assert figures["mean_acceptance_length_pooled"] == 1 + 30 / 20
-    assert figures["acceptance_by_position"] == (0.5, 0.5, 0.5)
-    assert figures["output_tokens_per_s"] == 50 / 2.5
-    assert figures["tpot_ms"] == pytest.approx(1000 * 0.5 / 2)
-    assert figures["requests"] == 2 and figures["output_tokens"] == 50
+    assert figures.acceptance_rate_pooled == 0.5  # 30 / 60, not the mean of 1.0 and 0.0 weighted alike by chance
+    assert figures.mean_acceptance_length_pooled == 1 + 30 / 20
+    assert figures.acceptance_by_position == (0.5, 0.5, 0.5)
+    assert figures.output_tokens_per_s == 50 / 2.5
+    assert figures.tpot_ms == pytest.approx(1000 * 0.5 / 2)
+    assert figures.requests == 2 and figures.output_tokens == 50
 
 
 def test_figures_without_drafts_are_undefined_not_zero() -> None:
     figures = Sums.of([window(0, 0, 0)]).figures()
-    assert figures["acceptance_rate_pooled"] is None and figures["mean_acceptance_length_pooled"] is None
-    assert figures["acceptance_by_position"] == ()
-    assert Sums.of([window(0, 0, 0, positions=(0, 0, 0))]).figures()["acceptance_by_position"] == ()
-    assert Sums.of([]) == Sums() and Sums.of([]).figures()["output_tokens_per_s"] is None
-    assert Sums.of([window(6, 12, 4, tokens=30, seconds=0.5)]).figures()["output_tokens_per_s"] == 60.0
+    assert figures.acceptance_rate_pooled is None and figures.mean_acceptance_length_pooled is None
+    assert figures.acceptance_by_position == ()
+    assert Sums.of([window(0, 0, 0, positions=(0, 0, 0))]).figures().acceptance_by_position == ()
+    assert Sums.of([]) == Sums() and Sums.of([]).figures().output_tokens_per_s is None
+    assert Sums.of([window(6, 12, 4, tokens=30, seconds=0.5)]).figures().output_tokens_per_s == 60.0
 
 
 def test_a_window_survives_its_saved_form() -> None:
@@ -151,7 +151,7 @@ def test_the_interval_is_the_percentile_bootstrap_over_the_pairs(figure: str) ->
     a, b = pairs_of(12)
     measured = paired_ratios(a, b)[figure]
     sums_a, sums_b = Sums.of(a).figures(), Sums.of(b).figures()
-    assert measured["ratio"] == pytest.approx(sums_b[figure] / sums_a[figure], rel=1e-12)
+    assert measured["ratio"] == pytest.approx(getattr(sums_b, figure) / getattr(sums_a, figure), rel=1e-12)
     assert (measured["low"], measured["high"]) == pytest.approx(bootstrap_by_hand(a, b, figure), rel=1e-12)
     assert measured["pairs"] == 12
     narrow = paired_ratios(a, b, resamples=300, confidence=0.5, seed=7)[figure]
@@ -178,11 +178,11 @@ def test_resamples_where_head_a_has_no_drafts_are_left_out_of_the_interval() -> 
 def test_figures_of_windows_without_tokens_or_time() -> None:
     untold = Window("A", "thinking", 0, 1, None, 2.0, Counters(True, 4, 12, 6, (3, 2, 1), 1, 0, 0.3, 1))
     figures = Sums.of([untold, window(6, 12, 4, tokens=30)]).figures()
-    assert (figures["output_tokens"], figures["output_tokens_per_s"]) == (None, None)
-    assert (figures["requests"], figures["drafts"], figures["accepted"]) == (2, 8, 12)
-    assert figures["tpot_ms"] == pytest.approx(1000 * (0.3 + 0.3) / 2)
+    assert (figures.output_tokens, figures.output_tokens_per_s) == (None, None)
+    assert (figures.requests, figures.drafts, figures.accepted) == (2, 8, 12)
+    assert figures.tpot_ms == pytest.approx(1000 * (0.3 + 0.3) / 2)
     timeless = Sums.of([window(6, 12, 4, tokens=30, seconds=0.0)]).figures()
-    assert timeless["output_tokens_per_s"] is None and timeless["output_tokens"] == 30
+    assert timeless.output_tokens_per_s is None and timeless.output_tokens == 30
     assert Window.from_dict(untold.to_dict()) == untold
     ratio = paired_ratios([untold], [untold])
     assert ratio["output_tokens_per_s"] == {"ratio": None, "low": None, "high": None, "pairs": 1}
@@ -196,12 +196,13 @@ def test_the_saved_form_of_a_window_holds_every_count() -> None:
         "drafts": 9, "draft_tokens": 27, "accepted": 13, "accepted_by_position": [7, 4, 2], "tpot_sum": 0.125,
         "tpot_count": 2, "answers": []}
     assert Window.from_dict(original.to_dict()) == original
-    answered = replace(original, answers=(Answer(4, 5, 15, 8, 0.25, per_step_accepted=(3, 1, 0, 2, 2)), Answer(7)))
+    answered = replace(original, answers=(Answer(4, 5, 15, 8, 0.25, per_step_accepted=(3, 1, 0, 2, 2),
+                                                 accepted_by_position=(4, 3, 1)), Answer(7)))
     assert answered.to_dict()["answers"] == [
         {"prompt": 4, "drafts": 5, "draft_tokens": 15, "accepted": 8, "repetition": 0.25, "input_tokens": None,
-         "per_step_accepted": [3, 1, 0, 2, 2]},
+         "per_step_accepted": [3, 1, 0, 2, 2], "accepted_by_position": [4, 3, 1]},
         {"prompt": 7, "drafts": None, "draft_tokens": None, "accepted": None, "repetition": None,
-         "input_tokens": None, "per_step_accepted": None}]
+         "input_tokens": None, "per_step_accepted": None, "accepted_by_position": None}]
     assert Window.from_dict(answered.to_dict()) == answered
 
 
@@ -209,8 +210,9 @@ def test_sums_add_every_position_and_every_count() -> None:
     sums = Sums.of([window(5, 12, 4, tokens=20, seconds=1.0, positions=(3, 2)),
                     window(6, 9, 3, tokens=10, seconds=0.25, positions=(3, 2, 1))])
     assert sums == Sums(2, 30, 1.25, Counters(True, 7, 21, 11, (6, 4, 1), 2, 30, 0.01 * 20 + 0.01 * 10, 2),
-                        ((4, 12, 5), (3, 9, 6)), ((3 / 4, 2 / 4), (3 / 3, 2 / 3, 1 / 3)), (20.0, 40.0))
-    assert sums.figures() == {
+                        ((4, 12, 5), (3, 9, 6)), ((3 / 4, 2 / 4), (3 / 3, 2 / 3, 1 / 3)), (20.0, 40.0),
+                        ((1 / 4, 1 / 4, 2 / 4), (0.0, 1 / 3, 1 / 3, 1 / 3)))
+    assert asdict(sums.figures()) == {
         "requests": 2, "output_tokens": 30, "drafts": 7, "draft_tokens": 21, "accepted": 11,
         "acceptance_rate_pooled": 11 / 21, "mean_acceptance_length_pooled": 1 + 11 / 7,
         # each request's own (5 of 12 in 4 steps, 6 of 9 in 3), then their mean: not the pooled 11 / 21
@@ -223,6 +225,8 @@ def test_sums_add_every_position_and_every_count() -> None:
         "output_tokens_per_s": 24.0, "output_tokens_per_s_per_request": 30.0,
         # of 7 steps: 1 accepted none, 2 one, 3 two, 1 three; position i given every one before it
         "accepted_histogram": (1 / 7, 2 / 7, 3 / 7, 1 / 7), "conditional_by_position": (6 / 7, 4 / 6, 1 / 4),
+        # each request's own shares (1, 1, 2 of 4 steps; 0, 1, 1, 1 of 3), then their mean
+        "accepted_histogram_per_request": pytest.approx((1 / 8, (1 / 4 + 1 / 3) / 2, (2 / 4 + 1 / 3) / 2, 1 / 6)),
         "tpot_ms": pytest.approx(1000 * 0.3 / 2)}
 
 
@@ -235,17 +239,18 @@ def test_per_request_positions_from_verify_steps_and_speeds_only_alone() -> None
     assert phase.request_positions() == [(2 / 3, 1 / 3), (1 / 2, 0.0)]
     assert phase.request_speeds() is None
     figures = Sums.of([phase]).figures()
-    assert figures["acceptance_by_position_per_request"] == pytest.approx(((2 / 3 + 1 / 2) / 2, (1 / 3) / 2))
-    assert figures["acceptance_by_position"] == (3 / 5, 1 / 5)  # pooled: 3 and 1 of 5 steps
-    assert figures["output_tokens_per_s_per_request"] is None and figures["output_tokens_per_s"] == 30.0
+    assert figures.acceptance_by_position_per_request == pytest.approx(((2 / 3 + 1 / 2) / 2, (1 / 3) / 2))
+    assert figures.acceptance_by_position == (3 / 5, 1 / 5)  # pooled: 3 and 1 of 5 steps
+    assert figures.output_tokens_per_s_per_request is None and figures.output_tokens_per_s == 30.0
     summary_only = replace(phase, answers=tuple(replace(answer, per_step_accepted=None) for answer in steps))
     assert summary_only.request_positions() is None
-    assert Sums.of([summary_only]).figures()["acceptance_by_position_per_request"] is None
+    assert Sums.of([summary_only]).figures().acceptance_by_position_per_request is None
 
 
 def test_unpaired_ratios_of_every_figure() -> None:
-    a = {"acceptance_rate_pooled": 0.5, "mean_acceptance_length_pooled": 2.0, "output_tokens_per_s": 40.0}
-    b = {"acceptance_rate_pooled": 0.25, "mean_acceptance_length_pooled": 3.0, "output_tokens_per_s": None}
+    nothing = Sums().figures()  # every figure undefined
+    a = replace(nothing, acceptance_rate_pooled=0.5, mean_acceptance_length_pooled=2.0, output_tokens_per_s=40.0)
+    b = replace(nothing, acceptance_rate_pooled=0.25, mean_acceptance_length_pooled=3.0, output_tokens_per_s=None)
     assert figure_ratios(a, b) == {
         "acceptance_rate_pooled": {"ratio": 0.5, "low": None, "high": None, "pairs": None},
         "mean_acceptance_length_pooled": {"ratio": 1.5, "low": None, "high": None, "pairs": None},
@@ -253,7 +258,7 @@ def test_unpaired_ratios_of_every_figure() -> None:
         "mean_acceptance_length_per_request": {"ratio": None, "low": None, "high": None, "pairs": None},
         "output_tokens_per_s": {"ratio": None, "low": None, "high": None, "pairs": None},
         "output_tokens_per_s_per_request": {"ratio": None, "low": None, "high": None, "pairs": None}}
-    zero = figure_ratios({**a, "acceptance_rate_pooled": 0.0}, b)["acceptance_rate_pooled"]
+    zero = figure_ratios(replace(a, acceptance_rate_pooled=0.0), b)["acceptance_rate_pooled"]
     assert zero["ratio"] is None
 
 

@@ -19,6 +19,9 @@ from .runs import page_tables
 K = 3
 ACCEPTING = [0, 1, 3, 1, 2]  # each prompt's verify steps accept this many drafted tokens
 ANSWER = " ".join(f"w{i}" for i in range(23))  # 24 tokens
+# each prompt's steps all accept alike (24 tokens fill whole steps), so each request's histogram is one length:
+# 0 once, 1 twice, 2 once, 3 once of the five
+PER_REQUEST_HISTOGRAM = (1 / 5, 2 / 5, 1 / 5, 1 / 5)
 
 
 @pytest.fixture
@@ -52,6 +55,8 @@ def test_the_histogram_and_both_kinds_of_acceptance_by_position(pack: Path, tmp_
         assert figure.acceptance_by_position == pytest.approx(marginal), figure.endpoint
         assert figure.conditional_by_position == pytest.approx(conditional), figure.endpoint
         assert figure.mean_acceptance_length_pooled == pytest.approx(1 + sum(marginal))  # ModelOpt's consistency
+        # each request's own (every step of a prompt accepts alike here: one length each), then their mean
+        assert figure.accepted_histogram_per_request == pytest.approx(PER_REQUEST_HISTOGRAM), figure.endpoint
     assert [m.split(":")[0] for m in run.missing] == ["per-step counts of B", "per-step counts of C"]
     assert "summary gives each request's totals" in run.missing[0] and "counted by /metrics" in run.missing[1]
     text = format_run(run).splitlines()
@@ -61,5 +66,26 @@ def test_the_histogram_and_both_kinds_of_acceptance_by_position(pack: Path, tmp_
     page = tmp_path / "run.html"
     write_run_page(page, run, "run", "eval")
     lengths = dict(page_tables(page.read_text()))["acceptance-lengths"]
-    assert lengths[0][3:5] == ["verify steps", "accepted 0..k (share of steps)"]
+    assert lengths[0][3:6] == ["verify steps", "accepted 0..k (pooled: share of steps)",
+                               "accepted 0..k (per request: each one's shares, then their mean)"]
+    assert [row[5] for row in lengths[1:]] == [" ".join(f"{share:.2f}" for share in PER_REQUEST_HISTOGRAM)] * 3
     assert [row[4] for row in lengths[1:]] == [" ".join(shown)] * 3
+
+
+def test_a_phase_gives_each_requests_accepted_lengths_from_its_summary_counts(pack: Path, tmp_path: Path) -> None:
+    """At concurrency > 1 a phase holds several requests: ``summary`` counts (each response's histogram) give each
+    one's accepted lengths and acceptance by position, the same as one request at a time; /metrics gives none."""
+    with server(per_request_metrics=True) as summary, server() as paged:
+        run = evaluate(pack, [summary.base_url, paged.base_url], temperature=0, modes=["non-thinking"],
+                       concurrency=2, save_dir=tmp_path / "runs").run
+    figures = {f.endpoint: f for f in run.figures}
+    assert figures["A"].accepted_histogram_per_request == pytest.approx(PER_REQUEST_HISTOGRAM)
+    own = [tuple(float(accepting > i) for i in range(K)) for accepting in ACCEPTING]  # each request's marginal
+    assert figures["A"].acceptance_by_position_per_request == pytest.approx(
+        tuple(sum(column) / len(own) for column in zip(*own, strict=True)))
+    assert figures["B"].accepted_histogram_per_request is None
+    assert figures["B"].acceptance_by_position_per_request is None
+    assert any(m.startswith("per-request acceptance by position and accepted lengths: ") for m in run.missing)
+    row = next(line for line in format_run(run).splitlines() if line.replace(" ", "").startswith("|non-thinking|B|all|")
+               and "n/a" in line)
+    assert row

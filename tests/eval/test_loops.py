@@ -114,9 +114,32 @@ def test_the_threshold_decides_what_loops(pack: Path, tmp_path: Path) -> None:
         evaluate(pack, ["http://127.0.0.1:9/v1"], loop_threshold=0)
 
 
-def test_a_phase_counts_its_loops_and_names_the_figures_without_them_missing(pack: Path, tmp_path: Path) -> None:
-    with server(True) as b:
+def test_a_phase_gives_the_figures_without_loops_from_its_answers_own_counts(pack: Path, tmp_path: Path) -> None:
+    """At concurrency > 1 a phase is one window, but each answer's own counts (per-request metrics) give its
+    figures without the looping answers; its time is the phase's, so tok/s without loops is named missing."""
+    with server(False) as a, server(True) as b:
+        run = evaluate(pack, [a.base_url, b.base_url], temperature=0, modes=["non-thinking"], concurrency=3,
+                       save_dir=tmp_path / "runs").run
+    figures = {(f.endpoint, f.group): f for f in run.figures}
+    assert [(f.endpoint, f.group, f.loops) for f in run.figures] == [
+        ("A", "all", 0), ("B", "all", len(LOOPING)), ("A", "all without loops", 0), ("B", "all without loops", 0)]
+    kept = len(PROMPTS) - len(LOOPING)
+    for label in "AB":  # prose alone: 1 of 3 drafted tokens accepted a step, on both heads
+        without = figures[label, "all without loops"]
+        assert without.requests == kept and without.mean_acceptance_length_pooled == 2.0
+        assert without.acceptance_rate_per_request == pytest.approx(1 / 3)
+        assert without.output_tokens_per_s is None and without.tpot_ms is None
+    assert figures["B", "all"].mean_acceptance_length_pooled > 2.0  # the loops drafted almost perfectly
+    ratio = next(r.value for r in run.ratios if r.group == "all without loops" and
+                 r.value.figure == "mean_acceptance_length_pooled")
+    assert ratio.ratio == 1.0 and ratio.pairs is None  # a phase is not paired prompt by prompt
+    assert [missing.split(":")[0] for missing in run.missing] == ["per-request output tok/s",
+                                                                  "output tok/s and TPOT without loops"]
+
+
+def test_a_phase_counted_by_metrics_names_the_figures_without_loops_missing(pack: Path, tmp_path: Path) -> None:
+    with server(True, per_request=False) as b:
         run = evaluate(pack, [b.base_url], temperature=0, modes=["non-thinking"], concurrency=3,
                        save_dir=tmp_path / "runs").run
     assert [(f.group, f.loops) for f in run.figures] == [("all", len(LOOPING))]
-    assert [missing.split(":")[0] for missing in run.missing] == ["per-request output tok/s", "figures without loops"]
+    assert "figures without loops" in [missing.split(":")[0] for missing in run.missing]

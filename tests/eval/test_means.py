@@ -129,8 +129,9 @@ def test_a_phase_counted_by_metrics_names_its_per_request_means_missing(pack: Pa
     assert figures.mean_acceptance_length_pooled == pytest.approx(expected("A")["mean_acceptance_length_pooled"])
     assert figures.mean_acceptance_length_per_request is None and figures.acceptance_rate_per_request is None
     assert figures.acceptance_by_position_per_request is None and figures.output_tokens_per_s_per_request is None
-    assert [m.split(":")[0] for m in run.missing] == ["per-request acceptance", "per-request acceptance by position",
-                                                      "per-request output tok/s", "per-step counts of A"]
+    assert [m.split(":")[0] for m in run.missing] == [
+        "per-request acceptance", "per-request acceptance by position and accepted lengths", "per-request output tok/s",
+        "per-step counts of A"]
     assert f"missing: {run.missing[0]}" in format_run(run).splitlines()
     # with each request's own counts, a phase gives them
     with FaultServer(speculative_tokens=K, per_request_metrics=True, detailed=True, answers=scripted("A")) as server:

@@ -23,6 +23,8 @@ KEYS = {"schema_version", "measured", "method", "draft_checkpoint", "target_mode
         "block_size", "max_supported_k", "verification_method", "conditional_accept_rates", "marginal_accept_rates",
         "mean_accept_length", "mean_accept_length_per_request", "accept_length_model", "accept_length_by_k",
         "acceptance_length_histogram", "per_category", "measurement_conditions", "validation"}
+# ours beside them: each request's own, then their mean
+PER_REQUEST_KEYS = {"marginal_accept_rates_per_request", "acceptance_length_histogram_per_request"}
 
 
 SERVER_INFO = {"speculative_config": {"method": "eagle3", "model": "/heads/h1", "num_speculative_tokens": K},
@@ -45,7 +47,7 @@ def test_a_profile_per_head_in_modelopts_shape(tmp_path: Path) -> None:
     assert f"wrote {profile}\n" in completed.stderr and f"wrote {profile.with_name('speculation_profile-B.json')}" \
         in completed.stderr
     written = orjson.loads(profile.read_bytes())
-    assert set(written) == KEYS
+    assert set(written) == KEYS | PER_REQUEST_KEYS
     run = load_run(next((tmp_path / "runs").glob("*.json")))
     assert written == orjson.loads(orjson.dumps(speculation_profile(run, "A")))  # the saved run gives it again
     [figure] = [f for f in run.figures if f.endpoint == "A" and f.group == "all"]
@@ -59,6 +61,12 @@ def test_a_profile_per_head_in_modelopts_shape(tmp_path: Path) -> None:
     assert written["mean_accept_length_per_request"] == pytest.approx(figure.mean_acceptance_length_per_request,
                                                                       abs=1e-6)
     assert written["accept_length_model"] == "chain_analytic"
+    # each request accepts alike at every step here: its own marginal is 1 up to its length, then 0
+    assert written["marginal_accept_rates_per_request"] == pytest.approx([4 / 5, 2 / 5, 1 / 5])
+    assert written["acceptance_length_histogram_per_request"] == pytest.approx({"1": 0.2, "2": 0.4, "3": 0.2,
+                                                                               "4": 0.2})
+    assert written["per_category"]["non-thinking"]["marginal_accept_rates_per_request"] == pytest.approx(
+        [4 / 5, 2 / 5, 1 / 5])
     # keyed by acceptance length (the target's own token included): steps that accepted j drafted tokens at j + 1
     steps = [-(-24 // (accepting + 1)) for accepting in ACCEPTING]
     expected = {str(j + 1): sum(s for s, accepting in zip(steps, ACCEPTING, strict=True) if accepting == j)

@@ -77,8 +77,8 @@ def test_an_earlier_run_gives_what_its_windows_allow_and_names_what_they_do_not(
     assert all(f.mean_acceptance_length_per_request is not None for f in paired.figures if f.drafts)
     phases = load_run(OLD / "two-heads-c2.json")
     assert [missing.split(":")[0] for missing in phases.missing] == [
-        "per-request acceptance", "per-request acceptance by position", "per-request output tok/s", "loops",
-        "per-step counts of A", "per-step counts of B"]
+        "per-request acceptance", "per-request acceptance by position and accepted lengths",
+        "per-request output tok/s", "loops", "per-step counts of A", "per-step counts of B"]
     assert all(f.mean_acceptance_length_per_request is None for f in phases.figures)
     assert f"missing: {phases.missing[0]}" in format_run(phases).splitlines()
     comparison = compare(OLD / "two-heads-c2.json", OLD / "two-heads-c2.json")

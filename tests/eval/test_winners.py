@@ -5,6 +5,7 @@ well, the other short chats)."""
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 
 from corpus_builder.eval import evaluate, format_run
@@ -47,18 +48,26 @@ def test_the_winner_per_slice_and_the_routing_it_implies(tmp_path: Path) -> None
                        length_edges=(512,), save_dir=tmp_path / "runs").run
     text = format_run(run).splitlines()
     table = text[next(i for i, line in enumerate(text) if line.startswith("which drafter wins where")) + 3:]
-    won = {cells[1]: cells[3] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table
-                                            if line.startswith("|"))}
+    cells = {row[1]: row for row in ([c.strip() for c in line.strip("|").split("|")] for line in table
+                                     if line.startswith("|"))}
+    won = {group: row[3].partition(":")[0] for group, row in cells.items()}  # mean acceptance length, pooled
     assert won["task:summarization"] == "B (ngram)" and won["length:>=512"] == "B (ngram)"
     assert won["task:chat"] == "A (eagle3)" and won["length:<512"] == "A (eagle3)"
     assert won["task:math"] == "tie"  # 3 prompts: no interval, so no winner
     assert won["all"] == "A (eagle3)"
+    # each cell names B / A with its interval, or why it has none; both means are given
+    assert re.fullmatch(r"B \(ngram\): B / A \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", cells["task:summarization"][3])
+    assert cells["task:math"][3] == "tie: B / A 1.000 (no interval: 3 prompts, under 10)"
+    # per request (each prompt weighs alike: A 4, 2, 2 and B 1, 4, 2 accepted lengths on chat, summary, math) the
+    # whole pack is B / A (12 + 48 + 6) / (48 + 24 + 6): a tie at 27 prompts, where pooled (by verify steps) A wins
+    assert cells["all"][4].startswith("tie: B / A 0.846 [")
+    assert cells["task:chat"][4].startswith("A (eagle3): ") and cells["task:summarization"][4].startswith("B (ngram): ")
     assert text[-1] == ("routing, non-thinking mode: task:summarization: B (ngram); length:>=512: B (ngram); "
-                        "everything else: A (eagle3)")
+                        "everything else: A (eagle3) (per request: tie)")
     page = tmp_path / "run.html"
     write_run_page(page, run, "run", "eval")
     shown = dict(page_tables(page.read_text()))["acceptance-winners"]
-    assert {cells[1]: cells[3] for cells in shown[1:]} == won
+    assert {row[1]: row[3] for row in shown[1:]} == {group: row[3] for group, row in cells.items()}
     assert html.escape(text[-1]) in page.read_text()
 
 

@@ -1,6 +1,6 @@
 """Every example in examples/ run as a user runs it, on the embedded default, so none of them rots: the recipes
-built (the replay ones by the CLI, the prompts one against the suite's vLLM server, the Ray one on a local cluster),
-the scripts run in a fresh interpreter."""
+built (the replay ones by the CLI, the prompts ones against the suite's vLLM servers, the tiny model's and the real
+model's, the Ray one on a local cluster), the scripts run in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from corpus_builder.layout import Corpus
 from corpus_builder.recipe import LaunchSpec, load_recipe
 from corpus_builder.testing.tiny_model import SERVER_ARGS
 
-from ..conftest import SERVED_MODEL, ServedModel
+from ..conftest import REAL_SERVED_MODEL, SERVED_MODEL, ServedModel
 from ..support.ray_cluster import local_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,6 +97,36 @@ def test_the_prompts_recipe_regenerates_on_the_target_with_a_share_thinking_off(
     modes = Counter((row.source, row.provenance["generation"]["enable_thinking"]) for row in rows)
     assert modes[("gsm8k", False)] > 0 and modes[("gsm8k", True)] > 0  # thinking_off_share: 0.25
     assert modes[("chat-prompts", False)] == 0
+
+
+@pytest.mark.vllm
+def test_the_real_model_recipe_answers_every_user_turn_without_thinking(real_vllm_server: ServedModel,
+                                                                       tmp_path: Path) -> None:
+    """examples/regenerate_real.yaml, its target pointed at the suite's real-model server: every conversation of the
+    chat prompts kept, each user turn answered by the model (thinking off: it has no thinking mode), in the order
+    the conversation had them, and the token export written from the served ids."""
+    recipe = yaml.safe_load((EXAMPLES / "regenerate_real.yaml").read_text())
+    assert recipe["target"]["model"] == REAL_SERVED_MODEL
+    assert recipe["target"]["generation"]["enable_thinking"] is False
+    del recipe["target"]["launch"]
+    recipe["target"]["endpoints"] = [real_vllm_server.base_url]
+    recipe["target"]["tokenizer"] = str(real_vllm_server.model_dir)
+    for source in recipe["sources"]:
+        source["path"] = str((EXAMPLES / source["path"]).resolve())
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    result = build_corpus(load_recipe(tmp_path / "recipe.yaml"), tmp_path / "corpus")
+    rows = list(Corpus.open(result.out_dir).iter_conversations())
+    prompts = [json.loads(line) for line in (REPO / "recipes" / "data" / "chat-prompts.jsonl").read_text().splitlines()]
+    user_turns = {row["id"]: sum(m["role"] == "user" for m in row["messages"]) for row in prompts}
+    assert sorted(row.provenance["source_id"] for row in rows) == sorted(user_turns)
+    for row in rows:
+        turns = user_turns[row.provenance["source_id"]]
+        assert row.origin == "generated" and row.provenance["generation"]["enable_thinking"] is False
+        assert [m.role for m in row.messages] == ["user", "assistant"] * turns
+        assert not any(m.reasoning for m in row.messages)
+        assert len(row.provenance["generation"]["turns"]) == turns
+    exported = (result.out_dir / "exports" / "speculators-tokens" / "train.jsonl").read_text().splitlines()
+    assert len(exported) == sum(user_turns.values())  # one row per answer: a turn's served ids
 
 
 @pytest.fixture(scope="module")

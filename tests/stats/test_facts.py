@@ -117,19 +117,12 @@ def test_every_engine_gives_the_row_wise_facts(rows: list[Conversation]) -> None
     audited = row_facts(pl.from_arrow(batch))  # type: ignore[arg-type]
     assert audited.select(THINKING, ASSISTANT_TURNS, TOOL_USE).rows() == [
         (row[THINKING], row[ASSISTANT_TURNS], row[TOOL_USE]) for row in expected]
-    # The mode, but on a replayed logged request's row (the gap test_the_audit_reads_a_replayed_rows_served_mode
-    # marks): there the comparison has the mode of a row that records none.
-    recorded = [conversation.origin == "generated" or facts.logged_request("replay", conversation.provenance) is None
-                for conversation in rows]
-    assert [(mode, served) for (mode, served), kept in zip(audited.select(THINKING_MODE, SERVED).rows(), recorded,
-                                                            strict=True) if kept] == \
-        [(row[THINKING_MODE], MODE_BUCKETS[row[SERVED]]) for row, kept in zip(expected, recorded, strict=True)  # type: ignore[index]
-         if kept]
+    assert audited.select(THINKING_MODE, SERVED).rows() == [
+        (row[THINKING_MODE], MODE_BUCKETS[row[SERVED]]) for row in expected]  # type: ignore[index]
 
 
-@pytest.mark.xfail(strict=True, reason="the comparison's corpus side reads a generated row's mode only, not a replayed "
-                   "row's logged one: reading it changes `corpus audit --against` on corpora of logs")
 def test_the_audit_reads_a_replayed_rows_served_mode() -> None:
+    """A corpus built from logs is at distance 0 from those logs: its replayed rows carry their request's mode."""
     row = Conversation("row-0", "a", "replay", [Message("user", "q"), Message("assistant", "a", "because")],
                        provenance={"served": {"enable_thinking": False}})
     audited = row_facts(pl.from_arrow(conversations_to_batch([row])))  # type: ignore[arg-type]
