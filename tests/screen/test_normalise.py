@@ -60,6 +60,7 @@ def reference_run_hashes(text: str, n: int, whole_if_shorter: bool) -> list[int]
 @example(texts=["", " abc"])  # a space run right after an empty text's separator
 @example(texts=["a ", ""])  # a space run right before an empty last text's separator
 @example(texts=["", "", " ", " x ", ""])
+@example(texts=["   a \t\n b  ", "\n\n", "x\x00\x00 ", "  y"])  # runs of several spaces at a text's ends and inside
 @fuzz_settings(200)
 def test_a_batch_normalises_each_text_by_the_documented_rules(texts: list[str]) -> None:
     batch = normalise_texts(texts)
