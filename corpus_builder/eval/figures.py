@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from numpy import float64
     from numpy.typing import NDArray
 
-    from .run import JsonObject
+    from .json_values import JsonObject
 
 RATIO_FIGURES = ("acceptance_rate_pooled", "acceptance_rate_per_request", "mean_acceptance_length_pooled",
                  "mean_acceptance_length_per_request", "output_tokens_per_s", "output_tokens_per_s_per_request")

@@ -26,7 +26,8 @@ import orjson
 from ..errors import CorpusError
 from ..outputs import staged
 from .figures import Sums
-from .run import Endpoint, Json, JsonObject, Run
+from .json_values import Json, JsonObject
+from .run import Endpoint, Run
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

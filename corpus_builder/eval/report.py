@@ -34,6 +34,7 @@ from .figures import (
     loop_gap,
     paired_ratios,
 )
+from .json_values import Json, JsonObject
 from .loops import LOOP_NGRAM
 from .pack import Pack
 from .run import (
@@ -41,8 +42,6 @@ from .run import (
     Figure,
     HeadLoops,
     HeadRatio,
-    Json,
-    JsonObject,
     PackInfo,
     PromptInfo,
     Reads,

@@ -10,19 +10,16 @@ ones they do not.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, TypeAlias
 
 from ..errors import CorpusError
 from .figures import LoopGap, Measures, Ratio, Window
+from .json_values import Json, JsonObject
 from .loops import DEFAULT_LOOP_THRESHOLD
 
 DEFAULT_LENGTH_EDGES = (512, 2048, 8192, 32768)  # input-length slices: under 512 target tokens, 512 to 2k, ...
-
-# What a run, a comparison or a profile writes: JSON values (read-only, so a list of strings is one)
-Json: TypeAlias = "str | int | float | bool | Sequence[Json] | Mapping[str, Json] | None"
-JsonObject: TypeAlias = dict[str, Json]
 
 RUN_FORMAT = "corpus-eval/2"
 FORMAT_1 = "corpus-eval/1"  # before answers were recorded: no input lengths, turns or loop shares
