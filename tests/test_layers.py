@@ -7,7 +7,7 @@ inside functions, absolute and relative) is checked against it.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -141,16 +141,6 @@ def test_an_upward_import_is_caught() -> None:
     assert upward("recipe", True, ast.parse("from corpus_builder.publish import publish_corpus\n")) != []
 
 
-def runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node that runs: module level and inside functions, but not under ``if TYPE_CHECKING:``."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from (inner for branch in node.orelse for inner in [branch, *runtime_nodes(branch)])
-            continue
-        yield node
-        yield from runtime_nodes(node)
-
-
 def loaded(name: str, target: str, known: Iterable[str]) -> set[str]:
     """The modules of the package an import of ``target`` from module ``name`` loads: the module itself (or, for
     ``from pkg import a_name``, the package, even ``name``'s own) and every package ``__init__`` on the way that is
@@ -166,8 +156,8 @@ def loaded(name: str, target: str, known: Iterable[str]) -> set[str]:
 
 
 def import_graph(sources: dict[str, tuple[bool, str]]) -> dict[str, set[str]]:
-    """module -> the modules its runtime imports load; ``sources`` maps a module to (is a package, its text)."""
-    return {name: {module for _, target in targets(name, is_package, runtime_nodes(ast.parse(text)))
+    """module -> the modules its imports load; ``sources`` maps a module to (is a package, its text)."""
+    return {name: {module for _, target in targets(name, is_package, ast.walk(ast.parse(text)))
                    for module in loaded(name, target, sources)}
             for name, (is_package, text) in sources.items()}
 
@@ -199,24 +189,28 @@ def package_sources() -> dict[str, tuple[bool, str]]:
 
 
 def test_no_import_cycle_between_modules() -> None:
-    """Over every import that runs, inside functions too: an import a function defers to dodge a cycle is still
-    a cycle of the design; a package's ``__init__`` counts as the module it is."""
+    """Over every import, inside functions and under ``TYPE_CHECKING`` too: an import deferred to dodge a cycle
+    (to a call, or to the type checker) is still a cycle of the design; a package's ``__init__`` counts as the
+    module it is."""
     cycle = find_cycle(import_graph(package_sources()))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_a_cycle_through_a_package_init_or_a_function_is_caught() -> None:
     """The check itself: a submodule taking a name from its own package's ``__init__`` that imports it back, and a
-    cycle closed by an import inside a function, are cycles; a package re-exporting its submodules, a sibling
-    import and an import only for type checking are not."""
+    cycle closed by an import inside a function or only for type checking, are cycles; a package re-exporting its
+    submodules and a sibling import are not."""
     through_init = {"audit": (True, "from .traffic import compare\n"),
                     "audit.traffic": (False, "def f():\n    from . import audit_corpus\n")}
     assert find_cycle(import_graph(through_init)) == ["audit", "audit.traffic", "audit"]
     in_function = {"stats": (True, ""), "stats.a": (False, "from .b import x\n"),
                    "stats.b": (False, "def f():\n    from .a import y\n")}
     assert find_cycle(import_graph(in_function)) == ["stats.a", "stats.b", "stats.a"]
+    for_types = {"eval.run": (False, "from .figures import Window\n"),
+                 "eval.figures": (False, "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                         "    from .run import JsonObject\n")}
+    assert find_cycle(import_graph(for_types)) == ["eval.figures", "eval.run", "eval.figures"]
     fine = {"eval": (True, "from .run import Run\nfrom .report import save\n"),
             "eval.run": (False, "from ..records import X\n"), "records": (False, ""),
-            "eval.report": (False, "from .run import Run\nfrom typing import TYPE_CHECKING\n"
-                                   "if TYPE_CHECKING:\n    from . import evaluate\n")}
+            "eval.report": (False, "from .run import Run\n")}
     assert find_cycle(import_graph(fine)) is None
