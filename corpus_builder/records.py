@@ -351,14 +351,6 @@ class Conversation:
         return any(m.reasoning for m in self.messages if m.role == "assistant")
 
     @property
-    def thinking_mode(self) -> bool:
-        """Thinking as served where the row records it (a logged request's template flag, ``sources.logs``), else
-        whether it carries reasoning."""
-        served = self.provenance.served
-        mode = served.enable_thinking if served is not None else None
-        return mode if mode is not None else self.thinking
-
-    @property
     def has_tool_traffic(self) -> bool:
         return carries_tool_traffic(self.messages, self.tools)
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 
 from corpus_builder.recipe.model import HubRef
-from corpus_builder.records import Conversation, Message, Provenance, Served, ToolSettings, row_location
+from corpus_builder.records import Conversation, Message, Provenance, ToolSettings, row_location
 from corpus_builder.rows import batch_to_conversations, conversations_to_batch
 from corpus_builder.sources.hub import hub_label, hub_provenance
 
@@ -105,11 +104,3 @@ def test_a_value_of_another_shape_is_read_as_not_recorded() -> None:
     assert (odd.source_line, odd.source_id, odd.served) == (None, 4, None)
     assert odd.generation is not None and odd.generation.enable_thinking is False
     assert odd.generation.turns[0].token_ids is None
-
-
-def test_a_conversation_is_served_in_the_mode_its_log_records_else_as_its_reasoning_says() -> None:
-    reasoned = [Message("user", "hi"), Message("assistant", "hello", "greet")]
-    served = Served(enable_thinking=False, model="m", sampling={}, finish_reason="stop")
-    assert Conversation("r", "s", "replay", reasoned, provenance=Provenance(served=served)).thinking_mode is False
-    unsaid = replace(served, enable_thinking=None)
-    assert Conversation("r", "s", "replay", reasoned, provenance=Provenance(served=unsaid)).thinking_mode is True

@@ -15,7 +15,8 @@ The facts (a turn is a message; the published reports keep their own labels, nam
 * ``served``: the thinking mode a logged request was served in, or a generated row's turns were asked in (their
   ``enable_thinking``), None where the row does not record it. audit.json's ``served`` counts the replayed rows'.
 * ``thinking_mode``: ``served`` where the row records it, else ``thinking``: what the comparison's ``thinking``
-  dimension and ``thinking_share`` count. One gap is left, to keep the comparison's output as it was: on a built
+  dimension and ``thinking_share`` count, and what the eval pack is stratified by (``thinking_mode_of``, over a
+  typed row: ``stats.pack.stratum``). One gap is left, to keep the comparison's output as it was: on a built
   corpus's rows the comparison reads a generated row's mode, not a replayed row's logged one (a raw log's it
   reads), so a corpus replayed from logs counts its rows by ``thinking`` there
   (tests/stats/test_facts.py marks it).
@@ -43,6 +44,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from ..records import Conversation
 
 THINKING: Final = "thinking"
 SERVED: Final = "served"
@@ -102,6 +105,13 @@ def served(origin: object, provenance: object) -> bool | None:
 def thinking_mode(turns: Sequence[Turn], origin: object, provenance: object) -> bool:
     mode = served(origin, provenance)
     return thinking(turns) if mode is None else mode
+
+
+def thinking_mode_of(conversation: Conversation) -> bool:
+    """``thinking_mode`` of a typed row: the definition over its row form (``Conversation.to_row``: the provenance
+    as JSON, ``thinking`` the turns' fact), the turns read only where the provenance leaves the mode unrecorded."""
+    mode = served(conversation.origin, conversation.provenance.to_json())
+    return conversation.thinking if mode is None else mode
 
 
 def messages(turns: Sequence[Turn]) -> int:

@@ -8,15 +8,16 @@ from collections.abc import Mapping
 
 from ..records import Conversation
 from .corpus import AuditReport, PackEntry, PackMix
+from .facts import thinking_mode_of
 
-Stratum = tuple[str, str | None, bool]  # source, task, thinking (as served where the row records it)
+Stratum = tuple[str, str | None, bool]  # source, task, thinking mode (``facts.thinking_mode``)
 NO_TASK = "(no task)"
 
 
 def stratum(conversation: Conversation) -> Stratum:
-    """What the eval pack is stratified by: the row's source, task and thinking mode as served (a logged
-    request's), else whether it carries reasoning."""
-    return conversation.source, conversation.task, conversation.thinking_mode
+    """What the eval pack is stratified by: the row's source, task and thinking mode, the facts' (the mode it was
+    served in where it records it: a logged request's, a generated row's; else whether it carries reasoning)."""
+    return conversation.source, conversation.task, thinking_mode_of(conversation)
 
 
 def pack_mix(held: Mapping[Stratum, int], corpus: AuditReport) -> PackMix:

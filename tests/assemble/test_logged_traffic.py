@@ -17,6 +17,7 @@ from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.records import FLAG_TRUNCATED
 from corpus_builder.sources.fold import FOLDED_PREFIX
+from corpus_builder.stats.facts import thinking_mode_of
 from tests.sources.test_sources import write_lines
 from tests.support.serving_logs import exchanges, log_row, logged_conversation
 
@@ -116,4 +117,4 @@ output: {dir: out}
               for entry in corpus.manifest.section("eval")["sources"]["served"]["strata"]}
     # by the mode served, not by reasoning present: 20 chats served on (4 of them without reasoning), 10 off
     assert strata == {True: (20, 4), False: (10, 2)}
-    assert Counter(row.thinking_mode for row in corpus.pack_conversations()) == {True: 4, False: 2}
+    assert Counter(map(thinking_mode_of, corpus.pack_conversations())) == {True: 4, False: 2}

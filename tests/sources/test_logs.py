@@ -21,6 +21,7 @@ from corpus_builder.sources import iter_file, iter_source
 from corpus_builder.sources.fold import FOLDED_PREFIX, PrefixFold
 from corpus_builder.sources.logs import is_log_row, read_exchange
 from corpus_builder.sources.source import source_parts
+from corpus_builder.stats.facts import thinking_mode_of
 from tests.sources.test_sources import read, spec, split, write_lines
 from tests.support.serving_logs import SHAPES, exchanges, log_row, logged_conversation
 from tests.support.tool_chats import log_rows as tool_conversations
@@ -61,7 +62,7 @@ def test_every_shape_reads_the_exchange_with_its_answer_and_how_it_was_served(tm
     # the template flag where the log keeps the request; LiteLLM's payload keeps the reasoning effort; Langfuse neither
     assert served.enable_thinking is (None if shape.startswith("langfuse") else True)
     assert served.finish_reason == (None if shape.startswith("langfuse") else "stop")
-    assert conversation.thinking_mode is with_reasoning
+    assert thinking_mode_of(conversation) is with_reasoning
 
 
 def _read_one(tmp_path: Path, row: dict[str, Any]) -> tuple[list[Conversation], list[Skipped]]:

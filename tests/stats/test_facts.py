@@ -1,7 +1,8 @@
 """The facts of a conversation (``stats.facts``): the row-wise definition is the answer every engine gives, on any
 rows: the build's statistics over an Arrow batch (``BatchFacts``, ``CorpusStats``), the audit's polars engine over
-the same rows (``audit.frames.row_facts``). The publish gate recounts ``thinking`` with the definition itself, over a
-shard's rows read back (tests/publish/test_gate.py holds it to the turns)."""
+the same rows (``audit.frames.row_facts``), a typed row's mode (``thinking_mode_of``: the eval pack's strata). The
+publish gate recounts ``thinking`` with the definition itself, over a shard's rows read back
+(tests/publish/test_gate.py holds it to the turns)."""
 
 from __future__ import annotations
 
@@ -132,6 +133,9 @@ def test_every_engine_gives_the_row_wise_facts(drawn: list[Drawn]) -> None:
         if served else {"on": 0, "off": 0, "unrecorded": 0}
     assert counted == {"on": sum(mode is True for mode, _ in logged), "off": sum(mode is False for mode, _ in logged),
                        "unrecorded": sum(mode is None for mode, _ in logged)}
+
+    # a typed row's mode (the eval pack's strata) is the definition's over the row form it writes
+    assert [facts.thinking_mode_of(row) for row in rows] == [row_wise(row.to_row())[THINKING_MODE] for row in rows]
 
     audited = row_facts(pl.from_arrow(batch))  # type: ignore[arg-type]
     assert audited.select(THINKING, ASSISTANT_TURNS, TOOL_USE).rows() == [
