@@ -174,7 +174,7 @@ def validate(recipe: Path) -> None:
     """Check a recipe without doing any work: every problem, with file, line and key."""
     from .recipe import check_recipe
 
-    loaded, problems = check_recipe(recipe)
+    loaded, problems = check_recipe(recipe, registered_formats=_source_formats)
     if problems:
         for problem in problems:
             _echo_to_user(str(problem), err=True)
@@ -184,6 +184,13 @@ def validate(recipe: Path) -> None:
     kinds = [s.kind for s in loaded.sources]
     _echo_to_user(f"{recipe}: ok: recipe '{loaded.name}', {len(kinds)} sources "
                   f"({kinds.count('replay')} replay, {kinds.count('prompts')} prompts)")
+
+
+def _source_formats() -> tuple[str, ...]:
+    """The source formats' registry's names, imported only for a recipe that names a format."""
+    from .sources.formats import format_names
+
+    return format_names()
 
 
 @cli.command(epilog=exit_epilog("build"))

@@ -27,6 +27,7 @@ from ..recipe.model import Engine, Recipe
 from ..records import Conversation
 from ..screen.dedup import EvalSets, read_eval_sets
 from ..sources import iter_source, prompt_stream
+from ..sources.formats import check_source_formats
 from ..tokens import TemplateRenderer, TokenSettings
 from .mixture import RowBounds, SelectStage, certain_shortfalls
 
@@ -156,6 +157,7 @@ def plan_build(recipe: Recipe, out: Path | None = None, *, allow_short: bool | N
     (``engine``, else the recipe's), the cluster the build would run on (``address``, else RAY_ADDRESS, else one
     it starts here): a named cluster's head is probed, not joined; Ray missing or a cluster that does not answer is
     a problem."""
+    check_source_formats(recipe)
     eval_sets = read_eval_sets(recipe.decontamination)
     settings = TokenSettings.from_recipe(recipe)
     counter = SourceCounter(recipe, settings.renderer() if settings is not None else None)

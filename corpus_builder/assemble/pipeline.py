@@ -51,6 +51,7 @@ from ..recipe.crosscheck import match_source_pattern
 from ..recipe.model import Engine as EngineName
 from ..recipe.model import Recipe
 from ..screen.dedup import EvalSets, describe_screening, read_eval_sets
+from ..sources.formats import check_source_formats
 from ..stats.corpus import AuditReport, CorpusStats, corpus_problems, generation_targets
 from ..stats.pack import pack_mix
 from .collect import declared_mixture, generate_in_rounds
@@ -226,6 +227,7 @@ def build_corpus(recipe: Recipe, out: Path | None = None, *, progress: TextIO | 
     a corpus without rows fails with EmptyCorpus, nothing written, unless ``allow_empty``. ``engine`` overrides
     the recipe's: ``ray`` runs the build on the Ray cluster at ``address`` (``assemble/ray_data.py``), the same
     corpus."""
+    check_source_formats(recipe)
     on_ray = (engine or recipe.engine) == "ray"
     if on_ray:
         check_ray_engine(address)

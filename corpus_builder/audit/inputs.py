@@ -156,8 +156,10 @@ def _hub_ref(where: str) -> HubRef:
 def _recipe_units(path: Path) -> list[Unit]:
     from ..recipe import load_recipe
     from ..sources import resolve_paths
+    from ..sources.formats import check_source_formats
 
     recipe = load_recipe(path)
+    check_source_formats(recipe)
     units: list[Unit] = []
     for spec in recipe.sources:
         if spec.hub is not None:

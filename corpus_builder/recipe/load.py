@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,15 @@ from .model import (
     Target,
     ThinkingShare,
 )
-from .schema import fill_defaults, recipe_schema, schema_problems
-from .yaml_reader import Problem, parse_yaml, read_recipe_text
+from .schema import fill_defaults, recipe_schema, schema_problems, source_format_problems
+from .yaml_reader import Parsed, Problem, parse_yaml, read_recipe_text
 
 
-def check_recipe(path: Path) -> tuple[Recipe | None, list[Problem]]:
-    """Read, validate and type a recipe. Returns (recipe, []) or (None, every problem found)."""
+def check_recipe(path: Path, registered_formats: Callable[[], Sequence[str]] | None = None
+                 ) -> tuple[Recipe | None, list[Problem]]:
+    """Read, validate and type a recipe. Returns (recipe, []) or (None, every problem found). ``registered_formats``:
+    the source formats' names, to check a source's ``format`` with the rest (the registry is above the recipe:
+    without them, ``sources.formats.check_source_formats`` checks a loaded recipe's)."""
     path = Path(path)
     file = str(path)
     text, problems = read_recipe_text(path, file)
@@ -59,10 +63,12 @@ def check_recipe(path: Path) -> tuple[Recipe | None, list[Problem]]:
     # Derived defaults need the plain ones first; the second pass puts them in the schema's key order.
     document = fill_defaults(fill_derived(fill_defaults(parsed.data, recipe_schema())), recipe_schema())
     found = parsed.problems + schema_problems(parsed) + cross_field_problems(document, base_dir, parsed)
+    if registered_formats is not None:
+        found += source_format_problems(document, parsed, registered_formats)
     problems = sorted(dict.fromkeys(found), key=lambda p: (p.line or 0, p.column or 0, p.path))
     if problems:
         return None, problems
-    return _to_recipe(document, base_dir, path.resolve()), []
+    return _to_recipe(document, base_dir, path.resolve(), parsed), []
 
 
 def load_recipe(path: Path) -> Recipe:
@@ -88,7 +94,7 @@ def recipe_sha256(recipe: Recipe) -> str:
 
 
 
-def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
+def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path, written: Parsed) -> Recipe:
     target_doc = document["target"]
     launch_doc = target_doc.get("launch")
     tokenizer = target_doc.get("tokenizer")
@@ -130,6 +136,7 @@ def _to_recipe(document: dict[str, Any], base_dir: Path, path: Path) -> Recipe:
         base_dir=base_dir,
         path=path,
         document=document,
+        written=written,
     )
 
 

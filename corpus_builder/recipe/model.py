@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from ..records import RepairRules
 from ..trainer_formats import ExportFormat, FileFormat
+from .yaml_reader import Parsed
 
 # The recipe's closed choices, as the schema's enums spell them (tests/recipe/test_model.py ties the two).
 HistoryReasoning = Literal["keep", "drop"]
@@ -19,7 +20,9 @@ Backend = Literal["server", "engine"]
 Engine = Literal["local", "ray"]
 MappingStyle = Literal["auto", "sharegpt", "messages", "gsm8k", "field", "log"]
 SourceKind = Literal["replay", "prompts"]
-SourceFormat = Literal["auto", "jsonl", "jsonl.zst", "json", "parquet"]
+# A source's format when its files' names tell it; else a registered source format's name, checked against
+# the names of the formats' registry, which sits above the recipe (``schema.source_format_problems``).
+AUTO_FORMAT = "auto"
 ToolResults = Literal["match", "recorded"]
 OnOverLength = Literal["drop", "truncate"]
 OnUnclosedThink = Literal["drop", "keep"]
@@ -151,7 +154,7 @@ class SourceSpec:
     kind: SourceKind
     paths: tuple[str, ...] = ()  # as written (globs allowed), resolved against Recipe.base_dir
     hub: HubRef | None = None
-    format: SourceFormat = "auto"
+    format: str = AUTO_FORMAT  # else a registered source format's name
     mapping: Mapping = field(default_factory=Mapping)
     take: Take | None = None
     repair: RepairRules = field(default_factory=RepairRules)
@@ -298,6 +301,8 @@ class Recipe:
     base_dir: Path = Path(".")  # the recipe file's directory: relative paths resolve against it
     path: Path | None = None  # the recipe file itself
     document: dict[str, Any] = field(default_factory=dict)  # the validated document, defaults filled
+    written: Parsed | None = field(default=None, compare=False, repr=False)  # the file as read: where each value is,
+    # for a check that needs what sits above the recipe (``sources.formats.check_source_formats``)
 
     @property
     def has_prompts(self) -> bool:

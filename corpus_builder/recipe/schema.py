@@ -8,11 +8,12 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .model import AUTO_FORMAT
 from .yaml_reader import KeyPath, Parsed, Problem
 
 if TYPE_CHECKING:
@@ -126,6 +127,26 @@ def _expected(schema: dict[str, Any]) -> str:
     return " or ".join(words) or "a valid value"
 
 
+def source_format_problems(document: Mapping[str, object], parsed: Parsed,
+                           registered: Callable[[], Sequence[str]]) -> list[Problem]:
+    """Each source whose ``format`` names no registered format. The schema takes any name there: the formats' registry
+    sits above the recipe, and ``registered`` gives its names (asked only when a source names a format)."""
+    sources = document.get("sources")
+    named = [(index, source["format"]) for index, source in enumerate(sources if isinstance(sources, list) else [])
+             if isinstance(source, dict) and isinstance(source.get("format"), str) and source["format"] != AUTO_FORMAT]
+    if not named:
+        return []
+    known = [AUTO_FORMAT, *registered()]
+    return [parsed.problem(("sources", index, "format"), not_one_of(name, known, "registered source formats"))
+            for index, name in named if name not in known]
+
+
+def not_one_of(value: object, choices: Sequence[str], kind: str = "") -> str:
+    """A value that is none of the ``choices`` (of a ``kind``, named when given), the closest one suggested."""
+    return (f"{_show(value)} is not one of{f' the {kind}' if kind else ''}: {', '.join(choices)}"
+            + _did_you_mean(str(value), list(choices)))
+
+
 def _did_you_mean(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
@@ -188,9 +209,7 @@ def _describe(error: Any) -> Iterator[tuple[KeyPath, str, bool]]:
             message += " (put it in quotes to keep it as text)"
         yield path, message, False
     elif kind == "enum":
-        choices = ", ".join(str(v) for v in expected)
-        yield path, (f"{_show(instance)} is not one of: {choices}"
-                     + _did_you_mean(str(instance), [str(v) for v in expected])), False
+        yield path, not_one_of(instance, [str(v) for v in expected]), False
     elif kind == "oneOf":
         yield from _describe_one_of(error, path)
     elif kind == "minItems":

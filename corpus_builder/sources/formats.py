@@ -9,10 +9,13 @@ apart (``SplittableFormat``: on several processes, or as several audit parts).
 
 Which format a file is, is decided here only (``format_of``): the one a source declares (``format``), else the one
 the file name's suffix names; a file no registered format names, or a declared name no format has, is a located
-``CorpusError`` (exit 2), never a guess. A file that is something else than its format says is refused by its
-reader (``readers.check_text_start``, parquet's own check). Adding a format is one entry: a ``Format`` subclass
-that implements ``rows``, given to ``register``; every reader then takes it (``raw_batches`` re-encodes its object
-rows as JSON lines unless the format reads columns itself).
+``CorpusError`` (exit 2), never a guess. A file that is something else than its format says is refused by its reader
+(``readers.check_text_start``, parquet's own check). Adding a format is one entry: a ``Format`` subclass that
+implements ``rows``, given to ``register``; every reader then takes it (``raw_batches`` re-encodes its object rows as
+JSON lines unless the format reads columns itself), and a recipe may name it in a source's ``format``. The recipe
+sits below this registry and takes any name there, checked against ``format_names``: by ``corpus validate`` with the
+recipe's other problems, and by the commands that read a recipe's sources before anything else
+(``check_source_formats``), each where the recipe writes it, with the names registered.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ..errors import CorpusError
+from ..recipe.model import AUTO_FORMAT, Recipe
+from ..recipe.schema import source_format_problems
+from ..recipe.yaml_reader import Parsed
 from .raw import (
     PARQUET_BATCH_ROWS,
     RawBatch,
@@ -51,7 +57,7 @@ from .readers import (
 if TYPE_CHECKING:
     import pyarrow
 
-AUTO = "auto"  # a source's ``format`` when the file name tells it
+AUTO = AUTO_FORMAT  # a source's ``format`` when the file name tells it
 
 
 class Format(ABC):
@@ -275,6 +281,14 @@ for _builtin in (JsonLines(), ZstdJsonLines(), JsonDocument(), Parquet()):
 
 def format_names() -> tuple[str, ...]:
     return tuple(REGISTRY)
+
+
+def check_source_formats(recipe: Recipe) -> None:
+    """Refuse a recipe whose sources name a format no entry has, as ``load_recipe`` refuses its other problems (exit
+    2, each where the recipe writes it, with the names registered), before a command reads its sources."""
+    written = recipe.written if recipe.written is not None else Parsed(None, [], str(recipe.path))
+    if problems := source_format_problems(recipe.document, written, format_names):
+        raise CorpusError("recipe is invalid", file=written.file, details=[str(problem) for problem in problems])
 
 
 def format_suffixes() -> tuple[str, ...]:

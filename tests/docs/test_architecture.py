@@ -44,6 +44,17 @@ def defined(path: Path, name: str) -> bool:
     return False
 
 
+def source_formats() -> None:
+    from corpus_builder.recipe.schema import recipe_schema
+    from corpus_builder.sources import formats as module
+
+    written = [value for value in vars(module).values() if inspect.isclass(value) and issubclass(value, module.Format)
+               and not inspect.isabstract(value) and value.__module__ == module.__name__]
+    assert written and {type(fmt) for fmt in module.REGISTRY.values()} == set(written), "a format outside REGISTRY"
+    # a recipe names a format by the registry's names, checked against it: no second list of them in the schema
+    assert "enum" not in recipe_schema()["$defs"]["source"]["properties"]["format"]
+
+
 def export_formats() -> None:
     from corpus_builder.export.formats import TRAINER_FORMATS, TrainerFormat
     from corpus_builder.trainer_formats import EXPORT_FORMATS
@@ -71,6 +82,7 @@ def commands() -> None:
 
 # What each registry must hold, by the row that names it.
 REGISTRIES: dict[str, Callable[[], None]] = {
+    "a source format": source_formats,
     "an export format": export_formats,
     "a row check": row_checks,
     "a CLI command": commands,

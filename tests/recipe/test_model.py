@@ -27,7 +27,6 @@ PLACES: dict[tuple[type, str], tuple[str, ...]] = {
     (model.Recipe, "engine"): ("properties", "engine"),
     (model.Mapping, "style"): (*SOURCE, "mapping", "properties", "style"),
     (model.SourceSpec, "kind"): (*SOURCE, "kind"),
-    (model.SourceSpec, "format"): (*SOURCE, "format"),
     (model.SourceSpec, "tool_results"): (*SOURCE, "tool_results"),
     (model.Checks, "on_over_length"): ("properties", "checks", "properties", "on_over_length"),
     (model.Checks, "on_unclosed_think"): ("properties", "checks", "properties", "on_unclosed_think"),

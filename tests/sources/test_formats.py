@@ -1,17 +1,20 @@
 """The formats' registry: a format is one entry that every reader takes (the build, ``corpus audit FILE``, the audit
-against traffic, the eval pack), and a file no entry names is refused in one place, the same way by each."""
+against traffic, the eval pack) and a recipe may name, and a file no entry names is refused in one place, the same
+way by each, as is a name no entry has where a recipe writes it."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
-from corpus_builder.assemble import build_corpus
+from corpus_builder.assemble import build_corpus, plan_build
 from corpus_builder.audit import audit_against
 from corpus_builder.audit.inputs import traffic_units
+from corpus_builder.cli import main
 from corpus_builder.errors import CorpusError, Skipped
 from corpus_builder.eval.pack import read_pack
 from corpus_builder.layout import Corpus
@@ -27,7 +30,7 @@ QUESTIONS = [f"What is {n} + {n}?" for n in range(12)]
 class TabSeparated(Format):
     """A throwaway format: one exchange a line, the question and the answer apart by a tab."""
 
-    name = "tsv-test"
+    name = "tsv"
     suffixes = (".tsv",)
     by_line = True
 
@@ -57,12 +60,23 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[Format]:
     yield fmt
 
 
-def _recipe(root: Path, source: Path) -> Path:
+def _recipe(root: Path, source: Path, fmt: str = "auto") -> Path:
     path = root / "recipe.yaml"
     path.write_text(f"name: tsv\ntarget: {{model: m}}\nsources:\n"
-                    f"  - {{name: chats, kind: replay, path: {source.name}, task: math}}\n"
+                    f"  - {{name: chats, kind: replay, path: {source.name}, task: math, format: {fmt}}}\n"
                     "split: {validation_fraction: 0}\noutput: {dir: out}\n", encoding="utf-8")
     return path
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    """`corpus ARGS` in this process, so that it sees the format registered here: (exit code, standard error)."""
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["corpus", *args])
+    try:
+        main()
+    except SystemExit as exited:
+        return exited.code if isinstance(exited.code, int) else 1, capsys.readouterr().err
+    return 0, capsys.readouterr().err
 
 
 def test_a_registered_format_is_read_by_the_build_the_audit_and_the_eval_pack(tmp_path: Path, tsv: Path,
@@ -103,8 +117,45 @@ def test_a_format_no_entry_names_is_refused_the_same_way_by_every_reader(tmp_pat
             read()
         assert str(caught.value).endswith(message.split(": ", 1)[1]), name
     assert not (tmp_path / "out").exists()
-    with pytest.raises(CorpusError, match=r"unknown format 'tsv-test' \(expected one of jsonl, jsonl.zst, json, "):
-        list(iter_file(tsv, fmt="tsv-test"))
+    with pytest.raises(CorpusError, match=r"unknown format 'tsv' \(expected one of jsonl, jsonl.zst, json, "):
+        list(iter_file(tsv, fmt="tsv"))
+
+
+def test_a_recipe_names_a_registered_format_and_its_sources_are_read_with_it(
+        tmp_path: Path, tsv: Path, registered: Format, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    named = tsv.rename(tmp_path / "chats.txt")  # no suffix tells the format: the recipe's name does
+    recipe = _recipe(tmp_path, named, "tsv")
+    assert run_cli(["validate", str(recipe)], capsys, monkeypatch)[0] == 0
+    result = build_corpus(load_recipe(recipe), tmp_path / "out")
+    built = sorted(row.messages[0].content for row in Corpus.open(result.out_dir).iter_conversations())
+    assert built == sorted(QUESTIONS)
+
+
+def test_a_format_name_no_entry_has_is_refused_where_the_recipe_writes_it_with_the_names_registered(
+        tmp_path: Path, tsv: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = _recipe(tmp_path, tsv, "tvs")
+    line = recipe.read_text(encoding="utf-8").splitlines()[3]
+    where = f"{recipe}:4:{line.index('tvs') + 1}: sources[0].format: 'tvs' is not one of the registered source formats"
+    code, err = run_cli(["validate", str(recipe)], capsys, monkeypatch)
+    assert (code, err.splitlines()[0]) == (2, f"{where}: auto, jsonl, jsonl.zst, json, parquet")
+
+    monkeypatch.setitem(formats.REGISTRY, "tsv", TabSeparated())  # the names are the registry's, whatever it holds
+    expected = f"{where}: auto, jsonl, jsonl.zst, json, parquet, tsv; did you mean 'tsv'?"
+    code, err = run_cli(["validate", str(recipe)], capsys, monkeypatch)
+    assert (code, err.splitlines()[0]) == (2, expected)
+    code, err = run_cli(["build", str(recipe)], capsys, monkeypatch)
+    assert code == 2 and f"  - {expected}\n" in err
+    for read in (lambda: build_corpus(load_recipe(recipe)), lambda: plan_build(load_recipe(recipe)),
+                 lambda: traffic_units(str(recipe))):
+        with pytest.raises(CorpusError) as refused:
+            read()
+        assert refused.value.details == [expected]
+    assert not (tmp_path / "out").exists()
+
+    code, err = run_cli(["validate", str(_recipe(tmp_path, tmp_path / "gone.tsv", "tvs"))], capsys, monkeypatch)
+    assert code == 2 and [line.split(": ")[1] for line in err.splitlines()[:2]] == [  # every problem in one round
+        "sources[0].path", "sources[0].format"]
 
 
 def test_the_longest_suffix_names_a_file_and_a_suffix_or_name_is_one_format_s(monkeypatch: pytest.MonkeyPatch) -> None:
