@@ -15,6 +15,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TextIO
 
@@ -46,8 +47,16 @@ class PackCut:
     strata: dict[Stratum, tuple[int, int]]  # rows the sources give, rows held
 
     def holds(self, conversation: Conversation) -> bool:
+        priority = pack_priority(self.seed, conversation.id)
+        if priority > self.last_held:  # most rows: held by no stratum, whichever is theirs (not worked out)
+            return False
         cutoff = self.cutoffs.get(stratum(conversation))
-        return cutoff is not None and pack_priority(self.seed, conversation.id) <= cutoff
+        return cutoff is not None and priority <= cutoff
+
+    @cached_property
+    def last_held(self) -> int:
+        """The highest draw any stratum holds (-1: none)."""
+        return max(self.cutoffs.values(), default=-1)
 
 
 @dataclass(frozen=True)
