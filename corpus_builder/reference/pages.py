@@ -22,7 +22,7 @@ REGENERATE = "python -m corpus_builder.reference --write"
 
 def _recipe_page() -> str:
     """The recipe reference, ``sources[].format`` listing the formats registered: the schema takes any name there,
-    since the registry is above the recipe and checks it (``sources.formats.source_format_problems``)."""
+    since the registry is above the recipe and the names are checked against it (``schema.source_format_problems``)."""
     schema = copy.deepcopy(recipe_schema())
     schema["$defs"]["source"]["properties"]["format"]["enum"] = [AUTO, *format_names()]
     return render_page(schema)

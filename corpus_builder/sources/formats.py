@@ -286,7 +286,7 @@ def format_names() -> tuple[str, ...]:
 def check_source_formats(recipe: Recipe) -> None:
     """Refuse a recipe whose sources name a format no entry has, as ``load_recipe`` refuses its other problems (exit
     2, each where the recipe writes it, with the names registered), before a command reads its sources."""
-    written = recipe.written if recipe.written is not None else Parsed(None, [], str(recipe.path))
+    written = recipe.written if recipe.written is not None else Parsed(None, [], str(recipe.path or "recipe"))
     if problems := source_format_problems(recipe.document, written, format_names):
         raise CorpusError("recipe is invalid", file=written.file, details=[str(problem) for problem in problems])
 

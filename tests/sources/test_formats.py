@@ -4,7 +4,6 @@ way by each, as is a name no entry has where a recipe writes it."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,6 @@ import pytest
 from corpus_builder.assemble import build_corpus, plan_build
 from corpus_builder.audit import audit_against
 from corpus_builder.audit.inputs import traffic_units
-from corpus_builder.cli import main
 from corpus_builder.errors import CorpusError, Skipped
 from corpus_builder.eval.pack import read_pack
 from corpus_builder.layout import Corpus
@@ -23,6 +21,7 @@ from corpus_builder.records import Conversation
 from corpus_builder.sources import formats, iter_file
 from corpus_builder.sources.formats import Format, format_of, register
 from corpus_builder.sources.readers import PositionFilter, RowReader
+from tests.test_hostile_outputs import run_cli  # the CLI in this process: it sees a format registered here
 
 QUESTIONS = [f"What is {n} + {n}?" for n in range(12)]
 
@@ -66,17 +65,6 @@ def _recipe(root: Path, source: Path, fmt: str = "auto") -> Path:
                     f"  - {{name: chats, kind: replay, path: {source.name}, task: math, format: {fmt}}}\n"
                     "split: {validation_fraction: 0}\noutput: {dir: out}\n", encoding="utf-8")
     return path
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    """`corpus ARGS` in this process, so that it sees the format registered here: (exit code, standard error)."""
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["corpus", *args])
-    try:
-        main()
-    except SystemExit as exited:
-        return exited.code if isinstance(exited.code, int) else 1, capsys.readouterr().err
-    return 0, capsys.readouterr().err
 
 
 def test_a_registered_format_is_read_by_the_build_the_audit_and_the_eval_pack(tmp_path: Path, tsv: Path,
