@@ -39,6 +39,7 @@ from ..errors import Skipped
 from ..recipe.model import Fold
 from ..records import FLAG_TRUNCATED, REASONING_KEYS, THINK_CLOSE, Message, split_think
 from .logs import JsonObject, LoggedExchange, ScannedAnswer, ScannedExchange, Turn
+from .mappings import NormalisedRow, RowNormaliser
 
 FOLDED_PREFIX = "folded_prefix"
 
@@ -298,6 +299,16 @@ class PrefixFold(Generic[Tag]):
 def folded_skip(source: str, earlier: str, into: str) -> Skipped:
     """The ledger's entry of a request folded into a later one (by their locations)."""
     return Skipped(source, FOLDED_PREFIX, earlier, f"folded into {into}")
+
+
+def let_out(normaliser: RowNormaliser, held: Held[Tag]) -> list[NormalisedRow]:
+    """A chat's conversation(s) as the readers make them of the request the fold let out (a repair may split it),
+    with what the requests folded into it left (``carry``); BadRow when the readers refuse that request. The build's
+    stream (``source``) and the audit's counters (``batches``) both let their chats out here."""
+    rows = normaliser.logged(held.exchange)
+    for row in rows:
+        carry(row.messages, row.flags, held)
+    return rows
 
 
 def carry(messages: list[Message], flags: list[str], held: Held[Tag]) -> None:

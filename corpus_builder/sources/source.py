@@ -23,10 +23,10 @@ from ..recipe import match_source_pattern
 from ..recipe.model import Mapping, Recipe, SourceKind, SourceSpec
 from ..records import Conversation, Origin, Provenance, conversation_id
 from ..secrets import redact_conversations
-from .fold import Held, PrefixFold, carry, folded_skip
+from .fold import Held, PrefixFold, folded_skip, let_out
 from .formats import AUTO, Format, LineFormat, SplittableFormat, format_of
 from .hub import hub_label, hub_provenance, iter_hub_rows
-from .logs import ScannedExchange, read_exchange, scan_line
+from .logs import LoggedExchange, ScannedExchange, read_exchange, scan_line
 from .mappings import (
     TOOL_CHOICE_UNDEFINED,
     Layout,
@@ -353,15 +353,14 @@ def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[i
         unit = units[tag[0]]
         return f"{unit.label}{unit.separator}{tag[1]}"
 
-    def let_out(held: Held[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
+    def conversations(held: Held[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
         index, position = held.tag
         try:
-            rows = normalisers[index].logged(held.exchange)
+            rows = let_out(normalisers[index], held)
         except BadRow as bad:
             yield held.tag, Skipped(spec.name, bad.reason, location(held.tag), bad.detail)
             return
         for row in rows:
-            carry(row.messages, row.flags, held)
             yield held.tag, _conversation(spec, units[index], position, row,
                                           held.requests if held.requests > 1 else None)
 
@@ -369,31 +368,25 @@ def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[i
         normalise = normalisers[index]
         for position, row in unit.scanned() if unit.scanned is not None else unit.rows(None):
             tag = (index, position)
-            if isinstance(row, ScannedExchange):  # a logged request, unless the file's first row showed otherwise
-                if normalise.layout is None:
-                    normalise.layout = _LOGGED
-                if normalise.layout.style == "log":
-                    for held, folded in fold.add(row, tag):
-                        if folded:
-                            yield held.tag, folded_skip(spec.name, location(held.tag), location(tag))
-                        else:
-                            yield from let_out(held)
+            logged: LoggedExchange | ScannedExchange
+            if isinstance(row, ScannedExchange) and normalise.layout in (None, _LOGGED):
+                normalise.layout, logged = _LOGGED, row  # a logged request, as the file's first row showed (or this)
+            else:
+                try:
+                    row = row.row() if isinstance(row, ScannedExchange) else row
+                    if isinstance(row, BadRow):
+                        raise row
+                    if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
+                        yield from ((tag, _conversation(spec, unit, position, part)) for part in normalise(row))
+                        continue
+                    logged = read_exchange(row_object(row))
+                except BadRow as bad:
+                    yield tag, Skipped(spec.name, bad.reason, location(tag), bad.detail)
                     continue
-                row = row.row()
-            try:
-                if isinstance(row, BadRow):
-                    raise row
-                if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
-                    yield from ((tag, _conversation(spec, unit, position, part)) for part in normalise(row))
-                    continue
-                exchange = read_exchange(row_object(row))
-            except BadRow as bad:
-                yield tag, Skipped(spec.name, bad.reason, location(tag), bad.detail)
-                continue
-            for held, folded in fold.add(exchange, tag):
+            for held, folded in fold.add(logged, tag):
                 if folded:
                     yield held.tag, folded_skip(spec.name, location(held.tag), location(tag))
                 else:
-                    yield from let_out(held)
+                    yield from conversations(held)
     for held in fold.close():
-        yield from let_out(held)
+        yield from conversations(held)
