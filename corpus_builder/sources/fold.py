@@ -9,13 +9,13 @@ which clients rarely send back in the history, and a cut answer's flag. The same
 where the log records one, else any row with the prefix.
 
 The fold works on the logged exchanges as read (``logs.LoggedExchange``), or as scanned (``logs.ScannedExchange``:
-the commonest shape, its turns left as their logged JSON text, the line read whole only if the fold keeps it),
-before they are normalised: a request folded into a later one is never normalised, so a chat costs one
-normalisation however many requests logged it. A request's history is matched turn by turn on its JSON text
-(orjson's, or the line's own for a scanned line: the same for a log written compactly, as orjson and most gateways
-write it); the answer that ends it on role, text (stripped, an answer's think block left out) and tool calls (name
-and arguments, as JSON whether an object or its text): the reasoning and the call ids a client sends back are not
-trusted to be the served ones.
+the commonest shape, its turns and answer decoded natively into records, the line read whole only if the fold keeps
+it), before they are normalised: a request folded into a later one is never normalised, so a chat costs one
+normalisation however many requests logged it. A request's history is matched turn by turn on the turns' fields
+and values (a ``logs.Turn`` record, hashed in C; a turn with other fields by its JSON text, keys sorted), in any key
+order, a field left out not the same as one sent as null; the answer that ends it on role, text (stripped, an
+answer's think block left out) and tool calls (name and arguments, as JSON whether an object or its text): the
+reasoning and the call ids a client sends back are not trusted to be the served ones.
 
 Memory is bounded by the number of open conversations (``max_open``), not by the file: past it the conversation
 extended longest ago is let out as it stands (a later request of it is then its own conversation). Rows come out
@@ -143,15 +143,13 @@ def _turn_key(turn: object) -> TurnKey:
     scanned one of the same chat match), else its JSON text with its keys sorted (its repr where JSON cannot hold it:
     a Hub row's bytes)."""
     try:
-        return _AS_TURN(turn, Turn)
+        return msgspec.convert(turn, Turn)
     except msgspec.ValidationError:
         try:
             return orjson.dumps(turn, option=orjson.OPT_SORT_KEYS)
         except orjson.JSONEncodeError:
             return repr(turn).encode()
 
-
-_AS_TURN = msgspec.convert
 
 
 def _roles(messages: list[object]) -> list[object]:

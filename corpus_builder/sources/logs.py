@@ -19,9 +19,9 @@ the request says of how it was served travels with the row (``LoggedExchange.ser
 template flag ``chat_template_kwargs.enable_thinking``, else ``reasoning_effort``, else a ``/think`` or ``/no_think``
 switch ending the last user turn), the sampling settings, the model, the finish reason and the usage.
 
-The commonest shape (the nested one with no session field) is scanned natively (``scan_line``: msgspec, the turns
-left as their JSON text), so a request the fold drops never becomes Python objects beyond its answer; any other line
-is parsed whole and read here.
+The commonest shape (the nested one with no session field) is scanned natively (``scan_line``: msgspec, the turns and
+the answer decoded into records, the rest skipped), so a request the fold drops never becomes a parsed row; any other
+line is parsed whole and read here.
 """
 
 from __future__ import annotations
