@@ -5,8 +5,9 @@ Both files are made from the same conversations (1-4 exchanges, a third with rea
 requests in order, the chats interleaved over a window of ``--concurrent`` open chats, each request repeating the
 history without the answers' reasoning (as clients send it), in the nested ``{request, response}`` shape. Each
 read is the source readers' (``iter_file``), consumed and counted, in a child process so its peak RSS is its own;
-the orjson parse of each file's lines alone is measured too, and the fold's floor (``FLOOR``). Sizes alternate
-within each repeat so machine noise hits both alike; medians are reported.
+the orjson parse of each file's lines alone is measured too, the fold's floor (``FLOOR``) and what any fold costs at
+the least (``ORACLE``). The reads alternate within each repeat so machine noise hits them alike; medians of the wall
+time and of the CPU time (the child's own, steadier on a shared machine) are reported.
 
     python benchmarks/bench_logs.py [--conversations 200000] [--repeats 3] [--memory 10000000] [--workdir DIR]
 
@@ -26,7 +27,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -136,7 +137,7 @@ CHILD = """
 import json, resource, sys, time
 import orjson
 path, mode = sys.argv[1], sys.argv[2]
-started = time.perf_counter()
+started, cpu_started = time.perf_counter(), time.process_time()
 rows = conversations = 0
 parts = {}
 if mode == "parse":
@@ -170,7 +171,7 @@ elif mode == "oracle":  # see ORACLE
     from corpus_builder.collector import rare_collections
     from corpus_builder.recipe.model import Fold, SourceSpec
     from corpus_builder.sources.fold import folded_skip
-    from corpus_builder.sources.source import _file_unit, _select
+    from corpus_builder.sources import iter_source
 
     class Request(msgspec.Struct):
         messages: list[msgspec.Raw]
@@ -192,7 +193,7 @@ elif mode == "oracle":  # see ORACLE
     with open(path, "rb") as handle, kept_file.open("wb") as out:
         out.writelines(line for number, line in enumerate(handle, 1) if number in kept)
     spec = SourceSpec(name="log", kind="replay", paths=(str(kept_file),), fold=Fold(enabled=False))
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     with open(path, "rb") as handle, rare_collections():
         for number, line in enumerate(handle, 1):
             scan.decode(line)
@@ -200,7 +201,7 @@ elif mode == "oracle":  # see ORACLE
                 folded_skip("log", f"log.jsonl:{number}", f"log.jsonl:{number + 1}")
             rows += 1
         scanned = time.perf_counter()
-        for item in _select(spec, [_file_unit(kept_file, "jsonl", "log.jsonl")]):
+        for item in iter_source(spec, kept_file.parent):
             conversations += hasattr(item, "messages")
     parts = {"scan_and_ledger": scanned - started, "kept_read": time.perf_counter() - scanned}
 else:
@@ -208,16 +209,27 @@ else:
     for item in iter_file(path):
         rows += 1
         conversations += hasattr(item, "messages")
-elapsed = time.perf_counter() - started
-print(json.dumps({"seconds": elapsed, "rows": rows, "conversations": conversations, "parts": parts,
+elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+print(json.dumps({"seconds": elapsed, "cpu": cpu, "rows": rows, "conversations": conversations, "parts": parts,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
-def measure(path: Path, mode: str) -> dict[str, Any]:
+class Measured(TypedDict):
+    """One read, as its child process reports it."""
+
+    seconds: float
+    cpu: float
+    rows: int
+    conversations: int
+    parts: dict[str, float]
+    rss_mb: float
+
+
+def measure(path: Path, mode: str) -> Measured:
     completed = subprocess.run([sys.executable, "-c", CHILD, str(path), mode], capture_output=True, text=True,
                                check=True)
-    result: dict[str, Any] = json.loads(completed.stdout)
+    result: Measured = json.loads(completed.stdout)
     return result
 
 
@@ -243,7 +255,7 @@ def main() -> None:
     plain, logged, requests = write_files(workdir, args.conversations, args.concurrent)
     print(f"{args.conversations:,} conversations: messages form {plain.stat().st_size / 1e6:.0f} MB; "
           f"log of {requests:,} requests {logged.stat().st_size / 1e6:.0f} MB")
-    runs: dict[str, list[dict[str, Any]]] = {"messages": [], "log": [], "parse": [], "parse msg": [], FLOOR: [],
+    runs: dict[str, list[Measured]] = {"messages": [], "log": [], "parse": [], "parse msg": [], FLOOR: [],
                                              ORACLE: []}
     for repeat in range(args.repeats):
         order = [("messages", plain, "read"), ("log", logged, "read"), ("parse", logged, "parse"),
@@ -251,8 +263,9 @@ def main() -> None:
         for name, path, mode in order if repeat % 2 == 0 else order[::-1]:
             runs[name].append(measure(path, mode))
     medians = {name: statistics.median(r["seconds"] for r in results) for name, results in runs.items()}
+    cpu = {name: statistics.median(r["cpu"] for r in results) for name, results in runs.items()}
     for name, results in runs.items():
-        print(f"{name:<9} {medians[name]:7.2f} s (median of {len(results)}), "
+        print(f"{name:<9} {medians[name]:7.2f} s (median of {len(results)}), CPU {cpu[name]:6.2f} s, "
               f"{args.conversations / medians[name]:>9,.0f} conversations/s, "
               f"{results[0]['rows'] / medians[name]:>9,.0f} rows/s, "
               f"peak RSS {max(r['rss_mb'] for r in results):.0f} MB")
@@ -271,6 +284,8 @@ def main() -> None:
           f"normalisation) {medians['messages'] / (medians['parse'] + normalised):.2f}x; the floor fold "
           f"{medians['messages'] / (medians[FLOOR] + normalised):.2f}x; any fold (the oracle) "
           f"{medians['messages'] / medians[ORACLE]:.2f}x")
+    print(f"the readers' fold against any fold (the oracle), conversations/s: {medians[ORACLE] / medians['log']:.2f}x "
+          f"wall, {cpu[ORACLE] / cpu['log']:.2f}x CPU")
     if args.memory:
         small, large = workdir / "memory-small.jsonl", workdir / "memory-large.jsonl"
         write_log_only(small, args.memory // 10, args.concurrent)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..errors import BadRow, CorpusError, Skipped
 from ..recipe.model import Fold, Mapping
 from ..records import Conversation, Provenance, RepairRules
-from .fold import Held, PrefixFold, carry
+from .fold import Held, PrefixFold, let_out
 from .logs import read_exchange
 from .mappings import Layout, NormalisedRow, RowNormaliser, row_object
 from .raw import RowsAt
@@ -116,12 +116,11 @@ class BatchNormaliser:
     def _let_out(self, held: Held[int], into: Normalised) -> None:
         """A chat's last request, let out by the fold: its conversations, with what the folded requests left."""
         try:
-            parts = self.normaliser.logged(held.exchange)
+            parts = let_out(self.normaliser, held)
         except BadRow as bad:
             into.skipped[bad.reason] += 1
             return
         for number, part in enumerate(parts):
-            carry(part.messages, part.flags, held)
             conversation = self._conversation(f"{held.tag}/{number}", held.exchange.row, part)
             into.made.append((served_mode(held.exchange.row, conversation), conversation))
 

@@ -8,36 +8,48 @@ the row it was folded into) and the later row keeps what only the earlier one he
 which clients rarely send back in the history, and a cut answer's flag. The same conversation is the same session
 where the log records one, else any row with the prefix.
 
-The fold works on the logged exchanges as read (``logs.LoggedExchange``), before they are normalised: a request
-folded into a later one is never normalised, so a chat costs one normalisation however many requests logged it.
-Turns are matched on role, text (stripped, an answer's think block left out) and tool calls (name and arguments, as
-JSON whether an object or its text): the reasoning and the call ids a client sends back are not trusted to be the
-served ones. Memory is bounded by the number of open conversations (``max_open``), not by the file: past it the
-conversation extended longest ago is let out as it stands (a later request of it is then its own conversation). Rows
-come out when they close, so a log's conversations come out in the order their chats ended.
+The fold works on the logged exchanges as read (``logs.LoggedExchange``), or as scanned (``logs.ScannedExchange``:
+the commonest shape, its turns and answer decoded natively into records, the line read whole only if the fold keeps
+it), before they are normalised: a request folded into a later one is never normalised, so a chat costs one
+normalisation however many requests logged it. A request's history is matched turn by turn on the turns' fields
+and values (a ``logs.Turn`` record, hashed in C; a turn with other fields by its JSON text, keys sorted), in any key
+order, a field left out not the same as one sent as null; the answer that ends it on role, text (stripped, an
+answer's think block left out) and tool calls (name and arguments, as JSON whether an object or its text): the
+reasoning and the call ids a client sends back are not trusted to be the served ones.
+
+Memory is bounded by the number of open conversations (``max_open``), not by the file: past it the conversation
+extended longest ago is let out as it stands (a later request of it is then its own conversation). Rows come out
+when they close, so a log's conversations come out in the order their chats ended.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, TypeVar, cast
 
+import msgspec
 import orjson
+from msgspec import UNSET
 
 from ..errors import Skipped
 from ..recipe.model import Fold
 from ..records import FLAG_TRUNCATED, REASONING_KEYS, THINK_CLOSE, Message, split_think
-from .logs import LoggedExchange
+from .logs import JsonObject, LoggedExchange, ScannedAnswer, ScannedExchange, Turn
+from .mappings import NormalisedRow, RowNormaliser
 
 FOLDED_PREFIX = "folded_prefix"
 
 Tag = TypeVar("Tag")  # what the caller keeps with each request (where it was read)
 ANSWER_ROLE = "assistant"
-_ROLE = itemgetter("role")
+# A turn's role, read in C; a turn that is not an object raises TypeError, which ``_roles`` catches.
+_ROLE = cast(Callable[[object], object], itemgetter("role"))
+Logged = LoggedExchange | ScannedExchange  # a logged request as the fold takes it: read, or scanned
+Answer = JsonObject | ScannedAnswer | Turn  # an answer as read, as scanned, or sent back in a scanned history
+TurnKey = Turn | bytes  # a history turn as the fold compares it: a record where it is one, else its JSON text
 
 
 class Carried(NamedTuple):
@@ -46,36 +58,47 @@ class Carried(NamedTuple):
     whether it was served cut."""
 
     position: int  # its answer's, among the turns of the requests after it
-    answer: dict[str, Any]
+    answer: JsonObject | ScannedAnswer
     cut: bool
 
     @classmethod
-    def of(cls, exchange: LoggedExchange) -> Carried:
-        return cls(len(exchange.messages), exchange.answer, exchange.finish_reason == "length")
+    def of(cls, logged: Logged) -> Carried:
+        turns = logged.turn_count if isinstance(logged, ScannedExchange) else len(logged.messages)
+        return cls(turns, logged.answer, logged.finish_reason == "length")
 
 
 @dataclass(slots=True)
 class Held(Generic[Tag]):
     """A logged request, open or let out, with what the requests folded into it left (their exchanges are not
-    kept: an open chat holds one request's row)."""
+    kept: an open chat holds one request's row, or its line when it was scanned)."""
 
-    exchange: LoggedExchange
+    logged: Logged
     tag: Tag
     head: int  # the key of the chat's first exchange (with its session)
     carried: list[Carried] = field(default_factory=list)
     requests: int = 1
 
+    @property
+    def exchange(self) -> LoggedExchange:
+        """The request read whole (a scanned line is read when first asked: the fold let it out)."""
+        logged = self.logged
+        if isinstance(logged, ScannedExchange):
+            logged = self.logged = logged.exchange()
+        return logged
 
-def _turn_text(answer: dict[str, Any]) -> str:
-    """An answer's text as the fold compares it: stripped, its think block left out (null: none; other content as
-    its JSON text, which a client may send back instead)."""
-    content = answer.get("content")
+
+def _turn_text(answer: Answer) -> str:
+    """An answer's text as the fold compares it: stripped, its think block left out (null or absent: none; other
+    content as its JSON text, which a client may send back instead)."""
+    content = answer.get("content") if isinstance(answer, dict) else answer.content
     if type(content) is str:
         return content.rpartition(THINK_CLOSE)[2].strip()
-    return "" if content is None else orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+    if content is None or content is UNSET:
+        return ""
+    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def _arguments(arguments: Any) -> Any:
+def _arguments(arguments: object) -> object:
     """A call's arguments as the fold compares them: as JSON with its keys sorted, whether an object or its text (a
     client may write the text it sends back again, in its own spacing and key order); other text as it is."""
     if isinstance(arguments, str):
@@ -86,11 +109,14 @@ def _arguments(arguments: Any) -> Any:
     return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
 
 
-def _calls(turn: dict[str, Any]) -> tuple[Any, ...]:
+def _calls(turn: Answer) -> tuple[object, ...]:
+    """An answer's calls as the fold compares them (name and arguments); a scanned answer has none."""
+    if not isinstance(turn, dict) or ("tool_calls" not in turn and "function_call" not in turn):
+        return ()
     calls = turn.get("tool_calls") or ([turn["function_call"]] if turn.get("function_call") else ())
     if not isinstance(calls, list | tuple):
         return (repr(calls),)
-    found: list[Any] = []
+    found: list[object] = []
     for call in calls:
         function = call.get("function", call) if isinstance(call, dict) else call
         if isinstance(function, dict):
@@ -100,32 +126,33 @@ def _calls(turn: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(found)
 
 
-def _answer_sign(answer: dict[str, Any]) -> tuple[Any, ...]:
-    """An answer as the fold compares it: its text and calls, whether served (with reasoning, nulls) or sent back in a
-    later request's history (without them)."""
-    return _turn_text(answer), _calls(answer)
-
-
-def _key(session: str | None, history: tuple[bytes, ...], answer: dict[str, Any]) -> int:
+def _key(session: str | None, history: tuple[TurnKey, ...], answer: Answer) -> int:
     """The key of a conversation of ``session`` that ends with ``answer`` after ``history``: the history's turns as
-    the client sent them (each serialised in C: a client sends its history back as it sent it before) and the
-    answer as the fold compares it. Equal within one process (Python's hashes: a request is only matched with those
-    the same process read)."""
-    return hash((session, history, _answer_sign(answer)))
+    the client sent them (a client sends its history back as it sent it before) and the answer as the fold compares
+    it, whether served (with reasoning, nulls) or sent back in a later request's history (without them): its text and
+    calls. Equal within one process (Python's hashes: a request is only matched with those the same process read)."""
+    return hash((session, history, _turn_text(answer), _calls(answer)))
 
 
-def _is_answer(turn: Any) -> bool:
+def _is_answer(turn: object) -> bool:
     return type(turn) is dict and turn.get("role") == ANSWER_ROLE
 
 
-def _serialised(messages: list[Any]) -> tuple[bytes, ...]:
+def _turn_key(turn: object) -> TurnKey:
+    """A read turn as the fold compares it: the record the scan makes of it where it is one (so a read request and a
+    scanned one of the same chat match), else its JSON text with its keys sorted (its repr where JSON cannot hold it:
+    a Hub row's bytes)."""
     try:
-        return tuple(map(orjson.dumps, messages))
-    except orjson.JSONEncodeError:  # a value JSON cannot hold (a Hub row's bytes): by its text
-        return tuple(repr(turn).encode() for turn in messages)
+        return msgspec.convert(turn, Turn)
+    except msgspec.ValidationError:
+        try:
+            return orjson.dumps(turn, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:
+            return repr(turn).encode()
 
 
-def _roles(messages: list[Any]) -> list[Any]:
+
+def _roles(messages: list[object]) -> list[object]:
     """Each turn's role (None for a turn that is not an object), read in C when every turn has one."""
     try:
         return list(map(_ROLE, messages))
@@ -133,27 +160,66 @@ def _roles(messages: list[Any]) -> list[Any]:
         return [turn.get("role") if type(turn) is dict else None for turn in messages]
 
 
-def exchange_keys(exchange: LoggedExchange) -> tuple[int, int, int | None]:
+def _turns(logged: Logged) -> tuple[str | None, tuple[TurnKey, ...], list[object], Sequence[Answer | object]]:
+    """A request's session, its history's turns as the fold compares them, their roles, and the turns themselves."""
+    if isinstance(logged, ScannedExchange):
+        turns = logged.turns
+        return None, tuple(turns), [turn.role for turn in turns], turns
+    messages = logged.messages
+    return logged.session, tuple(map(_turn_key, messages)), _roles(messages), messages
+
+
+def exchange_keys(exchange: Logged) -> tuple[int, int, int | None]:
     """The exchange's own key, the key of its chat's first exchange, and the key of the request before it (its turns
     up to the last answer its history holds; None when it holds none); each with the exchange's session."""
-    messages, session = exchange.messages, exchange.session
-    history = _serialised(messages)
+    if type(exchange) is ScannedExchange:
+        return _scanned_keys(exchange)
+    session, history, roles, turns = _turns(exchange)
     full = _key(session, history, exchange.answer)
-    roles = _roles(messages)
     if ANSWER_ROLE not in roles:
         return full, full, None
     first = roles.index(ANSWER_ROLE)
-    head = _key(session, history[:first], messages[first])
-    roles.reverse()
-    last = len(roles) - 1 - roles.index(ANSWER_ROLE)
-    return full, head, head if last == first else _key(session, history[:last], messages[last])
+    head = _key(session, history[:first], _answer_at(turns, first))
+    last = len(roles) - 1 - roles[::-1].index(ANSWER_ROLE)
+    return full, head, head if last == first else _key(session, history[:last], _answer_at(turns, last))
 
 
-def earlier_keys(exchange: LoggedExchange) -> list[int]:
+def _scanned_keys(exchange: ScannedExchange) -> tuple[int, int, int | None]:
+    """``exchange_keys`` of a scanned request, read off its records (no session, no calls; a turn's text as
+    ``_turn_text`` reads it): the request's own work is the fold's hot path."""
+    turns = exchange.turns
+    history = tuple(turns)
+    content = exchange.answer.content
+    full = hash((None, history, content.rpartition(THINK_CLOSE)[2].strip() if type(content) is str else "", ()))
+    last = len(turns) - 1
+    while last >= 0 and turns[last].role != ANSWER_ROLE:
+        last -= 1
+    if last < 0:
+        return full, full, None
+    first = 0
+    while turns[first].role != ANSWER_ROLE:
+        first += 1
+    content = turns[first].content
+    head = hash((None, history[:first], content.rpartition(THINK_CLOSE)[2].strip() if type(content) is str else "",
+                 ()))
+    if last == first:
+        return full, head, head
+    content = turns[last].content
+    return full, head, hash((None, history[:last],
+                             content.rpartition(THINK_CLOSE)[2].strip() if type(content) is str else "", ()))
+
+
+def _answer_at(turns: Sequence[Answer | object], index: int) -> Answer:
+    turn = turns[index]
+    assert isinstance(turn, dict | Turn)  # its role is the answer's: an object
+    return turn
+
+
+def earlier_keys(exchange: Logged) -> list[int]:
     """The keys of every request before it in its chat: its turns up to each answer its history holds."""
-    messages, session = exchange.messages, exchange.session
-    history = _serialised(messages)
-    return [_key(session, history[:index], turn) for index, turn in enumerate(messages) if _is_answer(turn)]
+    session, history, roles, turns = _turns(exchange)
+    return [_key(session, history[:index], _answer_at(turns, index)) for index, role in enumerate(roles)
+            if role == ANSWER_ROLE]
 
 
 class PrefixFold(Generic[Tag]):
@@ -171,7 +237,7 @@ class PrefixFold(Generic[Tag]):
         self._open: OrderedDict[int, Held[Tag]] = OrderedDict()  # by their key, which holds their session
         self._heads: dict[int, int] = {}  # how many open chats began with each first exchange
 
-    def add(self, exchange: LoggedExchange, tag: Tag) -> list[tuple[Held[Tag], bool]]:
+    def add(self, exchange: Logged, tag: Tag) -> list[tuple[Held[Tag], bool]]:
         full, head, previous = exchange_keys(exchange)
         held: Held[Tag] = Held(exchange, tag, head)
         finished: list[tuple[Held[Tag], bool]] = []  # a list, not a generator: most requests finish one or none
@@ -184,11 +250,14 @@ class PrefixFold(Generic[Tag]):
                     earlier = self._pop(candidate)
                     if earlier is not None:
                         self._fold(earlier, held, finished)
-        same = self._pop(full)  # the same request logged again (a line written twice): one request of its chat
+        same = self._open.pop(full, None)  # the same request logged again (a line written twice): one of its chat
         if same is not None:
+            self._forget_head(same)
             held.carried += same.carried  # its answer is this one's: only what was folded into it is carried
             held.requests += same.requests
             finished.append((same, True))
+        if type(exchange) is ScannedExchange:
+            exchange.turns = []  # keyed: freed now, while they are warm, not when the chat is let out
         self._open[full] = held
         self._heads[head] = self._heads.get(head, 0) + 1
         if len(self._open) > self.max_open:
@@ -207,7 +276,7 @@ class PrefixFold(Generic[Tag]):
 
     @staticmethod
     def _fold(earlier: Held[Tag], into: Held[Tag], finished: list[tuple[Held[Tag], bool]]) -> None:
-        into.carried += [*earlier.carried, Carried.of(earlier.exchange)]
+        into.carried += [*earlier.carried, Carried.of(earlier.logged)]
         into.requests += earlier.requests
         finished.append((earlier, True))
 
@@ -230,9 +299,21 @@ def folded_skip(source: str, earlier: str, into: str) -> Skipped:
     return Skipped(source, FOLDED_PREFIX, earlier, f"folded into {into}")
 
 
-def carry(messages: list[Message], flags: list[str], held: Held[Any]) -> None:
+def let_out(normaliser: RowNormaliser, held: Held[Tag]) -> list[NormalisedRow]:
+    """A chat's conversation(s) as the readers make them of the request the fold let out (a repair may split it),
+    with what the requests folded into it left (``carry``); BadRow when the readers refuse that request. The build's
+    stream (``source``) and the audit's counters (``batches``) both let their chats out here."""
+    rows = normaliser.logged(held.exchange)
+    for row in rows:
+        carry(row.messages, row.flags, held)
+    return rows
+
+
+def carry(messages: list[Message], flags: list[str], held: Held[Tag]) -> None:
     """What the turns of a folded chat take from the requests folded into it: each earlier answer's reasoning (the
     history a client sends back seldom holds it) and the flag of an answer served cut."""
+    if not held.carried:
+        return
     answers = [message for message in messages if message.role == "assistant"]
     positions = [index for index, turn in enumerate(held.exchange.messages) if _is_answer(turn)]  # among the turns
     for earlier in held.carried:
@@ -247,7 +328,7 @@ def carry(messages: list[Message], flags: list[str], held: Held[Any]) -> None:
             found[0].reasoning = reasoning
 
 
-def _reasoning(answer: dict[str, Any]) -> str | None:
+def _reasoning(answer: JsonObject | ScannedAnswer) -> str | None:
     """An answer's reasoning as the readers take it: a reasoning field, else its think block."""
     for key in REASONING_KEYS:
         value = answer.get(key)

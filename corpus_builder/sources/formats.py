@@ -44,7 +44,9 @@ from .raw import (
 from .readers import (
     PositionFilter,
     RowReader,
+    block_lines,
     checked_parquet,
+    file_lines,
     iter_line_range,
     json_rows,
     jsonl_rows,
@@ -152,6 +154,10 @@ class LineFormat(Format):
     def raw_batches(self, path: Path, label: str, schema: pyarrow.Schema) -> Iterator[RawBatch]:
         return line_batches(self.blocks(path, label), label, schema)
 
+    def lines(self, path: Path, label: str) -> Iterator[bytes]:
+        """The file's lines, in order (the fold's scan reads them: ``readers.scanned_rows``)."""
+        return block_lines(self.blocks(path, label))
+
 
 class JsonLines(LineFormat, SplittableFormat):
     """JSON lines: one row a line, read as it is; a large file is cut into byte ranges read apart."""
@@ -164,6 +170,9 @@ class JsonLines(LineFormat, SplittableFormat):
 
     def blocks(self, path: Path, label: str) -> Iterator[bytes]:
         return file_blocks(path)
+
+    def lines(self, path: Path, label: str) -> Iterator[bytes]:
+        return file_lines(path)
 
     def ranges(self, path: Path, parts: int, label: str) -> list[tuple[int, int]]:
         return line_ranges(path, parts, label)

@@ -145,12 +145,18 @@ _OVERLONG_LINE = b"\0 line over MAX_LINE_BYTES"
 
 
 def _zstd_lines(path: Path, label: str) -> Iterator[bytes]:
+    return block_lines(zstd_chunks(path, label))
+
+
+def block_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a text given in blocks of bytes (a line may be cut between two), without their newlines; a line
+    over MAX_LINE_BYTES is one ``_OVERLONG_LINE``, its bytes never held."""
     # The unfinished line is kept as the chunks it came in and joined once, when its newline arrives:
     # joining it to every chunk would copy a line spanning k chunks k times (quadratic in its length).
     pending: list[bytes] = []
     pending_bytes = 0
     overlong = False  # the current line went over MAX_LINE_BYTES: its bytes are dropped until its end
-    for chunk in zstd_chunks(path, label):
+    for chunk in blocks:
         if b"\n" not in chunk:
             pending.append(chunk)
             pending_bytes += len(chunk)
@@ -214,8 +220,25 @@ def _checked_start(lines: Iterable[bytes], label: str) -> Iterator[bytes]:
     return chain((first,), remaining)
 
 
-def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_line: int = 1) -> RowReader:
-    loads = orjson.loads
+def file_lines(path: Path) -> Iterator[bytes]:
+    """A plain file's lines, read through one buffer."""
+    with path.open("rb", buffering=_READ_BUFFER) as handle:
+        yield from handle
+
+
+def scanned_rows(path: Path, label: str, lines: Callable[[], Iterable[bytes]],
+                 scan: Callable[[bytes], object]) -> Iterator[tuple[int, object]]:
+    """The rows of a file of a line format (``lines``: its lines) as its format reads them, each line decoded by
+    ``scan`` (the fold's native scan, ``logs.scan_line``: it raises orjson's error on a line that is not JSON)."""
+    if not path.is_file():
+        raise CorpusError("file not found" if not path.exists() else "not a file", file=label)
+    if not (yield from _decode_lines(_checked_start(lines(), label), None, decode=scan)):
+        raise CorpusError("file has no rows", file=label)
+
+
+def _decode_lines(lines: Iterable[bytes], keep: PositionFilter | None, first_line: int = 1,
+                  decode: Callable[[bytes], object] = orjson.loads) -> RowReader:
+    loads = decode
     any_row = False
     for number, line in enumerate(lines, first_line):
         if keep is not None and not keep(number):

@@ -23,12 +23,13 @@ from ..recipe import match_source_pattern
 from ..recipe.model import Mapping, Recipe, SourceKind, SourceSpec
 from ..records import Conversation, Origin, Provenance, conversation_id
 from ..secrets import redact_conversations
-from .fold import Held, PrefixFold, carry, folded_skip
-from .formats import AUTO, Format, SplittableFormat, format_of
+from .fold import Held, PrefixFold, folded_skip, let_out
+from .formats import AUTO, Format, LineFormat, SplittableFormat, format_of
 from .hub import hub_label, hub_provenance, iter_hub_rows
-from .logs import read_exchange
+from .logs import LoggedExchange, ScannedExchange, read_exchange, scan_line
 from .mappings import (
     TOOL_CHOICE_UNDEFINED,
+    Layout,
     NormalisedRow,
     RowNormaliser,
     check_mapping,
@@ -36,10 +37,11 @@ from .mappings import (
     first_layout,
     row_object,
 )
-from .readers import PositionFilter
+from .readers import PositionFilter, scanned_rows
 from .take import CountSelection, fraction_filter
 
 ORIGIN: dict[str, Origin] = {"replay": "replay", "prompts": "prompt"}
+_LOGGED = Layout("log", "")  # the layout of a file whose first row the fold's scan read (a logged request)
 DEFAULT_MAPPING = Mapping()
 
 
@@ -52,6 +54,7 @@ class _Unit:
     separator: str  # ":" before a line number, "#" before a row index
     position_key: str  # provenance key of the position
     provenance: Provenance  # what every row of the unit records
+    scanned: Callable[[], Iterator[tuple[int, object]]] | None = None  # its lines as the fold reads them (scan_line)
 
 
 def resolve_paths(spec: SourceSpec, base_dir: Path) -> list[Path]:
@@ -171,7 +174,10 @@ def _label(path: Path, base_dir: Path) -> str:
 
 
 def _file_unit(path: Path, fmt: Format, label: str) -> _Unit:
-    return _Unit(label, partial(fmt.read, path, label), fmt.separator, fmt.position_key, Provenance(source_file=label))
+    scanned = (partial(scanned_rows, path, label, partial(fmt.lines, path, label), scan_line)
+               if isinstance(fmt, LineFormat) else None)
+    return _Unit(label, partial(fmt.read, path, label), fmt.separator, fmt.position_key, Provenance(source_file=label),
+                 scanned)
 
 
 def _select(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
@@ -233,10 +239,12 @@ def _normalise(spec: SourceSpec, unit: _Unit, keep: PositionFilter | None) -> It
             yield _conversation(spec, unit, position, row)
 
 
-def _conversation(spec: SourceSpec, unit: _Unit, position: int, row: NormalisedRow) -> Conversation:
+def _conversation(spec: SourceSpec, unit: _Unit, position: int, row: NormalisedRow,
+                  folded_requests: int | None = None) -> Conversation:
     line, index = (position, None) if unit.position_key == "source_line" else (None, position)
     provenance = replace(unit.provenance, source_line=line, source_row=index, source_part=row.part,
-                         source_id=row.source_id, reference_answer=row.reference_answer, served=row.served)
+                         source_id=row.source_id, reference_answer=row.reference_answer, served=row.served,
+                         folded_requests=folded_requests)
     return Conversation(
         id=conversation_id(spec.name, row.messages, tools=row.tools),
         source=spec.name,
@@ -297,7 +305,7 @@ def _peek(spec: SourceSpec, unit: _Unit) -> tuple[bool, _Unit]:
         opened.clear()
         gate.keep = keep
         return chain((item for item in peeked if keep is None or keep(item[0])), rows)
-    return logged, _Unit(unit.label, resumed, unit.separator, unit.position_key, unit.provenance)
+    return logged, replace(unit, rows=resumed)
 
 
 def _select_detected(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
@@ -345,38 +353,40 @@ def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[i
         unit = units[tag[0]]
         return f"{unit.label}{unit.separator}{tag[1]}"
 
-    def let_out(held: Held[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
+    def conversations(held: Held[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
         index, position = held.tag
         try:
-            rows = normalisers[index].logged(held.exchange)
+            rows = let_out(normalisers[index], held)
         except BadRow as bad:
             yield held.tag, Skipped(spec.name, bad.reason, location(held.tag), bad.detail)
             return
         for row in rows:
-            carry(row.messages, row.flags, held)
-            conversation = _conversation(spec, units[index], position, row)
-            if held.requests > 1:
-                conversation.provenance = replace(conversation.provenance, folded_requests=held.requests)
-            yield held.tag, conversation
+            yield held.tag, _conversation(spec, units[index], position, row,
+                                          held.requests if held.requests > 1 else None)
 
     for index, unit in enumerate(units):
         normalise = normalisers[index]
-        for position, row in unit.rows(None):
+        for position, row in unit.scanned() if unit.scanned is not None else unit.rows(None):
             tag = (index, position)
-            try:
-                if isinstance(row, BadRow):
-                    raise row
-                if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
-                    yield from ((tag, _conversation(spec, unit, position, part)) for part in normalise(row))
+            logged: LoggedExchange | ScannedExchange
+            if isinstance(row, ScannedExchange) and normalise.layout in (None, _LOGGED):
+                normalise.layout, logged = _LOGGED, row  # a logged request, as the file's first row showed (or this)
+            else:
+                try:
+                    row = row.row() if isinstance(row, ScannedExchange) else row
+                    if isinstance(row, BadRow):
+                        raise row
+                    if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
+                        yield from ((tag, _conversation(spec, unit, position, part)) for part in normalise(row))
+                        continue
+                    logged = read_exchange(row_object(row))
+                except BadRow as bad:
+                    yield tag, Skipped(spec.name, bad.reason, location(tag), bad.detail)
                     continue
-                exchange = read_exchange(row_object(row))
-            except BadRow as bad:
-                yield tag, Skipped(spec.name, bad.reason, location(tag), bad.detail)
-                continue
-            for held, folded in fold.add(exchange, tag):
+            for held, folded in fold.add(logged, tag):
                 if folded:
                     yield held.tag, folded_skip(spec.name, location(held.tag), location(tag))
                 else:
-                    yield from let_out(held)
+                    yield from conversations(held)
     for held in fold.close():
-        yield from let_out(held)
+        yield from conversations(held)

@@ -18,8 +18,9 @@ from corpus_builder.errors import BadRow, Skipped
 from corpus_builder.recipe.model import Fold, Mapping, Take
 from corpus_builder.records import FLAG_TRUNCATED, Conversation
 from corpus_builder.sources import iter_file, iter_source
+from corpus_builder.sources import source as source_module
 from corpus_builder.sources.fold import FOLDED_PREFIX, PrefixFold
-from corpus_builder.sources.logs import is_log_row, read_exchange
+from corpus_builder.sources.logs import ScannedAnswer, ScannedExchange, Turn, is_log_row, read_exchange, scan_line
 from corpus_builder.sources.source import source_parts
 from corpus_builder.stats.facts import thinking_mode_of
 from tests.sources.test_sources import read, spec, split, write_lines
@@ -793,3 +794,119 @@ def test_only_text_parts_are_joined() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}]  # the Responses API's type: not joined
     exchange = read_exchange({"messages": [{"role": "user", "content": parts}, QUESTION], "output": "x"})
     assert exchange.turns()[0] == {"role": "user", "content": parts}
+
+
+# --- the native scan: what it reads, and the same rows and ledger as the lines read whole -------------------------
+
+def _varied_log() -> list[dict[str, Any] | bytes]:
+    """Nested-shape requests of several chats interleaved, with what the scan leaves to the whole read beside them:
+    a session, a batch wrapper, a record's own finish reason, metadata; a chat's cut answer, a think block, tool
+    calls, a request logged twice, a missing request, a history sent back with its keys in another order, a bad line
+    and a blank one."""
+    lines: list[dict[str, Any] | bytes] = []
+    for number, (history, answer) in enumerate(exchanges(CHAT)):
+        lines.append(log_row("nested", history, answer, finish_reason="length" if number == 0 else "stop"))
+    think = [{"role": "user", "content": "why?"}, {"role": "assistant", "content": "<think>hm</think> because"},
+             {"role": "user", "content": "sure?"}, {"role": "assistant", "content": "yes"}]
+    lines[1:1] = [log_row("nested", history, answer) for history, answer in exchanges(think)]
+    lines += [row for row in tool_conversations() if "request" in row]
+    lines.append(lines[2])  # logged twice
+    sessions = exchanges([{"role": "user", "content": "s"}, {"role": "assistant", "content": "a"},
+                          {"role": "user", "content": "t"}, {"role": "assistant", "content": "b"}])
+    lines += [log_row("nested", history, answer, session="S1") for history, answer in sessions]
+    wrapped = log_row("nested", *sessions[0])
+    lines.append({**wrapped, "response": {"status_code": 200, "body": wrapped["response"]}})
+    lines.append(log_row("nested", *sessions[1]))
+    own_reason = exchanges([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+                            {"role": "user", "content": "z"}, {"role": "assistant", "content": "w"}])
+    first = log_row("nested", *own_reason[0])
+    del first["response"]["choices"][0]["finish_reason"]  # the record's own applies: cut, carried to the chat
+    lines += [{**first, "finish_reason": "length"}, log_row("nested", *own_reason[1])]
+    gap = exchanges([*CHAT, {"role": "user", "content": "more?"}, {"role": "assistant", "content": "no"}])
+    lines += [log_row("nested", *gap[0]), log_row("nested", *gap[3])]  # the requests between are missing
+    mixed = exchanges([{"role": "user", "content": "m"}, {"role": "assistant", "content": "n"},
+                       {"role": "user", "content": "o"}, {"role": "assistant", "content": "p"},
+                       {"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}])
+    reordered = [{key: turn[key] for key in reversed(turn)} for turn in mixed[2][0]]  # its keys in another order
+    lines += [log_row("nested", *mixed[0]),  # scanned, then read whole (metadata), then scanned again
+              {**log_row("nested", *mixed[1]), "metadata": {"team": "t"}}, log_row("nested", reordered, mixed[2][1])]
+    lines += [b"{not json", b""]
+    return lines
+
+
+def _rows(items: list[Conversation | Skipped]) -> list[object]:
+    return [item.to_row() if isinstance(item, Conversation) else item for item in items]
+
+
+@pytest.mark.parametrize("max_open", [50_000, 2])
+def test_scanned_lines_give_the_rows_and_ledger_of_the_lines_read_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_open: int) -> None:
+    path = write_lines(tmp_path / "log.jsonl", _varied_log())
+    log = spec(paths=("log.jsonl",), fold=Fold(max_open=max_open))
+    scanned = [scan_line(line) for line in path.read_bytes().splitlines() if line.startswith(b'{"')]
+    assert sum(isinstance(line, ScannedExchange) for line in scanned) >= 10  # the scan, not the whole read, took most
+    fast = list(iter_source(log, tmp_path))
+    monkeypatch.setattr(source_module, "scan_line", orjson.loads)  # every line read whole, as before the scan
+    whole = list(iter_source(log, tmp_path))
+    assert _rows(fast) == _rows(whole)
+    assert Counter(item.reason for item in whole if isinstance(item, Skipped))[FOLDED_PREFIX] >= 8
+
+
+def test_a_chat_folds_across_scanned_and_read_lines_its_turns_in_any_key_order(tmp_path: Path) -> None:
+    """The second request is read whole (its metadata), the first and third are scanned; the third sends its history
+    back with every turn's keys in another order: one conversation, the first two requests folded into the last."""
+    mixed = exchanges([{"role": "user", "content": "m"}, {"role": "assistant", "content": "n"},
+                       {"role": "user", "content": "o"}, {"role": "assistant", "content": "p"},
+                       {"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}])
+    reordered = [{key: turn[key] for key in reversed(turn)} for turn in mixed[2][0]]
+    lines = [log_row("nested", *mixed[0]), {**log_row("nested", *mixed[1]), "metadata": {"team": "t"}},
+             log_row("nested", reordered, mixed[2][1])]
+    assert [type(scan_line(orjson.dumps(line))) for line in lines] == [ScannedExchange, dict, ScannedExchange]
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", lines))
+    assert [(s.location, s.detail) for s in skipped] == [("log.jsonl:1", "folded into log.jsonl:2"),
+                                                        ("log.jsonl:2", "folded into log.jsonl:3")]
+    assert [text for _, text, _ in turns(kept[0])] == ["m", "n", "o", "p", "q", "r"]
+
+
+def test_a_turn_sent_back_with_a_field_it_was_sent_without_is_another_turn(tmp_path: Path) -> None:
+    """A field left out is not the same as one sent as null: the later request is a chat of its own."""
+    first = log_row("nested", [{"role": "user", "content": "q"}], _assistant("a"))
+    second = log_row("nested", [{"role": "user", "content": "q", "name": None}, _assistant("a"),
+                                {"role": "user", "content": "q2"}], _assistant("a2"))
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", [first, second]))
+    assert len(kept) == 2 and skipped == []
+
+
+def test_the_scan_takes_the_nested_shape_with_no_session_and_leaves_the_rest_to_the_whole_read() -> None:
+    history, answer = exchanges(CHAT)[0]
+    scanned = scan_line(orjson.dumps(log_row("nested", history, answer, finish_reason="length")))
+    assert isinstance(scanned, ScannedExchange)
+    assert scanned.turns == [Turn(**turn) for turn in history] and scanned.turn_count == 2
+    assert scanned.answer == ScannedAnswer(content=answer["content"], reasoning_content=answer["reasoning_content"])
+    assert scanned.finish_reason == "length"
+    nested = log_row("nested", history, answer)
+    other = log_row("nested", history, {"role": "assistant", "content": "other"})
+    calling = log_row("nested", history, _calling("c1", "f", "{}"))
+    for row in (log_row("nested", history, answer, session="S"), log_row("helicone", history, answer),
+                {**nested, "metadata": {"session_id": "S"}}, {**nested, "finish_reason": "length"},
+                {**nested, "request": {**nested["request"], "session_id": "S"}},
+                {**nested, "response": {**other["response"], "status_code": 200, "body": nested["response"]}},
+                {"request": {"messages": []}, "response": {"choices": [{"message": answer}]}},
+                {"request": {"messages": history}, "response": {"choices": [{"message": None}]}},
+                {"request": {"messages": history}, "response": {"choices": [{"message": {"role": "assistant"}}]}},
+                {"request": {"messages": [*history, {"role": "user", "content": "x", "extra": 1}]},
+                 "response": nested["response"]},
+                calling):
+        assert scan_line(orjson.dumps(row)) == row
+    with pytest.raises(orjson.JSONDecodeError):  # refused as the readers refuse it: invalid UTF-8 in a skipped field
+        scan_line(orjson.dumps({**nested, "note": "x"}).replace(b'"note":"x"', b'"note":"\xff"'))
+
+
+def test_a_scanned_line_that_orjson_refuses_is_skipped_as_the_readers_skip_it(tmp_path: Path) -> None:
+    """msgspec skips a field the scan does not read, so it scans a number JSON cannot hold there; the readers refuse
+    the line."""
+    line = b'{"request":{"messages":[{"role":"user","content":"q"}],"temperature":1e999},' \
+           b'"response":{"choices":[{"message":{"content":"a"}}]}}'
+    assert isinstance(scan_line(line), ScannedExchange)
+    kept, skipped = read(write_lines(tmp_path / "log.jsonl", [line]))
+    assert kept == [] and [(s.reason, s.location) for s in skipped] == [("invalid_json", "log.jsonl:1")]
