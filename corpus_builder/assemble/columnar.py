@@ -9,9 +9,10 @@ Every other line drops to the row path (``sources.source``'s normaliser of the s
 rows join the block's in their place: the corpus, the ledger and audit.json are byte for byte the row path's.
 
 A line drops to the row path when it holds a byte below 0x20 (JSON allows none in a string unescaped), does not
-start with ``{`` or end with ``}``, or holds ``NaN``, ``Infinity`` or an escaped surrogate (``\\ud...``: the two
-parsers disagree on those); a block pyarrow refuses (a field of two types, a key twice, bytes that are not UTF-8)
-drops whole. A row drops when its turns need what only the row path does: a speaker that is not system, user or
+start with ``{`` or end with ``}``, or holds ``NaN`` or ``Infinity`` where its block parses to a floating point
+field (pyarrow reads those literals, orjson refuses them); lines pyarrow refuses together (a field of two types, a
+key twice, bytes that are not UTF-8, a lone surrogate) are halved until the line it refuses is alone, and that line
+drops. A row drops when its turns need what only the row path does: a speaker that is not system, user or
 assistant (tool traffic), a turn with a field beside the speaker and the text, a text that is not a string, an empty
 turn, an unclosed think block, a role order to repair, ``tools``, an id that is not a string or an integer, or a
 control character the row's JSON key would escape as ``\\uXXXX``. Think blocks are split by kernels. The rows
@@ -66,8 +67,9 @@ ROLES = ("system", "user", "assistant")
 _SPEAKERS = [speaker for speaker, role in ROLE_ALIASES.items() if role in ROLES]
 _SPEAKER_ROLES = np.array([ROLES.index(ROLE_ALIASES[speaker]) for speaker in _SPEAKERS], dtype=np.int8)
 _SYSTEM, _USER, _ASSISTANT = 0, 1, 2
-# Byte patterns of a line the two parsers may read apart (bytes below 0x20 are looked for apart).
-_DISPUTED = (b"NaN", b"Infinity", b"\\ud", b"\\uD")
+# What pyarrow reads as a number and orjson refuses (a lone surrogate both refuse): looked for in a block whose
+# parsed table holds a floating point field.
+_NON_FINITE = (b"NaN", b"Infinity")
 # Characters orjson writes as \\uXXXX (the kernels escape the others: \\b \\t \\n \\f \\r \" \\\\).
 _UNICODE_ESCAPED = np.zeros(256, dtype=bool)
 _UNICODE_ESCAPED[[*range(0x00, 0x08), 0x0b, *range(0x0e, 0x20)]] = True
@@ -150,13 +152,18 @@ class Lines:
         disputed[nonempty] = (buffer[starts[nonempty]] != ord("{")) | (buffer[ends[nonempty] - 1] != ord("}"))
         control = np.flatnonzero((buffer < 0x20) & (buffer != ord("\n")))
         disputed[np.searchsorted(ends, control)] = True
-        for pattern in _DISPUTED:
-            found = data.find(pattern)
-            while found >= 0:
-                line = int(np.searchsorted(ends, found))
-                disputed[line] = True
-                found = data.find(pattern, int(ends[line]))
         return cls(data, starts, ends, disputed)
+
+    def non_finite(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which of the lines ``indices`` hold ``NaN`` or ``Infinity`` (in a string or not)."""
+        held = np.zeros(len(self.starts), dtype=bool)
+        for pattern in _NON_FINITE:
+            found = self.data.find(pattern)
+            while found >= 0:
+                line = int(np.searchsorted(self.ends, found))
+                held[line] = True
+                found = self.data.find(pattern, int(self.ends[line]))
+        return held[indices]
 
     def line(self, index: int) -> bytes:
         return self.data[self.starts[index]:self.ends[index]]
@@ -165,6 +172,11 @@ class Lines:
         """The lines ``indices`` parsed by pyarrow (one row each), in runs of consecutive lines: lines it refuses
         together are halved until the refused run is a few lines, which go to the row path."""
         table = self._parse(indices)
+        if table is not None and any(_floating(field.type) for field in table.schema):
+            finite = ~self.non_finite(indices)  # the lines orjson refuses go to the row path
+            if not finite.all():
+                yield from self.parsed(indices[finite])
+                return
         if table is not None:
             yield indices, table
         elif len(indices) > _REFUSED_RUN:
@@ -186,6 +198,17 @@ class Lines:
         except pa.ArrowException:
             return None
         return table.combine_chunks() if table.num_rows == len(indices) else None
+
+
+def _floating(kind: pa.DataType) -> bool:
+    """Whether a type is, or holds, a floating point type."""
+    if pa.types.is_floating(kind):
+        return True
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _floating(kind.value_type)
+    if pa.types.is_struct(kind):
+        return any(_floating(kind.field(index).type) for index in range(kind.num_fields))
+    return False
 
 
 # --- the row path, for the rows a kernel does not take ----------------------------------------------------------
@@ -220,9 +243,12 @@ class RowPath:
 def json_string(texts: pa.Array) -> pa.Array:
     """Each text as orjson writes it in a JSON document, quotes included (texts holding a character it writes as
     ``\\uXXXX`` are the row path's)."""
-    for plain, escaped in _JSON_ESCAPES:
-        texts = pc.replace_substring(texts, plain, escaped)
-    return pc.binary_join_element_wise('"', texts, '"', "")
+    import polars
+
+    series = polars.from_arrow(texts)
+    assert isinstance(series, polars.Series)
+    escaped = series.str.replace_many(dict(_JSON_ESCAPES))  # one pass, 5x pyarrow's replacements one by one
+    return pc.binary_join_element_wise('"', pc.cast(escaped.to_arrow(), pa.string()), '"', "")
 
 
 def holds_unicode_escaped(texts: pa.Array) -> npt.NDArray[np.bool_]:
@@ -630,7 +656,7 @@ def write_columnar(plan: Plan, checker: Checker, staging: Path, ledger: LedgerWr
                     ledger.write(skipped)
                 kept_ids = [row_id for row_id, kept in zip(assigned, keep.tolist(), strict=True) if kept]
                 kept = rows.filter(pa.array(keep)) if not keep.all() else rows
-                splits = [write.splitter.assign_id(row_id) for row_id in kept_ids]
+                splits = write.splitter.assign_ids(kept_ids)
                 kept = kept.set_column(0, "id", pa.array(kept_ids, pa.string())).set_column(
                     ARROW_SCHEMA.get_field_index("split"), "split", pa.array(splits, pa.string()))
                 shards.write_batch(kept)
