@@ -50,6 +50,7 @@ from ..screen.screened import RULE_REASONS, Verdict
 from ..sources.formats import JsonLines, format_of
 from ..sources.mappings import ROLE_ALIASES, TURN_KEYS, RowNormaliser
 from ..sources.parallel import worker_count
+from ..sources.raw import read_ahead
 from ..sources.readers import decode_lines
 from ..sources.source import _conversation, _file_unit, _normaliser, _Unit, resolve_paths
 from ..stats.corpus import CorpusStats
@@ -58,7 +59,7 @@ from .shards import LedgerWriter, ShardWriter
 
 # CORPUS_COLUMNAR=0 sends every row down the row path (the benchmarks' and the tests' other side).
 SWITCH = "CORPUS_COLUMNAR"
-BLOCK_BYTES = 16 << 20  # lines read and parsed at once: a few thousand rows
+BLOCK_BYTES = 8 << 20  # lines read and parsed at once: a few thousand rows
 _REFUSED_RUN = 1  # lines the parser refuses together are halved down to this many, then read by the row path
 # What str.isspace() and str.strip() call whitespace (tests/assemble/test_columnar.py checks it against Python).
 WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
@@ -145,13 +146,14 @@ class Lines:
     @classmethod
     def of(cls, data: bytes) -> Lines:
         buffer = np.frombuffer(data, dtype=np.uint8)
-        ends = np.flatnonzero(buffer == ord("\n")).astype(np.int64)
+        low = np.flatnonzero(buffer < 0x20)  # the newlines, and the control bytes no line should hold
+        newline = buffer[low] == ord("\n")
+        ends = low[newline].astype(np.int64)
         starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
         disputed = ends <= starts  # an empty line is no row
         nonempty = ~disputed
         disputed[nonempty] = (buffer[starts[nonempty]] != ord("{")) | (buffer[ends[nonempty] - 1] != ord("}"))
-        control = np.flatnonzero((buffer < 0x20) & (buffer != ord("\n")))
-        disputed[np.searchsorted(ends, control)] = True
+        disputed[np.searchsorted(ends, low[~newline])] = True
         return cls(data, starts, ends, disputed)
 
     def non_finite(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
@@ -211,6 +213,13 @@ def _floating(kind: pa.DataType) -> bool:
     return False
 
 
+def parsed_block(first_line: int, data: bytes) -> tuple[int, Lines, list[tuple[npt.NDArray[np.int64], pa.Table]]]:
+    """A block's lines, and the runs of them pyarrow parsed (``Lines.parsed``)."""
+    lines = Lines.of(data)
+    candidates = np.flatnonzero(~lines.disputed)
+    return first_line, lines, list(lines.parsed(candidates)) if len(candidates) else []
+
+
 # --- the row path, for the rows a kernel does not take ----------------------------------------------------------
 
 
@@ -240,15 +249,42 @@ class RowPath:
 # --- the kernels --------------------------------------------------------------------------------------------------
 
 
-def json_string(texts: pa.Array) -> pa.Array:
-    """Each text as orjson writes it in a JSON document, quotes included (texts holding a character it writes as
+def json_escaped(texts: pa.Array) -> pa.Array:
+    """Each text as orjson writes it inside a JSON string's quotes (texts holding a character it writes as
     ``\\uXXXX`` are the row path's)."""
     import polars
 
     series = polars.from_arrow(texts)
     assert isinstance(series, polars.Series)
     escaped = series.str.replace_many(dict(_JSON_ESCAPES))  # one pass, 5x pyarrow's replacements one by one
-    return pc.binary_join_element_wise('"', pc.cast(escaped.to_arrow(), pa.string()), '"', "")
+    return pc.cast(escaped.to_arrow(), pa.string())
+
+
+def json_string(texts: pa.Array) -> pa.Array:
+    """Each text as orjson writes it in a JSON document, quotes included."""
+    return pc.binary_join_element_wise('"', json_escaped(texts), '"', "")
+
+
+def joined_pieces(pieces: list[pa.Array], offsets: npt.NDArray[np.int64]) -> pa.Array:
+    """Per row, its items' pieces end to end: item i's ``pieces[0][i]``, ``pieces[1][i]``... (``offsets``: each row's
+    items). Three copies at memcpy's pace: a join of many arrays element-wise costs several times more."""
+    count = len(pieces[0])
+    order = (np.arange(len(pieces), dtype=np.int64)[None, :] * count
+             + np.arange(count, dtype=np.int64)[:, None]).reshape(-1)
+    interleaved = pa.concat_arrays(pieces).take(pa.array(order))
+    return pc.binary_join(listed(offsets * len(pieces), interleaved), "")
+
+
+def content_keys(roles: pa.Array, content: pa.Array, reasoning: pa.Array, offsets: npt.NDArray[np.int64]
+                 ) -> pa.Array:
+    """Each row's ``records.content_key`` of turns without tool traffic, but its outer brackets: the turns
+    ``[role, content, reasoning]`` as orjson writes them, joined by commas (``offsets``: each row's turns)."""
+    first = np.zeros(len(roles), dtype=bool)
+    first[offsets[:-1][np.diff(offsets) > 0]] = True
+    opened = pc.binary_join_element_wise(pc.if_else(pa.array(first), "", ","), '["', roles, '","', "")
+    reasoned = pc.is_valid(reasoning)
+    return joined_pieces([opened, json_escaped(content), pc.if_else(reasoned, '","', '",null'),
+                          json_escaped(pc.fill_null(reasoning, "")), pc.if_else(reasoned, '"]', "]")], offsets)
 
 
 def holds_unicode_escaped(texts: pa.Array) -> npt.NDArray[np.bool_]:
@@ -310,8 +346,13 @@ def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str) -> Turns 
     content = pc.fill_null(content, "")
     bad |= holds_unicode_escaped(content)
     assistant = roles == _ASSISTANT
-    closes = pc.greater_equal(pc.find_substring(content, THINK_CLOSE), 0).to_numpy(zero_copy_only=False)
-    opens = pc.greater_equal(pc.find_substring(content, THINK_OPEN), 0).to_numpy(zero_copy_only=False)
+    # the tags looked for in the assistant texts that hold "think>" (one pass over every text, then a few)
+    tagged = np.flatnonzero(assistant & pc.match_substring(content, "think>").to_numpy(zero_copy_only=False))
+    closes, opens = np.zeros(len(content), dtype=bool), np.zeros(len(content), dtype=bool)
+    if len(tagged):
+        candidates = content.take(pa.array(tagged))
+        closes[tagged] = pc.greater_equal(pc.find_substring(candidates, THINK_CLOSE), 0).to_numpy(zero_copy_only=False)
+        opens[tagged] = pc.greater_equal(pc.find_substring(candidates, THINK_OPEN), 0).to_numpy(zero_copy_only=False)
     bad |= assistant & opens & ~closes  # unclosed: the check decides on the row path
     split = assistant & closes
     reasoning = pa.nulls(len(content), pa.string())
@@ -359,14 +400,20 @@ def role_order_ok(roles: npt.NDArray[np.int8], parents: npt.NDArray[np.int64], o
 
 
 def hashed_ids(keys: pa.Array, source: str) -> list[str]:
-    """``records.conversation_id`` of each row's canonical turns ``keys`` (what ``content_key`` writes)."""
+    """``records.conversation_id`` of each row's canonical turns ``keys`` (what ``content_key`` writes, but the
+    brackets around them)."""
     offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[keys.offset:keys.offset + len(keys) + 1]
     data = keys.buffers()[2]
     view = memoryview(data) if data is not None else memoryview(b"")
     sha256 = hashlib.sha256
     prefix = b"corpus-conv\0%s\0\0" % source.encode()
-    return [sha256(prefix + sha256(view[start:end]).digest()).hexdigest()[:20]
-            for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+    ids = []
+    for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+        key = sha256(b"[")
+        key.update(view[start:end])
+        key.update(b"]")
+        ids.append(sha256(prefix + key.digest()).hexdigest()[:20])
+    return ids
 
 
 def arrow_chunks(texts: pa.Array) -> Iterator[pa.Array]:
@@ -412,10 +459,13 @@ class PartReader:
         self.any_row = False
 
     def blocks(self) -> Iterator[Block]:
-        for first_line, data in part_blocks(self.path, self.start, self.end):
-            yield self.block(first_line, Lines.of(data))
+        """The part's blocks, each read and parsed on a thread while the one before is mapped and judged (numpy and
+        pyarrow release the lock)."""
+        read = (parsed_block(first_line, data) for first_line, data in part_blocks(self.path, self.start, self.end))
+        for first_line, lines, runs in read_ahead(lambda: next(read, None)):
+            yield self.block(first_line, lines, runs)
 
-    def block(self, first_line: int, lines: Lines) -> Block:
+    def block(self, first_line: int, lines: Lines, runs: list[tuple[npt.NDArray[np.int64], pa.Table]]) -> Block:
         count = len(lines.starts)
         fast = np.zeros(count, dtype=bool)
         normaliser = self.row_path.normalise
@@ -427,9 +477,13 @@ class PartReader:
             prefix += 1
         batches = []
         layout = normaliser.layout
-        candidates = np.flatnonzero(~lines.disputed[prefix:]) + prefix
-        for run, table in lines.parsed(candidates) if layout is not None and len(candidates) else ():
+        for run, table in runs if layout is not None else ():
             assert layout is not None
+            if run[0] < prefix:  # the lines that fixed the layout took the row path
+                after = run >= prefix
+                run, table = run[after], table.filter(pa.array(after))
+            if not len(run):
+                continue
             batch, taken = self._mapped(table, run + first_line, layout.style, layout.field)
             if batch is not None:
                 batches.append(batch)
@@ -493,8 +547,10 @@ class PartReader:
                          skips)
         all_places = np.concatenate(places)
         order = np.argsort(all_places, kind="stable")
-        rows = pa.Table.from_batches(parts).combine_chunks().take(pa.array(order)).to_batches()
-        joined = rows[0] if len(rows) == 1 else pa.Table.from_batches(rows).combine_chunks().to_batches()[0]
+        if len(parts) == 1:  # the kernels' rows alone, or the row path's: in order already
+            joined = parts[0]
+        else:
+            joined = pa.Table.from_batches(parts).take(pa.array(order)).combine_chunks().to_batches()[0]
         joined_signatures = Signatures.concat(signatures).rows(order.tolist()) if signatures else None
         return Block(joined, np.concatenate(lines)[order], joined_signatures, skips, all_places[order], fast_rows)
 
@@ -548,10 +604,7 @@ class PartReader:
         messages = pa.ListArray.from_arrays(pa.array(kept_offsets.astype(np.int32)), pa.StructArray.from_arrays(
             [role_names, content, reasoning, pa.nulls(len(roles), pa.list_(TOOL_CALL_TYPE)),
              pa.nulls(len(roles), pa.string())], fields=list(MESSAGE_TYPE)), type=ARROW_SCHEMA.field("messages").type)
-        reasoning_json = pc.if_else(pc.is_valid(reasoning), json_string(pc.fill_null(reasoning, "")), "null")
-        turn_keys = pc.binary_join_element_wise('["', role_names, '",', json_string(content), ",", reasoning_json, "]",
-                                                "")
-        keys = pc.binary_join_element_wise("[", pc.binary_join(listed(kept_offsets, turn_keys), ","), "]", "")
+        keys = content_keys(role_names, content, reasoning, kept_offsets)
         ids = hashed_ids(keys, self.spec.name)
         thinking = per_row((roles == _ASSISTANT) & pc.is_valid(reasoning).to_numpy(zero_copy_only=False),
                            np.repeat(np.arange(len(taken)), lengths[taken]), len(taken))
