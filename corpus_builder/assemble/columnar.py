@@ -1,12 +1,14 @@
 """The columnar replay path (issue 42): replayed rows that need no repair go from the file's bytes to the shards as
 Arrow batches, never as ``Conversation`` objects.
 
-A build whose plan this path covers (``uncovered`` says why not, else None) reads each replay source's files in
-blocks of whole lines. In a block, the lines a kernel can take are parsed by pyarrow's JSON reader and mapped,
-checked, identified, deduplicated, split and written with pyarrow compute kernels and numpy over the buffers; per row
-Python runs only where no kernel exists and it is cheap (hashlib over bytes a kernel built, a dict of the ids seen).
-Every other line drops to the row path (``sources.source``'s normaliser of the same file part, in order), and its
-rows join the block's in their place: the corpus, the ledger and audit.json are byte for byte the row path's.
+A build whose plan this path covers (``uncovered`` says why not, else None: a replay of .jsonl files of turn
+lists, with the exact dedup at most; the build's docs page lists what it does not cover) reads each replay source's
+files, cut into parts as the row path cuts them, in blocks of whole lines. In a block, the lines a kernel can take
+are parsed by pyarrow's JSON reader and mapped, checked, identified, deduplicated, split and written with pyarrow
+compute kernels, polars and numpy over the buffers; per row Python runs only where no kernel exists and it is cheap
+(hashlib over bytes a kernel built, a dict of the ids seen). Every other line drops to the row path
+(``sources.source``'s normaliser of the same file part, in order), and its rows join the block's in their place:
+the corpus, the ledger and audit.json are byte for byte the row path's.
 
 A line drops to the row path when it holds a byte below 0x20 (JSON allows none in a string unescaped), does not
 start with ``{`` or end with ``}``, or holds ``NaN`` or ``Infinity`` where its block parses to a floating point
@@ -52,7 +54,7 @@ from ..sources.mappings import ROLE_ALIASES, TURN_KEYS, RowNormaliser
 from ..sources.parallel import worker_count
 from ..sources.raw import read_ahead
 from ..sources.readers import decode_lines
-from ..sources.source import _conversation, _file_unit, _normaliser, _Unit, resolve_paths
+from ..sources.source import _conversation, _file_unit, _logged_file, _normaliser, _Unit, resolve_paths
 from ..stats.corpus import CorpusStats
 from .plan import Plan
 from .shards import LedgerWriter, ShardWriter
@@ -94,11 +96,15 @@ def uncovered(plan: Plan, in_tokens: bool, has_pack: bool) -> str | None:
     for spec in plan.read.sources:
         reasons += [(spec.hub is not None, f"source {spec.name}: a Hub dataset"),
                     (spec.take is not None, f"source {spec.name}: a take"),
-                    (spec.mapping.style not in TURN_KEYS, f"source {spec.name}: mapping style {spec.mapping.style}")]
-        if spec.hub is None:
+                    (spec.mapping.style not in (*TURN_KEYS, "auto"),
+                     f"source {spec.name}: mapping style {spec.mapping.style}")]
+        if spec.hub is None and not any(applies for applies, _ in reasons):
+            paths = resolve_paths(spec, plan.read.base_dir)
             reasons += [(not isinstance(format_of(path, spec.format), JsonLines),
-                         f"source {spec.name}: {path.name} is not .jsonl")
-                        for path in resolve_paths(spec, plan.read.base_dir)]
+                         f"source {spec.name}: {path.name} is not .jsonl") for path in paths]
+            # a source whose first file is a serving log is folded by chat (``sources.fold``)
+            reasons.append((spec.fold.enabled and bool(paths) and _logged_file(
+                spec, paths[0], _label(paths[0], plan.read.base_dir)), f"source {spec.name}: a serving log"))
     return next((reason for applies, reason in reasons if applies), None)
 
 
@@ -477,7 +483,8 @@ class PartReader:
             prefix += 1
         batches = []
         layout = normaliser.layout
-        for run, table in runs if layout is not None else ():
+        # a part whose layout is another than the turn lists' (a log's, gsm8k's, a field's) takes the row path
+        for run, table in runs if layout is not None and layout.style in TURN_KEYS else ():
             assert layout is not None
             if run[0] < prefix:  # the lines that fixed the layout took the row path
                 after = run >= prefix

@@ -28,9 +28,10 @@ def texts() -> st.SearchStrategy[str]:
 
 
 def turns() -> st.SearchStrategy[object]:
-    turn = st.fixed_dictionaries({"from": st.sampled_from(SPEAKERS), "value": texts()},
-                                 optional={"weight": st.none() | st.integers(0, 1), "reasoning": st.none() | texts()})
-    return st.lists(turn, max_size=5) | st.none() | st.just("not a list")
+    extra = {"weight": st.none() | st.integers(0, 1), "reasoning": st.none() | texts()}
+    sharegpt = st.fixed_dictionaries({"from": st.sampled_from(SPEAKERS), "value": texts()}, optional=extra)
+    messages = st.fixed_dictionaries({"role": st.sampled_from(SPEAKERS), "content": texts()}, optional=extra)
+    return st.lists(sharegpt, max_size=5) | st.lists(messages, max_size=3) | st.none() | st.just("not a list")
 
 
 def rows() -> st.SearchStrategy[bytes]:
@@ -49,12 +50,13 @@ def plain_exchange(index: int) -> bytes:
 
 
 def build(tmp: Path, lines: list[bytes], row_path: bool, monkeypatch: pytest.MonkeyPatch, *,
-          rows_per_shard: int = 7) -> tuple[dict[str, bytes], str]:
+          rows_per_shard: int = 7, style: str = "sharegpt") -> tuple[dict[str, bytes], str]:
     """Every file of a build of ``lines`` (on the row path, or not), and its progress lines."""
     (tmp / "rows.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     (tmp / "recipe.yaml").write_text(
         "name: columnar\ntarget: {model: m/t}\nsources:\n  - {name: chats, kind: replay, path: rows.jsonl, "
-        "mapping: {style: sharegpt}, task: chat}\nchecks: {dedup: exact}\nsplit: {validation_fraction: 0.3, "
+        f"mapping: {{style: {style}}}, task: chat}}\n"
+        "checks: {dedup: exact}\nsplit: {validation_fraction: 0.3, "
         f"seed: 3}}\noutput: {{dir: out, rows_per_shard: {rows_per_shard}}}\n", encoding="utf-8")
     out = tmp / ("row" if row_path else "columnar")
     monkeypatch.setenv(SWITCH, "0" if row_path else "1")
@@ -87,19 +89,20 @@ def test_the_rows_the_kernels_do_not_cover_take_the_row_path(tmp_path: Path, mon
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(rows(), min_size=1, max_size=40), st.integers(1, 9))
-@example([plain_exchange(0), b'{"id": 1.5, "conversations": []}', plain_exchange(0)], 2)
+@given(st.lists(rows(), min_size=1, max_size=40), st.integers(1, 9), st.sampled_from(["sharegpt", "auto"]))
+@example([plain_exchange(0), b'{"id": 1.5, "conversations": []}', plain_exchange(0)], 2, "sharegpt")
 @example([orjson.dumps({"id": "i", "conversations": [{"from": "human", "value": "a\x01b \\ \"q\""},
-                                                     {"from": "gpt", "value": "\x85 c </think> \u3000d"}]})], 1)
+                                                     {"from": "gpt", "value": "\x85 c </think> \u3000d"}]})], 1,
+         "sharegpt")
 @example([orjson.dumps({"id": "i\x02", "conversations": [{"from": "human", "value": "a"},
-                                                        {"from": "gpt", "value": "b"}]})], 1)
+                                                        {"from": "gpt", "value": "b"}]})], 1, "auto")
 def test_hostile_rows_give_the_row_paths_bytes(tmp_path_factory: pytest.TempPathFactory,
                                                monkeypatch: pytest.MonkeyPatch, hostile: list[bytes],
-                                               rows_per_shard: int) -> None:
+                                               rows_per_shard: int, style: str) -> None:
     """Any mix of rows, plain ones among them: every shard, the ledger, audit.json and the manifest are the row
     path's."""
     tmp = tmp_path_factory.mktemp("hostile")
     lines = [line for index, row in enumerate(hostile) for line in (plain_exchange(index), row)]
-    columnar, _ = build(tmp, lines, False, monkeypatch, rows_per_shard=rows_per_shard)
-    row_path, _ = build(tmp, lines, True, monkeypatch, rows_per_shard=rows_per_shard)
+    columnar, _ = build(tmp, lines, False, monkeypatch, rows_per_shard=rows_per_shard, style=style)
+    row_path, _ = build(tmp, lines, True, monkeypatch, rows_per_shard=rows_per_shard, style=style)
     assert columnar == row_path
