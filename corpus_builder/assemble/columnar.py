@@ -148,6 +148,7 @@ class Lines:
     starts: npt.NDArray[np.int64]
     ends: npt.NDArray[np.int64]
     disputed: npt.NDArray[np.bool_]
+    escapes_control: bool  # the JSON escapes a control character somewhere (``\\u000X``, ``\\u001X``)
 
     @classmethod
     def of(cls, data: bytes) -> Lines:
@@ -160,7 +161,7 @@ class Lines:
         nonempty = ~disputed
         disputed[nonempty] = (buffer[starts[nonempty]] != ord("{")) | (buffer[ends[nonempty] - 1] != ord("}"))
         disputed[np.searchsorted(ends, low[~newline])] = True
-        return cls(data, starts, ends, disputed)
+        return cls(data, starts, ends, disputed, b"\\u000" in data or b"\\u001" in data)
 
     def non_finite(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Which of the lines ``indices`` hold ``NaN`` or ``Infinity`` (in a string or not)."""
@@ -326,9 +327,11 @@ class Turns:
     bad: npt.NDArray[np.bool_]  # a turn only the row path reads
 
 
-def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str) -> Turns | None:
+def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str, escapes_control: bool = True) -> Turns | None:
     """The turns of a block's turn lists, speakers mapped to roles and think blocks split out; None when their type
-    is not a list of objects with string speakers and texts."""
+    is not a list of objects with string speakers and texts. ``escapes_control``: whether the block's JSON may
+    escape a control character (``\\u000X``, ``\\u001X``), the only way a text holds one (raw, its line is the row
+    path's)."""
     kind = lists.type
     if not pa.types.is_list(kind) or not pa.types.is_struct(kind.value_type):
         return None
@@ -350,7 +353,8 @@ def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str) -> Turns 
         if name not in (role_key, content_key):
             bad |= pc.is_valid(pc.struct_field(turns, [index])).to_numpy(zero_copy_only=False)
     content = pc.fill_null(content, "")
-    bad |= holds_unicode_escaped(content)
+    if escapes_control:
+        bad |= holds_unicode_escaped(content)
     assistant = roles == _ASSISTANT
     # the tags looked for in the assistant texts that hold "think>" (one pass over every text, then a few)
     tagged = np.flatnonzero(assistant & pc.match_substring(content, "think>").to_numpy(zero_copy_only=False))
@@ -463,6 +467,7 @@ class PartReader:
         self.row_path = RowPath(spec, _file_unit(path, format_of(path, spec.format), label))
         self.label_json = json_string(pa.array([label])).to_pylist()[0]
         self.any_row = False
+        self.escapes_control = True  # the block's (``Lines.escapes_control``)
 
     def blocks(self) -> Iterator[Block]:
         """The part's blocks, each read and parsed on a thread while the one before is mapped and judged (numpy and
@@ -473,6 +478,7 @@ class PartReader:
 
     def block(self, first_line: int, lines: Lines, runs: list[tuple[npt.NDArray[np.int64], pa.Table]]) -> Block:
         count = len(lines.starts)
+        self.escapes_control = lines.escapes_control
         fast = np.zeros(count, dtype=bool)
         normaliser = self.row_path.normalise
         items: list[Conversation | Skipped] = []
@@ -587,7 +593,7 @@ class PartReader:
         if lists is None:
             return None, nothing
         role_key, content_key = TURN_KEYS[style]
-        turns = mapped_turns(lists, role_key, content_key)
+        turns = mapped_turns(lists, role_key, content_key, self.escapes_control)
         if turns is None:
             return None, nothing
         lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -641,7 +647,8 @@ class PartReader:
         if column.type != pa.string():
             eligible &= pc.is_null(column).to_numpy(zero_copy_only=False)
             return pa.nulls(table.num_rows, pa.string())
-        eligible &= ~holds_unicode_escaped(pc.fill_null(column, ""))
+        if self.escapes_control:
+            eligible &= ~holds_unicode_escaped(pc.fill_null(column, ""))
         return column
 
 
@@ -695,7 +702,7 @@ def write_columnar(plan: Plan, checker: Checker, staging: Path, ledger: LedgerWr
             for block in part.blocks():
                 rows = block.rows
                 raw_ids = rows.column("id").to_pylist()
-                assigned = [ids.assign(row_id) for row_id in raw_ids]
+                assigned = ids.assign_all(raw_ids)
                 verdicts: list[Verdict | None] = [None] * len(assigned)
                 if dedup is not None and block.signatures is not None and rows.num_rows:
                     thinking = rows.column("thinking").to_pylist()
