@@ -111,16 +111,12 @@ def uncovered(plan: Plan, in_tokens: bool, has_pack: bool) -> str | None:
 # --- reading: blocks of whole lines of one file part ---------------------------------------------------------------
 
 
-def part_blocks(path: Path, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-    """The lines of bytes ``start`` to ``end`` of a file in blocks of whole lines, each with its first line's
-    number in the file."""
+def part_blocks(path: Path, start: int, end: int, first_line: int) -> Iterator[tuple[int, bytes]]:
+    """The lines of bytes ``start`` to ``end`` of a file (its line ``first_line`` first) in blocks of whole lines,
+    each with its first line's number in the file."""
     with path.open("rb") as handle:
-        line = 1
-        remaining = start
-        while remaining:  # line numbers: count the newlines before the part
-            chunk = handle.read(min(remaining, BLOCK_BYTES))
-            line += chunk.count(b"\n")
-            remaining -= len(chunk)
+        handle.seek(start)
+        line = first_line
         pending = b""
         left = end - start
         while left > 0:
@@ -459,9 +455,11 @@ class Block:
 class PartReader:
     """One file part of a replay source, read block by block (see the module)."""
 
-    def __init__(self, spec: SourceSpec, path: Path, start: int, end: int, label: str, checker: Checker) -> None:
+    def __init__(self, spec: SourceSpec, path: Path, start: int, end: int, label: str, checker: Checker,
+                 first_line: int = 1) -> None:
         self.spec = spec
         self.path, self.start, self.end = path, start, end
+        self.next_line = first_line  # the part's first line; once read, the next part's
         self.label = label
         self.checker = checker
         self.row_path = RowPath(spec, _file_unit(path, format_of(path, spec.format), label))
@@ -472,9 +470,11 @@ class PartReader:
     def blocks(self) -> Iterator[Block]:
         """The part's blocks, each read and parsed on a thread while the one before is mapped and judged (numpy and
         pyarrow release the lock)."""
-        read = (parsed_block(first_line, data) for first_line, data in part_blocks(self.path, self.start, self.end))
+        read = (parsed_block(first_line, data)
+                for first_line, data in part_blocks(self.path, self.start, self.end, self.next_line))
         for first_line, lines, runs in read_ahead(lambda: next(read, None)):
             yield self.block(first_line, lines, runs)
+            self.next_line = first_line + len(lines.starts)
 
     def block(self, first_line: int, lines: Lines, runs: list[tuple[npt.NDArray[np.int64], pa.Table]]) -> Block:
         count = len(lines.starts)
@@ -666,8 +666,12 @@ def replay_parts(plan: Plan, checker: Checker) -> Iterator[PartReader]:
             ranges = fmt.ranges(path, workers, label)
             if len(ranges) <= 1:
                 yield WholeFile(spec, path, 0, path.stat().st_size, label, checker)
-            else:
-                yield from (PartReader(spec, path, start, end, label, checker) for start, end in ranges)
+                continue
+            first_line = 1
+            for start, end in ranges:  # in order: a part starts at the line after the one before it
+                part = PartReader(spec, path, start, end, label, checker, first_line)
+                yield part
+                first_line = part.next_line
 
 
 class WholeFile(PartReader):

@@ -106,3 +106,16 @@ def test_hostile_rows_give_the_row_paths_bytes(tmp_path_factory: pytest.TempPath
     columnar, _ = build(tmp, lines, False, monkeypatch, rows_per_shard=rows_per_shard, style=style)
     row_path, _ = build(tmp, lines, True, monkeypatch, rows_per_shard=rows_per_shard, style=style)
     assert columnar == row_path
+
+
+def test_a_file_cut_into_parts_reads_as_the_row_paths_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file cut into byte ranges (several readers): each part has its own normaliser and the file's own line
+    numbers, as on the row path's forked readers."""
+    monkeypatch.setattr("corpus_builder.sources.readers.MIN_RANGE_BYTES", 1500)
+    monkeypatch.setenv("CORPUS_WORKERS", "3")
+    lines = [plain_exchange(index % 45) for index in range(60)]  # duplicates across the parts
+    lines[31] = b"{broken"
+    columnar, said = build(tmp_path, lines, False, monkeypatch)
+    row_path, _ = build(tmp_path, lines, True, monkeypatch)
+    assert columnar == row_path
+    assert "by the kernels, 4 by the row path" in said  # each part's first row fixes its layout, and the bad line
