@@ -280,14 +280,17 @@ def joined_pieces(pieces: list[pa.Array], offsets: npt.NDArray[np.int64]) -> pa.
 
 def content_keys(roles: pa.Array, content: pa.Array, reasoning: pa.Array, offsets: npt.NDArray[np.int64]
                  ) -> pa.Array:
-    """Each row's ``records.content_key`` of turns without tool traffic, but its outer brackets: the turns
-    ``[role, content, reasoning]`` as orjson writes them, joined by commas (``offsets``: each row's turns)."""
+    """Each row's ``records.content_key`` of turns without tool traffic: the turns ``[role, content, reasoning]`` as
+    orjson writes them, in brackets (``offsets``: each row's turns, at least one)."""
     first = np.zeros(len(roles), dtype=bool)
-    first[offsets[:-1][np.diff(offsets) > 0]] = True
-    opened = pc.binary_join_element_wise(pc.if_else(pa.array(first), "", ","), '["', roles, '","', "")
+    first[offsets[:-1]] = True
+    last = np.zeros(len(roles), dtype=bool)
+    last[offsets[1:] - 1] = True
+    opened = pc.binary_join_element_wise(pc.if_else(pa.array(first), "[", ","), '["', roles, '","', "")
     reasoned = pc.is_valid(reasoning)
+    closed = pc.binary_join_element_wise(pc.if_else(reasoned, '"]', "]"), pc.if_else(pa.array(last), "]", ""), "")
     return joined_pieces([opened, json_escaped(content), pc.if_else(reasoned, '","', '",null'),
-                          json_escaped(pc.fill_null(reasoning, "")), pc.if_else(reasoned, '"]', "]")], offsets)
+                          json_escaped(pc.fill_null(reasoning, "")), closed], offsets)
 
 
 def holds_unicode_escaped(texts: pa.Array) -> npt.NDArray[np.bool_]:
@@ -406,20 +409,14 @@ def role_order_ok(roles: npt.NDArray[np.int8], parents: npt.NDArray[np.int64], o
 
 
 def hashed_ids(keys: pa.Array, source: str) -> list[str]:
-    """``records.conversation_id`` of each row's canonical turns ``keys`` (what ``content_key`` writes, but the
-    brackets around them)."""
+    """``records.conversation_id`` of each row's canonical turns ``keys`` (what ``content_key`` writes)."""
     offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[keys.offset:keys.offset + len(keys) + 1]
     data = keys.buffers()[2]
     view = memoryview(data) if data is not None else memoryview(b"")
     sha256 = hashlib.sha256
     prefix = b"corpus-conv\0%s\0\0" % source.encode()
-    ids = []
-    for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
-        key = sha256(b"[")
-        key.update(view[start:end])
-        key.update(b"]")
-        ids.append(sha256(prefix + key.digest()).hexdigest()[:20])
-    return ids
+    return [sha256(prefix + sha256(view[start:end]).digest()).hexdigest()[:20]
+            for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
 
 def arrow_chunks(texts: pa.Array) -> Iterator[pa.Array]:
