@@ -153,10 +153,16 @@ class Lines:
         newline = buffer[low] == ord("\n")
         ends = low[newline].astype(np.int64)
         starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
-        disputed = ends <= starts  # an empty line is no row
+        # a line may end in a carriage return (a file written on Windows): JSON's whitespace, not the row's
+        returns = np.zeros(len(ends), dtype=bool)
+        returns[ends > starts] = buffer[ends[ends > starts] - 1] == ord("\r")
+        last = ends - returns
+        disputed = last <= starts  # an empty line is no row
         nonempty = ~disputed
-        disputed[nonempty] = (buffer[starts[nonempty]] != ord("{")) | (buffer[ends[nonempty] - 1] != ord("}"))
-        disputed[np.searchsorted(ends, low[~newline])] = True
+        disputed[nonempty] = (buffer[starts[nonempty]] != ord("{")) | (buffer[last[nonempty] - 1] != ord("}"))
+        control = low[~newline]
+        control = control[~np.isin(control, ends[returns] - 1)]
+        disputed[np.searchsorted(ends, control)] = True
         return cls(data, starts, ends, disputed, b"\\u000" in data or b"\\u001" in data)
 
     def non_finite(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
