@@ -52,7 +52,6 @@ from ..screen.screened import RULE_REASONS, Verdict
 from ..sources.formats import JsonLines, format_of
 from ..sources.mappings import ROLE_ALIASES, TURN_KEYS, RowNormaliser
 from ..sources.parallel import worker_count
-from ..sources.raw import read_ahead
 from ..sources.readers import decode_lines
 from ..sources.source import _conversation, _file_unit, _logged_file, _normaliser, _Unit, resolve_paths
 from ..stats.corpus import CorpusStats
@@ -73,11 +72,14 @@ _SYSTEM, _USER, _ASSISTANT = 0, 1, 2
 # What pyarrow reads as a number and orjson refuses (a lone surrogate both refuse): looked for in a block whose
 # parsed table holds a floating point field.
 _NON_FINITE = (b"NaN", b"Infinity")
-# Characters orjson writes as \\uXXXX (the kernels escape the others: \\b \\t \\n \\f \\r \" \\\\).
-_UNICODE_ESCAPED = np.zeros(256, dtype=bool)
-_UNICODE_ESCAPED[[*range(0x00, 0x08), 0x0b, *range(0x0e, 0x20)]] = True
+# The characters orjson escapes with a backslash (the kernels escape them), and those it writes as \\uXXXX (the row
+# path's).
 _JSON_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"), ("\b", "\\b"),
                  ("\f", "\\f"))
+_ESCAPED = np.zeros(256, dtype=bool)
+_ESCAPED[[ord(plain) for plain, _ in _JSON_ESCAPES]] = True
+_UNICODE_ESCAPED = np.zeros(256, dtype=bool)
+_UNICODE_ESCAPED[[*range(0x00, 0x08), 0x0b, *range(0x0e, 0x20)]] = True
 
 
 def uncovered(plan: Plan, in_tokens: bool, has_pack: bool) -> str | None:
@@ -259,14 +261,23 @@ class RowPath:
 
 
 def json_escaped(texts: pa.Array) -> pa.Array:
-    """Each text as orjson writes it inside a JSON string's quotes (texts holding a character it writes as
-    ``\\uXXXX`` are the row path's)."""
-    import polars
-
-    series = polars.from_arrow(texts)
-    assert isinstance(series, polars.Series)
-    escaped = series.str.replace_many(dict(_JSON_ESCAPES))  # one pass, 5x pyarrow's replacements one by one
-    return pc.cast(escaped.to_arrow(), pa.string())
+    """Each text (no nulls) as orjson writes it inside a JSON string's quotes (texts holding a character it writes
+    as ``\\uXXXX`` are the row path's): the texts that hold a character to escape, found by one lookup over the
+    buffer, are escaped by pyarrow's replacements, the others kept as they are."""
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset:texts.offset + len(texts) + 1]
+    data = texts.buffers()[2]
+    if data is None or not len(texts):
+        return texts
+    found = np.flatnonzero(_ESCAPED[np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]]])
+    if not len(found):
+        return texts
+    held = np.zeros(len(texts), dtype=bool)
+    held[np.searchsorted(offsets, found + offsets[0], side="right") - 1] = True
+    mask = pa.array(held)
+    chosen = pc.filter(texts, mask)
+    for plain, escaped in _JSON_ESCAPES:
+        chosen = pc.replace_substring(chosen, plain, escaped)
+    return pc.replace_with_mask(texts, mask, chosen)
 
 
 def json_string(texts: pa.Array) -> pa.Array:
@@ -471,11 +482,11 @@ class PartReader:
         self.escapes_control = True  # the block's (``Lines.escapes_control``)
 
     def blocks(self) -> Iterator[Block]:
-        """The part's blocks, each read and parsed on a thread while the one before is mapped and judged (numpy and
-        pyarrow release the lock)."""
+        """The part's blocks, read and parsed in this thread: on two busy cores a read-ahead thread cost more in
+        hand-overs than it gained (BENCHMARKS.md)."""
         read = (parsed_block(first_line, data)
                 for first_line, data in part_blocks(self.path, self.start, self.end, self.next_line))
-        for first_line, lines, runs in read_ahead(lambda: next(read, None)):
+        for first_line, lines, runs in read:
             yield self.block(first_line, lines, runs)
             self.next_line = first_line + len(lines.starts)
 
