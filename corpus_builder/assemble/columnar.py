@@ -5,7 +5,7 @@ A build whose plan this path covers (``uncovered`` says why not, else None: a re
 lists, with the exact dedup at most; the build's docs page lists what it does not cover) reads each replay source's
 files, cut into parts as the row path cuts them, in blocks of whole lines. In a block, the lines a kernel can take
 are parsed by pyarrow's JSON reader and mapped, checked, identified, deduplicated, split and written with pyarrow
-compute kernels, polars and numpy over the buffers; per row Python runs only where no kernel exists and it is cheap
+compute kernels and numpy over the buffers; per row Python runs only where no kernel exists and it is cheap
 (hashlib over bytes a kernel built, a dict of the ids seen). Every other line drops to the row path
 (``sources.source``'s normaliser of the same file part, in order), and its rows join the block's in their place:
 the corpus, the ledger and audit.json are byte for byte the row path's.
