@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 
 SPAN = 1 << 64  # the draws' range
+SPLIT_PURPOSE = b"corpus-split"
 
 
 def seeded_hash(purpose: bytes, seed: int, *parts: str | int) -> int:
@@ -15,6 +16,14 @@ def seeded_hash(purpose: bytes, seed: int, *parts: str | int) -> int:
     personalisation, at most 16 bytes)."""
     key = "\x1f".join([str(seed), *map(str, parts)]).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=purpose).digest(), "big")
+
+
+def seeded_hashes(purpose: bytes, seed: int, keys: list[str]) -> list[int]:
+    """``seeded_hash(purpose, seed, key)`` of each key (one part each), in one loop."""
+    prefix = f"{seed}\x1f".encode()
+    blake2b = hashlib.blake2b
+    return [int.from_bytes(blake2b(prefix + key.encode(), digest_size=8, person=purpose).digest(), "big")
+            for key in keys]
 
 
 def take_priority(seed: int, source: str, label: str, position: int) -> int:
@@ -29,7 +38,12 @@ def mixture_priority(seed: int, row_id: str) -> int:
 
 def split_draw(seed: int, row_id: str) -> float:
     """Where a conversation falls in [0, 1) for the train/validation split: by its id."""
-    return seeded_hash(b"corpus-split", seed, row_id) / SPAN
+    return seeded_hash(SPLIT_PURPOSE, seed, row_id) / SPAN
+
+
+def split_draws(seed: int, row_ids: list[str]) -> list[float]:
+    """``split_draw`` of each id."""
+    return [value / SPAN for value in seeded_hashes(SPLIT_PURPOSE, seed, row_ids)]
 
 
 def pack_priority(seed: int, row_id: str) -> int:

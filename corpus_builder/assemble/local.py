@@ -1,10 +1,11 @@
 """The local engine: the plan's stages over a stream of rows in priority order, on this machine (``plan``).
 
-The replay sources are read, normalised and measured on forked workers where that pays (``sources.parallel``), in
-order; the screen and the keyed stages judge each batch as it comes (``screen.stream``). A build that takes every
-row writes each batch as it is judged: memory stays flat. A take (prompt sources, a declared corpus) spools the
-kept rows per source (``KeptRows``), keeps their keys in memory and writes the rows the selection takes, source by
-source in recipe order, once the selection is known.
+A build the columnar path covers (``columnar``: a plain replay of JSON lines) reads, judges and writes its rows as
+Arrow batches. Otherwise the replay sources are read, normalised and measured on forked workers where that pays
+(``sources.parallel``), in order; the screen and the keyed stages judge each batch as it comes
+(``screen.stream``). A build that takes every row writes each batch as it is judged: memory stays flat. A take
+(prompt sources, a declared corpus) spools the kept rows per source (``KeptRows``), keeps their keys in memory and
+writes the rows the selection takes, source by source in recipe order, once the selection is known.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..sources import MeasuredRows, replay_stream
 from ..stats.corpus import CorpusStats
 from ..tokens import TokenFacts
 from .collect import MixtureKeys
+from .columnar import uncovered, write_columnar
 from .mixture import Available, Selection, SelectStage
 from .plan import KeyedStage, Plan, TargetTokens
 from .shards import LedgerWriter, ShardWriter
@@ -116,6 +118,8 @@ class LocalEngine:
         self._keyed: list[KeyedStage] = []
         self._judges: list[StreamJudge] = []
         self._kept: KeptRows | None = None
+        in_tokens = self.checker.in_tokens or tokens.settings is not None
+        self._columnar = uncovered(plan, in_tokens, pack is not None) is None
 
     def screen(self) -> None:
         """Nothing runs yet: the rows stream when they are taken or written."""
@@ -139,6 +143,8 @@ class LocalEngine:
         write = self.plan.write
         if self._kept is not None:
             items = self._kept.selected(selection)
+        elif self._columnar:  # the columnar path: Arrow batches from the files to the shards
+            return write_columnar(self.plan, self.checker, self.staging, self.ledger, self.auditor, self.stream)
         else:  # rows stream from the sources to the shards, measured once
             self._judges = [stage.stream_judge(None) for stage in self._keyed]
             items = handed_over(screened_in_order(self._replay(), self.checker, self._judges), self.tokens.measured)

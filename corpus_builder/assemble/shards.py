@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import zstandard
 
@@ -25,6 +26,8 @@ from ..rows import ARROW_SCHEMA, conversations_to_batch
 
 # Sees every row group as it is handed to the writer: the conversations and their Arrow form.
 RowGroupObserver = Callable[[list[Conversation], pa.RecordBatch], None]
+# Sees every row group of rows written as Arrow batches (``write_batch``).
+BatchObserver = Callable[[pa.RecordBatch], None]
 
 
 class ShardWriter:
@@ -33,17 +36,24 @@ class ShardWriter:
     Rows are converted to Arrow one row group at a time on the caller's thread; encoding, compression and
     file writes run on one background thread (pyarrow releases the GIL there), so they overlap with reading
     the next rows. At most two row groups wait for that thread, which keeps memory flat.
+
+    Rows come as conversations (``write``) or as Arrow batches of the row form (``write_batch``: the columnar
+    path, observed by ``observe_batch``), not both: either way the row groups, and so the shards, are the same.
     """
 
     def __init__(self, corpus_dir: Path, rows_per_shard: int, row_group_size: int = 8192,
-                 observe: RowGroupObserver | None = None, directory: str = DATA) -> None:
+                 observe: RowGroupObserver | None = None, directory: str = DATA,
+                 observe_batch: BatchObserver | None = None) -> None:
         self.directory = directory
         self.data_dir = corpus_dir / directory
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.rows_per_shard = rows_per_shard
         self.row_group_size = min(row_group_size, rows_per_shard)
         self.observe = observe
+        self.observe_batch = observe_batch
         self._buffered: dict[str, list[Conversation]] = {}
+        self._batches: dict[str, list[pa.RecordBatch]] = {}  # write_batch's rows, per split
+        self._batched_rows: dict[str, int] = {}
         self._writers: dict[str, pq.ParquetWriter] = {}  # touched only on the I/O thread
         self._rows_in_shard: dict[str, int] = {}
         # buffered rows that make a split's next row group: min(row_group_size, room left in its shard), which
@@ -60,6 +70,32 @@ class ShardWriter:
         if len(buffered) >= self._flush_at.get(split, self.row_group_size):
             self._flush(split)
 
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Rows in the row form, each with its split."""
+        splits = batch.column("split")
+        names = pc.unique(splits).to_pylist()
+        for split in names:
+            rows = batch.filter(pc.equal(splits, split)) if len(names) > 1 else batch
+            self._batches.setdefault(split, []).append(rows)
+            self._batched_rows[split] = self._batched_rows.get(split, 0) + rows.num_rows
+            while self._batched_rows[split] >= self._flush_at.get(split, self.row_group_size):
+                self._flush_batches(split)
+
+    def _flush_batches(self, split: str) -> None:
+        """``_flush`` of the rows of ``write_batch``."""
+        table = pa.Table.from_batches(self._batches[split], schema=ARROW_SCHEMA)
+        self._start_shard(split)
+        # the rows ``write`` would have buffered when it flushed: a row group of the same size
+        size = min(self._flush_at.get(split, self.row_group_size), self._room(split), table.num_rows)
+        group = table.slice(0, size).combine_chunks().to_batches()
+        batch = group[0] if group else pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+        rest = table.slice(size)
+        self._batches[split] = rest.to_batches() if rest.num_rows else []
+        self._batched_rows[split] = rest.num_rows
+        if self.observe_batch is not None:
+            self.observe_batch(batch)
+        self._hand_over(split, batch)
+
     def _room(self, split: str) -> int:
         rows = self._rows_in_shard.get(split, 0)
         return self.rows_per_shard if rows in (0, self.rows_per_shard) else self.rows_per_shard - rows
@@ -67,15 +103,23 @@ class ShardWriter:
     def _flush(self, split: str) -> None:
         """Hand one row group, never past the shard's end, to the I/O thread."""
         buffered = self._buffered[split]
-        if self._rows_in_shard.get(split, 0) in (0, self.rows_per_shard):
-            index = len(self._shards.setdefault(split, []))
-            self._shards[split].append((self.data_dir / f".{split}-{index:05d}.parquet.partial", 0))
-            self._rows_in_shard[split] = 0
+        self._start_shard(split)
         group = buffered[:self._room(split)]
         del buffered[:len(group)]
         batch = conversations_to_batch(group)
         if self.observe is not None:
             self.observe(group, batch)
+        self._hand_over(split, batch)
+
+    def _start_shard(self, split: str) -> None:
+        """A new shard of the split, when none is open or the open one is full."""
+        if self._rows_in_shard.get(split, 0) in (0, self.rows_per_shard):
+            index = len(self._shards.setdefault(split, []))
+            self._shards[split].append((self.data_dir / f".{split}-{index:05d}.parquet.partial", 0))
+            self._rows_in_shard[split] = 0
+
+    def _hand_over(self, split: str, batch: pa.RecordBatch) -> None:
+        """A row group to the I/O thread, the split's shard and next row group's size counted."""
         path, _ = self._shards[split][-1]
         self._rows_in_shard[split] += batch.num_rows
         self._shards[split][-1] = (path, self._rows_in_shard[split])
@@ -112,6 +156,9 @@ class ShardWriter:
             for split, buffered in self._buffered.items():
                 while buffered:
                     self._flush(split)
+            for split in self._batches:
+                while self._batched_rows[split]:
+                    self._flush_batches(split)
             self._submit(self._close_all)
             while self._in_flight:
                 self._in_flight.popleft().result()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from ..draws import split_draw
+from ..draws import split_draw, split_draws
 from ..recipe.model import SplitSpec
 from ..records import Conversation
 
@@ -39,6 +39,13 @@ class Splitter:
         if self.fraction <= 0:
             return TRAIN
         return VALIDATION if split_draw(self.seed, row_id) < self.fraction else TRAIN
+
+    def assign_ids(self, row_ids: list[str]) -> list[str]:
+        """``assign_id`` of each id, in one loop."""
+        if self.fraction <= 0:
+            return [TRAIN] * len(row_ids)
+        fraction = self.fraction
+        return [VALIDATION if draw < fraction else TRAIN for draw in split_draws(self.seed, row_ids)]
 
 
 def within_tolerance(rows: int, validation: int, fraction: float) -> bool:

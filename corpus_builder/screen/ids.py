@@ -38,6 +38,19 @@ class UniqueIds:
         self._seen[hash(new_id)] = None
         return new_id
 
+    def assign_all(self, row_ids: list[str]) -> list[str]:
+        """``assign`` of each id in turn, in one loop (most ids are new)."""
+        seen = self._seen
+        given = []
+        for row_id in row_ids:
+            key = hash(row_id)
+            if key in seen:
+                given.append(self.assign(row_id))
+            else:
+                seen[key] = None
+                given.append(row_id)
+        return given
+
     def judge(self, batch: Screened) -> None:
         """The ids of a batch's rows, the batches offered in priority order."""
         batch.ids = [self.assign(row.id) for row in batch.rows]

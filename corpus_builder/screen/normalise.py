@@ -24,6 +24,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..records import Conversation
 
@@ -43,6 +45,7 @@ _DROPPED_ASCII = "!\"'(),.:;?[]`{}"
 _ASCII_TABLE = bytes(
     (i + 32 if 65 <= i <= 90 else 32 if i < 32 or i == 127 or chr(i) in _DROPPED_ASCII else i) for i in range(256)
 )
+_ASCII_LOOKUP = np.frombuffer(_ASCII_TABLE, dtype=np.uint8)
 _SPACE, _SEPARATOR = 32, 0
 
 
@@ -120,9 +123,38 @@ def text_chunks(texts: Sequence[str]) -> Iterator[slice]:
 def normalise_texts(texts: Sequence[str]) -> NormalisedTexts:
     """Normalise a batch (the rules are in the module docstring)."""
     if not texts:
-        nothing = np.zeros(0, dtype=np.int64)
-        return NormalisedTexts(np.zeros(0, dtype=np.uint8), nothing, nothing)
-    raw = np.frombuffer(b"\0".join(_mapped_bytes(text) for text in texts), dtype=np.uint8)
+        return _no_texts()
+    return _collapsed(np.frombuffer(b"\0".join(_mapped_bytes(text) for text in texts), dtype=np.uint8))
+
+
+def normalise_arrow_texts(texts: pa.Array) -> NormalisedTexts:
+    """``normalise_texts`` of a string array (no nulls): the ASCII texts mapped by one table lookup over the array's
+    buffer, the others (Unicode's rules) one by one."""
+    if not len(texts):
+        return _no_texts()
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset:texts.offset + len(texts) + 1]
+    data = texts.buffers()[2]
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    mapped = _ASCII_LOOKUP[raw[offsets[0]:offsets[-1]]]
+    starts = (offsets[:-1] - offsets[0]).astype(np.int64)
+    ascii_rows = pc.string_is_ascii(texts).to_numpy(zero_copy_only=False)
+    if ascii_rows.all():  # a separator before every text but the first
+        return _collapsed(np.insert(mapped, starts[1:], _SEPARATOR))
+    ends = (offsets[1:] - offsets[0]).astype(np.int64)
+    flat = mapped.tobytes()
+    return _collapsed(np.frombuffer(b"\0".join(
+        flat[start:end] if plain else _mapped_bytes(texts[index].as_py())
+        for index, (start, end, plain) in enumerate(zip(starts.tolist(), ends.tolist(), ascii_rows.tolist(),
+                                                        strict=True))), dtype=np.uint8))
+
+
+def _no_texts() -> NormalisedTexts:
+    nothing = np.zeros(0, dtype=np.int64)
+    return NormalisedTexts(np.zeros(0, dtype=np.uint8), nothing, nothing)
+
+
+def _collapsed(raw: npt.NDArray[np.uint8]) -> NormalisedTexts:
+    """Texts mapped character by character and joined by NUL, with their runs of whitespace collapsed."""
     # Two compress passes over masks of neighbouring bytes (2.3x faster than locating each run of spaces): keep
     # the last space of each run, then drop the spaces left at either end of a text (beside a NUL separator or
     # the buffer's ends), so a text has single spaces between its words and none at either end.

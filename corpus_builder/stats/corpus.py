@@ -210,10 +210,15 @@ class CorpusStats:
 
     def add_rows(self, conversations: list[Conversation], batch: pa.RecordBatch) -> None:
         """One group of rows, in both forms (the token statistics read the conversations)."""
+        if batch.num_rows and self.tokens is not None:
+            self.tokens.add_conversations(conversations)
+        self.add_batch(batch)
+
+    def add_batch(self, batch: pa.RecordBatch) -> None:
+        """One group of rows in the Arrow form: every statistic but the token statistics, which read the
+        conversations (``add_rows``)."""
         if batch.num_rows == 0:
             return
-        if self.tokens is not None:
-            self.tokens.add_conversations(conversations)
         rows = asdict(BatchFacts.of(batch))
         rows["conversations"] = np.ones(batch.num_rows, dtype=np.int64)
         self.overall.add(Totals(**{k: int(v.sum()) for k, v in rows.items()}))

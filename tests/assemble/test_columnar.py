@@ -1,0 +1,122 @@
+"""The columnar replay path (assemble/columnar.py) writes what the row path writes, byte for byte, and leaves the rows
+its kernels do not cover to the row path."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from corpus_builder.assemble import build_corpus
+from corpus_builder.assemble.columnar import SWITCH, WHITESPACE
+from corpus_builder.recipe import load_recipe
+
+SPEAKERS = ["human", "user", "gpt", "assistant", "system", "tool", "observation", "function_call", "bard", "robot"]
+# Pieces of text that reach every branch of the kernels: think tags in every order, Python's whitespace, JSON's
+# escapes, control characters, non-ASCII letters and punctuation, the disputed literals.
+PIECES = ["<think>", "</think>", " ", "\n", "\t", "\u3000", "\x1c", "\x85", '"', "\\", "\x01", "\x7f", "é", "ＡＢ",
+          "\u201cq\u201d", "NaN", "Infinity", "\U0001f600", "word", "Word", "2+2", "x"]
+
+
+def texts() -> st.SearchStrategy[str]:
+    return st.lists(st.sampled_from(PIECES), max_size=6).map("".join)
+
+
+def turns() -> st.SearchStrategy[object]:
+    extra = {"weight": st.none() | st.integers(0, 1), "reasoning": st.none() | texts()}
+    sharegpt = st.fixed_dictionaries({"from": st.sampled_from(SPEAKERS), "value": texts()}, optional=extra)
+    messages = st.fixed_dictionaries({"role": st.sampled_from(SPEAKERS), "content": texts()}, optional=extra)
+    return st.lists(sharegpt, max_size=5) | st.lists(messages, max_size=3) | st.none() | st.just("not a list")
+
+
+def rows() -> st.SearchStrategy[bytes]:
+    row = st.fixed_dictionaries({"conversations": turns()},
+                                optional={"id": st.none() | st.integers(-5, 5) | texts() | st.booleans(),
+                                          "tools": st.none() | st.just([{"name": "f"}])})
+    escaped_pair = b'{"conversations": [{"from": "human", "value": "\\ud83d\\ude00"}, {"from": "gpt", "value": "a"}]}'
+    return row.map(orjson.dumps) | st.sampled_from([b"", b"  ", b"[1]", b"null", b"{oops", b"{\"a\": NaN}",
+                                                     b"\xef\xbb\xbf{}", b"{\"conversations\": \"\xff\"}", escaped_pair])
+
+
+def plain_exchange(index: int) -> bytes:
+    return orjson.dumps({"id": f"r{index}", "conversations": [
+        {"from": "human", "value": f"question {index % 7}"},
+        {"from": "gpt", "value": f"<think>\nwhy {index}\n</think>\n\nanswer {index % 5}" if index % 3 else "yes"}]})
+
+
+def build(tmp: Path, lines: list[bytes], row_path: bool, monkeypatch: pytest.MonkeyPatch, *,
+          rows_per_shard: int = 7, style: str = "sharegpt") -> tuple[dict[str, bytes], str]:
+    """Every file of a build of ``lines`` (on the row path, or not), and its progress lines."""
+    (tmp / "rows.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (tmp / "recipe.yaml").write_text(
+        "name: columnar\ntarget: {model: m/t}\nsources:\n  - {name: chats, kind: replay, path: rows.jsonl, "
+        f"mapping: {{style: {style}}}, task: chat}}\n"
+        "checks: {dedup: exact}\nsplit: {validation_fraction: 0.3, "
+        f"seed: 3}}\noutput: {{dir: out, rows_per_shard: {rows_per_shard}}}\n", encoding="utf-8")
+    out = tmp / ("row" if row_path else "columnar")
+    monkeypatch.setenv(SWITCH, "0" if row_path else "1")
+    progress = io.StringIO()
+    build_corpus(load_recipe(tmp / "recipe.yaml"), out, progress=progress, allow_empty=True)
+    files = {str(path.relative_to(out)): path.read_bytes() for path in sorted(out.rglob("*"))
+             if path.is_file() and path.name != ".build.lock"}
+    return files, progress.getvalue()
+
+
+def test_whitespace_is_what_python_strips() -> None:
+    assert set(WHITESPACE) == {chr(code) for code in range(sys.maxunicode + 1) if chr(code).isspace()}
+
+
+def test_the_rows_the_kernels_do_not_cover_take_the_row_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows that need a repair or a rule only the row path has drop to it, counted; the corpus is the row path's."""
+    good = [plain_exchange(index) for index in range(40)]
+    needing_rows = [
+        orjson.dumps({"conversations": [{"from": "gpt", "value": "hello"}, {"from": "human", "value": "hi"},
+                                        {"from": "gpt", "value": "ok"}]}),  # leading assistant: repaired
+        orjson.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "<think>open"}]}),
+        orjson.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "tool", "value": "r"}]}),
+        b"{not json",
+    ]
+    lines = [*good[:20], *needing_rows, *good[20:], good[3]]  # and a duplicate
+    columnar, said = build(tmp_path, lines, False, monkeypatch)
+    row_path, _ = build(tmp_path, lines, True, monkeypatch)
+    assert columnar == row_path
+    assert "columnar path: 40 rows by the kernels, 5 by the row path" in said  # the duplicate is a kernel's too
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(rows(), min_size=1, max_size=40), st.integers(1, 9), st.sampled_from(["sharegpt", "auto"]))
+@example([plain_exchange(0), b'{"id": 1.5, "conversations": []}', plain_exchange(0)], 2, "sharegpt")
+@example([orjson.dumps({"id": "i", "conversations": [{"from": "human", "value": "a\x01b \\ \"q\""},
+                                                     {"from": "gpt", "value": "\x85 c </think> \u3000d"}]})], 1,
+         "sharegpt")
+@example([orjson.dumps({"id": "i\x1f", "conversations": [{"from": "human", "value": "a"},
+                                                        {"from": "gpt", "value": "b"}]})], 1, "auto")
+def test_hostile_rows_give_the_row_paths_bytes(tmp_path_factory: pytest.TempPathFactory,
+                                               monkeypatch: pytest.MonkeyPatch, hostile: list[bytes],
+                                               rows_per_shard: int, style: str) -> None:
+    """Any mix of rows, plain ones among them: every shard, the ledger, audit.json and the manifest are the row
+    path's."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    lines = [line for index, row in enumerate(hostile) for line in (plain_exchange(index), row)]
+    lines[::3] = [line + b"\r" for line in lines[::3]]  # line ends written on Windows
+    columnar, _ = build(tmp, lines, False, monkeypatch, rows_per_shard=rows_per_shard, style=style)
+    row_path, _ = build(tmp, lines, True, monkeypatch, rows_per_shard=rows_per_shard, style=style)
+    assert columnar == row_path
+
+
+def test_a_file_cut_into_parts_reads_as_the_row_paths_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file cut into byte ranges (several readers): each part has its own normaliser and the file's own line
+    numbers, as on the row path's forked readers."""
+    monkeypatch.setattr("corpus_builder.sources.readers.MIN_RANGE_BYTES", 1500)
+    monkeypatch.setenv("CORPUS_WORKERS", "3")
+    lines = [plain_exchange(index % 45) for index in range(60)]  # duplicates across the parts
+    lines[31] = b"{broken"
+    columnar, said = build(tmp_path, lines, False, monkeypatch)
+    row_path, _ = build(tmp_path, lines, True, monkeypatch)
+    assert columnar == row_path
+    assert "by the kernels, 4 by the row path" in said  # each part's first row fixes its layout, and the bad line
