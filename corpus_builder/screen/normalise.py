@@ -20,6 +20,7 @@ import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
+from itertools import pairwise
 from typing import Literal
 
 import numpy as np
@@ -118,6 +119,16 @@ def text_chunks(texts: Sequence[str]) -> Iterator[slice]:
             end += 1
         yield slice(start, end)
         start = end
+
+
+def arrow_chunks(texts: pa.Array) -> Iterator[pa.Array]:
+    """Consecutive slices of a string array of about ``CHUNK_BYTES`` each (``text_chunks`` of an Arrow array)."""
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset:texts.offset + len(texts) + 1]
+    cuts = np.searchsorted(offsets, np.arange(offsets[0], offsets[-1], CHUNK_BYTES)[1:])
+    bounds = [0, *np.unique(cuts).tolist(), len(texts)]
+    for start, end in pairwise(bounds):
+        if end > start:
+            yield texts.slice(start, end - start)
 
 
 def normalise_texts(texts: Sequence[str]) -> NormalisedTexts:

@@ -46,7 +46,7 @@ DEFAULT_MAPPING = Mapping()
 
 
 @dataclass(frozen=True, slots=True)
-class _Unit:
+class FileUnit:
     """One file or hub split of a source: how to read it and how to name its rows."""
 
     label: str
@@ -80,10 +80,10 @@ def iter_source(spec: SourceSpec, base_dir: Path) -> Iterator[Conversation | Ski
     check_mapping(spec.mapping, spec.name)
     if spec.hub is not None:
         ref = spec.hub
-        units = [_Unit(hub_label(ref), lambda keep: iter_hub_rows(ref, spec.name, keep), "#", "source_row",
+        units = [FileUnit(hub_label(ref), lambda keep: iter_hub_rows(ref, spec.name, keep), "#", "source_row",
                        Provenance(hub=hub_provenance(ref)))]
     else:
-        units = [_file_unit(path, format_of(path, spec.format), _label(path, base_dir))
+        units = [file_unit(path, format_of(path, spec.format), source_label(path, base_dir))
                  for path in resolve_paths(spec, base_dir)]
     rows = _select(spec, units)
     return rows if spec.tool_choice_function is None else _tool_choice_defined(spec, rows)
@@ -123,18 +123,18 @@ def source_parts(spec: SourceSpec, base_dir: Path, parts: int) -> list[Callable[
         return [lambda: iter_source(spec, base_dir)]
     check_mapping(spec.mapping, spec.name)
     paths = resolve_paths(spec, base_dir)
-    if spec.fold.enabled and paths and _logged_file(spec, paths[0], _label(paths[0], base_dir)):
+    if spec.fold.enabled and paths and logged_file(spec, paths[0], source_label(paths[0], base_dir)):
         return [lambda: iter_source(spec, base_dir)]  # the fold follows a chat across the source: one part
     thunks: list[Callable[[], Iterator[Conversation | Skipped]]] = []
     for path in paths:
-        label = _label(path, base_dir)
+        label = source_label(path, base_dir)
         fmt = format_of(path, spec.format)
-        unit = _file_unit(path, fmt, label)
+        unit = file_unit(path, fmt, label)
         if not isinstance(fmt, SplittableFormat) or len(ranges := fmt.ranges(path, parts, label)) <= 1:
             thunks.append(partial(_select, spec, [unit]))
             continue
         for start, end in ranges:
-            part = _Unit(label, partial(fmt.range_rows, path, start, end), unit.separator, unit.position_key,
+            part = FileUnit(label, partial(fmt.range_rows, path, start, end), unit.separator, unit.position_key,
                          unit.provenance)
             thunks.append(partial(_select, spec, [part]))
     return thunks
@@ -146,7 +146,7 @@ class PackSpec(SourceSpec):
     it may end with the question the target answers."""
 
 
-def _normaliser(spec: SourceSpec) -> RowNormaliser:
+def normaliser_for(spec: SourceSpec) -> RowNormaliser:
     kind = "pack" if isinstance(spec, PackSpec) else spec.kind
     return RowNormaliser(spec.mapping, kind, spec.system_prompt, spec.repair, spec.tool_choice_function)
 
@@ -161,10 +161,10 @@ def iter_file(path: Path, *, source: str | None = None, kind: SourceKind | Liter
     spec = (PackSpec(name=name, kind="replay", paths=paths, mapping=mapping) if kind == "pack"
             else SourceSpec(name=name, kind=kind, paths=paths, mapping=mapping))
     check_mapping(mapping, spec.name)
-    return _select(spec, [_file_unit(path, format_of(path, fmt), path.name)])
+    return _select(spec, [file_unit(path, format_of(path, fmt), path.name)])
 
 
-def _label(path: Path, base_dir: Path) -> str:
+def source_label(path: Path, base_dir: Path) -> str:
     """The path as the recipe gives it (relative); a file outside the recipe's tree by its name only,
     so provenance never carries an absolute local path."""
     try:
@@ -173,20 +173,20 @@ def _label(path: Path, base_dir: Path) -> str:
         return path.name
 
 
-def _file_unit(path: Path, fmt: Format, label: str) -> _Unit:
+def file_unit(path: Path, fmt: Format, label: str) -> FileUnit:
     scanned = (partial(scanned_rows, path, label, partial(fmt.lines, path, label), scan_line)
                if isinstance(fmt, LineFormat) else None)
-    return _Unit(label, partial(fmt.read, path, label), fmt.separator, fmt.position_key, Provenance(source_file=label),
-                 scanned)
+    return FileUnit(label, partial(fmt.read, path, label), fmt.separator, fmt.position_key,
+                    Provenance(source_file=label), scanned)
 
 
-def _select(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
+def _select(spec: SourceSpec, units: list[FileUnit]) -> Iterator[Conversation | Skipped]:
     if spec.fold.enabled and _may_be_logged(spec.mapping) and units:
         return _select_detected(spec, units)
     return _select_rows(spec, units)
 
 
-def _select_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
+def _select_rows(spec: SourceSpec, units: list[FileUnit]) -> Iterator[Conversation | Skipped]:
     take = spec.take
     if take is not None and take.count is not None:
         return _take_count(spec, units, take.count, take.seed)
@@ -195,7 +195,7 @@ def _select_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation 
                                for unit in units)
 
 
-def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
+def _take_count(spec: SourceSpec, units: list[FileUnit], count: int,
                 seed: int) -> Iterator[Conversation | Skipped]:
     """Exactly min(count, valid rows) rows, chosen by seeded priority among the valid ones (a row that
     ``consecutive_turns: split`` cut counts once and gives all its parts).
@@ -214,10 +214,10 @@ def _take_count(spec: SourceSpec, units: list[_Unit], count: int,
         yield from _normalise(spec, units[index], positions.__contains__)
 
 
-def _checked_rows(spec: SourceSpec, unit: _Unit,
+def _checked_rows(spec: SourceSpec, unit: FileUnit,
                   keep: PositionFilter | None) -> Iterator[tuple[int, list[NormalisedRow] | Skipped]]:
     """Each row's conversations (several when a repair split it), or why it was skipped."""
-    normalise = _normaliser(spec)
+    normalise = normaliser_for(spec)
     name, label, separator = spec.name, unit.label, unit.separator
     for position, row in unit.rows(keep):
         checked: list[NormalisedRow] | Skipped
@@ -230,16 +230,16 @@ def _checked_rows(spec: SourceSpec, unit: _Unit,
         yield position, checked
 
 
-def _normalise(spec: SourceSpec, unit: _Unit, keep: PositionFilter | None) -> Iterator[Conversation | Skipped]:
+def _normalise(spec: SourceSpec, unit: FileUnit, keep: PositionFilter | None) -> Iterator[Conversation | Skipped]:
     for position, rows in _checked_rows(spec, unit, keep):
         if isinstance(rows, Skipped):
             yield rows
             continue
         for row in rows:
-            yield _conversation(spec, unit, position, row)
+            yield conversation_of(spec, unit, position, row)
 
 
-def _conversation(spec: SourceSpec, unit: _Unit, position: int, row: NormalisedRow,
+def conversation_of(spec: SourceSpec, unit: FileUnit, position: int, row: NormalisedRow,
                   folded_requests: int | None = None) -> Conversation:
     line, index = (position, None) if unit.position_key == "source_line" else (None, position)
     provenance = replace(unit.provenance, source_line=line, source_row=index, source_part=row.part,
@@ -263,7 +263,7 @@ def _may_be_logged(mapping: Mapping) -> bool:
     return mapping.style == "log" or (mapping.style == "auto" and not mapping.field)
 
 
-def _logged_file(spec: SourceSpec, path: Path, label: str) -> bool:
+def logged_file(spec: SourceSpec, path: Path, label: str) -> bool:
     """Whether a source's first file is logged exchanges (``_peek`` tells the same as the source is read)."""
     if not _may_be_logged(spec.mapping):
         return False
@@ -284,7 +284,7 @@ class _Gate:
         return self.keep is None or self.keep(position)
 
 
-def _peek(spec: SourceSpec, unit: _Unit) -> tuple[bool, _Unit]:
+def _peek(spec: SourceSpec, unit: FileUnit) -> tuple[bool, FileUnit]:
     """Whether the source is logged exchanges (the mapping says so, or the first row of its first file that shows a
     layout is one), and the unit to read that file through: its first read goes on from the rows read to tell."""
     gate = _Gate()
@@ -308,14 +308,14 @@ def _peek(spec: SourceSpec, unit: _Unit) -> tuple[bool, _Unit]:
     return logged, replace(unit, rows=resumed)
 
 
-def _select_detected(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
+def _select_detected(spec: SourceSpec, units: list[FileUnit]) -> Iterator[Conversation | Skipped]:
     """The source read as logged exchanges or as rows, as its first file tells (opened when the stream starts)."""
     logged, first = _peek(spec, units[0])
     units = [first, *units[1:]]
     yield from _select_logged(spec, units) if logged else _select_rows(spec, units)
 
 
-def _select_logged(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversation | Skipped]:
+def _select_logged(spec: SourceSpec, units: list[FileUnit]) -> Iterator[Conversation | Skipped]:
     """A logged source's conversations, each chat's requests folded into one (``sources.fold``); the take then
     chooses among conversations by the position of the request that ends each."""
     take = spec.take
@@ -337,7 +337,7 @@ def _select_logged(spec: SourceSpec, units: list[_Unit]) -> Iterator[Conversatio
             yield item
 
 
-def _folded(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
+def _folded(spec: SourceSpec, units: list[FileUnit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
     """Every row of the source in order, each with (its unit, its position), the requests of each logged chat
     folded into its last one; a request folded into a later one is never normalised. The collector runs rarely
     meanwhile: the open chats' rows are many live objects that a collection would walk again and again."""
@@ -345,9 +345,9 @@ def _folded(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[int, i
         yield from _folded_rows(spec, units)
 
 
-def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
+def _folded_rows(spec: SourceSpec, units: list[FileUnit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
     fold: PrefixFold[tuple[int, int]] = PrefixFold(spec.fold.max_open)
-    normalisers = [_normaliser(spec) for _ in units]
+    normalisers = [normaliser_for(spec) for _ in units]
 
     def location(tag: tuple[int, int]) -> str:
         unit = units[tag[0]]
@@ -361,7 +361,7 @@ def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[i
             yield held.tag, Skipped(spec.name, bad.reason, location(held.tag), bad.detail)
             return
         for row in rows:
-            yield held.tag, _conversation(spec, units[index], position, row,
+            yield held.tag, conversation_of(spec, units[index], position, row,
                                           held.requests if held.requests > 1 else None)
 
     for index, unit in enumerate(units):
@@ -377,7 +377,7 @@ def _folded_rows(spec: SourceSpec, units: list[_Unit]) -> Iterator[tuple[tuple[i
                     if isinstance(row, BadRow):
                         raise row
                     if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
-                        yield from ((tag, _conversation(spec, unit, position, part)) for part in normalise(row))
+                        yield from ((tag, conversation_of(spec, unit, position, part)) for part in normalise(row))
                         continue
                     logged = read_exchange(row_object(row))
                 except BadRow as bad:

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from corpus_builder.assemble import build_corpus
-from corpus_builder.assemble.columnar import SWITCH, WHITESPACE
+from corpus_builder.assemble.columnar import SWITCH
 from corpus_builder.recipe import load_recipe
+from corpus_builder.sources.columnar import WHITESPACE
 
 SPEAKERS = ["human", "user", "gpt", "assistant", "system", "tool", "observation", "function_call", "bard", "robot"]
 # Pieces of text that reach every branch of the kernels: think tags in every order, Python's whitespace, JSON's
