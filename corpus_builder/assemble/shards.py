@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import zstandard
 
@@ -44,6 +45,7 @@ class ShardWriter:
         self.row_group_size = min(row_group_size, rows_per_shard)
         self.observe = observe
         self._buffered: dict[str, list[Conversation]] = {}
+        self._buffered_rows: dict[str, list[pa.Table]] = {}  # rows handed over in the row form (``write_table``)
         self._writers: dict[str, pq.ParquetWriter] = {}  # touched only on the I/O thread
         self._rows_in_shard: dict[str, int] = {}
         # buffered rows that make a split's next row group: min(row_group_size, room left in its shard), which
@@ -60,6 +62,16 @@ class ShardWriter:
         if len(buffered) >= self._flush_at.get(split, self.row_group_size):
             self._flush(split)
 
+    def write_table(self, rows: pa.Table) -> None:
+        """Rows already in the row form (``ARROW_SCHEMA``, each split), in order: written as they are, never
+        converted (the Ray engine's writing tasks; no ``observe``: they add the rows' statistics themselves)."""
+        rows = rows.select(ARROW_SCHEMA.names).cast(ARROW_SCHEMA)
+        splits = pc.fill_null(rows.column("split"), "train")
+        for split in pc.unique(splits).to_pylist():
+            self._buffered_rows.setdefault(split, []).append(rows.filter(pc.equal(splits, split)))
+            while sum(map(len, self._buffered_rows[split])) >= self._flush_at.get(split, self.row_group_size):
+                self._flush_rows(split)
+
     def _room(self, split: str) -> int:
         rows = self._rows_in_shard.get(split, 0)
         return self.rows_per_shard if rows in (0, self.rows_per_shard) else self.rows_per_shard - rows
@@ -67,15 +79,30 @@ class ShardWriter:
     def _flush(self, split: str) -> None:
         """Hand one row group, never past the shard's end, to the I/O thread."""
         buffered = self._buffered[split]
-        if self._rows_in_shard.get(split, 0) in (0, self.rows_per_shard):
-            index = len(self._shards.setdefault(split, []))
-            self._shards[split].append((self.data_dir / f".{split}-{index:05d}.parquet.partial", 0))
-            self._rows_in_shard[split] = 0
-        group = buffered[:self._room(split)]
+        group = buffered[:self._open_shard(split)]
         del buffered[:len(group)]
         batch = conversations_to_batch(group)
         if self.observe is not None:
             self.observe(group, batch)
+        self._hand_over(split, batch)
+
+    def _flush_rows(self, split: str) -> None:
+        """``_flush`` of rows handed over in the row form: a row group's worth at most."""
+        pending = pa.concat_tables(self._buffered_rows[split])
+        size = min(self.row_group_size, self._open_shard(split))
+        self._buffered_rows[split] = [pending.slice(size)] if len(pending) > size else []
+        self._hand_over(split, pending.slice(0, size).combine_chunks().to_batches()[0])
+
+    def _open_shard(self, split: str) -> int:
+        """The room left in the split's shard, a new one begun when there is none or it is full."""
+        if self._rows_in_shard.get(split, 0) in (0, self.rows_per_shard):
+            index = len(self._shards.setdefault(split, []))
+            self._shards[split].append((self.data_dir / f".{split}-{index:05d}.parquet.partial", 0))
+            self._rows_in_shard[split] = 0
+        return self._room(split)
+
+    def _hand_over(self, split: str, batch: pa.RecordBatch) -> None:
+        """A row group to the I/O thread, into the split's open shard."""
         path, _ = self._shards[split][-1]
         self._rows_in_shard[split] += batch.num_rows
         self._shards[split][-1] = (path, self._rows_in_shard[split])
@@ -112,6 +139,9 @@ class ShardWriter:
             for split, buffered in self._buffered.items():
                 while buffered:
                     self._flush(split)
+            for split in self._buffered_rows:
+                while self._buffered_rows[split]:
+                    self._flush_rows(split)
             self._submit(self._close_all)
             while self._in_flight:
                 self._in_flight.popleft().result()
