@@ -38,18 +38,15 @@ def connect(address: str | None) -> None:
 def start_cluster(num_cpus: int | None = None) -> None:
     """A new cluster of this process (``num_cpus``: its CPUs, default the machine's), every process of it on
     loopback (``ray_extra.RAY_ENVIRONMENT``), without a dashboard or usage statistics; never one already running
-    on the machine. Its workers run at the build's own priority: Ray's default (nice 15) gives them up to every
-    other process of the machine, which the local engine's workers are not (on a shared machine a Ray worker had
-    a fifth of the CPU a build's process beside it had). A CorpusError, before anything starts, when Ray would
-    give it the machine's network address (Ray was imported before the engine set its environment)."""
+    on the machine. A CorpusError, before anything starts, when Ray would give it the machine's network address
+    (Ray was imported before the engine set its environment)."""
     node = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
     if not is_loopback(node):
         settings = " ".join(f"{name}={value}" for name, value in RAY_ENVIRONMENT.items())
         raise CorpusError(f"a Ray cluster started here would listen on {node}, not on loopback alone: Ray was "
                           f"imported before the Ray engine set {settings}; set them in the environment, or start "
                           "a cluster yourself and name it with --address")
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             _system_config={"worker_niceness": 0})
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def join_cluster(cluster: NamedCluster) -> None:
