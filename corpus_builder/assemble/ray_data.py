@@ -340,18 +340,22 @@ def _copies(numbered: ray.data.Dataset, entries: ray.data.Dataset) -> dict[int, 
 
 
 def _priority_blocks(verdicts: ray.data.Dataset) -> list[tuple[int, int, Any]]:
-    """The verdicts, each row's least, sorted by priority as blocks in the object store: (least priority, greatest,
-    the block). They are sorted on the driver: a few bytes a duplicate (5 a row read at 1M rows), where a sort on
-    the cluster (sample, shuffle, merge) cost 6 s of tasks at 1M. Each block is taken, not sliced: a slice would
-    carry the whole table's buffers."""
-    blocks = [block for block in ray.get(verdicts.to_arrow_refs()) if len(block)]
-    if not blocks:
+    """The verdicts sorted by priority, as blocks in the object store: (least priority, greatest, the block)."""
+    if not verdicts.count():
         return []
-    ordered = least_verdicts(pa.concat_tables(blocks))
-    priorities = ordered.column("priority")
-    return [(priorities[start].as_py(), priorities[min(start + ROWS_PER_PARTITION, len(ordered)) - 1].as_py(),
-             ray.put(ordered.take(np.arange(start, min(start + ROWS_PER_PARTITION, len(ordered))))))
-            for start in range(0, len(ordered), ROWS_PER_PARTITION)]
+    refs = verdicts.sort("priority").materialize().to_arrow_refs()
+    bounds = ray.get([_bounds.remote(ref) for ref in refs])
+    return [(first, last, ref) for (first, last), ref in zip(bounds, refs, strict=True)
+            if first is not None and last is not None]
+
+
+@ray.remote
+def _bounds(block: pa.Table) -> tuple[int | None, int | None]:
+    """A sorted block's least and greatest priority (None: an empty block)."""
+    if not len(block):
+        return None, None
+    priorities = block.column("priority")
+    return priorities[0].as_py(), priorities[-1].as_py()
 
 
 def _with_verdicts(table: pa.Table, *, blocks: list[tuple[int, int, Any]]) -> pa.Table:
