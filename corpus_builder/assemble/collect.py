@@ -20,7 +20,7 @@ import pyarrow as pa
 from ..draws import mixture_priority
 from ..errors import CorpusError, Skipped
 from ..recipe.model import Mixture
-from ..records import Conversation, row_location
+from ..records import Conversation
 from ..rows import batch_to_conversations
 from ..screen.dedup import Dedup, Evicted, dedup_key
 from ..screen.near_dedup import Duplicate
@@ -123,6 +123,21 @@ class TakeRule:
             return row
         return None
 
+    def taken_rows(self, rows: pa.Table, selection: Selection | None) -> tuple[pa.Table, list[tuple[int, Skipped]]]:
+        """``taken`` of kept rows in the row form, under the ids they are written under (a writing task's rows,
+        never converted but the evicted ones): those the ``selection`` takes, split; the evicted rows' records, each
+        with its place among ``rows``."""
+        evicted = self.evictions.skipped_rows(rows)
+        ids = rows.column("id").to_pylist()
+        splits = [split if split is not None else self.splitter.assign_id(row_id)
+                  for split, row_id in zip(rows.column("split").to_pylist(), ids, strict=True)]
+        taken = [place not in evicted and (selection is None or selection.takes(
+            source, split, thinking, mixture_priority(self.seed, row_id))) for place, (source, split, thinking, row_id)
+            in enumerate(zip(rows.column("source").to_pylist(), splits, rows.column("thinking").to_pylist(), ids,
+                             strict=True))]
+        split_rows = rows.set_column(rows.schema.get_field_index("split"), "split", pa.array(splits, pa.string()))
+        return split_rows.filter(pa.array(taken, pa.bool_())), sorted(evicted.items())
+
 
 class Evictions:
     """The kept rows evicted by a duplicate of higher priority, by source and id (a handful)."""
@@ -138,8 +153,22 @@ class Evictions:
         evicted = self._rows.get((row.source, row.id))
         if evicted is None:
             return None
-        verdict = Verdict(evicted.of, evicted.of_source, evicted.rule)
-        return Skipped(row.source, verdict.reason, row_location(row), verdict.detail, id=row.id)
+        return Verdict(evicted.of, evicted.of_source, evicted.rule).skipped(row)
+
+    def skipped_rows(self, rows: pa.Table) -> dict[int, Skipped]:
+        """``skipped`` of rows in the row form: the records of those evicted, by their place among ``rows`` (only
+        they are converted)."""
+        places = [place for place, key in enumerate(zip(rows.column("source").to_pylist(),
+                                                        rows.column("id").to_pylist(), strict=True))
+                  if key in self._rows]
+        if not places:
+            return {}
+        found: dict[int, Skipped] = {}
+        for place, row in zip(places, batch_to_conversations(rows.take(places)), strict=True):
+            record = self.skipped(row)
+            assert record is not None  # every one of them was evicted
+            found[place] = record
+        return found
 
 
 def declared_mixture(mixture: Mixture, selection: Selection, allow_short: bool) -> dict[str, Any]:

@@ -20,8 +20,12 @@ among them, their priority, token facts and dedup signatures), never as Python o
    reads rows fetches the blocks its rows' priorities span (the rows are not shuffled to meet them).
 3. **take** (a declared corpus): each kept row's keys (``MixtureKeys``) stream to the driver, which plans the take
    as the local engine does (``mixture.plan_selection``); the rows are materialized in the object store meanwhile.
-4. **write**: each task sorts its block by priority and runs the write stage on it (``Screened.outcomes``, the
-   take's ``TakeRule.taken``, the split) into shards of its own (``ShardWriter``), with their statistics; it sends
+4. **write**: each task sorts its block by priority and runs the write stage on it (the duplicates' records,
+   ``Verdict.skipped``; the take's ``TakeRule.taken_rows``, the split) into shards of its own
+   (``ShardWriter.write_table``), with their statistics. The rows stay in the Arrow form the screen gave them: only
+   the dropped ones become ``Conversation``s for their records (and the rows written, for the token statistics,
+   when the recipe names the target's tokenizer); a round trip through ``Conversation`` cost more than the screen's
+   own conversion (``bench_ray.py``, 1M rows: 71 s of write tasks, half of it converting). It sends
    the driver typed results (``_WRITTEN``: the shards, the statistics as JSON, the dropped rows' records with their
    place in the ledger); the driver names the shards, merges the statistics and writes the ledger in the local
    engine's order (the evicted rows last, as the local engine reads its kept rows).
@@ -60,14 +64,15 @@ from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
 from ..ray_cluster import PARTS_PER_CPU, connect
 from ..records import Conversation
-from ..rows import RECORD_SCHEMA, batch_to_records, records_to_batch, spool_writer
+from ..rows import ARROW_SCHEMA, RECORD_SCHEMA, batch_to_conversations, batch_to_records, records_to_batch, spool_writer
 from ..screen.dedup import BUCKET_VERDICTS, heads_of, least_verdicts
 from ..screen.near_dedup import Duplicate
-from ..screen.screened import Screened, Verdict
+from ..screen.screened import Verdict
 from ..sources.parallel import Part, measured_rows
 from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenSettings, TurnTokens
+from ..tokens.measure import facts_from_arrow
 from .collect import MixtureKeys, TakeRule
 from .eval_pack import EvalPack, PackCut, read_pack_screen
 from .mixture import Available, Selection, SelectStage
@@ -80,6 +85,8 @@ PART_SHIFT = 32
 ROWS_PER_PARTITION = 50_000
 ROWS_PER_WRITE = 10_000
 RAY_DIRECTORY = ".ray-"
+# The columns of a screened batch that only the writing tasks read.
+TEXT_COLUMNS = ("messages", "tools", "provenance", "facts")
 # Where the driver writes each round's generated rows, in the staging directory, for the tasks that screen them.
 GENERATED = "generated"
 # What a task that writes rows sends the driver: its first row's priority (the shards are numbered in read order),
@@ -299,8 +306,10 @@ def _read_generated(path: Path) -> Iterator[Conversation | Skipped]:
 
 
 def _rows_only(table: pa.Table) -> pa.Table:
-    """The records that are rows (not skip records)."""
-    return table.filter(pc.is_null(table.column("skip_reason")))
+    """The records that are rows (not skip records), without the columns no keyed stage or take reads (their texts,
+    token facts: most of a row's bytes, which a filter would copy)."""
+    return table.drop_columns([name for name in TEXT_COLUMNS if name in table.column_names]).filter(
+        pc.is_null(table.column("skip_reason")))
 
 
 def _having(column: str, values: set[str] | set[int]) -> Callable[[pa.Table], pa.Table]:
@@ -383,49 +392,66 @@ def _write_rows(table: pa.Table, *, staging: Path, rows_per_shard: int, rule: Ta
     those the take takes (every one without a declared corpus); the dropped rows' records, each with its place in
     the ledger (by priority, then the evicted rows by source in recipe order and priority, as the local engine reads
     its kept rows); the rows' statistics. ``judged``: the generated rows whose head the driver's judge overruled
-    (None: kept). The directory is this attempt's alone: a retried task's first attempt leaves nothing it names."""
+    (None: kept). The rows are written in the Arrow form the screen gave them: only the dropped rows become
+    ``Conversation``s (their records name their place), and the rows written when the token statistics read them (a
+    target's tokenizer named). The directory is this attempt's alone: a retried task's first attempt leaves nothing
+    it names."""
     table = table.sort_by("priority")
-    batch = Screened.from_arrow(table)
-    priorities = table.column("priority").to_pylist()
-    row_priorities = _rows_only(table).column("priority").to_pylist()
-    batch.ids = [final_ids.get(priority, row.id) for priority, row in zip(row_priorities, batch.rows, strict=True)]
-    batch.verdicts = [judged.get(priority, verdict)
-                      for priority, verdict in zip(row_priorities, _verdicts_of(table), strict=True)]
-    directory = f"{DATA}/{RAY_DIRECTORY}{uuid.uuid4().hex}"
-    measured = dict(batch.kept_facts())  # the screen's facts, by the id a row is written under, until it is
-    tokens = TokenStats(settings, TurnTokens(_renderer(settings)), measured) if settings is not None else None
-    stats = CorpusStats(tokens=tokens)
-    shards = ShardWriter(staging, rows_per_shard, observe=stats.add_rows, directory=directory)
+    is_skip = pc.is_valid(table.column("skip_reason"))
+    rows = table.filter(pc.invert(is_skip))
+    row_priorities = rows.column("priority").to_pylist()
+    ids = [final_ids.get(priority, row_id)
+           for priority, row_id in zip(row_priorities, rows.column("id").to_pylist(), strict=True)]
+    verdicts = [judged.get(priority, verdict)
+                for priority, verdict in zip(row_priorities, _verdicts_of(rows), strict=True)]
     dropped: list[dict[str, Any]] = []
 
     def drop(place: list[int], skipped: Skipped) -> None:
         dropped.append({"place": place, "source": skipped.source, "reason": skipped.reason,
                         "location": skipped.location, "detail": skipped.detail, "id": skipped.id})
 
+    skips = table.filter(is_skip)
+    for priority, record in zip(skips.column("priority").to_pylist(), batch_to_records(skips), strict=True):
+        assert isinstance(record, Skipped)  # every one a skip record
+        drop([0, priority], record)
+    duplicates = [place for place, verdict in enumerate(verdicts) if verdict is not None]
+    for place, row in zip(duplicates, batch_to_conversations(rows.take(pa.array(duplicates, pa.int64()))),
+                          strict=True):
+        verdict = verdicts[place]
+        assert verdict is not None  # a duplicate's
+        drop([0, row_priorities[place]], verdict.skipped(row))
+    places = pa.array([place for place, verdict in enumerate(verdicts) if verdict is None], pa.int64())
+    kept = rows.take(places)
+    kept = kept.set_column(kept.schema.get_field_index("id"), "id", pa.array(ids, pa.string()).take(places))
+    taken, evicted = rule.taken_rows(kept, selection)
+    kept_priorities = kept.column("priority").to_pylist()
+    for place, record in evicted:
+        drop([1, source_order[record.source], kept_priorities[place]], record)
+    tokens = None
+    if settings is not None:  # the screen's facts, by the id a row is written under, until it is
+        measured = {row_id: facts for row_id, facts in zip(
+            kept.column("id").to_pylist(), facts_from_arrow(kept.column("facts")), strict=True) if facts is not None}
+        tokens = TokenStats(settings, TurnTokens(_renderer(settings)), measured)
+    stats = CorpusStats(tokens=tokens)
+    directory = f"{DATA}/{RAY_DIRECTORY}{uuid.uuid4().hex}"
+    shards = ShardWriter(staging, rows_per_shard, directory=directory)
     try:
-        for priority, record in zip(priorities, batch.outcomes(), strict=True):
-            if isinstance(record, Skipped):
-                drop([0, priority], record)
-                continue
-            taken = rule.taken(record, selection)
-            if isinstance(taken, Skipped):
-                drop([1, source_order[record.source], priority], taken)
-            elif taken is not None:
-                shards.write(taken)
+        shards.write_table(taken)
     except BaseException:
         shards.abort()
         raise
     infos = shards.close()
-    return pa.table({"first": [priorities[0] if priorities else -1], "directory": [directory],
-                     "shards": [[info.to_dict() for info in infos]],
+    for batch in taken.select(ARROW_SCHEMA.names).cast(ARROW_SCHEMA).combine_chunks().to_batches():
+        stats.add_rows(batch_to_conversations(batch) if tokens is not None else [], batch)
+    return pa.table({"first": [table.column("priority")[0].as_py() if len(table) else -1],
+                     "directory": [directory], "shards": [[info.to_dict() for info in infos]],
                      "stats": [orjson.dumps(stats.to_json()).decode()],
                      "tokens": [orjson.dumps(tokens.figures.to_json()).decode() if tokens is not None else None],
                      "dropped": [dropped]}, schema=_WRITTEN)
 
 
-def _verdicts_of(table: pa.Table) -> list[Verdict | None]:
+def _verdicts_of(rows: pa.Table) -> list[Verdict | None]:
     """Each row's verdict from its ``rank`` and ``head`` columns (None: none, or no column: no dedup)."""
-    rows = _rows_only(table)
     if "rank" not in rows.column_names:
         return [None] * len(rows)
     return [head.verdict if head is not None else None for head in heads_of(rows.column("rank"), rows.column("head"))]

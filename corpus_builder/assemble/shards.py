@@ -70,9 +70,15 @@ class ShardWriter:
         if len(buffered) >= self._flush_at.get(split, self.row_group_size):
             self._flush(split)
 
+    def write_table(self, rows: pa.Table) -> None:
+        """Rows already in the row form with the build's side columns, in order (the Ray engine's writing tasks):
+        written as they are, never converted."""
+        for batch in rows.select(ARROW_SCHEMA.names).cast(ARROW_SCHEMA).to_batches():
+            self.write_batch(batch)
+
     def write_batch(self, batch: pa.RecordBatch) -> None:
-        """Rows in the row form, each with its split."""
-        splits = batch.column("split")
+        """Rows in the row form, each with its split (a row without one is the train split's)."""
+        splits = pc.fill_null(batch.column("split"), "train")
         names = pc.unique(splits).to_pylist()
         for split in names:
             rows = batch.filter(pc.equal(splits, split)) if len(names) > 1 else batch

@@ -54,6 +54,10 @@ class Verdict:
     def detail(self) -> str:
         return f"{'' if self.rule == 'exact' else 'near '}duplicate of {self.of} (source {self.of_source})"
 
+    def skipped(self, row: Conversation) -> Skipped:
+        """The ledger's record of ``row``, dropped by this verdict, under the row's id."""
+        return Skipped(row.source, self.reason, row_location(row), self.detail, id=row.id)
+
 
 @dataclass(slots=True)
 class Screened:
@@ -82,8 +86,7 @@ class Screened:
                 continue
             verdict = verdicts[row] if verdicts is not None else None
             if verdict is not None:
-                outcomes.append(Skipped(record.source, verdict.reason, row_location(record), verdict.detail,
-                                        id=record.id))
+                outcomes.append(verdict.skipped(record))
             else:
                 if ids is not None:
                     record.id = ids[row]
