@@ -50,8 +50,9 @@ hash-partitioned by its key (one shuffle each: a block holds whole groups) and i
 The take streams the kept rows' keys to the driver, which plans it as the local engine does.
 
 The engines share every stage; neither holds stage logic. A stage's batch is ``Screened``: its records as
-``Conversation`` objects today, converted at a task's border; a stage that works on Arrow batches (the columnar path
-of issue 42) takes and gives the batch's Arrow form instead.
+``Conversation`` objects where the screen made them; the Ray engine's writing tasks write the rows in the Arrow form
+the screen gave them (only dropped rows become records again, for the ledger), and the local engine takes the
+columnar path (``columnar``: the stages' kernels over Arrow batches) for a plain .jsonl replay.
 """
 
 from __future__ import annotations
