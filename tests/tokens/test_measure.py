@@ -208,6 +208,9 @@ def test_a_build_in_target_tokens_reads_on_every_core_in_small_batches(
         recipe = recipe.replace(f", tokenizer: {tiny_model_dir}", "").replace("max_seq_len: 160, ", "")
     (tmp_path / "recipe.yaml").write_text(recipe)
     monkeypatch.delenv("CORPUS_WORKERS", raising=False)
+    # without a tokenizer this plain replay would take the columnar path, which reads in the build's process: the
+    # row path's choice of readers is what this test holds
+    monkeypatch.setenv("CORPUS_COLUMNAR", "0")
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(sys, "platform", "linux")
     calls: list[tuple[int, int, int, bool]] = []
