@@ -8,10 +8,10 @@ alternating sizes across repetitions so machine noise hits both alike.
     python benchmarks/bench_build_replay.py [--sizes 20000 200000] [--repeats 3] [--workdir DIR]
         [--compare-with TREE]   # also build with another checkout's code (e.g. `git worktree add TREE REV`),
                                 # alternated run by run, for before/after figures from one session
-        [--variants plain tokens rowpath]  # tokens: the recipe names target.tokenizer and checks.max_seq_len, so
+        [--variants plain tokens columnar]  # tokens: the recipe names target.tokenizer and checks.max_seq_len, so
                                    # every row is measured in the target's tokens (lengths, budget, token
-                                   # statistics); rowpath: the plain recipe with CORPUS_COLUMNAR=0 (every row down
-                                   # the row path: the columnar path's other side, in the same run)
+                                   # statistics); columnar: the plain recipe with CORPUS_COLUMNAR=1 (the columnar
+                                   # replay path, opt-in: the row path's other side, in the same run)
         [--tokenizer DIR] [--max-seq-len 4096]  # the tokens variant's tokenizer (default: the tiny model's)
         [--anchors]             # also, on the same file: the raw `encode_batch` floor (each conversation
                                 # rendered once by transformers' apply_chat_template, untimed; `tokenizers`'
@@ -117,10 +117,10 @@ def write_recipe(path: Path, data: Path, out: Path, tokenizer: Path | None = Non
     )
 
 
-ROW_PATH = "rowpath"  # the plain recipe built on the row path (CORPUS_COLUMNAR=0)
+COLUMNAR = "columnar"  # the plain recipe built on the columnar path (CORPUS_COLUMNAR=1)
 
 
-def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = None, *, row_path: bool = False
+def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = None, *, columnar: bool = False
               ) -> tuple[float, Memory, float]:
     """(seconds, peak memory, CPU seconds) of one `corpus build` process and its worker processes
     (``peak_memory``; the CPU time, user and system, of the process and its children: on a machine others load,
@@ -128,8 +128,8 @@ def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = 
     env = dict(os.environ)
     if workers is not None:
         env["CORPUS_WORKERS"] = str(workers)
-    if row_path:
-        env["CORPUS_COLUMNAR"] = "0"
+    if columnar:
+        env["CORPUS_COLUMNAR"] = "1"
     # `python -m` puts its working directory first on the path: run where no checkout is, import through PYTHONPATH
     env["PYTHONPATH"] = str(code if code is not None else REPO)
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--workers", type=int, help="CORPUS_WORKERS for the build (default: one per core)")
     parser.add_argument("--compare-with", type=Path, metavar="TREE", help="another checkout to build with too")
-    parser.add_argument("--variants", nargs="+", choices=["plain", "tokens", ROW_PATH], default=["plain"])
+    parser.add_argument("--variants", nargs="+", choices=["plain", "tokens", COLUMNAR], default=["plain"])
     parser.add_argument("--tokenizer", type=Path, default=REPO / ".cache" / "tiny-model")
     parser.add_argument("--max-seq-len", type=int, default=4096)
     parser.add_argument("--anchors", action="store_true")
@@ -331,7 +331,7 @@ def main() -> None:
             for name, variant, size in runs:
                 out = work / f"out-{name}-{variant}-{size}-{repeat}"
                 seconds, memory, cpu = run_build(recipes[(variant, size)], out, args.workers, codes[name],
-                                                 row_path=variant == ROW_PATH)
+                                                 columnar=variant == COLUMNAR)
                 tokens = audit_tokens(out)
                 results[(name, variant, size)].append((seconds, memory, tokens, cpu))
                 rate = f"{tokens / seconds:11,.0f} tok/s" if tokens else ""

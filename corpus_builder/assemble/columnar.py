@@ -1,14 +1,15 @@
 """The columnar replay path (issue 42): replayed rows that need no repair go from the file's bytes to the shards as
 Arrow batches, never as ``Conversation`` objects.
 
-A build whose plan this path covers (``uncovered`` says why not, else None: a replay of .jsonl files of turn
-lists, with the exact dedup at most; the build's docs page lists what it does not cover) reads each replay source's
-files, cut into parts as the row path cuts them, in blocks of whole lines. In a block, the lines a kernel can take
-are parsed and mapped by the sources' kernels (``sources.columnar``, which also says which lines it leaves), then
-checked, identified, deduplicated, split and written with pyarrow compute kernels and numpy over the buffers; per
-row Python runs only where no kernel exists and it is cheap (hashlib over bytes a kernel built, a dict of the ids
-seen). Every other line drops to the row path (``sources.source``'s normaliser of the same file part, in order), and
-its rows join the block's in their place: the corpus, the ledger and audit.json are byte for byte the row path's.
+A build that asks for this path (``CORPUS_COLUMNAR=1``; off by default, see ``SWITCH``) and whose plan it covers
+(``uncovered`` says why not, else None: a replay of .jsonl files of turn lists, with the exact dedup at most; the
+build's docs page lists what it does not cover) reads each replay source's files, cut into parts as the row path
+cuts them, in blocks of whole lines. In a block, the lines a kernel can take are parsed and mapped by the sources'
+kernels (``sources.columnar``, which also says which lines it leaves), then checked, identified, deduplicated, split
+and written with pyarrow compute kernels and numpy over the buffers; per row Python runs only where no kernel exists
+and it is cheap (hashlib over bytes a kernel built, a dict of the ids seen). Every other line drops to the row path
+(``sources.source``'s normaliser of the same file part, in order), and its rows join the block's in their place: the
+corpus, the ledger and audit.json are byte for byte the row path's.
 
 A row drops when its turns need what only the row path does: a speaker that is not system, user or assistant (tool
 traffic), a turn with a field beside the speaker and the text, a text that is not a string, an empty turn, an
@@ -66,7 +67,8 @@ from ..stats.corpus import CorpusStats
 from .plan import Plan
 from .shards import LedgerWriter, ShardWriter
 
-# CORPUS_COLUMNAR=0 sends every row down the row path (the benchmarks' and the tests' other side).
+# CORPUS_COLUMNAR=1 asks for the path; off by default: on a quiet machine it is at par with the row path in time and
+# holds 1.25x its memory (BENCHMARKS.md, the columnar replay path), so the default follows the measurement.
 SWITCH = "CORPUS_COLUMNAR"
 
 
@@ -74,7 +76,7 @@ def uncovered(plan: Plan, in_tokens: bool, has_pack: bool) -> str | None:
     """Why the columnar path does not run this plan (it then runs on the row path), or None when it does."""
     checks = plan.screen.checks
     reasons = [
-        (os.environ.get(SWITCH, "1") == "0", f"{SWITCH}=0"),
+        (os.environ.get(SWITCH, "0") != "1", f"{SWITCH} is not 1"),
         (plan.takes, "a declared mixture or prompt sources"),
         (in_tokens or checks.max_seq_len is not None, "the target's tokens"),
         (checks.near_duplicates is not None, "near duplicates"),

@@ -52,7 +52,7 @@ The take streams the kept rows' keys to the driver, which plans it as the local 
 The engines share every stage; neither holds stage logic. A stage's batch is ``Screened``: its records as
 ``Conversation`` objects where the screen made them; the Ray engine's writing tasks write the rows in the Arrow form
 the screen gave them (only dropped rows become records again, for the ledger), and the local engine takes the
-columnar path (``columnar``: the stages' kernels over Arrow batches) for a plain .jsonl replay.
+columnar path (``columnar``: the stages' kernels over Arrow batches) for a plain .jsonl replay when asked to.
 """
 
 from __future__ import annotations
