@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -227,3 +228,11 @@ def batch_to_records(batch: pa.RecordBatch | pa.Table) -> list[Conversation | Sk
                     in zip(*(skips.column(name).to_pylist() for name in (
                         "source", "skip_reason", "skip_location", "skip_detail", "id")), strict=True)])
     return [next(skipped) if skip else next(rows) for skip in is_skip.to_pylist()]
+
+
+def string_buffers(texts: pa.Array) -> tuple[npt.NDArray[np.int32], pa.Buffer | None]:
+    """A string array's offsets into its data (one more than its rows, the array's own slice of them) and its data
+    buffer (None when every text is empty): what the columnar kernels read its texts' bytes through."""
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset:texts.offset + len(texts) + 1]
+    return offsets, texts.buffers()[2]
+

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..records import Conversation
+from ..rows import string_buffers
 
 ConversationText = Literal["all", "prompt"]
 
@@ -123,7 +124,7 @@ def text_chunks(texts: Sequence[str]) -> Iterator[slice]:
 
 def arrow_chunks(texts: pa.Array) -> Iterator[pa.Array]:
     """Consecutive slices of a string array of about ``CHUNK_BYTES`` each (``text_chunks`` of an Arrow array)."""
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset:texts.offset + len(texts) + 1]
+    offsets, _ = string_buffers(texts)
     cuts = np.searchsorted(offsets, np.arange(offsets[0], offsets[-1], CHUNK_BYTES)[1:])
     bounds = [0, *np.unique(cuts).tolist(), len(texts)]
     for start, end in pairwise(bounds):
@@ -143,8 +144,7 @@ def normalise_arrow_texts(texts: pa.Array) -> NormalisedTexts:
     buffer, the others (Unicode's rules) one by one."""
     if not len(texts):
         return _no_texts()
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset:texts.offset + len(texts) + 1]
-    data = texts.buffers()[2]
+    offsets, data = string_buffers(texts)
     raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
     mapped = _ASCII_LOOKUP[raw[offsets[0]:offsets[-1]]]
     starts = (offsets[:-1] - offsets[0]).astype(np.int64)

@@ -25,6 +25,7 @@ import pyarrow.json as pa_json
 from ..errors import BadRow, Skipped
 from ..recipe.model import SourceSpec
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation
+from ..rows import string_buffers
 from .mappings import ROLE_ALIASES, RowNormaliser
 from .readers import decode_lines
 from .source import FileUnit, conversation_of, normaliser_for
@@ -205,8 +206,7 @@ def json_escaped(texts: pa.Array) -> pa.Array:
     """Each text (no nulls) as orjson writes it inside a JSON string's quotes (texts holding a character it writes
     as ``\\uXXXX`` are the row path's): the texts that hold a character to escape, found by one lookup over the
     buffer, are escaped by pyarrow's replacements, the others kept as they are."""
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset:texts.offset + len(texts) + 1]
-    data = texts.buffers()[2]
+    offsets, data = string_buffers(texts)
     if data is None or not len(texts):
         return texts
     found = np.flatnonzero(_ESCAPED[np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]]])
@@ -253,8 +253,7 @@ def content_keys(roles: pa.Array, content: pa.Array, reasoning: pa.Array, offset
 
 def holds_unicode_escaped(texts: pa.Array) -> npt.NDArray[np.bool_]:
     """Whether each text (no nulls) holds a character orjson writes as ``\\uXXXX``: one lookup over the buffer."""
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset:texts.offset + len(texts) + 1]
-    data = texts.buffers()[2]
+    offsets, data = string_buffers(texts)
     if data is None:
         return np.zeros(len(texts), dtype=bool)
     found = np.flatnonzero(_UNICODE_ESCAPED[np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]]])
@@ -368,8 +367,7 @@ def role_order_ok(roles: npt.NDArray[np.int8], parents: npt.NDArray[np.int64], o
 
 def hashed_ids(keys: pa.Array, source: str) -> list[str]:
     """``records.conversation_id`` of each row's canonical turns ``keys`` (what ``content_key`` writes)."""
-    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[keys.offset:keys.offset + len(keys) + 1]
-    data = keys.buffers()[2]
+    offsets, data = string_buffers(keys)
     view = memoryview(data) if data is not None else memoryview(b"")
     sha256 = hashlib.sha256
     prefix = b"corpus-conv\0%s\0\0" % source.encode()
