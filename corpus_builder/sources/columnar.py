@@ -262,6 +262,27 @@ def holds_unicode_escaped(texts: pa.Array) -> npt.NDArray[np.bool_]:
     return held
 
 
+def holds_tag(texts: pa.Array, tag: str) -> npt.NDArray[np.bool_]:
+    """Whether each text holds ``tag`` (ASCII, ending in ``>``): the buffer's ``>`` bytes found in one pass and the
+    bytes before them compared, a few times cheaper than a substring search over every text."""
+    offsets, data = string_buffers(texts)
+    held = np.zeros(len(texts), dtype=bool)
+    if data is None or not len(texts):
+        return held
+    raw = np.frombuffer(data, dtype=np.uint8)[:offsets[-1]]
+    pattern = np.frombuffer(tag.encode(), dtype=np.uint8)
+    last = np.flatnonzero(raw[offsets[0]:] == pattern[-1]) + offsets[0]
+    text = np.searchsorted(offsets, last, side="right") - 1
+    first = last - (len(pattern) - 1)
+    inside = first >= offsets[text]  # room for the whole tag in the text
+    first, text = first[inside], text[inside]
+    found = np.ones(len(first), dtype=bool)
+    for place, byte in enumerate(pattern[:-1].tolist()):
+        found &= raw[first + place] == byte
+    held[text[found]] = True
+    return held
+
+
 def trimmed(texts: pa.Array) -> pa.Array:
     """``str.strip()`` of each text."""
     return pc.utf8_trim(texts, characters=WHITESPACE)
@@ -312,13 +333,8 @@ def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str, escapes_c
     if escapes_control:
         bad |= holds_unicode_escaped(content)
     assistant = roles == ROLE_ASSISTANT
-    # the tags looked for in the assistant texts that hold "think>" (one pass over every text, then a few)
-    tagged = np.flatnonzero(assistant & pc.match_substring(content, "think>").to_numpy(zero_copy_only=False))
-    closes, opens = np.zeros(len(content), dtype=bool), np.zeros(len(content), dtype=bool)
-    if len(tagged):
-        candidates = content.take(pa.array(tagged))
-        closes[tagged] = pc.greater_equal(pc.find_substring(candidates, THINK_CLOSE), 0).to_numpy(zero_copy_only=False)
-        opens[tagged] = pc.greater_equal(pc.find_substring(candidates, THINK_OPEN), 0).to_numpy(zero_copy_only=False)
+    closes = assistant & holds_tag(content, THINK_CLOSE)
+    opens = assistant & holds_tag(content, THINK_OPEN)
     bad |= assistant & opens & ~closes  # unclosed: the check decides on the row path
     split = assistant & closes
     reasoning = pa.nulls(len(content), pa.string())

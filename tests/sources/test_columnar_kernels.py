@@ -1,0 +1,29 @@
+"""The columnar path's kernels (sources/columnar.py) against the Python they stand for, on texts built to reach
+their fast paths and the cases beside them: arrays sliced out of a bigger one, empty texts, texts across which a
+pattern would straddle, multi-byte characters."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from corpus_builder.records import THINK_CLOSE, THINK_OPEN
+from corpus_builder.sources.columnar import holds_tag
+
+PIECES = ["<think>", "</think>", "think>", "<", "/", ">", "thin", "k>", "</", " ", "\n", "é", "\u3000", "x"]
+# no deadline: a shared machine's load is no defect of the kernels
+UNTIMED = settings(deadline=None)
+TEXTS = st.lists(st.lists(st.sampled_from(PIECES), max_size=5).map("".join), max_size=12)
+
+
+def sliced(texts: list[str], skip: int) -> pa.Array:
+    """``texts`` as a string array that is a slice of a bigger one (its offsets do not start at 0)."""
+    return pa.array(["<think>x</think>"] * skip + texts + ["</think>"], pa.string()).slice(skip, len(texts))
+
+
+@UNTIMED
+@given(texts=TEXTS, skip=st.integers(0, 2), tag=st.sampled_from([THINK_OPEN, THINK_CLOSE]))
+@example(texts=["</thi", "nk>", "<think", ">"], skip=0, tag=THINK_CLOSE)
+def test_holds_tag_is_a_substring_test(texts: list[str], skip: int, tag: str) -> None:
+    assert holds_tag(sliced(texts, skip), tag).tolist() == [tag in text for text in texts]
