@@ -12,6 +12,7 @@ twice, bytes that are not UTF-8, a lone surrogate) are halved until the line it 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,9 @@ _NON_FINITE = (b"NaN", b"Infinity")
 # path's).
 _JSON_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"), ("\b", "\\b"),
                  ("\f", "\\f"))
+# How JSON escapes a control character (\\u000X, \\u001X): one scan of a block, a third of the time of a substring
+# test for each.
+_CONTROL_ESCAPE = re.compile(rb"\\u00[01]")
 _ESCAPED = np.zeros(256, dtype=bool)
 _ESCAPED[[ord(plain) for plain, _ in _JSON_ESCAPES]] = True
 _UNICODE_ESCAPED = np.zeros(256, dtype=bool)
@@ -107,7 +111,7 @@ class Lines:
         control = low[~newline]
         control = control[~np.isin(control, ends[returns] - 1)]
         disputed[np.searchsorted(ends, control)] = True
-        return cls(data, starts, ends, disputed, b"\\u000" in data or b"\\u001" in data)
+        return cls(data, starts, ends, disputed, _CONTROL_ESCAPE.search(data) is not None)
 
     def non_finite(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Which of the lines ``indices`` hold ``NaN`` or ``Infinity`` (in a string or not)."""

@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from corpus_builder.records import THINK_CLOSE, THINK_OPEN
-from corpus_builder.sources.columnar import holds_tag
+from corpus_builder.sources.columnar import Lines, holds_tag
 
 PIECES = ["<think>", "</think>", "think>", "<", "/", ">", "thin", "k>", "</", " ", "\n", "é", "\u3000", "x"]
 # no deadline: a shared machine's load is no defect of the kernels
@@ -27,3 +27,10 @@ def sliced(texts: list[str], skip: int) -> pa.Array:
 @example(texts=["</thi", "nk>", "<think", ">"], skip=0, tag=THINK_CLOSE)
 def test_holds_tag_is_a_substring_test(texts: list[str], skip: int, tag: str) -> None:
     assert holds_tag(sliced(texts, skip), tag).tolist() == [tag in text for text in texts]
+
+
+@UNTIMED
+@given(pieces=st.lists(st.sampled_from([b"\\u000", b"\\u001", b"\\u002", b"\\u00", b"0", b"1", b"\\", b"u", b"{}\n"])))
+def test_a_block_escapes_control_when_its_json_holds_u000x_or_u001x(pieces: list[bytes]) -> None:
+    data = b"".join(pieces) + b"\n"
+    assert Lines.of(data).escapes_control == (b"\\u000" in data or b"\\u001" in data)
