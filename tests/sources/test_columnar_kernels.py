@@ -4,12 +4,13 @@ pattern would straddle, multi-byte characters."""
 
 from __future__ import annotations
 
+import orjson
 import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from corpus_builder.records import THINK_CLOSE, THINK_OPEN
-from corpus_builder.sources.columnar import Lines, holds_tag
+from corpus_builder.sources.columnar import Lines, holds_tag, holds_unicode_escaped, json_escaped
 
 PIECES = ["<think>", "</think>", "think>", "<", "/", ">", "thin", "k>", "</", " ", "\n", "é", "\u3000", "x"]
 # no deadline: a shared machine's load is no defect of the kernels
@@ -34,3 +35,19 @@ def test_holds_tag_is_a_substring_test(texts: list[str], skip: int, tag: str) ->
 def test_a_block_escapes_control_when_its_json_holds_u000x_or_u001x(pieces: list[bytes]) -> None:
     data = b"".join(pieces) + b"\n"
     assert Lines.of(data).escapes_control == (b"\\u000" in data or b"\\u001" in data)
+
+
+# what orjson escapes with a backslash, writes as \\uXXXX, and leaves as it is
+ESCAPING = ["\\", '"', "\n", "\r", "\t", "\b", "\f", "\x01", "\x0b", "\x1f", "\x7f", "é", "q", " "]
+
+
+@UNTIMED
+@given(texts=st.lists(st.lists(st.sampled_from(ESCAPING), max_size=4).map("".join), max_size=10),
+       skip=st.integers(0, 2))
+def test_json_escaped_is_what_orjson_writes_and_the_rest_is_the_row_paths(texts: list[str], skip: int) -> None:
+    array = sliced(texts, skip)
+    written = [orjson.dumps(text).decode()[1:-1] for text in texts]
+    assert holds_unicode_escaped(array).tolist() == ["\\u" in text for text in written]
+    escaped = json_escaped(array).to_pylist()
+    assert [text for text, own in zip(escaped, written, strict=True) if "\\u" not in own] == [
+        own for own in written if "\\u" not in own]
