@@ -140,23 +140,22 @@ def normalise_texts(texts: Sequence[str]) -> NormalisedTexts:
 
 
 def normalise_arrow_texts(texts: pa.Array) -> NormalisedTexts:
-    """``normalise_texts`` of a string array (no nulls): the ASCII texts mapped by one table lookup over the array's
-    buffer, the others (Unicode's rules) one by one."""
+    """``normalise_texts`` of a string array (no nulls): the array's buffer mapped by one ``bytes.translate`` (a
+    third of a numpy table lookup's time) and cut into its texts, those that are not ASCII (Unicode's rules) mapped
+    one by one."""
     if not len(texts):
         return _no_texts()
     offsets, data = string_buffers(texts)
-    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
-    mapped = _ASCII_LOOKUP[raw[offsets[0]:offsets[-1]]]
-    starts = (offsets[:-1] - offsets[0]).astype(np.int64)
-    ascii_rows = pc.string_is_ascii(texts).to_numpy(zero_copy_only=False)
-    if ascii_rows.all():  # a separator before every text but the first
-        return _collapsed(np.insert(mapped, starts[1:], _SEPARATOR))
-    ends = (offsets[1:] - offsets[0]).astype(np.int64)
-    flat = mapped.tobytes()
-    return _collapsed(np.frombuffer(b"\0".join(
-        flat[start:end] if plain else _mapped_bytes(texts[index].as_py())
-        for index, (start, end, plain) in enumerate(zip(starts.tolist(), ends.tolist(), ascii_rows.tolist(),
-                                                        strict=True))), dtype=np.uint8))
+    flat = bytes(memoryview(data)[offsets[0]:offsets[-1]]) if data is not None else b""
+    mapped = flat.translate(_ASCII_TABLE)
+    bounds = pairwise((offsets - offsets[0]).tolist())
+    if flat.isascii():  # the common case, in one pass over the buffer
+        pieces = [mapped[start:end] for start, end in bounds]
+    else:
+        ascii_rows = pc.string_is_ascii(texts).to_numpy(zero_copy_only=False).tolist()
+        pieces = [mapped[start:end] if plain else _mapped_bytes(texts[index].as_py())
+                  for index, ((start, end), plain) in enumerate(zip(bounds, ascii_rows, strict=True))]
+    return _collapsed(np.frombuffer(b"\0".join(pieces), dtype=np.uint8))
 
 
 def _no_texts() -> NormalisedTexts:
@@ -166,20 +165,20 @@ def _no_texts() -> NormalisedTexts:
 
 def _collapsed(raw: npt.NDArray[np.uint8]) -> NormalisedTexts:
     """Texts mapped character by character and joined by NUL, with their runs of whitespace collapsed."""
-    # Two compress passes over masks of neighbouring bytes (2.3x faster than locating each run of spaces): keep
-    # the last space of each run, then drop the spaces left at either end of a text (beside a NUL separator or
-    # the buffer's ends), so a text has single spaces between its words and none at either end.
+    # One compress pass over a mask of neighbouring bytes (2.3x faster than locating each run of spaces) keeps the
+    # last space of each run; then the spaces left at either end of a text, beside a separator or the buffer's ends
+    # (two a text at most), are found from the separators and dropped.
     space = raw == _SPACE
-    repeated = np.zeros(len(raw), dtype=bool)
-    np.logical_and(space[:-1], space[1:], out=repeated[:-1])
-    single = raw[~repeated]
-    separator = single == _SEPARATOR
-    at_end = np.ones(len(single), dtype=bool)
-    at_end[1:] = separator[:-1]
-    at_end[:-1] |= separator[1:]
-    at_end[-1:] = True
-    data = single[~((single == _SPACE) & at_end)]
-    bounds = np.flatnonzero(data == _SEPARATOR)
+    single_mask = np.zeros(len(raw), dtype=bool)
+    np.logical_and(space[:-1], space[1:], out=single_mask[:-1])
+    np.logical_not(single_mask, out=single_mask)
+    single = raw[single_mask]
+    separators = np.flatnonzero(single == _SEPARATOR)
+    beside = np.concatenate(([0], separators - 1, separators + 1, [len(single) - 1]))
+    beside = beside[(beside >= 0) & (beside < len(single))]
+    at_end = np.unique(beside[single[beside] == _SPACE])
+    data = np.delete(single, at_end)
+    bounds = separators - np.searchsorted(at_end, separators)  # each separator moved back past the spaces dropped
     starts = np.concatenate(([0], bounds + 1)).astype(np.int64)
     ends = np.concatenate((bounds, [len(data)])).astype(np.int64)
     return NormalisedTexts(data, starts, ends)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import unicodedata
 
 import numpy as np
+import pyarrow as pa
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from corpus_builder.screen import normalise
-from corpus_builder.screen.normalise import WordRuns, mix64, normalise_text, normalise_texts
+from corpus_builder.screen.normalise import WordRuns, mix64, normalise_arrow_texts, normalise_text, normalise_texts
 from tests.support.fuzz import fuzz_settings
 
 MASK = (1 << 64) - 1
@@ -22,6 +23,8 @@ EDGES = [" ", "\t", "\n", "\x00", "\x1f", "\x7f", "a", "Z", "7", "+", "-", "#", 
          "\u00c9", "\u0130", "ß", "\u2460"]
 CHARACTERS = st.one_of(st.sampled_from(EDGES), st.characters(blacklist_categories=("Cs",)))
 TEXTS = st.lists(st.text(CHARACTERS, max_size=12), max_size=6)
+# ASCII alone: a batch the arrays' fast path maps in one pass
+ASCII_TEXTS = st.lists(st.text(st.sampled_from([char for char in EDGES if char.isascii()]), max_size=12), max_size=6)
 
 
 def reference_normalised(text: str) -> str:
@@ -66,6 +69,16 @@ def test_a_batch_normalises_each_text_by_the_documented_rules(texts: list[str]) 
     batch = normalise_texts(texts)
     assert len(batch) == len(texts)
     assert [batch.text(i).decode() for i in range(len(texts))] == [reference_normalised(text) for text in texts]
+
+
+@given(texts=TEXTS | ASCII_TEXTS, skip=st.integers(0, 2))
+@example(texts=["  a  ", "", " "], skip=1)
+@fuzz_settings(200)
+def test_an_arrow_batch_normalises_as_a_list_of_texts(texts: list[str], skip: int) -> None:
+    """Whether every text is ASCII or not, and in an array sliced from a bigger one."""
+    array = pa.array(["Skipped!"] * skip + texts + ["after"], pa.string()).slice(skip, len(texts))
+    batch = normalise_arrow_texts(array)
+    assert [batch.text(i).decode() for i in range(len(batch))] == [reference_normalised(text) for text in texts]
 
 
 @given(text=st.text(CHARACTERS, max_size=30))
