@@ -275,24 +275,26 @@ def _holding(offsets: npt.NDArray[np.int32], found: npt.NDArray[np.int64]) -> np
     return held
 
 
-def holds_tag(texts: pa.Array, tag: str) -> npt.NDArray[np.bool_]:
-    """Whether each text holds ``tag`` (ASCII, ending in ``>``): the buffer's ``>`` bytes found in one pass and the
-    bytes before them compared, a few times cheaper than a substring search over every text."""
+def holds_tags(texts: pa.Array, tags: tuple[str, ...]) -> list[npt.NDArray[np.bool_]]:
+    """Whether each text holds each of ``tags`` (ASCII, all ending in one byte, e.g. ``>``): that byte found in the
+    buffer in one pass and the bytes before it compared, a few times cheaper than a substring search per tag over
+    every text."""
     offsets, data = string_buffers(texts)
-    held = np.zeros(len(texts), dtype=bool)
+    held = [np.zeros(len(texts), dtype=bool) for _ in tags]
     if data is None or not len(texts):
         return held
     raw = np.frombuffer(data, dtype=np.uint8)[:offsets[-1]]
-    pattern = np.frombuffer(tag.encode(), dtype=np.uint8)
-    last = np.flatnonzero(raw[offsets[0]:] == pattern[-1]) + offsets[0]
-    text = np.searchsorted(offsets, last, side="right") - 1
-    first = last - (len(pattern) - 1)
-    inside = first >= offsets[text]  # room for the whole tag in the text
-    first, text = first[inside], text[inside]
-    found = np.ones(len(first), dtype=bool)
-    for place, byte in enumerate(pattern[:-1].tolist()):
-        found &= raw[first + place] == byte
-    held[text[found]] = True
+    patterns = [np.frombuffer(tag.encode(), dtype=np.uint8) for tag in tags]
+    last = np.flatnonzero(raw[offsets[0]:] == patterns[0][-1]) + offsets[0]
+    text_of_last = np.searchsorted(offsets, last, side="right") - 1
+    for pattern, flags in zip(patterns, held, strict=True):
+        first = last - (len(pattern) - 1)
+        inside = first >= offsets[text_of_last]  # room for the whole tag in the text
+        first, text = first[inside], text_of_last[inside]
+        found = np.ones(len(first), dtype=bool)
+        for place, byte in enumerate(pattern[:-1].tolist()):
+            found &= raw[first + place] == byte
+        flags[text[found]] = True
     return held
 
 
@@ -346,8 +348,7 @@ def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str, escapes_c
     if escapes_control:
         bad |= holds_unicode_escaped(content)
     assistant = roles == ROLE_ASSISTANT
-    closes = assistant & holds_tag(content, THINK_CLOSE)
-    opens = assistant & holds_tag(content, THINK_OPEN)
+    closes, opens = (assistant & held for held in holds_tags(content, (THINK_CLOSE, THINK_OPEN)))
     bad |= assistant & opens & ~closes  # unclosed: the check decides on the row path
     split = assistant & closes
     reasoning = pa.nulls(len(content), pa.string())

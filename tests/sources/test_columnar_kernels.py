@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from corpus_builder.records import THINK_CLOSE, THINK_OPEN
-from corpus_builder.sources.columnar import Lines, holds_tag, holds_unicode_escaped, json_escaped
+from corpus_builder.sources.columnar import Lines, holds_tags, holds_unicode_escaped, json_escaped
 
 PIECES = ["<think>", "</think>", "think>", "<", "/", ">", "thin", "k>", "</", " ", "\n", "é", "\u3000", "x"]
 # no deadline: a shared machine's load is no defect of the kernels
@@ -24,10 +24,12 @@ def sliced(texts: list[str], skip: int) -> pa.Array:
 
 
 @UNTIMED
-@given(texts=TEXTS, skip=st.integers(0, 2), tag=st.sampled_from([THINK_OPEN, THINK_CLOSE]))
-@example(texts=["</thi", "nk>", "<think", ">"], skip=0, tag=THINK_CLOSE)
-def test_holds_tag_is_a_substring_test(texts: list[str], skip: int, tag: str) -> None:
-    assert holds_tag(sliced(texts, skip), tag).tolist() == [tag in text for text in texts]
+@given(texts=TEXTS, skip=st.integers(0, 2))
+@example(texts=["</thi", "nk>", "<think", ">"], skip=0)
+def test_holds_tags_is_a_substring_test(texts: list[str], skip: int) -> None:
+    tags = (THINK_CLOSE, THINK_OPEN, ">")
+    assert [held.tolist() for held in holds_tags(sliced(texts, skip), tags)] == [
+        [tag in text for text in texts] for tag in tags]
 
 
 @UNTIMED
