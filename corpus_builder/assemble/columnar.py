@@ -236,11 +236,10 @@ class PartReader:
         assert self.checker.dedup is not None
         messages = batch.column("messages")
         turns = messages.flatten()
-        roles = pc.struct_field(turns, [0])
         content = pc.struct_field(turns, [1])
         reasoning = pc.struct_field(turns, [2])
-        with_reasoning = pc.and_(pc.equal(roles, "assistant"), pc.is_valid(reasoning))
-        texts = pc.if_else(with_reasoning, pc.binary_join_element_wise(reasoning, content, "\n"), content)
+        # a turn's reasoning (an assistant's alone has one) before its content, in one copy of the texts
+        texts = pc.binary_join_element_wise(reasoning, content, "\n", null_handling="skip")
         offsets = messages.offsets.to_numpy().astype(np.int64)
         joined = pc.binary_join(listed(offsets - offsets[0], texts), "\n")
         return Signatures.concat([self.checker.dedup.chunk_signatures(NormalisedChunk(normalise_arrow_texts(chunk)))
