@@ -274,8 +274,9 @@ class PartReader:
         mask = pa.array(turn_taken)
         roles = turns.roles[turn_taken]
         role_names = pa.array(ROLES).take(pa.array(roles))
-        content = pc.filter(turns.content, mask)
-        reasoning = pc.filter(turns.reasoning, mask)
+        content, reasoning = turns.content, turns.reasoning
+        if not turn_taken.all():  # a filter copies every text, even when it keeps them all
+            content, reasoning = pc.filter(content, mask), pc.filter(reasoning, mask)
         kept_offsets = np.concatenate(([0], np.cumsum(lengths[taken]))).astype(np.int64)
         messages = pa.ListArray.from_arrays(pa.array(kept_offsets.astype(np.int32)), pa.StructArray.from_arrays(
             [role_names, content, reasoning, pa.nulls(len(roles), pa.list_(TOOL_CALL_TYPE)),
