@@ -73,6 +73,8 @@ def test_a_batch_normalises_each_text_by_the_documented_rules(texts: list[str]) 
 
 @given(texts=TEXTS | ASCII_TEXTS, skip=st.integers(0, 2))
 @example(texts=["  a  ", "", " "], skip=1)
+@example(texts=["a b", "c", ""], skip=0)  # nothing to collapse: cut as they are
+@example(texts=[" a", "b c "], skip=0)  # spaces at the ends alone
 @fuzz_settings(200)
 def test_an_arrow_batch_normalises_as_a_list_of_texts(texts: list[str], skip: int) -> None:
     """Whether every text is ASCII or not, and in an array sliced from a bigger one."""
