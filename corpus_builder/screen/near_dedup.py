@@ -429,10 +429,11 @@ class ExactDuplicates:
         """(rows x columns) hashes, column 0 the exact rule's, and which of them a row has; (rows x words)
         sketches (no words for the exact rule alone)."""
         texts = chunk.texts
-        data = texts.data.tobytes()  # sliced as bytes: a numpy slice and its copy per text cost more than the hash
+        # sliced as a memoryview, in a list: a numpy slice per text, a copy of the buffer or a generator cost more
+        data = texts.data.data
         blake2b = hashlib.blake2b
-        digests = b"".join(blake2b(data[start:end], digest_size=8).digest()
-                           for start, end in zip(texts.starts.tolist(), texts.ends.tolist(), strict=True))
+        digests = b"".join([blake2b(data[start:end], digest_size=8).digest()
+                            for start, end in zip(texts.starts.tolist(), texts.ends.tolist(), strict=True)])
         exact = np.frombuffer(digests, dtype=np.uint64).reshape(-1, 1)
         return exact, np.ones(exact.shape, dtype=bool), np.zeros((len(texts), 0), dtype=np.uint64)
 

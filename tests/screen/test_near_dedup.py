@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import math
 import os
@@ -691,3 +692,12 @@ def test_the_group_by_of_any_partitioning_decides_as_the_index_in_any_batches(
     cuts = sorted(rng.sample(range(1, len(texts)), rng.randint(0, len(texts) - 1))) if len(texts) > 1 else []
     partitions = [shuffled[start:end] for start, end in zip([0, *cuts], [*cuts, len(texts)], strict=True)]
     assert decided_by_group_by(texts, partitions) == decide_in_batches(texts, batches)
+
+
+@given(texts=st.lists(st.text(st.sampled_from(["a", "B", " ", "\n", "é", "!"]), max_size=8), max_size=6))
+@fuzz_settings(100)
+def test_the_exact_hash_is_the_documented_digest_of_the_normalised_text(texts: list[str]) -> None:
+    """A 64-bit BLAKE2b of each normalised text: the digest an index built before holds, whichever path hashed it."""
+    expected = [int.from_bytes(hashlib.blake2b(normalise_text(text).encode(), digest_size=8).digest(), "little")
+                for text in texts]
+    assert ExactDuplicates().signatures(texts).hashes[:, 0].tolist() == expected
