@@ -22,22 +22,26 @@ SPEAKERS = ["human", "user", "gpt", "assistant", "system", "tool", "observation"
 # escapes, control characters, non-ASCII letters and punctuation, the disputed literals.
 PIECES = ["<think>", "</think>", " ", "\n", "\t", "\u3000", "\x1c", "\x85", '"', "\\", "\x01", "\x7f", "é", "ＡＢ",
           "\u201cq\u201d", "NaN", "Infinity", "\U0001f600", "word", "Word", "2+2", "x"]
+# The kernels' fast paths: blocks of ASCII texts alone (normalised in one pass), of texts without a think tag or a
+# run of whitespace (nothing to split or collapse).
+ASCII_PIECES = [piece for piece in PIECES if piece.isascii()]
+PLAIN_PIECES = ["word", "Word", "2+2", "x", "-y", "\u201cq\u201d", "é"]
 
 
-def texts() -> st.SearchStrategy[str]:
-    return st.lists(st.sampled_from(PIECES), max_size=6).map("".join)
+def texts(pieces: list[str]) -> st.SearchStrategy[str]:
+    return st.lists(st.sampled_from(pieces), max_size=6).map("".join)
 
 
-def turns() -> st.SearchStrategy[object]:
-    extra = {"weight": st.none() | st.integers(0, 1), "reasoning": st.none() | texts()}
-    sharegpt = st.fixed_dictionaries({"from": st.sampled_from(SPEAKERS), "value": texts()}, optional=extra)
-    messages = st.fixed_dictionaries({"role": st.sampled_from(SPEAKERS), "content": texts()}, optional=extra)
+def turns(pieces: list[str]) -> st.SearchStrategy[object]:
+    extra = {"weight": st.none() | st.integers(0, 1), "reasoning": st.none() | texts(pieces)}
+    sharegpt = st.fixed_dictionaries({"from": st.sampled_from(SPEAKERS), "value": texts(pieces)}, optional=extra)
+    messages = st.fixed_dictionaries({"role": st.sampled_from(SPEAKERS), "content": texts(pieces)}, optional=extra)
     return st.lists(sharegpt, max_size=5) | st.lists(messages, max_size=3) | st.none() | st.just("not a list")
 
 
-def rows() -> st.SearchStrategy[bytes]:
-    row = st.fixed_dictionaries({"conversations": turns()},
-                                optional={"id": st.none() | st.integers(-5, 5) | texts() | st.booleans(),
+def rows(pieces: list[str]) -> st.SearchStrategy[bytes]:
+    row = st.fixed_dictionaries({"conversations": turns(pieces)},
+                                optional={"id": st.none() | st.integers(-5, 5) | texts(pieces) | st.booleans(),
                                           "tools": st.none() | st.just([{"name": "f"}])})
     escaped_pair = b'{"conversations": [{"from": "human", "value": "\\ud83d\\ude00"}, {"from": "gpt", "value": "a"}]}'
     return row.map(orjson.dumps) | st.sampled_from([b"", b"  ", b"[1]", b"null", b"{oops", b"{\"a\": NaN}",
@@ -90,7 +94,9 @@ def test_the_rows_the_kernels_do_not_cover_take_the_row_path(tmp_path: Path, mon
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(rows(), min_size=1, max_size=40), st.integers(1, 9), st.sampled_from(["sharegpt", "auto"]))
+@given(st.sampled_from([PIECES, ASCII_PIECES, PLAIN_PIECES]).flatmap(
+    lambda pieces: st.lists(rows(pieces), min_size=1, max_size=40)), st.integers(1, 9),
+       st.sampled_from(["sharegpt", "auto"]))
 @example([plain_exchange(0), b'{"id": 1.5, "conversations": []}', plain_exchange(0)], 2, "sharegpt")
 @example([orjson.dumps({"id": "i", "conversations": [{"from": "human", "value": "a\x01b \\ \"q\""},
                                                      {"from": "gpt", "value": "\x85 c </think> \u3000d"}]})], 1,
@@ -107,6 +113,27 @@ def test_hostile_rows_give_the_row_paths_bytes(tmp_path_factory: pytest.TempPath
     lines[::3] = [line + b"\r" for line in lines[::3]]  # line ends written on Windows
     columnar, _ = build(tmp, lines, False, monkeypatch, rows_per_shard=rows_per_shard, style=style)
     row_path, _ = build(tmp, lines, True, monkeypatch, rows_per_shard=rows_per_shard, style=style)
+    assert columnar == row_path
+
+
+def exchanges(pieces: list[str]) -> st.SearchStrategy[bytes]:
+    """A well-formed chat of texts from ``pieces``: one the kernels take (unless a text is empty)."""
+    return st.lists(texts(pieces), min_size=1, max_size=3).map(lambda values: orjson.dumps({"conversations": [
+        {"from": speaker, "value": value} for value in values for speaker, value in (("human", value),
+                                                                                      ("gpt", value + " ok"))]}))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from([ASCII_PIECES, PLAIN_PIECES, [piece for piece in ASCII_PIECES if "think" not in piece]]).flatmap(
+    lambda pieces: st.lists(exchanges(pieces), min_size=1, max_size=30)))
+def test_blocks_on_the_kernels_fast_paths_give_the_row_paths_bytes(tmp_path_factory: pytest.TempPathFactory,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   lines: list[bytes]) -> None:
+    """Blocks of ASCII texts alone, of texts without a think tag, a run of whitespace or an end space: the row
+    path's corpus."""
+    tmp = tmp_path_factory.mktemp("fast")
+    columnar, _ = build(tmp, lines, False, monkeypatch)
+    row_path, _ = build(tmp, lines, True, monkeypatch)
     assert columnar == row_path
 
 
