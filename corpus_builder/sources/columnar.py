@@ -234,12 +234,9 @@ def json_string(texts: pa.Array) -> pa.Array:
 
 def joined_pieces(pieces: list[pa.Array], offsets: npt.NDArray[np.int64]) -> pa.Array:
     """Per row, its items' pieces end to end: item i's ``pieces[0][i]``, ``pieces[1][i]``... (``offsets``: each row's
-    items). Three copies at memcpy's pace: a join of many arrays element-wise costs several times more."""
-    count = len(pieces[0])
-    order = (np.arange(len(pieces), dtype=np.int64)[None, :] * count
-             + np.arange(count, dtype=np.int64)[:, None]).reshape(-1)
-    interleaved = pa.concat_arrays(pieces).take(pa.array(order))
-    return pc.binary_join(listed(offsets * len(pieces), interleaved), "")
+    items). Two copies: each item's pieces joined element-wise, then each row's items (measured with pyarrow 26: 2.4x
+    faster than interleaving the pieces by a concatenation and a take before one join)."""
+    return pc.binary_join(listed(offsets, pc.binary_join_element_wise(*pieces, "")), "")
 
 
 def content_keys(roles: pa.Array, content: pa.Array, reasoning: pa.Array, offsets: npt.NDArray[np.int64]
