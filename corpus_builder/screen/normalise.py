@@ -166,16 +166,15 @@ def _no_texts() -> NormalisedTexts:
 def _collapsed(joined: bytes) -> NormalisedTexts:
     """Texts mapped character by character and joined by NUL, with their runs of whitespace collapsed."""
     raw = np.frombuffer(joined, dtype=np.uint8)
-    # Each step only where the texts need it (one search of the bytes says): texts without a run of spaces (a
-    # chat's single lines) and without a space at either end are cut as they are.
-    if b"  " in joined:
-        # one compress pass over a mask of neighbouring bytes (2.3x faster than locating each run of spaces) keeps
-        # the last space of each run
-        space = raw == _SPACE
-        single_mask = np.zeros(len(raw), dtype=bool)
-        np.logical_and(space[:-1], space[1:], out=single_mask[:-1])
-        np.logical_not(single_mask, out=single_mask)
-        raw = raw[single_mask]
+    # Each copy only where the texts need it: texts without a run of spaces (a chat's single lines) and without a
+    # space at either end are cut as they are. A mask of neighbouring bytes finds the runs (a twentieth of the time
+    # of a bytes search for two spaces, which stops at every space), and one compress pass keeps the last space of
+    # each (2.3x faster than locating each run).
+    space = raw == _SPACE
+    repeated = np.zeros(len(raw), dtype=bool)
+    np.logical_and(space[:-1], space[1:], out=repeated[:-1])
+    if repeated.any():
+        raw = raw[~repeated]
     separators = np.flatnonzero(raw == _SEPARATOR)
     # the spaces left at either end of a text, beside a separator or the buffer's ends (two a text at most)
     beside = np.concatenate(([0], separators - 1, separators + 1, [len(raw) - 1]))
