@@ -52,6 +52,10 @@ _JSON_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\
 _CONTROL_ESCAPE = re.compile(rb"\\u00[01]")
 _UNICODE_ESCAPED = np.zeros(256, dtype=bool)
 _UNICODE_ESCAPED[[*range(0x00, 0x08), 0x0b, *range(0x0e, 0x20)]] = True
+# The bytes that start a character str.strip() keeps, by themselves: every ASCII byte but whitespace.
+_SOLID = np.zeros(256, dtype=bool)
+_SOLID[:0x80] = True
+_SOLID[[ord(char) for char in WHITESPACE if char.isascii()]] = False
 
 
 # --- reading: blocks of whole lines of one file part ---------------------------------------------------------------
@@ -295,6 +299,24 @@ def holds_tags(texts: pa.Array, tags: tuple[str, ...]) -> list[npt.NDArray[np.bo
     return held
 
 
+def holds_text(texts: pa.Array) -> npt.NDArray[np.bool_]:
+    """Whether each text (no nulls) keeps a character through ``str.strip()``: one whose first byte is ASCII and not
+    whitespace does (most texts, told by a lookup of their first bytes), the others are trimmed to tell (trimming
+    every text copies them all)."""
+    offsets, data = string_buffers(texts)
+    held = np.zeros(len(texts), dtype=bool)
+    if data is None:
+        return held
+    starts = offsets[:-1]
+    nonempty = np.flatnonzero(offsets[1:] > starts)
+    held[nonempty] = _SOLID[np.frombuffer(data, dtype=np.uint8)[starts[nonempty]]]
+    others = nonempty[~held[nonempty]]
+    if len(others):
+        held[others] = pc.greater(pc.binary_length(trimmed(texts.take(pa.array(others)))), 0).to_numpy(
+            zero_copy_only=False)
+    return held
+
+
 def trimmed(texts: pa.Array) -> pa.Array:
     """``str.strip()`` of each text."""
     return pc.utf8_trim(texts, characters=WHITESPACE)
@@ -351,7 +373,7 @@ def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str, escapes_c
     reasoning = pa.nulls(len(content), pa.string())
     if split.any():
         content, reasoning = _split_think(content, split)
-    present = pc.greater(pc.binary_length(trimmed(content)), 0).to_numpy(zero_copy_only=False)
+    present = holds_text(content)
     bad |= ~present & ~(assistant & pc.is_valid(reasoning).to_numpy(zero_copy_only=False))
     return Turns(roles.astype(np.int8), content, reasoning, parents, bad)
 

@@ -10,7 +10,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from corpus_builder.records import THINK_CLOSE, THINK_OPEN
-from corpus_builder.sources.columnar import Lines, holds_tags, holds_unicode_escaped, json_escaped
+from corpus_builder.sources.columnar import (
+    WHITESPACE,
+    Lines,
+    holds_tags,
+    holds_text,
+    holds_unicode_escaped,
+    json_escaped,
+)
 
 PIECES = ["<think>", "</think>", "think>", "<", "/", ">", "thin", "k>", "</", " ", "\n", "é", "\u3000", "x"]
 # no deadline: a shared machine's load is no defect of the kernels
@@ -53,3 +60,11 @@ def test_json_escaped_is_what_orjson_writes_and_the_rest_is_the_row_paths(texts:
     escaped = json_escaped(array).to_pylist()
     assert [text for text, own in zip(escaped, written, strict=True) if "\\u" not in own] == [
         own for own in written if "\\u" not in own]
+
+
+@UNTIMED
+@given(texts=st.lists(st.lists(st.sampled_from([*WHITESPACE[:12], "a", "é", "\u3000x", "\x00", "\x7f"]),
+                               max_size=4).map("".join), max_size=10), skip=st.integers(0, 2))
+@example(texts=["", " ", "\u3000", "\x85a", " a", "a "], skip=1)
+def test_holds_text_is_what_strip_keeps(texts: list[str], skip: int) -> None:
+    assert holds_text(sliced(texts, skip)).tolist() == [bool(text.strip()) for text in texts]
