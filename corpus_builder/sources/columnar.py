@@ -387,9 +387,10 @@ def _split_think(content: pa.Array, split: npt.NDArray[np.bool_]) -> tuple[pa.Ar
     before_close, after_close = pc.list_element(halves, 0), pc.list_element(halves, 1)
     opened = pc.split_pattern(before_close, THINK_OPEN, max_splits=1)
     has_open = pc.equal(pc.list_value_length(opened), 2)
-    before = pc.if_else(has_open, pc.list_element(opened, 0), "")
+    up_to_open = pc.list_element(opened, 0)  # the whole text before the closing tag where no opening tag is
+    before = pc.if_else(has_open, up_to_open, "")
     # after the opening tag where there is one, else from the start
-    inside = pc.replace_with_mask(pc.list_element(opened, 0), has_open, pc.list_flatten(pc.list_slice(opened, 1, 2)))
+    inside = pc.replace_with_mask(up_to_open, has_open, pc.list_flatten(pc.list_slice(opened, 1, 2)))
     new_content = trimmed(pc.binary_join_element_wise(before, after_close, ""))
     reasoning = trimmed(inside)
     reasoning = pc.if_else(pc.greater(pc.binary_length(reasoning), 0), reasoning, pa.scalar(None, pa.string()))
