@@ -95,6 +95,8 @@ def test_the_rows_the_kernels_do_not_cover_take_the_row_path(tmp_path: Path, mon
 @example([orjson.dumps({"id": "i", "conversations": [{"from": "human", "value": "a\x01b \\ \"q\""},
                                                      {"from": "gpt", "value": "\x85 c </think> \u3000d"}]})], 1,
          "sharegpt")
+@example([orjson.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": '"'}]})],
+         1, "sharegpt")  # a call speaker's value that is not JSON: the row path's skip
 @example([orjson.dumps({"id": "i\x1f", "conversations": [{"from": "human", "value": "a"},
                                                         {"from": "gpt", "value": "b"}]})], 1, "auto")
 def test_hostile_rows_give_the_row_paths_bytes(tmp_path_factory: pytest.TempPathFactory,
