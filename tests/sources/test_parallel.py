@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from corpus_builder.errors import CorpusError
-from corpus_builder.sources.parallel import Turns, on_turns
+from corpus_builder.sources.parallel import Turns, on_turns, worker_count
 
 
 def numbered(units: int, turns: Turns) -> Iterator[tuple[int, int]]:
@@ -69,3 +69,16 @@ def test_a_main_process_that_stops_early_ends_the_workers() -> None:
     pids = {pid for _, pid in (next(stream), next(stream))}
     stream.close()
     assert len(pids) == 2 and ended(pids)
+
+
+@pytest.mark.parametrize(("cores", "rows", "blocks", "in_tokens"), [(1, 1, 1, 1), (2, 1, 2, 2), (8, 7, 7, 8)])
+def test_the_default_workers_follow_the_measurements(monkeypatch: pytest.MonkeyPatch, cores: int, rows: int,
+                                                      blocks: int, in_tokens: int) -> None:
+    """Rows: none forked on two cores; the columnar path's blocks: two there; beyond, one per core but one
+    (BENCHMARKS.md)."""
+    monkeypatch.delenv("CORPUS_WORKERS", raising=False)
+    monkeypatch.setattr("corpus_builder.sources.parallel.sys.platform", "linux")
+    monkeypatch.setattr("corpus_builder.sources.parallel.os.cpu_count", lambda: cores)
+    assert (worker_count(), worker_count(blocks=True), worker_count(in_tokens=True)) == (rows, blocks, in_tokens)
+    monkeypatch.setenv("CORPUS_WORKERS", "3")
+    assert worker_count() == worker_count(blocks=True) == worker_count(in_tokens=True) == 3
