@@ -8,10 +8,13 @@ alternating sizes across repetitions so machine noise hits both alike.
     python benchmarks/bench_build_replay.py [--sizes 20000 200000] [--repeats 3] [--workdir DIR]
         [--compare-with TREE]   # also build with another checkout's code (e.g. `git worktree add TREE REV`),
                                 # alternated run by run, for before/after figures from one session
-        [--variants plain tokens columnar]  # tokens: the recipe names target.tokenizer and checks.max_seq_len, so
-                                   # every row is measured in the target's tokens (lengths, budget, token
-                                   # statistics); columnar: the plain recipe with CORPUS_COLUMNAR=1 (the columnar
-                                   # replay path, opt-in: the row path's other side, in the same run)
+        [--variants plain tokens columnar columnar-1 columnar-2 rows]  # tokens: the recipe names
+                                   # target.tokenizer and checks.max_seq_len, so every row is measured in the
+                                   # target's tokens (lengths, budget, token statistics); columnar: the plain recipe
+                                   # with CORPUS_COLUMNAR=1 (the columnar replay path, its blocks on its default
+                                   # readers), columnar-1 and columnar-2: the same on one reader or two
+                                   # (CORPUS_WORKERS), rows: the plain recipe with CORPUS_COLUMNAR=0 (the row path),
+                                   # each the others' side in the same run
         [--tokenizer DIR] [--max-seq-len 4096]  # the tokens variant's tokenizer (default: the tiny model's)
         [--anchors]             # also, on the same file: the raw `encode_batch` floor (each conversation
                                 # rendered once by transformers' apply_chat_template, untimed; `tokenizers`'
@@ -117,10 +120,13 @@ def write_recipe(path: Path, data: Path, out: Path, tokenizer: Path | None = Non
     )
 
 
-COLUMNAR = "columnar"  # the plain recipe built on the columnar path (CORPUS_COLUMNAR=1)
+# The environment each variant's build adds (the plain and tokens variants: the defaults)
+VARIANT_ENV = {"plain": {}, "tokens": {}, "columnar": {"CORPUS_COLUMNAR": "1"},
+               "columnar-1": {"CORPUS_COLUMNAR": "1", "CORPUS_WORKERS": "1"},
+               "columnar-2": {"CORPUS_COLUMNAR": "1", "CORPUS_WORKERS": "2"}, "rows": {"CORPUS_COLUMNAR": "0"}}
 
 
-def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = None, *, columnar: bool = False
+def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = None, *, variant: str = "plain"
               ) -> tuple[float, Memory, float]:
     """(seconds, peak memory, CPU seconds) of one `corpus build` process and its worker processes
     (``peak_memory``; the CPU time, user and system, of the process and its children: on a machine others load,
@@ -128,8 +134,7 @@ def run_build(recipe: Path, out: Path, workers: int | None, code: Path | None = 
     env = dict(os.environ)
     if workers is not None:
         env["CORPUS_WORKERS"] = str(workers)
-    if columnar:
-        env["CORPUS_COLUMNAR"] = "1"
+    env.update(VARIANT_ENV[variant])
     # `python -m` puts its working directory first on the path: run where no checkout is, import through PYTHONPATH
     env["PYTHONPATH"] = str(code if code is not None else REPO)
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -287,7 +292,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--workers", type=int, help="CORPUS_WORKERS for the build (default: one per core)")
     parser.add_argument("--compare-with", type=Path, metavar="TREE", help="another checkout to build with too")
-    parser.add_argument("--variants", nargs="+", choices=["plain", "tokens", COLUMNAR], default=["plain"])
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANT_ENV), default=["plain"])
     parser.add_argument("--tokenizer", type=Path, default=REPO / ".cache" / "tiny-model")
     parser.add_argument("--max-seq-len", type=int, default=4096)
     parser.add_argument("--anchors", action="store_true")
@@ -331,7 +336,7 @@ def main() -> None:
             for name, variant, size in runs:
                 out = work / f"out-{name}-{variant}-{size}-{repeat}"
                 seconds, memory, cpu = run_build(recipes[(variant, size)], out, args.workers, codes[name],
-                                                 columnar=variant == COLUMNAR)
+                                                 variant=variant)
                 tokens = audit_tokens(out)
                 results[(name, variant, size)].append((seconds, memory, tokens, cpu))
                 rate = f"{tokens / seconds:11,.0f} tok/s" if tokens else ""

@@ -16,13 +16,20 @@ traffic), a turn with a field beside the speaker and the text, a text that is no
 unclosed think block, a role order to repair, ``tools``, an id that is not a string or an integer, or a control
 character the row's JSON key would escape as ``\\uXXXX``. Think blocks are split by kernels. The rows through each
 path are counted in the build's progress lines.
+
+With several readers (``sources.parallel.worker_count``: two on two cores, one per core but one beyond; or
+``CORPUS_WORKERS``), the blocks of every part, one stream, are read on forked processes by turns
+(``sources.parallel.on_turns``): block n on reader n mod the readers', taken in order by the build, which judges and
+writes them. A reader walks the blocks of the others too: it counts their lines, and reads them by the row path while
+no row has fixed the part's layout, as a read of every block does.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -61,7 +68,7 @@ from ..sources.columnar import (
 )
 from ..sources.formats import JsonLines, format_of
 from ..sources.mappings import TURN_KEYS
-from ..sources.parallel import worker_count
+from ..sources.parallel import Turns, on_turns, worker_count
 from ..sources.source import file_unit, logged_file, resolve_paths, source_label
 from ..stats.corpus import CorpusStats
 from .plan import Plan
@@ -70,6 +77,8 @@ from .shards import LedgerWriter, ShardWriter
 # CORPUS_COLUMNAR=1 asks for the path; off by default: on a quiet machine it is at par with the row path in time and
 # holds 1.25x its memory (BENCHMARKS.md, the columnar replay path), so the default follows the measurement.
 SWITCH = "CORPUS_COLUMNAR"
+# Blocks a reader runs ahead of the block being written: a block is a few MB of rows.
+BLOCK_QUEUE_DEPTH = 2
 
 
 def uncovered(plan: Plan, in_tokens: bool, has_pack: bool) -> str | None:
@@ -115,44 +124,72 @@ class Block:
     places: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     fast: int = 0  # rows the kernels took
 
+    def holds_records(self) -> bool:
+        """Whether a line of the block made a row or a skip record (every row a kernel or the row path made is in
+        ``rows`` or ``skips``: the exact dedup, which drops rows, judges them later)."""
+        return bool(self.rows.num_rows or self.skips)
+
+
+@dataclass
+class PartEnd:
+    """The end of a file part, in the stream of its blocks."""
+
+
+@dataclass(frozen=True)
+class FilePart:
+    """A replay source's file part: bytes ``start`` to ``end`` of ``path``; ``whole``: the file is one part."""
+
+    spec: SourceSpec
+    path: Path
+    start: int
+    end: int
+    label: str
+    whole: bool
+
 
 class PartReader:
     """One file part of a replay source, read block by block (see the module)."""
 
-    def __init__(self, spec: SourceSpec, path: Path, start: int, end: int, label: str, checker: Checker,
-                 first_line: int = 1) -> None:
-        self.spec = spec
-        self.path, self.start, self.end = path, start, end
+    def __init__(self, part: FilePart, checker: Checker, first_line: int = 1) -> None:
+        self.spec = part.spec
+        self.path, self.start, self.end = part.path, part.start, part.end
         self.next_line = first_line  # the part's first line; once read, the next part's
-        self.label = label
         self.checker = checker
-        self.row_path = RowPath(spec, file_unit(path, format_of(path, spec.format), label))
-        self.label_json = json_string(pa.array([label])).to_pylist()[0]
-        self.any_row = False
+        self.row_path = RowPath(part.spec, file_unit(part.path, format_of(part.path, part.spec.format), part.label))
+        self.label_json = json_string(pa.array([part.label])).to_pylist()[0]
         self.escapes_control = True  # the block's (``Lines.escapes_control``)
 
-    def blocks(self) -> Iterator[Block]:
-        """The part's blocks, read and parsed in this thread: on two busy cores a read-ahead thread cost more in
-        hand-overs than it gained (BENCHMARKS.md)."""
-        read = (parsed_block(first_line, data)
-                for first_line, data in part_blocks(self.path, self.start, self.end, self.next_line))
-        for first_line, lines, runs in read:
-            yield self.block(first_line, lines, runs)
-            self.next_line = first_line + len(lines.starts)
+    def blocks(self, turns: Turns) -> Iterator[Block]:
+        """The part's blocks whose turn is this process's (``turns``), read and parsed here; of the others, only
+        the lines are counted, and read by the row path while no row has fixed the part's layout (as a read of
+        every block fixes it)."""
+        last = (self.next_line, b"")
+        for first_line, data in part_blocks(self.path, self.start, self.end, self.next_line):
+            if turns.mine():
+                yield self.block(*parsed_block(first_line, data))
+            elif self.row_path.normalise.layout is None:
+                self._layout_fixed(first_line, Lines.of(data), [], [])
+            last = (first_line, data)
+        self.next_line = last[0] + last[1].count(b"\n")  # the line after the part's last block
+
+    def _layout_fixed(self, first_line: int, lines: Lines, items: list[Conversation | Skipped],
+                      item_places: list[int]) -> int:
+        """The block's lines read by the row path until a row fixes the part's layout; how many were read."""
+        read = 0
+        while self.row_path.normalise.layout is None and read < len(lines.starts):
+            self._row_path(first_line, lines, read, items, item_places)
+            read += 1
+        return read
 
     def block(self, first_line: int, lines: Lines, runs: list[tuple[npt.NDArray[np.int64], pa.Table]]) -> Block:
         count = len(lines.starts)
         self.escapes_control = lines.escapes_control
         fast = np.zeros(count, dtype=bool)
-        normaliser = self.row_path.normalise
         items: list[Conversation | Skipped] = []
         item_places: list[int] = []
-        prefix = 0
-        while normaliser.layout is None and prefix < count:  # the row path until a row fixes the part's layout
-            self._row_path(first_line, lines, prefix, items, item_places)
-            prefix += 1
+        prefix = self._layout_fixed(first_line, lines, items, item_places)
         batches = []
-        layout = normaliser.layout
+        layout = self.row_path.normalise.layout
         # a part whose layout is another than the turn lists' (a log's, gsm8k's, a field's) takes the row path
         for run, table in runs if layout is not None and layout.style in TURN_KEYS else ():
             assert layout is not None
@@ -165,7 +202,6 @@ class PartReader:
             if batch is not None:
                 batches.append(batch)
                 fast[run[taken]] = True
-        self.any_row = self.any_row or bool(fast.any())
         fast[:prefix] = True  # read already
         for index in np.flatnonzero(~fast).tolist():
             self._row_path(first_line, lines, index, items, item_places)
@@ -175,7 +211,6 @@ class PartReader:
     def _row_path(self, first_line: int, lines: Lines, index: int, items: list[Conversation | Skipped],
                   places: list[int]) -> None:
         made = self.row_path.rows(first_line + index, lines.line(index))
-        self.any_row = self.any_row or bool(made)
         items += made
         places += [index] * len(made)
 
@@ -319,9 +354,10 @@ class PartReader:
 # --- the build ------------------------------------------------------------------------------------------------------
 
 
-def replay_parts(plan: Plan, checker: Checker) -> Iterator[PartReader]:
-    """The replay sources' file parts in priority order, as the row path cuts them (``sources.source_parts``)."""
-    workers = worker_count()
+def file_parts(plan: Plan, workers: int) -> list[FilePart]:
+    """The replay sources' file parts in priority order, cut for ``workers`` as the row path cuts them
+    (``sources.source_parts``)."""
+    parts = []
     for spec in plan.read.sources:
         for path in resolve_paths(spec, plan.read.base_dir):
             label = source_label(path, plan.read.base_dir)
@@ -329,23 +365,64 @@ def replay_parts(plan: Plan, checker: Checker) -> Iterator[PartReader]:
             assert isinstance(fmt, JsonLines)
             ranges = fmt.ranges(path, workers, label)
             if len(ranges) <= 1:
-                yield WholeFile(spec, path, 0, path.stat().st_size, label, checker)
-                continue
-            first_line = 1
-            for start, end in ranges:  # in order: a part starts at the line after the one before it
-                part = PartReader(spec, path, start, end, label, checker, first_line)
-                yield part
-                first_line = part.next_line
+                parts.append(FilePart(spec, path, 0, path.stat().st_size, label, True))
+            else:
+                parts += [FilePart(spec, path, start, end, label, False) for start, end in ranges]
+    return parts
 
 
-class WholeFile(PartReader):
-    """A file read as one part: a file without a row is the error the row path gives."""
+def _read_blocks(parts: list[FilePart], checker: Checker, turns: Turns) -> Iterator[Block | PartEnd]:
+    """The blocks of every part in order, those of this process's turns read, each part followed by its end (a
+    turn too)."""
+    first_line = 1
+    for part in parts:
+        # a file's parts in order: a part starts at the line after the one before it
+        reader = PartReader(part, checker, first_line if part.start else 1)
+        yield from reader.blocks(turns)
+        first_line = reader.next_line
+        if turns.mine():
+            yield PartEnd()
+
+
+@dataclass
+class StreamedPart:
+    """A file part as the build sees it: its blocks, read on the readers' processes, from the stream of them all."""
+
+    part: FilePart
+    stream: Iterator[Block | PartEnd]
+
+    @property
+    def label(self) -> str:
+        return self.part.label
+
+    @property
+    def spec(self) -> SourceSpec:
+        return self.part.spec
 
     def blocks(self) -> Iterator[Block]:
-        yield from super().blocks()
-        if not self.any_row:
-            for _ in format_of(self.path, self.spec.format).read(self.path, self.label):
+        """The part's blocks; a file read as one part without a row is the error the row path gives."""
+        any_row = False
+        for item in self.stream:
+            if isinstance(item, PartEnd):
+                break
+            any_row = any_row or item.holds_records()
+            yield item
+        if self.part.whole and not any_row:
+            for _ in format_of(self.part.path, self.spec.format).read(self.part.path, self.label):
                 pass
+
+
+def replay_parts(plan: Plan, checker: Checker) -> Generator[StreamedPart, None, None]:
+    """The replay sources' file parts in priority order (cut as the row path cuts them, so the corpus is its), their
+    blocks read on ``worker_count(blocks=True)`` processes (in this one, for one): block n of the stream of every
+    part's blocks on reader n mod the readers', taken in order."""
+    parts = file_parts(plan, worker_count())
+    stream = on_turns(partial(_read_blocks, parts, checker), worker_count(blocks=True), BLOCK_QUEUE_DEPTH)
+    try:
+        for part in parts:
+            yield StreamedPart(part, stream)
+    finally:
+        stream.close()  # the readers ended now, whether the build got to the end or failed
 
 
 def write_columnar(plan: Plan, checker: Checker, staging: Path, ledger: LedgerWriter, auditor: CorpusStats,
@@ -357,8 +434,9 @@ def write_columnar(plan: Plan, checker: Checker, staging: Path, ledger: LedgerWr
     shards = ShardWriter(staging, write.rows_per_shard, observe_batch=auditor.add_batch)
     progress = ProgressLine("read replay", stream=stream)
     fast = total = 0
+    parts = replay_parts(plan, checker)
     try:
-        for part in replay_parts(plan, checker):
+        for part in parts:
             label = part.label
             for block in part.blocks():
                 rows = block.rows
@@ -395,6 +473,7 @@ def write_columnar(plan: Plan, checker: Checker, staging: Path, ledger: LedgerWr
         shards.abort()
         raise
     finally:
+        parts.close()  # the readers ended
         ledger.close()
     progress.finish()
     print(f"columnar path: {fast:,} rows by the kernels, {total - fast:,} by the row path", file=stream)

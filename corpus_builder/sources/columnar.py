@@ -27,7 +27,7 @@ from ..errors import BadRow, Skipped
 from ..recipe.model import SourceSpec
 from ..records import THINK_CLOSE, THINK_OPEN, Conversation
 from ..rows import string_buffers
-from .mappings import ROLE_ALIASES, RowNormaliser
+from .mappings import CALL_SPEAKERS, ROLE_ALIASES, RowNormaliser
 from .readers import decode_lines
 from .source import FileUnit, conversation_of, normaliser_for
 
@@ -37,7 +37,8 @@ _REFUSED_RUN = 1  # lines the parser refuses together are halved down to this ma
 WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
               "\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 ROLES = ("system", "user", "assistant")
-_SPEAKERS = [speaker for speaker, role in ROLE_ALIASES.items() if role in ROLES]
+# a call speaker's value is the JSON of tool calls (``mappings.CALL_SPEAKERS``): the row path's
+_SPEAKERS = [speaker for speaker, role in ROLE_ALIASES.items() if role in ROLES and speaker not in CALL_SPEAKERS]
 _SPEAKER_ROLES = np.array([ROLES.index(ROLE_ALIASES[speaker]) for speaker in _SPEAKERS], dtype=np.int8)
 ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT = 0, 1, 2
 # What pyarrow reads as a number and orjson refuses (a lone surrogate both refuse): looked for in a block whose

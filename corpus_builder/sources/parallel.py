@@ -6,6 +6,10 @@ and dedup keys) and send them in batches. The main process consumes the parts st
 rows, their ids and their splits are exactly those of a sequential read: only the time changes. Queues
 are bounded, so memory stays flat. With one worker (the default on two cores, unless rows are measured in
 the target's tokens) the same batches are made in this process.
+
+Or the workers take turns (``on_turns``): each walks the whole stream, and works on the units whose turn is
+its own only (unit n on worker n mod the workers': the batches of rows measured in the target's tokens, the
+columnar path's blocks), the main process taking them from each in turn.
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ import multiprocessing
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing.queues import Queue
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from ..collector import rare_collections
 from ..errors import CorpusError, Skipped
@@ -35,8 +39,6 @@ PREPARED_ROWS = 2048
 # rows, 37 at 512, 85 at 2,048), at the same speed.
 PREPARED_TOKEN_ROWS = 128
 QUEUE_DEPTH = 4
-_DONE = "done"
-_FAILED = "failed"
 
 
 T = TypeVar("T")
@@ -51,13 +53,16 @@ class MeasuredRows(Generic[T]):
     measurement: T
 
 
-def worker_count(*, in_tokens: bool = False) -> int:
+def worker_count(*, in_tokens: bool = False, blocks: bool = False) -> int:
     """CORPUS_WORKERS, else one worker per core but one, leaving a core to the decisions and the writer.
 
     With two cores or fewer the workers' extra cost (pickled batches, a second copy of the interpreter)
     eats the gain (measured in BENCHMARKS.md), so sources are read in this process; so they are where
     fork is not available. Rows measured in the target's tokens (``in_tokens``) are the exception: rendering
-    and encoding them outweighs everything after, so every core gets a worker."""
+    and encoding them outweighs everything after, so every core gets a worker. The columnar path's blocks
+    (``blocks``) are the other exception on two cores: they cross as Arrow buffers, and two readers there cost
+    1.2x the CPU of one and gave the time back 1.3x faster (BENCHMARKS.md); beyond two cores they take one per
+    core but one, the build's main thread bounding the time."""
     configured = os.environ.get("CORPUS_WORKERS")
     if configured:
         try:
@@ -69,7 +74,9 @@ def worker_count(*, in_tokens: bool = False) -> int:
         return 1
     if in_tokens:
         return cores
-    return 1 if cores <= 2 else cores - 1
+    if cores <= 2:
+        return cores if blocks else 1
+    return cores - 1
 
 
 def measured_rows(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], T],
@@ -94,36 +101,111 @@ def _batches(rows: Iterator[Conversation | Skipped], batch_rows: int
         yield items, conversations
 
 
-def _work(parts: list[tuple[int, Part]], measure: Callable[[list[Conversation]], T], batch_rows: int,
-          queue: Queue[object]) -> None:
-    with _failures_sent(queue):
-        for index, part in parts:
-            for measured in measured_rows(part(), measure, batch_rows):
-                queue.put(measured)
-            queue.put((_DONE, index))
+class Turns:
+    """Whose turn each unit of a stream is: unit n is worker n mod workers'. Every worker walks the whole stream,
+    asking for each unit in order, and does the work of its own units only."""
+
+    def __init__(self, worker: int, workers: int) -> None:
+        self.worker, self.workers = worker, workers
+        self.number = 0
+
+    def mine(self) -> bool:
+        """Whether the stream's next unit is this worker's."""
+        mine = self.number % self.workers == self.worker
+        self.number += 1
+        return mine
 
 
-def _work_on_turns(parts: list[Part], measure: Callable[[list[Conversation]], T], batch_rows: int, worker: int,
-                   workers: int, queue: Queue[object]) -> None:
-    """Read every part, measure the batches whose turn is this worker's (batch n is worker n mod workers')."""
-    with _failures_sent(queue):
-        number = 0
-        for part in parts:
-            for items, conversations in _batches(part(), batch_rows):
-                if number % workers == worker:
-                    queue.put(MeasuredRows(items, measure(conversations)))
-                number += 1
-        queue.put((_DONE, number))
+@dataclass
+class _Ended:
+    """A worker's last message: its work is done (by parts, it ends each of its parts too)."""
+
+
+@dataclass
+class _Failed:
+    """A worker's last message: its work failed with a CorpusError (``message``) or a bug (``trace``)."""
+
+    message: str | None
+    trace: str | None
+
+
+def _run(work: Callable[[], Iterator[object]], queue: Queue[object]) -> None:
+    """A worker's items sent to the main process, then its end or its failure."""
+    try:
+        for item in work():
+            queue.put(item)
+        queue.put(_Ended())
+    except CorpusError as error:
+        queue.put(_Failed(str(error), None))
+    except BaseException:  # a bug: bring its traceback to the main process
+        queue.put(_Failed(None, traceback.format_exc()))
+
+
+def _received(queue: Queue[object]) -> object:
+    """A worker's next message: an item, or ``_Ended``; its failure raised here."""
+    message = queue.get()
+    if isinstance(message, _Failed):
+        if message.message is not None:
+            raise CorpusError(message.message)
+        raise RuntimeError(f"a source worker failed:\n{message.trace}")
+    return message
 
 
 @contextmanager
-def _failures_sent(queue: Queue[object]) -> Iterator[None]:
+def _forked(works: Sequence[Callable[[], Iterator[object]]], depth: int) -> Iterator[list[Queue[object]]]:
+    """Each of ``works`` run on a forked process of its own, its items sent to its queue (``depth`` items ahead at
+    most); the processes are ended and joined when the caller is done, or fails."""
+    context = multiprocessing.get_context("fork")
+    queues: list[Queue[object]] = [context.Queue(depth) for _ in works]
+    processes = [context.Process(target=_run, args=(work, queue), daemon=True) for work, queue in zip(works, queues,
+                                                                                                      strict=True)]
+    for process in processes:
+        process.start()
     try:
-        yield
-    except CorpusError as error:
-        queue.put((_FAILED, str(error), None))
-    except BaseException:  # a bug: bring its traceback to the main process
-        queue.put((_FAILED, None, traceback.format_exc()))
+        yield queues
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+        for queue in queues:
+            queue.close()
+            queue.cancel_join_thread()
+
+
+def on_turns(work: Callable[[Turns], Iterator[T]], workers: int, depth: int = QUEUE_DEPTH
+             ) -> Generator[T, None, None]:
+    """The items of a stream worked on by ``workers`` forked processes, in the stream's order: each runs ``work``
+    over the whole stream and yields the items of its turns (``Turns.mine``) only, so item n comes from worker
+    n mod workers (each at most ``depth`` items ahead: memory stays flat). One worker: in this process."""
+    with rare_collections():
+        if workers <= 1:
+            yield from work(Turns(0, 1))
+            return
+        with _forked([partial(work, Turns(worker, workers)) for worker in range(workers)], depth) as queues:
+            # the stream ends with the end of the worker whose turn comes after the last item (every worker walks
+            # the same units)
+            turn = 0
+            while not isinstance(message := _received(queues[turn % workers]), _Ended):
+                yield cast(T, message)
+                turn += 1
+
+
+def _measured_turns(parts: list[Part], measure: Callable[[list[Conversation]], T], batch_rows: int, turns: Turns
+                    ) -> Iterator[MeasuredRows[T]]:
+    """Every part read, the batches whose turn is this worker's measured."""
+    for part in parts:
+        for items, conversations in _batches(part(), batch_rows):
+            if turns.mine():
+                yield MeasuredRows(items, measure(conversations))
+
+
+def _measured_share(parts: list[Part], measure: Callable[[list[Conversation]], T], batch_rows: int
+                    ) -> Iterator[MeasuredRows[T] | _Ended]:
+    """A worker's parts measured, each followed by its end."""
+    for part in parts:
+        yield from measured_rows(part(), measure, batch_rows)
+        yield _Ended()
 
 
 def measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int,
@@ -136,55 +218,16 @@ def measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T]
     every row but measures only its share, and the workers work side by side whatever the consumer's pace:
     that pays where measuring outweighs parsing (the target's tokens: rendering and encoding a row costs about
     ten times parsing it)."""
-    with rare_collections():
-        yield from _measured_parts(parts, measure, workers, batch_rows, by_turns)
-
-
-def _measured_parts(parts: list[Part], measure: Callable[[list[Conversation]], T], workers: int, batch_rows: int,
-                    by_turns: bool) -> Iterator[MeasuredRows[T]]:
-    if workers <= 1 or not parts:
-        for part in parts:
-            yield from measured_rows(part(), measure, batch_rows)
+    if by_turns or workers <= 1 or not parts:
+        yield from on_turns(partial(_measured_turns, parts, measure, batch_rows), workers)
         return
-    context = multiprocessing.get_context("fork")
-    if not by_turns:
-        workers = min(workers, len(parts))
-    queues = [context.Queue(QUEUE_DEPTH) for _ in range(workers)]
-    processes = [context.Process(target=_work_on_turns, args=(parts, measure, batch_rows, w, workers, queues[w]),
-                                 daemon=True) if by_turns else
-                 context.Process(target=_work, args=([(i, p) for i, p in enumerate(parts) if i % workers == w],
-                                                     measure, batch_rows, queues[w]), daemon=True)
-                 for w in range(workers)]
-    for process in processes:
-        process.start()
-    try:
-        # By parts, a part ends with its worker's done; by turns, the stream ends with the done of the worker
-        # whose turn comes after the last batch (every worker counts the same batches).
-        ends = 1 if by_turns else len(parts)
-        turn = 0
-        for _ in range(ends):
-            while True:
-                message = queues[turn % workers].get()
-                if isinstance(message, MeasuredRows):
-                    yield message
-                    if by_turns:
-                        turn += 1
-                    continue
-                if message[0] == _FAILED:
-                    if message[1] is not None:
-                        raise CorpusError(message[1])
-                    raise RuntimeError(f"a source worker failed:\n{message[2]}")
-                break
-            if not by_turns:
-                turn += 1  # this part is complete; the next one comes from the next worker
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-            process.join()
-        for queue in queues:
-            queue.close()
-            queue.cancel_join_thread()
+    workers = min(workers, len(parts))
+    shares = [partial(_measured_share, parts[w::workers], measure,
+                      batch_rows) for w in range(workers)]
+    with rare_collections(), _forked(shares, QUEUE_DEPTH) as queues:
+        for index in range(len(parts)):  # a part ends with its worker's end of it; the next comes from the next
+            while not isinstance(message := _received(queues[index % workers]), _Ended):
+                yield cast(MeasuredRows[T], message)
 
 
 def _redacted(part: Part) -> Iterator[Conversation | Skipped]:

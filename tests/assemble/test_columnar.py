@@ -4,6 +4,8 @@ its kernels do not cover to the row path."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 
 from corpus_builder.assemble import build_corpus
 from corpus_builder.assemble.columnar import SWITCH
+from corpus_builder.errors import CorpusError
 from corpus_builder.recipe import load_recipe
 from corpus_builder.sources.columnar import WHITESPACE
 
@@ -54,15 +57,34 @@ def plain_exchange(index: int) -> bytes:
         {"from": "gpt", "value": f"<think>\nwhy {index}\n</think>\n\nanswer {index % 5}" if index % 3 else "yes"}]})
 
 
-def build(tmp: Path, lines: list[bytes], row_path: bool, monkeypatch: pytest.MonkeyPatch, *,
-          rows_per_shard: int = 7, style: str = "sharegpt") -> tuple[dict[str, bytes], str]:
-    """Every file of a build of ``lines`` (on the row path, or not), and its progress lines."""
+def several_readers(monkeypatch: pytest.MonkeyPatch, readers: int, block_bytes: int = 256) -> None:
+    """The columnar path's blocks on ``readers`` processes, a block a line or a few (so every reader has blocks)."""
+    monkeypatch.setenv("CORPUS_WORKERS", str(readers))
+    monkeypatch.setattr("corpus_builder.sources.columnar.BLOCK_BYTES", block_bytes)
+
+
+def write_recipe(tmp: Path, lines: list[bytes], *, rows_per_shard: int = 7, style: str = "sharegpt",
+                 more: list[bytes] | None = None) -> Path:
+    """A recipe replaying ``lines`` (rows.jsonl; and ``more``, more.jsonl, a second source after it)."""
     (tmp / "rows.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    (tmp / "recipe.yaml").write_text(
-        "name: columnar\ntarget: {model: m/t}\nsources:\n  - {name: chats, kind: replay, path: rows.jsonl, "
-        f"mapping: {{style: {style}}}, task: chat}}\n"
+    sources = ("  - {name: chats, kind: replay, path: rows.jsonl, "
+               f"mapping: {{style: {style}}}, task: chat}}\n")
+    if more is not None:
+        (tmp / "more.jsonl").write_bytes(b"\n".join(more) + b"\n")
+        sources += "  - {name: more, kind: replay, path: more.jsonl, task: chat}\n"
+    recipe = tmp / "recipe.yaml"
+    recipe.write_text(
+        f"name: columnar\ntarget: {{model: m/t}}\nsources:\n{sources}"
         "checks: {dedup: exact}\nsplit: {validation_fraction: 0.3, "
         f"seed: 3}}\noutput: {{dir: out, rows_per_shard: {rows_per_shard}}}\n", encoding="utf-8")
+    return recipe
+
+
+def build(tmp: Path, lines: list[bytes], row_path: bool, monkeypatch: pytest.MonkeyPatch, *,
+          rows_per_shard: int = 7, style: str = "sharegpt", more: list[bytes] | None = None
+          ) -> tuple[dict[str, bytes], str]:
+    """Every file of a build of ``lines`` (on the row path, or not), and its progress lines."""
+    write_recipe(tmp, lines, rows_per_shard=rows_per_shard, style=style, more=more)
     out = tmp / ("row" if row_path else "columnar")
     monkeypatch.setenv(SWITCH, "0" if row_path else "1")
     progress = io.StringIO()
@@ -93,6 +115,7 @@ def test_the_rows_the_kernels_do_not_cover_take_the_row_path(tmp_path: Path, mon
     assert "columnar path: 40 rows by the kernels, 5 by the row path" in said  # the duplicate is a kernel's too
 
 
+@pytest.mark.parametrize("readers", [1, 2])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from([PIECES, ASCII_PIECES, PLAIN_PIECES]).flatmap(
     lambda pieces: st.lists(rows(pieces), min_size=1, max_size=40)), st.integers(1, 9),
@@ -101,13 +124,16 @@ def test_the_rows_the_kernels_do_not_cover_take_the_row_path(tmp_path: Path, mon
 @example([orjson.dumps({"id": "i", "conversations": [{"from": "human", "value": "a\x01b \\ \"q\""},
                                                      {"from": "gpt", "value": "\x85 c </think> \u3000d"}]})], 1,
          "sharegpt")
+@example([orjson.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": '"'}]})],
+         1, "sharegpt")  # a call speaker's value that is not JSON: the row path's skip
 @example([orjson.dumps({"id": "i\x1f", "conversations": [{"from": "human", "value": "a"},
                                                         {"from": "gpt", "value": "b"}]})], 1, "auto")
 def test_hostile_rows_give_the_row_paths_bytes(tmp_path_factory: pytest.TempPathFactory,
-                                               monkeypatch: pytest.MonkeyPatch, hostile: list[bytes],
-                                               rows_per_shard: int, style: str) -> None:
-    """Any mix of rows, plain ones among them: every shard, the ledger, audit.json and the manifest are the row
-    path's."""
+                                               monkeypatch: pytest.MonkeyPatch, readers: int,
+                                               hostile: list[bytes], rows_per_shard: int, style: str) -> None:
+    """Any mix of rows, plain ones among them, read in blocks of a few lines by one reader or two: every shard,
+    the ledger, audit.json and the manifest are the row path's."""
+    several_readers(monkeypatch, readers)
     tmp = tmp_path_factory.mktemp("hostile")
     lines = [line for index, row in enumerate(hostile) for line in (plain_exchange(index), row)]
     lines[::3] = [line + b"\r" for line in lines[::3]]  # line ends written on Windows
@@ -148,3 +174,82 @@ def test_a_file_cut_into_parts_reads_as_the_row_paths_parts(tmp_path: Path, monk
     row_path, _ = build(tmp_path, lines, True, monkeypatch)
     assert columnar == row_path
     assert "by the kernels, 4 by the row path" in said  # each part's first row fixes its layout, and the bad line
+
+
+def test_a_layout_fixed_late_is_fixed_for_every_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row that fixes a part's layout comes after blocks of rows that show none: the readers that skip its
+    block fix the same layout (``messages`` here, so the ShareGPT rows after it are the row path's skips)."""
+    several_readers(monkeypatch, 2)
+    no_layout = [b'{"conversations": []}', b'{"note": "no turns"}', b"", b"{broken", b'{"messages": "text"}'] * 4
+    messages = orjson.dumps({"id": "m", "messages": [{"role": "user", "content": "hi"},
+                                                     {"role": "assistant", "content": "hello"}]})
+    lines = [*no_layout, messages, *[plain_exchange(index) for index in range(12)], messages]
+    columnar, said = build(tmp_path, lines, False, monkeypatch, style="auto")
+    row_path, _ = build(tmp_path, lines, True, monkeypatch, style="auto")
+    assert columnar == row_path
+    assert "columnar path: 1 rows by the kernels, 29 by the row path" in said
+
+
+def test_parts_without_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file cut into parts, one of them blank lines only, reads as the row path's parts on two readers."""
+    several_readers(monkeypatch, 2)
+    monkeypatch.setattr("corpus_builder.sources.readers.MIN_RANGE_BYTES", 1500)
+    lines = [*[plain_exchange(index) for index in range(20)], *[b" " * 90] * 40,
+             *[plain_exchange(index) for index in range(20, 40)]]
+    columnar, said = build(tmp_path, lines, False, monkeypatch)
+    row_path, _ = build(tmp_path, lines, True, monkeypatch)
+    assert columnar == row_path
+    assert "columnar path: 38 rows by the kernels, 2 by the row path" in said  # each part's first row
+
+
+@pytest.mark.parametrize("row_path", [True, False])
+def test_a_file_without_rows_is_an_error_on_both_readers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          row_path: bool) -> None:
+    """A source file of blank lines after one with rows: the row path's error, once its blocks are read."""
+    several_readers(monkeypatch, 2)
+    with pytest.raises(CorpusError, match=r"^more\.jsonl: file has no rows$"):
+        build(tmp_path, [plain_exchange(index) for index in range(30)], row_path, monkeypatch,
+              more=[b"", b"  ", b"\t"] * 50)
+    assert not (tmp_path / ("row" if row_path else "columnar")).exists()
+
+
+FAILING_READER = """
+import sys
+from corpus_builder.cli import main
+from corpus_builder.errors import CorpusError
+from corpus_builder.sources import columnar
+real = columnar.RowPath.rows
+def failing(self, position, line):
+    if line.startswith(b"{broken"):
+        raise CorpusError("cannot read this row", file=self.unit.label, line=position)
+    return real(self, position, line)
+columnar.RowPath.rows = failing
+columnar.BLOCK_BYTES = 256
+sys.argv = ["corpus", "build", "recipe.yaml", "--out", "out"]
+main()
+"""
+
+
+def test_a_reader_that_fails_mid_file_fails_the_build(tmp_path: Path) -> None:
+    """A reader whose block fails (a row the row path cannot read, as a fault put in its reading) fails the build
+    with its message, naming the file and line, exit code 2, and nothing written."""
+    lines = [plain_exchange(index) for index in range(30)]
+    lines[23] = b"{broken"
+    write_recipe(tmp_path, lines)
+    failed = subprocess.run([sys.executable, "-c", FAILING_READER], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, SWITCH: "1", "CORPUS_WORKERS": "2"})
+    assert failed.returncode == 2, failed.stderr
+    assert "rows.jsonl:24: cannot read this row" in failed.stderr and "Traceback" not in failed.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_readers_bug_fails_the_build_with_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    several_readers(monkeypatch, 2)
+
+    def broken(*_: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr("corpus_builder.assemble.columnar.mapped_turns", broken)
+    with pytest.raises(RuntimeError, match=r"(?s)a source worker failed:.*ZeroDivisionError: a bug"):
+        build(tmp_path, [plain_exchange(index) for index in range(30)], False, monkeypatch)
+    assert not (tmp_path / "columnar").exists()
