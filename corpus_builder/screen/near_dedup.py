@@ -156,11 +156,13 @@ def band_key(hashes: U64) -> U64:
     return keyed
 
 _LOW = np.uint64(0xFFFFFFFF)
-_Run = tuple[U64, npt.NDArray[np.uint32] | None]  # sorted entries; the row of each when not packed in them
+# sorted entries; the row of each when kept beside them (None: packed in them, or a set's)
+_Run = tuple[U64, npt.NDArray[np.uint32] | None]
 
 
-class _FirstSeen:
-    """A map from 64-bit hashes to the first row offered that had them, as a few sorted numpy runs.
+class FirstSeen:
+    """A map from 64-bit hashes to the first row offered that had them, or a set of hashes, as a few sorted numpy
+    runs.
 
     A new batch of hashes is a new run; runs merge while the one before is no bigger than twice the newest and
     the merged run stays within RUN_ENTRIES, so there are about entries / RUN_ENTRIES + log2(RUN_ENTRIES /
@@ -169,12 +171,14 @@ class _FirstSeen:
     runs: a row's hashes are added only when absent.
 
     ``whole_hashes`` keeps every hash beside a 32-bit row number (12 bytes an entry: the exact rule, whose
-    matches are final); otherwise an entry is the hash's high 32 bits and the row number in one 64-bit
-    word (8 bytes: the bands, whose matches the sketches confirm, so that two hashes agreeing in their high
-    bits, with probability about entries / 2^32 per lookup, cost one confirmation and nothing else)."""
+    matches are final), or alone with ``rows=False`` (8 bytes: a set, ``screen.ids``); otherwise an entry is the
+    hash's high 32 bits and the row number in one 64-bit word (8 bytes: the bands, whose matches the sketches
+    confirm, so that two hashes agreeing in their high bits, with probability about entries / 2^32 per lookup,
+    cost one confirmation and nothing else)."""
 
-    def __init__(self, *, whole_hashes: bool) -> None:
+    def __init__(self, *, whole_hashes: bool, rows: bool = True) -> None:
         self._whole = whole_hashes
+        self._rows = rows or not whole_hashes  # the packed entries hold their rows
         self._runs: list[_Run] = []
 
     @property
@@ -182,7 +186,7 @@ class _FirstSeen:
         return sum(entries.nbytes + (rows.nbytes if rows is not None else 0) for entries, rows in self._runs)
 
     def find(self, queries: U64) -> I64:
-        """The row of each hash, -1 when absent."""
+        """The row of each hash (0 for a hash of a set), -1 when absent."""
         found = np.full(len(queries), -1, dtype=np.int64)
         if not self._runs or not len(queries):
             return found
@@ -192,9 +196,9 @@ class _FirstSeen:
         rows_of_ordered = np.full(len(queries), -1, dtype=np.int64)
         for entries, rows in self._runs:
             positions = np.minimum(np.searchsorted(entries, ordered), len(entries) - 1)
-            if rows is not None:
+            if self._whole:
                 hit = entries[positions] == ordered
-                rows_of_ordered[hit] = rows[positions[hit]]
+                rows_of_ordered[hit] = rows[positions[hit]] if rows is not None else 0
             else:
                 hit = (entries[positions] & _HIGH) == ordered
                 rows_of_ordered[hit] = entries[positions[hit]] & _LOW
@@ -207,14 +211,21 @@ class _FirstSeen:
         keys = hashes if self._whole else band_key(hashes)
         new = self.find(hashes) < 0
         _, first = np.unique(keys[new], return_index=True)
-        hashes, rows = hashes[new][first], rows[new][first]
+        self.add_absent(hashes[new][first], rows[new][first])
+
+    def add_absent(self, hashes: U64, rows: npt.NDArray[np.uint32] | None = None) -> None:
+        """Record hashes none of which is held yet, each once (and the row of each, unless a set)."""
         if not len(hashes):
             return
-        if self._whole:
+        if not self._whole:
+            assert rows is not None
+            self._runs.append((np.sort(band_key(hashes) << np.uint64(32) | rows.astype(np.uint64)), None))
+        elif self._rows:
+            assert rows is not None
             order = np.argsort(hashes)
             self._runs.append((hashes[order], rows[order]))
         else:
-            self._runs.append((np.sort(band_key(hashes) << np.uint64(32) | rows.astype(np.uint64)), None))
+            self._runs.append((np.sort(hashes), None))
         while (len(self._runs) >= 2 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0])
                and len(self._runs[-2][0]) + len(self._runs[-1][0]) <= RUN_ENTRIES):
             newer = self._runs.pop()
@@ -365,7 +376,7 @@ class ExactDuplicates:
         self._keys = _Keys()
         # Each table and the hash columns it holds: the exact rule's whole hashes; NearDuplicates adds one
         # table for every band (their hashes differ by band), so a batch is one lookup per table.
-        self._tables: list[tuple[_FirstSeen, slice]] = [(_FirstSeen(whole_hashes=True), slice(0, 1))]
+        self._tables: list[tuple[FirstSeen, slice]] = [(FirstSeen(whole_hashes=True), slice(0, 1))]
         self._sketches: _Sketches | None = None
         self._columns, self._sketch_words = 1, 0
 
@@ -511,7 +522,7 @@ class NearDuplicates(ExactDuplicates):
         # Distinct per band, so that one table holds every band's hashes.
         self._band_salts = np.arange(1, self.bands + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         super().__init__()
-        self._tables.append((_FirstSeen(whole_hashes=False), slice(1, 1 + self.bands)))
+        self._tables.append((FirstSeen(whole_hashes=False), slice(1, 1 + self.bands)))
         self._sketches = _Sketches(num_perm, self.bands, self.rows_per_band, threshold)
         self._columns, self._sketch_words = 1 + self.bands, self._sketches.words
 
