@@ -40,9 +40,10 @@ strings would cost more than everything else.
 
 **Memory** grows by bytes per row offered, never Python objects: in sorted numpy runs, the exact rule's 64-bit
 hash and 32-bit row number (12 bytes) and each band's hash, 32 bits of it packed with the row number (8
-bytes; a band hash a row of higher priority already holds is not stored again); in pages of their own, the key
-(its UTF-8 bytes and an 8-byte end) and the 32-byte sketch: about 150 bytes a row with the default bands
-and 20-character keys.
+bytes; a band hash a row of higher priority already holds is not stored again); in pages of their own, where
+each row's key ends (8 bytes: the keys themselves, read back only to name the row a duplicate duplicates, are
+in a temporary file) and the 32-byte sketch: about 120 bytes a row with the default bands, 20 with the exact
+rule alone.
 """
 
 from __future__ import annotations
@@ -50,9 +51,11 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -282,10 +285,13 @@ class _Pages:
 
 
 class _Keys:
-    """The keys of the rows offered, in order: UTF-8 bytes end to end, and where each ends (8 bytes)."""
+    """The keys of the rows offered, in order: their UTF-8 bytes end to end in a temporary file, and where each ends
+    (8 bytes in memory). A key is read back only for a duplicate's verdict, so the bytes stay in the page cache (or
+    on disk) and out of the process: a build's memory stays flat however many rows it indexes."""
 
     def __init__(self) -> None:
-        self._data = _Pages()
+        self._data: BinaryIO | None = None  # opened with the first key: many indexes stay empty
+        self._size = 0
         self._ends = _Pages()
 
     def __len__(self) -> int:
@@ -293,18 +299,25 @@ class _Keys:
 
     @property
     def nbytes(self) -> int:
-        return self._data.size + self._ends.size
+        """Bytes held in memory (the ends; the keys are in the file)."""
+        return self._ends.size
 
     def extend(self, keys: list[str]) -> None:
-        encoded = [key.encode() for key in keys]
-        ends = self._data.size + np.cumsum([len(key) for key in encoded], dtype=np.uint64)
-        self._data.extend(b"".join(encoded))
+        data = "".join(keys).encode()
+        lengths = [len(key) for key in keys] if data.isascii() else [len(key.encode()) for key in keys]
+        ends = self._size + np.cumsum(lengths, dtype=np.uint64)
+        if self._data is None:
+            self._data = tempfile.TemporaryFile()  # noqa: SIM115  # open as long as the index lives
+        self._data.write(data)
+        self._data.flush()  # read back by the descriptor
+        self._size += len(data)
         self._ends.extend(ends.astype("<u8").tobytes())
 
     def __getitem__(self, index: int) -> str:
+        assert self._data is not None
         start = int.from_bytes(self._ends[8 * index - 8:8 * index], "little") if index else 0
         end = int.from_bytes(self._ends[8 * index:8 * index + 8], "little")
-        return self._data[start:end].decode()
+        return os.pread(self._data.fileno(), end - start, start).decode()
 
 
 class _Sketches:
@@ -396,7 +409,7 @@ class ExactDuplicates:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of state held for the rows offered."""
+        """Bytes of memory held for the rows offered (their keys are in a file)."""
         sketches = self._sketches.nbytes if self._sketches is not None else 0
         return self._keys.nbytes + sum(table.nbytes for table, _ in self._tables) + sketches
 
