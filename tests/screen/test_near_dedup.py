@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import mmap
 import os
 import random
 import subprocess
@@ -692,3 +693,16 @@ def test_the_group_by_of_any_partitioning_decides_as_the_index_in_any_batches(
     cuts = sorted(rng.sample(range(1, len(texts)), rng.randint(0, len(texts) - 1))) if len(texts) > 1 else []
     partitions = [shuffled[start:end] for start, end in zip([0, *cuts], [*cuts, len(texts)], strict=True)]
     assert decided_by_group_by(texts, partitions) == decide_in_batches(texts, batches)
+
+
+@pytest.mark.parametrize("rows", [True, False])
+def test_runs_merged_in_pages_of_their_own_find_every_hash(rows: bool) -> None:
+    """Runs of over a MB merge into an anonymous map of their own, out of malloc's heap; their rows stay theirs."""
+    table = near_dedup.FirstSeen(whole_hashes=True, rows=rows)
+    hashes = np.random.default_rng(0).integers(0, 1 << 63, size=300_000, dtype=np.int64).view(np.uint64) << np.uint64(1)
+    for start in range(0, len(hashes), 100_000):
+        table.add_first(hashes[start:start + 100_000], np.arange(start, start + 100_000, dtype=np.uint32))
+    [(entries, _)] = table._runs  # merged into one
+    assert isinstance(entries.base, memoryview) and isinstance(entries.base.obj, mmap.mmap)
+    assert table.find(hashes).tolist() == (list(range(len(hashes))) if rows else [0] * len(hashes))
+    assert (table.find(hashes[:1000] | np.uint64(1)) == -1).all()
