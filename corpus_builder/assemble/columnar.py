@@ -7,7 +7,7 @@ build's docs page lists what it does not cover) reads each replay source's files
 cuts them, in blocks of whole lines. In a block, the lines a kernel can take are parsed and mapped by the sources'
 kernels (``sources.columnar``, which also says which lines it leaves), then checked, identified, deduplicated, split
 and written with pyarrow compute kernels and numpy over the buffers; per row Python runs only where no kernel exists
-and it is cheap (hashlib over bytes a kernel built, a dict of the ids seen). Every other line drops to the row path
+and it is cheap (hashlib over bytes a kernel built, the hashes of the ids). Every other line drops to the row path
 (``sources.source``'s normaliser of the same file part, in order), and its rows join the block's in their place: the
 corpus, the ledger and audit.json are byte for byte the row path's.
 

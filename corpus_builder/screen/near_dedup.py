@@ -40,9 +40,10 @@ strings would cost more than everything else.
 
 **Memory** grows by bytes per row offered, never Python objects: in sorted numpy runs, the exact rule's 64-bit
 hash and 32-bit row number (12 bytes) and each band's hash, 32 bits of it packed with the row number (8
-bytes; a band hash a row of higher priority already holds is not stored again); in pages of their own, the key
-(its UTF-8 bytes and an 8-byte end) and the 32-byte sketch: about 150 bytes a row with the default bands
-and 20-character keys.
+bytes; a band hash a row of higher priority already holds is not stored again); in pages of their own, where
+each row's key ends (8 bytes: the keys themselves, read back only to name the row a duplicate duplicates, are
+in a temporary file) and the 32-byte sketch: about 120 bytes a row with the default bands, 20 with the exact
+rule alone.
 """
 
 from __future__ import annotations
@@ -50,9 +51,11 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -156,11 +159,15 @@ def band_key(hashes: U64) -> U64:
     return keyed
 
 _LOW = np.uint64(0xFFFFFFFF)
-_Run = tuple[U64, npt.NDArray[np.uint32] | None]  # sorted entries; the row of each when not packed in them
+_Entry = TypeVar("_Entry", np.uint64, np.uint32)
+_OWN_PAGES_FROM = 1 << 20  # bytes: smaller runs merge again soon, malloc serves them well
+# sorted entries; the row of each when kept beside them (None: packed in them, or a set's)
+_Run = tuple[U64, npt.NDArray[np.uint32] | None]
 
 
-class _FirstSeen:
-    """A map from 64-bit hashes to the first row offered that had them, as a few sorted numpy runs.
+class FirstSeen:
+    """A map from 64-bit hashes to the first row offered that had them, or a set of hashes, as a few sorted numpy
+    runs.
 
     A new batch of hashes is a new run; runs merge while the one before is no bigger than twice the newest and
     the merged run stays within RUN_ENTRIES, so there are about entries / RUN_ENTRIES + log2(RUN_ENTRIES /
@@ -169,12 +176,14 @@ class _FirstSeen:
     runs: a row's hashes are added only when absent.
 
     ``whole_hashes`` keeps every hash beside a 32-bit row number (12 bytes an entry: the exact rule, whose
-    matches are final); otherwise an entry is the hash's high 32 bits and the row number in one 64-bit
-    word (8 bytes: the bands, whose matches the sketches confirm, so that two hashes agreeing in their high
-    bits, with probability about entries / 2^32 per lookup, cost one confirmation and nothing else)."""
+    matches are final), or alone with ``rows=False`` (8 bytes: a set, ``screen.ids``); otherwise an entry is the
+    hash's high 32 bits and the row number in one 64-bit word (8 bytes: the bands, whose matches the sketches
+    confirm, so that two hashes agreeing in their high bits, with probability about entries / 2^32 per lookup,
+    cost one confirmation and nothing else)."""
 
-    def __init__(self, *, whole_hashes: bool) -> None:
+    def __init__(self, *, whole_hashes: bool, rows: bool = True) -> None:
         self._whole = whole_hashes
+        self._rows = rows or not whole_hashes  # the packed entries hold their rows
         self._runs: list[_Run] = []
 
     @property
@@ -182,7 +191,7 @@ class _FirstSeen:
         return sum(entries.nbytes + (rows.nbytes if rows is not None else 0) for entries, rows in self._runs)
 
     def find(self, queries: U64) -> I64:
-        """The row of each hash, -1 when absent."""
+        """The row of each hash (0 for a hash of a set), -1 when absent."""
         found = np.full(len(queries), -1, dtype=np.int64)
         if not self._runs or not len(queries):
             return found
@@ -192,9 +201,9 @@ class _FirstSeen:
         rows_of_ordered = np.full(len(queries), -1, dtype=np.int64)
         for entries, rows in self._runs:
             positions = np.minimum(np.searchsorted(entries, ordered), len(entries) - 1)
-            if rows is not None:
+            if self._whole:
                 hit = entries[positions] == ordered
-                rows_of_ordered[hit] = rows[positions[hit]]
+                rows_of_ordered[hit] = rows[positions[hit]] if rows is not None else 0
             else:
                 hit = (entries[positions] & _HIGH) == ordered
                 rows_of_ordered[hit] = entries[positions[hit]] & _LOW
@@ -207,14 +216,21 @@ class _FirstSeen:
         keys = hashes if self._whole else band_key(hashes)
         new = self.find(hashes) < 0
         _, first = np.unique(keys[new], return_index=True)
-        hashes, rows = hashes[new][first], rows[new][first]
+        self.add_absent(hashes[new][first], rows[new][first])
+
+    def add_absent(self, hashes: U64, rows: npt.NDArray[np.uint32] | None = None) -> None:
+        """Record hashes none of which is held yet, each once (and the row of each, unless a set)."""
         if not len(hashes):
             return
-        if self._whole:
+        if not self._whole:
+            assert rows is not None
+            self._runs.append((np.sort(band_key(hashes) << np.uint64(32) | rows.astype(np.uint64)), None))
+        elif self._rows:
+            assert rows is not None
             order = np.argsort(hashes)
             self._runs.append((hashes[order], rows[order]))
         else:
-            self._runs.append((np.sort(band_key(hashes) << np.uint64(32) | rows.astype(np.uint64)), None))
+            self._runs.append((np.sort(hashes), None))
         while (len(self._runs) >= 2 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0])
                and len(self._runs[-2][0]) + len(self._runs[-1][0]) <= RUN_ENTRIES):
             newer = self._runs.pop()
@@ -222,22 +238,34 @@ class _FirstSeen:
 
 
 def _merge(older: _Run, newer: _Run) -> _Run:
-    """Two sorted runs as one, in linear time."""
+    """Two sorted runs as one, in linear time, in memory pages of their own (``_own_pages``)."""
+    size = len(older[0]) + len(newer[0])
+    entries = _own_pages(size, np.uint64)
     if older[1] is None or newer[1] is None:
         # Timsort finds the two runs and merges them: under half the time of the scatter below, and no
         # temporary but its merge buffer.
-        entries = np.concatenate((older[0], newer[0]))
+        np.concatenate((older[0], newer[0]), out=entries)
         entries.sort(kind="stable")
         return entries, None
-    size = len(older[0]) + len(newer[0])
     landing = np.searchsorted(older[0], newer[0]) + np.arange(len(newer[0]))  # where each newer entry goes
     from_older = np.ones(size, dtype=bool)
     from_older[landing] = False
-    entries = np.empty(size, dtype=np.uint64)
     entries[landing], entries[from_older] = newer[0], older[0]
-    rows = np.empty(size, dtype=np.uint32)
+    rows = _own_pages(size, np.uint32)
     rows[landing], rows[from_older] = newer[1], older[1]
     return entries, rows
+
+
+def _own_pages(size: int, dtype: type[_Entry]) -> npt.NDArray[_Entry]:
+    """An array of ``size`` values in memory pages of its own (an anonymous mmap, unmapped when the array goes): a
+    merged run lives long, and in malloc's heap it would pin the heap's top above the batches' short-lived arrays,
+    whose freed pages then stay with the process (the ids' set and the exact rule alone, 2M rows: 78 MiB held for
+    53 MiB of runs in the heap, 64 MiB in pages of their own)."""
+    nbytes = size * np.dtype(dtype).itemsize
+    if nbytes < _OWN_PAGES_FROM:
+        return np.empty(size, dtype=dtype)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(pages, dtype=dtype, count=size)
 
 
 class _Pages:
@@ -271,10 +299,13 @@ class _Pages:
 
 
 class _Keys:
-    """The keys of the rows offered, in order: UTF-8 bytes end to end, and where each ends (8 bytes)."""
+    """The keys of the rows offered, in order: their UTF-8 bytes end to end in a temporary file, and where each ends
+    (8 bytes in memory). A key is read back only for a duplicate's verdict, so the bytes stay in the page cache (or
+    on disk) and out of the process: a build's memory stays flat however many rows it indexes."""
 
     def __init__(self) -> None:
-        self._data = _Pages()
+        self._data: BinaryIO | None = None  # opened with the first key: many indexes stay empty
+        self._size = 0
         self._ends = _Pages()
 
     def __len__(self) -> int:
@@ -282,18 +313,25 @@ class _Keys:
 
     @property
     def nbytes(self) -> int:
-        return self._data.size + self._ends.size
+        """Bytes held in memory (the ends; the keys are in the file)."""
+        return self._ends.size
 
     def extend(self, keys: list[str]) -> None:
-        encoded = [key.encode() for key in keys]
-        ends = self._data.size + np.cumsum([len(key) for key in encoded], dtype=np.uint64)
-        self._data.extend(b"".join(encoded))
+        data = "".join(keys).encode()
+        lengths = [len(key) for key in keys] if data.isascii() else [len(key.encode()) for key in keys]
+        ends = self._size + np.cumsum(lengths, dtype=np.uint64)
+        if self._data is None:
+            self._data = tempfile.TemporaryFile()  # noqa: SIM115  # open as long as the index lives
+        self._data.write(data)
+        self._data.flush()  # read back by the descriptor
+        self._size += len(data)
         self._ends.extend(ends.astype("<u8").tobytes())
 
     def __getitem__(self, index: int) -> str:
+        assert self._data is not None
         start = int.from_bytes(self._ends[8 * index - 8:8 * index], "little") if index else 0
         end = int.from_bytes(self._ends[8 * index:8 * index + 8], "little")
-        return self._data[start:end].decode()
+        return os.pread(self._data.fileno(), end - start, start).decode()
 
 
 class _Sketches:
@@ -365,7 +403,7 @@ class ExactDuplicates:
         self._keys = _Keys()
         # Each table and the hash columns it holds: the exact rule's whole hashes; NearDuplicates adds one
         # table for every band (their hashes differ by band), so a batch is one lookup per table.
-        self._tables: list[tuple[_FirstSeen, slice]] = [(_FirstSeen(whole_hashes=True), slice(0, 1))]
+        self._tables: list[tuple[FirstSeen, slice]] = [(FirstSeen(whole_hashes=True), slice(0, 1))]
         self._sketches: _Sketches | None = None
         self._columns, self._sketch_words = 1, 0
 
@@ -385,7 +423,7 @@ class ExactDuplicates:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of state held for the rows offered."""
+        """Bytes of memory held for the rows offered (their keys are in a file)."""
         sketches = self._sketches.nbytes if self._sketches is not None else 0
         return self._keys.nbytes + sum(table.nbytes for table, _ in self._tables) + sketches
 
@@ -512,7 +550,7 @@ class NearDuplicates(ExactDuplicates):
         # Distinct per band, so that one table holds every band's hashes.
         self._band_salts = np.arange(1, self.bands + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         super().__init__()
-        self._tables.append((_FirstSeen(whole_hashes=False), slice(1, 1 + self.bands)))
+        self._tables.append((FirstSeen(whole_hashes=False), slice(1, 1 + self.bands)))
         self._sketches = _Sketches(num_perm, self.bands, self.rows_per_band, threshold)
         self._columns, self._sketch_words = 1 + self.bands, self._sketches.words
 

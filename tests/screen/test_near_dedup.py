@@ -6,6 +6,7 @@ import gc
 import hashlib
 import json
 import math
+import mmap
 import os
 import random
 import subprocess
@@ -510,8 +511,9 @@ def test_exact_hashes_compare_in_all_64_bits_however_the_runs_merge() -> None:
 
 
 def test_state_bytes_are_the_documented_ones() -> None:
-    """Per row offered: its key's UTF-8 bytes and an 8-byte end, 12 bytes of exact hash and row, 8 bytes a band
-    hash no row held before, and the sketch's 8-byte words; before and after the tables' runs merge."""
+    """Per row offered: its key's 8-byte end (the keys are in a file), 12 bytes of exact hash and row, 8 bytes a band
+    hash no row held before, and the sketch's 8-byte words; before and after the tables' runs merge. A key is read
+    back whole (non-ASCII too) to name the row a duplicate duplicates."""
     index = NearDuplicates()
     words = -(-index.num_perm // 16)
     texts: list[Planted] = [(row + 1, alone(5, 7 if row < 2 else 100 + row, row=row), row % 2) for row in range(8)]
@@ -520,11 +522,11 @@ def test_state_bytes_are_the_documented_ones() -> None:
     for kept in (4, 8):
         assert index.decide(keys[kept - 4:kept], signatures.rows(list(range(kept - 4, kept)))) == [None] * 4
         held_bands = index.bands * kept - 1  # t0 and t1 share band 5: its hash is held once
-        key_bytes = sum(len(key.encode()) + 8 for key in keys[:kept])
-        assert index.nbytes == key_bytes + 12 * kept + 8 * held_bands + 8 * words * kept
+        assert index.nbytes == 8 * kept + 12 * kept + 8 * held_bands + 8 * words * kept
     exact = ExactDuplicates()
     exact.offer(keys, [f"text {row}" for row in range(8)])
-    assert exact.nbytes == sum(len(key.encode()) + 8 for key in keys) + 12 * 8
+    assert exact.nbytes == 8 * 8 + 12 * 8
+    assert exact.offer(["copy", "new"], ["text 3", "text 8"]) == [Duplicate("clé-3", "exact"), None]
 
 
 def packed(fields: list[int]) -> list[int]:
@@ -701,3 +703,16 @@ def test_the_exact_hash_is_the_documented_digest_of_the_normalised_text(texts: l
     expected = [int.from_bytes(hashlib.blake2b(normalise_text(text).encode(), digest_size=8).digest(), "little")
                 for text in texts]
     assert ExactDuplicates().signatures(texts).hashes[:, 0].tolist() == expected
+
+
+@pytest.mark.parametrize("rows", [True, False])
+def test_runs_merged_in_pages_of_their_own_find_every_hash(rows: bool) -> None:
+    """Runs of over a MB merge into an anonymous map of their own, out of malloc's heap; their rows stay theirs."""
+    table = near_dedup.FirstSeen(whole_hashes=True, rows=rows)
+    hashes = np.random.default_rng(0).integers(0, 1 << 63, size=300_000, dtype=np.int64).view(np.uint64) << np.uint64(1)
+    for start in range(0, len(hashes), 100_000):
+        table.add_first(hashes[start:start + 100_000], np.arange(start, start + 100_000, dtype=np.uint32))
+    [(entries, _)] = table._runs  # merged into one
+    assert isinstance(entries.base, memoryview) and isinstance(entries.base.obj, mmap.mmap)
+    assert table.find(hashes).tolist() == (list(range(len(hashes))) if rows else [0] * len(hashes))
+    assert (table.find(hashes[:1000] | np.uint64(1)) == -1).all()
