@@ -414,10 +414,10 @@ class StreamedPart:
 
 def replay_parts(plan: Plan, checker: Checker) -> Generator[StreamedPart, None, None]:
     """The replay sources' file parts in priority order (cut as the row path cuts them, so the corpus is its), their
-    blocks read on ``worker_count(blocks=True)`` processes (in this one, for one): block n of the stream of every
+    blocks read on ``worker_count()`` processes (in this one, for one): block n of the stream of every
     part's blocks on reader n mod the readers', taken in order."""
     parts = file_parts(plan, worker_count())
-    stream = on_turns(partial(_read_blocks, parts, checker), worker_count(blocks=True), BLOCK_QUEUE_DEPTH)
+    stream = on_turns(partial(_read_blocks, parts, checker), worker_count(), BLOCK_QUEUE_DEPTH)
     try:
         for part in parts:
             yield StreamedPart(part, stream)

@@ -53,16 +53,15 @@ class MeasuredRows(Generic[T]):
     measurement: T
 
 
-def worker_count(*, in_tokens: bool = False, blocks: bool = False) -> int:
+def worker_count(*, in_tokens: bool = False) -> int:
     """CORPUS_WORKERS, else one worker per core but one, leaving a core to the decisions and the writer.
 
     With two cores or fewer the workers' extra cost (pickled batches, a second copy of the interpreter)
     eats the gain (measured in BENCHMARKS.md), so sources are read in this process; so they are where
-    fork is not available. Rows measured in the target's tokens (``in_tokens``) are the exception: rendering
-    and encoding them outweighs everything after, so every core gets a worker. The columnar path's blocks
-    (``blocks``) are the other exception on two cores: they cross as Arrow buffers, and two readers there cost
-    1.2x the CPU of one and gave the time back 1.3x faster (BENCHMARKS.md); beyond two cores they take one per
-    core but one, the build's main thread bounding the time."""
+    fork is not available. That holds for the columnar path's blocks too: on a quiet two-core machine two
+    readers finished 1.04x sooner than one for 1.45x its CPU and 2.0x its memory (PSS) (BENCHMARKS.md). Rows
+    measured in the target's tokens (``in_tokens``) are the exception: rendering and encoding them outweighs
+    everything after, so every core gets a worker."""
     configured = os.environ.get("CORPUS_WORKERS")
     if configured:
         try:
@@ -74,9 +73,7 @@ def worker_count(*, in_tokens: bool = False, blocks: bool = False) -> int:
         return 1
     if in_tokens:
         return cores
-    if cores <= 2:
-        return cores if blocks else 1
-    return cores - 1
+    return 1 if cores <= 2 else cores - 1
 
 
 def measured_rows(rows: Iterator[Conversation | Skipped], measure: Callable[[list[Conversation]], T],

@@ -71,14 +71,14 @@ def test_a_main_process_that_stops_early_ends_the_workers() -> None:
     assert len(pids) == 2 and ended(pids)
 
 
-@pytest.mark.parametrize(("cores", "rows", "blocks", "in_tokens"), [(1, 1, 1, 1), (2, 1, 2, 2), (8, 7, 7, 8)])
+@pytest.mark.parametrize(("cores", "rows", "in_tokens"), [(1, 1, 1), (2, 1, 2), (8, 7, 8)])
 def test_the_default_workers_follow_the_measurements(monkeypatch: pytest.MonkeyPatch, cores: int, rows: int,
-                                                      blocks: int, in_tokens: int) -> None:
-    """Rows: none forked on two cores; the columnar path's blocks: two there; beyond, one per core but one
-    (BENCHMARKS.md)."""
+                                                      in_tokens: int) -> None:
+    """Rows and the columnar path's blocks: none forked on two cores; beyond, one per core but one; rows measured
+    in tokens: one per core (BENCHMARKS.md)."""
     monkeypatch.delenv("CORPUS_WORKERS", raising=False)
     monkeypatch.setattr("corpus_builder.sources.parallel.sys.platform", "linux")
     monkeypatch.setattr("corpus_builder.sources.parallel.os.cpu_count", lambda: cores)
-    assert (worker_count(), worker_count(blocks=True), worker_count(in_tokens=True)) == (rows, blocks, in_tokens)
+    assert (worker_count(), worker_count(in_tokens=True)) == (rows, in_tokens)
     monkeypatch.setenv("CORPUS_WORKERS", "3")
-    assert worker_count() == worker_count(blocks=True) == worker_count(in_tokens=True) == 3
+    assert worker_count() == worker_count(in_tokens=True) == 3
