@@ -208,8 +208,8 @@ def test_a_build_in_target_tokens_reads_on_every_core_in_small_batches(
         recipe = recipe.replace(f", tokenizer: {tiny_model_dir}", "").replace("max_seq_len: 160, ", "")
     (tmp_path / "recipe.yaml").write_text(recipe)
     monkeypatch.delenv("CORPUS_WORKERS", raising=False)
-    # the row path's choice of readers is what this test holds (the columnar path, when asked for, reads in the
-    # build's process)
+    # the row path's choice of readers is what this test holds (the columnar path, the default of a plain build,
+    # has readers of its own)
     monkeypatch.setenv("CORPUS_COLUMNAR", "0")
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(sys, "platform", "linux")
