@@ -22,6 +22,7 @@ from .screened import Screened
 ID_ENTRIES = pa.schema([("priority", pa.int64()), ("raw_id", pa.string())])
 NUMBERED = pa.schema([("priority", pa.int64()), ("id", pa.string())])
 _HASH_BITS = (1 << 64) - 1  # a hash as the set holds it: its 64 bits, unsigned
+SUFFIX_LOOKAHEAD = 8  # suffixes looked up at once for a copy whose first ones are taken
 
 
 class UniqueIds:
@@ -41,19 +42,35 @@ class UniqueIds:
         if not seen.any() and len(np.unique(keys)) == len(keys):  # the common batch: every id new
             self._seen.add_absent(keys)
             return row_ids
+        # Which suffixed ids the set holds, looked up a batch of names at a time (one lookup costs tens of
+        # microseconds, whatever its size): first the first SUFFIX_LOOKAHEAD suffixes of every row that may need one
+        # (a known id, or one repeated in the batch), then, for a copy that needs more, its next ones at once.
+        held = dict(zip(keys.tolist(), seen.tolist(), strict=True))
+        repeated = np.ones(len(keys), dtype=bool)
+        repeated[np.unique(keys, return_index=True)[1]] = False
+        copies = [row_ids[index] for index in np.flatnonzero(seen | repeated).tolist()]
+        self._look_up(copies, 1, SUFFIX_LOOKAHEAD, held)
         given: dict[int, None] = {}  # the hashes of the ids this batch gives, in a copy's search for a free suffix
         assigned = []
-        for row_id, key, known in zip(row_ids, keys.tolist(), seen.tolist(), strict=True):
+        for row_id, key in zip(row_ids, keys.tolist(), strict=True):
             new_id, copy = row_id, 0
-            while known or key in given:
+            while held[key] or key in given:
                 copy += 1
                 new_id = f"{row_id}-{copy}"
                 key = hash(new_id) & _HASH_BITS
-                known = bool(self._seen.find(np.array([key], dtype=np.uint64))[0] >= 0)
+                if key not in held:
+                    self._look_up([row_id], copy, SUFFIX_LOOKAHEAD, held)
             given[key] = None
             assigned.append(new_id)
         self._seen.add_absent(np.fromiter(given, dtype=np.uint64, count=len(given)))
         return assigned
+
+    def _look_up(self, row_ids: list[str], first: int, count: int, held: dict[int, bool]) -> None:
+        """Whether the set holds each of ``row_ids`` suffixed ``-first`` to ``-(first + count - 1)``, into ``held``
+        (by hash)."""
+        names = [f"{row_id}-{copy}" for row_id in row_ids for copy in range(first, first + count)]
+        keys = np.fromiter(map(hash, names), dtype=np.int64, count=len(names)).view(np.uint64)
+        held.update(zip(keys.tolist(), (self._seen.find(keys) >= 0).tolist(), strict=True))
 
     def judge(self, batch: Screened) -> None:
         """The ids of a batch's rows, the batches offered in priority order."""

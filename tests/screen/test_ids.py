@@ -64,3 +64,14 @@ def test_a_set_of_hashes_finds_what_it_holds() -> None:
     held.add_absent(np.array([7], dtype=np.uint64))
     assert held.find(np.array([3, 4, 1 << 63, 7], dtype=np.uint64)).tolist() == [0, -1, 0, 0]
     assert held.nbytes == 4 * 8
+
+
+@pytest.mark.parametrize("batch", [1, 7, 40])
+def test_copies_beyond_the_suffixes_looked_up_at_once(batch: int) -> None:
+    """Copies of an id past the first SUFFIX_LOOKAHEAD suffixes, known from earlier batches and within one, some
+    suffixes taken by rows' own ids: the rule's ids."""
+    row_ids = ["z", "z-9", "z-12", *["z"] * 30, "z-9", "y", *["y"] * 11]
+    ids = UniqueIds()
+    assigned = [new_id for start in range(0, len(row_ids), batch)
+                for new_id in ids.assign_all(row_ids[start:start + batch])]
+    assert assigned == unique_ids(row_ids)
