@@ -322,8 +322,11 @@ class _Keys:
         ends = self._size + np.cumsum(lengths, dtype=np.uint64)
         if self._data is None:
             self._data = tempfile.TemporaryFile()  # noqa: SIM115  # open as long as the index lives
-        self._data.write(data)
-        self._data.flush()  # read back by the descriptor
+        try:
+            self._data.write(data)
+            self._data.flush()  # read back by the descriptor
+        except OSError as error:  # the file has no name: the error names its directory, TMPDIR (a full disk)
+            raise OSError(error.errno, error.strerror, tempfile.gettempdir()) from error
         self._size += len(data)
         self._ends.extend(ends.astype("<u8").tobytes())
 

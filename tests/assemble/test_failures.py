@@ -220,3 +220,28 @@ def test_a_commit_cut_short_never_leaves_a_directory_that_looks_complete(tmp_pat
     calls.update(n=0, failing=0)
     build_corpus(load_recipe(recipe_path), progress=io.StringIO())  # a rerun completes
     assert Corpus.open(tmp_path / "out").verify_files() == [] and corpus_rows(tmp_path / "out") != earlier
+
+
+def test_a_full_temporary_directory_fails_the_build_cleanly(tmp_path: Path) -> None:
+    """The exact dedup keeps its row keys in a temporary file (``TMPDIR``): a full disk there fails the build with
+    the user error naming the directory, and nothing is written; a rerun with room completes."""
+    write_rows(tmp_path / "replay.jsonl", [{"messages": [{"role": "user", "content": f"question {i}?"},
+                                                         {"role": "assistant", "content": f"answer {i}."}]}
+                                           for i in range(20_000)])
+    (tmp_path / "recipe.yaml").write_text(f"""\
+name: full-tmp
+target: {{model: {MODEL}}}
+sources:
+  - {{name: replay, kind: replay, path: replay.jsonl}}
+output: {{dir: out}}
+""", encoding="utf-8")
+    command = [sys.executable, "-m", "corpus_builder", "build", str(tmp_path / "recipe.yaml")]
+    with tmpfs(tmp_path / "tmp", "64k") as small:  # 20,000 keys of ~30 bytes do not fit
+        failed = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(small)})
+    assert failed.returncode == 2, failed.stderr
+    assert failed.stderr.startswith(f"error: {small}: ") and "No space left on device" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    assert not (tmp_path / "out" / "manifest.json").exists() and not (tmp_path / "out" / "data").exists()
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    assert len(corpus_rows(tmp_path / "out")) == 20_000
