@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..errors import CorpusError, DropCounts, Skipped
 from ..layout import Corpus
 from ..outputs import check_output_path
@@ -20,7 +22,7 @@ from ..rows import batch_to_conversations, conversations_to_batch
 from ..screen.checks import Checker
 from ..screen.dedup import Dedup
 from ..screen.ids import UniqueIds
-from ..screen.near_dedup import NearDuplicates
+from ..screen.near_dedup import FirstSeen, NearDuplicates
 from ..screen.normalise import conversation_text
 from ..screen.stream import outcomes, screened_in_order
 from ..secrets import Finding, scan_conversations, scan_corpus
@@ -49,20 +51,20 @@ def audit_conversations(items: Iterable[Conversation | Skipped], batch_size: int
     skipped = DropCounts()
     index = NearDuplicates(near.threshold, num_perm=near.num_perm, shingle=near.shingle) if near else None
     near_by_source: Counter[str] = Counter()
-    # Hashes of the dump's own row ids seen: a repeated id (a chat cut into chunks, a row logged twice) is
-    # counted as a flag (overall only: a raw row's flags by source are the repairs'). A dict of ints, not a
-    # set: the garbage collector does not walk it.
-    source_ids: dict[int, None] = {}
+    # The 64-bit hashes of the dump's own row ids seen (8 bytes an id, as ``screen.ids`` keeps its ids): a
+    # repeated id (a chat cut into chunks, a row logged twice) is counted as a flag (overall only: a raw row's
+    # flags by source are the repairs').
+    source_ids = FirstSeen(whole_hashes=True, rows=False)
 
     def add(batch: list[Conversation]) -> None:
         auditor.add_rows(batch, conversations_to_batch(batch))
-        for row in batch:
-            source_id = row.provenance.source_id
-            if source_id is not None:
-                key = hash((row.source, source_id))
-                if key in source_ids:
-                    auditor.flags[FLAG_REPEATED_SOURCE_ID] += 1
-                source_ids[key] = None
+        keys = np.fromiter((hash((row.source, row.provenance.source_id)) for row in batch
+                            if row.provenance.source_id is not None), dtype=np.int64).view(np.uint64)
+        new = keys[source_ids.find(keys) < 0]
+        first_of_new = np.unique(new, return_index=True)[1]
+        if repeated := len(keys) - len(first_of_new):
+            auditor.flags[FLAG_REPEATED_SOURCE_ID] += repeated
+        source_ids.add_absent(new[first_of_new])
         if index is not None:
             found = index.offer([row.id for row in batch], [conversation_text(row) for row in batch])
             near_by_source.update(row.source for row, duplicate in zip(batch, found, strict=True) if duplicate)

@@ -249,6 +249,21 @@ def test_a_raw_file_audit_counts_exact_and_near_duplicates(tmp_path: Path) -> No
     assert report["near_duplicates"] == {"threshold": 0.8, "rows": 1, "by_source": {"dump.jsonl": 1}}
 
 
+def test_repeated_source_ids_are_counted_across_batches_and_within_one() -> None:
+    from corpus_builder.audit.run import audit_conversations
+    from corpus_builder.records import Provenance
+
+    def row(index: int, source: str, source_id: str | int | None) -> Conversation:
+        return Conversation(f"r{index}", source, "replay", [Message("user", f"question {index}")],
+                            provenance=Provenance(source_id=source_id))
+
+    ids = [("a", "x"), ("a", "y"), ("a", "x"), ("a", "x"), ("b", "x"), ("a", None), ("a", None), ("a", "y"),
+           ("b", 7), ("b", 7)]
+    rows = [row(index, source, source_id) for index, (source, source_id) in enumerate(ids)]
+    for batch_size in (1, 2, 3, 4096):  # the copies in one batch, across batches, both
+        assert audit_conversations(rows, batch_size=batch_size)["flags"] == {"repeated_source_id": 4}
+    assert audit_conversations(rows[:2], batch_size=2)["flags"] == {}
+
 def test_eval_sets_are_read_from_local_files_and_hub_mirrors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
