@@ -11,15 +11,14 @@ SPAN = 1 << 64  # the draws' range
 SPLIT_PURPOSE = b"corpus-split"
 
 
-def seeded_hash(purpose: bytes, seed: int, *parts: str | int) -> int:
+def seeded_hash(purpose: bytes, seed: int, part: str | int, *parts: str | int) -> int:
     """A 64-bit hash of (seed, parts), their text joined by \\x1f, for one ``purpose`` (BLAKE2b's
     personalisation, at most 16 bytes)."""
-    key = "\x1f".join([str(seed), *map(str, parts)]).encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=purpose).digest(), "big")
+    return seeded_hashes(purpose, seed, ["\x1f".join(map(str, (part, *parts)))])[0]
 
 
 def seeded_hashes(purpose: bytes, seed: int, keys: list[str]) -> list[int]:
-    """``seeded_hash(purpose, seed, key)`` of each key (one part each), in one loop."""
+    """``seeded_hash(purpose, seed, key)`` of each key (one part each), in one loop: the one spelling of the key."""
     prefix = f"{seed}\x1f".encode()
     blake2b = hashlib.blake2b
     return [int.from_bytes(blake2b(prefix + key.encode(), digest_size=8, person=purpose).digest(), "big")
