@@ -318,18 +318,18 @@ def carry(messages: list[Message], flags: list[str], held: Held[Tag]) -> None:
     history a client sends back seldom holds it) and the flag of an answer served cut."""
     if not held.carried:
         return
+    if FLAG_TRUNCATED not in flags and any(earlier.cut for earlier in held.carried):
+        flags.append(FLAG_TRUNCATED)
+    reasoned = [(earlier, reasoning) for earlier in held.carried if (reasoning := _reasoning(earlier.answer))]
+    if not reasoned:  # most chats: no answer of theirs reasoned (the turns are not looked through)
+        return
     answers = [message for message in messages if message.role == "assistant"]
     # the answers' places among the turns (a turn that is no object has no role: None)
     positions = [index for index, role in enumerate(_roles(held.exchange.messages)) if role == ANSWER_ROLE]
-    for earlier in held.carried:
-        if earlier.cut and FLAG_TRUNCATED not in flags:
-            flags.append(FLAG_TRUNCATED)
+    for earlier, reasoning in reasoned:
         ordinal = bisect_right(positions, earlier.position)  # the chat's nth answer (its position is one of them)
         found = answers[ordinal - 1:ordinal]  # none when the kept turns hold fewer answers (a prompt holds none)
-        if not found or found[0].reasoning:
-            continue
-        reasoning = _reasoning(earlier.answer)
-        if reasoning and found[0].content.strip() == _turn_text(earlier.answer):
+        if found and not found[0].reasoning and found[0].content.strip() == _turn_text(earlier.answer):
             found[0].reasoning = reasoning
 
 
