@@ -238,7 +238,15 @@ def scanned_blocks(path: Path, label: str, lines: Callable[[], Iterable[bytes]],
         raise CorpusError("file not found" if not path.exists() else "not a file", file=label)
     remaining = _checked_start(lines(), label)
     number, any_row = 1, False
-    while block := list(islice(remaining, SCAN_BLOCK_LINES)):
+    failure: Exception | None = None
+    while failure is None:
+        block: list[bytes] = []
+        try:
+            block.extend(islice(remaining, SCAN_BLOCK_LINES))  # it keeps what it took before the lines failed
+        except Exception as error:  # a cut file: its rows before the failure come first, as line by line
+            failure = error
+        if not block:
+            break
         try:
             rows = list(enumerate(map(scan, block), number))
         except orjson.JSONDecodeError:
@@ -247,6 +255,8 @@ def scanned_blocks(path: Path, label: str, lines: Callable[[], Iterable[bytes]],
         if rows:
             any_row = True
             yield rows
+    if failure is not None:
+        raise failure
     if not any_row:
         raise CorpusError("file has no rows", file=label)
 
