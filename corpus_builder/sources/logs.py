@@ -332,11 +332,6 @@ class ScannedAnswer(msgspec.Struct, gc=False):
     tool_calls: _NoCalls | msgspec.UnsetType | None = msgspec.UNSET
     function_call: msgspec.UnsetType | None = msgspec.UNSET
 
-    def get(self, name: str) -> str | None:
-        """A text field as the answer ``read_exchange`` makes holds it (None: null or absent)."""
-        value = getattr(self, name, None)
-        return value if isinstance(value, str) else None
-
     def is_answer(self) -> bool:
         """Whether ``read_exchange`` finds an answer here (one of ``_ANSWER_KEYS`` present; a call is no scan's)."""
         present = (self.content, self.reasoning, self.reasoning_content, self.tool_calls, self.function_call)
