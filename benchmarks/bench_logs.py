@@ -10,9 +10,11 @@ the least (``ORACLE``). The reads alternate within each repeat so machine noise 
 time and of the CPU time (the child's own, steadier on a shared machine) are reported.
 
     python benchmarks/bench_logs.py [--conversations 200000] [--repeats 3] [--memory 10000000] [--workdir DIR]
+                                    [--compare-with TREE]
 
 ``--memory N``: also read a log of N logged requests (written once, streamed) with the fold and report the peak
-RSS against a log a tenth of its size (flat memory: the fold holds only open conversations).
+RSS against a log a tenth of its size (flat memory: the fold holds only open conversations). ``--compare-with TREE``:
+also the folded read with the code of another checkout (main's), alternated with the rest in the same run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -133,6 +136,7 @@ FLOOR = "floor"
 # their contents), writes the ledger entry of each folded request, and reads the kept requests as the readers do
 # with the fold off (parse, read the exchange, normalise, how it was served, the conversation record).
 ORACLE = "oracle"
+COMPARED = "compared"  # the folded read with another checkout's code (``--compare-with``)
 CHILD = """
 import json, resource, sys, time
 import orjson
@@ -206,6 +210,7 @@ elif mode == "oracle":  # see ORACLE
     parts = {"scan_and_ledger": scanned - started, "kept_read": time.perf_counter() - scanned}
 else:
     from corpus_builder.sources import iter_file
+    started, cpu_started = time.perf_counter(), time.process_time()  # its imports are no read's, as the oracle's
     for item in iter_file(path):
         rows += 1
         conversations += hasattr(item, "messages")
@@ -226,11 +231,17 @@ class Measured(TypedDict):
     rss_mb: float
 
 
-def measure(path: Path, mode: str) -> Measured:
+def measure(path: Path, mode: str, tree: Path | None = None) -> Measured:
+    """One read in a child process; ``tree``: the checkout whose code it runs (None: this one, as imported)."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     completed = subprocess.run([sys.executable, "-c", CHILD, str(path), mode], capture_output=True, text=True,
-                               check=True)
+                               check=True, env=env)
     result: Measured = json.loads(completed.stdout)
     return result
+
+
+def _cpu_list(results: list[Measured]) -> str:
+    return ", ".join(f"{result['cpu']:.2f}" for result in results)
 
 
 def write_log_only(path: Path, requests: int, concurrent: int) -> None:
@@ -249,19 +260,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory", type=int, default=0, help="logged requests of the memory check (0: none)")
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--compare-with", type=Path, help="another checkout (main's): its folded read of the log "
+                        "too, alternated with the others (CPU seconds side by side in one run)")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-logs-"))
     workdir.mkdir(parents=True, exist_ok=True)
     plain, logged, requests = write_files(workdir, args.conversations, args.concurrent)
     print(f"{args.conversations:,} conversations: messages form {plain.stat().st_size / 1e6:.0f} MB; "
           f"log of {requests:,} requests {logged.stat().st_size / 1e6:.0f} MB")
-    runs: dict[str, list[Measured]] = {"messages": [], "log": [], "parse": [], "parse msg": [], FLOOR: [],
-                                             ORACLE: []}
+    order: list[tuple[str, Path, str, Path | None]] = [
+        ("messages", plain, "read", None), ("log", logged, "read", None), ("parse", logged, "parse", None),
+        ("parse msg", plain, "parse", None), (FLOOR, logged, FLOOR, None), (ORACLE, logged, ORACLE, None)]
+    if args.compare_with is not None:
+        order.insert(2, (COMPARED, logged, "read", args.compare_with.resolve()))
+    runs: dict[str, list[Measured]] = {name: [] for name, *_ in order}
     for repeat in range(args.repeats):
-        order = [("messages", plain, "read"), ("log", logged, "read"), ("parse", logged, "parse"),
-                 ("parse msg", plain, "parse"), (FLOOR, logged, FLOOR), (ORACLE, logged, ORACLE)]
-        for name, path, mode in order if repeat % 2 == 0 else order[::-1]:
-            runs[name].append(measure(path, mode))
+        for name, path, mode, tree in order if repeat % 2 == 0 else order[::-1]:
+            runs[name].append(measure(path, mode, tree))
     medians = {name: statistics.median(r["seconds"] for r in results) for name, results in runs.items()}
     cpu = {name: statistics.median(r["cpu"] for r in results) for name, results in runs.items()}
     for name, results in runs.items():
@@ -286,6 +301,12 @@ def main() -> None:
           f"{medians['messages'] / medians[ORACLE]:.2f}x")
     print(f"the readers' fold against any fold (the oracle), conversations/s: {medians[ORACLE] / medians['log']:.2f}x "
           f"wall, {cpu[ORACLE] / cpu['log']:.2f}x CPU")
+    if args.compare_with is not None:
+        assert runs[COMPARED][0]["conversations"] == args.conversations
+        print(f"{args.compare_with}'s fold against the oracle: {medians[ORACLE] / medians[COMPARED]:.2f}x wall, "
+              f"{cpu[ORACLE] / cpu[COMPARED]:.2f}x CPU; this fold's CPU against it: {cpu['log'] / cpu[COMPARED]:.2f}x "
+              f"(CPU s of each run: this {_cpu_list(runs['log'])}; compared {_cpu_list(runs[COMPARED])}; "
+              f"oracle {_cpu_list(runs[ORACLE])})")
     if args.memory:
         small, large = workdir / "memory-small.jsonl", workdir / "memory-large.jsonl"
         write_log_only(small, args.memory // 10, args.concurrent)

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from operator import itemgetter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from typing import Generic, NamedTuple, TypeVar, cast
 
 import msgspec
@@ -47,6 +47,7 @@ Tag = TypeVar("Tag")  # what the caller keeps with each request (where it was re
 ANSWER_ROLE = "assistant"
 # A turn's role, read in C; a turn that is not an object raises TypeError, which ``_roles`` catches.
 _ROLE = cast(Callable[[object], object], itemgetter("role"))
+_REASONING_FIELDS = cast(Callable[[ScannedAnswer], tuple[object, ...]], attrgetter(*REASONING_KEYS))
 Logged = LoggedExchange | ScannedExchange  # a logged request as the fold takes it: read, or scanned
 Answer = JsonObject | ScannedAnswer | Turn  # an answer as read, as scanned, or sent back in a scanned history
 TurnKey = Turn | bytes  # a history turn as the fold compares it: a record where it is one, else its JSON text
@@ -75,7 +76,7 @@ class Held(Generic[Tag]):
     logged: Logged
     tag: Tag
     head: int  # the key of the chat's first exchange (with its session)
-    carried: list[Carried] = field(default_factory=list)
+    carried: tuple[Carried, ...] = ()  # a tuple: most requests carry nothing, and an empty one is no new object
     requests: int = 1
 
     @property
@@ -132,10 +133,6 @@ def _key(session: str | None, history: tuple[TurnKey, ...], answer: Answer) -> i
     it, whether served (with reasoning, nulls) or sent back in a later request's history (without them): its text and
     calls. Equal within one process (Python's hashes: a request is only matched with those the same process read)."""
     return hash((session, history, _turn_text(answer), _calls(answer)))
-
-
-def _is_answer(turn: object) -> bool:
-    return type(turn) is dict and turn.get("role") == ANSWER_ROLE
 
 
 def _turn_key(turn: object) -> TurnKey:
@@ -238,29 +235,36 @@ class PrefixFold(Generic[Tag]):
         self._heads: dict[int, int] = {}  # how many open chats began with each first exchange
 
     def add(self, exchange: Logged, tag: Tag) -> list[tuple[Held[Tag], bool]]:
-        full, head, previous = exchange_keys(exchange)
+        scanned = exchange if type(exchange) is ScannedExchange else None
+        full, head, previous = _scanned_keys(scanned) if scanned is not None else exchange_keys(exchange)
         held: Held[Tag] = Held(exchange, tag, head)
         finished: list[tuple[Held[Tag], bool]] = []  # a list, not a generator: most requests finish one or none
+        opened, heads = self._open, self._heads
+        continued = False  # the request before it was open: its chat goes on, its first exchange counted once still
         if previous is not None:
-            earlier = self._pop(previous)
+            earlier = opened.pop(previous, None)
             if earlier is not None:
                 self._fold(earlier, held, finished)
-            elif head in self._heads:  # a chat that began alike is open: a request between may be missing
+                continued = earlier.head == head
+                if not continued:
+                    self._forget_head(earlier)
+            elif head in heads:  # a chat that began alike is open: a request between may be missing
                 for candidate in earlier_keys(exchange):
                     earlier = self._pop(candidate)
                     if earlier is not None:
                         self._fold(earlier, held, finished)
-        same = self._open.pop(full, None)  # the same request logged again (a line written twice): one of its chat
+        same = opened.pop(full, None)  # the same request logged again (a line written twice): one of its chat
         if same is not None:
             self._forget_head(same)
             held.carried += same.carried  # its answer is this one's: only what was folded into it is carried
             held.requests += same.requests
             finished.append((same, True))
-        if type(exchange) is ScannedExchange:
-            exchange.turns = []  # keyed: freed now, while they are warm, not when the chat is let out
-        self._open[full] = held
-        self._heads[head] = self._heads.get(head, 0) + 1
-        if len(self._open) > self.max_open:
+        if scanned is not None:
+            scanned.turns = []  # keyed: freed now, while they are warm, not when the chat is let out
+        opened[full] = held
+        if not continued:
+            heads[head] = heads.get(head, 0) + 1
+        if len(opened) > self.max_open:
             finished.append((self._close_oldest(), False))
         return finished
 
@@ -276,7 +280,7 @@ class PrefixFold(Generic[Tag]):
 
     @staticmethod
     def _fold(earlier: Held[Tag], into: Held[Tag], finished: list[tuple[Held[Tag], bool]]) -> None:
-        into.carried += [*earlier.carried, Carried.of(earlier.logged)]
+        into.carried += (*earlier.carried, Carried.of(earlier.logged))
         into.requests += earlier.requests
         finished.append((earlier, True))
 
@@ -314,27 +318,32 @@ def carry(messages: list[Message], flags: list[str], held: Held[Tag]) -> None:
     history a client sends back seldom holds it) and the flag of an answer served cut."""
     if not held.carried:
         return
+    if FLAG_TRUNCATED not in flags and any(earlier.cut for earlier in held.carried):
+        flags.append(FLAG_TRUNCATED)
+    reasoned = [(earlier, reasoning) for earlier in held.carried if (reasoning := _reasoning(earlier.answer))]
+    if not reasoned:  # most chats: no answer of theirs reasoned (the turns are not looked through)
+        return
     answers = [message for message in messages if message.role == "assistant"]
-    positions = [index for index, turn in enumerate(held.exchange.messages) if _is_answer(turn)]  # among the turns
-    for earlier in held.carried:
-        if earlier.cut and FLAG_TRUNCATED not in flags:
-            flags.append(FLAG_TRUNCATED)
+    # the answers' places among the turns (a turn that is no object has no role: None)
+    positions = [index for index, role in enumerate(_roles(held.exchange.messages)) if role == ANSWER_ROLE]
+    for earlier, reasoning in reasoned:
         ordinal = bisect_right(positions, earlier.position)  # the chat's nth answer (its position is one of them)
         found = answers[ordinal - 1:ordinal]  # none when the kept turns hold fewer answers (a prompt holds none)
-        if not found or found[0].reasoning:
-            continue
-        reasoning = _reasoning(earlier.answer)
-        if reasoning and found[0].content.strip() == _turn_text(earlier.answer):
+        if found and not found[0].reasoning and found[0].content.strip() == _turn_text(earlier.answer):
             found[0].reasoning = reasoning
 
 
 def _reasoning(answer: JsonObject | ScannedAnswer) -> str | None:
     """An answer's reasoning as the readers take it: a reasoning field, else its think block."""
-    for key in REASONING_KEYS:
-        value = answer.get(key)
+    fields: Iterable[object]
+    content: object
+    if isinstance(answer, ScannedAnswer):  # its fields read in C, not through ``get``
+        fields, content = _REASONING_FIELDS(answer), answer.content
+    else:
+        fields, content = map(answer.get, REASONING_KEYS), answer.get("content")
+    for value in fields:
         if isinstance(value, str) and value.strip():
             return value.strip()
-    content = answer.get("content")
     if isinstance(content, str) and THINK_CLOSE in content:
         return split_think(content)[1]
     return None

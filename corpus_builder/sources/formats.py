@@ -155,7 +155,7 @@ class LineFormat(Format):
         return line_batches(self.blocks(path, label), label, schema)
 
     def lines(self, path: Path, label: str) -> Iterator[bytes]:
-        """The file's lines, in order (the fold's scan reads them: ``readers.scanned_rows``)."""
+        """The file's lines, in order (the fold's scan reads them: ``readers.scanned_blocks``)."""
         return block_lines(self.blocks(path, label))
 
 

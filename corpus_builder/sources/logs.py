@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated
 
 import msgspec
 import orjson
@@ -316,6 +317,10 @@ class Turn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     tool_call_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
+_NoCalls = Annotated[list[msgspec.Raw], msgspec.Meta(max_length=0)]  # an answer with calls is read whole
+_SomeOf = msgspec.Meta(min_length=1)  # a request without turns, or a response without choices, is read whole
+
+
 class ScannedAnswer(msgspec.Struct, gc=False):
     """The answer of a scanned request: what the fold compares (its text) and carries (its reasoning). Calls are left
     to the whole read (``tool_calls`` must be empty); the answer's other fields are read only if the fold keeps it."""
@@ -324,18 +329,13 @@ class ScannedAnswer(msgspec.Struct, gc=False):
     reasoning: str | msgspec.UnsetType | None = msgspec.UNSET
     reasoning_content: str | msgspec.UnsetType | None = msgspec.UNSET
     thinking: str | msgspec.UnsetType | None = msgspec.UNSET
-    tool_calls: list[msgspec.Raw] | msgspec.UnsetType | None = msgspec.UNSET
+    tool_calls: _NoCalls | msgspec.UnsetType | None = msgspec.UNSET
     function_call: msgspec.UnsetType | None = msgspec.UNSET
 
-    def get(self, name: str) -> str | None:
-        """A text field as the answer ``read_exchange`` makes holds it (None: null or absent)."""
-        value = getattr(self, name, None)
-        return value if isinstance(value, str) else None
-
     def is_answer(self) -> bool:
-        """Whether ``read_exchange`` finds an answer here (one of ``_ANSWER_KEYS`` present), with no call."""
+        """Whether ``read_exchange`` finds an answer here (one of ``_ANSWER_KEYS`` present; a call is no scan's)."""
         present = (self.content, self.reasoning, self.reasoning_content, self.tool_calls, self.function_call)
-        return not self.tool_calls and any(value is not msgspec.UNSET for value in present)
+        return any(value is not msgspec.UNSET for value in present)
 
 
 class _Sessionless(msgspec.Struct, gc=False, kw_only=True):
@@ -349,7 +349,7 @@ class _Sessionless(msgspec.Struct, gc=False, kw_only=True):
 
 
 class _Body(_Sessionless, kw_only=True):
-    messages: list[Turn]
+    messages: Annotated[list[Turn], _SomeOf]
 
 
 class _Choice(msgspec.Struct, gc=False):
@@ -358,7 +358,7 @@ class _Choice(msgspec.Struct, gc=False):
 
 
 class _Completion(msgspec.Struct, gc=False):
-    choices: list[_Choice]
+    choices: Annotated[list[_Choice], _SomeOf]
     status_code: msgspec.UnsetType = msgspec.UNSET  # a batch-style wrapper
 
 
@@ -407,10 +407,11 @@ def scan_line(line: bytes) -> ScannedExchange | object:
     except msgspec.DecodeError:
         pass
     else:
-        choices, turns = nested.response.choices, nested.request.messages
+        choice, turns = nested.response.choices[0], nested.request.messages
+        answer = choice.message
         # The line must parse as the readers parse it: orjson refuses what msgspec skips unread (invalid UTF-8).
-        if choices and turns and choices[0].message.is_answer() and (line.isascii() or _utf8(line)):
-            return ScannedExchange(line, turns, choices[0].message, choices[0].finish_reason, len(turns))
+        if (answer.content is not msgspec.UNSET or answer.is_answer()) and (line.isascii() or _utf8(line)):
+            return ScannedExchange(line, turns, answer, choice.finish_reason, len(turns))
     parsed: object = orjson.loads(line)
     return parsed
 

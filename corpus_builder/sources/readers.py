@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Generator, Iterable, Iterator
-from itertools import chain, pairwise
+from itertools import chain, islice, pairwise
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -39,6 +39,7 @@ _ZSTD_READ_SIZE = 1 << 10
 MAX_LINE_BYTES = 256 << 20
 _PARQUET_BATCH_ROWS = 1024
 _READ_BUFFER = 1 << 20  # conversation lines are often several kB: fewer, larger reads
+SCAN_BLOCK_LINES = 256  # lines the fold's scan hands on at once (``scanned_blocks``)
 _DETAIL_CHARS = 200
 # Smaller files are not worth splitting across processes.
 MIN_RANGE_BYTES = 8 << 20
@@ -226,13 +227,37 @@ def file_lines(path: Path) -> Iterator[bytes]:
         yield from handle
 
 
-def scanned_rows(path: Path, label: str, lines: Callable[[], Iterable[bytes]],
-                 scan: Callable[[bytes], object]) -> Iterator[tuple[int, object]]:
+def scanned_blocks(path: Path, label: str, lines: Callable[[], Iterable[bytes]],
+                   scan: Callable[[bytes], object]) -> Iterator[list[tuple[int, object]]]:
     """The rows of a file of a line format (``lines``: its lines) as its format reads them, each line decoded by
-    ``scan`` (the fold's native scan, ``logs.scan_line``: it raises orjson's error on a line that is not JSON)."""
+    ``scan`` (the fold's native scan, ``logs.scan_line``: it raises orjson's error on a line that is not JSON), in
+    blocks of lines: a block's lines are scanned in one C loop (``map``), and only a block holding a line ``scan``
+    refuses (blank, or not JSON) is read line by line again as ``jsonl_rows`` reads it. A block, not a line, goes
+    through each generator: the fold's pass is per-request Python."""
     if not path.is_file():
         raise CorpusError("file not found" if not path.exists() else "not a file", file=label)
-    if not (yield from _decode_lines(_checked_start(lines(), label), None, decode=scan)):
+    remaining = _checked_start(lines(), label)
+    number, any_row = 1, False
+    failure: Exception | None = None
+    while failure is None:
+        block: list[bytes] = []
+        try:
+            block.extend(islice(remaining, SCAN_BLOCK_LINES))  # it keeps what it took before the lines failed
+        except Exception as error:  # a cut file: its rows before the failure come first, as line by line
+            failure = error
+        if not block:
+            break
+        try:
+            rows = list(enumerate(map(scan, block), number))
+        except orjson.JSONDecodeError:
+            rows = list(_decode_lines(block, None, number, decode=scan))
+        number += len(block)
+        if rows:
+            any_row = True
+            yield rows
+    if failure is not None:
+        raise failure
+    if not any_row:
         raise CorpusError("file has no rows", file=label)
 
 

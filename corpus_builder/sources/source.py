@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 from typing import Literal
 
@@ -37,12 +38,13 @@ from .mappings import (
     first_layout,
     row_object,
 )
-from .readers import PositionFilter, scanned_rows
+from .readers import PositionFilter, scanned_blocks
 from .take import CountSelection, fraction_filter
 
 ORIGIN: dict[str, Origin] = {"replay": "replay", "prompts": "prompt"}
 _LOGGED = Layout("log", "")  # the layout of a file whose first row the fold's scan read (a logged request)
 DEFAULT_MAPPING = Mapping()
+_ITEM = itemgetter(1)  # a folded stream's item, without its place
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,8 @@ class FileUnit:
     separator: str  # ":" before a line number, "#" before a row index
     position_key: str  # provenance key of the position
     provenance: Provenance  # what every row of the unit records
-    scanned: Callable[[], Iterator[tuple[int, object]]] | None = None  # its lines as the fold reads them (scan_line)
+    # its lines as the fold reads them (scan_line), a block at a time
+    scanned: Callable[[], Iterator[list[tuple[int, object]]]] | None = None
 
 
 def resolve_paths(spec: SourceSpec, base_dir: Path) -> list[Path]:
@@ -174,7 +177,7 @@ def source_label(path: Path, base_dir: Path) -> str:
 
 
 def file_unit(path: Path, fmt: Format, label: str) -> FileUnit:
-    scanned = (partial(scanned_rows, path, label, partial(fmt.lines, path, label), scan_line)
+    scanned = (partial(scanned_blocks, path, label, partial(fmt.lines, path, label), scan_line)
                if isinstance(fmt, LineFormat) else None)
     return FileUnit(label, partial(fmt.read, path, label), fmt.separator, fmt.position_key,
                     Provenance(source_file=label), scanned)
@@ -331,6 +334,9 @@ def _select_logged(spec: SourceSpec, units: list[FileUnit]) -> Iterator[Conversa
                     if isinstance(item, Conversation) and position in chosen.get(index, ()))
         return
     filters = [fraction_filter(take, spec.name, unit.label) for unit in units]
+    if not any(filters):  # every conversation kept: handed on in C
+        yield from map(_ITEM, _folded(spec, units))
+        return
     for (index, position), item in _folded(spec, units):
         keep = filters[index]
         if keep is None or isinstance(item, Skipped) or keep(position):
@@ -348,10 +354,10 @@ def _folded(spec: SourceSpec, units: list[FileUnit]) -> Iterator[tuple[tuple[int
 def _folded_rows(spec: SourceSpec, units: list[FileUnit]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
     fold: PrefixFold[tuple[int, int]] = PrefixFold(spec.fold.max_open)
     normalisers = [normaliser_for(spec) for _ in units]
+    prefixes = [f"{unit.label}{unit.separator}" for unit in units]  # a location is its unit's prefix and position
 
     def location(tag: tuple[int, int]) -> str:
-        unit = units[tag[0]]
-        return f"{unit.label}{unit.separator}{tag[1]}"
+        return f"{prefixes[tag[0]]}{tag[1]}"
 
     def conversations(held: Held[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], Conversation | Skipped]]:
         index, position = held.tag
@@ -364,29 +370,37 @@ def _folded_rows(spec: SourceSpec, units: list[FileUnit]) -> Iterator[tuple[tupl
             yield held.tag, conversation_of(spec, units[index], position, row,
                                           held.requests if held.requests > 1 else None)
 
+    name = spec.name
     for index, unit in enumerate(units):
         normalise = normalisers[index]
-        for position, row in unit.scanned() if unit.scanned is not None else unit.rows(None):
-            tag = (index, position)
-            logged: LoggedExchange | ScannedExchange
-            if isinstance(row, ScannedExchange) and normalise.layout in (None, _LOGGED):
-                normalise.layout, logged = _LOGGED, row  # a logged request, as the file's first row showed (or this)
-            else:
-                try:
-                    row = row.row() if isinstance(row, ScannedExchange) else row
-                    if isinstance(row, BadRow):
-                        raise row
-                    if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
-                        yield from ((tag, conversation_of(spec, unit, position, part)) for part in normalise(row))
-                        continue
-                    logged = read_exchange(row_object(row))
-                except BadRow as bad:
-                    yield tag, Skipped(spec.name, bad.reason, location(tag), bad.detail)
-                    continue
-            for held, folded in fold.add(logged, tag):
-                if folded:
-                    yield held.tag, folded_skip(spec.name, location(held.tag), location(tag))
+        prefix = prefixes[index]
+        for block in unit.scanned() if unit.scanned is not None else map(_alone, unit.rows(None)):
+            for position, row in block:
+                tag = (index, position)
+                logged: LoggedExchange | ScannedExchange
+                if type(row) is ScannedExchange and (normalise.layout is _LOGGED or normalise.layout is None):
+                    normalise.layout, logged = _LOGGED, row  # a logged request, as the file's first row showed
                 else:
-                    yield from conversations(held)
+                    try:
+                        row = row.row() if isinstance(row, ScannedExchange) else row
+                        if isinstance(row, BadRow):
+                            raise row
+                        if normalise.layout_of(row).style != "log":  # another file of the source: read as it is
+                            yield from ((tag, conversation_of(spec, unit, position, part)) for part in normalise(row))
+                            continue
+                        logged = read_exchange(row_object(row))
+                    except BadRow as bad:
+                        yield tag, Skipped(name, bad.reason, f"{prefix}{position}", bad.detail)
+                        continue
+                for held, folded in fold.add(logged, tag):
+                    if folded:
+                        yield held.tag, folded_skip(name, location(held.tag), f"{prefix}{position}")
+                    else:
+                        yield from conversations(held)
     for held in fold.close():
         yield from conversations(held)
+
+
+def _alone(item: tuple[int, object]) -> list[tuple[int, object]]:
+    """A row of a unit the fold reads row by row, as a block of its own."""
+    return [item]

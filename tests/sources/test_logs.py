@@ -11,13 +11,15 @@ from typing import Any
 
 import orjson
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corpus_builder.errors import BadRow, Skipped
+from corpus_builder.errors import BadRow, CorpusError, Skipped
 from corpus_builder.recipe.model import Fold, Mapping, Take
 from corpus_builder.records import FLAG_TRUNCATED, Conversation
 from corpus_builder.sources import iter_file, iter_source
+from corpus_builder.sources import readers as readers_module
 from corpus_builder.sources import source as source_module
 from corpus_builder.sources.fold import FOLDED_PREFIX, PrefixFold
 from corpus_builder.sources.logs import ScannedAnswer, ScannedExchange, Turn, is_log_row, read_exchange, scan_line
@@ -850,6 +852,45 @@ def test_scanned_lines_give_the_rows_and_ledger_of_the_lines_read_whole(
     whole = list(iter_source(log, tmp_path))
     assert _rows(fast) == _rows(whole)
     assert Counter(item.reason for item in whole if isinstance(item, Skipped))[FOLDED_PREFIX] >= 8
+
+
+@pytest.mark.parametrize("block_lines", [1, 2, 3, 7])
+def test_the_scan_hands_lines_on_in_blocks_each_row_at_its_line_whatever_the_blocks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_lines: int) -> None:
+    """A block of lines is scanned in one loop, and a block holding a line the scan refuses (not JSON, blank) is
+    read line by line: the rows, the ledger and every location are the same as when each line is read alone."""
+    varied = _varied_log()
+    write_lines(tmp_path / "log.jsonl", [*varied[:9], b"{cut", b"", *varied[9:], b"  ", *varied[:4]])
+    log = spec(paths=("log.jsonl",))
+    monkeypatch.setattr(readers_module, "SCAN_BLOCK_LINES", 1)  # each line a block of its own
+    alone = _rows(list(iter_source(log, tmp_path)))
+    assert [(row.reason, row.location) for row in alone if isinstance(row, Skipped) and row.reason != FOLDED_PREFIX
+            ][:2] == [("invalid_json", "log.jsonl:10"), ("invalid_json", f"log.jsonl:{len(varied) + 3 - 2}")]
+    monkeypatch.setattr(readers_module, "SCAN_BLOCK_LINES", block_lines)
+    assert _rows(list(iter_source(log, tmp_path))) == alone
+
+
+def test_a_cut_compressed_log_gives_its_rows_before_the_error_as_read_line_by_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines are taken a block at a time; the rows before a cut in the file still come before its error (here the
+    ledger entries of the chats' first requests, each folded into the next line)."""
+    rows = [orjson.dumps(log_row("nested", history, answer)) for number in range(400)
+            for history, answer in exchanges([{"role": "user", "content": f"q{number}"}, _assistant(f"a{number}"),
+                                              {"role": "user", "content": "more"}, _assistant("b")])]
+    path = tmp_path / "log.jsonl.zst"
+    data = zstandard.ZstdCompressor().compress(b"\n".join(rows) + b"\n")
+    path.write_bytes(data[:-7])
+
+    def until_the_error() -> tuple[list[object], str]:
+        found: list[object] = []
+        with pytest.raises(CorpusError, match="truncated zstd stream") as error:
+            found.extend(iter_file(path))
+        return _rows(found), str(error.value)
+
+    monkeypatch.setattr(readers_module, "SCAN_BLOCK_LINES", 1)
+    alone = until_the_error()
+    monkeypatch.setattr(readers_module, "SCAN_BLOCK_LINES", 256)
+    assert until_the_error() == alone and len(alone[0]) > 256
 
 
 def test_a_chat_folds_across_scanned_and_read_lines_its_turns_in_any_key_order(tmp_path: Path) -> None:
