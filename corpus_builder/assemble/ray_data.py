@@ -29,10 +29,11 @@ among them, their priority, token facts and dedup signatures), never as Python o
    (``ShardWriter.write_table``), with their statistics. The rows stay in the Arrow form the screen gave them: only
    the dropped ones become ``Conversation``s for their records (and the rows written, for the token statistics,
    when the recipe names the target's tokenizer); a round trip through ``Conversation`` cost more than the screen's
-   own conversion (``bench_ray.py``, 1M rows: 71 s of write tasks, half of it converting). It sends
-   the driver typed results (``_WRITTEN``: the shards, the statistics as JSON, the dropped rows' records with their
-   place in the ledger); the driver names the shards, merges the statistics and writes the ledger in the local
-   engine's order (the evicted rows last, as the local engine reads its kept rows).
+   own conversion (``bench_ray.py``, 1M rows: 71 s of write tasks, half of it converting). The dropped rows'
+   records, each with its place in the ledger, go to a file in the task's directory, sorted by place. It sends the
+   driver typed results (``_WRITTEN``: the shards, the statistics as JSON, that file); the driver names the shards,
+   merges the statistics and writes the ledger in the local engine's order (the evicted rows last, as the local
+   engine reads its kept rows), a k-way merge of the tasks' files: its memory does not grow with the dropped rows.
 
 A task that dies is retried by Ray; its first attempt's shards are in a directory no result names, and are
 removed: every row is written once. The corpus directory, and the target's tokenizer, must be on storage every
@@ -50,9 +51,11 @@ verdicts.
 
 from __future__ import annotations
 
+import heapq
 import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from functools import cache, partial
 from pathlib import Path
 from typing import Any, TextIO
@@ -109,14 +112,18 @@ KERNEL_ROWS = "kernel_rows"
 GENERATED = "generated"
 # What a task that writes rows sends the driver: its first row's priority (the shards are numbered in read order),
 # its directory, its shards, the statistics of its rows (JSON: ``CorpusStats.to_json``, the token statistics'
-# ``TokenFigures.to_json`` apart), and the records of the rows it dropped, each with its place in the ledger.
+# ``TokenFigures.to_json`` apart), the file of the records of the rows it dropped (``DROPPED``, in its directory;
+# null: none), how many records it read and how many of their rows the kernels took.
 _SHARD = pa.struct([("path", pa.string()), ("split", pa.string()), ("rows", pa.int64()), ("bytes", pa.int64()),
                     ("sha256", pa.string())])
-_DROPPED = pa.struct([("place", pa.list_(pa.int64())), ("source", pa.string()), ("reason", pa.string()),
-                      ("location", pa.string()), ("detail", pa.string()), ("id", pa.string())])
 _WRITTEN = pa.schema([("first", pa.int64()), ("directory", pa.string()), ("shards", pa.list_(_SHARD)),
-                      ("stats", pa.string()), ("tokens", pa.string()), ("dropped", pa.list_(_DROPPED)),
+                      ("stats", pa.string()), ("tokens", pa.string()), ("dropped", pa.string()),
                       ("records", pa.int64()), (KERNEL_ROWS, pa.int64())])
+# A writing task's dropped rows' records, a JSON line each ``[place, source, reason, location, detail, id]``, sorted by
+# place (``[0, priority]``, an evicted row's ``[1, source order, priority]``); the driver merges the tasks' files, at
+# most MERGED_AT_ONCE open at once (more are merged in rounds).
+DROPPED = "dropped.jsonl"
+MERGED_AT_ONCE = 64
 
 
 class RayEngine:
@@ -477,11 +484,10 @@ def _write_rows(table: pa.Table, *, staging: Path, rows_per_shard: int, rule: Ta
            for priority, row_id in zip(row_priorities, rows.column("id").to_pylist(), strict=True)]
     verdicts = [judged.get(priority, verdict)
                 for priority, verdict in zip(row_priorities, _verdicts_of(rows), strict=True)]
-    dropped: list[dict[str, Any]] = []
+    dropped: list[tuple[list[int], Skipped]] = []
 
     def drop(place: list[int], skipped: Skipped) -> None:
-        dropped.append({"place": place, "source": skipped.source, "reason": skipped.reason,
-                        "location": skipped.location, "detail": skipped.detail, "id": skipped.id})
+        dropped.append((place, skipped))
 
     skips = table.filter(is_skip)
     for priority, record in zip(skips.column("priority").to_pylist(), batch_to_records(skips), strict=True):
@@ -514,13 +520,21 @@ def _write_rows(table: pa.Table, *, staging: Path, rows_per_shard: int, rule: Ta
         shards.abort()
         raise
     infos = shards.close()
+    dropped_file = None
+    if dropped:
+        dropped_file = f"{directory}/{DROPPED}"
+        (staging / directory).mkdir(parents=True, exist_ok=True)
+        with (staging / dropped_file).open("wb") as handle:
+            handle.writelines(orjson.dumps([place, record.source, record.reason, record.location, record.detail,
+                                            record.id]) + b"\n"
+                              for place, record in sorted(dropped, key=lambda pair: pair[0]))
     for batch in taken.select(ARROW_SCHEMA.names).cast(ARROW_SCHEMA).combine_chunks().to_batches():
         stats.add_rows(batch_to_conversations(batch) if tokens is not None else [], batch)
     return pa.table({"first": [table.column("priority")[0].as_py() if len(table) else -1],
                      "directory": [directory], "shards": [[info.to_dict() for info in infos]],
                      "stats": [orjson.dumps(stats.to_json()).decode()],
                      "tokens": [orjson.dumps(tokens.figures.to_json()).decode() if tokens is not None else None],
-                     "dropped": [dropped], "records": [len(table)],
+                     "dropped": [dropped_file], "records": [len(table)],
                      KERNEL_ROWS: [pc.sum(table.column(KERNEL_ROWS)).as_py() or 0
                                    if KERNEL_ROWS in table.column_names else 0]}, schema=_WRITTEN)
 
@@ -539,14 +553,13 @@ def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
     data = staging / DATA
     data.mkdir(parents=True, exist_ok=True)
     by_split: dict[str, list[ShardInfo]] = {}
-    dropped: list[tuple[tuple[int, ...], Skipped]] = []
+    dropped: list[Path] = []
     for result in sorted(written, key=lambda result: result["first"]):  # shards numbered in read order
         stats.merge(CorpusStats.from_json(orjson.loads(result["stats"])))
         if stats.tokens is not None and result["tokens"] is not None:
             stats.tokens.figures.merge(TokenFigures.from_json(orjson.loads(result["tokens"])))
-        dropped += [(tuple(record["place"]), Skipped(record["source"], record["reason"], record["location"],
-                                                     record["detail"], id=record["id"]))
-                    for record in result["dropped"]]
+        if result["dropped"] is not None:
+            dropped.append(staging / result["dropped"])
         for info in result["shards"]:
             by_split.setdefault(info["split"], []).append(ShardInfo(**info))
     infos: list[ShardInfo] = []
@@ -556,11 +569,37 @@ def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
             name = f"{split}-{index:05d}-of-{len(shards):05d}.parquet"
             (staging / info.path).rename(data / name)
             infos.append(ShardInfo(f"{DATA}/{name}", split, info.rows, info.bytes, info.sha256))
-    for directory in data.glob(f"{RAY_DIRECTORY}*"):
-        shutil.rmtree(directory, ignore_errors=True)
     try:
-        for _, skipped in sorted(dropped, key=lambda pair: pair[0]):
-            ledger.write(skipped)
+        for source, reason, location, detail, row_id in merged_dropped(dropped, data / f"{RAY_DIRECTORY}merge"):
+            ledger.write(Skipped(source, reason, location, detail, id=row_id))
     finally:
         ledger.close()
+        for directory in data.glob(f"{RAY_DIRECTORY}*"):
+            shutil.rmtree(directory, ignore_errors=True)
     return infos
+
+
+def merged_dropped(files: list[Path], scratch: Path) -> Iterator[list[str]]:
+    """The records of the writing tasks' files of dropped rows (``DROPPED``), merged by place, each without its place;
+    at most MERGED_AT_ONCE files open at once: more are merged in rounds into files of ``scratch`` first."""
+    merged_round = 0
+    while len(files) > MERGED_AT_ONCE:
+        scratch.mkdir(parents=True, exist_ok=True)
+        merged: list[Path] = []
+        for start in range(0, len(files), MERGED_AT_ONCE):
+            path = scratch / f"{merged_round}-{start}.jsonl"
+            with ExitStack() as stack, path.open("wb") as handle:
+                handle.writelines(orjson.dumps(record) + b"\n" for record in heapq.merge(
+                    *(_dropped_records(stack, file) for file in files[start:start + MERGED_AT_ONCE]),
+                    key=lambda record: record[0]))
+            merged.append(path)
+        files = merged
+        merged_round += 1
+    with ExitStack() as stack:
+        for record in heapq.merge(*(_dropped_records(stack, file) for file in files), key=lambda record: record[0]):
+            yield record[1:]
+
+
+def _dropped_records(stack: ExitStack, path: Path) -> Iterator[list[Any]]:
+    """A file of dropped rows' records, read a line at a time (open until ``stack`` closes)."""
+    return (orjson.loads(line) for line in stack.enter_context(path.open("rb")))

@@ -326,6 +326,28 @@ def test_a_file_without_rows_is_the_row_path_s_error_on_ray(cluster: None, tmp_p
     assert not (tmp_path / "ray").exists()
 
 
+def test_the_tasks_dropped_records_merge_in_the_ledger_s_order(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each writing task's file of dropped records is sorted by place, the tasks' priorities overlapping (a task
+    holds rows of every part when the input is rebatched): the merge gives every record once, in place order, in
+    rounds when there are more files than it opens at once."""
+    from corpus_builder.assemble import ray_data
+
+    monkeypatch.setattr(ray_data, "MERGED_AT_ONCE", 2)
+    places = [[0, priority] for priority in range(0, 60, 3)] + [[1, order, priority] for order in (0, 1)
+                                                                  for priority in range(5)]
+    files = []
+    for task in range(5):  # every fifth place, overlapping the others' ranges
+        records = sorted([place, "s", "duplicate", f"f:{index}", "", f"id{index}"]
+                         for index, place in enumerate(places) if index % 5 == task)
+        files.append(tmp_path / f"task-{task}.jsonl")
+        files[-1].write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
+    merged = list(ray_data.merged_dropped(files, tmp_path / "scratch"))
+    expected = sorted((place, index) for index, place in enumerate(places))
+    assert [record[2] for record in merged] == [f"f:{index}" for _, index in expected]
+    assert len(list((tmp_path / "scratch").iterdir())) == 3 + 2  # five files in rounds of two: 3 files, then 2
+
+
 # Prompts the loopback server answers (``served``) as a replayed row has it: a generated row of ``asks`` evicts the
 # replayed copy of a source it outranks (exactly, or near: the prompt edited past the 60 characters its answer
 # repeats), but not a copy that is a near duplicate of an earlier row itself, and is dropped as a duplicate of the
