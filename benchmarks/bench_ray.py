@@ -12,7 +12,8 @@ pages a worker reads blocks from) (``ray::*``, children of the cluster the child
 own, ``ray_cluster.start_cluster(num_cpus=W)``: on loopback, never an existing cluster). Reported per size:
 
 * wall seconds and conversations/s of the local engine and of Ray with 1 and 2 worker processes, the ratio
-  Ray(2) / local (the goal: <= 1.5 on one machine);
+  Ray(2) / local (the goal: <= 1.5 on one machine); the CPU seconds of the build's process and every process under
+  it (the cluster's too; its start included);
 * the largest worker's peak RSS, USS and heap (its private pages outside the object store's shared-memory file:
   what the worker itself holds, flat as the input grows, or not: compare the sizes);
 * shuffle bytes per row: what each shuffle moves per input row (the dedup's bucket entries, the ids' count, the
@@ -113,6 +114,7 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
     process = subprocess.Popen([sys.executable, "-c", CHILD, engine, str(workers), str(recipe), str(out)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     peaks = {"driver": 0, "worker": 0, "worker_uss": 0, "worker_heap": 0}
+    cpu: dict[int, float] = {}  # user + system seconds of the child and each process under it, as last seen
     done = threading.Event()
 
     def sample() -> None:
@@ -121,8 +123,12 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
         while not done.is_set():
             try:
                 peaks["driver"] = max(peaks["driver"], parent.memory_info().rss)
+                times = parent.cpu_times()
+                cpu[parent.pid] = times.user + times.system
                 for child in parent.children(recursive=True):
                     try:
+                        times = child.cpu_times()
+                        cpu[child.pid] = times.user + times.system
                         if child.name().startswith("ray::"):
                             peaks["worker"] = max(peaks["worker"], child.memory_info().rss)
                             if not ticks % 10:  # reading smaps is slow: USS every half second
@@ -145,7 +151,9 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
         raise RuntimeError(f"{engine} build failed ({process.returncode})")
     # the child's figures are its last line: a Ray worker's log lines forwarded to the driver may come before it
     seconds, rows = stdout.splitlines()[-1].split()
+    # CPU seconds of the child and every process it started, sampled every 50 ms (a process's last 50 ms missed)
     return {"engine": engine, "workers": workers, "seconds": float(seconds), "rows": int(rows),
+            "cpu_seconds": sum(cpu.values()),
             "driver_rss_mib": peaks["driver"] / 2**20, "worker_rss_mib": peaks["worker"] / 2**20,
             "worker_uss_mib": peaks["worker_uss"] / 2**20, "worker_heap_mib": peaks["worker_heap"] / 2**20}
 
