@@ -365,8 +365,10 @@ def _block_records(block: Block, checker: Checker, first: int) -> pa.Table:
     places = np.concatenate([block.places, np.asarray([place for place, _ in block.skips], dtype=np.int64)])
     order = np.argsort(places, kind="stable")
     count = len(order)
-    table = pa.Table.from_batches([rows, skips]).take(pa.array(order)).append_column(
-        "priority", pa.array(np.arange(first, first + count, dtype=np.int64)))
+    table = pa.Table.from_batches([rows, skips])
+    if block.skips:  # a take copies every text: without skip records the rows are in order (their places sorted)
+        table = table.take(pa.array(order))
+    table = table.append_column("priority", pa.array(np.arange(first, first + count, dtype=np.int64)))
     if checker.dedup is not None:
         row_places = np.empty(count, dtype=np.int64)
         row_places[order] = np.arange(count, dtype=np.int64)  # each record's place among the block's records
