@@ -2,14 +2,18 @@
 
 The data is ``bench_dedup``'s generator (realistic conversation shapes over a Zipf vocabulary, with 8% near
 copies, 2% normalisation copies and 2% related rows planted), written as a messages-style JSONL file; the recipe
-deduplicates exactly and near (threshold 0.8) and splits 2% to validation. Each build runs in a process of its
+deduplicates exactly and near (threshold 0.8) and splits 2% to validation. ``--dedup exact``: the exact dedup alone, a
+plan the columnar path covers, and each answer's reasoning written as a think block before its text (a turn with a
+``reasoning_content`` field beside its text is the row path's): both engines read the rows by the columnar path's
+kernels. Each build runs in a process of its
 own, alternated engine by engine per repetition; the parent samples RSS every 50 ms (psutil): the driver's and,
 for Ray, the largest of its worker processes (also its USS every 0.5 s: RSS counts the object store's shared
 pages a worker reads blocks from) (``ray::*``, children of the cluster the child starts as the engine starts its
 own, ``ray_cluster.start_cluster(num_cpus=W)``: on loopback, never an existing cluster). Reported per size:
 
 * wall seconds and conversations/s of the local engine and of Ray with 1 and 2 worker processes, the ratio
-  Ray(2) / local (the goal: <= 1.5 on one machine);
+  Ray(2) / local (the goal: <= 1.5 on one machine); the CPU seconds of the build's process and every process under
+  it (the cluster's too; its start included);
 * the largest worker's peak RSS, USS and heap (its private pages outside the object store's shared-memory file:
   what the worker itself holds, flat as the input grows, or not: compare the sizes);
 * shuffle bytes per row: what each shuffle moves per input row (the dedup's bucket entries, the ids' count, the
@@ -22,7 +26,7 @@ generated ones above, and chains of drifting texts (each row a 4% edit of the on
 the rules can differ: rows dropped by each and by one only.
 
     python benchmarks/bench_ray.py [--sizes 20000 200000] [--workers 1 2] [--repeats 1] [--engines local ray]
-                                    [--rule-change BASE] [--rows JSONL]
+                                    [--rule-change BASE] [--rows JSONL] [--dedup near|exact]
 """
 
 from __future__ import annotations
@@ -52,21 +56,25 @@ REPO = Path(__file__).resolve().parents[1]
 BATCH = 10_000
 
 
-def write_rows(path: Path, size: int, seed: int = 0) -> None:
+def write_rows(path: Path, size: int, seed: int = 0, *, think_tags: bool = False) -> None:
+    """The generator's rows; ``think_tags``: an answer's reasoning as a think block before its text, not a field."""
     generator = Generator(seed)
     with path.open("wb") as handle:
         for start in range(0, size, BATCH):
             for conversation in generator.batch(start, min(BATCH, size - start)).conversations:
-                messages = [{"role": m.role, "content": m.content,
+                messages = [{"role": m.role, "content": f"<think>\n{m.reasoning}\n</think>\n\n{m.content}"}
+                            if think_tags and m.reasoning else
+                            {"role": m.role, "content": m.content,
                              **({"reasoning_content": m.reasoning} if m.reasoning else {})}
                             for m in conversation.messages]
                 handle.write(orjson.dumps({"id": conversation.id, "messages": messages}) + b"\n")
 
 
-def write_recipe(path: Path, data: Path) -> None:
+def write_recipe(path: Path, data: Path, dedup: str = "near") -> None:
+    checks = "{near_duplicates: {threshold: 0.8}}" if dedup == "near" else "{dedup: exact}"
     path.write_text("name: bench-ray\ntarget: {model: tiny/target}\n"
                     f"sources:\n  - {{name: workload, kind: replay, path: {data}}}\n"
-                    "checks: {near_duplicates: {threshold: 0.8}}\nsplit: {validation_fraction: 0.02, seed: 1}\n"
+                    f"checks: {checks}\nsplit: {{validation_fraction: 0.02, seed: 1}}\n"
                     "output: {dir: out, rows_per_shard: 50000}\n", encoding="utf-8")
 
 
@@ -106,6 +114,7 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
     process = subprocess.Popen([sys.executable, "-c", CHILD, engine, str(workers), str(recipe), str(out)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     peaks = {"driver": 0, "worker": 0, "worker_uss": 0, "worker_heap": 0}
+    cpu: dict[int, float] = {}  # user + system seconds of the child and each process under it, as last seen
     done = threading.Event()
 
     def sample() -> None:
@@ -114,8 +123,12 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
         while not done.is_set():
             try:
                 peaks["driver"] = max(peaks["driver"], parent.memory_info().rss)
+                times = parent.cpu_times()
+                cpu[parent.pid] = times.user + times.system
                 for child in parent.children(recursive=True):
                     try:
+                        times = child.cpu_times()
+                        cpu[child.pid] = times.user + times.system
                         if child.name().startswith("ray::"):
                             peaks["worker"] = max(peaks["worker"], child.memory_info().rss)
                             if not ticks % 10:  # reading smaps is slow: USS every half second
@@ -138,7 +151,9 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
         raise RuntimeError(f"{engine} build failed ({process.returncode})")
     # the child's figures are its last line: a Ray worker's log lines forwarded to the driver may come before it
     seconds, rows = stdout.splitlines()[-1].split()
+    # CPU seconds of the child and every process it started, sampled every 50 ms (a process's last 50 ms missed)
     return {"engine": engine, "workers": workers, "seconds": float(seconds), "rows": int(rows),
+            "cpu_seconds": sum(cpu.values()),
             "driver_rss_mib": peaks["driver"] / 2**20, "worker_rss_mib": peaks["worker"] / 2**20,
             "worker_uss_mib": peaks["worker_uss"] / 2**20, "worker_heap_mib": peaks["worker_heap"] / 2**20}
 
@@ -235,6 +250,8 @@ def main() -> None:
     parser.add_argument("--rows", type=Path, metavar="JSONL",
                         help="build this rows file (one --sizes, its row count) rather than generating one: a 10M "
                              "file takes 23 minutes to generate in one process, and can be made in chunks beforehand")
+    parser.add_argument("--dedup", choices=["near", "exact"], default="near",
+                        help="exact: the exact dedup alone, the rows' reasoning in think blocks (the columnar path)")
     args = parser.parse_args()
     if args.rows is not None and len(args.sizes) != 1:
         parser.error("--rows is one file: give its row count as the one --sizes")
@@ -243,8 +260,8 @@ def main() -> None:
         for size in args.sizes:
             data, recipe = args.rows or root / f"rows-{size}.jsonl", root / f"recipe-{size}.yaml"
             if args.rows is None:
-                write_rows(data, size)
-            write_recipe(recipe, data)
+                write_rows(data, size, think_tags=args.dedup == "exact")
+            write_recipe(recipe, data, args.dedup)
             runs = ([("local", 1)] if "local" in args.engines else []) + (
                 [("ray", workers) for workers in args.workers] if "ray" in args.engines else [])
             for repeat in range(args.repeats):

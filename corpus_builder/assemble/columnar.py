@@ -146,6 +146,13 @@ class FilePart:
     label: str
     whole: bool
 
+    def check_rows(self, any_record: bool) -> None:
+        """A file read as one part without a row (``any_record``: its blocks held none) is the error the row path
+        gives, raised by its reader."""
+        if self.whole and not any_record:
+            for _ in format_of(self.path, self.spec.format).read(self.path, self.label):
+                pass
+
 
 class PartReader:
     """One file part of a replay source, read block by block (see the module)."""
@@ -407,9 +414,7 @@ class StreamedPart:
                 break
             any_row = any_row or item.holds_records()
             yield item
-        if self.part.whole and not any_row:
-            for _ in format_of(self.part.path, self.spec.format).read(self.part.path, self.label):
-                pass
+        self.part.check_rows(any_row)
 
 
 def replay_parts(plan: Plan, checker: Checker) -> Generator[StreamedPart, None, None]:

@@ -306,7 +306,7 @@ def _engine(cluster: RayCluster | None, plan: Plan, staging: Path, ledger: Ledge
     if cluster is not None:
         from .ray_data import RayEngine
 
-        return RayEngine(plan, staging, ledger, auditor, pack, cluster.address)
+        return RayEngine(plan, staging, ledger, auditor, pack, cluster.address, stream)
     return LocalEngine(plan, staging, ledger, tokens, auditor, stream, pack.screen if pack is not None else None)
 
 

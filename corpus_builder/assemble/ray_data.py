@@ -11,7 +11,11 @@ among them, their priority, token facts and dedup signatures), never as Python o
    tokenizer loaded once per worker process, the eval pack indexed again from its written shards). Every record
    gets its read priority, (part << 32) | position, the order the local engine meets it in. The parts are a
    dataset of their own rather than ``ray.data.read_json``/``read_parquet`` of the files: a row's repairs, skips,
-   position in its file and id must be what the local readers give, for every format they read.
+   position in its file and id must be what the local readers give, for every format they read. A plan the
+   columnar path covers (``columnar.uncovered``, the local engine's rule) is read as that path reads it: each
+   file part in blocks (``columnar.PartReader``), its rows never ``Conversation``s but those the kernels leave to
+   the row path, each block in the same Arrow form (``_block_records``); the build prints the local engine's count
+   of the rows the kernels took.
 2. **keyed stages**: each stage's entries (``entries_of``: the ids' ``(priority, raw_id)``, the dedup's bucket
    entries) are hash-partitioned by the stage's key, one shuffle each, so a block holds whole groups, which the
    stage's grouped form judges (``numbered_copies``, ``Dedup.bucket_verdicts``). The copies' ids come to the driver
@@ -25,10 +29,11 @@ among them, their priority, token facts and dedup signatures), never as Python o
    (``ShardWriter.write_table``), with their statistics. The rows stay in the Arrow form the screen gave them: only
    the dropped ones become ``Conversation``s for their records (and the rows written, for the token statistics,
    when the recipe names the target's tokenizer); a round trip through ``Conversation`` cost more than the screen's
-   own conversion (``bench_ray.py``, 1M rows: 71 s of write tasks, half of it converting). It sends
-   the driver typed results (``_WRITTEN``: the shards, the statistics as JSON, the dropped rows' records with their
-   place in the ledger); the driver names the shards, merges the statistics and writes the ledger in the local
-   engine's order (the evicted rows last, as the local engine reads its kept rows).
+   own conversion (``bench_ray.py``, 1M rows: 71 s of write tasks, half of it converting). The dropped rows'
+   records, each with its place in the ledger, go to a file in the task's directory, sorted by place. It sends the
+   driver typed results (``_WRITTEN``: the shards, the statistics as JSON, that file); the driver names the shards,
+   merges the statistics and writes the ledger in the local engine's order (the evicted rows last, as the local
+   engine reads its kept rows), a k-way merge of the tasks' files: its memory does not grow with the dropped rows.
 
 A task that dies is retried by Ray; its first attempt's shards are in a directory no result names, and are
 removed: every row is written once. The corpus directory, and the target's tokenizer, must be on storage every
@@ -46,12 +51,14 @@ verdicts.
 
 from __future__ import annotations
 
+import heapq
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from functools import cache, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import orjson
@@ -64,16 +71,27 @@ from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
 from ..ray_cluster import PARTS_PER_CPU, connect
 from ..records import Conversation
-from ..rows import ARROW_SCHEMA, RECORD_SCHEMA, batch_to_conversations, batch_to_records, records_to_batch, spool_writer
+from ..rows import (
+    ARROW_SCHEMA,
+    RECORD_SCHEMA,
+    SKIP_FIELDS,
+    batch_to_conversations,
+    batch_to_records,
+    records_to_batch,
+    spool_writer,
+)
+from ..screen.checks import Checker
 from ..screen.dedup import BUCKET_VERDICTS, heads_of, least_verdicts
 from ..screen.near_dedup import Duplicate
 from ..screen.screened import Verdict
-from ..sources.parallel import Part, measured_rows
+from ..sources.parallel import Part, Turns, measured_rows
+from ..sources.readers import line_at
 from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenSettings, TurnTokens
 from ..tokens.measure import facts_from_arrow
 from .collect import MixtureKeys, TakeRule
+from .columnar import Block, FilePart, PartReader, file_parts, uncovered
 from .eval_pack import EvalPack, PackCut, read_pack_screen
 from .mixture import Available, Selection, SelectStage
 from .plan import KeyedStage, Plan, ScreenStage
@@ -87,17 +105,25 @@ ROWS_PER_WRITE = 10_000
 RAY_DIRECTORY = ".ray-"
 # The columns of a screened batch that only the writing tasks read.
 TEXT_COLUMNS = ("messages", "tools", "provenance", "facts")
+# A side column of the columnar path's screened batches: on a block's first record, how many of the block's rows
+# the kernels took (0 on the others), what the build's count of them adds up.
+KERNEL_ROWS = "kernel_rows"
 # Where the driver writes each round's generated rows, in the staging directory, for the tasks that screen them.
 GENERATED = "generated"
 # What a task that writes rows sends the driver: its first row's priority (the shards are numbered in read order),
 # its directory, its shards, the statistics of its rows (JSON: ``CorpusStats.to_json``, the token statistics'
-# ``TokenFigures.to_json`` apart), and the records of the rows it dropped, each with its place in the ledger.
+# ``TokenFigures.to_json`` apart), the file of the records of the rows it dropped (``DROPPED``, in its directory;
+# null: none), how many records it read and how many of their rows the kernels took.
 _SHARD = pa.struct([("path", pa.string()), ("split", pa.string()), ("rows", pa.int64()), ("bytes", pa.int64()),
                     ("sha256", pa.string())])
-_DROPPED = pa.struct([("place", pa.list_(pa.int64())), ("source", pa.string()), ("reason", pa.string()),
-                      ("location", pa.string()), ("detail", pa.string()), ("id", pa.string())])
 _WRITTEN = pa.schema([("first", pa.int64()), ("directory", pa.string()), ("shards", pa.list_(_SHARD)),
-                      ("stats", pa.string()), ("tokens", pa.string()), ("dropped", pa.list_(_DROPPED))])
+                      ("stats", pa.string()), ("tokens", pa.string()), ("dropped", pa.string()),
+                      ("records", pa.int64()), (KERNEL_ROWS, pa.int64())])
+# A writing task's dropped rows' records, a JSON line each ``[place, source, reason, location, detail, id]``, sorted by
+# place (``[0, priority]``, an evicted row's ``[1, source order, priority]``); the driver merges the tasks' files, at
+# most MERGED_AT_ONCE open at once (more are merged in rounds).
+DROPPED = "dropped.jsonl"
+MERGED_AT_ONCE = 64
 
 
 class RayEngine:
@@ -105,13 +131,17 @@ class RayEngine:
     keyed stages' answers found over every part (again when a round of generated rows came since)."""
 
     def __init__(self, plan: Plan, staging: Path, ledger: LedgerWriter, auditor: CorpusStats, pack: EvalPack | None,
-                 address: str | None) -> None:
+                 address: str | None, stream: TextIO) -> None:
         connect(address)
         self.plan = plan
         self.staging = staging
         self.ledger = ledger
         self.auditor = auditor
+        self.stream = stream
         self.settings = auditor.tokens.settings if auditor.tokens is not None else None
+        # the replay sources read by the columnar path's blocks where it covers the plan, as the local engine reads
+        # them (its rule: ``columnar.uncovered``)
+        self.columnar = uncovered(plan, self.settings is not None, pack is not None) is None
         self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
         self.screen_parts = partial(_screen_parts, screen=plan.screen, settings=self.settings,
                                     pack_cut=pack.cut if pack is not None else None,
@@ -132,7 +162,8 @@ class RayEngine:
         self.judged: dict[int, Verdict | None] = {}  # generated rows whose head the driver's judge overruled
 
     def screen(self) -> None:
-        parts = self.plan.read.parts(PARTS_PER_CPU * self.cpus)
+        cut = PARTS_PER_CPU * self.cpus
+        parts: Sequence[Part | FilePart] = file_parts(self.plan, cut) if self.columnar else self.plan.read.parts(cut)
         if len(parts) + self.plan.select.mixture.max_rounds >= 1 << (63 - PART_SHIFT):
             raise CorpusError(f"the replay sources make {len(parts):,} parts, more than the Ray engine numbers")
         self._next_part = len(parts)
@@ -179,6 +210,10 @@ class RayEngine:
                     selection=selection, final_ids=self.final_ids, judged=self.judged, settings=self.settings,
                     source_order=order), batch_size=ROWS_PER_WRITE, batch_format="pyarrow").take_all() \
             if everything is not None else []
+        if self.columnar:  # the local engine's line
+            kernels, records = (sum(result[name] for result in written) for name in (KERNEL_ROWS, "records"))
+            print(f"columnar path: {kernels:,} rows by the kernels, {records - kernels:,} by the row path",
+                  file=self.stream)
         return _assemble(self.staging, written, self.ledger, self.auditor)
 
     def _everything(self) -> ray.data.Dataset | None:
@@ -262,7 +297,8 @@ class RayEngine:
         return {priority: head.duplicate for priority, head in found.items()}
 
 
-def _screened(parts: Mapping[int, Part], screen: Callable[..., Iterator[pa.Table]]) -> ray.data.Dataset | None:
+def _screened(parts: Mapping[int, Part | FilePart], screen: Callable[..., Iterator[pa.Table]]
+              ) -> ray.data.Dataset | None:
     """The parts read and screened (``_screen_parts``), one task a part, materialized: every later stage reads
     them, some twice; None when there is no part."""
     if not parts:
@@ -280,22 +316,68 @@ def _renderer(settings: TokenSettings) -> TemplateRenderer:
     return settings.renderer()
 
 
-def _screen_parts(batch: dict[str, np.ndarray], *, parts: Mapping[int, Part], screen: ScreenStage,
+def _screen_parts(batch: dict[str, np.ndarray], *, parts: Mapping[int, Part | FilePart], screen: ScreenStage,
                   settings: TokenSettings | None, pack_cut: PackCut | None, pack_files: list[Path]
                   ) -> Iterator[pa.Table]:
-    """Read and screen parts: a table of records per batch the local engine measures at once (so that a task's
-    memory does not grow with its part), each record with its priority, (part << 32) | its place among the part's
-    records (the rows the eval pack holds are left out). A row truncated to the budget is another text: the writing
-    task measures it, as the local writer does."""
+    """Read and screen parts: a table of records per batch the local engine measures at once, or per block of the
+    columnar path (a ``FilePart``) (so that a task's memory does not grow with its part), each record with its
+    priority, (part << 32) | its place among the part's records (the rows the eval pack holds are left out). A row
+    truncated to the budget is another text: the writing task measures it, as the local writer does."""
     checker = screen.checker(_renderer(settings) if settings is not None else None,
                              read_pack_screen(screen.checks, pack_cut, pack_files) if pack_cut is not None else None,
                              facts=settings is not None)
     for part in batch["part"].tolist():
-        position = part << PART_SHIFT
-        for measured in measured_rows(parts[part](), checker.measure):
-            screened = checker.screened(measured.items, measured.measurement)
-            yield screened.to_arrow(np.arange(position, position + len(screened.records), dtype=np.int64))
-            position += len(screened.records)
+        read = parts[part]
+        yield from (_file_part_records(read, checker, part << PART_SHIFT) if isinstance(read, FilePart)
+                    else _part_records(read, checker, part << PART_SHIFT))
+
+
+def _part_records(part: Part, checker: Checker, first: int) -> Iterator[pa.Table]:
+    """A part read by the row path and screened, its records' priorities from ``first`` on."""
+    position = first
+    for measured in measured_rows(part(), checker.measure):
+        screened = checker.screened(measured.items, measured.measurement)
+        yield screened.to_arrow(np.arange(position, position + len(screened.records), dtype=np.int64))
+        position += len(screened.records)
+
+
+def _file_part_records(part: FilePart, checker: Checker, first: int) -> Iterator[pa.Table]:
+    """A file part read by the columnar path's blocks (``PartReader``: a part that starts within its file numbers its
+    lines from the file's start, and its first row fixes its layout, as the row path's part does), its records'
+    priorities from ``first`` on; a file read as one part without a row is the row path's error."""
+    reader = PartReader(part, checker, line_at(part.path, part.start))
+    position = first
+    any_record = False
+    for block in reader.blocks(Turns(0, 1)):
+        any_record = any_record or block.holds_records()
+        records = _block_records(block, checker, position)
+        position += len(records)
+        yield records
+    part.check_rows(any_record)
+
+
+def _block_records(block: Block, checker: Checker, first: int) -> pa.Table:
+    """A block of the columnar path in the screened Arrow form (``Screened.to_arrow``'s): its rows and skip records
+    in their places, with priorities from ``first`` on and the rows' dedup signatures; and ``KERNEL_ROWS``."""
+    rows = pa.RecordBatch.from_arrays([*block.rows.columns, *(pa.nulls(block.rows.num_rows, field.type)
+                                                              for field in SKIP_FIELDS)], schema=RECORD_SCHEMA)
+    skips = records_to_batch([record for _, record in block.skips])
+    places = np.concatenate([block.places, np.asarray([place for place, _ in block.skips], dtype=np.int64)])
+    order = np.argsort(places, kind="stable")
+    count = len(order)
+    table = pa.Table.from_batches([rows, skips])
+    if block.skips:  # a take copies every text: without skip records the rows are in order (their places sorted)
+        table = table.take(pa.array(order))
+    table = table.append_column("priority", pa.array(np.arange(first, first + count, dtype=np.int64)))
+    if checker.dedup is not None:
+        row_places = np.empty(count, dtype=np.int64)
+        row_places[order] = np.arange(count, dtype=np.int64)  # each record's place among the block's records
+        signatures = block.signatures if block.signatures is not None else checker.dedup.signatures([])
+        for name, column in signatures.to_arrow(row_places[:block.rows.num_rows], count).items():
+            table = table.append_column(name, column)
+    kernel_rows = np.zeros(count, dtype=np.int64)
+    kernel_rows[:1] = block.fast
+    return table.append_column(KERNEL_ROWS, pa.array(kernel_rows))
 
 
 def _read_generated(path: Path) -> Iterator[Conversation | Skipped]:
@@ -404,11 +486,10 @@ def _write_rows(table: pa.Table, *, staging: Path, rows_per_shard: int, rule: Ta
            for priority, row_id in zip(row_priorities, rows.column("id").to_pylist(), strict=True)]
     verdicts = [judged.get(priority, verdict)
                 for priority, verdict in zip(row_priorities, _verdicts_of(rows), strict=True)]
-    dropped: list[dict[str, Any]] = []
+    dropped: list[tuple[list[int], Skipped]] = []
 
     def drop(place: list[int], skipped: Skipped) -> None:
-        dropped.append({"place": place, "source": skipped.source, "reason": skipped.reason,
-                        "location": skipped.location, "detail": skipped.detail, "id": skipped.id})
+        dropped.append((place, skipped))
 
     skips = table.filter(is_skip)
     for priority, record in zip(skips.column("priority").to_pylist(), batch_to_records(skips), strict=True):
@@ -441,13 +522,23 @@ def _write_rows(table: pa.Table, *, staging: Path, rows_per_shard: int, rule: Ta
         shards.abort()
         raise
     infos = shards.close()
+    dropped_file = None
+    if dropped:
+        dropped_file = f"{directory}/{DROPPED}"
+        (staging / directory).mkdir(parents=True, exist_ok=True)
+        with (staging / dropped_file).open("wb") as handle:
+            handle.writelines(orjson.dumps([place, record.source, record.reason, record.location, record.detail,
+                                            record.id]) + b"\n"
+                              for place, record in sorted(dropped, key=lambda pair: pair[0]))
     for batch in taken.select(ARROW_SCHEMA.names).cast(ARROW_SCHEMA).combine_chunks().to_batches():
         stats.add_rows(batch_to_conversations(batch) if tokens is not None else [], batch)
     return pa.table({"first": [table.column("priority")[0].as_py() if len(table) else -1],
                      "directory": [directory], "shards": [[info.to_dict() for info in infos]],
                      "stats": [orjson.dumps(stats.to_json()).decode()],
                      "tokens": [orjson.dumps(tokens.figures.to_json()).decode() if tokens is not None else None],
-                     "dropped": [dropped]}, schema=_WRITTEN)
+                     "dropped": [dropped_file], "records": [len(table)],
+                     KERNEL_ROWS: [pc.sum(table.column(KERNEL_ROWS)).as_py() or 0
+                                   if KERNEL_ROWS in table.column_names else 0]}, schema=_WRITTEN)
 
 
 def _verdicts_of(rows: pa.Table) -> list[Verdict | None]:
@@ -464,14 +555,13 @@ def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
     data = staging / DATA
     data.mkdir(parents=True, exist_ok=True)
     by_split: dict[str, list[ShardInfo]] = {}
-    dropped: list[tuple[tuple[int, ...], Skipped]] = []
+    dropped: list[Path] = []
     for result in sorted(written, key=lambda result: result["first"]):  # shards numbered in read order
         stats.merge(CorpusStats.from_json(orjson.loads(result["stats"])))
         if stats.tokens is not None and result["tokens"] is not None:
             stats.tokens.figures.merge(TokenFigures.from_json(orjson.loads(result["tokens"])))
-        dropped += [(tuple(record["place"]), Skipped(record["source"], record["reason"], record["location"],
-                                                     record["detail"], id=record["id"]))
-                    for record in result["dropped"]]
+        if result["dropped"] is not None:
+            dropped.append(staging / result["dropped"])
         for info in result["shards"]:
             by_split.setdefault(info["split"], []).append(ShardInfo(**info))
     infos: list[ShardInfo] = []
@@ -481,11 +571,37 @@ def _assemble(staging: Path, written: list[dict[str, Any]], ledger: LedgerWriter
             name = f"{split}-{index:05d}-of-{len(shards):05d}.parquet"
             (staging / info.path).rename(data / name)
             infos.append(ShardInfo(f"{DATA}/{name}", split, info.rows, info.bytes, info.sha256))
-    for directory in data.glob(f"{RAY_DIRECTORY}*"):
-        shutil.rmtree(directory, ignore_errors=True)
     try:
-        for _, skipped in sorted(dropped, key=lambda pair: pair[0]):
-            ledger.write(skipped)
+        for source, reason, location, detail, row_id in merged_dropped(dropped, data / f"{RAY_DIRECTORY}merge"):
+            ledger.write(Skipped(source, reason, location, detail, id=row_id))
     finally:
         ledger.close()
+        for directory in data.glob(f"{RAY_DIRECTORY}*"):
+            shutil.rmtree(directory, ignore_errors=True)
     return infos
+
+
+def merged_dropped(files: list[Path], scratch: Path) -> Iterator[list[str]]:
+    """The records of the writing tasks' files of dropped rows (``DROPPED``), merged by place, each without its place;
+    at most MERGED_AT_ONCE files open at once: more are merged in rounds into files of ``scratch`` first."""
+    merged_round = 0
+    while len(files) > MERGED_AT_ONCE:
+        scratch.mkdir(parents=True, exist_ok=True)
+        merged: list[Path] = []
+        for start in range(0, len(files), MERGED_AT_ONCE):
+            path = scratch / f"{merged_round}-{start}.jsonl"
+            with ExitStack() as stack, path.open("wb") as handle:
+                handle.writelines(orjson.dumps(record) + b"\n" for record in heapq.merge(
+                    *(_dropped_records(stack, file) for file in files[start:start + MERGED_AT_ONCE]),
+                    key=lambda record: record[0]))
+            merged.append(path)
+        files = merged
+        merged_round += 1
+    with ExitStack() as stack:
+        for record in heapq.merge(*(_dropped_records(stack, file) for file in files), key=lambda record: record[0]):
+            yield record[1:]
+
+
+def _dropped_records(stack: ExitStack, path: Path) -> Iterator[list[Any]]:
+    """A file of dropped rows' records, read a line at a time (open until ``stack`` closes)."""
+    return (orjson.loads(line) for line in stack.enter_context(path.open("rb")))

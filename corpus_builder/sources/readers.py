@@ -122,14 +122,28 @@ def iter_line_range(path: Path, start: int, end: int, keep: PositionFilter | Non
                     ) -> Iterator[tuple[int, object]]:
     """``jsonl_rows`` for one range of a plain .jsonl file, with the file's own line numbers."""
     with path.open("rb", buffering=_READ_BUFFER) as handle:
-        first_line = 1
-        remaining = start
-        while remaining:  # line numbers: count the newlines before the range
-            chunk = handle.read(min(remaining, _READ_BUFFER))
-            first_line += chunk.count(b"\n")
-            remaining -= len(chunk)
+        first_line = _line_at(handle, start)
         lines = _lines_until(handle, end - start)
         yield from _decode_lines(lines, keep, first_line)
+
+
+def line_at(path: Path, offset: int) -> int:
+    """The line number of the line that starts at byte ``offset`` of a file (a range's first line)."""
+    with path.open("rb", buffering=_READ_BUFFER) as handle:
+        return _line_at(handle, offset)
+
+
+def _line_at(handle: IO[bytes], offset: int) -> int:
+    """``line_at`` of an open file, read from its start up to ``offset``, where it is left."""
+    number = 1
+    remaining = offset
+    while remaining:  # count the newlines before the offset
+        chunk = handle.read(min(remaining, _READ_BUFFER))
+        if not chunk:
+            break
+        number += chunk.count(b"\n")
+        remaining -= len(chunk)
+    return number
 
 
 def _lines_until(handle: IO[bytes], length: int) -> Iterator[bytes]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ import pytest
 from corpus_builder.assemble import build_corpus
 from corpus_builder.assemble.collect import MixtureShort
 from corpus_builder.audit import audit_corpus
+from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
 from corpus_builder.testing.fault_server import Fault, FaultServer
@@ -263,6 +265,87 @@ def test_a_corpus_without_a_duplicate_is_the_local_engine_s(cluster: None, tmp_p
     build_corpus(recipe, tmp_path / "ray", engine="ray")
     assert local.manifest.conversations == 10
     assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+
+
+def exchange(index: int, *, thinking: bool = False) -> dict[str, Any]:
+    answer = f"<think>\nwhy {index}\n</think>\n\nanswer {index % 5}" if thinking else f"answer {index}"
+    return {"id": f"r{index}", "conversations": [{"from": "human", "value": f"question {index % 7}"},
+                                                 {"from": "gpt", "value": answer}]}
+
+
+def covered_recipe(tmp_path: Path, *, more: str = "") -> Path:
+    """A plan the columnar path covers: .jsonl turn lists, the exact dedup alone (``more``: a second source's
+    file)."""
+    second = f"  - {{name: more, kind: replay, path: {more}, task: chat}}\n" if more else ""
+    (tmp_path / "recipe.yaml").write_text(
+        f"name: covered\ntarget: {{model: {MODEL}}}\nsources:\n"
+        "  - {name: chats, kind: replay, path: rows.jsonl, mapping: {style: sharegpt}, task: chat}\n"
+        f"{second}checks: {{dedup: exact}}\nsplit: {{validation_fraction: 0.3, seed: 3}}\n"
+        "output: {dir: out, rows_per_shard: 7}\n", encoding="utf-8")
+    return tmp_path / "recipe.yaml"
+
+
+def test_a_plan_the_columnar_path_covers_takes_it_on_ray_with_the_local_engine_s_bytes(
+        cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Ray engine's screen tasks read the columnar path's blocks, of a file cut into parts (each numbering its
+    lines from the file's start): the rows the kernels leave (tool turns, an unclosed think block, a repair, a bad
+    line, each part's first row) take the row path in their place, exact copies within and across the parts are
+    dropped, and the corpus, ledger and audit are the local engine's (which reads the file as one part)."""
+    monkeypatch.setattr("corpus_builder.sources.readers.MIN_RANGE_BYTES", 1500)  # read on the driver
+    needing_rows = [
+        {"conversations": [{"from": "gpt", "value": "hello"}, {"from": "human", "value": "hi"},
+                           {"from": "gpt", "value": "ok"}]},  # a leading assistant turn: repaired
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "<think>open"}]},
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "tool", "value": "r"},
+                           {"from": "gpt", "value": "done"}]},
+    ]
+    lines = [orjson.dumps(exchange(index % 45, thinking=index % 3 == 1)) for index in range(60)]
+    lines[10:10] = [orjson.dumps(row) for row in needing_rows]
+    lines[31] = b"{broken"
+    (tmp_path / "rows.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    recipe = load_recipe(covered_recipe(tmp_path))
+    said_locally = io.StringIO()
+    build_corpus(recipe, tmp_path / "local", progress=said_locally)
+    on_ray = io.StringIO()
+    result = build_corpus(recipe, tmp_path / "ray", engine="ray", progress=on_ray)
+    assert_same_corpus(tmp_path / "local", tmp_path / "ray")
+    assert result.audit["skipped"]["duplicate"] >= 15 and result.audit["skipped"]["invalid_json"] == 1
+    assert "columnar path: 58 rows by the kernels, 5 by the row path" in said_locally.getvalue()
+    kernels, row_path = (int(figure.replace(",", "")) for figure in re.findall(
+        r"columnar path: ([\d,]+) rows by the kernels, ([\d,]+) by the row path", on_ray.getvalue())[0])
+    parts = row_path - 4  # each part's first row fixes its layout
+    assert kernels + row_path == 63 and parts > 1
+
+
+def test_a_file_without_rows_is_the_row_path_s_error_on_ray(cluster: None, tmp_path: Path) -> None:
+    """A source file of blank lines, read by the columnar path's blocks in a Ray task: the row path's error."""
+    (tmp_path / "rows.jsonl").write_bytes(b"\n".join(orjson.dumps(exchange(index)) for index in range(30)) + b"\n")
+    (tmp_path / "more.jsonl").write_bytes(b"\n  \n\t\n" * 50)
+    with pytest.raises(CorpusError, match=r"more\.jsonl: file has no rows"):
+        build_corpus(load_recipe(covered_recipe(tmp_path, more="more.jsonl")), tmp_path / "ray", engine="ray")
+    assert not (tmp_path / "ray").exists()
+
+
+def test_the_tasks_dropped_records_merge_in_the_ledger_s_order(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each writing task's file of dropped records is sorted by place, the tasks' priorities overlapping (a task
+    holds rows of every part when the input is rebatched): the merge gives every record once, in place order, in
+    rounds when there are more files than it opens at once."""
+    from corpus_builder.assemble import ray_data
+
+    monkeypatch.setattr(ray_data, "MERGED_AT_ONCE", 2)
+    places = [[0, priority] for priority in range(0, 60, 3)] + [[1, order, priority] for order in (0, 1)
+                                                                  for priority in range(5)]
+    files = []
+    for task in range(5):  # every fifth place, overlapping the others' ranges
+        records = sorted([place, "s", "duplicate", f"f:{index}", "", f"id{index}"]
+                         for index, place in enumerate(places) if index % 5 == task)
+        files.append(tmp_path / f"task-{task}.jsonl")
+        files[-1].write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
+    merged = list(ray_data.merged_dropped(files, tmp_path / "scratch"))
+    expected = sorted((place, index) for index, place in enumerate(places))
+    assert [record[2] for record in merged] == [f"f:{index}" for _, index in expected]
+    assert len(list((tmp_path / "scratch").iterdir())) == 3 + 2  # five files in rounds of two: 3 files, then 2
 
 
 # Prompts the loopback server answers (``served``) as a replayed row has it: a generated row of ``asks`` evicts the
