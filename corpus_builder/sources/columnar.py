@@ -173,7 +173,11 @@ def _floating(kind: pa.DataType) -> bool:
     return False
 
 
-def parsed_block(first_line: int, data: bytes) -> tuple[int, Lines, list[tuple[npt.NDArray[np.int64], pa.Table]]]:
+# A block's first line, its lines, and the runs of them pyarrow parsed (``parsed_block``).
+ParsedBlock = tuple[int, Lines, list[tuple[npt.NDArray[np.int64], pa.Table]]]
+
+
+def parsed_block(first_line: int, data: bytes) -> ParsedBlock:
     """A block's lines, and the runs of them pyarrow parsed (``Lines.parsed``)."""
     lines = Lines.of(data)
     candidates = np.flatnonzero(~lines.disputed)
