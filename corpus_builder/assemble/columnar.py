@@ -21,7 +21,10 @@ With several readers (``sources.parallel.worker_count``: two on two cores, one p
 ``CORPUS_WORKERS``), the blocks of every part, one stream, are read on forked processes by turns
 (``sources.parallel.on_turns``): block n on reader n mod the readers', taken in order by the build, which judges and
 writes them. A reader walks the blocks of the others too: it counts their lines, and reads them by the row path while
-no row has fixed the part's layout, as a read of every block does.
+no row has fixed the part's layout, as a read of every block does. A reader (the build's process itself, with one)
+works on three threads (``PartReader.blocks``, ``sources.parallel.on_thread``): one reads and parses the next block,
+one maps its rows by the kernels, and the reader's own finishes it; pyarrow's parser and compute kernels, numpy and
+hashlib release the GIL, so on two cores they overlap.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from ..sources.columnar import (
     ROLE_ASSISTANT,
     ROLES,
     Lines,
+    ParsedBlock,
     RowPath,
     content_keys,
     hashed_ids,
@@ -68,7 +72,7 @@ from ..sources.columnar import (
 )
 from ..sources.formats import JsonLines, format_of
 from ..sources.mappings import TURN_KEYS
-from ..sources.parallel import Turns, on_turns, worker_count
+from ..sources.parallel import Turns, on_thread, on_turns, worker_count
 from ..sources.source import file_unit, logged_file, resolve_paths, source_label
 from ..stats.corpus import CorpusStats
 from .plan import Plan
@@ -79,6 +83,9 @@ from .shards import LedgerWriter, ShardWriter
 SWITCH = "CORPUS_COLUMNAR"
 # Blocks a reader runs ahead of the block being written: a block is a few MB of rows.
 BLOCK_QUEUE_DEPTH = 2
+# Blocks parsed ahead of the one being mapped, and mapped ahead of the one being joined (``PartReader.blocks``).
+PARSED_QUEUE_DEPTH = 1
+MAPPED_QUEUE_DEPTH = 1
 
 
 def uncovered(plan: Plan, in_tokens: bool, has_pack: bool) -> str | None:
@@ -131,6 +138,20 @@ class Block:
 
 
 @dataclass
+class MappedBlock:
+    """A block as the kernels left it: their rows (``batches``, from the lines ``fast_places``), the row path's records
+    so far (each with its line, ``item_places``) and the lines read (``fast``: by the kernels or the row path)."""
+
+    first_line: int
+    lines: Lines
+    fast: npt.NDArray[np.bool_]
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    fast_places: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    items: list[Conversation | Skipped] = field(default_factory=list)
+    item_places: list[int] = field(default_factory=list)
+
+
+@dataclass
 class PartEnd:
     """The end of a file part, in the stream of its blocks."""
 
@@ -169,33 +190,47 @@ class PartReader:
     def blocks(self, turns: Turns) -> Iterator[Block]:
         """The part's blocks whose turn is this process's (``turns``), read and parsed here; of the others, only
         the lines are counted, and read by the row path while no row has fixed the part's layout (as a read of
-        every block fixes it)."""
+        every block fixes it). Three stages, each on a thread of its own and a block or two ahead of the next at most:
+        blocks read and parsed, their rows mapped by the kernels, and (on the caller's thread) the rows the kernels
+        leave read by the row path, screened and joined with theirs, with their dedup signatures."""
+        for mapped in on_thread(self._mapped_blocks(turns), MAPPED_QUEUE_DEPTH):
+            for index in np.flatnonzero(~mapped.fast).tolist():
+                self._row_path(mapped.first_line, mapped.lines, index, mapped.items, mapped.item_places)
+            yield self._joined(mapped)
+
+    def _mapped_blocks(self, turns: Turns) -> Generator[MappedBlock, None, None]:
+        """The blocks of this process's turns as the kernels map them; the part's next line set at the end."""
         last = (self.next_line, b"")
-        for first_line, data in part_blocks(self.path, self.start, self.end, self.next_line):
-            if turns.mine():
-                yield self.block(*parsed_block(first_line, data))
+        for first_line, data, parsed in on_thread(self._parsed(turns), PARSED_QUEUE_DEPTH):
+            if parsed is not None:
+                yield self._mapped_block(*parsed)
             elif self.row_path.normalise.layout is None:
                 self._layout_fixed(first_line, Lines.of(data), [], [])
             last = (first_line, data)
         self.next_line = last[0] + last[1].count(b"\n")  # the line after the part's last block
 
+    def _parsed(self, turns: Turns) -> Generator[tuple[int, bytes, ParsedBlock | None], None, None]:
+        """The part's blocks as read (their first line, their bytes), those whose turn is this process's parsed."""
+        for first_line, data in part_blocks(self.path, self.start, self.end, self.next_line):
+            yield first_line, data, parsed_block(first_line, data) if turns.mine() else None
+
     def _layout_fixed(self, first_line: int, lines: Lines, items: list[Conversation | Skipped],
                       item_places: list[int]) -> int:
-        """The block's lines read by the row path until a row fixes the part's layout; how many were read."""
+        """The block's lines read by the row path until a row fixes the part's layout; how many were read.
+
+        Only here, before the layout is fixed, does the mapping's thread read rows by the row path; after it, only
+        the caller's thread does (``blocks``): the row path reads the part's rows in their order."""
         read = 0
         while self.row_path.normalise.layout is None and read < len(lines.starts):
             self._row_path(first_line, lines, read, items, item_places)
             read += 1
         return read
 
-    def block(self, first_line: int, lines: Lines, runs: list[tuple[npt.NDArray[np.int64], pa.Table]]) -> Block:
-        count = len(lines.starts)
+    def _mapped_block(self, first_line: int, lines: Lines, runs: list[tuple[npt.NDArray[np.int64], pa.Table]]
+                      ) -> MappedBlock:
+        mapped = MappedBlock(first_line, lines, np.zeros(len(lines.starts), dtype=bool))
         self.escapes_control = lines.escapes_control
-        fast = np.zeros(count, dtype=bool)
-        items: list[Conversation | Skipped] = []
-        item_places: list[int] = []
-        prefix = self._layout_fixed(first_line, lines, items, item_places)
-        batches = []
+        prefix = self._layout_fixed(first_line, lines, mapped.items, mapped.item_places)
         layout = self.row_path.normalise.layout
         # a part whose layout is another than the turn lists' (a log's, gsm8k's, a field's) takes the row path
         for run, table in runs if layout is not None and layout.style in TURN_KEYS else ():
@@ -207,13 +242,11 @@ class PartReader:
                 continue
             batch, taken = self._mapped(table, run + first_line, layout.style, layout.field)
             if batch is not None:
-                batches.append(batch)
-                fast[run[taken]] = True
-        fast[:prefix] = True  # read already
-        for index in np.flatnonzero(~fast).tolist():
-            self._row_path(first_line, lines, index, items, item_places)
-        fast[:prefix] = False
-        return self._joined(batches, np.flatnonzero(fast), items, item_places, first_line)
+                mapped.batches.append(batch)
+                mapped.fast[run[taken]] = True
+        mapped.fast_places = np.flatnonzero(mapped.fast)
+        mapped.fast[:prefix] = True  # read already
+        return mapped
 
     def _row_path(self, first_line: int, lines: Lines, index: int, items: list[Conversation | Skipped],
                   places: list[int]) -> None:
@@ -221,9 +254,10 @@ class PartReader:
         items += made
         places += [index] * len(made)
 
-    def _joined(self, batches: list[pa.RecordBatch], fast_places: npt.NDArray[np.int64],
-                items: list[Conversation | Skipped], item_places: list[int], first_line: int) -> Block:
+    def _joined(self, mapped: MappedBlock) -> Block:
         """The kernels' rows and the row path's records of a block, screened, in line order."""
+        batches, fast_places, first_line = mapped.batches, mapped.fast_places, mapped.first_line
+        items, item_places = mapped.items, mapped.item_places
         screened_records: list[Conversation | Skipped] = []
         fallback_signatures = None
         rows_of_items = [item for item in items if isinstance(item, Conversation)]

@@ -26,7 +26,7 @@ from ..rows import ARROW_SCHEMA, conversations_to_batch
 
 # Sees every row group as it is handed to the writer: the conversations and their Arrow form.
 RowGroupObserver = Callable[[list[Conversation], pa.RecordBatch], None]
-# Sees every row group of rows written as Arrow batches (``write_batch``).
+# Sees every row group of rows written as Arrow batches (``write_batch``), on the I/O thread, in order.
 BatchObserver = Callable[[pa.RecordBatch], None]
 
 
@@ -38,7 +38,8 @@ class ShardWriter:
     the next rows. At most two row groups wait for that thread, which keeps memory flat.
 
     Rows come as conversations (``write``) or as Arrow batches of the row form (``write_batch``: the columnar
-    path, observed by ``observe_batch``), not both: either way the row groups, and so the shards, are the same.
+    path, observed by ``observe_batch`` on the I/O thread, in order), not both: either way the row groups, and so
+    the shards, are the same.
     """
 
     def __init__(self, corpus_dir: Path, rows_per_shard: int, row_group_size: int = 8192,
@@ -98,8 +99,6 @@ class ShardWriter:
         rest = table.slice(size)
         self._batches[split] = rest.to_batches() if rest.num_rows else []
         self._batched_rows[split] = rest.num_rows
-        if self.observe_batch is not None:
-            self.observe_batch(batch)
         self._hand_over(split, batch)
 
     def _room(self, split: str) -> int:
@@ -139,6 +138,8 @@ class ShardWriter:
         self._in_flight.append(self._io.submit(*call))
 
     def _write_batch(self, split: str, path: Path, batch: pa.RecordBatch, close: bool) -> None:
+        if self.observe_batch is not None:  # here, on the I/O thread: off the thread that makes the rows
+            self.observe_batch(batch)
         writer = self._writers.get(split)
         if writer is None:
             writer = self._writers[split] = pq.ParquetWriter(path, ARROW_SCHEMA, compression="zstd")

@@ -31,7 +31,10 @@ from .mappings import CALL_SPEAKERS, ROLE_ALIASES, RowNormaliser
 from .readers import decode_lines
 from .source import FileUnit, conversation_of, normaliser_for
 
-BLOCK_BYTES = 8 << 20  # lines read and parsed at once: a few thousand rows
+# Lines read and parsed at once: a couple of thousand rows. A reader's three threads hold a few blocks each (the
+# bytes, the parsed table, the mapped rows): at 8 MB its peak RSS was 1.35x the one thread's, at 4 MB 1.05x, for the
+# same CPU (200k rows, BENCHMARKS.md).
+BLOCK_BYTES = 4 << 20
 _REFUSED_RUN = 1  # lines the parser refuses together are halved down to this many, then read by the row path
 # What str.isspace() and str.strip() call whitespace (tests/assemble/test_columnar.py checks it against Python).
 WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
@@ -173,7 +176,11 @@ def _floating(kind: pa.DataType) -> bool:
     return False
 
 
-def parsed_block(first_line: int, data: bytes) -> tuple[int, Lines, list[tuple[npt.NDArray[np.int64], pa.Table]]]:
+# A block's first line, its lines, and the runs of them pyarrow parsed (``parsed_block``).
+ParsedBlock = tuple[int, Lines, list[tuple[npt.NDArray[np.int64], pa.Table]]]
+
+
+def parsed_block(first_line: int, data: bytes) -> ParsedBlock:
     """A block's lines, and the runs of them pyarrow parsed (``Lines.parsed``)."""
     lines = Lines.of(data)
     candidates = np.flatnonzero(~lines.disputed)

@@ -9,14 +9,17 @@ the target's tokens) the same batches are made in this process.
 
 Or the workers take turns (``on_turns``): each walks the whole stream, and works on the units whose turn is
 its own only (unit n on worker n mod the workers': the batches of rows measured in the target's tokens, the
-columnar path's blocks), the main process taking them from each in turn.
+columnar path's blocks), the main process taking them from each in turn. Or a stream is made on a thread of its own
+(``on_thread``), a few items ahead of the caller: the columnar path's blocks in one process.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -186,6 +189,49 @@ def on_turns(work: Callable[[Turns], Iterator[T]], workers: int, depth: int = QU
             while not isinstance(message := _received(queues[turn % workers]), _Ended):
                 yield cast(T, message)
                 turn += 1
+
+
+def on_thread(items: Generator[T, None, None], depth: int) -> Generator[T, None, None]:
+    """The items of ``items``, made on a thread of their own at most ``depth`` ahead of the caller (memory stays
+    flat): where making them is mostly pyarrow's and numpy's kernels and the caller's work is too (they release the
+    GIL), the two overlap on two cores. A failure is raised in the caller; a caller that stops early stops the
+    thread."""
+    ready: queue.Queue[tuple[T] | _Ended | BaseException] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def make() -> None:
+        try:
+            for item in items:
+                if not _offered(ready, (item,), stop):
+                    return
+            _offered(ready, _Ended(), stop)
+        except BaseException as error:  # raised again on the caller's thread
+            _offered(ready, error, stop)
+        finally:
+            items.close()  # on its own thread, where it ran
+
+    thread = threading.Thread(target=make, name="read-ahead", daemon=True)
+    with rare_collections():
+        thread.start()
+        try:
+            while not isinstance(message := ready.get(), _Ended):
+                if isinstance(message, BaseException):
+                    raise message
+                yield message[0]
+        finally:
+            stop.set()
+            thread.join()
+
+
+def _offered(ready: queue.Queue[T], item: T, stop: threading.Event) -> bool:
+    """``item`` put on ``ready`` once there is room, unless the caller stopped first (then False)."""
+    while not stop.is_set():
+        try:
+            ready.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def _measured_turns(parts: list[Part], measure: Callable[[list[Conversation]], T], batch_rows: int, turns: Turns

@@ -7,6 +7,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import orjson
@@ -176,10 +177,13 @@ def test_a_file_cut_into_parts_reads_as_the_row_paths_parts(tmp_path: Path, monk
     assert "by the kernels, 4 by the row path" in said  # each part's first row fixes its layout, and the bad line
 
 
-def test_a_layout_fixed_late_is_fixed_for_every_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("readers", [1, 2])
+def test_a_layout_fixed_late_is_fixed_for_every_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       readers: int) -> None:
     """The row that fixes a part's layout comes after blocks of rows that show none: the readers that skip its
-    block fix the same layout (``messages`` here, so the ShareGPT rows after it are the row path's skips)."""
-    several_readers(monkeypatch, 2)
+    block fix the same layout (``messages`` here, so the ShareGPT rows after it are the row path's skips). On one
+    reader, the rows before it are read by the row path on the mapping's thread, those after on the reader's own."""
+    several_readers(monkeypatch, readers)
     no_layout = [b'{"conversations": []}', b'{"note": "no turns"}', b"", b"{broken", b'{"messages": "text"}'] * 4
     messages = orjson.dumps({"id": "m", "messages": [{"role": "user", "content": "hi"},
                                                      {"role": "assistant", "content": "hello"}]})
@@ -241,6 +245,23 @@ def test_a_reader_that_fails_mid_file_fails_the_build(tmp_path: Path) -> None:
     assert failed.returncode == 2, failed.stderr
     assert "rows.jsonl:24: cannot read this row" in failed.stderr and "Traceback" not in failed.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bug_on_a_readers_thread_fails_the_build_and_ends_its_threads(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One reader (the build's process): a bug on the kernels' thread is raised in the build as it is, and the
+    reader's threads (and the shard writer's) end."""
+    several_readers(monkeypatch, 1)
+
+    def broken(*_: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr("corpus_builder.assemble.columnar.mapped_turns", broken)
+    threads = threading.active_count()
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        build(tmp_path, [plain_exchange(index) for index in range(30)], False, monkeypatch)
+    assert threading.active_count() == threads
+    assert not (tmp_path / "columnar").exists()
 
 
 def test_a_readers_bug_fails_the_build_with_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

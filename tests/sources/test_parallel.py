@@ -1,15 +1,18 @@
 """The forked readers (sources/parallel.py): a stream worked on by turns comes back in its order, from every worker;
-a worker's failure is raised in the main process and the workers are ended."""
+a worker's failure is raised in the main process and the workers are ended. A stream read ahead on a thread comes
+back in its order, made on that thread, never more than its depth ahead; its failure is raised in the caller, and a
+caller that stops early stops it."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Generator, Iterator
 
 import pytest
 
 from corpus_builder.errors import CorpusError
-from corpus_builder.sources.parallel import Turns, on_turns, worker_count
+from corpus_builder.sources.parallel import Turns, on_thread, on_turns, worker_count
 
 
 def numbered(units: int, turns: Turns) -> Iterator[tuple[int, int]]:
@@ -69,6 +72,62 @@ def test_a_main_process_that_stops_early_ends_the_workers() -> None:
     pids = {pid for _, pid in (next(stream), next(stream))}
     stream.close()
     assert len(pids) == 2 and ended(pids)
+
+
+class Made:
+    """What a stream read ahead did: the items it made (and on which thread), whether it was closed."""
+
+    def __init__(self, watched: int = -1) -> None:
+        self.threads: list[int] = []
+        self.closed = False
+        self.watched = watched  # the item whose making ``made_watched`` tells
+        self.made_watched = threading.Event()
+
+    def items(self, count: int, failing_at: int | None = None) -> Generator[int, None, None]:
+        try:
+            for item in range(count):
+                if item == failing_at:
+                    raise ZeroDivisionError("no")
+                self.threads.append(threading.get_ident())
+                if item == self.watched:
+                    self.made_watched.set()
+                yield item
+        finally:
+            self.closed = True
+
+
+def test_a_stream_read_ahead_comes_back_in_order_made_on_another_thread() -> None:
+    made = Made()
+    assert list(on_thread(made.items(50), depth=2)) == list(range(50))
+    assert set(made.threads) != {threading.get_ident()} and len(set(made.threads)) == 1
+    assert made.closed
+
+
+def test_a_stream_read_ahead_runs_at_most_its_depth_ahead() -> None:
+    made = Made(watched=3)
+    stream = on_thread(made.items(50), depth=2)
+    taken = [next(stream)]
+    # the one taken, two queued, one waiting for room: the thread makes no more until the caller takes one
+    assert made.made_watched.wait(timeout=60)
+    assert len(made.threads) == 4
+    taken += list(stream)
+    assert taken == list(range(50))
+
+
+def test_a_stream_read_ahead_raises_its_failure_in_the_caller() -> None:
+    made = Made()
+    with pytest.raises(ZeroDivisionError, match="no"):
+        list(on_thread(made.items(10, failing_at=6), depth=1))
+    assert made.closed
+
+
+def test_a_caller_that_stops_early_stops_the_stream_read_ahead() -> None:
+    made = Made()
+    threads = threading.active_count()
+    stream = on_thread(made.items(1000), depth=1)
+    assert [next(stream), next(stream)] == [0, 1]
+    stream.close()
+    assert made.closed and len(made.threads) < 1000 and threading.active_count() == threads
 
 
 @pytest.mark.parametrize(("cores", "rows", "in_tokens"), [(1, 1, 1), (2, 1, 2), (8, 7, 8)])
