@@ -12,10 +12,11 @@ and it is cheap (hashlib over bytes a kernel built, the hashes of the ids). Ever
 corpus, the ledger and audit.json are byte for byte the row path's.
 
 A row drops when its turns need what only the row path does: a speaker that is not system, user or assistant (tool
-traffic), a turn with a field beside the speaker and the text, a text that is not a string, an empty turn, an
-unclosed think block, a role order to repair, ``tools``, an id that is not a string or an integer, or a control
-character the row's JSON key would escape as ``\\uXXXX``. Think blocks are split by kernels. The rows through each
-path are counted in the build's progress lines.
+traffic), a turn with a field beside the speaker and the text (an assistant turn's reasoning text apart), a text
+that is not a string, an empty turn, an unclosed think block, a role order to repair, ``tools``, an id that is not a
+string or an integer, or a control character the row's JSON key would escape as ``\\uXXXX``. Think blocks and
+reasoning fields are split and read by kernels. The rows through each path are counted in the build's progress
+lines.
 
 With several readers (``sources.parallel.worker_count``: two on two cores, one per core but one beyond; or
 ``CORPUS_WORKERS``), the blocks of every part, one stream, are read on forked processes by turns

@@ -25,7 +25,7 @@ import pyarrow.json as pa_json
 
 from ..errors import BadRow, Skipped
 from ..recipe.model import SourceSpec
-from ..records import THINK_CLOSE, THINK_OPEN, Conversation
+from ..records import REASONING_KEYS, THINK_CLOSE, THINK_OPEN, Conversation
 from ..rows import string_buffers
 from .mappings import CALL_SPEAKERS, ROLE_ALIASES, RowNormaliser
 from .readers import decode_lines
@@ -347,8 +347,9 @@ class Turns:
 
 
 def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str, escapes_control: bool = True) -> Turns | None:
-    """The turns of a block's turn lists, speakers mapped to roles and think blocks split out; None when their type
-    is not a list of objects with string speakers and texts. ``escapes_control``: whether the block's JSON may
+    """The turns of a block's turn lists, speakers mapped to roles, an assistant turn's reasoning from its reasoning
+    field (``reasoning``, ``reasoning_content`` or ``thinking``) or its think block; None when their type is not a
+    list of objects with string speakers and texts. ``escapes_control``: whether the block's JSON may
     escape a control character (``\\u000X``, ``\\u001X``), the only way a text holds one (raw, its line is the row
     path's)."""
     kind = lists.type
@@ -368,12 +369,17 @@ def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str, escapes_c
     codes = np.nan_to_num(codes, nan=0).astype(np.int64)
     roles = _SPEAKER_ROLES[codes]
     bad |= pc.is_null(content).to_numpy(zero_copy_only=False)
+    # a turn's own reasoning: the first of its reasoning fields that is not null (``mappings._turn_reasoning``)
+    given = pa.nulls(len(turns), pa.string())
     for index, name in enumerate(names):
-        if name not in (role_key, content_key):
-            bad |= pc.is_valid(pc.struct_field(turns, [index])).to_numpy(zero_copy_only=False)
+        field = pc.struct_field(turns, [index])
+        if name in REASONING_KEYS and field.type in (pa.string(), pa.null()):
+            given = pc.coalesce(given, field.cast(pa.string()))
+        elif name not in (role_key, content_key):  # another field, or reasoning that is not text: the row path's
+            bad |= pc.is_valid(field).to_numpy(zero_copy_only=False)
     content = pc.fill_null(content, "")
     if escapes_control:
-        bad |= holds_unicode_escaped(content)
+        bad |= holds_unicode_escaped(content) | holds_unicode_escaped(pc.fill_null(given, ""))
     assistant = roles == ROLE_ASSISTANT
     closes, opens = (assistant & held for held in holds_tags(content, (THINK_CLOSE, THINK_OPEN)))
     bad |= assistant & opens & ~closes  # unclosed: the check decides on the row path
@@ -381,6 +387,15 @@ def mapped_turns(lists: pa.ListArray, role_key: str, content_key: str, escapes_c
     reasoning = pa.nulls(len(content), pa.string())
     if split.any():
         content, reasoning = _split_think(content, split)
+    # reasoning on another role's turn is kept by the row path, but dedup's text leaves it out: the row path's
+    bad |= ~assistant & pc.is_valid(given).to_numpy(zero_copy_only=False)
+    if given.null_count < len(given):
+        # ``records.make_message``: a reasoning field that is not empty wins over the think block, stripped (to
+        # none when nothing is left); an empty one leaves the think block's
+        stated = pc.greater(pc.binary_length(given), 0)
+        own = trimmed(given)
+        own = pc.if_else(pc.greater(pc.binary_length(own), 0), own, pa.scalar(None, pa.string()))
+        reasoning = pc.if_else(pc.fill_null(stated, False), own, reasoning)
     present = holds_text(content)
     bad |= ~present & ~(assistant & pc.is_valid(reasoning).to_numpy(zero_copy_only=False))
     return Turns(roles.astype(np.int8), content, reasoning, parents, bad)

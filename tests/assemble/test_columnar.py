@@ -37,7 +37,9 @@ def texts(pieces: list[str]) -> st.SearchStrategy[str]:
 
 
 def turns(pieces: list[str]) -> st.SearchStrategy[object]:
-    extra = {"weight": st.none() | st.integers(0, 1), "reasoning": st.none() | texts(pieces)}
+    reasoning = st.none() | texts(pieces) | st.integers(0, 1)
+    extra = {"weight": st.none() | st.integers(0, 1), "reasoning": reasoning, "reasoning_content": reasoning,
+             "thinking": reasoning}
     sharegpt = st.fixed_dictionaries({"from": st.sampled_from(SPEAKERS), "value": texts(pieces)}, optional=extra)
     messages = st.fixed_dictionaries({"role": st.sampled_from(SPEAKERS), "content": texts(pieces)}, optional=extra)
     return st.lists(sharegpt, max_size=5) | st.lists(messages, max_size=3) | st.none() | st.just("not a list")
@@ -114,6 +116,26 @@ def test_the_rows_the_kernels_do_not_cover_take_the_row_path(tmp_path: Path, mon
     row_path, _ = build(tmp_path, lines, True, monkeypatch)
     assert columnar == row_path
     assert "columnar path: 40 rows by the kernels, 5 by the row path" in said  # the duplicate is a kernel's too
+
+
+def test_reasoning_fields_are_the_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An assistant turn's reasoning field (the first of ``reasoning``, ``reasoning_content``, ``thinking`` that is
+    not null) is read by the kernels, over a think block unless it is empty; the corpus is the row path's."""
+    def chat(**answer: object) -> bytes:
+        return orjson.dumps({"messages": [{"role": "user", "content": "q"},
+                                          {"role": "assistant", "content": "a", **answer}]})
+
+    taken = [chat(reasoning_content=" why \n"), chat(reasoning=None, thinking="how"), chat(reasoning="  "),
+             chat(reasoning_content="", content="<think>inner</think> a"),
+             chat(reasoning="r", content="<think>i</think>"), chat(thinking="t", content=""),
+             chat(reasoning_content=None)]
+    left = [chat(reasoning=1), orjson.dumps({"messages": [{"role": "user", "content": "q", "reasoning": "r"},
+                                                          {"role": "assistant", "content": "a"}]})]
+    lines = [chat(), *taken, *left]  # the first row fixes the file's layout, on the row path
+    columnar, said = build(tmp_path, lines, False, monkeypatch, style="messages")
+    row_path, _ = build(tmp_path, lines, True, monkeypatch, style="messages")
+    assert columnar == row_path
+    assert f"columnar path: {len(taken)} rows by the kernels, {len(left) + 1} by the row path" in said
 
 
 @pytest.mark.parametrize("readers", [1, 2])
