@@ -516,6 +516,13 @@ def write_columnar(plan: Plan, checker: Checker, staging: Path, ledger: LedgerWr
         parts.close()  # the readers ended
         ledger.close()
     progress.finish()
-    print(f"columnar path: {fast:,} rows by the kernels, {total - fast:,} by the row path", file=stream)
+    print_paths(fast, total, stream)
     return shards.close()
+
+
+def print_paths(kernel_rows: int, records: int, stream: TextIO) -> None:
+    """The build's line of how many of its ``records`` (rows and skips) the kernels made, and the row path the rest
+    (either engine prints it)."""
+    print(f"columnar path: {kernel_rows:,} rows by the kernels, {records - kernel_rows:,} by the row path",
+          file=stream)
 

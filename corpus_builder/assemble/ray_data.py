@@ -91,7 +91,7 @@ from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenSettings, TurnTokens
 from ..tokens.measure import facts_from_arrow
 from .collect import MixtureKeys, TakeRule
-from .columnar import Block, FilePart, PartReader, file_parts, uncovered
+from .columnar import Block, FilePart, PartReader, file_parts, print_paths, uncovered
 from .eval_pack import EvalPack, PackCut, read_pack_screen
 from .mixture import Available, Selection, SelectStage
 from .plan import KeyedStage, Plan, ScreenStage
@@ -212,8 +212,7 @@ class RayEngine:
             if everything is not None else []
         if self.columnar:  # the local engine's line
             kernels, records = (sum(result[name] for result in written) for name in (KERNEL_ROWS, "records"))
-            print(f"columnar path: {kernels:,} rows by the kernels, {records - kernels:,} by the row path",
-                  file=self.stream)
+            print_paths(kernels, records, self.stream)
         return _assemble(self.staging, written, self.ledger, self.auditor)
 
     def _everything(self) -> ray.data.Dataset | None:
