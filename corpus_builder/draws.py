@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
+import numpy.typing as npt
+
 SPAN = 1 << 64  # the draws' range
 SPLIT_PURPOSE = b"corpus-split"
 
@@ -14,15 +17,20 @@ SPLIT_PURPOSE = b"corpus-split"
 def seeded_hash(purpose: bytes, seed: int, part: str | int, *parts: str | int) -> int:
     """A 64-bit hash of (seed, parts), their text joined by \\x1f, for one ``purpose`` (BLAKE2b's
     personalisation, at most 16 bytes)."""
-    return seeded_hashes(purpose, seed, ["\x1f".join(map(str, (part, *parts)))])[0]
+    return int(seeded_hashes(purpose, seed, ["\x1f".join(map(str, (part, *parts)))])[0])
 
 
-def seeded_hashes(purpose: bytes, seed: int, keys: list[str]) -> list[int]:
+def seeded_hashes(purpose: bytes, seed: int, keys: list[str]) -> npt.NDArray[np.uint64]:
     """``seeded_hash(purpose, seed, key)`` of each key (one part each), in one loop: the one spelling of the key."""
-    prefix = f"{seed}\x1f".encode()
-    blake2b = hashlib.blake2b
-    return [int.from_bytes(blake2b(prefix + key.encode(), digest_size=8, person=purpose).digest(), "big")
-            for key in keys]
+    # the seed's prefix hashed once and the state copied for each key (a third less time than hashing it again)
+    started = hashlib.blake2b(f"{seed}\x1f".encode(), digest_size=8, person=purpose).copy
+
+    def digest(key: str) -> bytes:
+        hasher = started()
+        hasher.update(key.encode())
+        return hasher.digest()
+
+    return np.frombuffer(b"".join([digest(key) for key in keys]), dtype=">u8").astype(np.uint64)
 
 
 def take_priority(seed: int, source: str, label: str, position: int) -> int:
@@ -40,9 +48,9 @@ def split_draw(seed: int, row_id: str) -> float:
     return seeded_hash(SPLIT_PURPOSE, seed, row_id) / SPAN
 
 
-def split_draws(seed: int, row_ids: list[str]) -> list[float]:
-    """``split_draw`` of each id."""
-    return [value / SPAN for value in seeded_hashes(SPLIT_PURPOSE, seed, row_ids)]
+def split_draws(seed: int, row_ids: list[str]) -> npt.NDArray[np.float64]:
+    """``split_draw`` of each id (the same floats: a 64-bit integer rounded to a double, then scaled exactly)."""
+    return seeded_hashes(SPLIT_PURPOSE, seed, row_ids).astype(np.float64) / float(SPAN)
 
 
 def pack_priority(seed: int, row_id: str) -> int:

@@ -504,7 +504,7 @@ def write_columnar(plan: Plan, checker: Checker, staging: Path, ledger: LedgerWr
                 kept = rows.filter(pa.array(keep)) if not keep.all() else rows
                 splits = write.splitter.assign_ids(kept_ids)
                 kept = kept.set_column(0, "id", pa.array(kept_ids, pa.string())).set_column(
-                    ARROW_SCHEMA.get_field_index("split"), "split", pa.array(splits, pa.string()))
+                    ARROW_SCHEMA.get_field_index("split"), "split", splits)
                 shards.write_batch(kept)
                 fast += block.fast
                 total += rows.num_rows + len(block.skips)

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import math
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ..draws import split_draw, split_draws
 from ..recipe.model import SplitSpec
 from ..records import Conversation
@@ -40,12 +43,12 @@ class Splitter:
             return TRAIN
         return VALIDATION if split_draw(self.seed, row_id) < self.fraction else TRAIN
 
-    def assign_ids(self, row_ids: list[str]) -> list[str]:
-        """``assign_id`` of each id, in one loop."""
+    def assign_ids(self, row_ids: list[str]) -> pa.StringArray:
+        """``assign_id`` of each id, as one string array (the corpus's split column)."""
         if self.fraction <= 0:
-            return [TRAIN] * len(row_ids)
-        fraction = self.fraction
-        return [VALIDATION if draw < fraction else TRAIN for draw in split_draws(self.seed, row_ids)]
+            return pa.array([TRAIN] * len(row_ids), pa.string())
+        validation = pa.array(split_draws(self.seed, row_ids) < self.fraction)
+        return pc.if_else(validation, VALIDATION, TRAIN)
 
 
 def within_tolerance(rows: int, validation: int, fraction: float) -> bool:

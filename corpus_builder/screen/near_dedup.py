@@ -9,8 +9,8 @@ form, which the Ray engine runs), gives the same answers.
 Both compare the normalised text of ``normalise`` (:func:`~corpus_builder.screen.normalise.normalise_text`).
 
 **Exact rule** (:class:`ExactDuplicates`): a row is dropped when a row of higher priority has the same
-normalised text (a 64-bit BLAKE2b digest; two different texts collide with probability about rows / 2^64):
-the first row of each text is kept.
+normalised text (its 64-bit XXH3 digest, ``xxhash``: eight times BLAKE2b's speed for a hash that never leaves the
+build; two different texts collide with probability about rows / 2^64): the first row of each text is kept.
 
 **Near rule** (:class:`NearDuplicates`, which applies the exact rule first): MinHash signatures of the set
 of word n-gram shingles (``shingle`` words, default 5; a text with fewer words is one shingle) of the
@@ -48,7 +48,6 @@ rule alone.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import mmap
 import os
@@ -61,6 +60,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from ..recipe.model import band_layout
 from .normalise import I64, U64, NormalisedChunk, mix64, normalised_chunks
@@ -472,10 +472,10 @@ class ExactDuplicates:
         texts = chunk.texts
         # sliced as a memoryview, in a list: a numpy slice per text, a copy of the buffer or a generator cost more
         data = texts.data.data
-        blake2b = hashlib.blake2b
-        digests = b"".join([blake2b(data[start:end], digest_size=8).digest()
-                            for start, end in zip(texts.starts.tolist(), texts.ends.tolist(), strict=True)])
-        exact = np.frombuffer(digests, dtype=np.uint64).reshape(-1, 1)
+        digest = xxhash.xxh3_64_intdigest
+        exact = np.array([digest(data[start:end]) for start, end in zip(texts.starts.tolist(), texts.ends.tolist(),
+                                                                        strict=True)],
+                         dtype=np.uint64).reshape(-1, 1)
         return exact, np.ones(exact.shape, dtype=bool), np.zeros((len(texts), 0), dtype=np.uint64)
 
     def lookup(self, signatures: Signatures) -> list[Duplicate | None]:

@@ -17,6 +17,7 @@ import zstandard
 
 from corpus_builder.assemble import build_corpus
 from corpus_builder.assemble.split import Splitter, split_balance, within_tolerance
+from corpus_builder.draws import split_draw, split_draws
 from corpus_builder.errors import CorpusError
 from corpus_builder.layout import Corpus, iter_ledger
 from corpus_builder.recipe import load_recipe
@@ -238,6 +239,19 @@ def test_split_is_stratified_within_tolerance_and_depends_on_identity_and_seed_o
     # A row added or dropped moves no other row across the split (a top-up filled in 5 rows and moved 19).
     fewer = [r for i, r in enumerate(rows) if i % 7]
     assert [Splitter(0.05, seed=3).assign(r) for r in fewer] == [a[2] for i, a in enumerate(assigned) if i % 7]
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.02, 0.5])
+def test_a_batch_of_ids_is_split_as_each_id_alone(fraction: float) -> None:
+    """The columnar path splits a block's ids at once (``assign_ids``): the same split as one id at a time, the
+    draws the same floats (a draw equal to the fraction goes to train)."""
+    ids = [f"{index:020x}" for index in range(5000)] + ["", "é", "x" * 300]
+    splitter = Splitter(fraction, seed=11)
+    assert splitter.assign_ids(ids).to_pylist() == [splitter.assign_id(row_id) for row_id in ids]
+    assert split_draws(11, ids).tolist() == [split_draw(11, row_id) for row_id in ids]
+    edge = Splitter(split_draw(11, ids[7]), seed=11)
+    assert edge.assign_ids(ids[7:8]).to_pylist() == [edge.assign_id(ids[7])] == ["train"]
+    assert Splitter(0.3, seed=0).assign_ids([]).to_pylist() == []
 
 
 @pytest.mark.parametrize("fraction", [0.02, 0.05, 0.3])
