@@ -40,10 +40,9 @@ strings would cost more than everything else.
 
 **Memory** grows by bytes per row offered, never Python objects: in sorted numpy runs, the exact rule's 64-bit
 hash and 32-bit row number (12 bytes) and each band's hash, 32 bits of it packed with the row number (8
-bytes; a band hash a row of higher priority already holds is not stored again); in pages of their own, where
-each row's key ends (8 bytes: the keys themselves, read back only to name the row a duplicate duplicates, are
-in a temporary file) and the 32-byte sketch: about 120 bytes a row with the default bands, 20 with the exact
-rule alone.
+bytes; a band hash a row of higher priority already holds is not stored again); in pages of their own, the
+32-byte sketch: about 112 bytes a row with the default bands, 12 with the exact rule alone. The rows' keys, read
+back only to name the row a duplicate duplicates, and where each ends are in temporary files.
 """
 
 from __future__ import annotations
@@ -300,41 +299,51 @@ class _Pages:
 
 class _Keys:
     """The keys of the rows offered, in order: their UTF-8 bytes end to end in a temporary file, and where each ends
-    (8 bytes in memory). A key is read back only for a duplicate's verdict, so the bytes stay in the page cache (or
-    on disk) and out of the process: a build's memory stays flat however many rows it indexes."""
+    (8 bytes a key) in another. A key is read back only for a duplicate's verdict, so both stay in the page cache
+    (or on disk) and out of the process: the index holds nothing a row for its keys, however many it indexes."""
 
     def __init__(self) -> None:
-        self._data: BinaryIO | None = None  # opened with the first key: many indexes stay empty
+        # opened with the first key: many indexes stay empty
+        self._data: BinaryIO | None = None
+        self._ends: BinaryIO | None = None
         self._size = 0
-        self._ends = _Pages()
+        self._count = 0
 
     def __len__(self) -> int:
-        return self._ends.size // 8
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held in memory (the ends; the keys are in the file)."""
-        return self._ends.size
+        return self._count
 
     def extend(self, keys: list[str]) -> None:
         data = "".join(keys).encode()
         lengths = [len(key) for key in keys] if data.isascii() else [len(key.encode()) for key in keys]
         ends = self._size + np.cumsum(lengths, dtype=np.uint64)
-        if self._data is None:
-            self._data = tempfile.TemporaryFile()  # noqa: SIM115  # open as long as the index lives
-        try:
-            self._data.write(data)
-            self._data.flush()  # read back by the descriptor
-        except OSError as error:  # the file has no name: the error names its directory, TMPDIR (a full disk)
-            raise OSError(error.errno, error.strerror, tempfile.gettempdir()) from error
+        if self._data is None or self._ends is None:
+            self._data, self._ends = _temporary(), _temporary()
+        _append(self._data, data)
+        _append(self._ends, ends.astype("<u8").tobytes())
         self._size += len(data)
-        self._ends.extend(ends.astype("<u8").tobytes())
+        self._count += len(keys)
 
     def __getitem__(self, index: int) -> str:
-        assert self._data is not None
-        start = int.from_bytes(self._ends[8 * index - 8:8 * index], "little") if index else 0
-        end = int.from_bytes(self._ends[8 * index:8 * index + 8], "little")
+        assert self._data is not None and self._ends is not None
+        # the key's end, and the one before it (its start) unless it is the first
+        ends = os.pread(self._ends.fileno(), 16 if index else 8, 8 * (index - 1) if index else 0)
+        start = int.from_bytes(ends[:8], "little") if index else 0
+        end = int.from_bytes(ends[-8:], "little")
         return os.pread(self._data.fileno(), end - start, start).decode()
+
+
+def _temporary() -> BinaryIO:
+    """A temporary file open as long as the index lives, removed when it is closed."""
+    return tempfile.TemporaryFile()
+
+
+def _append(file: BinaryIO, data: bytes) -> None:
+    """``data`` at the end of ``file``, flushed: it is read back by the descriptor."""
+    try:
+        file.write(data)
+        file.flush()
+    except OSError as error:  # the file has no name: the error names its directory, TMPDIR (a full disk)
+        raise OSError(error.errno, error.strerror, tempfile.gettempdir()) from error
 
 
 class _Sketches:
@@ -426,9 +435,9 @@ class ExactDuplicates:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of memory held for the rows offered (their keys are in a file)."""
+        """Bytes of memory held for the rows offered (their keys are in files)."""
         sketches = self._sketches.nbytes if self._sketches is not None else 0
-        return self._keys.nbytes + sum(table.nbytes for table, _ in self._tables) + sketches
+        return sum(table.nbytes for table, _ in self._tables) + sketches
 
     def offer(self, keys: Sequence[str], texts: Sequence[str]) -> list[Duplicate | None]:
         """Decide each row, the rows offered in priority order: the row of higher priority it duplicates, or

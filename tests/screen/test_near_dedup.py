@@ -511,8 +511,8 @@ def test_exact_hashes_compare_in_all_64_bits_however_the_runs_merge() -> None:
 
 
 def test_state_bytes_are_the_documented_ones() -> None:
-    """Per row offered: its key's 8-byte end (the keys are in a file), 12 bytes of exact hash and row, 8 bytes a band
-    hash no row held before, and the sketch's 8-byte words; before and after the tables' runs merge. A key is read
+    """Per row offered: 12 bytes of exact hash and row, 8 bytes a band hash no row held before, and the sketch's
+    8-byte words (the keys and their ends are in files); before and after the tables' runs merge. A key is read
     back whole (non-ASCII too) to name the row a duplicate duplicates."""
     index = NearDuplicates()
     words = -(-index.num_perm // 16)
@@ -522,11 +522,25 @@ def test_state_bytes_are_the_documented_ones() -> None:
     for kept in (4, 8):
         assert index.decide(keys[kept - 4:kept], signatures.rows(list(range(kept - 4, kept)))) == [None] * 4
         held_bands = index.bands * kept - 1  # t0 and t1 share band 5: its hash is held once
-        assert index.nbytes == 8 * kept + 12 * kept + 8 * held_bands + 8 * words * kept
+        assert index.nbytes == 12 * kept + 8 * held_bands + 8 * words * kept
     exact = ExactDuplicates()
     exact.offer(keys, [f"text {row}" for row in range(8)])
-    assert exact.nbytes == 8 * 8 + 12 * 8
+    assert exact.nbytes == 12 * 8
     assert exact.offer(["copy", "new"], ["text 3", "text 8"]) == [Duplicate("clé-3", "exact"), None]
+
+
+def test_a_duplicate_names_its_row_whichever_call_offered_it() -> None:
+    """The keys read back from their files: the first key, the last, keys of every length (none empty, non-ASCII)
+    offered over many calls; each copy names the row of its text."""
+    index = ExactDuplicates()
+    keys = [f"{'é' * (row % 7)}k{row}" + "x" * (row % 300) for row in range(3000)]
+    for start in range(0, 3000, 250):
+        assert index.offer(keys[start:start + 250], [f"text {row}" for row in range(start, start + 250)]) \
+            == [None] * 250
+    rows = [0, 1, 249, 250, 1234, 2999]
+    assert index.offer([f"copy {row}" for row in rows], [f"text {row}" for row in rows]) \
+        == [Duplicate(keys[row], "exact") for row in rows]
+    assert len(index) == 3000 + len(rows)
 
 
 def packed(fields: list[int]) -> list[int]:
