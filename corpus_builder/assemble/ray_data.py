@@ -85,7 +85,6 @@ from ..screen.dedup import BUCKET_VERDICTS, heads_of, least_verdicts
 from ..screen.near_dedup import Duplicate
 from ..screen.screened import Verdict
 from ..sources.parallel import Part, Turns, measured_rows
-from ..sources.readers import line_at
 from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenSettings, TurnTokens
@@ -344,7 +343,7 @@ def _file_part_records(part: FilePart, checker: Checker, first: int) -> Iterator
     """A file part read by the columnar path's blocks (``PartReader``: a part that starts within its file numbers its
     lines from the file's start, and its first row fixes its layout, as the row path's part does), its records'
     priorities from ``first`` on; a file read as one part without a row is the row path's error."""
-    reader = PartReader(part, checker, line_at(part.path, part.start))
+    reader = PartReader(part, checker)
     position = first
     any_record = False
     for block in reader.blocks(Turns(0, 1)):
