@@ -420,13 +420,23 @@ def _copies(numbered: ray.data.Dataset, entries: ray.data.Dataset) -> dict[int, 
 
 
 def _priority_blocks(verdicts: ray.data.Dataset) -> list[tuple[int, int, Any]]:
-    """The verdicts sorted by priority, as blocks in the object store: (least priority, greatest, the block)."""
-    if not verdicts.count():
+    """The verdicts (materialized) sorted by priority, as blocks in the object store: (least priority, greatest, the
+    block). As many as a partition holds are sorted into one block by one task: Ray Data's sort (a sample, then a
+    shuffle) costs seconds whatever its size (4.6 s of a 1M-row build with 20k duplicates)."""
+    count = verdicts.count()
+    if not count:
         return []
-    refs = verdicts.sort("priority").materialize().to_arrow_refs()
+    refs = ([_sorted_block.remote(*verdicts.to_arrow_refs())] if count <= ROWS_PER_PARTITION
+            else verdicts.sort("priority").materialize().to_arrow_refs())
     bounds = ray.get([_bounds.remote(ref) for ref in refs])
     return [(first, last, ref) for (first, last), ref in zip(bounds, refs, strict=True)
             if first is not None and last is not None]
+
+
+@ray.remote
+def _sorted_block(*blocks: pa.Table) -> pa.Table:
+    """Blocks of verdicts as one, sorted by priority."""
+    return pa.concat_tables([block for block in blocks if len(block)]).sort_by("priority")
 
 
 @ray.remote

@@ -120,8 +120,15 @@ def local_corpus(messy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "corpus"
 
 
+@pytest.mark.parametrize("partition_rows", [None, 40])
 def test_the_ray_engine_writes_the_local_engine_s_corpus(cluster: None, messy: Path, local_corpus: Path,
-                                                         tmp_path: Path) -> None:
+                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         partition_rows: int | None) -> None:
+    """``partition_rows``: rows a partition holds, fewer than the verdicts (Ray Data's sort of them, not one task's)."""
+    from corpus_builder.assemble import ray_data
+
+    if partition_rows is not None:
+        monkeypatch.setattr(ray_data, "ROWS_PER_PARTITION", partition_rows)
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, engine="ray"))
     result = build_corpus(recipe, tmp_path / "corpus")
     reasons = result.audit["skipped"]
