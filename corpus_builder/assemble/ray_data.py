@@ -410,13 +410,25 @@ def _copies(numbered: ray.data.Dataset, entries: ray.data.Dataset) -> dict[int, 
     """The ids stage's answers on the driver, by priority (the copies: a few); a suffixed id that is another row's
     own id (among the ids' ``entries``) is a CorpusError."""
     final = {row["priority"]: row["id"] for row in numbered.take_all()}
-    if final:
-        clashes = entries.map_batches(_having("raw_id", set(final.values())), batch_format="pyarrow").take(3)
+    if final:  # a task a block of the materialized entries: a dataset's execution costs seconds more
+        suffixed = pa.array(sorted(set(final.values())), pa.string())
+        clashes = [name for names in ray.get([_clashing_ids.remote(block, suffixed) for block in
+                                              entries.to_arrow_refs()]) for name in names][:3]
         if clashes:
-            names = ", ".join(sorted(row["raw_id"] for row in clashes))
+            names = ", ".join(sorted(clashes))
             raise CorpusError(f"the Ray engine cannot number repeated ids: {names} is both a row's own id and the "
                               "suffixed id of a copy (build with --engine local, which numbers them in order)")
     return final
+
+
+@ray.remote
+def _clashing_ids(entries: pa.Table, suffixed: pa.Array) -> list[str]:
+    """The ids' entries' own ids that are among the ``suffixed`` ids of copies, three at most."""
+    if not len(entries):  # an empty block may have no columns
+        return []
+    raw_ids = entries.column("raw_id")
+    clashing: list[str] = raw_ids.filter(pc.is_in(raw_ids, value_set=suffixed)).to_pylist()
+    return clashing[:3]
 
 
 def _priority_blocks(verdicts: ray.data.Dataset) -> list[tuple[int, int, Any]]:

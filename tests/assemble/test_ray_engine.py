@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -322,6 +323,25 @@ def test_a_plan_the_columnar_path_covers_takes_it_on_ray_with_the_local_engine_s
         r"columnar path: ([\d,]+) rows by the kernels, ([\d,]+) by the row path", on_ray.getvalue())[0])
     parts = row_path - 4  # each part's first row fixes its layout
     assert kernels + row_path == 63 and parts > 1
+
+
+def test_a_copy_s_suffixed_id_that_is_another_row_s_own_id_fails_the_ray_build(cluster: None) -> None:
+    """Rows a, a and a-1 (ids are content keys: no build makes this, the check is run on its inputs): the second a,
+    numbered a-1, would be written under the third row's own id, which the Ray engine cannot number as the local
+    engine does; found in whichever block of the ids' entries holds it."""
+    from corpus_builder.assemble import ray_data
+    from corpus_builder.screen.ids import id_entries, numbered_copies
+
+    rows = pa.table({"priority": pa.array([0, 1, 2], pa.int64()), "id": ["a", "b", "c"]})
+    blocks = [id_entries(rows), id_entries(pa.table({"priority": pa.array([3, 4, 5], pa.int64()),
+                                                     "id": ["a", "d", "a-1"]}))]
+    entries = ray.data.from_arrow(blocks).materialize()
+    numbered = ray.data.from_arrow([numbered_copies(pa.concat_tables(blocks))])
+    assert numbered.take_all() == [{"priority": 3, "id": "a-1"}]
+    with pytest.raises(CorpusError, match=r"^the Ray engine cannot number repeated ids: a-1 is both a row's own id"):
+        ray_data._copies(numbered, entries)
+    blocks[1] = id_entries(pa.table({"priority": pa.array([3, 4, 5], pa.int64()), "id": ["a", "d", "e"]}))
+    assert ray_data._copies(numbered, ray.data.from_arrow(blocks).materialize()) == {3: "a-1"}
 
 
 def test_a_file_without_rows_is_the_row_path_s_error_on_ray(cluster: None, tmp_path: Path) -> None:
