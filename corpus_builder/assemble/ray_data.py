@@ -17,7 +17,8 @@ among them, their priority, token facts and dedup signatures), never as Python o
    the row path, each block in the same Arrow form (``_block_records``); the build prints the local engine's count
    of the rows the kernels took.
 2. **keyed stages**: each stage's entries (``entries_of``: the ids' ``(priority, raw_id)``, the dedup's bucket
-   entries) are hash-partitioned by the stage's key, one shuffle each, so a block holds whole groups, which the
+   entries) are hash-partitioned by the stage's key, one shuffle each in plain tasks (``_entry_pieces``: a task
+   cuts a block of rows' entries, a task judges a partition), so a partition holds whole groups, which the
    stage's grouped form judges (``numbered_copies``, ``Dedup.bucket_verdicts``). The copies' ids come to the driver
    (a suffixed id that is another row's own id fails the build: the local engine would give it another suffix);
    the duplicates' verdicts, each row's least kept, stay in the object store sorted by priority, and each task that
@@ -66,6 +67,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 import ray.data
+from ray import ObjectRef
+from ray.data._internal.arrow_ops.transform_pyarrow import hash_partition  # ray is pinned (pyproject)
 
 from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
@@ -233,15 +236,12 @@ class RayEngine:
         self.final_ids = {}
         self._verdicts = None
         for stage in self._keyed:  # the ids first: the entries of the next name a row by the id it is written under
-            entries = rows.map_batches(partial(_entries, stage=stage, final_ids=self.final_ids), batch_format="pyarrow")
+            pieces = _entry_pieces(rows, stage, self.final_ids, partitions)
+            answers = [_judged.remote(stage, *partition) for partition in pieces]
             if stage is self.plan.ids:
-                entries = entries.materialize()  # read again by the clash check
-            answers = entries.repartition(partitions, keys=list(stage.group_by)).map_batches(
-                stage.judge_groups, batch_size=None, batch_format="pyarrow")
-            if stage is self.plan.ids:
-                self.final_ids = _copies(answers, entries)
+                self.final_ids = _copies(answers, pieces)
             else:
-                self._verdicts = answers.materialize()
+                self._verdicts = ray.data.from_arrow_refs(answers)
         self._found = True
         if self._taking and self._replay is not None and self._replayed is None:
             self._replayed = self._joined(self._replay).materialize()  # read again by the writing tasks
@@ -406,14 +406,50 @@ def _entries(table: pa.Table, *, stage: KeyedStage, final_ids: dict[int, str]) -
     return stage.entries(rows, ids)
 
 
-def _copies(numbered: ray.data.Dataset, entries: ray.data.Dataset) -> dict[int, str]:
+def _entry_pieces(rows: ray.data.Dataset, stage: KeyedStage, final_ids: dict[int, str], partitions: int
+                  ) -> list[list[ObjectRef[pa.Table]]]:
+    """A keyed stage's entries of every row, hash-partitioned by the stage's key (so a partition holds whole groups):
+    for each partition, its piece of each block of rows. Plain tasks, a block each, not Ray Data's repartition, whose
+    map coalesces up to 1 GiB of blocks into one task (one CPU) in workers of a runtime environment of its own,
+    started for it: ~3 s more a shuffle of 1M rows' entries."""
+    named = ray.put(final_ids)
+    split = _split_entries.options(num_returns=partitions)
+    by_block: list[Any] = [split.remote(block, stage, named, partitions) for block in rows.to_arrow_refs()]
+    return [[refs[index] if partitions > 1 else refs for refs in by_block] for index in range(partitions)]
+
+
+@ray.remote
+def _split_entries(table: pa.Table, stage: KeyedStage, final_ids: dict[int, str], partitions: int
+                   ) -> pa.Table | tuple[pa.Table, ...]:
+    """A block of rows' entries (``_entries``) cut into ``partitions`` by the hash of the stage's key (Ray Data's own
+    ``hash_partition``, what its shuffle cuts by); an empty piece has no columns."""
+    entries = _entries(table, stage=stage, final_ids=final_ids) if len(table) else pa.table({})
+    cut = hash_partition(entries, hash_cols=list(stage.group_by), num_partitions=partitions)
+    pieces = tuple(cut.get(index, pa.table({})) for index in range(partitions))
+    return pieces if partitions > 1 else pieces[0]
+
+
+@ray.remote
+def _judged(stage: KeyedStage, *pieces: pa.Table) -> pa.Table:
+    """A keyed stage's answers of one partition of its entries (whole groups)."""
+    return stage.judge_groups(_joined_pieces(pieces))
+
+
+def _joined_pieces(pieces: Sequence[pa.Table]) -> pa.Table:
+    """Pieces of entries as one table (none: a table without columns, as an empty partition is)."""
+    filled = [piece for piece in pieces if len(piece)]
+    return pa.concat_tables(filled) if filled else pa.table({})
+
+
+def _copies(numbered: list[ObjectRef[pa.Table]], pieces: list[list[ObjectRef[pa.Table]]]) -> dict[int, str]:
     """The ids stage's answers on the driver, by priority (the copies: a few); a suffixed id that is another row's
-    own id (among the ids' ``entries``) is a CorpusError."""
-    final = {row["priority"]: row["id"] for row in numbered.take_all()}
-    if final:  # a task a block of the materialized entries: a dataset's execution costs seconds more
+    own id (among the ids' entries, ``pieces``) is a CorpusError."""
+    final = {priority: row_id for table in ray.get(numbered) if len(table) for priority, row_id in zip(
+        table.column("priority").to_pylist(), table.column("id").to_pylist(), strict=True)}
+    if final:
         suffixed = pa.array(sorted(set(final.values())), pa.string())
-        clashes = [name for names in ray.get([_clashing_ids.remote(block, suffixed) for block in
-                                              entries.to_arrow_refs()]) for name in names][:3]
+        clashes = [name for names in ray.get([_clashing_ids.remote(suffixed, *partition) for partition in pieces])
+                   for name in names][:3]
         if clashes:
             names = ", ".join(sorted(clashes))
             raise CorpusError(f"the Ray engine cannot number repeated ids: {names} is both a row's own id and the "
@@ -422,9 +458,10 @@ def _copies(numbered: ray.data.Dataset, entries: ray.data.Dataset) -> dict[int, 
 
 
 @ray.remote
-def _clashing_ids(entries: pa.Table, suffixed: pa.Array) -> list[str]:
-    """The ids' entries' own ids that are among the ``suffixed`` ids of copies, three at most."""
-    if not len(entries):  # an empty block may have no columns
+def _clashing_ids(suffixed: pa.Array, *pieces: pa.Table) -> list[str]:
+    """The own ids of a partition of the ids' entries that are among the ``suffixed`` ids of copies, three at most."""
+    entries = _joined_pieces(pieces)
+    if not len(entries):
         return []
     raw_ids = entries.column("raw_id")
     clashing: list[str] = raw_ids.filter(pc.is_in(raw_ids, value_set=suffixed)).to_pylist()

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -328,20 +329,19 @@ def test_a_plan_the_columnar_path_covers_takes_it_on_ray_with_the_local_engine_s
 def test_a_copy_s_suffixed_id_that_is_another_row_s_own_id_fails_the_ray_build(cluster: None) -> None:
     """Rows a, a and a-1 (ids are content keys: no build makes this, the check is run on its inputs): the second a,
     numbered a-1, would be written under the third row's own id, which the Ray engine cannot number as the local
-    engine does; found in whichever block of the ids' entries holds it."""
+    engine does; found in whichever partition of the ids' entries holds it."""
     from corpus_builder.assemble import ray_data
     from corpus_builder.screen.ids import id_entries, numbered_copies
 
-    rows = pa.table({"priority": pa.array([0, 1, 2], pa.int64()), "id": ["a", "b", "c"]})
-    blocks = [id_entries(rows), id_entries(pa.table({"priority": pa.array([3, 4, 5], pa.int64()),
-                                                     "id": ["a", "d", "a-1"]}))]
-    entries = ray.data.from_arrow(blocks).materialize()
-    numbered = ray.data.from_arrow([numbered_copies(pa.concat_tables(blocks))])
-    assert numbered.take_all() == [{"priority": 3, "id": "a-1"}]
+    first = id_entries(pa.table({"priority": pa.array([0, 1, 2], pa.int64()), "id": ["a", "b", "c"]}))
+    second = id_entries(pa.table({"priority": pa.array([3, 4, 5], pa.int64()), "id": ["a", "d", "a-1"]}))
+    numbered = numbered_copies(pa.concat_tables([first, second]))
+    assert numbered.to_pylist() == [{"priority": 3, "id": "a-1"}]
+    pieces = [[ray.put(first), ray.put(pa.table({}))], [ray.put(second)]]  # two partitions' pieces, one empty
     with pytest.raises(CorpusError, match=r"^the Ray engine cannot number repeated ids: a-1 is both a row's own id"):
-        ray_data._copies(numbered, entries)
-    blocks[1] = id_entries(pa.table({"priority": pa.array([3, 4, 5], pa.int64()), "id": ["a", "d", "e"]}))
-    assert ray_data._copies(numbered, ray.data.from_arrow(blocks).materialize()) == {3: "a-1"}
+        ray_data._copies([ray.put(numbered)], pieces)
+    pieces[1] = [ray.put(second.filter(pc.not_equal(second.column("raw_id"), "a-1")))]
+    assert ray_data._copies([ray.put(numbered)], pieces) == {3: "a-1"}
 
 
 def test_a_file_without_rows_is_the_row_path_s_error_on_ray(cluster: None, tmp_path: Path) -> None:
