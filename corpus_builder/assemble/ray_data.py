@@ -283,14 +283,14 @@ class RayEngine:
         judge, as the local engine's index has them when a generated row meets them."""
         if self._verdicts is None or self._judge is None or not asking:
             return {}
-        given = self._verdicts.map_batches(_having("priority", asking), batch_format="pyarrow").take_all()
+        given = self._verdicts.map_batches(_having(asking), batch_format="pyarrow").take_all()
         least = least_verdicts(pa.Table.from_pylist(given, schema=BUCKET_VERDICTS))
         found = {priority: head for priority, head in zip(
             least.column("priority").to_pylist(), heads_of(least.column("rank"), least.column("head")), strict=True)
             if head is not None}
         replayed = {head.priority: head.duplicate.of for head in found.values() if head.priority < self._generated_from}
         if replayed:
-            dropped = self._verdicts.map_batches(_having("priority", set(replayed)), batch_format="pyarrow")
+            dropped = self._verdicts.map_batches(_having(set(replayed)), batch_format="pyarrow")
             self._judge.mark_dropped(replayed[row["priority"]] for row in dropped.take_all())
         return {priority: head.duplicate for priority, head in found.items()}
 
@@ -392,10 +392,10 @@ def _rows_only(table: pa.Table) -> pa.Table:
         pc.is_null(table.column("skip_reason")))
 
 
-def _having(column: str, values: set[str] | set[int]) -> Callable[[pa.Table], pa.Table]:
-    """A batch filter: the rows whose ``column`` (ids, or priorities) is one of ``values``."""
-    wanted = pa.array(sorted(values), pa.string() if any(isinstance(value, str) for value in values) else pa.int64())
-    return lambda table: table.filter(pc.is_in(table.column(column), value_set=wanted))
+def _having(priorities: set[int]) -> Callable[[pa.Table], pa.Table]:
+    """A batch filter: the rows whose priority is one of ``priorities``."""
+    wanted = pa.array(sorted(priorities), pa.int64())
+    return lambda table: table.filter(pc.is_in(table.column("priority"), value_set=wanted))
 
 
 def _entries(table: pa.Table, *, stage: KeyedStage, final_ids: dict[int, str]) -> pa.Table:
