@@ -17,8 +17,8 @@ among them, their priority, token facts and dedup signatures), never as Python o
    the row path, each block in the same Arrow form (``_block_records``); the build prints the local engine's count
    of the rows the kernels took.
 2. **keyed stages**: each stage's entries (``entries_of``: the ids' ``(priority, raw_id)``, the dedup's bucket
-   entries) are hash-partitioned by the stage's key, one shuffle each in plain tasks (``_entry_pieces``: a task
-   cuts a block of rows' entries, a task judges a partition), so a partition holds whole groups, which the
+   entries) are hash-partitioned by the stage's key, one shuffle each in plain tasks (``_entry_pieces``: a task a
+   CPU cuts a run of blocks' entries, a task judges a partition), so a partition holds whole groups, which the
    stage's grouped form judges (``numbered_copies``, ``Dedup.bucket_verdicts``). The copies' ids come to the driver
    (a suffixed id that is another row's own id fails the build: the local engine would give it another suffix);
    the duplicates' verdicts, each row's least kept, stay in the object store sorted by priority, and each task that
@@ -236,7 +236,7 @@ class RayEngine:
         self.final_ids = {}
         self._verdicts = None
         for stage in self._keyed:  # the ids first: the entries of the next name a row by the id it is written under
-            pieces = _entry_pieces(rows, stage, self.final_ids, partitions)
+            pieces = _entry_pieces(rows, stage, self.final_ids, partitions, self.cpus)
             answers = [_judged.remote(stage, *partition) for partition in pieces]
             if stage is self.plan.ids:
                 self.final_ids = _copies(answers, pieces)
@@ -406,24 +406,27 @@ def _entries(table: pa.Table, *, stage: KeyedStage, final_ids: dict[int, str]) -
     return stage.entries(rows, ids)
 
 
-def _entry_pieces(rows: ray.data.Dataset, stage: KeyedStage, final_ids: dict[int, str], partitions: int
-                  ) -> list[list[ObjectRef[pa.Table]]]:
+def _entry_pieces(rows: ray.data.Dataset, stage: KeyedStage, final_ids: dict[int, str], partitions: int,
+                  tasks: int) -> list[list[ObjectRef[pa.Table]]]:
     """A keyed stage's entries of every row, hash-partitioned by the stage's key (so a partition holds whole groups):
-    for each partition, its piece of each block of rows. Plain tasks, a block each, not Ray Data's repartition, whose
-    map coalesces up to 1 GiB of blocks into one task (one CPU) in workers of a runtime environment of its own,
-    started for it: ~3 s more a shuffle of 1M rows' entries."""
+    for each partition, its piece from each of ``tasks`` plain tasks, each reading a run of the rows' blocks. Not Ray
+    Data's repartition, whose map coalesces up to 1 GiB of blocks into one task (one CPU) in workers of a runtime
+    environment of its own, started for it (~3 s more a shuffle of 1M rows' entries). A task per CPU rather than per
+    block: a piece under 100 kB is returned inline to its owner, the driver, which would hold every entry then."""
     named = ray.put(final_ids)
     split = _split_entries.options(num_returns=partitions)
-    by_block: list[Any] = [split.remote(block, stage, named, partitions) for block in rows.to_arrow_refs()]
-    return [[refs[index] if partitions > 1 else refs for refs in by_block] for index in range(partitions)]
+    blocks = rows.to_arrow_refs()
+    runs = [blocks[index * len(blocks) // tasks:(index + 1) * len(blocks) // tasks] for index in range(tasks)]
+    by_task: list[Any] = [split.remote(stage, named, partitions, *run) for run in runs if run]
+    return [[refs[index] if partitions > 1 else refs for refs in by_task] for index in range(partitions)]
 
 
 @ray.remote
-def _split_entries(table: pa.Table, stage: KeyedStage, final_ids: dict[int, str], partitions: int
+def _split_entries(stage: KeyedStage, final_ids: dict[int, str], partitions: int, *tables: pa.Table
                    ) -> pa.Table | tuple[pa.Table, ...]:
-    """A block of rows' entries (``_entries``) cut into ``partitions`` by the hash of the stage's key (Ray Data's own
+    """Blocks of rows' entries (``_entries``) cut into ``partitions`` by the hash of the stage's key (Ray Data's own
     ``hash_partition``, what its shuffle cuts by); an empty piece has no columns."""
-    entries = _entries(table, stage=stage, final_ids=final_ids) if len(table) else pa.table({})
+    entries = _joined_pieces([_entries(table, stage=stage, final_ids=final_ids) for table in tables if len(table)])
     cut = hash_partition(entries, hash_cols=list(stage.group_by), num_partitions=partitions)
     pieces = tuple(cut.get(index, pa.table({})) for index in range(partitions))
     return pieces if partitions > 1 else pieces[0]
