@@ -47,9 +47,10 @@ SKIP = """
 import json, sys, time
 from pathlib import Path
 from corpus_builder.sources.columnar import part_blocks
+from corpus_builder.sources.readers import LineRange
 path = Path(sys.argv[1])
 start = time.process_time()
-for _ in part_blocks(path, 0, path.stat().st_size, 1):
+for _ in part_blocks(path, LineRange(0, path.stat().st_size, 1)):
     pass
 print(json.dumps({"skip": time.process_time() - start}))
 """

@@ -74,6 +74,7 @@ from ..sources.columnar import (
 from ..sources.formats import JsonLines, format_of
 from ..sources.mappings import TURN_KEYS
 from ..sources.parallel import Turns, on_thread, on_turns, worker_count
+from ..sources.readers import LineRange
 from ..sources.source import file_unit, logged_file, resolve_paths, source_label
 from ..stats.corpus import CorpusStats
 from .plan import Plan
@@ -159,12 +160,12 @@ class PartEnd:
 
 @dataclass(frozen=True)
 class FilePart:
-    """A replay source's file part: bytes ``start`` to ``end`` of ``path``; ``whole``: the file is one part."""
+    """A replay source's file part: the bytes ``span`` of ``path`` (and its first line's number); ``whole``: the file
+    is one part."""
 
     spec: SourceSpec
     path: Path
-    start: int
-    end: int
+    span: LineRange
     label: str
     whole: bool
 
@@ -179,10 +180,9 @@ class FilePart:
 class PartReader:
     """One file part of a replay source, read block by block (see the module)."""
 
-    def __init__(self, part: FilePart, checker: Checker, first_line: int = 1) -> None:
+    def __init__(self, part: FilePart, checker: Checker) -> None:
         self.spec = part.spec
-        self.path, self.start, self.end = part.path, part.start, part.end
-        self.next_line = first_line  # the part's first line; once read, the next part's
+        self.path, self.span = part.path, part.span
         self.checker = checker
         self.row_path = RowPath(part.spec, file_unit(part.path, format_of(part.path, part.spec.format), part.label))
         self.label_json = json_string(pa.array([part.label])).to_pylist()[0]
@@ -200,19 +200,16 @@ class PartReader:
             yield self._joined(mapped)
 
     def _mapped_blocks(self, turns: Turns) -> Generator[MappedBlock, None, None]:
-        """The blocks of this process's turns as the kernels map them; the part's next line set at the end."""
-        last = (self.next_line, b"")
+        """The blocks of this process's turns as the kernels map them."""
         for first_line, data, parsed in on_thread(self._parsed(turns), PARSED_QUEUE_DEPTH):
             if parsed is not None:
                 yield self._mapped_block(*parsed)
             elif self.row_path.normalise.layout is None:
                 self._layout_fixed(first_line, Lines.of(data), [], [])
-            last = (first_line, data)
-        self.next_line = last[0] + last[1].count(b"\n")  # the line after the part's last block
 
     def _parsed(self, turns: Turns) -> Generator[tuple[int, bytes, ParsedBlock | None], None, None]:
         """The part's blocks as read (their first line, their bytes), those whose turn is this process's parsed."""
-        for first_line, data in part_blocks(self.path, self.start, self.end, self.next_line):
+        for first_line, data in part_blocks(self.path, self.span):
             yield first_line, data, parsed_block(first_line, data) if turns.mine() else None
 
     def _layout_fixed(self, first_line: int, lines: Lines, items: list[Conversation | Skipped],
@@ -407,21 +404,17 @@ def file_parts(plan: Plan, workers: int) -> list[FilePart]:
             assert isinstance(fmt, JsonLines)
             ranges = fmt.ranges(path, workers, label)
             if len(ranges) <= 1:
-                parts.append(FilePart(spec, path, 0, path.stat().st_size, label, True))
+                parts.append(FilePart(spec, path, LineRange(0, path.stat().st_size, 1), label, True))
             else:
-                parts += [FilePart(spec, path, start, end, label, False) for start, end in ranges]
+                parts += [FilePart(spec, path, span, label, False) for span in ranges]
     return parts
 
 
 def _read_blocks(parts: list[FilePart], checker: Checker, turns: Turns) -> Iterator[Block | PartEnd]:
     """The blocks of every part in order, those of this process's turns read, each part followed by its end (a
     turn too)."""
-    first_line = 1
     for part in parts:
-        # a file's parts in order: a part starts at the line after the one before it
-        reader = PartReader(part, checker, first_line if part.start else 1)
-        yield from reader.blocks(turns)
-        first_line = reader.next_line
+        yield from PartReader(part, checker).blocks(turns)
         if turns.mine():
             yield PartEnd()
 

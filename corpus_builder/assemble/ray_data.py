@@ -17,7 +17,8 @@ among them, their priority, token facts and dedup signatures), never as Python o
    the row path, each block in the same Arrow form (``_block_records``); the build prints the local engine's count
    of the rows the kernels took.
 2. **keyed stages**: each stage's entries (``entries_of``: the ids' ``(priority, raw_id)``, the dedup's bucket
-   entries) are hash-partitioned by the stage's key, one shuffle each, so a block holds whole groups, which the
+   entries) are hash-partitioned by the stage's key, one shuffle each in plain tasks (``_entry_pieces``: a task a
+   CPU cuts a run of blocks' entries, a task judges a partition), so a partition holds whole groups, which the
    stage's grouped form judges (``numbered_copies``, ``Dedup.bucket_verdicts``). The copies' ids come to the driver
    (a suffixed id that is another row's own id fails the build: the local engine would give it another suffix);
    the duplicates' verdicts, each row's least kept, stay in the object store sorted by priority, and each task that
@@ -66,6 +67,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 import ray.data
+from ray import ObjectRef
+from ray.data._internal.arrow_ops.transform_pyarrow import hash_partition  # ray is pinned (pyproject)
 
 from ..errors import CorpusError, Skipped
 from ..layout import DATA, ShardInfo
@@ -85,7 +88,6 @@ from ..screen.dedup import BUCKET_VERDICTS, heads_of, least_verdicts
 from ..screen.near_dedup import Duplicate
 from ..screen.screened import Verdict
 from ..sources.parallel import Part, Turns, measured_rows
-from ..sources.readers import line_at
 from ..stats.corpus import CorpusStats
 from ..stats.tokens import TokenFigures, TokenStats
 from ..tokens import TemplateRenderer, TokenSettings, TurnTokens
@@ -234,15 +236,12 @@ class RayEngine:
         self.final_ids = {}
         self._verdicts = None
         for stage in self._keyed:  # the ids first: the entries of the next name a row by the id it is written under
-            entries = rows.map_batches(partial(_entries, stage=stage, final_ids=self.final_ids), batch_format="pyarrow")
+            pieces = _entry_pieces(rows, stage, self.final_ids, partitions, self.cpus)
+            answers = [_judged.remote(stage, *partition) for partition in pieces]
             if stage is self.plan.ids:
-                entries = entries.materialize()  # read again by the clash check
-            answers = entries.repartition(partitions, keys=list(stage.group_by)).map_batches(
-                stage.judge_groups, batch_size=None, batch_format="pyarrow")
-            if stage is self.plan.ids:
-                self.final_ids = _copies(answers, entries)
+                self.final_ids = _copies(answers, pieces)
             else:
-                self._verdicts = answers.materialize()
+                self._verdicts = ray.data.from_arrow_refs(answers)
         self._found = True
         if self._taking and self._replay is not None and self._replayed is None:
             self._replayed = self._joined(self._replay).materialize()  # read again by the writing tasks
@@ -284,14 +283,14 @@ class RayEngine:
         judge, as the local engine's index has them when a generated row meets them."""
         if self._verdicts is None or self._judge is None or not asking:
             return {}
-        given = self._verdicts.map_batches(_having("priority", asking), batch_format="pyarrow").take_all()
+        given = self._verdicts.map_batches(_having(asking), batch_format="pyarrow").take_all()
         least = least_verdicts(pa.Table.from_pylist(given, schema=BUCKET_VERDICTS))
         found = {priority: head for priority, head in zip(
             least.column("priority").to_pylist(), heads_of(least.column("rank"), least.column("head")), strict=True)
             if head is not None}
         replayed = {head.priority: head.duplicate.of for head in found.values() if head.priority < self._generated_from}
         if replayed:
-            dropped = self._verdicts.map_batches(_having("priority", set(replayed)), batch_format="pyarrow")
+            dropped = self._verdicts.map_batches(_having(set(replayed)), batch_format="pyarrow")
             self._judge.mark_dropped(replayed[row["priority"]] for row in dropped.take_all())
         return {priority: head.duplicate for priority, head in found.items()}
 
@@ -344,7 +343,7 @@ def _file_part_records(part: FilePart, checker: Checker, first: int) -> Iterator
     """A file part read by the columnar path's blocks (``PartReader``: a part that starts within its file numbers its
     lines from the file's start, and its first row fixes its layout, as the row path's part does), its records'
     priorities from ``first`` on; a file read as one part without a row is the row path's error."""
-    reader = PartReader(part, checker, line_at(part.path, part.start))
+    reader = PartReader(part, checker)
     position = first
     any_record = False
     for block in reader.blocks(Turns(0, 1)):
@@ -393,10 +392,10 @@ def _rows_only(table: pa.Table) -> pa.Table:
         pc.is_null(table.column("skip_reason")))
 
 
-def _having(column: str, values: set[str] | set[int]) -> Callable[[pa.Table], pa.Table]:
-    """A batch filter: the rows whose ``column`` (ids, or priorities) is one of ``values``."""
-    wanted = pa.array(sorted(values), pa.string() if any(isinstance(value, str) for value in values) else pa.int64())
-    return lambda table: table.filter(pc.is_in(table.column(column), value_set=wanted))
+def _having(priorities: set[int]) -> Callable[[pa.Table], pa.Table]:
+    """A batch filter: the rows whose priority is one of ``priorities``."""
+    wanted = pa.array(sorted(priorities), pa.int64())
+    return lambda table: table.filter(pc.is_in(table.column("priority"), value_set=wanted))
 
 
 def _entries(table: pa.Table, *, stage: KeyedStage, final_ids: dict[int, str]) -> pa.Table:
@@ -407,27 +406,89 @@ def _entries(table: pa.Table, *, stage: KeyedStage, final_ids: dict[int, str]) -
     return stage.entries(rows, ids)
 
 
-def _copies(numbered: ray.data.Dataset, entries: ray.data.Dataset) -> dict[int, str]:
+def _entry_pieces(rows: ray.data.Dataset, stage: KeyedStage, final_ids: dict[int, str], partitions: int,
+                  tasks: int) -> list[list[ObjectRef[pa.Table]]]:
+    """A keyed stage's entries of every row, hash-partitioned by the stage's key (so a partition holds whole groups):
+    for each partition, its piece from each of ``tasks`` plain tasks, each reading a run of the rows' blocks. Not Ray
+    Data's repartition, whose map coalesces up to 1 GiB of blocks into one task (one CPU) in workers of a runtime
+    environment of its own, started for it (~3 s more a shuffle of 1M rows' entries). A task per CPU rather than per
+    block: a piece under 100 kB is returned inline to its owner, the driver, which would hold every entry then."""
+    named = ray.put(final_ids)
+    split = _split_entries.options(num_returns=partitions)
+    blocks = rows.to_arrow_refs()
+    runs = [blocks[index * len(blocks) // tasks:(index + 1) * len(blocks) // tasks] for index in range(tasks)]
+    by_task: list[Any] = [split.remote(stage, named, partitions, *run) for run in runs if run]
+    return [[refs[index] if partitions > 1 else refs for refs in by_task] for index in range(partitions)]
+
+
+@ray.remote
+def _split_entries(stage: KeyedStage, final_ids: dict[int, str], partitions: int, *tables: pa.Table
+                   ) -> pa.Table | tuple[pa.Table, ...]:
+    """Blocks of rows' entries (``_entries``) cut into ``partitions`` by the hash of the stage's key (Ray Data's own
+    ``hash_partition``, what its shuffle cuts by); an empty piece has no columns."""
+    entries = _joined_pieces([_entries(table, stage=stage, final_ids=final_ids) for table in tables if len(table)])
+    cut = hash_partition(entries, hash_cols=list(stage.group_by), num_partitions=partitions)
+    pieces = tuple(cut.get(index, pa.table({})) for index in range(partitions))
+    return pieces if partitions > 1 else pieces[0]
+
+
+@ray.remote
+def _judged(stage: KeyedStage, *pieces: pa.Table) -> pa.Table:
+    """A keyed stage's answers of one partition of its entries (whole groups)."""
+    return stage.judge_groups(_joined_pieces(pieces))
+
+
+def _joined_pieces(pieces: Sequence[pa.Table]) -> pa.Table:
+    """Pieces of entries as one table (none: a table without columns, as an empty partition is)."""
+    filled = [piece for piece in pieces if len(piece)]
+    return pa.concat_tables(filled) if filled else pa.table({})
+
+
+def _copies(numbered: list[ObjectRef[pa.Table]], pieces: list[list[ObjectRef[pa.Table]]]) -> dict[int, str]:
     """The ids stage's answers on the driver, by priority (the copies: a few); a suffixed id that is another row's
-    own id (among the ids' ``entries``) is a CorpusError."""
-    final = {row["priority"]: row["id"] for row in numbered.take_all()}
+    own id (among the ids' entries, ``pieces``) is a CorpusError."""
+    final = {priority: row_id for table in ray.get(numbered) if len(table) for priority, row_id in zip(
+        table.column("priority").to_pylist(), table.column("id").to_pylist(), strict=True)}
     if final:
-        clashes = entries.map_batches(_having("raw_id", set(final.values())), batch_format="pyarrow").take(3)
+        suffixed = pa.array(sorted(set(final.values())), pa.string())
+        clashes = [name for names in ray.get([_clashing_ids.remote(suffixed, *partition) for partition in pieces])
+                   for name in names][:3]
         if clashes:
-            names = ", ".join(sorted(row["raw_id"] for row in clashes))
+            names = ", ".join(sorted(clashes))
             raise CorpusError(f"the Ray engine cannot number repeated ids: {names} is both a row's own id and the "
                               "suffixed id of a copy (build with --engine local, which numbers them in order)")
     return final
 
 
-def _priority_blocks(verdicts: ray.data.Dataset) -> list[tuple[int, int, Any]]:
-    """The verdicts sorted by priority, as blocks in the object store: (least priority, greatest, the block)."""
-    if not verdicts.count():
+@ray.remote
+def _clashing_ids(suffixed: pa.Array, *pieces: pa.Table) -> list[str]:
+    """The own ids of a partition of the ids' entries that are among the ``suffixed`` ids of copies, three at most."""
+    entries = _joined_pieces(pieces)
+    if not len(entries):
         return []
-    refs = verdicts.sort("priority").materialize().to_arrow_refs()
+    raw_ids = entries.column("raw_id")
+    clashing: list[str] = raw_ids.filter(pc.is_in(raw_ids, value_set=suffixed)).to_pylist()
+    return clashing[:3]
+
+
+def _priority_blocks(verdicts: ray.data.Dataset) -> list[tuple[int, int, Any]]:
+    """The verdicts (materialized) sorted by priority, as blocks in the object store: (least priority, greatest, the
+    block). As many as a partition holds are sorted into one block by one task: Ray Data's sort (a sample, then a
+    shuffle) costs seconds whatever its size (4.6 s of a 1M-row build with 20k duplicates)."""
+    count = verdicts.count()
+    if not count:
+        return []
+    refs = ([_sorted_block.remote(*verdicts.to_arrow_refs())] if count <= ROWS_PER_PARTITION
+            else verdicts.sort("priority").materialize().to_arrow_refs())
     bounds = ray.get([_bounds.remote(ref) for ref in refs])
     return [(first, last, ref) for (first, last), ref in zip(bounds, refs, strict=True)
             if first is not None and last is not None]
+
+
+@ray.remote
+def _sorted_block(*blocks: pa.Table) -> pa.Table:
+    """Blocks of verdicts as one, sorted by priority."""
+    return pa.concat_tables([block for block in blocks if len(block)]).sort_by("priority")
 
 
 @ray.remote

@@ -28,7 +28,7 @@ from ..recipe.model import SourceSpec
 from ..records import REASONING_KEYS, THINK_CLOSE, THINK_OPEN, Conversation
 from ..rows import string_buffers
 from .mappings import CALL_SPEAKERS, ROLE_ALIASES, RowNormaliser
-from .readers import decode_lines
+from .readers import LineRange, decode_lines
 from .source import FileUnit, conversation_of, normaliser_for
 
 # Lines read and parsed at once: a couple of thousand rows. A reader's three threads hold a few blocks each (the
@@ -65,14 +65,13 @@ _SOLID[[ord(char) for char in WHITESPACE if char.isascii()]] = False
 # --- reading: blocks of whole lines of one file part ---------------------------------------------------------------
 
 
-def part_blocks(path: Path, start: int, end: int, first_line: int) -> Iterator[tuple[int, bytes]]:
-    """The lines of bytes ``start`` to ``end`` of a file (its line ``first_line`` first) in blocks of whole lines,
-    each with its first line's number in the file."""
+def part_blocks(path: Path, span: LineRange) -> Iterator[tuple[int, bytes]]:
+    """The lines of a range of a file in blocks of whole lines, each with its first line's number in the file."""
     with path.open("rb") as handle:
-        handle.seek(start)
-        line = first_line
+        handle.seek(span.start)
+        line = span.first_line
         pending = b""
-        left = end - start
+        left = span.end - span.start
         while left > 0:
             block = handle.read(min(left, BLOCK_BYTES))
             if not block:

@@ -42,6 +42,7 @@ from .raw import (
     value_batches,
 )
 from .readers import (
+    LineRange,
     PositionFilter,
     RowReader,
     block_lines,
@@ -124,12 +125,12 @@ class SplittableFormat(Format):
     apart and gives the rows (and the line numbers) a whole read gives there."""
 
     @abstractmethod
-    def ranges(self, path: Path, parts: int, label: str) -> list[tuple[int, int]]:
-        """Up to ``parts`` consecutive byte ranges of the file, each worth reading apart (one: not worth cutting)."""
+    def ranges(self, path: Path, parts: int, label: str) -> list[LineRange]:
+        """Up to ``parts`` consecutive byte ranges of the file, each worth reading apart (one: not worth cutting),
+        each with its first line's number in the file."""
 
     @abstractmethod
-    def range_rows(self, path: Path, start: int, end: int,
-                   keep: PositionFilter | None) -> Iterator[tuple[int, object]]:
+    def range_rows(self, path: Path, span: LineRange, keep: PositionFilter | None) -> Iterator[tuple[int, object]]:
         """``rows`` of one range, with the file's own positions."""
 
     @abstractmethod
@@ -174,12 +175,11 @@ class JsonLines(LineFormat, SplittableFormat):
     def lines(self, path: Path, label: str) -> Iterator[bytes]:
         return file_lines(path)
 
-    def ranges(self, path: Path, parts: int, label: str) -> list[tuple[int, int]]:
+    def ranges(self, path: Path, parts: int, label: str) -> list[LineRange]:
         return line_ranges(path, parts, label)
 
-    def range_rows(self, path: Path, start: int, end: int,
-                   keep: PositionFilter | None) -> Iterator[tuple[int, object]]:
-        return iter_line_range(path, start, end, keep)
+    def range_rows(self, path: Path, span: LineRange, keep: PositionFilter | None) -> Iterator[tuple[int, object]]:
+        return iter_line_range(path, span, keep)
 
     def batch_bounds(self, path: Path) -> list[int]:
         return block_bounds(path)

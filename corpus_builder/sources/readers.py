@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import chain, islice, pairwise
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+import numpy as np
 import orjson
 
 from ..errors import BadRow, CorpusError
@@ -39,6 +41,8 @@ _ZSTD_READ_SIZE = 1 << 10
 MAX_LINE_BYTES = 256 << 20
 _PARQUET_BATCH_ROWS = 1024
 _READ_BUFFER = 1 << 20  # conversation lines are often several kB: fewer, larger reads
+_COUNT_BYTES = 4 << 20  # bytes a line count reads at once (``_newlines_until``)
+_NEWLINE = ord("\n")
 SCAN_BLOCK_LINES = 256  # lines the fold's scan hands on at once (``scanned_blocks``)
 _DETAIL_CHARS = 200
 # Smaller files are not worth splitting across processes.
@@ -101,49 +105,54 @@ def zstd_rows(path: Path, label: str, keep: PositionFilter | None) -> RowReader:
     return (yield from _decode_lines(_checked_start(_zstd_lines(path, label), label), keep))
 
 
-def line_ranges(path: Path, parts: int, label: str) -> list[tuple[int, int]]:
+@dataclass(frozen=True, slots=True)
+class LineRange:
+    """Bytes ``start`` to ``end`` of a file, cut on line boundaries; ``first_line``: the file's number of the range's
+    first line (1-based, as a whole read numbers it)."""
+
+    start: int
+    end: int
+    first_line: int
+
+
+def line_ranges(path: Path, parts: int, label: str) -> list[LineRange]:
     """Split a plain .jsonl file into up to ``parts`` byte ranges that start and end on line boundaries,
     each at least MIN_RANGE_BYTES long, so several processes can parse one large file; one that is not UTF-8 text
-    is refused here (``check_text_start``), before the processes read it."""
+    is refused here (``check_text_start``), before the processes read it. Each range's first line is counted in the
+    one pass that finds the cuts (the file read once up to its last cut), so no reader counts its range's prefix."""
     size = path.stat().st_size
     parts = max(1, min(parts, size // MIN_RANGE_BYTES))
-    bounds = [0]
-    with path.open("rb") as handle:
+    bounds = [(0, 1)]  # (offset, its line's number)
+    with path.open("rb", buffering=_READ_BUFFER) as handle:
         check_text_start(handle.read(_HEAD_BYTES), label)
+        handle.seek(0)
+        line = 1
         for index in range(1, parts):
-            handle.seek(max(size * index // parts, bounds[-1]))
-            handle.readline()  # move to the start of the next line
-            bounds.append(min(handle.tell(), size))
-    bounds.append(size)
-    return [(start, end) for start, end in pairwise(bounds) if end > start]
+            line += _newlines_until(handle, size * index // parts)
+            line += handle.readline().count(b"\n")  # move to the start of the next line
+            bounds.append((handle.tell(), line))
+    bounds.append((size, line))
+    return [LineRange(start, end, first_line) for (start, first_line), (end, _) in pairwise(bounds) if end > start]
 
 
-def iter_line_range(path: Path, start: int, end: int, keep: PositionFilter | None = None
+def iter_line_range(path: Path, span: LineRange, keep: PositionFilter | None = None
                     ) -> Iterator[tuple[int, object]]:
     """``jsonl_rows`` for one range of a plain .jsonl file, with the file's own line numbers."""
     with path.open("rb", buffering=_READ_BUFFER) as handle:
-        first_line = _line_at(handle, start)
-        lines = _lines_until(handle, end - start)
-        yield from _decode_lines(lines, keep, first_line)
+        handle.seek(span.start)
+        yield from _decode_lines(_lines_until(handle, span.end - span.start), keep, span.first_line)
 
 
-def line_at(path: Path, offset: int) -> int:
-    """The line number of the line that starts at byte ``offset`` of a file (a range's first line)."""
-    with path.open("rb", buffering=_READ_BUFFER) as handle:
-        return _line_at(handle, offset)
-
-
-def _line_at(handle: IO[bytes], offset: int) -> int:
-    """``line_at`` of an open file, read from its start up to ``offset``, where it is left."""
-    number = 1
-    remaining = offset
-    while remaining:  # count the newlines before the offset
-        chunk = handle.read(min(remaining, _READ_BUFFER))
+def _newlines_until(handle: IO[bytes], offset: int) -> int:
+    """The newlines from where an open file is to byte ``offset``, where it is left (none read if it is past);
+    counted by numpy (twice the speed of ``bytes.count``: this pass reads most of the file before a build starts)."""
+    newlines = 0
+    while (remaining := offset - handle.tell()) > 0:
+        chunk = handle.read(min(remaining, _COUNT_BYTES))
         if not chunk:
             break
-        number += chunk.count(b"\n")
-        remaining -= len(chunk)
-    return number
+        newlines += int(np.count_nonzero(np.frombuffer(chunk, dtype=np.uint8) == _NEWLINE))
+    return newlines
 
 
 def _lines_until(handle: IO[bytes], length: int) -> Iterator[bytes]:

@@ -136,9 +136,9 @@ def source_parts(spec: SourceSpec, base_dir: Path, parts: int) -> list[Callable[
         if not isinstance(fmt, SplittableFormat) or len(ranges := fmt.ranges(path, parts, label)) <= 1:
             thunks.append(partial(_select, spec, [unit]))
             continue
-        for start, end in ranges:
-            part = FileUnit(label, partial(fmt.range_rows, path, start, end), unit.separator, unit.position_key,
-                         unit.provenance)
+        for span in ranges:
+            part = FileUnit(label, partial(fmt.range_rows, path, span), unit.separator, unit.position_key,
+                            unit.provenance)
             thunks.append(partial(_select, spec, [part]))
     return thunks
 

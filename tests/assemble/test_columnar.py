@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import zstandard
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,7 @@ from corpus_builder.assemble.columnar import SWITCH
 from corpus_builder.errors import CorpusError
 from corpus_builder.recipe import load_recipe
 from corpus_builder.sources.columnar import WHITESPACE
+from corpus_builder.sources.readers import line_ranges
 
 SPEAKERS = ["human", "user", "gpt", "assistant", "system", "tool", "observation", "function_call", "bard", "robot"]
 # Pieces of text that reach every branch of the kernels: think tags in every order, Python's whitespace, JSON's
@@ -197,6 +199,24 @@ def test_a_file_cut_into_parts_reads_as_the_row_paths_parts(tmp_path: Path, monk
     row_path, _ = build(tmp_path, lines, True, monkeypatch)
     assert columnar == row_path
     assert "by the kernels, 4 by the row path" in said  # each part's first row fixes its layout, and the bad line
+
+
+@pytest.mark.parametrize("row_path", [True, False])
+def test_a_file_cut_into_parts_numbers_its_lines_as_a_whole_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  row_path: bool) -> None:
+    """Each part of a file cut into several numbers its lines from the file's start (its first line counted where
+    the file is cut): the ledger's lines (a bad line's, blank lines between) are those of the file read as one part,
+    on both paths."""
+    lines = [plain_exchange(index % 45) if index % 11 else b"" for index in range(90)]
+    lines[31] = lines[67] = b"{broken"
+    whole, _ = build(tmp_path, lines, row_path, monkeypatch)
+    monkeypatch.setattr("corpus_builder.sources.readers.MIN_RANGE_BYTES", 1500)
+    monkeypatch.setenv("CORPUS_WORKERS", "3")
+    cut, _ = build(tmp_path, lines, row_path, monkeypatch)
+    assert len(line_ranges(tmp_path / "rows.jsonl", 3, "rows.jsonl")) == 3
+    assert cut == whole
+    ledger = zstandard.ZstdDecompressor().decompressobj().decompress(whole["ledger.jsonl.zst"])
+    assert b'"reason":"invalid_json","location":"rows.jsonl:68"' in ledger
 
 
 @pytest.mark.parametrize("readers", [1, 2])

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -120,8 +122,15 @@ def local_corpus(messy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "corpus"
 
 
+@pytest.mark.parametrize("partition_rows", [None, 40])
 def test_the_ray_engine_writes_the_local_engine_s_corpus(cluster: None, messy: Path, local_corpus: Path,
-                                                         tmp_path: Path) -> None:
+                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         partition_rows: int | None) -> None:
+    """``partition_rows``: rows a partition holds, fewer than the verdicts (Ray Data's sort of them, not one task's)."""
+    from corpus_builder.assemble import ray_data
+
+    if partition_rows is not None:
+        monkeypatch.setattr(ray_data, "ROWS_PER_PARTITION", partition_rows)
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", messy, engine="ray"))
     result = build_corpus(recipe, tmp_path / "corpus")
     reasons = result.audit["skipped"]
@@ -315,6 +324,24 @@ def test_a_plan_the_columnar_path_covers_takes_it_on_ray_with_the_local_engine_s
         r"columnar path: ([\d,]+) rows by the kernels, ([\d,]+) by the row path", on_ray.getvalue())[0])
     parts = row_path - 4  # each part's first row fixes its layout
     assert kernels + row_path == 63 and parts > 1
+
+
+def test_a_copy_s_suffixed_id_that_is_another_row_s_own_id_fails_the_ray_build(cluster: None) -> None:
+    """Rows a, a and a-1 (ids are content keys: no build makes this, the check is run on its inputs): the second a,
+    numbered a-1, would be written under the third row's own id, which the Ray engine cannot number as the local
+    engine does; found in whichever partition of the ids' entries holds it."""
+    from corpus_builder.assemble import ray_data
+    from corpus_builder.screen.ids import id_entries, numbered_copies
+
+    first = id_entries(pa.table({"priority": pa.array([0, 1, 2], pa.int64()), "id": ["a", "b", "c"]}))
+    second = id_entries(pa.table({"priority": pa.array([3, 4, 5], pa.int64()), "id": ["a", "d", "a-1"]}))
+    numbered = numbered_copies(pa.concat_tables([first, second]))
+    assert numbered.to_pylist() == [{"priority": 3, "id": "a-1"}]
+    pieces = [[ray.put(first), ray.put(pa.table({}))], [ray.put(second)]]  # two partitions' pieces, one empty
+    with pytest.raises(CorpusError, match=r"^the Ray engine cannot number repeated ids: a-1 is both a row's own id"):
+        ray_data._copies([ray.put(numbered)], pieces)
+    pieces[1] = [ray.put(second.filter(pc.not_equal(second.column("raw_id"), "a-1")))]
+    assert ray_data._copies([ray.put(numbered)], pieces) == {3: "a-1"}
 
 
 def test_a_file_without_rows_is_the_row_path_s_error_on_ray(cluster: None, tmp_path: Path) -> None:

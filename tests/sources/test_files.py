@@ -18,7 +18,8 @@ from corpus_builder.errors import CorpusError, Skipped
 from corpus_builder.recipe import SourceSpec, check_recipe, match_source_pattern
 from corpus_builder.records import Conversation
 from corpus_builder.sources import iter_file, iter_source, resolve_paths
-from corpus_builder.sources.readers import MIN_RANGE_BYTES, iter_line_range
+from corpus_builder.sources.formats import JsonLines
+from corpus_builder.sources.readers import MIN_RANGE_BYTES, LineRange, iter_line_range
 from corpus_builder.sources.source import source_parts
 
 BOM = b"\xef\xbb\xbf"  # written out here, not taken from the reader under test
@@ -45,9 +46,28 @@ def test_the_byte_range_reader_strips_the_mark_of_the_first_range_only(tmp_path:
     path = tmp_path / "big.jsonl"
     path.write_bytes(BOM + JSONL)
     first_line_end = len(BOM) + JSONL.index(b"\n") + 1
-    first = [row for _, row in iter_line_range(path, 0, first_line_end)]
-    rest = [row for _, row in iter_line_range(path, first_line_end, path.stat().st_size)]
+    first = [row for _, row in iter_line_range(path, LineRange(0, first_line_end, 1))]
+    rest = [row for _, row in iter_line_range(path, LineRange(first_line_end, path.stat().st_size, 2))]
     assert [row["id"] for row in first + rest] == ["r0", "r1", "r2"]
+
+
+def test_each_range_of_a_cut_file_starts_at_its_line_in_the_file(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cuts' pass counts each range's first line: blank lines and a line longer than a part (the cuts that fall
+    in it move to the lines after it) are counted; the ranges read apart give the whole read's lines."""
+    monkeypatch.setattr("corpus_builder.sources.readers.MIN_RANGE_BYTES", 100)
+    lines = [orjson.dumps({"id": f"r{index}", "pad": "x" * (index % 13)}) if index % 5 else b"" for index in range(60)]
+    lines[20] = orjson.dumps({"id": "long", "pad": "y" * 700})
+    path = tmp_path / "cut.jsonl"
+    content = b"\n".join(lines) + b"\n"
+    path.write_bytes(content)
+    ranges = JsonLines().ranges(path, 12, "cut.jsonl")
+    assert len(ranges) == 12 and ranges[2].end - ranges[2].start > 700
+    assert [span.first_line for span in ranges] == [content[:span.start].count(b"\n") + 1 for span in ranges]
+    assert [span.start for span in ranges] == [0, *(span.end for span in ranges[:-1])]
+    assert ranges[-1].end == len(content)
+    ranged = [(line, row) for span in ranges for line, row in JsonLines().range_rows(path, span, None)]
+    assert ranged == list(JsonLines().read(path, "cut.jsonl"))
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "jsonl.zst"])
@@ -63,8 +83,8 @@ def test_files_concatenated_with_their_marks_lose_no_row(tmp_path: Path, suffix:
         1, 2, 3, 4, 5, 6, 8, 9, 10]
     first_range = len(JSONL) + len(BOM) + JSONL.index(b"\n") + 1 + len(BOM)  # the byte reader: a mark past line 1
     if suffix == "jsonl":
-        ranged = [row for start, end in ((0, first_range), (first_range, len(joined)))
-                  for _, row in iter_line_range(path, start, end)]
+        ranged = [row for span in (LineRange(0, first_range, 1), LineRange(first_range, len(joined), 5))
+                  for _, row in iter_line_range(path, span)]
         assert [row["id"] for row in ranged] == ["r0", "r1", "r2", "r0", "r1", "r2", "s0", "s1", "s2"]
 
 
