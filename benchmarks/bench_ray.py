@@ -7,9 +7,9 @@ plan the columnar path covers, and each answer's reasoning written as a think bl
 ``reasoning_content`` field beside its text is the row path's): both engines read the rows by the columnar path's
 kernels. Each build runs in a process of its
 own, alternated engine by engine per repetition; the parent samples RSS every 50 ms (psutil): the driver's and,
-for Ray, the largest of its worker processes (also its USS every 0.5 s: RSS counts the object store's shared
-pages a worker reads blocks from) (``ray::*``, children of the cluster the child starts as the engine starts its
-own, ``ray_cluster.start_cluster(num_cpus=W)``: on loopback, never an existing cluster). Reported per size:
+for Ray, the largest of its worker processes (also its USS and heap every 5 s, ``SMAPS_EVERY``: RSS counts the object
+store's shared pages a worker reads blocks from) (``ray::*``, children of the cluster the child starts as the engine
+starts its own, ``ray_cluster.start_cluster(num_cpus=W)``: on loopback, never an existing cluster). Reported per size:
 
 * wall seconds and conversations/s of the local engine and of Ray with 1 and 2 worker processes, the ratio
   Ray(2) / local (the goal: <= 1.5 on one machine); the CPU seconds of the build's process and every process under
@@ -94,6 +94,11 @@ print(time.perf_counter() - began, result.manifest.conversations, flush=True)
 """
 
 
+# Samples (of 50 ms) between reads of a worker's smaps (its USS and heap): a worker maps GBs of the object store, and
+# each read costs the kernel time the build's two cores need; read every 0.5 s, they slowed Ray's 1M build ~10%.
+SMAPS_EVERY = 100
+
+
 def private_outside_object_store(pid: int) -> int:
     """A process's private pages (bytes) outside the object store's shared-memory file: its own heap, what a
     worker holds apart from the blocks it maps (USS counts the store's pages a worker alone has touched)."""
@@ -131,7 +136,7 @@ def run_build(engine: str, workers: int, recipe: Path, out: Path) -> dict[str, A
                         cpu[child.pid] = times.user + times.system
                         if child.name().startswith("ray::"):
                             peaks["worker"] = max(peaks["worker"], child.memory_info().rss)
-                            if not ticks % 10:  # reading smaps is slow: USS every half second
+                            if not ticks % SMAPS_EVERY:
                                 peaks["worker_uss"] = max(peaks["worker_uss"], child.memory_full_info().uss)
                                 peaks["worker_heap"] = max(peaks["worker_heap"],
                                                            private_outside_object_store(child.pid))
