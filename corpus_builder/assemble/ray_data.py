@@ -488,7 +488,7 @@ def _priority_blocks(verdicts: ray.data.Dataset) -> list[tuple[int, int, Any]]:
 @ray.remote
 def _sorted_block(*blocks: pa.Table) -> pa.Table:
     """Blocks of verdicts as one, sorted by priority."""
-    return pa.concat_tables([block for block in blocks if len(block)]).sort_by("priority")
+    return _joined_pieces(blocks).sort_by("priority")
 
 
 @ray.remote
